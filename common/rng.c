@@ -1,0 +1,66 @@
+/*
+ * rng.c - xoshiro256** (Blackman and Vigna, 2018) seeded through splitmix64,
+ * so that any 64-bit seed gives a well mixed state. Written from the
+ * published algorithm description.
+ */
+#include "common/common.h"
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+void fr_rng_seed(fr_rng_t *rng, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        rng->s[i] = splitmix64(&x);
+}
+
+uint64_t fr_rng_next(fr_rng_t *rng)
+{
+    uint64_t *s = rng->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double fr_rng_uniform(fr_rng_t *rng)
+{
+    return (double)(fr_rng_next(rng) >> 11) * 0x1.0p-53;
+}
+
+uint64_t fr_rng_below(fr_rng_t *rng, uint64_t n)
+{
+    /* Rejection sampling: draws in the incomplete top interval are retried. */
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t r;
+    do {
+        r = fr_rng_next(rng);
+    } while (r >= limit);
+    return r % n;
+}
+
+void fr_rng_shuffle(fr_rng_t *rng, uint32_t *idx, size_t n)
+{
+    for (size_t i = n; i > 1; i--) {
+        size_t j = (size_t)fr_rng_below(rng, i);
+        uint32_t t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}
