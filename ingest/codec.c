@@ -1,0 +1,361 @@
+/*
+ * codec.c - the record codecs: csv, libsvm and f32 records into one sample
+ * (x[D], y), with every malformed record answered by a named reason.
+ *
+ * Records come from Kafka and are not NUL-terminated: nothing here reads
+ * past rec + len, and numbers are parsed from a bounded copy. Everything is
+ * reentrant (no state, no locale changes). Numbers follow strtof() in the
+ * current LC_NUMERIC locale; freshet never changes it from "C", so the
+ * decimal point is '.'.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ingest/ingest.h"
+#include "ingest/ingest_int.h"
+
+static const char *const format_names[] = {"csv", "libsvm", "f32", "idx"};
+
+static const char *const reject_names[INGEST_REJECT_COUNT] = {
+    "ok", "bad_number", "feature_count", "index_range", "label_range", "nonfinite", "oversize",
+};
+
+fr_err_t ingest_format_parse(const char *name, ingest_format_t *format)
+{
+    if (name == NULL || format == NULL)
+        return FR_ERR_INVAL;
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(name, format_names[i]) == 0) {
+            *format = (ingest_format_t)i;
+            return FR_OK;
+        }
+    }
+    return FR_ERR_INVAL;
+}
+
+const char *ingest_format_name(ingest_format_t format)
+{
+    return (unsigned)format < 4 ? format_names[format] : "unknown";
+}
+
+const char *ingest_reject_name(ingest_reject_t reason)
+{
+    return (unsigned)reason < INGEST_REJECT_COUNT ? reject_names[reason] : "unknown";
+}
+
+size_t ingest_text_limit(const ingest_schema_t *schema)
+{
+    return schema->max_record != 0 ? schema->max_record : INGEST_DEFAULT_MAX_RECORD;
+}
+
+/*
+ * The label rule of the schema (see ingest_int.h). Classes are compared in
+ * double so that a very large class count is not rounded by float.
+ */
+ingest_reject_t ingest_label_check(const ingest_schema_t *schema, float y)
+{
+    if (!isfinite(y))
+        return INGEST_REJECT_NONFINITE;
+    switch (schema->label) {
+    case INGEST_LABEL_CLASS:
+        if (y < 0.0f || y != floorf(y) || (double)y >= (double)schema->classes)
+            return INGEST_REJECT_LABEL_RANGE;
+        return INGEST_OK;
+    case INGEST_LABEL_BINARY: return y >= 0.0f && y <= 1.0f ? INGEST_OK : INGEST_REJECT_LABEL_RANGE;
+    case INGEST_LABEL_REAL: return INGEST_OK;
+    }
+    return INGEST_REJECT_LABEL_RANGE; /* an unknown label kind accepts nothing */
+}
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+#if FLT_EVAL_METHOD == 0
+/* Powers of ten that float holds exactly (5^10 < 2^24). */
+static const float pow10_exact[11] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f,
+                                      1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
+
+/*
+ * The fast path of parse_number(): a plain decimal ("-12", "0.5", "255.")
+ * whose digits form an integer m <= 2^24 with at most 10 digits after the
+ * point. Both m and 10^k are then exact floats and IEEE division rounds
+ * correctly, so m / 10^k is exactly what a correctly rounded strtof()
+ * returns (Clinger's fast path, in float). Returns 1 with *out set, or 0
+ * when the field needs the general parser. Only used where float
+ * arithmetic is evaluated in float (FLT_EVAL_METHOD == 0), so no double
+ * rounding can creep in.
+ */
+static int parse_fast(const char *p, size_t len, float *out)
+{
+    size_t i = 0;
+    int neg = 0, digits = 0, frac = -1;
+    uint32_t m = 0;
+
+    if (p[0] == '-' || p[0] == '+') {
+        neg = p[0] == '-';
+        i = 1;
+    }
+    for (; i < len; i++) {
+        char c = p[i];
+        if (c >= '0' && c <= '9') {
+            m = m * 10 + (uint32_t)(c - '0');
+            if (m > (UINT32_C(1) << 24))
+                return 0;
+            digits++;
+            if (frac >= 0)
+                frac++;
+        } else if (c == '.' && frac < 0) {
+            frac = 0;
+        } else {
+            return 0;
+        }
+    }
+    if (digits == 0 || frac > 10)
+        return 0;
+    float v = (float)m / pow10_exact[frac < 0 ? 0 : frac];
+    *out = neg ? -v : v;
+    return 1;
+}
+#else
+static int parse_fast(const char *p, size_t len, float *out)
+{
+    (void)p;
+    (void)len;
+    (void)out;
+    return 0;
+}
+#endif
+
+/*
+ * Parses the number in [p, p + len), whose surrounding blanks are already
+ * trimmed, with strtof()'s semantics: the whole field must be one number
+ * ("1e-3", "-0", "nan", "inf" and hex floats included). Returns 0 with the
+ * value (possibly NaN or infinite) in *out, or -1 when the field is empty,
+ * longer than INGEST_MAX_NUMBER, or not entirely a number.
+ */
+static int parse_number(const char *p, size_t len, float *out)
+{
+    char buf[INGEST_MAX_NUMBER + 1];
+    char *end;
+
+    if (len == 0 || len > INGEST_MAX_NUMBER)
+        return -1;
+    if (parse_fast(p, len, out))
+        return 0;
+    /* strtof would skip leading white space of any kind; a field may not. */
+    if (p[0] == ' ' || (p[0] >= '\t' && p[0] <= '\r'))
+        return -1;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    float v = strtof(buf, &end);
+    if (end != buf + len)
+        return -1; /* trailing junk, an embedded NUL, or no number at all */
+    *out = v;
+    return 0;
+}
+
+/*
+ * The checks every decoder ends with, in the documented order: non-finite
+ * features or label, then the label rule. Stores the label, normalising a
+ * class label of -0 to +0.
+ */
+static ingest_reject_t finish(const ingest_schema_t *schema, float label, int nonfinite, float *y)
+{
+    if (nonfinite)
+        return INGEST_REJECT_NONFINITE;
+    ingest_reject_t r = ingest_label_check(schema, label);
+    if (r != INGEST_OK)
+        return r;
+    *y = schema->label == INGEST_LABEL_CLASS ? label + 0.0f : label;
+    return INGEST_OK;
+}
+
+/*
+ * "label,f1,...,fD": fields separated by ',', each optionally surrounded by
+ * spaces or tabs. A malformed field is reported before a wrong field count
+ * (the whole record is scanned, storing only the first D features), and
+ * both before non-finite values and the label rule.
+ */
+static ingest_reject_t decode_csv(const ingest_schema_t *schema, const char *p, const char *end,
+                                  float *x, float *y)
+{
+    size_t d = (size_t)schema->features, field = 0;
+    int nonfinite = 0;
+    float label = 0.0f;
+
+    for (;;) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *fe = comma != NULL ? comma : end;
+        const char *s = p, *e = fe;
+        float v;
+
+        while (s < e && is_blank(*s))
+            s++;
+        while (e > s && is_blank(e[-1]))
+            e--;
+        if (parse_number(s, (size_t)(e - s), &v) != 0)
+            return INGEST_REJECT_BAD_NUMBER;
+        if (!isfinite(v))
+            nonfinite = 1;
+        if (field == 0)
+            label = v;
+        else if (field <= d)
+            x[field - 1] = v;
+        field++;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    if (field - 1 != d)
+        return INGEST_REJECT_FEATURE_COUNT;
+    return finish(schema, label, nonfinite, y);
+}
+
+/* The end of the token (a run of non-blank bytes) that starts at p. */
+static const char *token_end(const char *p, const char *end)
+{
+    while (p < end && !is_blank(*p))
+        p++;
+    return p;
+}
+
+/*
+ * A libsvm index: an optional sign and one or more decimal digits. Returns 0
+ * and the value in *idx, saturated far above any feature count (a negative
+ * index is returned as 0, which is out of range); -1 when malformed.
+ */
+static int parse_index(const char *p, const char *end, uint64_t *idx)
+{
+    int neg = 0;
+    uint64_t v = 0;
+
+    if (p < end && (*p == '+' || *p == '-')) {
+        neg = *p == '-';
+        p++;
+    }
+    if (p == end)
+        return -1;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        if (v < (UINT64_C(1) << 40))
+            v = v * 10 + (uint64_t)(*p - '0');
+    }
+    *idx = neg ? 0 : v;
+    return 0;
+}
+
+/*
+ * "label idx:val idx:val ..." separated by spaces or tabs, indices 1-based
+ * and strictly increasing in 1..D, missing features 0. As in csv, every
+ * token is checked for syntax before the indices are judged, and both
+ * before non-finite values and the label rule.
+ */
+static ingest_reject_t decode_libsvm(const ingest_schema_t *schema, const char *p, const char *end,
+                                     float *x, float *y)
+{
+    uint64_t d = (uint64_t)schema->features, prev = 0;
+    int nonfinite = 0, index_bad = 0;
+    float label;
+
+    memset(x, 0, (size_t)d * sizeof(float));
+    while (p < end && is_blank(*p))
+        p++;
+    const char *t = token_end(p, end);
+    if (parse_number(p, (size_t)(t - p), &label) != 0)
+        return INGEST_REJECT_BAD_NUMBER; /* also an empty record */
+    nonfinite = !isfinite(label);
+    for (;;) {
+        uint64_t idx;
+        float v;
+
+        p = t;
+        while (p < end && is_blank(*p))
+            p++;
+        if (p == end)
+            break;
+        t = token_end(p, end);
+        const char *colon = memchr(p, ':', (size_t)(t - p));
+        if (colon == NULL || parse_index(p, colon, &idx) != 0 ||
+            parse_number(colon + 1, (size_t)(t - colon - 1), &v) != 0)
+            return INGEST_REJECT_BAD_NUMBER;
+        if (!isfinite(v))
+            nonfinite = 1;
+        if (idx == 0 || idx > d || idx <= prev) {
+            index_bad = 1;
+        } else {
+            x[idx - 1] = v;
+            prev = idx;
+        }
+    }
+    if (index_bad)
+        return INGEST_REJECT_INDEX_RANGE;
+    return finish(schema, label, nonfinite, y);
+}
+
+/* A little-endian float32 at an address of any alignment. */
+static float load_f32le(const unsigned char *b)
+{
+    uint32_t u = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* Exactly 4(D+1) bytes: the label, then D features, all little-endian. */
+static ingest_reject_t decode_f32(const ingest_schema_t *schema, const unsigned char *p, size_t len,
+                                  float *x, float *y)
+{
+    size_t d = (size_t)schema->features;
+    int nonfinite = 0;
+
+    if (len != 4 * (d + 1))
+        return INGEST_REJECT_FEATURE_COUNT;
+    float label = load_f32le(p);
+    nonfinite = !isfinite(label);
+    for (size_t i = 0; i < d; i++) {
+        x[i] = load_f32le(p + 4 * (i + 1));
+        if (!isfinite(x[i]))
+            nonfinite = 1;
+    }
+    return finish(schema, label, nonfinite, y);
+}
+
+/*
+ * Decodes one record (see ingest.h). A schema without features (or a NULL
+ * schema or output) accepts nothing: every record is "feature_count". The
+ * idx format has no records of its own and answers "bad_number".
+ */
+ingest_reject_t ingest_decode(const ingest_schema_t *schema, ingest_format_t format,
+                              const void *rec, size_t len, float *x, float *y)
+{
+    const char *p = rec != NULL ? (const char *)rec : "";
+
+    if (rec == NULL)
+        len = 0;
+    if (schema == NULL || schema->features <= 0 || x == NULL || y == NULL)
+        return INGEST_REJECT_FEATURE_COUNT;
+    switch (format) {
+    case INGEST_FORMAT_F32:
+        if (schema->max_record != 0 && len > schema->max_record)
+            return INGEST_REJECT_OVERSIZE;
+        return decode_f32(schema, (const unsigned char *)p, len, x, y);
+    case INGEST_FORMAT_CSV:
+    case INGEST_FORMAT_LIBSVM:
+        if (len > ingest_text_limit(schema))
+            return INGEST_REJECT_OVERSIZE;
+        if (len > 0 && p[len - 1] == '\n')
+            len--;
+        if (len > 0 && p[len - 1] == '\r')
+            len--;
+        if (format == INGEST_FORMAT_CSV)
+            return decode_csv(schema, p, p + len, x, y);
+        return decode_libsvm(schema, p, p + len, x, y);
+    case INGEST_FORMAT_IDX: break;
+    }
+    return INGEST_REJECT_BAD_NUMBER;
+}

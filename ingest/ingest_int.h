@@ -1,0 +1,29 @@
+/*
+ * ingest_int.h - private declarations shared by the ingest sources
+ * (codec.c, reader.c). Not part of the public API; everything here carries
+ * the ingest_ prefix and is reentrant.
+ */
+#ifndef FRESHET_INGEST_INT_H
+#define FRESHET_INGEST_INT_H
+
+#include "ingest/ingest.h"
+
+/* The record size limit of text formats when schema->max_record is 0. */
+#define INGEST_DEFAULT_MAX_RECORD ((size_t)1 << 20)
+
+/* The longest csv or libsvm number, in bytes, after the surrounding blanks
+ * are trimmed; a longer field is "bad_number". */
+#define INGEST_MAX_NUMBER 63
+
+/*
+ * Checks a label against the schema's rule: INGEST_REJECT_NONFINITE for NaN
+ * or infinity, INGEST_REJECT_LABEL_RANGE for a value the loss cannot take
+ * (a class that is not an integer in [0, classes), a binary label outside
+ * [0, 1]), INGEST_OK otherwise.
+ */
+ingest_reject_t ingest_label_check(const ingest_schema_t *schema, float y);
+
+/* The line length above which a text record is "oversize" for schema. */
+size_t ingest_text_limit(const ingest_schema_t *schema);
+
+#endif /* FRESHET_INGEST_INT_H */
