@@ -1,0 +1,154 @@
+/*
+ * model.c - the model spec, its flat parameter layout and seeded
+ * initialisation.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/trainer.h"
+
+static const char *const loss_names[] = {"softmax", "logistic", "mse"};
+
+fr_err_t trainer_loss_parse(const char *name, trainer_loss_t *loss)
+{
+    for (int i = 0; i < 3; i++) {
+        if (strcmp(name, loss_names[i]) == 0) {
+            *loss = (trainer_loss_t)i;
+            return FR_OK;
+        }
+    }
+    return FR_ERR_INVAL;
+}
+
+const char *trainer_loss_name(trainer_loss_t loss)
+{
+    return (unsigned)loss < 3 ? loss_names[loss] : "unknown";
+}
+
+/*
+ * Parses "784-256-10" into dims[], checks every width and the output width
+ * against the loss, and computes the layout offsets. On error m is left
+ * zeroed and errstr says which part of the list is wrong.
+ */
+fr_err_t trainer_model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
+                            char *errstr, size_t size)
+{
+    memset(m, 0, sizeof(*m));
+    if ((unsigned)loss > TRAINER_LOSS_MSE)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "model: unknown loss %d", (int)loss);
+    int ndims = 0;
+    const char *p = layers;
+    for (;;) {
+        if (!isdigit((unsigned char)*p))
+            goto bad;
+        errno = 0;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (errno != 0 || v < 1 || v > TRAINER_MAX_WIDTH)
+            return fr_errorf(FR_ERR_INVAL, errstr, size, "model: layer width in '%s' must be 1..%d",
+                             layers, TRAINER_MAX_WIDTH);
+        if (ndims == TRAINER_MAX_LAYERS + 1)
+            return fr_errorf(FR_ERR_INVAL, errstr, size, "model: '%s' has more than %d layers",
+                             layers, TRAINER_MAX_LAYERS + 1);
+        m->dims[ndims++] = (int)v;
+        p = end;
+        if (*p == '\0')
+            break;
+        if (*p != '-')
+            goto bad;
+        p++;
+    }
+    if (ndims < 2)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "model: '%s' needs at least an input and an output width", layers);
+    int out = m->dims[ndims - 1];
+    if (loss == TRAINER_LOSS_SOFTMAX && out < 2)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "model: softmax needs at least 2 outputs, '%s' has %d", layers, out);
+    if (loss != TRAINER_LOSS_SOFTMAX && out != 1)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "model: %s needs exactly 1 output, '%s' has %d", trainer_loss_name(loss),
+                         layers, out);
+    m->nlayers = ndims - 1;
+    m->loss = loss;
+    size_t off = 0;
+    for (int l = 0; l < m->nlayers; l++) {
+        m->w_off[l] = off;
+        off += (size_t)m->dims[l + 1] * (size_t)m->dims[l];
+        m->b_off[l] = off;
+        off += (size_t)m->dims[l + 1];
+        if (off > TRAINER_MAX_PARAMS) {
+            memset(m, 0, sizeof(*m));
+            return fr_errorf(FR_ERR_INVAL, errstr, size, "model: '%s' has more than %u parameters",
+                             layers, TRAINER_MAX_PARAMS);
+        }
+    }
+    m->nparams = off;
+    return FR_OK;
+bad:
+    memset(m, 0, sizeof(*m));
+    return fr_errorf(FR_ERR_INVAL, errstr, size,
+                     "model: bad layer list '%s' (expected widths joined by '-', e.g. 784-256-10)",
+                     layers);
+}
+
+void trainer_model_layers(const trainer_model_t *m, char *buf, size_t size)
+{
+    size_t off = 0;
+    if (size == 0)
+        return;
+    buf[0] = '\0';
+    for (int i = 0; i <= m->nlayers && off < size; i++) {
+        int n = snprintf(buf + off, size - off, i ? "-%d" : "%d", m->dims[i]);
+        if (n < 0)
+            break;
+        off += (size_t)n;
+    }
+}
+
+int trainer_model_equal(const trainer_model_t *a, const trainer_model_t *b)
+{
+    if (a->nlayers != b->nlayers || a->loss != b->loss)
+        return 0;
+    for (int i = 0; i <= a->nlayers; i++)
+        if (a->dims[i] != b->dims[i])
+            return 0;
+    return 1;
+}
+
+void trainer_model_schema(const trainer_model_t *m, ingest_schema_t *schema)
+{
+    memset(schema, 0, sizeof(*schema));
+    schema->features = m->dims[0];
+    switch (m->loss) {
+    case TRAINER_LOSS_SOFTMAX:
+        schema->label = INGEST_LABEL_CLASS;
+        schema->classes = m->dims[m->nlayers];
+        break;
+    case TRAINER_LOSS_LOGISTIC: schema->label = INGEST_LABEL_BINARY; break;
+    case TRAINER_LOSS_MSE: schema->label = INGEST_LABEL_REAL; break;
+    }
+}
+
+/*
+ * He-uniform weights (bound sqrt(6 / fan_in), suited to ReLU) and zero
+ * biases, drawn in layout order so that the result depends on the seed and
+ * the layer list only.
+ */
+void trainer_params_init(const trainer_model_t *m, float *w, uint64_t seed)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, seed);
+    for (int l = 0; l < m->nlayers; l++) {
+        double bound = sqrt(6.0 / (double)m->dims[l]);
+        size_t nw = (size_t)m->dims[l + 1] * (size_t)m->dims[l];
+        float *W = w + m->w_off[l];
+        for (size_t i = 0; i < nw; i++)
+            W[i] = (float)((2.0 * fr_rng_uniform(&rng) - 1.0) * bound);
+        memset(w + m->b_off[l], 0, (size_t)m->dims[l + 1] * sizeof(float));
+    }
+}

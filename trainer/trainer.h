@@ -1,0 +1,124 @@
+/*
+ * trainer.h - the one public header of the trainer module: the model spec
+ * and its flat parameter layout, seeded initialisation, model files
+ * (safetensors), the compute backends and a double-precision reference
+ * implementation used to check them.
+ *
+ * Parameter layout (DESIGN.md "Model and backends"): one contiguous float32
+ * vector; for each layer l = 0..nlayers-1, W_l row-major [dims[l+1] x
+ * dims[l]] then b_l [dims[l+1]]. ReLU between layers, none after the last.
+ *
+ * Threads: a trainer_model_t is immutable once initialised and may be shared;
+ * a backend instance belongs to one thread.
+ */
+#ifndef FRESHET_TRAINER_H
+#define FRESHET_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "ingest/ingest.h"
+#include "trainer/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TRAINER_MAX_LAYERS 15         /* weight layers; dims has one more     */
+#define TRAINER_MAX_WIDTH  (1 << 20)  /* widest layer                         */
+#define TRAINER_MAX_PARAMS (1u << 30) /* floats in the parameter vector       */
+
+typedef enum trainer_loss {
+    TRAINER_LOSS_SOFTMAX = 0,  /* cross-entropy over dims[L] >= 2 classes      */
+    TRAINER_LOSS_LOGISTIC = 1, /* binary cross-entropy with logits, 1 output   */
+    TRAINER_LOSS_MSE = 2,      /* mean squared error, 1 output                 */
+} trainer_loss_t;
+
+fr_err_t trainer_loss_parse(const char *name, trainer_loss_t *loss);
+const char *trainer_loss_name(trainer_loss_t loss);
+
+struct trainer_model {
+    int nlayers;                      /* weight layers L >= 1          */
+    int dims[TRAINER_MAX_LAYERS + 1]; /* dims[0] inputs .. dims[L] outputs */
+    trainer_loss_t loss;
+    size_t nparams;                   /* floats in the flat vector     */
+    size_t w_off[TRAINER_MAX_LAYERS]; /* offset of W_l                 */
+    size_t b_off[TRAINER_MAX_LAYERS]; /* offset of b_l                 */
+};
+
+/* Parses a layer list such as "784-256-10" and checks it against the loss
+ * (softmax needs >= 2 outputs; logistic and mse exactly 1). */
+fr_err_t trainer_model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
+                            char *errstr, size_t size);
+/* Writes "784-256-10" into buf (always NUL-terminated). */
+void trainer_model_layers(const trainer_model_t *m, char *buf, size_t size);
+/* Nonzero when a and b have the same layers and loss. */
+int trainer_model_equal(const trainer_model_t *a, const trainer_model_t *b);
+/* The record schema of the model's input: features, label rule, classes. */
+void trainer_model_schema(const trainer_model_t *m, ingest_schema_t *schema);
+
+/* Seeded He-uniform initialisation: W_l ~ U(-sqrt(6/dims[l]), +sqrt(6/dims[l]))
+ * drawn in layout order from fr_rng seeded with seed, b_l = 0. The same seed
+ * gives the same weights everywhere. */
+void trainer_params_init(const trainer_model_t *m, float *w, uint64_t seed);
+
+/* ------------------------------------------------------------------------
+ * Model files: safetensors with tensors layers.{i}.weight [out, in] and
+ * layers.{i}.bias [out] (F32) and metadata format=pt, freshet.layers,
+ * freshet.loss, plus the extra pairs given.
+ * ---------------------------------------------------------------------- */
+/* Encodes w into a safetensors image; *out is malloc'ed, caller frees. */
+fr_err_t trainer_model_encode(const trainer_model_t *m, const float *w, const fr_st_kv_t *extra,
+                              size_t nextra, uint8_t **out, size_t *len, char *errstr, size_t size);
+fr_err_t trainer_model_save(const char *path, const trainer_model_t *m, const float *w,
+                            const fr_st_kv_t *extra, size_t nextra, char *errstr, size_t size);
+
+/* Reads a model file. The layers come from freshet.layers or, in a file
+ * without it (written by PyTorch, say), from the tensor shapes; the loss
+ * from freshet.loss, else from *loss_hint (NULL: the file must say). Every
+ * tensor must be F32 with the shape of the layout, and no other tensor may
+ * be present. On success *w is malloc'ed [m->nparams], caller frees. */
+fr_err_t trainer_model_load(const char *path, const trainer_loss_t *loss_hint, trainer_model_t *m,
+                            float **w, char *errstr, size_t size);
+
+/* ------------------------------------------------------------------------
+ * Backends (see backend.h for the operations).
+ * ---------------------------------------------------------------------- */
+typedef struct trainer_backend trainer_backend_t;
+
+/* Creates a backend by name: "cpu", "cuda", or "auto" (cuda when a device
+ * is present, cpu otherwise; the fallback is logged once per process).
+ * NULL with errstr when the name is unknown, the backend is not built or
+ * has no device, or creation fails. Caller frees with
+ * trainer_backend_destroy(). */
+trainer_backend_t *trainer_backend_new(const char *name, const trainer_model_t *m, int max_batch,
+                                       int device, char *errstr, size_t size);
+void trainer_backend_destroy(trainer_backend_t *b);
+const char *trainer_backend_name(const trainer_backend_t *b);
+/* The names of the backends this build has, e.g. "cpu" or "cpu cuda". */
+const char *trainer_backends_built(void);
+
+/* See trainer_backend_ops_t. Errors are also kept in trainer_backend_error(). */
+fr_err_t trainer_backend_load(trainer_backend_t *b, const float *w);
+fr_err_t trainer_backend_gradient(trainer_backend_t *b, float *grad, double *loss_sum,
+                                  const float *x, const float *y, int n);
+/* Evaluates any number of samples, in chunks of the backend's max batch. */
+fr_err_t trainer_backend_evaluate(trainer_backend_t *b, double *loss_sum, int64_t *correct,
+                                  const float *x, const float *y, size_t n);
+const char *trainer_backend_error(const trainer_backend_t *b);
+
+/* ------------------------------------------------------------------------
+ * Double-precision plain-loop reference of the forward and backward pass,
+ * the yardstick for every backend (tests, parity checks). grad[nparams] =
+ * d(mean loss)/dw; returns the summed loss in *loss_sum. Allocates its own
+ * scratch; FR_ERR_NOMEM on failure.
+ * ---------------------------------------------------------------------- */
+fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, double *loss_sum,
+                                    const double *w, const double *x, const double *y, int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FRESHET_TRAINER_H */
