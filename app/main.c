@@ -1,0 +1,120 @@
+/*
+ * main.c - the freshet command: dispatch to subcommands, shared option
+ * helpers.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/app.h"
+#include "trainer/trainer.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"fit", app_cmd_fit, "train offline from a file and write safetensors weights"},
+    {"eval", app_cmd_eval, "score weights on a file: {\"n\", \"loss\", \"accuracy\"}"},
+};
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: freshet <command> [options]\n\n"
+                 "freshet trains models continuously from Kafka. Commands:\n");
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out,
+            "  %-8s print the version and the compute backends of this build\n\n"
+            "'freshet <command> --help' describes a command's options.\n",
+            "version");
+}
+
+int app_usage_error(const char *cmd, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "freshet %s: %s\nTry 'freshet %s --help'.\n", cmd, msg, cmd);
+    return APP_EXIT_USAGE;
+}
+
+int app_parse_long(const char *cmd, const char *opt, const char *s, long long min, long long max,
+                   long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
+        return app_usage_error(cmd, "%s expects an integer in %lld..%lld, got '%s'", opt, min, max,
+                               s);
+    *out = v;
+    return 0;
+}
+
+int app_parse_double(const char *cmd, const char *opt, const char *s, double min, double max,
+                     double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < min || v > max)
+        return app_usage_error(cmd, "%s expects a number in [%g, %g], got '%s'", opt, min, max, s);
+    *out = v;
+    return 0;
+}
+
+int app_load_dataset(const char *cmd, ingest_dataset_t *ds, const ingest_schema_t *schema,
+                     ingest_format_t format, const char *data, const char *labels)
+{
+    char errstr[512];
+    if (format == INGEST_FORMAT_IDX && labels == NULL)
+        return app_usage_error(cmd, "--format idx needs --labels FILE");
+    fr_err_t err = ingest_dataset_load(ds, schema, format, data, labels, errstr, sizeof(errstr));
+    if (err != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+        return APP_EXIT_USAGE;
+    }
+    for (int r = 1; r < INGEST_REJECT_COUNT; r++) {
+        if (ds->rejected[r] > 0)
+            fr_log(FR_LOG_WARN, "%s: skipped %llu records of %s (%s; first at record %llu)", cmd,
+                   (unsigned long long)ds->rejected[r], data,
+                   ingest_reject_name((ingest_reject_t)r),
+                   (unsigned long long)ds->first_bad_line[r]);
+    }
+    if (ds->n == 0) {
+        fprintf(stderr, "freshet %s: %s holds no valid record\n", cmd, data);
+        return APP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return APP_EXIT_USAGE;
+    }
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(name, "version") == 0 || strcmp(name, "--version") == 0) {
+        printf("freshet %s (backends: %s)\n", FRESHET_VERSION, trainer_backends_built());
+        return 0;
+    }
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        if (strcmp(name, commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "freshet: unknown command '%s'\n\n", name);
+    usage(stderr);
+    return APP_EXIT_USAGE;
+}
