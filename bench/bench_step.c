@@ -1,0 +1,112 @@
+/*
+ * bench_step.c - one training step of the CPU backend (gradient + sgd
+ * update) against its floor measured in the same run: the bare sgemm calls
+ * of the same shapes. The ratio says how much the step costs beyond the
+ * matrix products it cannot avoid.
+ *
+ * usage: bench_step [LAYERS] [BATCH] [SECONDS]   (default 784-256-10 64 2)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "psstore/psstore.h"
+#include "trainer/trainer.h"
+#include "trainer/trainer_int.h"
+
+/* Runs fn until seconds pass; returns calls per second. */
+static double rate(void (*fn)(void *), void *arg, double seconds)
+{
+    for (int i = 0; i < 5; i++)
+        fn(arg); /* warm caches and pages */
+    uint64_t t0 = fr_clock_mono_ns(), t;
+    long calls = 0;
+    do {
+        fn(arg);
+        calls++;
+        t = fr_clock_mono_ns();
+    } while ((double)(t - t0) * 1e-9 < seconds);
+    return (double)calls / ((double)(t - t0) * 1e-9);
+}
+
+typedef struct bench {
+    trainer_model_t m;
+    trainer_backend_t *b;
+    float *w, *g, *x, *y, *scratch;
+    int batch;
+} bench_t;
+
+static void step(void *arg)
+{
+    bench_t *s = arg;
+    double loss;
+    if (trainer_backend_gradient(s->b, s->g, &loss, s->x, s->y, s->batch) != FR_OK) {
+        fprintf(stderr, "bench_step: %s\n", trainer_backend_error(s->b));
+        exit(1);
+    }
+    psstore_optim_step(PSSTORE_OPTIM_SGD, s->w, NULL, s->g, s->m.nparams, 1e-3f, 0.0f);
+}
+
+/* The products a step needs: forward per layer, dW per layer, dX for l > 0. */
+static void gemms(void *arg)
+{
+    bench_t *s = arg;
+    const trainer_model_t *m = &s->m;
+    for (int l = 0; l < m->nlayers; l++) {
+        int k = m->dims[l], out = m->dims[l + 1];
+        trainer_sgemm(0, 1, s->batch, out, k, 1.0f, s->x, k, s->w + m->w_off[l], k, 0.0f,
+                      s->scratch, out);
+        trainer_sgemm(1, 0, out, k, s->batch, 1.0f, s->scratch, out, s->x, k, 0.0f,
+                      s->g + m->w_off[l], k);
+        if (l > 0)
+            trainer_sgemm(0, 0, s->batch, k, out, 1.0f, s->scratch, out, s->w + m->w_off[l], k,
+                          0.0f, s->scratch + (size_t)s->batch * out, k);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *layers = argc > 1 ? argv[1] : "784-256-10";
+    bench_t s = {.batch = argc > 2 ? atoi(argv[2]) : 64};
+    double seconds = argc > 3 ? atof(argv[3]) : 2.0;
+    char errstr[256];
+    if (s.batch < 1 || trainer_model_init(&s.m, layers, TRAINER_LOSS_SOFTMAX, errstr,
+                                          sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "usage: bench_step [LAYERS] [BATCH] [SECONDS]\n");
+        return 2;
+    }
+    int widest = 0;
+    for (int l = 0; l <= s.m.nlayers; l++)
+        widest = s.m.dims[l] > widest ? s.m.dims[l] : widest;
+    s.w = malloc(s.m.nparams * sizeof(float));
+    s.g = malloc(s.m.nparams * sizeof(float));
+    s.x = malloc((size_t)s.batch * widest * sizeof(float));
+    s.y = malloc((size_t)s.batch * sizeof(float));
+    s.scratch = calloc(2 * (size_t)s.batch * widest, sizeof(float));
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 1);
+    for (size_t i = 0; i < (size_t)s.batch * widest; i++)
+        s.x[i] = (float)fr_rng_uniform(&rng);
+    for (int i = 0; i < s.batch; i++)
+        s.y[i] = (float)fr_rng_below(&rng, (uint64_t)s.m.dims[s.m.nlayers]);
+    trainer_params_init(&s.m, s.w, 1);
+    s.b = trainer_backend_new("cpu", &s.m, s.batch, 0, errstr, sizeof(errstr));
+    if (s.b == NULL || trainer_backend_load(s.b, s.w) != FR_OK) {
+        fprintf(stderr, "bench_step: %s\n", errstr);
+        return 1;
+    }
+    double floor_rate = rate(gemms, &s, seconds);
+    double step_rate = rate(step, &s, seconds);
+    printf("bench_step: %s, batch %d, cpu backend, 1 BLAS thread\n", layers, s.batch);
+    printf("  sgemm floor       %10.0f samples/s\n", floor_rate * s.batch);
+    printf("  training step     %10.0f samples/s\n", step_rate * s.batch);
+    printf("  step / floor      %10.2f (1.00 = nothing beyond the matrix products)\n",
+           step_rate / floor_rate);
+    trainer_backend_destroy(s.b);
+    free(s.w);
+    free(s.g);
+    free(s.x);
+    free(s.y);
+    free(s.scratch);
+    return 0;
+}

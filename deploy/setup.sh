@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every Debian package freshet needs to build, test and run its
+# quickstart. Idempotent: packages already installed are skipped, and apt is
+# not touched at all when nothing is missing. Run as root (or with sudo).
+set -euo pipefail
+
+packages=(
+    build-essential cmake pkg-config git   # toolchain
+    libopenblas-dev                        # CPU backend (sgemm)
+    zlib1g-dev                             # .gz data files
+    libcmocka-dev                          # unit tests
+    clang libclang-rt-14-dev               # fuzz targets (libFuzzer) and sanitizer runtimes
+    clang-format                           # style check
+    dataset-fashion-mnist                  # the quickstart's data set
+    python3 python3-numpy python3-torch    # reference tests and benchmarks (/usr/bin/python3)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "setup: all ${#packages[@]} packages present"
+    exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

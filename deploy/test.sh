@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs every test: the unit tests and the reference
+# tests (freshet against PyTorch, Fashion-MNIST accuracy) on a warnings-as-
+# errors build; the unit tests again under AddressSanitizer and
+# UndefinedBehaviorSanitizer; the fuzz targets for a bounded time
+# (FUZZ_SECONDS each, default 30); and the clang-format check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzz_seconds=${FUZZ_SECONDS:-30}
+jobs=$(nproc)
+
+bash deploy/setup.sh
+
+echo "== build (warnings are errors)"
+bash deploy/build.sh -DFRESHET_WERROR=ON
+
+echo "== tests"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFRESHET_WERROR=ON \
+    -DFRESHET_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
+
+echo "== fuzz targets, ${fuzz_seconds} s each"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFRESHET_FUZZ=ON >/dev/null
+targets=$(cd tests/fuzz && ls fuzz_*.c | sed 's/\.c$//')
+# shellcheck disable=SC2086
+cmake --build build-fuzz -j"$jobs" --target $targets
+for t in $targets; do
+    corpus=$(mktemp -d)
+    cp -r "tests/fuzz/corpus/${t#fuzz_}/." "$corpus/" 2>/dev/null || true
+    status=0
+    ./build-fuzz/tests/"$t" -max_total_time="$fuzz_seconds" -print_final_stats=1 -artifact_prefix=build-fuzz/ \
+        "$corpus" >"$corpus.log" 2>&1 || status=$?
+    grep -E "^(stat::number_of_executed_units|Done)|ERROR|SUMMARY" "$corpus.log" || true
+    if [ "$status" -ne 0 ]; then
+        tail -50 "$corpus.log"
+    fi
+    rm -f "$corpus.log"
+    rm -rf "$corpus"
+    if [ "$status" -ne 0 ]; then
+        echo "fuzz target $t failed (status $status)"
+        exit 1
+    fi
+    echo "fuzz target $t: no crash in ${fuzz_seconds} s"
+done
+
+echo "== clang-format"
+git ls-files '*.c' '*.h' | xargs clang-format --dry-run --Werror
+echo "all checks passed"
