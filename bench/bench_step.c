@@ -70,8 +70,8 @@ int main(int argc, char **argv)
     bench_t s = {.batch = argc > 2 ? atoi(argv[2]) : 64};
     double seconds = argc > 3 ? atof(argv[3]) : 2.0;
     char errstr[256];
-    if (s.batch < 1 || trainer_model_init(&s.m, layers, TRAINER_LOSS_SOFTMAX, errstr,
-                                          sizeof(errstr)) != FR_OK) {
+    if (s.batch < 1 ||
+        trainer_model_init(&s.m, layers, TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "usage: bench_step [LAYERS] [BATCH] [SECONDS]\n");
         return 2;
     }
