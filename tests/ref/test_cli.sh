@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The freshet command's contract: --help everywhere, bad arguments and files
+# give a one-line error and exit status 2 (never a signal), a diverging run
+# exits 1, and malformed records are skipped with their count.
+# usage: $0 FRESHET
+set -uo pipefail
+F=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0 failed=0
+
+# expect STATUS PATTERN -- command...: exit status and a line of its stderr
+expect() {
+    local want=$1 pattern=$2
+    shift 3
+    "$@" >"$work/out" 2>"$work/err"
+    local got=$?
+    if [ "$got" -eq "$want" ] && grep -q -- "$pattern" "$work/err" "$work/out"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL: '$*' exited $got (want $want), output lacks '$pattern':"
+        cat "$work/out" "$work/err" | head -5
+    fi
+}
+
+printf '1,0.5,0.25\n0,-1,2\n1,3,1\n0,0,0\n' >"$work/good.csv"
+printf '1,0.5,0.25\nx,1,2\n1,3\n0,nan,1\n2,1,1\n0,1,1\n' >"$work/bad.csv"
+printf 'garbage' >"$work/bad.safetensors"
+
+expect 2 "usage: freshet" -- "$F"
+expect 0 "usage: freshet <command>" -- "$F" --help
+expect 0 "freshet fit --layers" -- "$F" fit --help
+expect 0 "freshet eval --weights" -- "$F" eval --help
+expect 0 "backends: cpu" -- "$F" version
+expect 2 "unknown command 'fly'" -- "$F" fly
+expect 2 "unknown option '--bogus'" -- "$F" fit --bogus
+expect 2 "--data FILE is required" -- "$F" fit --layers 2-2 --format csv --out "$work/w"
+expect 2 "--epochs expects an integer" -- "$F" fit --epochs x --layers 2-2
+expect 2 "--lr expects a number" -- "$F" fit --lr nan --layers 2-2
+expect 2 "bad layer list" -- "$F" fit --layers 2-x-2 --data "$work/good.csv" --format csv --out "$work/w"
+expect 2 "--format must be" -- "$F" fit --layers 2-2 --data "$work/good.csv" --format xml --out "$work/w"
+expect 2 "no-such.csv" -- "$F" fit --layers 2-2 --data "$work/no-such.csv" --format csv --out "$work/w"
+expect 2 "--format idx needs --labels" -- "$F" fit --layers 2-2 --data "$work/good.csv" --format idx --out "$work/w"
+expect 2 "--features 3 differs" -- "$F" fit --layers 2-2 --features 3 --data "$work/good.csv" --format csv --out "$work/w"
+expect 2 "safetensors" -- "$F" fit --init "$work/bad.safetensors" --data "$work/good.csv" --format csv --out "$work/w"
+expect 2 "safetensors" -- "$F" eval --weights "$work/bad.safetensors" --data "$work/good.csv" --format csv
+expect 2 "unknown backend 'tpu'" -- "$F" fit --layers 2-2 --backend tpu --data "$work/good.csv" --format csv --out "$work/w"
+# malformed records are skipped and counted by reason; the 2 good ones train
+expect 0 "skipped 1 records of .* (bad_number; first at record 2)" -- "$F" fit --layers 2-2 --data "$work/bad.csv" --format csv --out "$work/w"
+expect 0 "(label_range; first at record 5)" -- "$F" fit --layers 2-2 --data "$work/bad.csv" --format csv --out "$work/w"
+expect 0 '"n": 2' -- "$F" eval --weights "$work/w" --data "$work/bad.csv" --format csv
+expect 2 "holds a 2-2 softmax model, not 2-3-2" -- "$F" fit --layers 2-3-2 --init "$work/w" --data "$work/good.csv" --format csv --out "$work/w2"
+expect 1 "diverged" -- "$F" fit --layers 2-1 --loss mse --lr 1e5 --epochs 50 --data "$work/good.csv" --format csv --out "$work/w3"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
