@@ -9,6 +9,7 @@
 #define FRESHET_APP_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "common/common.h"
 #include "ingest/ingest.h"
@@ -18,6 +19,23 @@
 
 int app_cmd_fit(int argc, char **argv);
 int app_cmd_eval(int argc, char **argv);
+
+#ifdef FRESHET_HAVE_SERVICES
+#include "psstore/psstore.h"
+
+int app_cmd_model(int argc, char **argv); /* svc_model.c */
+int app_cmd_ps(int argc, char **argv);    /* svc_ps.c */
+
+/* Loads "--config F" and "--set S.K=V" options into cfg, then the
+ * environment. Returns 0, -1 after printing --help, or an exit status. */
+int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv,
+                    void (*usage)(FILE *));
+/* [controller] (and [trainer] mode adaptive) as a controller conf. */
+int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_conf_t *ctl);
+/* Creates [model] in the store when absent; refuses one with other layers
+ * or loss. */
+int app_ensure_model(const char *cmd, const fr_config_t *cfg);
+#endif
 
 /* Prints "freshet CMD: message" and a hint to --help on stderr; returns
  * APP_EXIT_USAGE. */
@@ -31,9 +49,11 @@ int app_parse_double(const char *cmd, const char *opt, const char *s, double min
                      double *out);
 
 /* Loads a data file for the model's schema and reports what was skipped
- * (one warning line per reject reason). Returns 0, or prints the error and
- * returns APP_EXIT_USAGE. */
-int app_load_dataset(const char *cmd, ingest_dataset_t *ds, const ingest_schema_t *schema,
-                     ingest_format_t format, const char *data, const char *labels);
+ * (one warning line per reject reason); labels_opt names the option that
+ * gives labels, for messages. Returns 0, or prints the error and returns
+ * APP_EXIT_USAGE (APP_EXIT_FAILURE when out of memory). */
+int app_load_dataset(const char *cmd, const char *labels_opt, ingest_dataset_t *ds,
+                     const ingest_schema_t *schema, ingest_format_t format, const char *data,
+                     const char *labels);
 
 #endif

@@ -82,11 +82,12 @@ int app_cmd_eval(int argc, char **argv)
     }
     ingest_schema_t schema;
     trainer_model_schema(&m, &schema);
-    if ((rc = app_load_dataset(CMD, &ds, &schema, format, data, labels)) != 0)
+    if ((rc = app_load_dataset(CMD, "--labels", &ds, &schema, format, data, labels)) != 0)
         goto out;
-    b = trainer_backend_new(backend, &m, 1024, 0, errstr, sizeof(errstr));
+    b = trainer_backend_new(backend, &m, ds.n < 1024 ? (int)ds.n : 1024, 0, errstr, sizeof(errstr));
     if (b == NULL) {
-        rc = app_usage_error(CMD, "--backend %s: %s", backend, errstr);
+        fprintf(stderr, "freshet %s: --backend %s: %s\n", CMD, backend, errstr);
+        rc = strstr(errstr, "allocate") ? APP_EXIT_FAILURE : APP_EXIT_USAGE;
         goto out;
     }
     double loss = 0.0;

@@ -3,11 +3,13 @@
  * reference runs. Mini-batch training with the optimizers of the parameter
  * store, on one backend, one BLAS thread.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "psstore/psstore.h"
@@ -52,6 +54,7 @@ static void fit_usage(FILE *out)
 typedef struct fit_opts {
     const char *layers, *loss, *data, *labels, *format, *init, *out, *backend;
     const char *test_data, *test_labels;
+    int loss_given; /* --loss was on the command line */
     long long features, epochs, batch, seed;
     double lr, momentum;
     psstore_optim_t optim;
@@ -96,7 +99,10 @@ static int parse_opts(fit_opts_t *o, int argc, char **argv)
     while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         switch (c) {
         case 'L': o->layers = optarg; break;
-        case 'l': o->loss = optarg; break;
+        case 'l':
+            o->loss = optarg;
+            o->loss_given = 1;
+            break;
         case 'd': o->data = optarg; break;
         case 'y': o->labels = optarg; break;
         case 'f': o->format = optarg; break;
@@ -150,22 +156,28 @@ static int initial_model(const fit_opts_t *o, trainer_model_t *m, float **w)
     trainer_loss_t loss;
     if (trainer_loss_parse(o->loss, &loss) != FR_OK)
         return app_usage_error(CMD, "--loss must be softmax, logistic or mse, got '%s'", o->loss);
-    if (o->layers != NULL && trainer_model_init(m, o->layers, loss, errstr, sizeof(errstr)))
+    /* with --init and no --loss, the file's loss decides what --layers may be */
+    int check_layers = o->layers != NULL && (o->init == NULL || o->loss_given);
+    if (check_layers && trainer_model_init(m, o->layers, loss, errstr, sizeof(errstr)))
         return app_usage_error(CMD, "--layers: %s", errstr);
     if (o->init != NULL) {
         trainer_model_t fm;
-        if (trainer_model_load(o->init, &loss, &fm, w, errstr, sizeof(errstr)) != FR_OK) {
+        if (trainer_model_load(o->init, o->loss_given ? &loss : NULL, &fm, w, errstr,
+                               sizeof(errstr)) != FR_OK) {
             fprintf(stderr, "freshet %s: --init %s\n", CMD, errstr);
             return APP_EXIT_USAGE;
         }
-        if (o->layers != NULL && !trainer_model_equal(m, &fm)) {
-            char a[256], b[256];
-            trainer_model_layers(m, a, sizeof(a));
-            trainer_model_layers(&fm, b, sizeof(b));
+        char want[256] = "", have[256];
+        trainer_model_layers(&fm, have, sizeof(have));
+        if (o->layers != NULL)
+            snprintf(want, sizeof(want), "%s", o->layers);
+        int layers_differ = o->layers != NULL && strcmp(want, have) != 0;
+        if (layers_differ || (o->loss_given && fm.loss != loss)) {
             free(*w);
             *w = NULL;
-            return app_usage_error(CMD, "--init %s holds a %s %s model, not %s %s", o->init, b,
-                                   trainer_loss_name(fm.loss), a, trainer_loss_name(m->loss));
+            return app_usage_error(CMD, "--init %s holds a %s %s model, not %s %s", o->init, have,
+                                   trainer_loss_name(fm.loss), layers_differ ? want : have,
+                                   trainer_loss_name(o->loss_given ? loss : fm.loss));
         }
         *m = fm;
         return 0;
@@ -237,22 +249,52 @@ static int run_epoch(fit_run_t *r, double *mean_loss)
     return 0;
 }
 
+/*
+ * Fails early when --out cannot be written (its directory is missing or
+ * read-only), rather than after hours of training. Returns 0 or an exit
+ * status.
+ */
+static int check_out_path(const char *out)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", out);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    if (access(dir, W_OK) != 0) {
+        fprintf(stderr, "freshet %s: --out %s: cannot write into %s: %s\n", CMD, out, dir,
+                strerror(errno));
+        return APP_EXIT_USAGE;
+    }
+    return 0;
+}
+
 /* Allocates the run's buffers once, for every epoch. */
 static int prepare_run(fit_run_t *r)
 {
     size_t D = (size_t)r->train->features, B = (size_t)r->o->batch;
     size_t state_len = psstore_optim_state_len(r->o->optim, r->m->nparams);
+    int shuffle = r->o->shuffle;
     r->grad = malloc(r->m->nparams * sizeof(float));
     r->state = calloc(state_len ? state_len : 1, sizeof(float));
-    r->xb = malloc(B * D * sizeof(float));
-    r->yb = malloc(B * sizeof(float));
-    r->order = malloc(r->train->n * sizeof(uint32_t));
-    if (!r->grad || !r->state || !r->xb || !r->yb || !r->order) {
+    r->xb = shuffle ? malloc(B * D * sizeof(float)) : NULL;
+    r->yb = shuffle ? malloc(B * sizeof(float)) : NULL;
+    r->order = shuffle ? malloc(r->train->n * sizeof(uint32_t)) : NULL;
+    if (!r->grad || !r->state || (shuffle && (!r->xb || !r->yb || !r->order))) {
         fprintf(stderr, "freshet %s: out of memory\n", CMD);
         return APP_EXIT_FAILURE;
     }
-    for (size_t i = 0; i < r->train->n; i++)
-        r->order[i] = (uint32_t)i;
+    fr_mem_touch(r->grad, r->m->nparams * sizeof(float));
+    fr_mem_touch(r->state, (state_len ? state_len : 1) * sizeof(float));
+    if (shuffle) {
+        fr_mem_touch(r->xb, B * D * sizeof(float));
+        for (size_t i = 0; i < r->train->n; i++)
+            r->order[i] = (uint32_t)i;
+    }
     /* a stream of its own, so the shuffle does not depend on the init */
     fr_rng_seed(&r->shuffle_rng, (uint64_t)r->o->seed ^ 0x5f3759df9e3779b9ull);
     return 0;
@@ -315,19 +357,31 @@ int app_cmd_fit(int argc, char **argv)
     }
     ingest_schema_t schema;
     trainer_model_schema(&m, &schema);
-    if ((rc = app_load_dataset(CMD, &train_ds, &schema, format, o.data, o.labels)) != 0)
+    if ((rc = app_load_dataset(CMD, "--labels", &train_ds, &schema, format, o.data, o.labels)) != 0)
         goto out;
-    if (o.test_data != NULL &&
-        (rc = app_load_dataset(CMD, &test_ds, &schema, format, o.test_data, o.test_labels)) != 0)
+    if (o.test_data != NULL && (rc = app_load_dataset(CMD, "--test-labels", &test_ds, &schema,
+                                                      format, o.test_data, o.test_labels)) != 0)
         goto out;
     r.train = &train_ds;
     r.test = o.test_data ? &test_ds : NULL;
-    int max_batch = (int)(o.batch > 1024 ? o.batch : 1024); /* evaluation uses big chunks */
-    r.b = trainer_backend_new(o.backend, &m, max_batch, 0, errstr, sizeof(errstr));
-    if (r.b == NULL) {
-        rc = app_usage_error(CMD, "--backend %s: %s", o.backend, errstr);
+    if (train_ds.n > UINT32_MAX) {
+        rc = app_usage_error(CMD, "%s holds %zu samples; at most %u fit in one run", o.data,
+                             train_ds.n, UINT32_MAX);
         goto out;
     }
+    /* buffers as big as the data needs: a step, or an evaluation chunk */
+    if ((size_t)o.batch > train_ds.n)
+        o.batch = (long long)train_ds.n;
+    size_t chunk = r.test ? (test_ds.n < 1024 ? test_ds.n : 1024) : 0;
+    int max_batch = (int)((size_t)o.batch > chunk ? (size_t)o.batch : chunk);
+    r.b = trainer_backend_new(o.backend, &m, max_batch, 0, errstr, sizeof(errstr));
+    if (r.b == NULL) {
+        fprintf(stderr, "freshet %s: --backend %s: %s\n", CMD, o.backend, errstr);
+        rc = strstr(errstr, "allocate") ? APP_EXIT_FAILURE : APP_EXIT_USAGE;
+        goto out;
+    }
+    if ((rc = check_out_path(o.out)) != 0)
+        goto out;
     if ((rc = train(&r)) != 0)
         goto out;
     char steps[32];

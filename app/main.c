@@ -19,6 +19,10 @@ static const struct {
 } commands[] = {
     {"fit", app_cmd_fit, "train offline from a file and write safetensors weights"},
     {"eval", app_cmd_eval, "score weights on a file: {\"n\", \"loss\", \"accuracy\"}"},
+#ifdef FRESHET_HAVE_SERVICES
+    {"model", app_cmd_model, "create, show, list or delete models in Redis"},
+    {"ps", app_cmd_ps, "run the applier: the single writer of a model in Redis"},
+#endif
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
 
@@ -70,22 +74,25 @@ int app_parse_double(const char *cmd, const char *opt, const char *s, double min
     return 0;
 }
 
-int app_load_dataset(const char *cmd, ingest_dataset_t *ds, const ingest_schema_t *schema,
-                     ingest_format_t format, const char *data, const char *labels)
+int app_load_dataset(const char *cmd, const char *labels_opt, ingest_dataset_t *ds,
+                     const ingest_schema_t *schema, ingest_format_t format, const char *data,
+                     const char *labels)
 {
     char errstr[512];
     if (format == INGEST_FORMAT_IDX && labels == NULL)
-        return app_usage_error(cmd, "--format idx needs --labels FILE");
+        return app_usage_error(cmd, "--format idx needs %s FILE for %s", labels_opt, data);
     fr_err_t err = ingest_dataset_load(ds, schema, format, data, labels, errstr, sizeof(errstr));
     if (err != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-        return APP_EXIT_USAGE;
+        return err == FR_ERR_NOMEM ? APP_EXIT_FAILURE : APP_EXIT_USAGE;
     }
     for (int r = 1; r < INGEST_REJECT_COUNT; r++) {
         if (ds->rejected[r] > 0)
-            fr_log(FR_LOG_WARN, "%s: skipped %llu records of %s (%s; first at record %llu)", cmd,
+            fr_log(FR_LOG_WARN, "%s: skipped %llu records of %s (%s; first at %s %llu)", cmd,
                    (unsigned long long)ds->rejected[r], data,
                    ingest_reject_name((ingest_reject_t)r),
+                   format == INGEST_FORMAT_CSV || format == INGEST_FORMAT_LIBSVM ? "line"
+                                                                                 : "record",
                    (unsigned long long)ds->first_bad_line[r]);
     }
     if (ds->n == 0) {

@@ -6,6 +6,7 @@
  *
  * usage: bench_step [LAYERS] [BATCH] [SECONDS]   (default 784-256-10 64 2)
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +65,33 @@ static void gemms(void *arg)
     }
 }
 
+/* The backend's gradient against the double-precision reference. */
+static int check_gradient(bench_t *s)
+{
+    size_t P = s->m.nparams, X = (size_t)s->batch * s->m.dims[0];
+    double *wd = malloc(P * sizeof(double)), *gd = malloc(P * sizeof(double));
+    double *xd = malloc(X * sizeof(double)), *yd = malloc((size_t)s->batch * sizeof(double));
+    double loss_ref, loss;
+    for (size_t i = 0; i < P; i++)
+        wd[i] = s->w[i];
+    for (size_t i = 0; i < X; i++)
+        xd[i] = s->x[i];
+    for (int i = 0; i < s->batch; i++)
+        yd[i] = s->y[i];
+    trainer_reference_gradient(&s->m, gd, &loss_ref, wd, xd, yd, s->batch);
+    trainer_backend_gradient(s->b, s->g, &loss, s->x, s->y, s->batch);
+    int bad = 0;
+    for (size_t i = 0; i < P && !bad; i++)
+        bad = fabs(s->g[i] - gd[i]) > 1e-4 + 1e-3 * fabs(gd[i]);
+    if (bad || fabs(loss - loss_ref) > 1e-3 * fabs(loss_ref))
+        fprintf(stderr, "bench_step: the gradient does not match the reference\n");
+    free(wd);
+    free(gd);
+    free(xd);
+    free(yd);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
     const char *layers = argc > 1 ? argv[1] : "784-256-10";
@@ -95,6 +123,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_step: %s\n", errstr);
         return 1;
     }
+    /* validate before timing: the step's gradient against the reference */
+    if (check_gradient(&s) != 0)
+        return 1;
     double floor_rate = rate(gemms, &s, seconds);
     double step_rate = rate(step, &s, seconds);
     printf("bench_step: %s, batch %d, cpu backend, 1 BLAS thread\n", layers, s.batch);

@@ -84,6 +84,15 @@ uint64_t fr_clock_mono_ns(void); /* CLOCK_MONOTONIC, nanoseconds */
 int64_t fr_clock_unix_ms(void);  /* CLOCK_REALTIME, milliseconds since 1970 */
 
 /* ------------------------------------------------------------------------
+ * Memory.
+ * ---------------------------------------------------------------------- */
+/* Writes every 4 KiB page of p[0..bytes) once, keeping its contents, so
+ * that a hot path never pays the first touch of fresh memory (DESIGN.md
+ * "Performance model": ~11 us a page on these machines). malloc followed by
+ * memset may become calloc and touch nothing; this always touches. */
+void fr_mem_touch(void *p, size_t bytes);
+
+/* ------------------------------------------------------------------------
  * Seeded random numbers (xoshiro256** seeded through splitmix64). A
  * generator is a plain struct owned by one thread; the same seed gives the
  * same sequence on every platform.

@@ -47,9 +47,12 @@
 _Static_assert(sizeof(size_t) >= sizeof(uint64_t), "freshet needs a 64-bit size_t");
 
 #define ST_MAX_HEADER ((uint64_t)100 * 1024 * 1024) /* header bytes, as in the reference */
-#define ST_MAX_DEPTH  64                            /* JSON nesting accepted in skipped values */
-#define ST_SHOW       72                            /* bytes of a name quoted in a message */
-#define ST_SHAPE_TEXT (FR_ST_MAX_DIMS * 22 + 4)     /* "[d0, d1, ...]" */
+/* Bytes read at most from a stream (pipe, device) whose size is unknown:
+ * 4 GiB of weights plus the largest header. */
+#define ST_MAX_STREAM ((uint64_t)4 * 1024 * 1024 * 1024 + ST_MAX_HEADER + 8)
+#define ST_MAX_DEPTH  64                        /* JSON nesting accepted in skipped values */
+#define ST_SHOW       72                        /* bytes of a name quoted in a message */
+#define ST_SHAPE_TEXT (FR_ST_MAX_DIMS * 22 + 4) /* "[d0, d1, ...]" */
 
 /* One tensor while parsing and in the result. */
 typedef struct st_entry {
@@ -1176,7 +1179,27 @@ static fr_err_t st_slurp(const st_errctx_t *ec, int fd, const uint8_t *prefix, s
         return st_nomem(ec);
     memcpy(*mem + *pad, prefix, got);
     used = *pad + got;
+    /* Refuse a bad length prefix before reading on: /dev/zero or a stream
+     * that is no safetensors must not be read to its end. */
+    if (got == 8) {
+        uint64_t n = st_le64(prefix);
+        if (n < 2)
+            return st_fail(ec, FR_ERR_PARSE, "header length %" PRIu64 " is too small (minimum 2)",
+                           n);
+        if (n > ST_MAX_HEADER)
+            return st_fail(ec, FR_ERR_PARSE,
+                           "header length %" PRIu64 " exceeds the limit of %" PRIu64 " bytes", n,
+                           ST_MAX_HEADER);
+        if (hint > 0 && n > hint - 8)
+            return st_fail(ec, FR_ERR_PARSE, "header length %" PRIu64 " exceeds file size %zu", n,
+                           hint);
+    }
     while (got == 8) {
+        if (hint == 0 && used - *pad > ST_MAX_STREAM)
+            return st_fail(ec, FR_ERR_PARSE, "more than %llu bytes from a stream: not a model file",
+                           (unsigned long long)ST_MAX_STREAM);
+        if (hint == 0 && used - *pad > 8 && (*mem)[*pad + 8] != '{')
+            return st_fail(ec, FR_ERR_PARSE, "header does not start with '{'");
         if (used == cap) {
             uint8_t *nm = cap <= SIZE_MAX / 2 ? realloc(*mem, cap * 2) : NULL;
             if (nm == NULL)

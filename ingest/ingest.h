@@ -57,7 +57,8 @@ typedef struct ingest_schema {
     int features; /* D > 0                                                */
     ingest_label_t label;
     int classes;       /* for INGEST_LABEL_CLASS                               */
-    size_t max_record; /* bytes; 0 = the default (1 MiB, or 4(D+1) for f32)    */
+    size_t max_record; /* bytes; 0 = 1 MiB for text formats, no limit for f32
+                          (whose records must be exactly 4(D+1) bytes anyway) */
 } ingest_schema_t;
 
 /* Decodes one record (a csv or libsvm line without its newline, though a
@@ -74,7 +75,11 @@ typedef struct ingest_dataset {
     float *x;
     float *y;
     uint64_t rejected[INGEST_REJECT_COUNT];       /* records skipped, by reason */
-    uint64_t first_bad_line[INGEST_REJECT_COUNT]; /* 1-based record number of the
+    uint64_t first_bad_line[INGEST_REJECT_COUNT]; /* 1-based line (csv, libsvm:
+                                                     physical lines, blank and
+                                                     header lines counted),
+                                                     record (f32) or sample
+                                                     (idx) number of the
                                                      first rejection, 0 = none  */
 } ingest_dataset_t;
 

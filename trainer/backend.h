@@ -43,7 +43,8 @@ typedef struct trainer_backend_ops {
 
     /* Makes w[nparams] the weights of the following calls. A backend may
      * keep the pointer (the CPU backend reads w in place), so w must stay
-     * valid and unchanged until the next load or destroy. */
+     * valid until the next load or destroy; after changing w, call load
+     * again (a device backend copies it then). */
     fr_err_t (*load)(void *state, const float *w, char *errstr, size_t size);
 
     /* grad[nparams] = d(mean loss over the n samples)/dw; *loss_sum = the sum

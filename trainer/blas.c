@@ -1,6 +1,7 @@
 /*
  * blas.c - the one place that calls BLAS.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,11 +74,19 @@ static void warn_generic_core(void)
 #endif
 }
 
-void trainer_blas_single_thread(void)
+static void blas_setup(void)
 {
 #ifdef FRESHET_HAVE_OPENBLAS
     if (getenv("OPENBLAS_NUM_THREADS") == NULL)
         openblas_set_num_threads(1);
     warn_generic_core();
 #endif
+}
+
+/* Once per process: the setting is process-wide and must not change while
+ * another worker is inside sgemm. */
+void trainer_blas_single_thread(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_setup);
 }

@@ -43,21 +43,20 @@ static fr_err_t cpu_create(void **state, const trainer_model_t *m, int max_batch
     cpu_state_t *st = calloc(1, sizeof(*st));
     if (st == NULL)
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "cpu: out of memory");
+    /* deltas are [n x dims[l]] for l >= 1: the input gradient is never formed */
     size_t widest = 0, total = 0;
     for (int l = 1; l <= m->nlayers; l++) {
         total += (size_t)max_batch * (size_t)m->dims[l];
         if ((size_t)m->dims[l] > widest)
             widest = (size_t)m->dims[l];
     }
-    if ((size_t)m->dims[0] > widest)
-        widest = (size_t)m->dims[0];
     total += 2 * (size_t)max_batch * widest;
     st->block = malloc(total * sizeof(float));
     if (st->block == NULL) {
         free(st);
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "cpu: cannot allocate %zu floats", total);
     }
-    memset(st->block, 0, total * sizeof(float));
+    fr_mem_touch(st->block, total * sizeof(float));
     float *p = st->block;
     for (int l = 1; l <= m->nlayers; l++) {
         st->act[l] = p;
@@ -95,7 +94,7 @@ static void bias_relu(float *restrict z, const float *restrict b, int n, int out
         if (relu) {
             for (int j = 0; j < out; j++) {
                 float v = row[j] + b[j];
-                row[j] = v > 0.0f ? v : 0.0f;
+                row[j] = v < 0.0f ? 0.0f : v; /* NaN stays NaN, -0 and 0 give 0 gradient */
             }
         } else {
             for (int j = 0; j < out; j++)
@@ -147,17 +146,22 @@ static int output_loss(const trainer_model_t *m, const float *z, const float *y,
                     arg = j;
                 }
             }
-            float sum = 0.0f;
-            for (int j = 0; j < c; j++)
-                sum += expf(zi[j] - mx);
+            /* the exponentials go to delta's row when there is one */
+            float *e = delta != NULL ? delta + (size_t)i * c : NULL, sum = 0.0f;
+            for (int j = 0; j < c; j++) {
+                float ej = expf(zi[j] - mx);
+                sum += ej;
+                if (e != NULL)
+                    e[j] = ej;
+            }
             float lse = mx + logf(sum);
             loss += (double)(lse - zi[label]);
             right += arg == label;
-            if (delta != NULL) {
-                float *di = delta + (size_t)i * c;
+            if (e != NULL) {
+                float scale = inv_n / sum;
                 for (int j = 0; j < c; j++)
-                    di[j] = expf(zi[j] - lse) * inv_n;
-                di[label] -= inv_n;
+                    e[j] *= scale;
+                e[label] -= inv_n;
             }
         } else if (m->loss == TRAINER_LOSS_LOGISTIC) {
             float v = zi[0];
@@ -191,11 +195,12 @@ static void column_sums(float *restrict db, const float *restrict d, int n, int 
     }
 }
 
-/* d[i] = 0 where the layer's activation a[i] is 0 (ReLU' = 0 at 0). */
+/* d[i] = 0 where the layer's activation a[i] is 0 (ReLU' = 0 at 0); a NaN
+ * activation keeps its gradient, so NaN propagates as in PyTorch. */
 static void relu_mask(float *restrict d, const float *restrict a, size_t count)
 {
     for (size_t i = 0; i < count; i++)
-        d[i] = a[i] > 0.0f ? d[i] : 0.0f;
+        d[i] = a[i] <= 0.0f ? 0.0f : d[i];
 }
 
 static fr_err_t cpu_gradient(void *state, float *grad, double *loss_sum, const float *x,

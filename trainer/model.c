@@ -34,8 +34,20 @@ const char *trainer_loss_name(trainer_loss_t loss)
  * against the loss, and computes the layout offsets. On error m is left
  * zeroed and errstr says which part of the list is wrong.
  */
+static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
+                           char *errstr, size_t size);
+
 fr_err_t trainer_model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
                             char *errstr, size_t size)
+{
+    fr_err_t err = model_init(m, layers, loss, errstr, size);
+    if (err != FR_OK)
+        memset(m, 0, sizeof(*m));
+    return err;
+}
+
+static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
+                           char *errstr, size_t size)
 {
     memset(m, 0, sizeof(*m));
     if ((unsigned)loss > TRAINER_LOSS_MSE)
@@ -82,7 +94,6 @@ fr_err_t trainer_model_init(trainer_model_t *m, const char *layers, trainer_loss
         m->b_off[l] = off;
         off += (size_t)m->dims[l + 1];
         if (off > TRAINER_MAX_PARAMS) {
-            memset(m, 0, sizeof(*m));
             return fr_errorf(FR_ERR_INVAL, errstr, size, "model: '%s' has more than %u parameters",
                              layers, TRAINER_MAX_PARAMS);
         }
@@ -90,7 +101,6 @@ fr_err_t trainer_model_init(trainer_model_t *m, const char *layers, trainer_loss
     m->nparams = off;
     return FR_OK;
 bad:
-    memset(m, 0, sizeof(*m));
     return fr_errorf(FR_ERR_INVAL, errstr, size,
                      "model: bad layer list '%s' (expected widths joined by '-', e.g. 784-256-10)",
                      layers);

@@ -59,6 +59,12 @@ fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, doub
     for (int l = 0; l <= L; l++)
         off[l + 1] = off[l] + (size_t)m->dims[l];
 
+    for (int i = 0; m->loss == TRAINER_LOSS_SOFTMAX && i < n; i++) {
+        if (!(y[i] >= 0.0 && y[i] < (double)m->dims[L])) {
+            free(act);
+            return FR_ERR_RANGE;
+        }
+    }
     memset(grad, 0, m->nparams * sizeof(double));
     *loss_sum = 0.0;
     for (int i = 0; i < n; i++) {

@@ -112,7 +112,8 @@ const char *trainer_backend_error(const trainer_backend_t *b);
  * Double-precision plain-loop reference of the forward and backward pass,
  * the yardstick for every backend (tests, parity checks). grad[nparams] =
  * d(mean loss)/dw; returns the summed loss in *loss_sum. Allocates its own
- * scratch; FR_ERR_NOMEM on failure.
+ * scratch; FR_ERR_NOMEM on failure, FR_ERR_RANGE for a softmax label that is
+ * not a class.
  * ---------------------------------------------------------------------- */
 fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, double *loss_sum,
                                     const double *w, const double *x, const double *y, int n);

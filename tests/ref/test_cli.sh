@@ -47,10 +47,18 @@ expect 2 "safetensors" -- "$F" fit --init "$work/bad.safetensors" --data "$work/
 expect 2 "safetensors" -- "$F" eval --weights "$work/bad.safetensors" --data "$work/good.csv" --format csv
 expect 2 "unknown backend 'tpu'" -- "$F" fit --layers 2-2 --backend tpu --data "$work/good.csv" --format csv --out "$work/w"
 # malformed records are skipped and counted by reason; the 2 good ones train
-expect 0 "skipped 1 records of .* (bad_number; first at record 2)" -- "$F" fit --layers 2-2 --data "$work/bad.csv" --format csv --out "$work/w"
-expect 0 "(label_range; first at record 5)" -- "$F" fit --layers 2-2 --data "$work/bad.csv" --format csv --out "$work/w"
+expect 0 "skipped 1 records of .* (bad_number; first at line 2)" -- "$F" fit --layers 2-2 --data "$work/bad.csv" --format csv --out "$work/w"
+expect 0 "(label_range; first at line 5)" -- "$F" fit --layers 2-2 --data "$work/bad.csv" --format csv --out "$work/w"
 expect 0 '"n": 2' -- "$F" eval --weights "$work/w" --data "$work/bad.csv" --format csv
 expect 2 "holds a 2-2 softmax model, not 2-3-2" -- "$F" fit --layers 2-3-2 --init "$work/w" --data "$work/good.csv" --format csv --out "$work/w2"
 expect 1 "diverged" -- "$F" fit --layers 2-1 --loss mse --lr 1e5 --epochs 50 --data "$work/good.csv" --format csv --out "$work/w3"
+# the review's cases: --loss with --init, the labels option named, --out checked first
+expect 2 "holds a 2-2 softmax model, not 2-2 mse" -- "$F" fit --init "$work/w" --loss mse --data "$work/good.csv" --format csv --out "$work/w4"
+fm=/usr/share/datasets/fashion-mnist
+if [ -f "$fm/t10k-images-idx3-ubyte.gz" ]; then
+    expect 2 "needs --test-labels FILE" -- "$F" fit --layers 784-10 --format idx --data "$fm/t10k-images-idx3-ubyte.gz" --labels "$fm/t10k-labels-idx1-ubyte.gz" --test-data "$fm/t10k-images-idx3-ubyte.gz" --out "$work/w5"
+fi
+expect 2 "cannot write into $work/missing" -- "$F" fit --layers 2-2 --data "$work/good.csv" --format csv --out "$work/missing/w"
+expect 0 "wrote" -- "$F" fit --layers 2-2 --batch 65536 --data "$work/good.csv" --format csv --out "$work/w6"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1068,6 +1068,15 @@ static void test_safetensors_numpy_reads_a_written_file(void **state)
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 
+/* A device or stream with a bad length prefix is refused after 8 bytes,
+ * not read to its end (/dev/zero never ends). */
+static void test_safetensors_stream_with_bad_prefix_is_refused_at_once(void **state)
+{
+    char err[256];
+    assert_null(fr_st_read_file("/dev/zero", err, sizeof(err)));
+    assert_non_null(strstr(err, "header length 0 is too small"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1112,6 +1121,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_encode_rejects_invalid_tensors),
         cmocka_unit_test(test_safetensors_destroy_and_getters_accept_null),
         cmocka_unit_test(test_safetensors_numpy_reads_a_written_file),
+        cmocka_unit_test(test_safetensors_stream_with_bad_prefix_is_refused_at_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

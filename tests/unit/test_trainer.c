@@ -57,7 +57,9 @@ static void test_model_rejects_bad_layer_lists(void **state)
             trainer_model_init(&m, bad[i], TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
             FR_ERR_INVAL);
         assert_non_null(strstr(errstr, "model:"));
-        assert_int_equal(m.nparams, 0);
+        trainer_model_t zero;
+        memset(&zero, 0, sizeof(zero));
+        assert_memory_equal(&m, &zero, sizeof(m));
     }
 }
 
@@ -303,6 +305,80 @@ static void test_backend_names_are_checked(void **state)
     trainer_backend_destroy(b);
 }
 
+/* ReLU' is 0 at 0: with zero first-layer weights and biases every hidden
+ * unit sits exactly at 0, so nothing flows back to the first layer. */
+static void test_relu_gradient_is_zero_at_zero(void **state)
+{
+    trainer_model_t m;
+    assert_int_equal(trainer_model_init(&m, "3-4-2", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
+                     FR_OK);
+    float w[26] = {0}, g[26], x[6] = {1, 2, 3, -1, -2, -3}, y[2] = {0, 1};
+    for (int i = 0; i < 8; i++)
+        w[m.w_off[1] + i] = 0.5f * (float)(i + 1);
+    trainer_backend_t *b = trainer_backend_new("cpu", &m, 2, 0, errstr, sizeof(errstr));
+    assert_non_null(b);
+    assert_int_equal(trainer_backend_load(b, w), FR_OK);
+    double loss;
+    assert_int_equal(trainer_backend_gradient(b, g, &loss, x, y, 2), FR_OK);
+    for (int i = 0; i < 16; i++)
+        assert_true(g[i] == 0.0f);                 /* W0 and b0 */
+    assert_true(fabs(loss - 2 * log(2.0)) < 1e-6); /* logits all 0 */
+    trainer_backend_destroy(b);
+}
+
+/* A NaN weight gives a NaN loss and NaN gradients, as in PyTorch, so the
+ * controller and the divergence checks see it. */
+static void test_nan_weights_propagate_to_loss_and_gradient(void **state)
+{
+    trainer_model_t m;
+    assert_int_equal(trainer_model_init(&m, "2-3-2", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
+                     FR_OK);
+    float w[17], g[17], x[2] = {1, 1}, y[1] = {1};
+    for (int i = 0; i < 17; i++)
+        w[i] = 0.1f * (float)(i % 5) + 0.05f;
+    w[0] = NAN;
+    trainer_backend_t *b = trainer_backend_new("cpu", &m, 1, 0, errstr, sizeof(errstr));
+    assert_int_equal(trainer_backend_load(b, w), FR_OK);
+    double loss;
+    assert_int_equal(trainer_backend_gradient(b, g, &loss, x, y, 1), FR_OK);
+    assert_true(isnan(loss));
+    int nonfinite = 0;
+    for (int i = 0; i < 17; i++)
+        nonfinite += !isfinite(g[i]);
+    assert_true(nonfinite > 0);
+    trainer_backend_destroy(b);
+}
+
+/* Evaluating more samples than the backend's batch goes chunk by chunk and
+ * gives the one-batch answer. */
+static void test_evaluate_in_chunks_matches_one_batch(void **state)
+{
+    trainer_model_t m;
+    assert_int_equal(trainer_model_init(&m, "5-4-3", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
+                     FR_OK);
+    float *w = malloc(m.nparams * sizeof(float)), x[50], y[10];
+    trainer_params_init(&m, w, 9);
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 9);
+    for (int i = 0; i < 50; i++)
+        x[i] = (float)fr_rng_uniform(&rng);
+    for (int i = 0; i < 10; i++)
+        y[i] = (float)(i % 3);
+    trainer_backend_t *small = trainer_backend_new("cpu", &m, 3, 0, errstr, sizeof(errstr));
+    trainer_backend_t *big = trainer_backend_new("cpu", &m, 10, 0, errstr, sizeof(errstr));
+    trainer_backend_load(small, w);
+    trainer_backend_load(big, w);
+    double l1, l2;
+    int64_t c1, c2;
+    assert_int_equal(trainer_backend_evaluate(small, &l1, &c1, x, y, 10), FR_OK);
+    assert_int_equal(trainer_backend_evaluate(big, &l2, &c2, x, y, 10), FR_OK);
+    assert_true(fabs(l1 - l2) < 1e-5);
+    assert_int_equal(c1, c2);
+    trainer_backend_destroy(small);
+    trainer_backend_destroy(big);
+    free(w);
+}
+
 /* ---- model files ---------------------------------------------------------- */
 
 static void test_model_file_round_trips_weights_and_metadata(void **state)
@@ -408,6 +484,33 @@ static void test_model_file_rejects_wrong_shapes_dtypes_and_values(void **state)
     assert_int_equal(fr_st_write_file(path, t, 1, meta, 2, errstr, sizeof(errstr)), FR_OK);
     assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
     assert_non_null(strstr(errstr, "1 tensors"));
+    /* an F64 bias where F32 is due */
+    double b64[2] = {0, 0};
+    fr_st_tensor_t t64[2] = {t[0],
+                             {.name = "layers.0.bias",
+                              .dtype = "F64",
+                              .ndim = 1,
+                              .shape = {2},
+                              .data = b64,
+                              .nbytes = sizeof(b64)}};
+    uint8_t *img;
+    size_t len;
+    /* the writer emits F32 only: build the F64 file by hand from an F32 one */
+    assert_int_equal(fr_st_encode(t64, 1, meta, 2, &img, &len, errstr, sizeof(errstr)), FR_OK);
+    free(img);
+    FILE *f = fopen(path, "wb");
+    const char *hdr = "{\"__metadata__\":{\"freshet.layers\":\"3-2\",\"freshet.loss\":"
+                      "\"softmax\"},\"layers.0.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],"
+                      "\"data_offsets\":[0,24]},\"layers.0.bias\":{\"dtype\":\"F64\","
+                      "\"shape\":[2],\"data_offsets\":[24,40]}}";
+    uint64_t hlen = strlen(hdr);
+    fwrite(&hlen, 8, 1, f);
+    fwrite(hdr, 1, hlen, f);
+    fwrite(w1, 4, 6, f);
+    fwrite(b64, 8, 2, f);
+    fclose(f);
+    assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
+    assert_non_null(strstr(errstr, "dtype F64, expected F32"));
     /* a NaN weight */
     w1[4] = NAN;
     assert_int_equal(fr_st_write_file(path, t, 2, meta, 2, errstr, sizeof(errstr)), FR_OK);
@@ -430,6 +533,9 @@ int main(void)
         cmocka_unit_test(test_mse_gradients_match_finite_differences),
         cmocka_unit_test(test_softmax_loss_and_accuracy_match_hand_computation),
         cmocka_unit_test(test_backend_rejects_bad_batches_and_labels),
+        cmocka_unit_test(test_relu_gradient_is_zero_at_zero),
+        cmocka_unit_test(test_nan_weights_propagate_to_loss_and_gradient),
+        cmocka_unit_test(test_evaluate_in_chunks_matches_one_batch),
         cmocka_unit_test(test_backend_names_are_checked),
         cmocka_unit_test(test_model_file_round_trips_weights_and_metadata),
         cmocka_unit_test(test_model_file_without_metadata_takes_layers_from_shapes),
