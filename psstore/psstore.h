@@ -127,10 +127,10 @@ void psstore_ctl_record(psstore_ctl_t *ctl, int64_t version, const float *w);
 
 /* Steps 1-5 for gradient g[n] computed on version_read while the store is at
  * version_now with weights w_now[n] (may be NULL when compensation is off);
- * npushers is the number of concurrent pushers (>= 1). A staleness tau
- * enters the adaptive window after its own decision. g is modified in place (clipping,
- * compensation). Fills *d and returns its outcome; on PSSTORE_APPLY the staleness enters the
- * adaptive window. */
+ * npushers is the number of concurrent pushers (>= 1). g is modified in
+ * place (clipping, compensation). Fills *d and returns its outcome; on
+ * PSSTORE_APPLY the staleness enters the adaptive window, after this
+ * gradient's own decision. */
 psstore_outcome_t psstore_ctl_prepare(psstore_ctl_t *ctl, float *g, int64_t version_now,
                                       int64_t version_read, const float *w_now, int npushers,
                                       psstore_decision_t *d);
@@ -152,6 +152,272 @@ typedef struct psstore_ctl_stats {
 } psstore_ctl_stats_t;
 
 void psstore_ctl_stats(const psstore_ctl_t *ctl, psstore_ctl_stats_t *stats);
+
+/* ========================================================================
+ * The Redis-backed store (DESIGN.md "Redis layout"). Everything below
+ * needs hiredis and is left out of FRESHET_CORE_ONLY builds, except the
+ * offset interval arithmetic, which is pure.
+ * ====================================================================== */
+
+/* ------------------------------------------------------------------------
+ * Offsets: per partition a watermark (every position below it applied or
+ * dropped) and the applied half-open intervals [from, to) above it, kept
+ * sorted, disjoint and non-adjacent (adjacent ones merge). Pure functions.
+ * ---------------------------------------------------------------------- */
+typedef struct psstore_span {
+    int64_t from, to; /* [from, to), from < to */
+} psstore_span_t;
+
+typedef struct psstore_partition_offsets {
+    int64_t watermark;
+    psstore_span_t *spans; /* above the watermark; malloc'ed, may be NULL */
+    size_t nspans, cap;
+} psstore_partition_offsets_t;
+
+void psstore_poff_init(psstore_partition_offsets_t *po, int64_t watermark);
+void psstore_poff_fini(psstore_partition_offsets_t *po);
+/* Nonzero when any position of [from, to) is already applied (below the
+ * watermark or inside a span): rule 1's test. */
+int psstore_poff_overlaps(const psstore_partition_offsets_t *po, int64_t from, int64_t to);
+/* Marks [from, to) applied (or dropped) and advances the watermark over
+ * every span that now starts at it. The caller has checked overlaps. */
+fr_err_t psstore_poff_mark(psstore_partition_offsets_t *po, int64_t from, int64_t to);
+/* Replay: watermark = target and every span cleared (spans below a target
+ * above the watermark are absorbed by it: their positions count as
+ * applied). */
+void psstore_poff_rewind(psstore_partition_offsets_t *po, int64_t target);
+/* Text form stored in the offsets hash: "W" or "W;a-b,c-d". */
+fr_err_t psstore_poff_format(const psstore_partition_offsets_t *po, char **out, size_t *len);
+fr_err_t psstore_poff_parse(psstore_partition_offsets_t *po, const char *text, size_t len,
+                            char *errstr, size_t size);
+
+/* One batch's positions in one partition. */
+typedef struct psstore_range {
+    const char *topic; /* borrowed */
+    int32_t partition;
+    int64_t from, to; /* [from, to) */
+} psstore_range_t;
+
+/* ------------------------------------------------------------------------
+ * Connection. A connection belongs to one thread.
+ * ---------------------------------------------------------------------- */
+typedef struct psstore_url {
+    int unix_socket; /* 1 for unix:///path                              */
+    char host[256];
+    int port;       /* default 6379                                    */
+    char path[256]; /* unix socket path                                */
+    int db;         /* default 0                                       */
+    char user[128]; /* ACL user (may be empty)                         */
+    char pass[256]; /* password (may be empty)                         */
+} psstore_url_t;
+
+/* Parses redis://[user:pass@]host[:port][/db] and unix:///path[?db=N].
+ * rediss:// is refused (hiredis 0.14 has no TLS: use a TLS proxy). */
+fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size_t size);
+
+typedef struct psstore_conn psstore_conn_t;
+
+/* Connects (AUTH and SELECT as the URL says) with timeout_ms for the
+ * connect and every command. NULL with errstr ("redis 127.0.0.1:6379:
+ * Connection refused") when Redis cannot be reached. Caller frees with
+ * psstore_conn_destroy(). */
+psstore_conn_t *psstore_conn_new(const char *url, int timeout_ms, char *errstr, size_t size);
+void psstore_conn_destroy(psstore_conn_t *c);
+/* The last error of this connection. */
+const char *psstore_conn_error(const psstore_conn_t *c);
+/* Refuses (FR_ERR_UNSUPPORTED) a Redis whose maxmemory-policy evicts keys;
+ * warns once and succeeds where CONFIG is disabled. */
+fr_err_t psstore_conn_check_policy(psstore_conn_t *c);
+
+/* ------------------------------------------------------------------------
+ * Model lifecycle. Names match [A-Za-z0-9._-]{1,64}.
+ * ---------------------------------------------------------------------- */
+fr_err_t psstore_model_name_check(const char *name, char *errstr, size_t size);
+
+typedef struct psstore_model_spec {
+    const char *layers; /* "784-256-10", validated by the caller      */
+    const char *loss;   /* "softmax", ...                             */
+    size_t nparams;     /* floats in the weights                      */
+} psstore_model_spec_t;
+
+/* Creates model name with weights w[nparams] as version 0 of a fresh
+ * epoch (meta, ver, w:0, empty opt:0). FR_ERR_EXISTS unless force, which
+ * deletes the old model's keys first in the same transaction; FR_ERR_STATE
+ * while an applier holds the lease. */
+fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
+                              const float *w, int force);
+
+typedef struct psstore_model_info {
+    char name[65];
+    char layers[256];
+    char loss[16];
+    uint64_t epoch;
+    int64_t version;
+    int shards;
+    size_t bytes; /* bytes of weights (shard 0)                   */
+    int64_t created_ms;
+    char stopped[256]; /* divergence guard's reason, "" while running */
+    size_t nsnaps;     /* retained snapshots ...                        */
+    int64_t snaps[64]; /* ... their versions, oldest first (at most 64) */
+} psstore_model_info_t;
+
+/* FR_ERR_NOTFOUND when there is no such model. */
+fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_info_t *info);
+/* Model names (SCAN for freshet:{*}:meta), sorted; caller frees each name
+ * and the array with free(). */
+fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count);
+/* Deletes every key of the model; FR_ERR_STATE while an applier holds the
+ * lease (then ask it with psstore_request_delete). */
+fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name);
+/* Reads the weights of model name (n floats) with their epoch and version
+ * in one transaction, never a torn mix. FR_ERR_RANGE when the stored
+ * weights are not n floats. */
+fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
+                               uint64_t *epoch, int64_t *version);
+
+/* ------------------------------------------------------------------------
+ * Offsets in the store, for ingest: where a partition starts and which
+ * intervals above it to skip. Reads the store, never a cache.
+ * ---------------------------------------------------------------------- */
+/* Fills po (initialised by the caller) from freshet:{m}:offsets. *found = 0
+ * and po untouched when the store has never seen the partition. */
+fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
+                              int32_t partition, psstore_partition_offsets_t *po, int *found);
+
+/* ------------------------------------------------------------------------
+ * Gradients between processes (the freshet:{m}:grads stream).
+ * ---------------------------------------------------------------------- */
+typedef struct psstore_grad {
+    uint64_t epoch;     /* epoch of the weights it was computed on      */
+    int64_t version;    /* version of those weights                     */
+    int64_t generation; /* replay generation of the batch               */
+    const char *worker; /* "<host>/<pid>/<n>"                           */
+    int64_t n;          /* samples; 0 = positions dropped with reason   */
+    double loss_sum;    /* sum of per-sample losses                     */
+    const char *reason; /* n = 0: why ("decode", "retention"); else NULL */
+    const psstore_range_t *ranges;
+    size_t nranges;
+    const float *g; /* gradient of the batch-mean loss, len floats  */
+    size_t len;     /* 0 when n = 0                                 */
+} psstore_grad_t;
+
+/* The trainer-facing client of one worker thread. */
+typedef struct psstore_client psstore_client_t;
+
+/* A client of model name with nparams parameters; max_pending bounds the
+ * gradients waiting in the stream (DESIGN.md backpressure). NULL with
+ * errstr when Redis is unreachable or the model does not exist or has
+ * another size. Caller frees with psstore_client_destroy(). */
+psstore_client_t *psstore_client_new(const char *url, const char *model, size_t nparams,
+                                     int64_t max_pending, char *errstr, size_t size);
+void psstore_client_destroy(psstore_client_t *cl);
+const char *psstore_client_error(const psstore_client_t *cl);
+
+/* Pulls the weights when the store holds another (epoch, version) than
+ * (*epoch, *version): fills w[nparams], updates both and sets *changed.
+ * One round trip when nothing changed; the weights, epoch and version are
+ * read in one transaction, never a torn mix. */
+fr_err_t psstore_pull(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
+                      int *changed);
+
+/* Appends g to the grads stream, first waiting while more than max_pending
+ * entries wait to be applied (up to timeout_ms; FR_ERR_TIMEOUT after). */
+fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms);
+
+/* Bytes this client moved to and from Redis (payloads). */
+uint64_t psstore_client_bytes(const psstore_client_t *cl);
+
+/* ------------------------------------------------------------------------
+ * Operator requests (freshet:{m}:requests) and snapshots. A request is
+ * executed by the applier holding the lease, in its next transaction, and
+ * then deleted from the stream.
+ * ---------------------------------------------------------------------- */
+/* Appends a rollback to retained snapshot version (restored as a new version
+ * of a new epoch, with its offsets) or a deletion of the whole model. The
+ * stream id of the request goes to id[64]. */
+fr_err_t psstore_request_rollback(psstore_conn_t *c, const char *model, int64_t version, char *id);
+fr_err_t psstore_request_delete(psstore_conn_t *c, const char *model, char *id);
+/* Waits up to timeout_ms until request id has been executed (left the
+ * stream). FR_ERR_TIMEOUT otherwise. */
+fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *id, int timeout_ms);
+/* *held = 1 when some applier holds the model's lease. */
+fr_err_t psstore_lease_held(psstore_conn_t *c, const char *model, int *held);
+/* Reads retained snapshot version of model: n floats of weights and the
+ * epoch they belong to. FR_ERR_NOTFOUND when it is not retained,
+ * FR_ERR_RANGE when it does not hold n floats. */
+fr_err_t psstore_snapshot_weights(psstore_conn_t *c, const char *model, int64_t version, float *w,
+                                  size_t n, uint64_t *epoch);
+
+/* ------------------------------------------------------------------------
+ * The applier: the single writer of a model (DESIGN.md "One writer").
+ * Belongs to one thread; psstore_applier_stats may be called from others.
+ * ---------------------------------------------------------------------- */
+typedef struct psstore_applier_conf {
+    const char *url;
+    const char *model;
+    psstore_ctl_conf_t ctl;
+    int64_t lease_ms;        /* lease time-to-live                        */
+    int64_t commit_ms;       /* group commit window; 0 = every gradient   */
+    int64_t versions_keep;   /* MAXLEN ~ of the versions stream           */
+    int64_t snapshot_every;  /* versions between snapshots; 0 = never     */
+    double snapshot_seconds; /* seconds between snapshots; 0 = never      */
+    int64_t snapshot_retain; /* snapshots kept                            */
+    int audit;               /* append applied/dropped intervals to audit */
+    int npushers;            /* concurrent pushers for the delay policy   */
+    int requests_only;       /* execute requests only, leave gradients waiting
+                                (the CLI acting while no applier runs)      */
+    fr_metrics_t *metrics;   /* where to export metrics; may be NULL      */
+} psstore_applier_conf_t;
+
+/* DESIGN.md's defaults ([psstore] and [controller]). */
+void psstore_applier_conf_init(psstore_applier_conf_t *conf);
+
+typedef struct psstore_applier psstore_applier_t;
+
+/* An applier of conf->model (strings are copied). It connects, checks the
+ * eviction policy and the model, and starts as a standby. NULL with errstr
+ * on failure. Caller frees with psstore_applier_destroy(). */
+psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char *errstr,
+                                       size_t size);
+void psstore_applier_destroy(psstore_applier_t *a);
+
+/* One turn: takes or renews the lease (a standby returns FR_OK at once when
+ * another applier holds it), executes requests, reads up to a batch of
+ * gradients (blocking at most block_ms), applies and commits them. Losing
+ * the lease (a nil EXEC) drops the in-memory state and returns to standby.
+ * Errors are Redis errors; bad gradients are counted, not errors. */
+fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms);
+
+/* Polls until *stop is nonzero, retrying with backoff on Redis errors;
+ * commits what it holds and releases the lease before returning. */
+fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop);
+
+typedef struct psstore_applier_stats {
+    int active; /* holds the lease                           */
+    uint64_t epoch;
+    int64_t version;
+    uint64_t applied;    /* gradients applied                         */
+    uint64_t dropped[8]; /* by psstore_drop_t                          */
+    uint64_t commits;    /* transactions that wrote weights           */
+    uint64_t fenced;     /* transactions refused: lease lost          */
+    uint64_t bytes;      /* payload bytes read and written            */
+    char stopped[256];   /* divergence guard reason, "" if running    */
+} psstore_applier_stats_t;
+
+/* Why a gradient was not applied; names are the metrics' reason labels. */
+typedef enum psstore_drop {
+    PSSTORE_DROPPED_EPOCH = 0,     /* "epoch": computed on another epoch      */
+    PSSTORE_DROPPED_REPLAY = 1,    /* "replay": older replay generation       */
+    PSSTORE_DROPPED_DUPLICATE = 2, /* "duplicate": a position already applied */
+    PSSTORE_DROPPED_MALFORMED = 3, /* "malformed": bad fields or length       */
+    PSSTORE_DROPPED_NONFINITE = 4, /* "nonfinite"                             */
+    PSSTORE_DROPPED_STALENESS = 5, /* "staleness": tau > max_staleness        */
+    PSSTORE_DROPPED_EMPTY = 6,     /* "empty": an n = 0 batch (its reason)    */
+    PSSTORE_DROPPED_STOPPED = 7,   /* "stopped": the divergence guard         */
+} psstore_drop_t;
+const char *psstore_drop_name(psstore_drop_t d);
+
+void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,237 @@
+/*
+ * svc_ps.c - "freshet ps": the applier role. Holds the model's lease (or
+ * stands by for it), applies gradients from the grads stream, and keeps
+ * snapshots, until SIGINT or SIGTERM.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/app.h"
+#include "psstore/psstore.h"
+#include "trainer/trainer.h"
+
+#define CMD "ps"
+
+static volatile int stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void ps_usage(FILE *out)
+{
+    fprintf(out, "usage: freshet ps --config F [--set section.key=value ...]\n"
+                 "\n"
+                 "Runs the applier of [model] name: the single writer of the model in Redis. It\n"
+                 "takes the lease when free (or stands by until it is), applies gradients from\n"
+                 "the grads stream under the [controller] settings, commits weights, version\n"
+                 "and offsets in one transaction each, keeps snapshots ([psstore]), and exits 0\n"
+                 "on SIGINT or SIGTERM after committing what it holds. A model missing from the\n"
+                 "store is created from [model] (layers, loss, seed, init).\n"
+                 "\n"
+                 "  --config F           INI configuration (deploy/freshet.conf.example)\n"
+                 "  --set S.K=V          override one key (repeatable)\n"
+                 "  -h, --help           this text\n");
+}
+
+/* Loads --config and --set into cfg; returns 0 or an exit status. */
+int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv, void (*usage)(FILE *))
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"set", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    char errstr[512];
+    int c;
+    opterr = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            if (fr_config_load_file(cfg, optarg, errstr, sizeof(errstr)) != FR_OK) {
+                fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+                return APP_EXIT_USAGE;
+            }
+            break;
+        case 's':
+            if (fr_config_set(cfg, optarg, errstr, sizeof(errstr)) != FR_OK) {
+                fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+                return APP_EXIT_USAGE;
+            }
+            break;
+        case 'h': usage(stdout); return -1;
+        case ':': return app_usage_error(cmd, "%s needs a value", argv[optind - 1]);
+        default: return app_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return app_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (fr_config_apply_env(cfg, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+        return APP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* The controller settings of [controller]. Returns 0 or an exit status. */
+int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_conf_t *ctl)
+{
+    psstore_ctl_conf_init(ctl);
+    ctl->lr = fr_config_get_double(cfg, "controller", "lr");
+    ctl->warmup = fr_config_get_int(cfg, "controller", "warmup");
+    ctl->max_staleness = fr_config_get_int(cfg, "controller", "max_staleness");
+    ctl->clip_norm = fr_config_get_double(cfg, "controller", "clip_norm");
+    ctl->dc_lambda = fr_config_get_double(cfg, "controller", "dc_lambda");
+    ctl->dc_adaptive = fr_config_get_bool(cfg, "controller", "dc_adaptive");
+    ctl->dc_ring = (int)fr_config_get_int(cfg, "controller", "dc_ring");
+    ctl->momentum = fr_config_get_double(cfg, "controller", "momentum");
+    if (psstore_policy_parse(fr_config_get(cfg, "controller", "policy"), &ctl->policy) != FR_OK ||
+        psstore_optim_parse(fr_config_get(cfg, "controller", "optimizer"), &ctl->optim) != FR_OK)
+        return app_usage_error(cmd, "bad [controller] policy or optimizer");
+    if (strcmp(fr_config_get(cfg, "trainer", "mode"), "adaptive") == 0)
+        ctl->policy = PSSTORE_POLICY_ADAPTIVE;
+    return 0;
+}
+
+/*
+ * Creates the model from [model] when the store has none; refuses one with
+ * other layers or loss. Returns 0 or an exit status.
+ */
+int app_ensure_model(const char *cmd, const fr_config_t *cfg)
+{
+    char errstr[512];
+    const char *url = fr_config_get(cfg, "redis", "url");
+    const char *name = fr_config_get(cfg, "model", "name");
+    trainer_model_t m;
+    trainer_loss_t loss;
+    if (trainer_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
+        trainer_model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr,
+                           sizeof(errstr)) != FR_OK)
+        return app_usage_error(cmd, "[model]: %s", errstr);
+    psstore_conn_t *c = psstore_conn_new(url, 2000, errstr, sizeof(errstr));
+    if (c == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+        return APP_EXIT_USAGE;
+    }
+    int rc = 0;
+    psstore_model_info_t info;
+    fr_err_t err = psstore_model_info(c, name, &info);
+    char layers[256];
+    trainer_model_layers(&m, layers, sizeof(layers));
+    if (err == FR_OK) {
+        if (strcmp(info.layers, layers) != 0 || strcmp(info.loss, trainer_loss_name(loss)) != 0)
+            rc = app_usage_error(cmd,
+                                 "model '%s' in the store is %s %s, the configuration says %s %s",
+                                 name, info.layers, info.loss, layers, trainer_loss_name(loss));
+    } else if (err == FR_ERR_NOTFOUND) {
+        float *w = NULL;
+        const char *init = fr_config_get(cfg, "model", "init");
+        if (init[0] != '\0') {
+            trainer_model_t fm;
+            if (trainer_model_load(init, &loss, &fm, &w, errstr, sizeof(errstr)) != FR_OK ||
+                !trainer_model_equal(&fm, &m)) {
+                rc = app_usage_error(cmd, "[model] init %s: %s", init,
+                                     w ? "holds another model" : errstr);
+            }
+        } else if ((w = malloc(m.nparams * sizeof(float))) != NULL) {
+            trainer_params_init(&m, w, (uint64_t)fr_config_get_int(cfg, "model", "seed"));
+        }
+        if (rc == 0 && w != NULL) {
+            psstore_model_spec_t spec = {layers, trainer_loss_name(loss), m.nparams};
+            if (psstore_model_create(c, name, &spec, w, 0) != FR_OK &&
+                psstore_model_info(c, name, &info) != FR_OK) {
+                fprintf(stderr, "freshet %s: %s\n", cmd, psstore_conn_error(c));
+                rc = APP_EXIT_FAILURE;
+            } else {
+                fr_log(FR_LOG_INFO, "%s: created model '%s' (%s %s, %zu parameters)", cmd, name,
+                       layers, trainer_loss_name(loss), m.nparams);
+            }
+        }
+        free(w);
+    } else {
+        fprintf(stderr, "freshet %s: %s\n", cmd, psstore_conn_error(c));
+        rc = APP_EXIT_USAGE;
+    }
+    psstore_conn_destroy(c);
+    return rc;
+}
+
+int app_cmd_ps(int argc, char **argv)
+{
+    fr_config_t *cfg = fr_config_new();
+    if (cfg == NULL)
+        return APP_EXIT_FAILURE;
+    char errstr[512];
+    int rc = app_load_config(CMD, cfg, argc, argv, ps_usage);
+    psstore_applier_t *a = NULL;
+    fr_metrics_t *metrics = fr_metrics_new();
+    if (rc != 0 || (rc = app_ensure_model(CMD, cfg)) != 0)
+        goto out;
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    if ((rc = app_controller_conf(CMD, cfg, &conf.ctl)) != 0)
+        goto out;
+    conf.url = fr_config_get(cfg, "redis", "url");
+    conf.model = fr_config_get(cfg, "model", "name");
+    conf.lease_ms = fr_config_get_int(cfg, "psstore", "lease_ms");
+    conf.commit_ms = fr_config_get_int(cfg, "psstore", "commit_ms");
+    conf.versions_keep = fr_config_get_int(cfg, "psstore", "versions_keep");
+    conf.snapshot_every = fr_config_get_int(cfg, "psstore", "snapshot_every");
+    conf.snapshot_seconds = fr_config_get_double(cfg, "psstore", "snapshot_seconds");
+    conf.snapshot_retain = fr_config_get_int(cfg, "psstore", "snapshot_retain");
+    conf.audit = fr_config_get_bool(cfg, "psstore", "audit");
+    conf.npushers = (int)fr_config_get_int(cfg, "trainer", "workers");
+    conf.metrics = metrics;
+    a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (a == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
+        rc = APP_EXIT_USAGE;
+        goto out;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    fr_log(FR_LOG_INFO, "ps: applier of model '%s' on %s", conf.model, conf.url);
+    uint64_t last = fr_clock_mono_ns();
+    psstore_applier_stats_t prev = {0};
+    while (!stop_flag) {
+        fr_err_t err = psstore_applier_poll(a, 200);
+        if (err != FR_OK) {
+            fr_log(FR_LOG_WARN, "ps: %s", fr_strerror(err));
+            struct timespec ts = {0, 200000000L};
+            nanosleep(&ts, NULL);
+        }
+        uint64_t now = fr_clock_mono_ns();
+        if (now - last >= 5000000000ull) {
+            psstore_applier_stats_t s;
+            psstore_applier_stats(a, &s);
+            uint64_t dropped = 0;
+            for (int d = 0; d < 8; d++)
+                dropped += s.dropped[d];
+            fr_log(FR_LOG_INFO,
+                   "ps: %s version %lld, %.0f updates/s, applied %llu, dropped %llu, "
+                   "fenced %llu%s%s",
+                   s.active ? "active" : "standby", (long long)s.version,
+                   (double)(s.applied - prev.applied) / ((double)(now - last) * 1e-9),
+                   (unsigned long long)s.applied, (unsigned long long)dropped,
+                   (unsigned long long)s.fenced, s.stopped[0] ? ", stopped: " : "", s.stopped);
+            prev = s;
+            last = now;
+        }
+    }
+    fr_log(FR_LOG_INFO, "ps: stopping");
+    psstore_applier_run(a, &stop_flag); /* commits and releases the lease */
+out:
+    psstore_applier_destroy(a);
+    fr_metrics_destroy(metrics);
+    fr_config_destroy(cfg);
+    return rc < 0 ? 0 : rc;
+}

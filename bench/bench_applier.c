@@ -1,0 +1,142 @@
+/*
+ * bench_applier.c - the applier's throughput against raw Redis in the same
+ * run. For each size it measures:
+ *   baseline  hiredis SET then GET of one blob of the model's size, in a
+ *             loop: 2 x size bytes per round trip pair;
+ *   applier   gradients queued in the grads stream beforehand, then timed
+ *             while one applier drains them: each update reads a gradient
+ *             (size bytes) and commits the weights (size bytes) in its own
+ *             transaction (commit_ms = 0, sgd), the same 2 x size bytes.
+ * Prints updates/s, MB/s and the ratio of the applier's byte rate to the
+ * baseline's. Starts its own redis-server on a free port.
+ *
+ * usage: bench_applier [SECONDS]        (default 3 per measurement)
+ */
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../tests/integration/harness.h"
+#include "psstore/psstore.h"
+
+static double seconds_since(uint64_t t0)
+{
+    return (double)(fr_clock_mono_ns() - t0) * 1e-9;
+}
+
+/* SET+GET round trips of a size-byte blob for about secs seconds. */
+static double baseline(const harness_redis_t *r, size_t size, double secs)
+{
+    redisContext *c = redisConnect("127.0.0.1", r->port);
+    char *blob = malloc(size);
+    memset(blob, 7, size);
+    long n = 0;
+    uint64_t t0 = fr_clock_mono_ns();
+    do {
+        freeReplyObject(redisCommand(c, "SET bench:blob %b", blob, size));
+        redisReply *rep = redisCommand(c, "GET bench:blob");
+        if (rep == NULL || rep->type != REDIS_REPLY_STRING || rep->len != size) {
+            fprintf(stderr, "bench_applier: baseline GET failed\n");
+            exit(1);
+        }
+        freeReplyObject(rep);
+        n++;
+    } while (seconds_since(t0) < secs);
+    double rate = (double)n / seconds_since(t0);
+    free(blob);
+    redisFree(c);
+    return rate;
+}
+
+/* Updates per second of an applier draining count queued gradients. */
+static double applier(const harness_redis_t *r, size_t nparams, int count)
+{
+    char errstr[512], name[32];
+    snprintf(name, sizeof(name), "bench%zu", nparams);
+    psstore_conn_t *c = psstore_conn_new(r->url, 5000, errstr, sizeof(errstr));
+    float *w = calloc(nparams, sizeof(float)), *g = malloc(nparams * sizeof(float));
+    for (size_t i = 0; i < nparams; i++)
+        g[i] = 1e-3f * (float)(i % 13);
+    psstore_model_spec_t spec = {"x", "mse", nparams};
+    if (c == NULL || psstore_model_create(c, name, &spec, w, 1) != FR_OK) {
+        fprintf(stderr, "bench_applier: %s\n", c ? psstore_conn_error(c) : errstr);
+        exit(1);
+    }
+    psstore_client_t *cl =
+        psstore_client_new(r->url, name, nparams, count + 1, errstr, sizeof(errstr));
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    psstore_pull(cl, w, &epoch, &version, &changed);
+    for (int k = 0; k < count; k++) {
+        psstore_range_t range = {"bench", 0, k, k + 1};
+        psstore_grad_t msg = {.epoch = epoch,
+                              .version = 0,
+                              .worker = "bench/1/0",
+                              .n = 1,
+                              .loss_sum = 1,
+                              .ranges = &range,
+                              .nranges = 1,
+                              .g = g,
+                              .len = nparams};
+        if (psstore_push(cl, &msg, 10000) != FR_OK) {
+            fprintf(stderr, "bench_applier: %s\n", psstore_client_error(cl));
+            exit(1);
+        }
+    }
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = r->url;
+    conf.model = name;
+    conf.ctl.lr = 1e-3;
+    conf.snapshot_every = 0;
+    conf.snapshot_seconds = 0;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (a == NULL) {
+        fprintf(stderr, "bench_applier: %s\n", errstr);
+        exit(1);
+    }
+    psstore_applier_poll(a, 1); /* takes the lease and loads the state */
+    psstore_applier_stats_t st;
+    uint64_t t0 = fr_clock_mono_ns();
+    do {
+        psstore_applier_poll(a, 100);
+        psstore_applier_stats(a, &st);
+    } while (st.version < count && seconds_since(t0) < 300);
+    double rate = (double)st.version / seconds_since(t0);
+    if (st.version != count) {
+        fprintf(stderr, "bench_applier: applied %lld of %d\n", (long long)st.version, count);
+        exit(1);
+    }
+    psstore_applier_destroy(a);
+    psstore_client_destroy(cl);
+    psstore_model_delete(c, name);
+    psstore_conn_destroy(c);
+    free(w);
+    free(g);
+    return rate;
+}
+
+int main(int argc, char **argv)
+{
+    double secs = argc > 1 ? atof(argv[1]) : 3.0;
+    harness_redis_t r;
+    if (harness_redis_start(&r, NULL) != 0)
+        return 1;
+    static const size_t sizes[] = {200000, 2000000};
+    printf("bench_applier: one applier, sgd, commit per update, redis-server on loopback\n");
+    printf("  %-10s %14s %12s %14s %12s %7s\n", "params", "SET+GET pairs/s", "MB/s",
+           "applier upd/s", "MB/s", "ratio");
+    for (size_t i = 0; i < 2; i++) {
+        size_t bytes = sizes[i] * sizeof(float);
+        double base = baseline(&r, bytes, secs);
+        int count = (int)(base * secs * 0.8) + 10;
+        double upd = applier(&r, sizes[i], count);
+        double base_mb = base * 2.0 * (double)bytes / 1e6, upd_mb = upd * 2.0 * (double)bytes / 1e6;
+        printf("  %-10zu %14.1f %12.0f %14.1f %12.0f %7.2f\n", sizes[i], base, base_mb, upd, upd_mb,
+               upd_mb / base_mb);
+    }
+    harness_redis_stop(&r);
+    return 0;
+}

@@ -1,0 +1,1516 @@
+/*
+ * applier.c - the single writer of a model (DESIGN.md "One writer").
+ *
+ * The applier holds the lease (SET NX PX, renewed by every commit and by a
+ * compare-and-expire script when idle), reads gradients from the grads
+ * stream through the consumer group "appliers", decides each one (epoch,
+ * duplicate positions, then the controller), applies it to its in-memory
+ * copy of the weights, and commits weights, optimizer state, version,
+ * offsets, versions and audit entries and the XACK/XDEL of the consumed
+ * entries in ONE transaction guarded by WATCH lease. A nil EXEC means the
+ * lease was lost: everything in memory is dropped and the applier returns
+ * to standby, so a stalled applier that wakes up can never overwrite its
+ * successor.
+ *
+ * Thread: an applier belongs to one thread; psstore_applier_stats() may be
+ * called from any thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "psstore/psstore_int.h"
+
+#define GROUP         "appliers"
+#define READ_COUNT    64         /* entries per XREADGROUP, at most ...       */
+#define READ_BYTES    (16 << 20) /* ... and about this many payload bytes   */
+#define GUARD_WINDOW  100        /* divergence guard: last 100 gradients    */
+#define GUARD_MAX_BAD 5          /* more than 5% non-finite stops the model */
+#define MAX_SNAPS     1024
+
+static const char *const drop_names[] = {"epoch",     "replay",    "duplicate", "malformed",
+                                         "nonfinite", "staleness", "empty",     "stopped"};
+
+const char *psstore_drop_name(psstore_drop_t d)
+{
+    return (unsigned)d < sizeof(drop_names) / sizeof(drop_names[0]) ? drop_names[d] : "unknown";
+}
+
+/* One partition's offsets as the applier holds them. */
+typedef struct part {
+    char key[272]; /* "<topic>/<partition>", the offsets hash field */
+    psstore_partition_offsets_t po;
+    int dirty; /* changed since the last commit */
+} part_t;
+
+/* A growable byte buffer, kept between commits. */
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+} buf_t;
+
+struct psstore_applier {
+    psstore_applier_conf_t conf;
+    char url[512], model[65];
+    char token[96]; /* lease token and consumer name */
+    char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
+    char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
+    char k_audit[PS_KEY_MAX], k_snaps[PS_KEY_MAX], k_pub[PS_KEY_MAX], k_req[PS_KEY_MAX];
+    psstore_conn_t *c;
+
+    /* state, valid while active */
+    int active;
+    int read_own_pending; /* after taking over: drain our PEL first */
+    uint64_t epoch;
+    int64_t version, committed;
+    size_t n, opt_len;
+    float *w, *opt, *g;
+    psstore_ctl_t *ctl;
+    part_t *parts;
+    size_t nparts, cap_parts;
+    uint64_t renew_ns;        /* when the lease was last extended */
+    int64_t snaps[MAX_SNAPS]; /* retained snapshot versions, oldest first */
+    size_t nsnaps;
+    int64_t snap_version;
+    uint64_t snap_ns;
+    double last_loss; /* mean loss of the last applied gradient */
+
+    /* pending for the next commit */
+    int new_epoch;     /* write meta.epoch (rollback)          */
+    int offsets_reset; /* DEL offsets before writing them all  */
+    char req_id[64];   /* a request executed by this commit    */
+    buf_t ids;         /* stream ids, NUL separated */
+    size_t nids;
+    buf_t versions; /* versions entries: "field\0value\0..." per entry, \1 between */
+    buf_t audit;
+    int weights_dirty;
+
+    /* divergence guard */
+    uint8_t guard[GUARD_WINDOW];
+    int guard_pos, guard_fill, guard_bad;
+    char stopped[256];
+
+    ps_grad_msg_t msg;
+    pthread_mutex_t lock; /* guards stats */
+    psstore_applier_stats_t stats;
+
+    fr_series_t *m_applied, *m_dropped[8], *m_stale, *m_lr, *m_version, *m_loss, *m_bytes,
+        *m_latency, *m_commits, *m_fenced;
+};
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static int buf_add(buf_t *b, const void *p, size_t len)
+{
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + len)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (np == NULL)
+            return -1;
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, len);
+    b->len += len;
+    return 0;
+}
+
+/* Appends "field\0value\0" to b. */
+static int buf_kv(buf_t *b, const char *field, const char *fmt, ...) FR_PRINTF(3, 4);
+static int buf_kv(buf_t *b, const char *field, const char *fmt, ...)
+{
+    char val[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(val, sizeof(val), fmt, ap);
+    va_end(ap);
+    return buf_add(b, field, strlen(field) + 1) || buf_add(b, val, strlen(val) + 1);
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v))
+            v = 0;
+        close(fd);
+    }
+    if (v == 0)
+        v = fr_clock_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
+    return v;
+}
+
+static void stats_update(psstore_applier_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    a->stats.active = a->active;
+    a->stats.epoch = a->epoch;
+    a->stats.version = a->committed;
+    snprintf(a->stats.stopped, sizeof(a->stats.stopped), "%s", a->stopped);
+    pthread_mutex_unlock(&a->lock);
+}
+
+static void count_drop(psstore_applier_t *a, psstore_drop_t d)
+{
+    pthread_mutex_lock(&a->lock);
+    a->stats.dropped[d]++;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_dropped[d], 1);
+}
+
+/* ---- metrics ---------------------------------------------------------------- */
+
+static void register_metrics(psstore_applier_t *a)
+{
+    fr_metrics_t *reg = a->conf.metrics;
+    if (reg == NULL)
+        return;
+    const char *model_l[] = {"model"}, *reason_l[] = {"model", "reason"};
+    const char *mv[] = {a->model};
+    static const double stale_bounds[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128};
+    static const double lat_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                                        0.01,   0.025,   0.05,   0.1,   0.25,   1};
+    a->m_applied = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_gradients_applied_total", "Gradients applied", 1, model_l),
+        mv);
+    fr_metric_t *dropped = fr_metrics_counter(reg, "freshet_gradients_dropped_total",
+                                              "Gradients not applied, by reason", 2, reason_l);
+    for (int d = 0; d < 8; d++) {
+        const char *v[] = {a->model, drop_names[d]};
+        a->m_dropped[d] = fr_metric_series(dropped, v);
+    }
+    a->m_stale = fr_metric_series(fr_metrics_histogram(reg, "freshet_gradient_staleness_versions",
+                                                       "Staleness tau of applied gradients", 13,
+                                                       stale_bounds, 1, model_l),
+                                  mv);
+    a->m_lr =
+        fr_metric_series(fr_metrics_gauge(reg, "freshet_lr_eff",
+                                          "Effective learning rate of the last update", 1, model_l),
+                         mv);
+    a->m_version = fr_metric_series(
+        fr_metrics_gauge(reg, "freshet_model_version", "Committed model version", 1, model_l), mv);
+    a->m_loss =
+        fr_metric_series(fr_metrics_gauge(reg, "freshet_train_loss",
+                                          "Mean loss of the last applied batch", 1, model_l),
+                         mv);
+    a->m_bytes = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_applier_redis_bytes_total",
+                           "Payload bytes the applier moved to and from Redis", 1, model_l),
+        mv);
+    a->m_latency =
+        fr_metric_series(fr_metrics_histogram(reg, "freshet_apply_latency_seconds",
+                                              "Time to decide and apply one gradient in memory", 12,
+                                              lat_bounds, 1, model_l),
+                         mv);
+    a->m_commits = fr_metric_series(fr_metrics_counter(reg, "freshet_applier_commits_total",
+                                                       "Transactions committed", 1, model_l),
+                                    mv);
+    a->m_fenced = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_applier_fenced_total",
+                           "Transactions refused because the lease was lost", 1, model_l),
+        mv);
+}
+
+/* ---- construction -------------------------------------------------------------- */
+
+void psstore_applier_conf_init(psstore_applier_conf_t *conf)
+{
+    memset(conf, 0, sizeof(*conf));
+    psstore_ctl_conf_init(&conf->ctl);
+    conf->lease_ms = 5000;
+    conf->commit_ms = 0;
+    conf->versions_keep = 10000;
+    conf->snapshot_every = 100;
+    conf->snapshot_seconds = 60;
+    conf->snapshot_retain = 10;
+    conf->npushers = 1;
+}
+
+psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char *errstr,
+                                       size_t size)
+{
+    if (psstore_model_name_check(conf->model, errstr, size) != FR_OK)
+        return NULL;
+    if (conf->lease_ms < 100 || conf->snapshot_retain < 1 || conf->versions_keep < 1) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "applier: lease_ms >= 100, snapshot_retain >= 1, versions_keep >= 1");
+        return NULL;
+    }
+    psstore_applier_t *a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "applier: out of memory");
+        return NULL;
+    }
+    a->conf = *conf;
+    snprintf(a->url, sizeof(a->url), "%s", conf->url);
+    snprintf(a->model, sizeof(a->model), "%s", conf->model);
+    a->conf.url = a->url;
+    a->conf.model = a->model;
+    pthread_mutex_init(&a->lock, NULL);
+    char host[64] = "host";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(a->token, sizeof(a->token), "%.60s/%d/%016llx", host, (int)getpid(),
+             (unsigned long long)random_u64());
+    ps_key(a->k_lease, a->model, "lease");
+    ps_key(a->k_meta, a->model, "meta");
+    ps_key(a->k_ver, a->model, "ver");
+    ps_key_shard(a->k_w, a->model, "w", 0);
+    ps_key_shard(a->k_opt, a->model, "opt", 0);
+    ps_key(a->k_off, a->model, "offsets");
+    ps_key(a->k_grads, a->model, "grads");
+    ps_key(a->k_versions, a->model, "versions");
+    ps_key(a->k_audit, a->model, "audit");
+    ps_key(a->k_snaps, a->model, "snaps");
+    ps_key(a->k_pub, a->model, "published");
+    ps_key(a->k_req, a->model, "requests");
+    register_metrics(a);
+
+    a->c = psstore_conn_new(a->url, 5000, errstr, size);
+    if (a->c == NULL)
+        goto err;
+    if (psstore_conn_check_policy(a->c) != FR_OK) {
+        fr_errorf(FR_ERR_UNSUPPORTED, errstr, size, "%s", psstore_conn_error(a->c));
+        goto err;
+    }
+    psstore_model_info_t info;
+    fr_err_t e = psstore_model_info(a->c, a->model, &info);
+    if (e != FR_OK) {
+        fr_errorf(e, errstr, size, "%s", psstore_conn_error(a->c));
+        goto err;
+    }
+    stats_update(a);
+    return a;
+err:
+    psstore_applier_destroy(a);
+    return NULL;
+}
+
+/* Forgets everything held in memory (lease lost, stop, or a fresh load). */
+static void drop_state(psstore_applier_t *a)
+{
+    a->active = 0;
+    a->read_own_pending = 0;
+    free(a->w);
+    free(a->opt);
+    free(a->g);
+    a->w = a->opt = a->g = NULL;
+    psstore_ctl_destroy(a->ctl);
+    a->ctl = NULL;
+    for (size_t i = 0; i < a->nparts; i++)
+        psstore_poff_fini(&a->parts[i].po);
+    a->nparts = 0;
+    a->ids.len = a->versions.len = a->audit.len = 0;
+    a->nids = 0;
+    a->weights_dirty = 0;
+    a->new_epoch = a->offsets_reset = 0;
+    a->req_id[0] = '\0';
+    a->guard_pos = a->guard_fill = a->guard_bad = 0;
+    a->nsnaps = 0;
+    stats_update(a);
+}
+
+void psstore_applier_destroy(psstore_applier_t *a)
+{
+    if (a == NULL)
+        return;
+    drop_state(a);
+    free(a->parts);
+    free(a->ids.p);
+    free(a->versions.p);
+    free(a->audit.p);
+    ps_grad_msg_fini(&a->msg);
+    psstore_conn_destroy(a->c);
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
+{
+    pthread_mutex_lock(&a->lock);
+    *stats = a->stats;
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* ---- offsets ------------------------------------------------------------------ */
+
+static part_t *find_part(psstore_applier_t *a, const char *topic, int32_t partition, int create)
+{
+    char key[272];
+    snprintf(key, sizeof(key), "%s/%d", topic, (int)partition);
+    for (size_t i = 0; i < a->nparts; i++)
+        if (strcmp(a->parts[i].key, key) == 0)
+            return &a->parts[i];
+    if (!create)
+        return NULL;
+    if (a->nparts == a->cap_parts) {
+        size_t cap = a->cap_parts ? 2 * a->cap_parts : 16;
+        part_t *np = realloc(a->parts, cap * sizeof(*np));
+        if (np == NULL)
+            return NULL;
+        a->parts = np;
+        a->cap_parts = cap;
+    }
+    part_t *p = &a->parts[a->nparts++];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->key, sizeof(p->key), "%s", key);
+    /* a partition the store has never seen has watermark 0; a consumer
+     * that starts it higher covers [0, start) with an n = 0 batch, so the
+     * watermark never jumps over positions that may still arrive */
+    psstore_poff_init(&p->po, 0);
+    return p;
+}
+
+/* Rule 1: nonzero when any position of the gradient was already applied. */
+static int is_duplicate(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    for (size_t i = 0; i < g->nranges; i++) {
+        const psstore_range_t *r = &g->ranges[i];
+        part_t *p = find_part(a, r->topic, r->partition, 0);
+        if (p != NULL && psstore_poff_overlaps(&p->po, r->from, r->to))
+            return 1;
+        /* two ranges of one gradient overlapping each other are a duplicate too */
+        for (size_t j = 0; j < i; j++) {
+            const psstore_range_t *q = &g->ranges[j];
+            if (q->partition == r->partition && strcmp(q->topic, r->topic) == 0 &&
+                q->from < r->to && r->from < q->to)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static fr_err_t mark_ranges(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    for (size_t i = 0; i < g->nranges; i++) {
+        const psstore_range_t *r = &g->ranges[i];
+        part_t *p = find_part(a, r->topic, r->partition, 1);
+        if (p == NULL)
+            return FR_ERR_NOMEM;
+        fr_err_t err = psstore_poff_mark(&p->po, r->from, r->to);
+        if (err != FR_OK)
+            return err;
+        p->dirty = 1;
+    }
+    return FR_OK;
+}
+
+/* Appends audit entries for g's ranges with outcome (audit mode only). */
+static void audit(psstore_applier_t *a, const psstore_grad_t *g, const char *outcome)
+{
+    if (!a->conf.audit)
+        return;
+    for (size_t i = 0; i < g->nranges; i++) {
+        const psstore_range_t *r = &g->ranges[i];
+        if (a->audit.len > 0)
+            buf_add(&a->audit, "\1", 1);
+        buf_kv(&a->audit, "topic", "%s", r->topic);
+        buf_kv(&a->audit, "partition", "%d", (int)r->partition);
+        buf_kv(&a->audit, "first", "%lld", (long long)r->from);
+        buf_kv(&a->audit, "last", "%lld", (long long)r->to - 1);
+        buf_kv(&a->audit, "version", "%lld", (long long)a->version);
+        buf_kv(&a->audit, "outcome", "%s", outcome);
+        buf_kv(&a->audit, "worker", "%s", g->worker);
+    }
+}
+
+/* ---- the lease and the state behind it ---------------------------------------- */
+
+/* A reply's string as a NUL-terminated copy in out (truncated to size). */
+static void reply_str(const redisReply *r, char *out, size_t size)
+{
+    out[0] = '\0';
+    if (r != NULL && (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS))
+        snprintf(out, size, "%.*s", (int)r->len, r->str);
+    else if (r != NULL && r->type == REDIS_REPLY_INTEGER)
+        snprintf(out, size, "%lld", r->integer);
+}
+
+/*
+ * Loads weights, optimizer state, version, offsets and snapshots from Redis
+ * after taking the lease. Starts a new epoch when Redis restarted since the
+ * model's epoch was set (its run_id changed): acknowledged writes may have
+ * been lost, so a version number may be reissued.
+ */
+static fr_err_t load_state(psstore_applier_t *a)
+{
+    fr_err_t err;
+    char run_id[64], meta_run[64] = "", epoch_s[32] = "", stopped[256] = "";
+    if ((err = ps_server_run_id(a->c, run_id, sizeof(run_id))) != FR_OK)
+        return err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "HMGET %s epoch redis_run_id stopped", a->k_meta);
+    if (r == NULL)
+        return err;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 3) {
+        reply_str(r->element[0], epoch_s, sizeof(epoch_s));
+        reply_str(r->element[1], meta_run, sizeof(meta_run));
+        reply_str(r->element[2], stopped, sizeof(stopped));
+    }
+    freeReplyObject(r);
+    if (epoch_s[0] == '\0')
+        return ps_fail(a->c, FR_ERR_NOTFOUND, "model '%s' does not exist", a->model);
+    a->epoch = strtoull(epoch_s, NULL, 10);
+    snprintf(a->stopped, sizeof(a->stopped), "%s", stopped);
+
+    r = ps_cmd(a->c, 1, &err, "GET %s", a->k_w);
+    if (r == NULL)
+        return err;
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len % 4 != 0) {
+        freeReplyObject(r);
+        return ps_fail(a->c, FR_ERR_PARSE, "model '%s': weights missing or not float32", a->model);
+    }
+    a->n = r->len / 4;
+    a->opt_len = psstore_optim_state_len(a->conf.ctl.optim, a->n);
+    a->w = malloc(a->n * sizeof(float));
+    a->g = malloc(a->n * sizeof(float));
+    a->opt = calloc(a->opt_len ? a->opt_len : 1, sizeof(float));
+    if (a->w == NULL || a->g == NULL || a->opt == NULL) {
+        freeReplyObject(r);
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    }
+    memcpy(a->w, r->str, r->len);
+    freeReplyObject(r);
+
+    r = ps_cmd(a->c, 1, &err, "GET %s", a->k_opt);
+    if (r == NULL)
+        return err;
+    if (r->type == REDIS_REPLY_STRING && r->len == a->opt_len * sizeof(float))
+        memcpy(a->opt, r->str, r->len);
+    else if (r->type == REDIS_REPLY_STRING && r->len != 0)
+        fr_log(FR_LOG_WARN, "applier %s: optimizer state of %zu bytes does not fit %s; zeroed",
+               a->model, (size_t)r->len, psstore_optim_name(a->conf.ctl.optim));
+    freeReplyObject(r);
+
+    r = ps_cmd(a->c, 1, &err, "GET %s", a->k_ver);
+    if (r == NULL)
+        return err;
+    char ver[32];
+    reply_str(r, ver, sizeof(ver));
+    freeReplyObject(r);
+    a->version = a->committed = strtoll(ver, NULL, 10);
+
+    r = ps_cmd(a->c, 1, &err, "HGETALL %s", a->k_off);
+    if (r == NULL)
+        return err;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+        part_t *p = NULL;
+        char key[272];
+        reply_str(r->element[i], key, sizeof(key));
+        char *slash = strrchr(key, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            p = find_part(a, key, (int32_t)atoi(slash + 1), 1);
+        }
+        char why[128];
+        if (p == NULL || psstore_poff_parse(&p->po, r->element[i + 1]->str, r->element[i + 1]->len,
+                                            why, sizeof(why)) != FR_OK) {
+            freeReplyObject(r);
+            return ps_fail(a->c, FR_ERR_PARSE, "model '%s': bad offsets entry '%s'", a->model, key);
+        }
+    }
+    freeReplyObject(r);
+
+    r = ps_cmd(a->c, 1, &err, "ZRANGE %s 0 -1", a->k_snaps);
+    if (r == NULL)
+        return err;
+    a->nsnaps = 0;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && i < MAX_SNAPS; i++)
+        a->snaps[a->nsnaps++] = strtoll(r->element[i]->str, NULL, 10);
+    freeReplyObject(r);
+    a->snap_version = a->nsnaps ? a->snaps[a->nsnaps - 1] : a->version;
+    a->snap_ns = fr_clock_mono_ns();
+
+    char errstr[256];
+    a->ctl = psstore_ctl_new(&a->conf.ctl, a->n, errstr, sizeof(errstr));
+    if (a->ctl == NULL)
+        return ps_fail(a->c, FR_ERR_INVAL, "%s", errstr);
+    psstore_ctl_record(a->ctl, a->version, a->w);
+
+    /* the group sees every entry ever pushed: created at id 0 */
+    r = ps_cmd(a->c, 1, &err, "XGROUP CREATE %s %s 0 MKSTREAM", a->k_grads, GROUP);
+    if (r == NULL && strstr(psstore_conn_error(a->c), "BUSYGROUP") == NULL)
+        return err;
+    freeReplyObject(r);
+
+    if (strcmp(run_id, meta_run) != 0) {
+        /* Redis restarted (or the model came from elsewhere): a new epoch */
+        uint64_t epoch = random_u64();
+        r = ps_cmd(a->c, 0, &err, "HSET %s epoch %llu redis_run_id %s", a->k_meta,
+                   (unsigned long long)epoch, run_id);
+        if (r == NULL)
+            return err;
+        freeReplyObject(r);
+        fr_log(FR_LOG_WARN,
+               "applier %s: Redis run_id changed (restart?): new epoch %llu at version %lld",
+               a->model, (unsigned long long)epoch, (long long)a->version);
+        a->epoch = epoch;
+        psstore_ctl_reset(a->ctl);
+        psstore_ctl_record(a->ctl, a->version, a->w);
+    }
+    return FR_OK;
+}
+
+/*
+ * Claims every entry pending on other consumers of the group (a dead or
+ * stalled applier's) so this applier applies them; rule 1 discards any whose
+ * positions were applied already.
+ */
+static fr_err_t claim_pending(psstore_applier_t *a)
+{
+    char start[64] = "0-0";
+    for (int rounds = 0; rounds < 10000; rounds++) {
+        fr_err_t err;
+        redisReply *r = ps_cmd(a->c, 0, &err, "XAUTOCLAIM %s %s %s 0 %s COUNT 1000 JUSTID",
+                               a->k_grads, GROUP, a->token, start);
+        if (r == NULL)
+            return err;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
+            freeReplyObject(r);
+            return FR_OK;
+        }
+        reply_str(r->element[0], start, sizeof(start));
+        freeReplyObject(r);
+        if (strcmp(start, "0-0") == 0)
+            return FR_OK;
+    }
+    return FR_OK;
+}
+
+/* Takes the lease when it is free and loads the state behind it. */
+static fr_err_t try_acquire(psstore_applier_t *a)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "EXISTS %s", a->k_meta);
+    if (r == NULL)
+        return err;
+    int exists = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (!exists)
+        return FR_OK; /* deleted (or not yet created): nothing to hold */
+    r = ps_cmd(a->c, 0, &err, "SET %s %s NX PX %lld", a->k_lease, a->token,
+               (long long)a->conf.lease_ms);
+    if (r == NULL)
+        return err;
+    int got = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (!got) {
+        /* still ours after an error made us drop the state? then reload */
+        r = ps_cmd(a->c, 1, &err, "GET %s", a->k_lease);
+        if (r == NULL)
+            return err;
+        got = r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
+        freeReplyObject(r);
+        if (!got)
+            return FR_OK;
+    }
+    a->active = 1;
+    a->renew_ns = fr_clock_mono_ns();
+    if ((err = load_state(a)) != FR_OK || (err = claim_pending(a)) != FR_OK) {
+        fr_log(FR_LOG_ERROR, "applier %s: taking over failed: %s", a->model,
+               psstore_conn_error(a->c));
+        drop_state(a);
+        return err;
+    }
+    a->read_own_pending = 1;
+    fr_log(FR_LOG_INFO, "applier %s: holding the lease (%s) at version %lld of epoch %llu",
+           a->model, a->token, (long long)a->version, (unsigned long long)a->epoch);
+    stats_update(a);
+    return FR_OK;
+}
+
+/* The lease was lost: forget everything and go back to standby. */
+static void fenced(psstore_applier_t *a, const char *when)
+{
+    fr_log(FR_LOG_WARN,
+           "applier %s: lease lost (%s): discarding %zu uncommitted gradients, standing by",
+           a->model, when, a->nids);
+    pthread_mutex_lock(&a->lock);
+    a->stats.fenced++;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_fenced, 1);
+    drop_state(a);
+}
+
+/* Extends the lease when a third of it has passed without a commit. */
+static fr_err_t renew(psstore_applier_t *a)
+{
+    static const char *script = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                                "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) else return 0 end";
+    uint64_t now = fr_clock_mono_ns();
+    if ((now - a->renew_ns) < (uint64_t)a->conf.lease_ms * 1000000ull / 3)
+        return FR_OK;
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "EVAL %s 1 %s %s %lld", script, a->k_lease, a->token,
+                           (long long)a->conf.lease_ms);
+    if (r == NULL)
+        return err;
+    int ok = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    if (!ok)
+        fenced(a, "renewal");
+    else
+        a->renew_ns = now;
+    return FR_OK;
+}
+
+/* ---- commit --------------------------------------------------------------------- */
+
+/* An argv under construction for one command of the transaction. */
+typedef struct cmd {
+    const char **argv;
+    size_t *lens;
+    int argc, cap;
+} cmd_t;
+
+static int cmd_add(cmd_t *c, const char *p, size_t len)
+{
+    if (c->argc == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 32;
+        const char **av = realloc(c->argv, (size_t)cap * sizeof(*av));
+        size_t *lv = realloc(c->lens, (size_t)cap * sizeof(*lv));
+        if (av != NULL)
+            c->argv = av;
+        if (lv != NULL)
+            c->lens = lv;
+        if (av == NULL || lv == NULL)
+            return -1;
+        c->cap = cap;
+    }
+    c->argv[c->argc] = p;
+    c->lens[c->argc++] = len;
+    return 0;
+}
+
+static int cmd_adds(cmd_t *c, const char *s)
+{
+    return cmd_add(c, s, strlen(s));
+}
+
+/* Sends c and resets it; counts the command for the reply read-back. */
+static fr_err_t cmd_send(psstore_applier_t *a, cmd_t *c, int *queued)
+{
+    fr_err_t err = ps_pipeline_append(a->c, c->argc, c->argv, c->lens);
+    c->argc = 0;
+    if (err == FR_OK)
+        (*queued)++;
+    return err;
+}
+
+/* Queues XADD key [MAXLEN ~ keep] * f v ... for every entry in b. */
+static fr_err_t queue_entries(psstore_applier_t *a, cmd_t *c, const char *key, buf_t *b,
+                              long long keep, int *queued)
+{
+    char keep_s[32];
+    snprintf(keep_s, sizeof(keep_s), "%lld", keep);
+    size_t pos = 0;
+    while (pos < b->len) {
+        cmd_adds(c, "XADD");
+        cmd_adds(c, key);
+        if (keep > 0) {
+            cmd_adds(c, "MAXLEN");
+            cmd_adds(c, "~");
+            cmd_adds(c, keep_s);
+        }
+        cmd_adds(c, "*");
+        while (pos < b->len && b->p[pos] != '\1') {
+            size_t len = strlen(b->p + pos);
+            cmd_add(c, b->p + pos, len);
+            pos += len + 1;
+        }
+        pos++; /* the \1 between entries */
+        fr_err_t err = cmd_send(a, c, queued);
+        if (err != FR_OK)
+            return err;
+    }
+    return FR_OK;
+}
+
+/* Nonzero when a snapshot is due with this commit. */
+static int snapshot_due(const psstore_applier_t *a)
+{
+    if (!a->weights_dirty || a->version <= a->snap_version)
+        return 0;
+    if (a->conf.snapshot_every > 0 && a->version - a->snap_version >= a->conf.snapshot_every)
+        return 1;
+    return a->conf.snapshot_seconds > 0 &&
+           (double)(fr_clock_mono_ns() - a->snap_ns) * 1e-9 >= a->conf.snapshot_seconds;
+}
+
+/* "key=value\n" for every partition: the offsets of a snapshot. */
+static fr_err_t offsets_text(psstore_applier_t *a, buf_t *out)
+{
+    out->len = 0;
+    for (size_t i = 0; i < a->nparts; i++) {
+        char *text;
+        size_t len;
+        if (psstore_poff_format(&a->parts[i].po, &text, &len) != FR_OK)
+            return FR_ERR_NOMEM;
+        int bad = buf_add(out, a->parts[i].key, strlen(a->parts[i].key)) || buf_add(out, "=", 1) ||
+                  buf_add(out, text, len) || buf_add(out, "\n", 1);
+        free(text);
+        if (bad)
+            return FR_ERR_NOMEM;
+    }
+    return FR_OK;
+}
+
+/* Queues the snapshot of the current version and the trimming of old ones. */
+static fr_err_t queue_snapshot(psstore_applier_t *a, cmd_t *c, buf_t *offs, int *queued,
+                               char (*nums)[32])
+{
+    char snap_key[PS_KEY_MAX];
+    ps_key_shard(snap_key, a->model, "snap", a->version);
+    fr_err_t err = offsets_text(a, offs);
+    if (err != FR_OK)
+        return err;
+    snprintf(nums[0], 32, "%llu", (unsigned long long)a->epoch);
+    snprintf(nums[1], 32, "%lld", (long long)a->version);
+    snprintf(nums[2], 32, "%lld", (long long)fr_clock_unix_ms());
+    snprintf(nums[3], 32, "%.9g", a->last_loss);
+    cmd_adds(c, "HSET");
+    cmd_adds(c, snap_key);
+    cmd_adds(c, "weights");
+    cmd_add(c, (const char *)a->w, a->n * sizeof(float));
+    cmd_adds(c, "opt");
+    cmd_add(c, (const char *)a->opt, a->opt_len * sizeof(float));
+    cmd_adds(c, "offsets");
+    cmd_add(c, offs->p ? offs->p : "", offs->len);
+    cmd_adds(c, "epoch");
+    cmd_adds(c, nums[0]);
+    cmd_adds(c, "version");
+    cmd_adds(c, nums[1]);
+    cmd_adds(c, "time");
+    cmd_adds(c, nums[2]);
+    cmd_adds(c, "loss");
+    cmd_adds(c, nums[3]);
+    if ((err = cmd_send(a, c, queued)) != FR_OK)
+        return err;
+    cmd_adds(c, "ZADD");
+    cmd_adds(c, a->k_snaps);
+    cmd_adds(c, nums[2]);
+    cmd_adds(c, nums[1]);
+    if ((err = cmd_send(a, c, queued)) != FR_OK)
+        return err;
+    size_t excess = a->nsnaps + 1 > (size_t)a->conf.snapshot_retain
+                        ? a->nsnaps + 1 - (size_t)a->conf.snapshot_retain
+                        : 0;
+    for (size_t i = 0; i < excess && i < 8; i++) {
+        char old_key[PS_KEY_MAX];
+        ps_key_shard(old_key, a->model, "snap", a->snaps[i]);
+        snprintf(nums[4 + i], 32, "%lld", (long long)a->snaps[i]);
+        cmd_adds(c, "DEL");
+        cmd_adds(c, old_key);
+        if ((err = cmd_send(a, c, queued)) != FR_OK)
+            return err;
+        cmd_adds(c, "ZREM");
+        cmd_adds(c, a->k_snaps);
+        cmd_adds(c, nums[4 + i]);
+        if ((err = cmd_send(a, c, queued)) != FR_OK)
+            return err;
+    }
+    snprintf(nums[12], 32, "%llu-v%lld", (unsigned long long)a->epoch, (long long)a->version);
+    cmd_adds(c, "PUBLISH");
+    cmd_adds(c, a->k_pub);
+    cmd_adds(c, nums[12]);
+    return cmd_send(a, c, queued);
+}
+
+/* After a committed snapshot: the in-memory list follows the store's. */
+static void snapshot_done(psstore_applier_t *a)
+{
+    size_t excess = a->nsnaps + 1 > (size_t)a->conf.snapshot_retain
+                        ? a->nsnaps + 1 - (size_t)a->conf.snapshot_retain
+                        : 0;
+    if (excess > 8)
+        excess = 8;
+    memmove(a->snaps, a->snaps + excess, (a->nsnaps - excess) * sizeof(int64_t));
+    a->nsnaps -= excess;
+    if (a->nsnaps < MAX_SNAPS)
+        a->snaps[a->nsnaps++] = a->version;
+    a->snap_version = a->version;
+    a->snap_ns = fr_clock_mono_ns();
+}
+
+static int weights_finite(const psstore_applier_t *a)
+{
+    float acc = 0.0f;
+    for (size_t i = 0; i < a->n; i++)
+        acc += a->w[i] * 0.0f; /* NaN or Inf anywhere makes acc NaN */
+    return acc == 0.0f;
+}
+
+/* Writes meta.stopped = reason under the lease (the divergence guard). */
+static void stop_model(psstore_applier_t *a, const char *reason)
+{
+    snprintf(a->stopped, sizeof(a->stopped), "%s", reason);
+    fr_log(FR_LOG_ERROR, "applier %s: divergence guard: %s; applying stopped", a->model, reason);
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 0, &err, "HSET %s stopped %s", a->k_meta, reason);
+    freeReplyObject(r);
+    stats_update(a);
+}
+
+/*
+ * Commits everything applied or dropped since the last commit in one
+ * transaction guarded by WATCH lease. A refused transaction (the lease
+ * changed hands) drops the in-memory state; that is not an error.
+ */
+static fr_err_t commit(psstore_applier_t *a)
+{
+    int dirty_parts = 0;
+    for (size_t i = 0; i < a->nparts; i++)
+        dirty_parts += a->parts[i].dirty;
+    if (a->nids == 0 && !a->weights_dirty && dirty_parts == 0 && a->audit.len == 0 &&
+        a->req_id[0] == '\0')
+        return FR_OK;
+    if (a->weights_dirty && !weights_finite(a)) {
+        char reason[128];
+        snprintf(reason, sizeof(reason), "weights went non-finite at version %lld",
+                 (long long)a->version);
+        drop_state(a); /* nothing of it is written */
+        stop_model(a, reason);
+        return FR_OK;
+    }
+    fr_err_t err;
+    int queued = 0;
+    cmd_t c = {0};
+    buf_t offs = {0};
+    char **offtext = calloc(a->nparts ? a->nparts : 1, sizeof(char *));
+    size_t *offlen = calloc(a->nparts ? a->nparts : 1, sizeof(size_t));
+    char nums[16][32], lease_ms[32];
+    int snap = snapshot_due(a);
+    if (offtext == NULL || offlen == NULL) {
+        err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        goto out;
+    }
+
+    /* WATCH, then check the token: from here on a change of lease fails EXEC */
+    cmd_adds(&c, "WATCH");
+    cmd_adds(&c, a->k_lease);
+    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+        goto out;
+    cmd_adds(&c, "GET");
+    cmd_adds(&c, a->k_lease);
+    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+        goto out;
+    redisReply *r = ps_pipeline_read(a->c, &err);
+    freeReplyObject(r);
+    r = ps_pipeline_read(a->c, &err);
+    queued = 0;
+    if (r == NULL)
+        goto out;
+    int ours = r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
+    freeReplyObject(r);
+    if (!ours) {
+        freeReplyObject(ps_cmd(a->c, 0, &err, "UNWATCH"));
+        fenced(a, "before commit");
+        err = FR_OK;
+        goto out;
+    }
+
+    cmd_adds(&c, "MULTI");
+    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+        goto out;
+    if (a->weights_dirty) {
+        cmd_adds(&c, "SET");
+        cmd_adds(&c, a->k_w);
+        cmd_add(&c, (const char *)a->w, a->n * sizeof(float));
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+        if (a->opt_len > 0) {
+            cmd_adds(&c, "SET");
+            cmd_adds(&c, a->k_opt);
+            cmd_add(&c, (const char *)a->opt, a->opt_len * sizeof(float));
+            if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+                goto out;
+        }
+        snprintf(nums[15], 32, "%lld", (long long)a->version);
+        cmd_adds(&c, "SET");
+        cmd_adds(&c, a->k_ver);
+        cmd_adds(&c, nums[15]);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
+    if (a->new_epoch) {
+        snprintf(nums[14], 32, "%llu", (unsigned long long)a->epoch);
+        cmd_adds(&c, "HSET");
+        cmd_adds(&c, a->k_meta);
+        cmd_adds(&c, "epoch");
+        cmd_adds(&c, nums[14]);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
+    if (a->offsets_reset) {
+        cmd_adds(&c, "DEL");
+        cmd_adds(&c, a->k_off);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
+    if (a->req_id[0] != '\0') {
+        cmd_adds(&c, "XDEL");
+        cmd_adds(&c, a->k_req);
+        cmd_adds(&c, a->req_id);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
+    if (dirty_parts > 0) {
+        cmd_adds(&c, "HSET");
+        cmd_adds(&c, a->k_off);
+        for (size_t i = 0; i < a->nparts; i++) {
+            if (!a->parts[i].dirty)
+                continue;
+            if (psstore_poff_format(&a->parts[i].po, &offtext[i], &offlen[i]) != FR_OK) {
+                err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+                goto out;
+            }
+            cmd_adds(&c, a->parts[i].key);
+            cmd_add(&c, offtext[i], offlen[i]);
+        }
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
+    if ((err = queue_entries(a, &c, a->k_versions, &a->versions, a->conf.versions_keep, &queued)) !=
+            FR_OK ||
+        (err = queue_entries(a, &c, a->k_audit, &a->audit, 0, &queued)) != FR_OK)
+        goto out;
+    if (snap && (err = queue_snapshot(a, &c, &offs, &queued, nums)) != FR_OK)
+        goto out;
+    if (a->nids > 0) {
+        for (int pass = 0; pass < 2; pass++) {
+            cmd_adds(&c, pass == 0 ? "XACK" : "XDEL");
+            cmd_adds(&c, a->k_grads);
+            if (pass == 0)
+                cmd_adds(&c, GROUP);
+            for (size_t pos = 0; pos < a->ids.len; pos += strlen(a->ids.p + pos) + 1)
+                cmd_adds(&c, a->ids.p + pos);
+            if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+                goto out;
+        }
+    }
+    snprintf(lease_ms, sizeof(lease_ms), "%lld", (long long)a->conf.lease_ms);
+    cmd_adds(&c, "PEXPIRE");
+    cmd_adds(&c, a->k_lease);
+    cmd_adds(&c, lease_ms);
+    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+        goto out;
+    cmd_adds(&c, "EXEC");
+    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+        goto out;
+
+    /* MULTI's OK and each QUEUED, then EXEC's array (nil: the lease moved) */
+    redisReply *exec = NULL;
+    for (int i = 0; i < queued; i++) {
+        r = ps_pipeline_read(a->c, &err);
+        if (r == NULL && a->c->ctx == NULL)
+            goto out; /* connection lost: unknown whether EXEC ran; poll reloads */
+        if (i == queued - 1)
+            exec = r;
+        else
+            freeReplyObject(r);
+    }
+    if (exec == NULL || exec->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(exec);
+        fenced(a, "at EXEC");
+        err = FR_OK;
+        goto out;
+    }
+    freeReplyObject(exec);
+    uint64_t payload = a->weights_dirty ? (a->n + a->opt_len) * sizeof(float) : 0;
+    if (snap)
+        payload += (a->n + a->opt_len) * sizeof(float);
+    pthread_mutex_lock(&a->lock);
+    a->stats.commits++;
+    a->stats.bytes += payload;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_commits, 1);
+    fr_series_add(a->m_bytes, (double)payload);
+    if (snap)
+        snapshot_done(a);
+    for (size_t i = 0; i < a->nparts; i++)
+        a->parts[i].dirty = 0;
+    a->committed = a->version;
+    a->renew_ns = fr_clock_mono_ns();
+    a->ids.len = a->versions.len = a->audit.len = 0;
+    a->nids = 0;
+    a->weights_dirty = 0;
+    a->new_epoch = a->offsets_reset = 0;
+    a->req_id[0] = '\0';
+    fr_series_set(a->m_version, (double)a->committed);
+    stats_update(a);
+    err = FR_OK;
+out:
+    for (size_t i = 0; offtext != NULL && i < a->nparts; i++)
+        free(offtext[i]);
+    free(offtext);
+    free(offlen);
+    free(offs.p);
+    free(c.argv);
+    free(c.lens);
+    return err;
+}
+
+/* ---- deciding one gradient -------------------------------------------------------- */
+
+static void guard_record(psstore_applier_t *a, int bad)
+{
+    if (a->guard_fill == GUARD_WINDOW)
+        a->guard_bad -= a->guard[a->guard_pos];
+    else
+        a->guard_fill++;
+    a->guard[a->guard_pos] = (uint8_t)bad;
+    a->guard_bad += bad;
+    a->guard_pos = (a->guard_pos + 1) % GUARD_WINDOW;
+    if (a->guard_bad * 100 > GUARD_MAX_BAD * GUARD_WINDOW && a->stopped[0] == '\0') {
+        char reason[128];
+        snprintf(reason, sizeof(reason), "%d of the last %d gradients were non-finite",
+                 a->guard_bad, a->guard_fill);
+        stop_model(a, reason);
+    }
+}
+
+/* Records the versions-stream entry of the update just applied. */
+static void version_entry(psstore_applier_t *a, const psstore_grad_t *g,
+                          const psstore_decision_t *d)
+{
+    if (a->versions.len > 0)
+        buf_add(&a->versions, "\1", 1);
+    buf_kv(&a->versions, "version", "%lld", (long long)a->version);
+    buf_kv(&a->versions, "epoch", "%llu", (unsigned long long)a->epoch);
+    buf_kv(&a->versions, "tau", "%lld", (long long)d->tau);
+    buf_kv(&a->versions, "lr_eff", "%.9g", d->lr_eff);
+    buf_kv(&a->versions, "loss", "%.9g", g->loss_sum / (double)g->n);
+    buf_kv(&a->versions, "n", "%lld", (long long)g->n);
+    buf_kv(&a->versions, "worker", "%s", g->worker);
+    buf_kv(&a->versions, "t", "%lld", (long long)fr_clock_unix_ms());
+}
+
+/*
+ * Decides and applies one decoded gradient in memory. The order is
+ * DESIGN.md's: epoch, rule 1 (duplicates mark nothing), then the
+ * controller; a gradient the controller drops still marks its positions
+ * (its samples were seen and dropped by a named rule).
+ */
+static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    if (g->epoch != a->epoch) {
+        fr_log(FR_LOG_DEBUG, "applier %s: dropped a gradient of epoch %llu (now %llu)", a->model,
+               (unsigned long long)g->epoch, (unsigned long long)a->epoch);
+        count_drop(a, PSSTORE_DROPPED_EPOCH);
+        return FR_OK;
+    }
+    if (is_duplicate(a, g)) {
+        count_drop(a, PSSTORE_DROPPED_DUPLICATE);
+        audit(a, g, "duplicate");
+        return FR_OK;
+    }
+    if (g->n == 0) {
+        count_drop(a, PSSTORE_DROPPED_EMPTY);
+        audit(a, g, g->reason ? g->reason : "empty");
+        return mark_ranges(a, g);
+    }
+    uint64_t t0 = fr_clock_mono_ns();
+    memcpy(a->g, g->g, a->n * sizeof(float)); /* the controller works in place */
+    psstore_decision_t d;
+    psstore_outcome_t out = psstore_ctl_prepare(a->ctl, a->g, a->version, g->version, a->w,
+                                                a->conf.npushers > 0 ? a->conf.npushers : 1, &d);
+    guard_record(a, out == PSSTORE_DROP_NONFINITE);
+    if (out != PSSTORE_APPLY) {
+        psstore_drop_t why =
+            out == PSSTORE_DROP_NONFINITE ? PSSTORE_DROPPED_NONFINITE : PSSTORE_DROPPED_STALENESS;
+        count_drop(a, why);
+        audit(a, g, psstore_drop_name(why));
+        return mark_ranges(a, g);
+    }
+    psstore_ctl_apply(a->ctl, a->w, a->opt, a->g, &d);
+    a->version++;
+    psstore_ctl_record(a->ctl, a->version, a->w);
+    a->weights_dirty = 1;
+    a->last_loss = g->loss_sum / (double)g->n;
+    audit(a, g, "applied");
+    version_entry(a, g, &d);
+    pthread_mutex_lock(&a->lock);
+    a->stats.applied++;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_applied, 1);
+    fr_series_observe(a->m_stale, (double)d.tau);
+    fr_series_set(a->m_lr, d.lr_eff);
+    fr_series_set(a->m_loss, a->last_loss);
+    fr_series_observe(a->m_latency, (double)(fr_clock_mono_ns() - t0) * 1e-9);
+    return mark_ranges(a, g);
+}
+
+/* Decodes one stream entry [id, [f, v, ...]] and decides it. */
+static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
+{
+    if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 2 ||
+        entry->element[0]->type != REDIS_REPLY_STRING)
+        return FR_OK;
+    const redisReply *id = entry->element[0], *kv = entry->element[1];
+    if (buf_add(&a->ids, id->str, id->len) || buf_add(&a->ids, "", 1))
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    a->nids++;
+    if (kv->type != REDIS_REPLY_ARRAY) /* deleted meanwhile: only acknowledge */
+        return FR_OK;
+    size_t nf = kv->elements / 2;
+    const char *fields[32], *vals[32];
+    size_t flens[32], vlens[32];
+    char why[256] = "too many fields";
+    fr_err_t err = FR_ERR_PARSE;
+    if (nf <= 32 && kv->elements % 2 == 0) {
+        for (size_t i = 0; i < nf; i++) {
+            fields[i] = kv->element[2 * i]->str;
+            flens[i] = kv->element[2 * i]->len;
+            vals[i] = kv->element[2 * i + 1]->str;
+            vlens[i] = kv->element[2 * i + 1]->len;
+        }
+        err = ps_grad_decode(&a->msg, nf, fields, flens, vals, vlens, a->n, why, sizeof(why));
+    }
+    if (err != FR_OK) {
+        fr_log(FR_LOG_WARN, "applier %s: malformed gradient %.*s: %s", a->model, (int)id->len,
+               id->str, why);
+        count_drop(a, PSSTORE_DROPPED_MALFORMED);
+        return FR_OK;
+    }
+    pthread_mutex_lock(&a->lock);
+    a->stats.bytes += a->msg.payload_bytes;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_bytes, (double)a->msg.payload_bytes);
+    return decide(a, &a->msg.g);
+}
+
+/* ---- operator requests ------------------------------------------------------------- */
+
+/* Replaces every partition's offsets with the snapshot's "key=value\n" text. */
+static fr_err_t restore_offsets(psstore_applier_t *a, const char *text, size_t len)
+{
+    for (size_t i = 0; i < a->nparts; i++)
+        psstore_poff_fini(&a->parts[i].po);
+    a->nparts = 0;
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *eq = memchr(p, '=', (size_t)((nl ? nl : end) - p));
+        if (eq == NULL)
+            return FR_ERR_PARSE;
+        char key[272];
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - p), p);
+        char *slash = strrchr(key, '/');
+        if (slash == NULL)
+            return FR_ERR_PARSE;
+        *slash = '\0';
+        part_t *part = find_part(a, key, (int32_t)atoi(slash + 1), 1);
+        char why[128];
+        if (part == NULL ||
+            psstore_poff_parse(&part->po, eq + 1, (size_t)((nl ? nl : end) - eq - 1), why,
+                               sizeof(why)) != FR_OK)
+            return FR_ERR_PARSE;
+        part->dirty = 1;
+        p = nl ? nl + 1 : end;
+    }
+    return FR_OK;
+}
+
+/*
+ * Restores retained snapshot v as version current + 1 of a new epoch, with
+ * its weights, optimizer state and offsets, in one transaction that also
+ * deletes the request. A snapshot that is not retained leaves everything
+ * as it is (the request is deleted and the failure logged).
+ */
+static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
+{
+    fr_err_t err = commit(a); /* what was applied before the request */
+    if (err != FR_OK || !a->active)
+        return err;
+    char key[PS_KEY_MAX];
+    ps_key_shard(key, a->model, "snap", v);
+    redisReply *r = ps_cmd(a->c, 1, &err, "HMGET %s weights opt offsets", key);
+    if (r == NULL)
+        return err;
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             r->element[0]->len == a->n * sizeof(float);
+    if (!ok) {
+        freeReplyObject(r);
+        fr_log(FR_LOG_ERROR, "applier %s: rollback to %lld: no such retained snapshot", a->model,
+               (long long)v);
+        snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+        return commit(a);
+    }
+    memcpy(a->w, r->element[0]->str, a->n * sizeof(float));
+    memset(a->opt, 0, a->opt_len * sizeof(float));
+    if (r->element[1]->type == REDIS_REPLY_STRING &&
+        r->element[1]->len == a->opt_len * sizeof(float))
+        memcpy(a->opt, r->element[1]->str, r->element[1]->len);
+    err = r->element[2]->type == REDIS_REPLY_STRING
+              ? restore_offsets(a, r->element[2]->str, r->element[2]->len)
+              : restore_offsets(a, "", 0);
+    freeReplyObject(r);
+    if (err != FR_OK) {
+        drop_state(a); /* half restored: reload from Redis */
+        return ps_fail(a->c, err, "rollback to %lld: bad snapshot offsets", (long long)v);
+    }
+    a->epoch = random_u64();
+    a->version++;
+    a->new_epoch = a->offsets_reset = a->weights_dirty = 1;
+    snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+    psstore_ctl_reset(a->ctl);
+    psstore_ctl_record(a->ctl, a->version, a->w);
+    if (a->versions.len > 0)
+        buf_add(&a->versions, "\1", 1);
+    buf_kv(&a->versions, "version", "%lld", (long long)a->version);
+    buf_kv(&a->versions, "epoch", "%llu", (unsigned long long)a->epoch);
+    buf_kv(&a->versions, "rollback_from", "%lld", (long long)v);
+    buf_kv(&a->versions, "t", "%lld", (long long)fr_clock_unix_ms());
+    fr_log(FR_LOG_INFO, "applier %s: rolled back to snapshot %lld as version %lld of epoch %llu",
+           a->model, (long long)v, (long long)a->version, (unsigned long long)a->epoch);
+    a->snap_version = a->version; /* the restored weights are a snapshot already */
+    return commit(a);
+}
+
+/* Deletes every key of the model (the lease too) under the lease. */
+static fr_err_t delete_model(psstore_applier_t *a)
+{
+    fr_err_t err;
+    char pattern[PS_KEY_MAX + 8], cursor[32] = "0";
+    snprintf(pattern, sizeof(pattern), "freshet:\\{%s\\}:*", a->model);
+    buf_t keys = {0};
+    size_t nkeys = 0;
+    do {
+        redisReply *r = ps_cmd(a->c, 1, &err, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
+        if (r == NULL) {
+            free(keys.p);
+            return err;
+        }
+        reply_str(r->element[0], cursor, sizeof(cursor));
+        for (size_t i = 0; i < r->element[1]->elements; i++) {
+            buf_add(&keys, r->element[1]->element[i]->str, r->element[1]->element[i]->len + 1);
+            nkeys++;
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    cmd_t c = {0};
+    int queued = 0;
+    redisReply *r = ps_cmd(a->c, 0, &err, "WATCH %s", a->k_lease);
+    freeReplyObject(r);
+    r = ps_cmd(a->c, 0, &err, "GET %s", a->k_lease);
+    int ours = r != NULL && r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
+    freeReplyObject(r);
+    if (!ours) {
+        freeReplyObject(ps_cmd(a->c, 0, &err, "UNWATCH"));
+        free(keys.p);
+        fenced(a, "before delete");
+        return FR_OK;
+    }
+    cmd_adds(&c, "MULTI");
+    cmd_send(a, &c, &queued);
+    cmd_adds(&c, "DEL");
+    for (size_t pos = 0; pos < keys.len; pos += strlen(keys.p + pos) + 1)
+        cmd_adds(&c, keys.p + pos);
+    if (nkeys > 0)
+        cmd_send(a, &c, &queued);
+    else
+        c.argc = 0;
+    cmd_adds(&c, "EXEC");
+    err = cmd_send(a, &c, &queued);
+    redisReply *exec = NULL;
+    for (int i = 0; err == FR_OK && i < queued && a->c->ctx != NULL; i++) {
+        fr_err_t rerr;
+        r = ps_pipeline_read(a->c, &rerr); /* every reply, error replies too */
+        if (i == queued - 1)
+            exec = r;
+        else
+            freeReplyObject(r);
+    }
+    if (a->c->ctx == NULL) {
+        free(keys.p);
+        free(c.argv);
+        free(c.lens);
+        drop_state(a);
+        return FR_ERR_REDIS;
+    }
+    int done = exec != NULL && exec->type == REDIS_REPLY_ARRAY;
+    freeReplyObject(exec);
+    free(keys.p);
+    free(c.argv);
+    free(c.lens);
+    if (!done) {
+        fenced(a, "at delete");
+        return err == FR_ERR_REDIS ? FR_OK : err;
+    }
+    fr_log(FR_LOG_WARN, "applier %s: model deleted (%zu keys) on request", a->model, nkeys);
+    drop_state(a);
+    return FR_OK;
+}
+
+/* Executes the requests waiting in freshet:{m}:requests, oldest first. */
+static fr_err_t run_requests(psstore_applier_t *a)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "XRANGE %s - + COUNT 16", a->k_req);
+    if (r == NULL)
+        return err;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && a->active; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+            e->element[1]->type != REDIS_REPLY_ARRAY)
+            continue;
+        char id[64], type[32] = "", version[32] = "";
+        reply_str(e->element[0], id, sizeof(id));
+        const redisReply *kv = e->element[1];
+        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
+            if (strcmp(kv->element[f]->str, "type") == 0)
+                reply_str(kv->element[f + 1], type, sizeof(type));
+            else if (strcmp(kv->element[f]->str, "version") == 0)
+                reply_str(kv->element[f + 1], version, sizeof(version));
+        }
+        if (strcmp(type, "rollback") == 0 && version[0] != '\0') {
+            err = rollback(a, strtoll(version, NULL, 10), id);
+        } else if (strcmp(type, "delete") == 0) {
+            err = delete_model(a);
+        } else {
+            fr_log(FR_LOG_WARN, "applier %s: unknown request '%s' (%s) deleted", a->model, type,
+                   id);
+            snprintf(a->req_id, sizeof(a->req_id), "%s", id);
+            err = commit(a);
+        }
+        if (err != FR_OK)
+            break;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+/* ---- the loop ------------------------------------------------------------------------ */
+
+/*
+ * Reads up to READ_COUNT entries (our own pending ones first after a
+ * takeover) and takes them, committing after each when commit_ms is 0.
+ * Returns the number read through *nread.
+ */
+static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
+{
+    fr_err_t err;
+    char count[16], block[16];
+    size_t per_read = READ_BYTES / (a->n * sizeof(float) + 1);
+    snprintf(count, sizeof(count), "%d",
+             per_read < 1            ? 1
+             : per_read > READ_COUNT ? READ_COUNT
+                                     : (int)per_read);
+    snprintf(block, sizeof(block), "%d", block_ms > 0 ? block_ms : 1);
+    const char *argv[12];
+    int argc = 0;
+    argv[argc++] = "XREADGROUP";
+    argv[argc++] = "GROUP";
+    argv[argc++] = GROUP;
+    argv[argc++] = a->token;
+    argv[argc++] = "COUNT";
+    argv[argc++] = count;
+    if (!a->read_own_pending) {
+        argv[argc++] = "BLOCK";
+        argv[argc++] = block;
+    }
+    argv[argc++] = "STREAMS";
+    argv[argc++] = a->k_grads;
+    argv[argc++] = a->read_own_pending ? "0" : ">";
+    size_t lens[12];
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
+    redisReply *r = ps_cmd_argv(a->c, 1, argc, argv, lens, &err);
+    *nread = 0;
+    if (r == NULL)
+        return err;
+    const redisReply *entries = NULL;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+        r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements == 2)
+        entries = r->element[0]->element[1];
+    size_t n = entries && entries->type == REDIS_REPLY_ARRAY ? entries->elements : 0;
+    if (a->read_own_pending && n == 0)
+        a->read_own_pending = 0;
+    for (size_t i = 0; i < n && a->active && a->stopped[0] == '\0'; i++) {
+        if ((err = take_entry(a, entries->element[i])) != FR_OK)
+            break;
+        if (a->conf.commit_ms == 0 && (err = commit(a)) != FR_OK)
+            break;
+    }
+    *nread = (int)n;
+    freeReplyObject(r);
+    return err;
+}
+
+fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
+{
+    fr_err_t err = FR_OK;
+    if (!a->active) {
+        if ((err = try_acquire(a)) != FR_OK)
+            return err;
+        if (!a->active) {
+            /* a standby: look again soon, the lease may expire any moment */
+            struct timespec ts = {0, (long)(block_ms < 100 ? block_ms : 100) * 1000000L};
+            nanosleep(&ts, NULL);
+            return FR_OK;
+        }
+    }
+    if ((err = renew(a)) != FR_OK || !a->active)
+        goto out;
+    if ((err = run_requests(a)) != FR_OK || !a->active)
+        goto out;
+    if (a->conf.requests_only)
+        return FR_OK;
+    if (a->stopped[0] != '\0') {
+        struct timespec ts = {0, (long)(block_ms < 500 ? block_ms : 500) * 1000000L};
+        nanosleep(&ts, NULL);
+        return FR_OK;
+    }
+    uint64_t start = fr_clock_mono_ns();
+    int nread;
+    do {
+        if ((err = read_and_apply(a, block_ms, &nread)) != FR_OK)
+            goto out;
+    } while (a->active && nread > 0 && a->conf.commit_ms > 0 &&
+             (fr_clock_mono_ns() - start) < (uint64_t)a->conf.commit_ms * 1000000ull);
+    if (a->active)
+        err = commit(a);
+out:
+    if (err != FR_OK && a->active) {
+        /* unknown whether the last transaction landed: reload from Redis */
+        fr_log(FR_LOG_WARN, "applier %s: %s; reloading state", a->model, psstore_conn_error(a->c));
+        drop_state(a);
+    }
+    return err;
+}
+
+fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop)
+{
+    int backoff = 10;
+    while (!*stop) {
+        fr_err_t err = psstore_applier_poll(a, 200);
+        if (err == FR_OK) {
+            backoff = 10;
+            continue;
+        }
+        fr_log(FR_LOG_WARN, "applier %s: %s (retrying in %d ms)", a->model,
+               psstore_conn_error(a->c), backoff);
+        struct timespec ts = {backoff / 1000, (long)(backoff % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        backoff = backoff < 2000 ? backoff * 2 : 2000;
+    }
+    if (a->active) {
+        commit(a);
+        fr_err_t err;
+        static const char *script =
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) "
+            "else return 0 end";
+        freeReplyObject(ps_cmd(a->c, 0, &err, "EVAL %s 1 %s %s", script, a->k_lease, a->token));
+        drop_state(a);
+    }
+    return FR_OK;
+}

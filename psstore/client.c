@@ -1,0 +1,411 @@
+/*
+ * client.c - the trainer-facing client of one worker thread: pull the
+ * weights when (epoch, version) moved, push gradients into the grads
+ * stream with backpressure (DESIGN.md "Redis layout").
+ *
+ * A client owns one connection and belongs to one thread. Errors are
+ * returned as fr_err_t with the reason in psstore_client_error(); nothing
+ * here logs (the caller handles and logs).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "psstore/psstore_int.h"
+
+#define CLIENT_TIMEOUT_MS    2000 /* connect and command timeout             */
+#define CLIENT_BACKOFF_FIRST 1    /* ms: first wait while the stream is full  */
+#define CLIENT_BACKOFF_MAX   20   /* ms: longest wait between two checks      */
+
+struct psstore_client {
+    psstore_conn_t *c;
+    char model[65];
+    size_t nparams;
+    int64_t max_pending;
+    char key_meta[PS_KEY_MAX];
+    char key_ver[PS_KEY_MAX];
+    char key_w[PS_KEY_MAX];
+    char key_grads[PS_KEY_MAX];
+    ps_grad_args_t args; /* XADD arguments, reused by every push */
+    uint64_t bytes;      /* payload bytes pulled and pushed      */
+};
+
+/* Writes how errors name the Redis of c: "host:port" or the socket path. */
+static void client_endpoint(const psstore_conn_t *c, char *buf, size_t size)
+{
+    if (c->url.unix_socket)
+        snprintf(buf, size, "%s", c->url.path);
+    else if (strchr(c->url.host, ':') != NULL)
+        snprintf(buf, size, "[%s]:%d", c->url.host, c->url.port);
+    else
+        snprintf(buf, size, "%s:%d", c->url.host, c->url.port);
+}
+
+/* The "model 'm' does not exist in redis EP" error, as FR_ERR_NOTFOUND. */
+static fr_err_t no_model(psstore_client_t *cl)
+{
+    char ep[300];
+    client_endpoint(cl->c, ep, sizeof(ep));
+    return ps_fail(cl->c, FR_ERR_NOTFOUND, "model '%s' does not exist in redis %s", cl->model, ep);
+}
+
+/* Sleeps ms milliseconds, resuming after signals. */
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Parses a whole bulk-string (or integer) reply as a decimal integer:
+ * signed when is_signed, else unsigned 64-bit. Returns 0 or -1. */
+static int reply_number(const redisReply *r, int is_signed, uint64_t *u, int64_t *s)
+{
+    if (r->type == REDIS_REPLY_INTEGER) {
+        if (!is_signed && r->integer < 0)
+            return -1;
+        *u = (uint64_t)r->integer;
+        *s = (int64_t)r->integer;
+        return 0;
+    }
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 20)
+        return -1;
+    char buf[24], *end;
+    memcpy(buf, r->str, r->len);
+    buf[r->len] = '\0';
+    if (buf[0] == ' ' || buf[0] == '+' || (!is_signed && buf[0] == '-'))
+        return -1;
+    errno = 0;
+    if (is_signed)
+        *s = strtoll(buf, &end, 10);
+    else
+        *u = strtoull(buf, &end, 10);
+    return errno != 0 || end != buf + r->len ? -1 : 0;
+}
+
+/* Asks one command whose reply is an integer (EXISTS, STRLEN, XLEN);
+ * safe to repeat, so it is retried once over a reconnect. */
+static fr_err_t ask_integer(psstore_client_t *cl, const char *cmd, const char *key, long long *out)
+{
+    const char *argv[] = {cmd, key};
+    size_t lens[] = {strlen(cmd), strlen(key)};
+    fr_err_t err;
+    redisReply *r = ps_cmd_argv(cl->c, 1, 2, argv, lens, &err);
+    if (r == NULL)
+        return err;
+    if (r->type != REDIS_REPLY_INTEGER) {
+        freeReplyObject(r);
+        return ps_fail(cl->c, FR_ERR_REDIS, "redis: %s %s: unexpected reply type", cmd, key);
+    }
+    *out = r->integer;
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+/* Checks that the model exists and has nparams floats of weights. */
+static fr_err_t client_check_model(psstore_client_t *cl)
+{
+    long long exists = 0, bytes = 0;
+    fr_err_t err = ask_integer(cl, "EXISTS", cl->key_meta, &exists);
+    if (err != FR_OK)
+        return err;
+    if (exists == 0)
+        return no_model(cl);
+    err = ask_integer(cl, "STRLEN", cl->key_w, &bytes);
+    if (err != FR_OK)
+        return err;
+    if (bytes == 0)
+        return ps_fail(cl->c, FR_ERR_NOTFOUND, "model '%s' has no weights (%s is missing)",
+                       cl->model, cl->key_w);
+    if (bytes % (long long)sizeof(float) != 0)
+        return ps_fail(cl->c, FR_ERR_RANGE,
+                       "model '%s' has weights of %lld bytes in the store, not whole float32s",
+                       cl->model, bytes);
+    if ((unsigned long long)bytes != cl->nparams * sizeof(float))
+        return ps_fail(cl->c, FR_ERR_RANGE,
+                       "model '%s' has %lld parameters in the store, this worker expects %zu",
+                       cl->model, bytes / (long long)sizeof(float), cl->nparams);
+    return FR_OK;
+}
+
+/*
+ * Connects to url and checks that model exists with nparams parameters.
+ * NULL with errstr on a bad argument, an unreachable Redis, a missing model
+ * or a model of another size. Caller frees with psstore_client_destroy().
+ */
+psstore_client_t *psstore_client_new(const char *url, const char *model, size_t nparams,
+                                     int64_t max_pending, char *errstr, size_t size)
+{
+    if (url == NULL || model == NULL) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "psstore client: no url or no model");
+        return NULL;
+    }
+    if (psstore_model_name_check(model, errstr, size) != FR_OK)
+        return NULL;
+    if (nparams == 0 || nparams > SIZE_MAX / sizeof(float) || max_pending < 1) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "psstore client: nparams (%zu) and max_pending (%" PRId64 ") must be >= 1",
+                  nparams, max_pending);
+        return NULL;
+    }
+    psstore_client_t *cl = calloc(1, sizeof(*cl));
+    if (cl == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "psstore client: out of memory");
+        return NULL;
+    }
+    snprintf(cl->model, sizeof(cl->model), "%s", model);
+    cl->nparams = nparams;
+    cl->max_pending = max_pending;
+    ps_key(cl->key_meta, model, "meta");
+    ps_key(cl->key_ver, model, "ver");
+    ps_key_shard(cl->key_w, model, "w", 0);
+    ps_key(cl->key_grads, model, "grads");
+    cl->c = psstore_conn_new(url, CLIENT_TIMEOUT_MS, errstr, size);
+    if (cl->c == NULL)
+        goto err;
+    if (client_check_model(cl) != FR_OK) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "%s", psstore_conn_error(cl->c));
+        goto err;
+    }
+    return cl;
+err:
+    psstore_client_destroy(cl);
+    return NULL;
+}
+
+void psstore_client_destroy(psstore_client_t *cl)
+{
+    if (cl == NULL)
+        return;
+    psstore_conn_destroy(cl->c);
+    ps_grad_args_fini(&cl->args);
+    free(cl);
+}
+
+const char *psstore_client_error(const psstore_client_t *cl)
+{
+    return cl != NULL ? psstore_conn_error(cl->c) : "psstore: no client";
+}
+
+uint64_t psstore_client_bytes(const psstore_client_t *cl)
+{
+    return cl != NULL ? cl->bytes : 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Pull
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Sends n commands in one round trip and reads their n replies into
+ * replies[] (NULL where a command failed). Every appended command's reply
+ * is read, so the connection stays in step after an error reply. Returns
+ * FR_OK or the first error (c->errstr says why); the caller frees the
+ * replies with free_replies() either way.
+ */
+static fr_err_t pipeline(psstore_conn_t *c, int n, const int *argc, const char *const *argv[],
+                         const size_t *lens[], redisReply **replies)
+{
+    fr_err_t first = FR_OK, err;
+    int sent = 0;
+    for (int i = 0; i < n; i++)
+        replies[i] = NULL;
+    for (; sent < n; sent++) {
+        err = ps_pipeline_append(c, argc[sent], (const char **)argv[sent], lens[sent]);
+        if (err != FR_OK) {
+            first = err;
+            break;
+        }
+    }
+    for (int i = 0; i < sent; i++) {
+        replies[i] = ps_pipeline_read(c, &err);
+        if (replies[i] == NULL && first == FR_OK)
+            first = err;
+    }
+    return first;
+}
+
+static void free_replies(redisReply **replies, int n)
+{
+    for (int i = 0; i < n; i++) {
+        freeReplyObject(replies[i]);
+        replies[i] = NULL;
+    }
+}
+
+/* One round trip: the store's (epoch, version). FR_ERR_NOTFOUND when the
+ * model has gone. */
+static fr_err_t pull_check(psstore_client_t *cl, uint64_t *epoch, int64_t *version)
+{
+    const char *get[] = {"GET", cl->key_ver}, *hget[] = {"HGET", cl->key_meta, "epoch"};
+    const size_t get_l[] = {3, strlen(cl->key_ver)}, hget_l[] = {4, strlen(cl->key_meta), 5};
+    const int argc[] = {2, 3};
+    const char *const *argv[] = {get, hget};
+    const size_t *lens[] = {get_l, hget_l};
+    redisReply *r[2];
+    fr_err_t err = pipeline(cl->c, 2, argc, argv, lens, r);
+    uint64_t u = 0;
+    int64_t s = 0;
+    if (err != FR_OK)
+        goto out;
+    if (r[0]->type == REDIS_REPLY_NIL || r[1]->type == REDIS_REPLY_NIL) {
+        err = no_model(cl);
+        goto out;
+    }
+    if (reply_number(r[0], 1, &u, version) != 0 || reply_number(r[1], 0, epoch, &s) != 0)
+        err = ps_fail(cl->c, FR_ERR_REDIS, "model '%s': bad version or epoch in the store",
+                      cl->model);
+out:
+    free_replies(r, 2);
+    return err;
+}
+
+/* One round trip: MULTI / HGET meta epoch / GET ver / GET w:0 / EXEC, so
+ * the weights and their (epoch, version) come from one instant. Copies
+ * the weights into w. */
+static fr_err_t pull_read(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version)
+{
+    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
+    const char *hget[] = {"HGET", cl->key_meta, "epoch"}, *getv[] = {"GET", cl->key_ver},
+               *getw[] = {"GET", cl->key_w};
+    const size_t multi_l[] = {5}, exec_l[] = {4}, hget_l[] = {4, strlen(cl->key_meta), 5},
+                 getv_l[] = {3, strlen(cl->key_ver)}, getw_l[] = {3, strlen(cl->key_w)};
+    const int argc[] = {1, 3, 2, 2, 1};
+    const char *const *argv[] = {multi, hget, getv, getw, exec};
+    const size_t *lens[] = {multi_l, hget_l, getv_l, getw_l, exec_l};
+    redisReply *r[5];
+    fr_err_t err = pipeline(cl->c, 5, argc, argv, lens, r);
+    if (err != FR_OK)
+        goto out;
+    const redisReply *x = r[4];
+    if (x->type != REDIS_REPLY_ARRAY || x->elements != 3) {
+        err = ps_fail(cl->c, FR_ERR_REDIS, "model '%s': the weights transaction failed", cl->model);
+        goto out;
+    }
+    const redisReply *re = x->element[0], *rv = x->element[1], *rw = x->element[2];
+    if (re->type == REDIS_REPLY_NIL || rv->type == REDIS_REPLY_NIL || rw->type == REDIS_REPLY_NIL) {
+        err = no_model(cl);
+        goto out;
+    }
+    uint64_t e = 0, u = 0;
+    int64_t v = 0, s = 0;
+    if (reply_number(re, 0, &e, &s) != 0 || reply_number(rv, 1, &u, &v) != 0 ||
+        rw->type != REDIS_REPLY_STRING) {
+        err = ps_fail(cl->c, FR_ERR_REDIS, "model '%s': bad epoch, version or weights", cl->model);
+        goto out;
+    }
+    if (rw->len != cl->nparams * sizeof(float)) {
+        err = ps_fail(cl->c, FR_ERR_RANGE,
+                      "model '%s' has %zu parameters in the store, this worker expects %zu",
+                      cl->model, rw->len / sizeof(float), cl->nparams);
+        goto out;
+    }
+    memcpy(w, rw->str, rw->len);
+    cl->bytes += rw->len;
+    *epoch = e;
+    *version = v;
+out:
+    free_replies(r, 5);
+    return err;
+}
+
+/*
+ * Pulls the weights into w[nparams] when the store's (epoch, version)
+ * differs from (*epoch, *version): one round trip when nothing changed,
+ * two when it did. The reads are repeated once when the connection broke
+ * (they are safe to repeat). On error w, *epoch and *version are left as
+ * they were and *changed is 0.
+ */
+fr_err_t psstore_pull(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
+                      int *changed)
+{
+    if (cl == NULL || w == NULL || epoch == NULL || version == NULL || changed == NULL)
+        return cl ? ps_fail(cl->c, FR_ERR_INVAL, "psstore_pull: NULL argument") : FR_ERR_INVAL;
+    *changed = 0;
+    fr_err_t err = FR_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint64_t e = 0;
+        int64_t v = 0;
+        err = pull_check(cl, &e, &v);
+        if (err == FR_OK && e == *epoch && v == *version)
+            return FR_OK;
+        if (err == FR_OK)
+            err = pull_read(cl, w, epoch, version);
+        if (err == FR_OK) {
+            *changed = 1;
+            return FR_OK;
+        }
+        if (cl->c->ctx != NULL) /* not a broken connection: repeating won't help */
+            break;
+    }
+    return err;
+}
+
+/* ------------------------------------------------------------------------
+ * Push
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Backpressure: waits while the grads stream holds max_pending entries or
+ * more (so that this push keeps it within max_pending), checking XLEN
+ * after 1, 2, 4 ... up to 20 ms, for at most timeout_ms (< 0: no limit).
+ * FR_ERR_TIMEOUT when the stream is still full.
+ */
+static fr_err_t wait_for_room(psstore_client_t *cl, int timeout_ms)
+{
+    uint64_t start = fr_clock_mono_ns();
+    long delay = CLIENT_BACKOFF_FIRST;
+    for (;;) {
+        long long pending = 0;
+        fr_err_t err = ask_integer(cl, "XLEN", cl->key_grads, &pending);
+        if (err != FR_OK)
+            return err;
+        if (pending < cl->max_pending)
+            return FR_OK;
+        long long waited = (long long)((fr_clock_mono_ns() - start) / 1000000u);
+        if (timeout_ms >= 0 && waited >= timeout_ms)
+            return ps_fail(cl->c, FR_ERR_TIMEOUT,
+                           "%lld gradients waiting (max_pending %" PRId64
+                           ") for %lld ms: is an applier running?",
+                           pending, cl->max_pending, waited);
+        long nap = delay;
+        if (timeout_ms >= 0 && nap > timeout_ms - waited)
+            nap = (long)(timeout_ms - waited);
+        sleep_ms(nap > 0 ? nap : 1);
+        delay = delay * 2 < CLIENT_BACKOFF_MAX ? delay * 2 : CLIENT_BACKOFF_MAX;
+    }
+}
+
+/*
+ * Appends g to the grads stream once there is room (see wait_for_room).
+ * FR_ERR_INVAL when g is inconsistent (its length is not the model's, or
+ * the message format refuses it); the XADD is never repeated over a
+ * reconnect, so a broken connection is FR_ERR_REDIS and the entry may or
+ * may not have been added (the applier drops a duplicate by its offsets).
+ */
+fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms)
+{
+    if (cl == NULL || g == NULL)
+        return cl ? ps_fail(cl->c, FR_ERR_INVAL, "psstore_push: NULL argument") : FR_ERR_INVAL;
+    if (g->n > 0 && g->len != cl->nparams)
+        return ps_fail(cl->c, FR_ERR_INVAL,
+                       "push: gradient of %zu floats, model '%s' has %zu parameters", g->len,
+                       cl->model, cl->nparams);
+    fr_err_t err = ps_grad_encode(&cl->args, cl->key_grads, g);
+    if (err == FR_ERR_INVAL)
+        return ps_fail(cl->c, err, "push: %s", cl->args.text ? cl->args.text : "bad gradient");
+    if (err != FR_OK)
+        return ps_fail(cl->c, err, "push: out of memory");
+    err = wait_for_room(cl, timeout_ms);
+    if (err != FR_OK)
+        return err;
+    redisReply *r = ps_cmd_argv(cl->c, 0, cl->args.argc, cl->args.argv, cl->args.lens, &err);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    cl->bytes += g->len * sizeof(float);
+    return FR_OK;
+}

@@ -1,0 +1,671 @@
+/*
+ * conn.c - the parameter store's connection to Redis: URL parsing, connect
+ * with AUTH and SELECT, commands with reconnection and backoff, pipelines,
+ * the eviction-policy check of DESIGN.md "Resources".
+ *
+ * Every error message names the endpoint ("redis 127.0.0.1:6390: Connection
+ * refused") and never the password: nothing here prints a URL, only the
+ * host and port (or the socket path) taken from it.
+ *
+ * Threads: a psstore_conn_t belongs to one thread, as a hiredis context
+ * does. psstore_url_parse is reentrant.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/un.h>
+#include <time.h>
+
+#include "psstore/psstore_int.h"
+
+/* The timeout when psstore_conn_new is given none. */
+#define CONN_DEFAULT_TIMEOUT_MS 5000
+/* The first pause of the reconnection backoff; it doubles each try. */
+#define CONN_BACKOFF_FIRST_MS 10
+
+#define URL_FORMS "redis://[user:pass@]host[:port][/db] or unix:///path[?db=N]"
+
+/* ------------------------------------------------------------------------
+ * URLs
+ * ---------------------------------------------------------------------- */
+
+/* Nonzero when s starts with prefix, ignoring ASCII case. */
+static int has_prefix(const char *s, const char *prefix)
+{
+    return strncasecmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int hex_value(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+/*
+ * Percent-decodes s[0..n) into out[size] (NUL-terminated). "%XX" with two
+ * hex digits becomes that byte; a '%' not followed by two hex digits stays
+ * literal, so a password such as "50%off" needs no encoding. Returns 0, or
+ * -1 when the result does not fit or would hold a NUL byte.
+ */
+static int percent_decode(const char *s, size_t n, char *out, size_t size)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int ch = (unsigned char)s[i];
+        if (ch == '%' && i + 2 < n && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+            ch = hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]);
+            i += 2;
+            if (ch == 0)
+                return -1;
+        }
+        if (o + 1 >= size)
+            return -1;
+        out[o++] = (char)ch;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/*
+ * Parses a decimal integer s[0..n) in [min, max] (digits only). Returns 0
+ * or -1.
+ */
+static int parse_int(const char *s, size_t n, long long min, long long max, int *out)
+{
+    if (n == 0 || n > 10)
+        return -1;
+    long long v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < min || v > max)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/*
+ * Splits "user:pass" (s[0..n), the part before the last '@') into u->user
+ * and u->pass, percent-decoded. The user ends at the first ':'; the password
+ * may hold ':' and '@'. Returns FR_OK or FR_ERR_INVAL (the message quotes
+ * neither).
+ */
+static fr_err_t parse_userinfo(const char *s, size_t n, psstore_url_t *u, char *errstr, size_t size)
+{
+    const char *colon = memchr(s, ':', n);
+    if (colon == NULL)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "redis URL: write credentials as USER:PASSWORD@ or :PASSWORD@");
+    if (percent_decode(s, (size_t)(colon - s), u->user, sizeof(u->user)) != 0)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "redis URL: the user name is longer than %zu bytes or holds %%00",
+                         sizeof(u->user) - 1);
+    if (percent_decode(colon + 1, n - (size_t)(colon + 1 - s), u->pass, sizeof(u->pass)) != 0)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "redis URL: the password is longer than %zu bytes or holds %%00",
+                         sizeof(u->pass) - 1);
+    return FR_OK;
+}
+
+/* Nonzero for the bytes a host name or an IPv4 address may hold. */
+static int host_char(char ch)
+{
+    return isalnum((unsigned char)ch) || ch == '.' || ch == '-' || ch == '_';
+}
+
+/*
+ * Parses "host[:port][/db]" or "[v6addr][:port][/db]" (s is what follows
+ * "redis://" and the credentials).
+ */
+static fr_err_t parse_tcp(const char *s, psstore_url_t *u, char *errstr, size_t size)
+{
+    const char *host = s, *end;
+    if (*s == '[') {
+        host = s + 1;
+        end = strchr(host, ']');
+        if (end == NULL || end == host)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: an IPv6 address goes in brackets: redis://[::1]:6379");
+        for (const char *p = host; p < end; p++) {
+            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
+                return fr_errorf(FR_ERR_INVAL, errstr, size,
+                                 "redis URL: bad IPv6 address in brackets");
+        }
+        s = end + 1;
+    } else {
+        end = host;
+        while (host_char(*end))
+            end++;
+        if (end == host)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: no host (expected " URL_FORMS ")");
+        s = end;
+    }
+    if ((size_t)(end - host) >= sizeof(u->host))
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: host name too long");
+    memcpy(u->host, host, (size_t)(end - host));
+    u->host[end - host] = '\0';
+
+    if (*s == ':') {
+        const char *p = ++s;
+        while (*s != '\0' && *s != '/')
+            s++;
+        if (parse_int(p, (size_t)(s - p), 1, 65535, &u->port) != 0)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: the port of %s must be a number in 1..65535", u->host);
+    }
+    if (*s == '/') {
+        const char *p = ++s;
+        s += strlen(s);
+        if (s > p && parse_int(p, (size_t)(s - p), 0, INT_MAX, &u->db) != 0)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: the database after '/' must be a number >= 0");
+    }
+    if (*s != '\0')
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "redis URL: unexpected text after host %s (expected " URL_FORMS ")",
+                         u->host);
+    return FR_OK;
+}
+
+/* Parses "/path[?db=N]" (what follows "unix://" and the credentials). */
+static fr_err_t parse_unix(const char *s, psstore_url_t *u, char *errstr, size_t size)
+{
+    if (*s != '/')
+        return fr_errorf(
+            FR_ERR_INVAL, errstr, size,
+            "redis URL: a unix socket needs an absolute path: unix:///path/redis.sock");
+    const char *q = strchr(s, '?');
+    size_t n = q ? (size_t)(q - s) : strlen(s);
+    if (n >= sizeof(((struct sockaddr_un *)0)->sun_path) || n >= sizeof(u->path))
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "redis URL: the unix socket path is longer than %zu bytes",
+                         sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
+    memcpy(u->path, s, n);
+    u->path[n] = '\0';
+    u->unix_socket = 1;
+    if (q != NULL) {
+        if (strncmp(q, "?db=", 4) != 0 || parse_int(q + 4, strlen(q + 4), 0, INT_MAX, &u->db) != 0)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: after the socket path only ?db=N is understood");
+    }
+    return FR_OK;
+}
+
+/*
+ * Parses a Redis URL (see psstore.h). Error messages never quote the URL,
+ * which may hold a password: they name the part that is wrong.
+ */
+fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size_t size)
+{
+    memset(u, 0, sizeof(*u));
+    u->port = 6379;
+    if (url == NULL || *url == '\0')
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL is empty (expected " URL_FORMS ")");
+    for (const char *p = url; *p != '\0'; p++) {
+        if ((unsigned char)*p <= ' ' || *p == 0x7f)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: spaces and control characters must be percent-encoded");
+    }
+    if (has_prefix(url, "rediss://"))
+        return fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
+                         "rediss:// is not supported: hiredis 0.14 has no TLS; put a TLS proxy "
+                         "(stunnel, spiped) in front of Redis and use redis://");
+    int is_unix = has_prefix(url, "unix://");
+    if (!is_unix && !has_prefix(url, "redis://")) {
+        const char *sep = strstr(url, "://");
+        size_t n = sep ? (size_t)(sep - url) : 0;
+        int scheme_ok = n > 0 && n <= 16;
+        for (size_t i = 0; scheme_ok && i < n; i++)
+            scheme_ok =
+                isalnum((unsigned char)url[i]) || url[i] == '+' || url[i] == '-' || url[i] == '.';
+        if (scheme_ok)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: unsupported scheme '%.*s' (expected " URL_FORMS ")",
+                             (int)n, url);
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: expected " URL_FORMS);
+    }
+    /* Credentials end at the last '@' (the password may hold unencoded ':'
+     * and '@'); for a socket, at the last '@' that a '/' follows, so that
+     * paths such as /run/redis@main/redis.sock keep theirs. */
+    const char *rest = url + (is_unix ? strlen("unix://") : strlen("redis://"));
+    const char *at = NULL;
+    for (const char *p = rest; !(is_unix && rest[0] == '/') && *p != '\0'; p++) {
+        if (*p == '@' && (!is_unix || p[1] == '/'))
+            at = p;
+    }
+    fr_err_t err = FR_OK;
+    if (at != NULL)
+        err = parse_userinfo(rest, (size_t)(at - rest), u, errstr, size);
+    if (err == FR_OK)
+        err = is_unix ? parse_unix(at ? at + 1 : rest, u, errstr, size)
+                      : parse_tcp(at ? at + 1 : rest, u, errstr, size);
+    if (err != FR_OK) {
+        explicit_bzero(u->pass, sizeof(u->pass));
+        return err;
+    }
+    return FR_OK;
+}
+
+/* Writes "host:port", "[v6]:port" or the socket path: how errors name Redis. */
+void ps_endpoint(const psstore_conn_t *c, char *buf, size_t size)
+{
+    const psstore_url_t *u = &c->url;
+    if (u->unix_socket)
+        snprintf(buf, size, "%s", u->path);
+    else if (strchr(u->host, ':') != NULL)
+        snprintf(buf, size, "[%s]:%d", u->host, u->port);
+    else
+        snprintf(buf, size, "%s:%d", u->host, u->port);
+}
+
+/* ------------------------------------------------------------------------
+ * Errors
+ * ---------------------------------------------------------------------- */
+fr_err_t ps_fail(psstore_conn_t *c, fr_err_t err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errstr, sizeof(c->errstr), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+const char *psstore_conn_error(const psstore_conn_t *c)
+{
+    return c != NULL ? c->errstr : "redis: no connection";
+}
+
+/*
+ * Records a broken connection: fills c->errstr with the endpoint and
+ * hiredis's reason (a timeout said as one), frees the context so that the
+ * next command reconnects, and returns FR_ERR_REDIS. saved_errno is errno
+ * right after the failing call.
+ */
+static fr_err_t conn_broken(psstore_conn_t *c, int saved_errno)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    if (c->ctx == NULL)
+        return ps_fail(c, FR_ERR_REDIS, "redis %s: not connected", ep);
+    if (c->ctx->err == REDIS_ERR_IO && (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK))
+        ps_fail(c, FR_ERR_REDIS, "redis %s: no answer within %d ms", ep, c->timeout_ms);
+    else
+        ps_fail(c, FR_ERR_REDIS, "redis %s: %s", ep,
+                c->ctx->errstr[0] ? c->ctx->errstr : "connection lost");
+    redisFree(c->ctx);
+    c->ctx = NULL;
+    return FR_ERR_REDIS;
+}
+
+/*
+ * Turns a reply into the caller's result: an error reply is freed and
+ * becomes NULL with FR_ERR_REDIS and the server's message (a cluster
+ * redirection explained as such); anything else is returned as is.
+ */
+static redisReply *check_reply(psstore_conn_t *c, redisReply *reply, fr_err_t *err)
+{
+    if (reply->type != REDIS_REPLY_ERROR) {
+        *err = FR_OK;
+        return reply;
+    }
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    if (strncmp(reply->str, "MOVED ", 6) == 0 || strncmp(reply->str, "ASK ", 4) == 0)
+        ps_fail(c, FR_ERR_REDIS,
+                "redis %s: model keys live on another Redis Cluster node (%.200s); freshet "
+                "supports one node for now",
+                ep, reply->str);
+    else
+        ps_fail(c, FR_ERR_REDIS, "redis %s: %.400s", ep, reply->str);
+    freeReplyObject(reply);
+    *err = FR_ERR_REDIS;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Connecting
+ * ---------------------------------------------------------------------- */
+
+/*
+ * hiredis writes with write(2): a peer that closed the socket would kill the
+ * process with SIGPIPE instead of returning EPIPE. Where the program left
+ * SIGPIPE at its default, it is ignored once, process-wide; a program that
+ * installed its own handler keeps it.
+ */
+static void ignore_sigpipe(void)
+{
+    struct sigaction sa;
+    if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL) {
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_handler = SIG_IGN;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGPIPE, &sa, NULL);
+    }
+}
+
+/*
+ * Sends one handshake command on the fresh context. A reply error is fatal
+ * (wrong password, no such database) except LOADING, which passes once
+ * Redis has read its data. Returns FR_OK or FR_ERR_REDIS with c->errstr.
+ */
+static fr_err_t handshake_cmd(psstore_conn_t *c, int *fatal, const char *what, int argc,
+                              const char **argv)
+{
+    redisReply *r = redisCommandArgv(c->ctx, argc, argv, NULL);
+    if (r == NULL)
+        return conn_broken(c, errno);
+    fr_err_t err = FR_OK;
+    if (r->type == REDIS_REPLY_ERROR) {
+        char ep[300];
+        ps_endpoint(c, ep, sizeof(ep));
+        *fatal = strncmp(r->str, "LOADING", 7) != 0;
+        err = ps_fail(c, FR_ERR_REDIS, "redis %s: %s failed: %.300s", ep, what, r->str);
+        redisFree(c->ctx);
+        c->ctx = NULL;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+/*
+ * One connection attempt: connect within the timeout, set the command
+ * timeout and TCP keep-alive, then AUTH and SELECT as the URL says (or PING,
+ * so that an attempt always proves a Redis answers). On failure c->ctx is
+ * NULL, c->errstr says why and *fatal is set when retrying cannot help.
+ */
+static fr_err_t conn_open(psstore_conn_t *c, int *fatal)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    *fatal = 0;
+    if (c->ctx != NULL) {
+        redisFree(c->ctx);
+        c->ctx = NULL;
+    }
+    struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
+    c->ctx = c->url.unix_socket ? redisConnectUnixWithTimeout(c->url.path, tv)
+                                : redisConnectWithTimeout(c->url.host, c->url.port, tv);
+    if (c->ctx == NULL)
+        return ps_fail(c, FR_ERR_REDIS, "redis %s: out of memory", ep);
+    if (c->ctx->err)
+        return conn_broken(c, errno);
+    if (redisSetTimeout(c->ctx, tv) != REDIS_OK ||
+        (!c->url.unix_socket && redisEnableKeepAlive(c->ctx) != REDIS_OK))
+        return conn_broken(c, errno);
+
+    fr_err_t err = FR_OK;
+    if (c->url.user[0] != '\0') {
+        const char *argv[] = {"AUTH", c->url.user, c->url.pass};
+        err = handshake_cmd(c, fatal, "AUTH", 3, argv);
+    } else if (c->url.pass[0] != '\0') {
+        const char *argv[] = {"AUTH", c->url.pass};
+        err = handshake_cmd(c, fatal, "AUTH", 2, argv);
+    }
+    if (err == FR_OK && c->url.db != 0) {
+        char db[16];
+        snprintf(db, sizeof(db), "%d", c->url.db);
+        const char *argv[] = {"SELECT", db};
+        err = handshake_cmd(c, fatal, "SELECT", 2, argv);
+    } else if (err == FR_OK && c->url.user[0] == '\0' && c->url.pass[0] == '\0') {
+        const char *argv[] = {"PING"};
+        err = handshake_cmd(c, fatal, "PING", 1, argv);
+    }
+    return err;
+}
+
+/*
+ * Reconnects, retrying after 10, 20, 40 ... ms while the next try still
+ * starts within timeout_ms of the first. Logs once when it succeeds.
+ * Returns FR_OK or FR_ERR_REDIS with the last reason in c->errstr.
+ */
+static fr_err_t conn_reconnect(psstore_conn_t *c)
+{
+    uint64_t deadline = fr_clock_mono_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    long delay_ms = CONN_BACKOFF_FIRST_MS;
+    for (;;) {
+        int fatal = 0;
+        fr_err_t err = conn_open(c, &fatal);
+        if (err == FR_OK) {
+            char ep[300];
+            ps_endpoint(c, ep, sizeof(ep));
+            fr_log(FR_LOG_INFO, "psstore: reconnected to redis %s", ep);
+            return FR_OK;
+        }
+        if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)
+            return err;
+        struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+        delay_ms *= 2;
+    }
+}
+
+/*
+ * Parses url and connects once, without backoff, so that a command line
+ * pointed at a dead Redis fails at once; later commands reconnect with
+ * backoff. timeout_ms <= 0 means CONN_DEFAULT_TIMEOUT_MS. NULL with errstr
+ * (naming the endpoint, never the password) on failure.
+ */
+psstore_conn_t *psstore_conn_new(const char *url, int timeout_ms, char *errstr, size_t size)
+{
+    static pthread_once_t sigpipe_once = PTHREAD_ONCE_INIT;
+    pthread_once(&sigpipe_once, ignore_sigpipe);
+
+    psstore_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "redis: out of memory");
+        return NULL;
+    }
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : CONN_DEFAULT_TIMEOUT_MS;
+    int fatal;
+    if (psstore_url_parse(url, &c->url, c->errstr, sizeof(c->errstr)) != FR_OK ||
+        conn_open(c, &fatal) != FR_OK) {
+        fr_errorf(FR_ERR_REDIS, errstr, size, "%s", c->errstr);
+        psstore_conn_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+void psstore_conn_destroy(psstore_conn_t *c)
+{
+    if (c == NULL)
+        return;
+    redisFree(c->ctx);
+    explicit_bzero(&c->url, sizeof(c->url)); /* the password */
+    free(c);
+}
+
+/* ------------------------------------------------------------------------
+ * Commands
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Sends a formatted command and reads its reply. A missing or broken
+ * context is reconnected first; a command that fails on the wire is sent
+ * again once after a reconnect when retry is set. Returns the reply (caller
+ * frees) or NULL with *err and c->errstr.
+ */
+static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, size_t len,
+                                 fr_err_t *err)
+{
+    for (int attempt = 0;; attempt++) {
+        if ((c->ctx == NULL || c->ctx->err) && (*err = conn_reconnect(c)) != FR_OK)
+            return NULL;
+        void *reply = NULL;
+        if (redisAppendFormattedCommand(c->ctx, cmd, len) == REDIS_OK &&
+            redisGetReply(c->ctx, &reply) == REDIS_OK && reply != NULL)
+            return check_reply(c, reply, err);
+        *err = conn_broken(c, errno);
+        if (!retry || attempt > 0)
+            return NULL;
+    }
+}
+
+/*
+ * See psstore_int.h. The command is formatted once, so a retry sends the
+ * same bytes; hiredis would format (and copy) it the same way itself.
+ */
+redisReply *ps_cmd_argv(psstore_conn_t *c, int retry, int argc, const char **argv,
+                        const size_t *lens, fr_err_t *err)
+{
+    fr_err_t local;
+    if (err == NULL)
+        err = &local;
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    if (len < 0) {
+        *err = ps_fail(c, FR_ERR_NOMEM, "redis: out of memory formatting a command");
+        return NULL;
+    }
+    redisReply *reply = run_formatted(c, retry, cmd, (size_t)len, err);
+    redisFreeCommand(cmd);
+    return reply;
+}
+
+redisReply *ps_cmd(psstore_conn_t *c, int retry, fr_err_t *err, const char *fmt, ...)
+{
+    fr_err_t local;
+    if (err == NULL)
+        err = &local;
+    char *cmd = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    int len = redisvFormatCommand(&cmd, fmt, ap);
+    va_end(ap);
+    if (len < 0) {
+        *err = ps_fail(c, FR_ERR_NOMEM, "redis: out of memory formatting a command");
+        return NULL;
+    }
+    redisReply *reply = run_formatted(c, retry, cmd, (size_t)len, err);
+    redisFreeCommand(cmd);
+    return reply;
+}
+
+/*
+ * Queues one command. Nothing is sent until ps_pipeline_read, so a missing
+ * context is (re)connected here, before the first command of a pipeline.
+ * The caller reads exactly one reply per appended command, also after an
+ * error reply (the connection stays in step); after a broken connection
+ * every further read fails at once.
+ */
+fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens)
+{
+    if (c->ctx == NULL || c->ctx->err) {
+        fr_err_t err = conn_reconnect(c);
+        if (err != FR_OK)
+            return err;
+    }
+    if (redisAppendCommandArgv(c->ctx, argc, argv, lens) != REDIS_OK)
+        return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
+    return FR_OK;
+}
+
+/*
+ * Reads the next reply of a pipeline: as ps_cmd_argv's result, but never
+ * reconnecting (the pipeline's commands would be lost). A transport failure
+ * leaves c->ctx NULL, which is how callers tell it from an error reply:
+ * both are FR_ERR_REDIS.
+ */
+redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err)
+{
+    fr_err_t local;
+    if (err == NULL)
+        err = &local;
+    if (c->ctx == NULL || c->ctx->err) {
+        *err = FR_ERR_REDIS; /* c->errstr holds why the pipeline broke */
+        return NULL;
+    }
+    void *reply = NULL;
+    if (redisGetReply(c->ctx, &reply) != REDIS_OK || reply == NULL) {
+        *err = conn_broken(c, errno);
+        return NULL;
+    }
+    return check_reply(c, reply, err);
+}
+
+/* ------------------------------------------------------------------------
+ * Server facts
+ * ---------------------------------------------------------------------- */
+/* The run_id line of INFO server (40 hex digits), into buf[size]. */
+fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(c, 1, &err, "INFO server");
+    if (r == NULL)
+        return err;
+    const char *p = NULL;
+    if (r->type == REDIS_REPLY_STRING) {
+        for (p = r->str; p != NULL; p = strchr(p, '\n')) {
+            p += *p == '\n';
+            if (strncmp(p, "run_id:", 7) == 0)
+                break;
+        }
+    }
+    if (p == NULL) {
+        char ep[300];
+        ps_endpoint(c, ep, sizeof(ep));
+        freeReplyObject(r);
+        return ps_fail(c, FR_ERR_REDIS, "redis %s: INFO server has no run_id", ep);
+    }
+    p += 7;
+    size_t n = strcspn(p, "\r\n");
+    if (n >= size)
+        n = size - 1;
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+/*
+ * DESIGN.md "Resources": losing the offsets hash to eviction would re-apply
+ * a whole topic, so only noeviction is accepted (the volatile-* policies
+ * evict too, starting with the lease). Where CONFIG is refused (disabled,
+ * renamed, or not permitted to this ACL user) the policy cannot be known:
+ * a warning, once per process, and FR_OK.
+ */
+fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
+{
+    static atomic_int warned;
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    fr_err_t err;
+    redisReply *r = ps_cmd(c, 1, &err, "CONFIG GET maxmemory-policy");
+    if (r == NULL && c->ctx == NULL)
+        return err; /* the connection failed: c->errstr says why */
+    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+        r->element[1]->type != REDIS_REPLY_STRING) {
+        if (atomic_exchange(&warned, 1) == 0)
+            fr_log(FR_LOG_WARN,
+                   "psstore: redis %s: cannot read maxmemory-policy (%s); make sure it is "
+                   "noeviction, or evicted offsets would re-apply a topic",
+                   ep, r == NULL ? c->errstr : "unexpected reply");
+        freeReplyObject(r);
+        return FR_OK;
+    }
+    err = FR_OK;
+    if (strcmp(r->element[1]->str, "noeviction") != 0)
+        err = ps_fail(c, FR_ERR_UNSUPPORTED,
+                      "redis %s: maxmemory-policy %.64s evicts keys; freshet needs noeviction "
+                      "(losing offsets would re-apply a topic)",
+                      ep, r->element[1]->str);
+    freeReplyObject(r);
+    return err;
+}

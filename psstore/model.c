@@ -1,0 +1,804 @@
+/*
+ * model.c - a model's lifecycle in Redis (DESIGN.md "Redis layout"):
+ * create, info, list, delete, a consistent read of the weights, and the
+ * store's offsets of one partition for ingest.
+ *
+ * Writers take care of the one-writer rule: create and delete run as one
+ * WATCH/MULTI/EXEC over meta and lease, and refuse to touch a model whose
+ * lease is held by a running applier. Every command after a WATCH is sent
+ * without retry, because a silent reconnect would drop the WATCH and let
+ * the transaction run unguarded.
+ *
+ * Threads: as the connection they are given (one thread at a time).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "psstore/psstore_int.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+/* w:<k> holds little-endian float32 and the weights are sent as they lie in
+ * memory; a big-endian host would need a byte swap on every pull and push. */
+#error "freshet stores weights as little-endian float32: big-endian hosts are not supported"
+#endif
+
+/* Transactions retried this many times when a watched key changes. */
+#define MODEL_TX_TRIES 5
+/* Redis strings hold at most 512 MiB (proto-max-bulk-len). */
+#define MODEL_MAX_FLOATS ((size_t)512 * 1024 * 1024 / sizeof(float))
+/* Keys unlinked per UNLINK command. */
+#define MODEL_UNLINK_BATCH 256
+/* The suffixes of the keys every model may have; snapshots (snap:<v>) and
+ * other shards are found by SCAN. */
+static const char *const model_suffixes[] = {"meta",     "lease",   "ver",      "w:0",
+                                             "opt:0",    "offsets", "grads",    "members",
+                                             "versions", "snaps",   "requests", "audit"};
+#define NSUFFIXES (sizeof(model_suffixes) / sizeof(model_suffixes[0]))
+
+/* A reply of the wrong shape: FR_ERR_REDIS naming the command. */
+static fr_err_t unexpected(psstore_conn_t *c, const char *cmd)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    return ps_fail(c, FR_ERR_REDIS, "redis %s: unexpected reply to %s", ep, cmd);
+}
+
+static int name_char(char ch)
+{
+    return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
+           ch == '.' || ch == '_' || ch == '-';
+}
+
+/*
+ * Names become part of every key, between the braces of the hash tag, so a
+ * brace, a glob character or a space would break the layout. The message
+ * quotes a printable name and shows other bytes in hex.
+ */
+fr_err_t psstore_model_name_check(const char *name, char *errstr, size_t size)
+{
+    static const char rule[] = "names match [A-Za-z0-9._-]{1,64}";
+    if (name == NULL || name[0] == '\0')
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "model name is empty (%s)", rule);
+    size_t n = strlen(name);
+    if (n > 64)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "model name is %zu characters long (%s)", n,
+                         rule);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)name[i];
+        if (name_char((char)ch))
+            continue;
+        if (ch > ' ' && ch < 0x7f)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "model name '%s': '%c' is not allowed (%s)", name, ch, rule);
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "model name: byte 0x%02x at position %zu is not allowed (%s)", ch, i,
+                         rule);
+    }
+    return FR_OK;
+}
+
+/* Checks the name for a function of this file, into c->errstr. */
+static fr_err_t check_name(psstore_conn_t *c, const char *name)
+{
+    return psstore_model_name_check(name, c->errstr, sizeof(c->errstr));
+}
+
+/*
+ * Parses a reply holding a decimal integer (a bulk string or an integer
+ * reply). Returns 0, or -1 for nil, another type or trailing text.
+ */
+static int reply_int64(const redisReply *r, int64_t *v)
+{
+    if (r == NULL)
+        return -1;
+    if (r->type == REDIS_REPLY_INTEGER) {
+        *v = r->integer;
+        return 0;
+    }
+    if (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_STATUS)
+        return -1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(r->str, &end, 10);
+    if (errno != 0 || end == r->str || *end != '\0')
+        return -1;
+    *v = x;
+    return 0;
+}
+
+/* As reply_int64 for an unsigned 64-bit decimal (the epoch). */
+static int reply_uint64(const redisReply *r, uint64_t *v)
+{
+    if (r == NULL || r->type != REDIS_REPLY_STRING || r->str[0] < '0' || r->str[0] > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(r->str, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *v = x;
+    return 0;
+}
+
+/* A fresh epoch: 64 random bits from the kernel, never 0 (0 stands for "no
+ * epoch yet" in clients). FR_ERR_IO when the kernel gives none. */
+static fr_err_t random_epoch(psstore_conn_t *c, uint64_t *epoch)
+{
+    for (int tries = 0; tries < 8; tries++) {
+        ssize_t n = getrandom(epoch, sizeof(*epoch), 0);
+        if (n != (ssize_t)sizeof(*epoch)) {
+            int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+            n = fd >= 0 ? read(fd, epoch, sizeof(*epoch)) : -1;
+            if (fd >= 0)
+                close(fd);
+        }
+        if (n == (ssize_t)sizeof(*epoch) && *epoch != 0)
+            return FR_OK;
+    }
+    return ps_fail(c, FR_ERR_IO, "psstore: no random bytes for a new epoch: %s", strerror(errno));
+}
+
+/* ------------------------------------------------------------------------
+ * Key lists
+ * ---------------------------------------------------------------------- */
+typedef struct keylist {
+    char **keys;
+    size_t n, cap;
+} keylist_t;
+
+static void keylist_fini(keylist_t *kl)
+{
+    for (size_t i = 0; i < kl->n; i++)
+        free(kl->keys[i]);
+    free(kl->keys);
+    *kl = (keylist_t){0};
+}
+
+/* Appends a copy of s[0..len). FR_ERR_NOMEM leaves kl as it was. */
+static fr_err_t keylist_add(keylist_t *kl, const char *s, size_t len)
+{
+    if (kl->n == kl->cap) {
+        size_t cap = kl->cap ? kl->cap * 2 : 16;
+        char **keys = realloc(kl->keys, cap * sizeof(*keys));
+        if (keys == NULL)
+            return FR_ERR_NOMEM;
+        kl->keys = keys;
+        kl->cap = cap;
+    }
+    char *copy = malloc(len + 1);
+    if (copy == NULL)
+        return FR_ERR_NOMEM;
+    memcpy(copy, s, len);
+    copy[len] = '\0';
+    kl->keys[kl->n++] = copy;
+    return FR_OK;
+}
+
+/*
+ * Runs SCAN MATCH pattern COUNT 1000 to the end and passes every key to
+ * add(ctx, key, len). retry is as for ps_cmd_argv: 0 inside a WATCH, where
+ * a reconnect would silently drop it. Returns FR_OK or the first error.
+ */
+static fr_err_t scan_all(psstore_conn_t *c, int retry, const char *pattern,
+                         fr_err_t (*add)(void *ctx, const char *key, size_t len), void *ctx)
+{
+    char cursor[32] = "0";
+    do {
+        fr_err_t err;
+        const char *argv[] = {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"};
+        redisReply *r = ps_cmd_argv(c, retry, 6, argv, NULL, &err);
+        if (r == NULL)
+            return err;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY ||
+            r->element[0]->len >= sizeof(cursor)) {
+            freeReplyObject(r);
+            return unexpected(c, "SCAN");
+        }
+        memcpy(cursor, r->element[0]->str, r->element[0]->len + 1);
+        const redisReply *keys = r->element[1];
+        for (size_t i = 0; i < keys->elements; i++) {
+            if (keys->element[i]->type != REDIS_REPLY_STRING)
+                continue;
+            err = add(ctx, keys->element[i]->str, keys->element[i]->len);
+            if (err != FR_OK) {
+                freeReplyObject(r);
+                return ps_fail(c, err, "psstore: out of memory listing keys");
+            }
+        }
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    return FR_OK;
+}
+
+static fr_err_t add_to_keylist(void *ctx, const char *key, size_t len)
+{
+    return keylist_add(ctx, key, len);
+}
+
+/*
+ * Every key of model name: the fixed ones (whether they exist or not;
+ * UNLINK ignores missing keys) and whatever SCAN finds under the model's
+ * hash tag (snapshots, shards). The braces are escaped in the pattern so
+ * that it reads as literal text whatever the glob syntax makes of them.
+ */
+static fr_err_t model_keys(psstore_conn_t *c, const char *name, keylist_t *kl)
+{
+    char key[PS_KEY_MAX], pattern[PS_KEY_MAX];
+    for (size_t i = 0; i < NSUFFIXES; i++) {
+        ps_key(key, name, model_suffixes[i]);
+        if (keylist_add(kl, key, strlen(key)) != FR_OK)
+            return ps_fail(c, FR_ERR_NOMEM, "psstore: out of memory listing keys");
+    }
+    snprintf(pattern, sizeof(pattern), "freshet:\\{%s\\}:*", name);
+    return scan_all(c, 0, pattern, add_to_keylist, kl);
+}
+
+/* Queues UNLINK for every key of kl, MODEL_UNLINK_BATCH per command; adds
+ * the number of commands queued to *queued. */
+static fr_err_t queue_unlink(psstore_conn_t *c, const keylist_t *kl, size_t *queued)
+{
+    const char *argv[MODEL_UNLINK_BATCH + 1];
+    argv[0] = "UNLINK";
+    for (size_t i = 0; i < kl->n; i += MODEL_UNLINK_BATCH) {
+        size_t n = kl->n - i < MODEL_UNLINK_BATCH ? kl->n - i : MODEL_UNLINK_BATCH;
+        for (size_t j = 0; j < n; j++)
+            argv[j + 1] = kl->keys[i + j];
+        fr_err_t err = ps_pipeline_append(c, (int)n + 1, argv, NULL);
+        if (err != FR_OK)
+            return err;
+        (*queued)++;
+    }
+    return FR_OK;
+}
+
+/*
+ * Reads the replies of n queued commands and returns the last one (EXEC's)
+ * or NULL with *err. Every reply is read even after an error reply, so the
+ * connection stays in step; the first error is the one reported (a queued
+ * command's error, rather than the EXECABORT that follows it).
+ */
+static redisReply *pipeline_finish(psstore_conn_t *c, size_t n, fr_err_t *err)
+{
+    char first_msg[sizeof(c->errstr)];
+    fr_err_t first = FR_OK;
+    redisReply *last = NULL;
+    for (size_t i = 0; i < n; i++) {
+        fr_err_t e;
+        redisReply *r = ps_pipeline_read(c, &e);
+        if (r == NULL) {
+            if (first == FR_OK) {
+                first = e;
+                memcpy(first_msg, c->errstr, sizeof(first_msg));
+            }
+            if (c->ctx == NULL)
+                break; /* the connection broke: no more replies will come */
+            continue;
+        }
+        if (i == n - 1)
+            last = r;
+        else
+            freeReplyObject(r);
+    }
+    if (first != FR_OK) {
+        memcpy(c->errstr, first_msg, sizeof(c->errstr));
+        freeReplyObject(last);
+        *err = first;
+        return NULL;
+    }
+    *err = FR_OK;
+    return last;
+}
+
+/*
+ * Abandons a pipeline that could not be queued in full: commands already
+ * appended wait unsent in hiredis's buffer and must never go out, so the
+ * connection is dropped (its WATCH with it); the next command reconnects.
+ */
+static void conn_drop(psstore_conn_t *c)
+{
+    redisFree(c->ctx);
+    c->ctx = NULL;
+}
+
+/* Drops a WATCH after a refusal, so the connection can be reused. A failure
+ * here is ignored: the refusal is what the caller reports. */
+static void unwatch(psstore_conn_t *c)
+{
+    char saved[sizeof(c->errstr)];
+    memcpy(saved, c->errstr, sizeof(saved));
+    freeReplyObject(ps_cmd(c, 0, NULL, "UNWATCH"));
+    memcpy(c->errstr, saved, sizeof(saved));
+}
+
+/*
+ * The common start of create and delete: WATCH meta and lease, then
+ * *exists = EXISTS meta and *leased = EXISTS lease. Returns FR_OK or an
+ * error (the WATCH is then dropped).
+ */
+static fr_err_t watch_model(psstore_conn_t *c, const char *name, int *exists, int *leased)
+{
+    char meta[PS_KEY_MAX], lease[PS_KEY_MAX];
+    ps_key(meta, name, "meta");
+    ps_key(lease, name, "lease");
+    fr_err_t err;
+    redisReply *r = ps_cmd(c, 1, &err, "WATCH %s %s", meta, lease);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    const char *argv[][2] = {{"EXISTS", meta}, {"EXISTS", lease}};
+    int *out[] = {exists, leased};
+    for (int i = 0; i < 2; i++) {
+        r = ps_cmd_argv(c, 0, 2, argv[i], NULL, &err);
+        if (r == NULL || r->type != REDIS_REPLY_INTEGER) {
+            if (r != NULL)
+                err = unexpected(c, "EXISTS");
+            freeReplyObject(r);
+            unwatch(c);
+            return err;
+        }
+        *out[i] = r->integer > 0;
+        freeReplyObject(r);
+    }
+    return FR_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * Create and delete
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Judges EXEC's reply r (freed here): FR_OK when every command ran,
+ * FR_ERR_STATE for a nil EXEC (a watched key changed: try again),
+ * FR_ERR_REDIS with the message when a command failed inside.
+ */
+static fr_err_t exec_result(psstore_conn_t *c, redisReply *r)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    fr_err_t err = FR_OK;
+    if (r->type == REDIS_REPLY_NIL) {
+        err = FR_ERR_STATE;
+    } else if (r->type != REDIS_REPLY_ARRAY) {
+        err = ps_fail(c, FR_ERR_REDIS, "redis %s: unexpected reply to EXEC", ep);
+    } else {
+        for (size_t i = 0; i < r->elements; i++) {
+            if (r->element[i]->type == REDIS_REPLY_ERROR) {
+                err = ps_fail(c, FR_ERR_REDIS, "redis %s: %.400s", ep, r->element[i]->str);
+                break;
+            }
+        }
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+/* The checks of psstore_model_create's arguments, into c->errstr. */
+static fr_err_t check_spec(psstore_conn_t *c, const psstore_model_spec_t *spec, const float *w)
+{
+    psstore_model_info_t info;
+    if (spec == NULL || w == NULL || spec->layers == NULL || spec->loss == NULL)
+        return ps_fail(c, FR_ERR_INVAL, "psstore: create needs a spec and weights");
+    if (spec->layers[0] == '\0' || strlen(spec->layers) >= sizeof(info.layers))
+        return ps_fail(c, FR_ERR_INVAL, "psstore: layers must be 1..%zu characters",
+                       sizeof(info.layers) - 1);
+    if (spec->loss[0] == '\0' || strlen(spec->loss) >= sizeof(info.loss))
+        return ps_fail(c, FR_ERR_INVAL, "psstore: loss must be 1..%zu characters",
+                       sizeof(info.loss) - 1);
+    if (spec->nparams == 0 || spec->nparams > MODEL_MAX_FLOATS)
+        return ps_fail(c, FR_ERR_RANGE,
+                       "psstore: %zu parameters: a model holds 1 to 2^27 floats (Redis strings "
+                       "hold at most 512 MiB)",
+                       spec->nparams);
+    return FR_OK;
+}
+
+/*
+ * Queues MULTI, the unlinking of kl, the new model's keys and EXEC. The
+ * weights go out as they lie in memory (%b), with no copy of our own.
+ */
+static fr_err_t queue_create(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
+                             const float *w, const char *run_id, uint64_t epoch,
+                             const keylist_t *kl, size_t *queued)
+{
+    char meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], opt[PS_KEY_MAX];
+    char created[32], epoch_s[32];
+    ps_key(meta, name, "meta");
+    ps_key(ver, name, "ver");
+    ps_key_shard(wkey, name, "w", 0);
+    ps_key_shard(opt, name, "opt", 0);
+    snprintf(created, sizeof(created), "%" PRId64, fr_clock_unix_ms());
+    snprintf(epoch_s, sizeof(epoch_s), "%" PRIu64, epoch);
+
+    const char *multi[] = {"MULTI"};
+    const char *hset[] = {"HSET",         meta,  "layers",  spec->layers, "loss",  spec->loss,
+                          "shards",       "1",   "created", created,      "epoch", epoch_s,
+                          "redis_run_id", run_id};
+    const char *set_ver[] = {"SET", ver, "0"};
+    const char *set_w[] = {"SET", wkey, (const char *)w};
+    size_t set_w_lens[] = {3, strlen(wkey), spec->nparams * sizeof(float)};
+    const char *set_opt[] = {"SET", opt, ""};
+    const char *exec[] = {"EXEC"};
+
+    fr_err_t err = ps_pipeline_append(c, 1, multi, NULL);
+    if (err != FR_OK)
+        return err;
+    ++*queued;
+    if ((err = queue_unlink(c, kl, queued)) != FR_OK)
+        return err;
+    const int argcs[] = {14, 3, 3, 3, 1};
+    const char **argvs[] = {hset, set_ver, set_w, set_opt, exec};
+    const size_t *lens[] = {NULL, NULL, set_w_lens, NULL, NULL};
+    for (int i = 0; i < 5; i++) {
+        if ((err = ps_pipeline_append(c, argcs[i], argvs[i], lens[i])) != FR_OK)
+            return err;
+        ++*queued;
+    }
+    return err;
+}
+
+/*
+ * Creates the model in one transaction: WATCH meta and lease, refuse an
+ * existing model unless force, refuse a model a running applier holds,
+ * then MULTI, unlink every key the name has (an old model's, or leftovers
+ * without meta, such as stale offsets that would make the new model skip
+ * records), write meta, ver, w:0 and opt:0, EXEC. A nil EXEC (a watched key
+ * changed) starts over, up to MODEL_TX_TRIES times.
+ */
+fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
+                              const float *w, int force)
+{
+    fr_err_t err;
+    char ep[300], run_id[64];
+    if ((err = check_name(c, name)) != FR_OK || (err = check_spec(c, spec, w)) != FR_OK)
+        return err;
+    uint64_t epoch;
+    if ((err = random_epoch(c, &epoch)) != FR_OK ||
+        (err = ps_server_run_id(c, run_id, sizeof(run_id))) != FR_OK)
+        return err;
+    ps_endpoint(c, ep, sizeof(ep));
+
+    for (int tries = 0; tries < MODEL_TX_TRIES; tries++) {
+        int exists, leased;
+        if ((err = watch_model(c, name, &exists, &leased)) != FR_OK)
+            return err;
+        if (exists && !force) {
+            unwatch(c);
+            return ps_fail(c, FR_ERR_EXISTS, "redis %s: model '%s' already exists", ep, name);
+        }
+        if (exists && leased) {
+            unwatch(c);
+            return ps_fail(c, FR_ERR_STATE,
+                           "redis %s: model '%s' has a running applier (its lease is held); stop "
+                           "it before replacing the model",
+                           ep, name);
+        }
+        keylist_t kl = {0};
+        size_t queued = 0;
+        err = model_keys(c, name, &kl);
+        if (err == FR_OK)
+            err = queue_create(c, name, spec, w, run_id, epoch, &kl, &queued);
+        keylist_fini(&kl);
+        redisReply *r = NULL;
+        if (err == FR_OK)
+            r = pipeline_finish(c, queued, &err);
+        else
+            conn_drop(c);
+        if (r == NULL && err != FR_OK)
+            return err;
+        err = exec_result(c, r);
+        if (err != FR_ERR_STATE)
+            return err;
+    }
+    return ps_fail(c, FR_ERR_STATE,
+                   "redis %s: model '%s' kept changing while it was being created; try again", ep,
+                   name);
+}
+
+/*
+ * Deletes every key of the model in one transaction, as create replaces
+ * one: FR_ERR_NOTFOUND without meta, FR_ERR_STATE while an applier holds
+ * the lease (DESIGN.md: only the lease holder writes the model).
+ */
+fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name)
+{
+    fr_err_t err;
+    char ep[300];
+    if ((err = check_name(c, name)) != FR_OK)
+        return err;
+    ps_endpoint(c, ep, sizeof(ep));
+    for (int tries = 0; tries < MODEL_TX_TRIES; tries++) {
+        int exists, leased;
+        if ((err = watch_model(c, name, &exists, &leased)) != FR_OK)
+            return err;
+        if (!exists || leased) {
+            unwatch(c);
+            if (!exists)
+                return ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
+            return ps_fail(c, FR_ERR_STATE,
+                           "redis %s: model '%s' has a running applier (its lease is held); "
+                           "stop it before deleting the model",
+                           ep, name);
+        }
+        keylist_t kl = {0};
+        size_t queued = 0;
+        const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
+        err = model_keys(c, name, &kl);
+        if (err == FR_OK && (err = ps_pipeline_append(c, 1, multi, NULL)) == FR_OK)
+            queued++;
+        if (err == FR_OK)
+            err = queue_unlink(c, &kl, &queued);
+        if (err == FR_OK && (err = ps_pipeline_append(c, 1, exec, NULL)) == FR_OK)
+            queued++;
+        keylist_fini(&kl);
+        redisReply *r = NULL;
+        if (err == FR_OK)
+            r = pipeline_finish(c, queued, &err);
+        else
+            conn_drop(c);
+        if (r == NULL && err != FR_OK)
+            return err;
+        err = exec_result(c, r);
+        if (err != FR_ERR_STATE)
+            return err;
+    }
+    return ps_fail(c, FR_ERR_STATE,
+                   "redis %s: model '%s' kept changing while it was being deleted; try again", ep,
+                   name);
+}
+
+/* ------------------------------------------------------------------------
+ * Reading
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Runs the read-only transaction "MULTI, cmds..., EXEC" and returns EXEC's
+ * reply (an array of ncmds replies; caller frees) or NULL with err. Being
+ * read-only it is run again once when the connection broke on the way.
+ */
+static redisReply *read_tx(psstore_conn_t *c, int ncmds, const int *argcs,
+                           const char *const *const *argvs, fr_err_t *err)
+{
+    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
+    for (int attempt = 0; attempt < 2; attempt++) {
+        size_t queued = 0;
+        *err = ps_pipeline_append(c, 1, multi, NULL);
+        for (int i = 0; *err == FR_OK && i < ncmds; i++)
+            *err = ps_pipeline_append(c, argcs[i], (const char **)argvs[i], NULL);
+        if (*err == FR_OK)
+            *err = ps_pipeline_append(c, 1, exec, NULL);
+        if (*err != FR_OK) {
+            conn_drop(c);
+            return NULL;
+        }
+        queued = (size_t)ncmds + 2;
+        redisReply *r = pipeline_finish(c, queued, err);
+        if (r != NULL && (r->type != REDIS_REPLY_ARRAY || r->elements != (size_t)ncmds)) {
+            freeReplyObject(r);
+            *err = unexpected(c, "EXEC");
+            return NULL;
+        }
+        if (r != NULL || c->ctx != NULL)
+            return r;
+    }
+    return NULL;
+}
+
+/* Copies a bulk string reply into buf[size] (truncating); "" otherwise. */
+static void copy_str(char *buf, size_t size, const redisReply *r)
+{
+    size_t n = 0;
+    if (r != NULL && r->type == REDIS_REPLY_STRING) {
+        n = r->len < size - 1 ? r->len : size - 1;
+        memcpy(buf, r->str, n);
+    }
+    buf[n] = '\0';
+}
+
+static int cmp_int64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fills info from the fields of an HGETALL meta reply (field, value, ...). */
+static void info_from_meta(psstore_model_info_t *info, const redisReply *meta)
+{
+    for (size_t i = 0; i + 1 < meta->elements; i += 2) {
+        const redisReply *f = meta->element[i], *v = meta->element[i + 1];
+        int64_t x;
+        if (f->type != REDIS_REPLY_STRING)
+            continue;
+        if (strcmp(f->str, "layers") == 0)
+            copy_str(info->layers, sizeof(info->layers), v);
+        else if (strcmp(f->str, "loss") == 0)
+            copy_str(info->loss, sizeof(info->loss), v);
+        else if (strcmp(f->str, "stopped") == 0)
+            copy_str(info->stopped, sizeof(info->stopped), v);
+        else if (strcmp(f->str, "epoch") == 0)
+            reply_uint64(v, &info->epoch);
+        else if (strcmp(f->str, "shards") == 0 && reply_int64(v, &x) == 0 && x > 0 && x < 1 << 20)
+            info->shards = (int)x;
+        else if (strcmp(f->str, "created") == 0 && reply_int64(v, &x) == 0)
+            info->created_ms = x;
+    }
+}
+
+/*
+ * Reads meta, ver, the size of w:0 and the newest 64 retained snapshots in
+ * one transaction. snaps maps each version (member) to the unix ms it was
+ * taken (score), so score order is version order; the versions are sorted
+ * all the same. FR_ERR_NOTFOUND without meta.
+ */
+fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_info_t *info)
+{
+    fr_err_t err;
+    char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], snaps[PS_KEY_MAX];
+    if ((err = check_name(c, name)) != FR_OK)
+        return err;
+    ps_endpoint(c, ep, sizeof(ep));
+    ps_key(meta, name, "meta");
+    ps_key(ver, name, "ver");
+    ps_key_shard(wkey, name, "w", 0);
+    ps_key(snaps, name, "snaps");
+    const char *hgetall[] = {"HGETALL", meta}, *get[] = {"GET", ver}, *strlen_[] = {"STRLEN", wkey};
+    const char *zrange[] = {"ZRANGE", snaps, "-64", "-1"};
+    const int argcs[] = {2, 2, 2, 4};
+    const char *const *argvs[] = {hgetall, get, strlen_, zrange};
+    redisReply *r = read_tx(c, 4, argcs, argvs, &err);
+    if (r == NULL)
+        return err;
+    const redisReply *m = r->element[0], *v = r->element[1], *len = r->element[2],
+                     *sn = r->element[3];
+    int64_t version, bytes;
+    if (m->type != REDIS_REPLY_ARRAY || m->elements == 0) {
+        err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
+    } else if (reply_int64(v, &version) != 0 || reply_int64(len, &bytes) != 0) {
+        err = ps_fail(c, FR_ERR_PARSE, "redis %s: model '%s' has no valid ver", ep, name);
+    } else {
+        memset(info, 0, sizeof(*info));
+        snprintf(info->name, sizeof(info->name), "%s", name);
+        info->shards = 1;
+        info_from_meta(info, m);
+        info->version = version;
+        info->bytes = (size_t)bytes;
+        for (size_t i = 0; sn->type == REDIS_REPLY_ARRAY && i < sn->elements && i < 64; i++) {
+            if (reply_int64(sn->element[i], &info->snaps[info->nsnaps]) == 0)
+                info->nsnaps++;
+        }
+        qsort(info->snaps, info->nsnaps, sizeof(info->snaps[0]), cmp_int64);
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+/* Reads the weights, their epoch and version in one transaction (see
+ * psstore.h); the only copy is from hiredis's reply into w. */
+fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
+                               uint64_t *epoch, int64_t *version)
+{
+    fr_err_t err;
+    char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX];
+    if ((err = check_name(c, name)) != FR_OK)
+        return err;
+    ps_endpoint(c, ep, sizeof(ep));
+    ps_key(meta, name, "meta");
+    ps_key(ver, name, "ver");
+    ps_key_shard(wkey, name, "w", 0);
+    const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver},
+               *get_w[] = {"GET", wkey};
+    const int argcs[] = {3, 2, 2};
+    const char *const *argvs[] = {hget, get_ver, get_w};
+    redisReply *r = read_tx(c, 3, argcs, argvs, &err);
+    if (r == NULL)
+        return err;
+    const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2];
+    uint64_t ep64;
+    int64_t version64;
+    if (e->type == REDIS_REPLY_NIL || wr->type != REDIS_REPLY_STRING) {
+        err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
+    } else if (reply_uint64(e, &ep64) != 0 || reply_int64(v, &version64) != 0) {
+        err = ps_fail(c, FR_ERR_PARSE, "redis %s: model '%s' has a bad epoch or ver", ep, name);
+    } else if (wr->len != n * sizeof(float)) {
+        err = ps_fail(c, FR_ERR_RANGE,
+                      "redis %s: model '%s' holds %zu bytes of weights, expected %zu (%zu floats)",
+                      ep, name, wr->len, n * sizeof(float), n);
+    } else {
+        memcpy(w, wr->str, wr->len);
+        if (epoch != NULL)
+            *epoch = ep64;
+        if (version != NULL)
+            *version = version64;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+/* Adds the model name of a key "freshet:{m}:meta" to the list; other keys
+ * that happen to match the pattern are skipped. */
+static fr_err_t add_model_name(void *ctx, const char *key, size_t len)
+{
+    static const char head[] = "freshet:{", tail[] = "}:meta";
+    size_t hl = sizeof(head) - 1, tl = sizeof(tail) - 1;
+    if (len <= hl + tl || len - hl - tl > 64 || memcmp(key, head, hl) != 0 ||
+        memcmp(key + len - tl, tail, tl) != 0)
+        return FR_OK;
+    for (size_t i = hl; i < len - tl; i++) {
+        if (!name_char(key[i]))
+            return FR_OK;
+    }
+    return keylist_add(ctx, key + hl, len - hl - tl);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* SCANs for meta keys; SCAN may return a key twice, so the sorted list is
+ * made unique. */
+fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count)
+{
+    keylist_t kl = {0};
+    fr_err_t err = scan_all(c, 1, "freshet:*:meta", add_model_name, &kl);
+    if (err != FR_OK) {
+        keylist_fini(&kl);
+        return err;
+    }
+    if (kl.n > 1)
+        qsort(kl.keys, kl.n, sizeof(kl.keys[0]), cmp_str);
+    size_t out = 0;
+    for (size_t i = 0; i < kl.n; i++) {
+        if (out > 0 && strcmp(kl.keys[out - 1], kl.keys[i]) == 0)
+            free(kl.keys[i]);
+        else
+            kl.keys[out++] = kl.keys[i];
+    }
+    *names = kl.keys;
+    *count = out;
+    return FR_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * Offsets (the interval arithmetic is in offsets.c, part of the core)
+ * ---------------------------------------------------------------------- */
+/*
+ * HGET offsets "<topic>/<partition>" (retried once on a broken connection:
+ * a read), parsed into po. A value that does not parse is FR_ERR_PARSE
+ * naming the partition: the store is the source of truth and guessing
+ * would skip or repeat records.
+ */
+fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
+                              int32_t partition, psstore_partition_offsets_t *po, int *found)
+{
+    fr_err_t err;
+    char ep[300], key[PS_KEY_MAX], field[512], why[256];
+    if ((err = check_name(c, model)) != FR_OK)
+        return err;
+    if (topic == NULL || topic[0] == '\0' || strlen(topic) > 249 || partition < 0)
+        return ps_fail(c, FR_ERR_INVAL, "psstore: bad topic or partition");
+    ps_endpoint(c, ep, sizeof(ep));
+    ps_key(key, model, "offsets");
+    snprintf(field, sizeof(field), "%s/%" PRId32, topic, partition);
+    *found = 0;
+    redisReply *r = ps_cmd(c, 1, &err, "HGET %s %s", key, field);
+    if (r == NULL)
+        return err;
+    if (r->type == REDIS_REPLY_STRING) {
+        err = psstore_poff_parse(po, r->str, r->len, why, sizeof(why));
+        if (err != FR_OK)
+            ps_fail(c, err, "redis %s: model '%s', %s: %s", ep, model, field, why);
+        else
+            *found = 1;
+    } else if (r->type != REDIS_REPLY_NIL) {
+        err = ps_fail(c, FR_ERR_REDIS, "redis %s: unexpected reply to HGET %s", ep, key);
+    }
+    freeReplyObject(r);
+    return err;
+}

@@ -1,0 +1,112 @@
+/*
+ * psstore_int.h - private declarations shared by the parameter store's
+ * sources. Only psstore/ includes hiredis; nothing here leaves the module.
+ */
+#ifndef FRESHET_PSSTORE_INT_H
+#define FRESHET_PSSTORE_INT_H
+
+#include <hiredis/hiredis.h>
+
+#include "psstore/psstore.h"
+
+/* ------------------------------------------------------------------------
+ * Connection (conn.c). One psstore_conn_t per thread, as hiredis wants.
+ * ---------------------------------------------------------------------- */
+struct psstore_conn {
+    redisContext *ctx; /* NULL while disconnected                       */
+    psstore_url_t url;
+    int timeout_ms;   /* connect and command timeout                    */
+    char errstr[512]; /* the last error, also returned through errstr   */
+};
+
+/*
+ * Runs one command given as argv/lens (binary safe). On a connection error
+ * it reconnects (with backoff, within the timeout) and retries once when
+ * retry is set: only for commands that are safe to repeat. Returns the
+ * reply (caller frees with freeReplyObject) or NULL with *err set and
+ * c->errstr filled; a Redis error reply is returned as NULL with
+ * FR_ERR_REDIS and the server's message in c->errstr.
+ */
+redisReply *ps_cmd_argv(psstore_conn_t *c, int retry, int argc, const char **argv,
+                        const size_t *lens, fr_err_t *err);
+
+/* printf-style variant of ps_cmd_argv (hiredis format: %s, %b, %lld). */
+redisReply *ps_cmd(psstore_conn_t *c, int retry, fr_err_t *err, const char *fmt, ...);
+
+/* Appends a command to the pipeline (redisAppendCommandArgv); the replies
+ * are read with ps_pipeline_read in order, once per appended command, also
+ * after an error reply. After a transport failure c->ctx is NULL: that is
+ * how to tell it from an error reply (both are FR_ERR_REDIS). */
+fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens);
+redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err);
+
+/* Writes how errors name the Redis of c: "host:port", "[v6]:port" or the
+ * socket path (never a password). */
+void ps_endpoint(const psstore_conn_t *c, char *buf, size_t size);
+
+/* Fills c->errstr and returns err. */
+fr_err_t ps_fail(psstore_conn_t *c, fr_err_t err, const char *fmt, ...) FR_PRINTF(3, 4);
+
+/* The server's run_id (INFO server), into buf[41]. */
+fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------
+ * Keys (keys.c): every key of model m shares the hash tag {m}.
+ * ---------------------------------------------------------------------- */
+#define PS_KEY_MAX 128
+/* Writes "freshet:{m}:<suffix>" into key[PS_KEY_MAX]. */
+void ps_key(char *key, const char *model, const char *suffix);
+/* "freshet:{m}:w:<k>", "opt:<k>", "snap:<v>" */
+void ps_key_shard(char *key, const char *model, const char *what, long long k);
+
+/* ------------------------------------------------------------------------
+ * Gradient messages (msg.c): one entry of the grads stream. Fields:
+ *   epoch   decimal uint64            ver     decimal int64 (version read)
+ *   gen     decimal int64             worker  text, 1..255 bytes
+ *   n       decimal int64 >= 0        loss    "%.17g", finite
+ *   reason  text, only when n = 0     ranges  "topic:partition:from:to,..."
+ *   g       float32 little endian, exactly 4 * nparams bytes when n > 0,
+ *           absent or empty when n = 0
+ * Any other field, a missing field or a bad value makes it malformed.
+ * ---------------------------------------------------------------------- */
+#define PS_GRAD_MAX_ARGS 24
+
+/* XADD arguments of one message, built by ps_grad_encode; argv/lens point
+ * into the message (g payload, strings) and into text (owned). */
+typedef struct ps_grad_args {
+    int argc;
+    const char *argv[PS_GRAD_MAX_ARGS];
+    size_t lens[PS_GRAD_MAX_ARGS];
+    char *text;      /* numbers and the ranges text; free with ps_grad_args_fini */
+    size_t text_cap; /* kept between calls to avoid reallocations */
+} ps_grad_args_t;
+
+/* Builds "XADD <key> * field value ..." for g into args (reusing its text
+ * buffer). FR_ERR_INVAL when g is inconsistent (n > 0 without payload, a
+ * topic with ':' or ',', from >= to, a bad worker). */
+fr_err_t ps_grad_encode(ps_grad_args_t *args, const char *key, const psstore_grad_t *g);
+void ps_grad_args_fini(ps_grad_args_t *args);
+
+/* A decoded message. g.g points into the value given for "g" (not copied,
+ * maybe unaligned: copy before use); everything else is owned here. */
+typedef struct ps_grad_msg {
+    psstore_grad_t g;
+    char worker[256];
+    char reason[64];
+    psstore_range_t *ranges; /* g.ranges; topics point into topics */
+    char *topics;
+    size_t cap_ranges, cap_topics;
+    const void *payload; /* == g.g */
+    size_t payload_bytes;
+} ps_grad_msg_t;
+
+/* Decodes the nfields field/value pairs of one entry, expecting nparams
+ * floats of payload. FR_ERR_PARSE with why ("unknown field 'x'", "payload of
+ * 12 bytes, expected 16", ...) when malformed. m may be reused across calls;
+ * release with ps_grad_msg_fini. */
+fr_err_t ps_grad_decode(ps_grad_msg_t *m, size_t nfields, const char *const *fields,
+                        const size_t *flens, const char *const *vals, const size_t *vlens,
+                        size_t nparams, char *why, size_t whysize);
+void ps_grad_msg_fini(ps_grad_msg_t *m);
+
+#endif

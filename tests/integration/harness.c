@@ -1,0 +1,237 @@
+/*
+ * harness.c - see harness.h.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+void harness_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+int harness_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    int port = ntohs(sa.sin_port);
+    close(fd);
+    return port;
+}
+
+pid_t harness_spawn(char *const argv[], const char *log_path)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+    }
+    setpgid(0, 0);
+    execvp(argv[0], argv);
+    fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+int harness_wait(pid_t pid, int timeout_ms)
+{
+    for (int waited = 0;; waited += 10) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        if (r < 0 || waited >= timeout_ms)
+            return -1;
+        harness_sleep_ms(10);
+    }
+}
+
+/*
+ * Nonzero when a Redis answers on port: PONG, or a NOAUTH error from a
+ * server started with --requirepass (it is up; it just wants a password).
+ */
+static int ping(int port)
+{
+    struct timeval tv = {0, 200000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c == NULL || c->err) {
+        redisFree(c);
+        return -1;
+    }
+    redisReply *r = redisCommand(c, "PING");
+    int ok = r != NULL && ((r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0) ||
+                           (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0));
+    freeReplyObject(r);
+    redisFree(c);
+    return ok ? 0 : -1;
+}
+
+static int launch(harness_redis_t *r)
+{
+    char port[16], log[300], cmd[1024];
+    snprintf(port, sizeof(port), "%d", r->port);
+    snprintf(log, sizeof(log), "%s/redis.log", r->dir);
+    /* the extra arguments are split on spaces: tests pass simple flags */
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = "redis-server";
+    argv[argc++] = "--port";
+    argv[argc++] = port;
+    argv[argc++] = "--bind";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = "--dir";
+    argv[argc++] = r->dir;
+    argv[argc++] = "--save";
+    argv[argc++] = "";
+    argv[argc++] = "--daemonize";
+    argv[argc++] = "no";
+    snprintf(cmd, sizeof(cmd), "%s", r->args);
+    for (char *tok = strtok(cmd, " "); tok != NULL && argc < 62; tok = strtok(NULL, " "))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    r->pid = harness_spawn(argv, log);
+    if (r->pid < 0)
+        return -1;
+    for (int i = 0; i < 500; i++) {
+        if (ping(r->port) == 0)
+            return 0;
+        if (harness_wait(r->pid, 0) != -1) {
+            fprintf(stderr, "harness: redis-server exited; see %s\n", log);
+            r->pid = 0;
+            return -1;
+        }
+        harness_sleep_ms(10);
+    }
+    fprintf(stderr, "harness: redis-server on port %d did not answer PING; see %s\n", r->port, log);
+    harness_redis_kill(r, SIGKILL); /* never leave a server running behind a failure */
+    return -1;
+}
+
+int harness_redis_start(harness_redis_t *r, const char *extra_args)
+{
+    memset(r, 0, sizeof(*r));
+    snprintf(r->dir, sizeof(r->dir), "/tmp/freshet-test-redis-XXXXXX");
+    if (mkdtemp(r->dir) == NULL) {
+        perror("harness: mkdtemp");
+        return -1;
+    }
+    snprintf(r->args, sizeof(r->args), "%s", extra_args ? extra_args : "");
+    for (int attempt = 0; attempt < 5; attempt++) {
+        r->port = harness_free_port();
+        snprintf(r->url, sizeof(r->url), "redis://127.0.0.1:%d/0", r->port);
+        if (launch(r) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+void harness_redis_kill(harness_redis_t *r, int sig)
+{
+    if (r->pid <= 0)
+        return;
+    kill(r->pid, sig);
+    if (harness_wait(r->pid, 5000) == -1) {
+        kill(r->pid, SIGKILL);
+        harness_wait(r->pid, 5000);
+    }
+    r->pid = 0;
+}
+
+int harness_redis_restart(harness_redis_t *r)
+{
+    return launch(r);
+}
+
+void harness_redis_stop(harness_redis_t *r)
+{
+    harness_redis_kill(r, SIGTERM);
+    if (r->dir[0] != '\0') {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", r->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "harness: could not remove %s\n", r->dir);
+        r->dir[0] = '\0';
+    }
+}
+
+static void reply_text(const redisReply *rep, char *out, size_t size, size_t *off)
+{
+    int n = 0;
+    switch (rep->type) {
+    case REDIS_REPLY_INTEGER: n = snprintf(out + *off, size - *off, "%lld", rep->integer); break;
+    case REDIS_REPLY_NIL: n = snprintf(out + *off, size - *off, "(nil)"); break;
+    case REDIS_REPLY_ARRAY:
+        for (size_t i = 0; i < rep->elements; i++) {
+            if (i > 0 && *off + 1 < size)
+                out[(*off)++] = '\n';
+            reply_text(rep->element[i], out, size, off);
+        }
+        return;
+    default: n = snprintf(out + *off, size - *off, "%.*s", (int)rep->len, rep->str); break;
+    }
+    if (n > 0)
+        *off = *off + (size_t)n < size ? *off + (size_t)n : size - 1;
+}
+
+int harness_redis_query(const harness_redis_t *r, char *out, size_t size, const char *fmt, ...)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    if (c == NULL || c->err) {
+        redisFree(c);
+        return -1;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    if (rep == NULL) {
+        redisFree(c);
+        return -1;
+    }
+    size_t off = 0;
+    out[0] = '\0';
+    reply_text(rep, out, size, &off);
+    out[off < size ? off : size - 1] = '\0';
+    freeReplyObject(rep);
+    redisFree(c);
+    return 0;
+}
+
+int harness_file_contains(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    char line[4096];
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}

@@ -1,0 +1,48 @@
+/*
+ * harness.h - integration test harness: real redis-server processes on
+ * free loopback ports in temporary directories, started and stopped by
+ * PID, and child processes (the freshet binary) with their output in a log.
+ */
+#ifndef FRESHET_TEST_HARNESS_H
+#define FRESHET_TEST_HARNESS_H
+
+#include <sys/types.h>
+
+typedef struct harness_redis {
+    pid_t pid;
+    int port;
+    char dir[256];  /* its working directory (AOF, log), removed on stop */
+    char url[320];  /* redis://127.0.0.1:<port>/0 */
+    char args[512]; /* extra arguments given at start, reused on restart */
+} harness_redis_t;
+
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+int harness_free_port(void);
+
+/* Starts redis-server (extra_args: e.g. "--appendonly yes", may be NULL)
+ * and waits until it answers PING. Returns 0 or -1 (message on stderr). */
+int harness_redis_start(harness_redis_t *r, const char *extra_args);
+/* Stops it by PID (SIGTERM, then SIGKILL after 5 s) and keeps its dir. */
+void harness_redis_kill(harness_redis_t *r, int sig);
+/* Starts it again on the same port and dir (after a kill). */
+int harness_redis_restart(harness_redis_t *r);
+/* Stops it and removes its directory. */
+void harness_redis_stop(harness_redis_t *r);
+
+/* Runs "redis-cli -p PORT args..." style commands through hiredis and
+ * returns the reply as text in out (integers as decimal, nil as "(nil)",
+ * arrays joined by '\n'). Returns 0, or -1 on a connection error. */
+int harness_redis_query(const harness_redis_t *r, char *out, size_t size, const char *fmt, ...);
+
+/* Forks and execs argv with stdout and stderr appended to log_path.
+ * Returns the child's pid or -1. */
+pid_t harness_spawn(char *const argv[], const char *log_path);
+/* Waits up to timeout_ms for pid to exit; returns its wait status or -1
+ * on timeout. */
+int harness_wait(pid_t pid, int timeout_ms);
+/* Milliseconds sleep. */
+void harness_sleep_ms(int ms);
+/* Nonzero when the file contains needle. */
+int harness_file_contains(const char *path, const char *needle);
+
+#endif

@@ -1,0 +1,759 @@
+/*
+ * test_applier.c - the applier against a real redis-server: concurrent
+ * pushers, duplicates, malformed messages, a Redis restart with AOF, a
+ * killed applier and a stalled (fenced) one.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+
+#include "harness.h"
+#include "psstore/psstore.h"
+
+#define NPARAMS 1000
+#define LR      0.01
+
+static harness_redis_t redis;
+static char errstr[512];
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* Gradient number k: deterministic values in [-0.5, 0.5). */
+static void gradient_k(float *g, int k)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 1000 + (uint64_t)k);
+    for (int i = 0; i < NPARAMS; i++)
+        g[i] = (float)(fr_rng_uniform(&rng) - 0.5);
+}
+
+static void initial_weights(float *w)
+{
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = 0.001f * (float)(i % 97);
+}
+
+static void create_model(const char *name)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    float w[NPARAMS];
+    initial_weights(w);
+    psstore_model_spec_t spec = {"999-1", "mse", NPARAMS};
+    assert_int_equal(psstore_model_create(c, name, &spec, w, 1), FR_OK);
+    psstore_conn_destroy(c);
+}
+
+/* Reads the model's weights, epoch and version. */
+static void read_model(const char *name, float *w, uint64_t *epoch, int64_t *version)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    assert_int_equal(psstore_model_weights(c, name, w, NPARAMS, epoch, version), FR_OK);
+    psstore_conn_destroy(c);
+}
+
+static int64_t query_int(const char *fmt, ...)
+{
+    char out[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    char cmd[1024];
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), cmd), 0); /* no % in keys */
+    return strtoll(out, NULL, 10);
+}
+
+/* Pushes gradient k covering [from, to) of t/partition on (epoch, version). */
+static void push_k(psstore_client_t *cl, int k, int32_t partition, int64_t from, int64_t to,
+                   uint64_t epoch, int64_t version)
+{
+    float g[NPARAMS];
+    gradient_k(g, k);
+    psstore_range_t range = {"t", partition, from, to};
+    psstore_grad_t msg = {.epoch = epoch,
+                          .version = version,
+                          .worker = "test/1/0",
+                          .n = to - from,
+                          .loss_sum = 1.0,
+                          .ranges = &range,
+                          .nranges = 1,
+                          .g = g,
+                          .len = NPARAMS};
+    assert_int_equal(psstore_push(cl, &msg, 10000), FR_OK);
+}
+
+/* Expected weights after applying gradients ks[0..count) with sgd, lr LR. */
+static void expected_weights(float *w, const int *ks, int count)
+{
+    double acc[NPARAMS];
+    float g[NPARAMS];
+    initial_weights(w);
+    for (int i = 0; i < NPARAMS; i++)
+        acc[i] = w[i];
+    for (int j = 0; j < count; j++) {
+        gradient_k(g, ks[j]);
+        for (int i = 0; i < NPARAMS; i++)
+            acc[i] -= (double)(float)LR * g[i];
+    }
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = (float)acc[i];
+}
+
+static void assert_weights_near(const float *got, const float *want, float tol)
+{
+    for (int i = 0; i < NPARAMS; i++) {
+        if (fabsf(got[i] - want[i]) > tol)
+            fail_msg("w[%d] = %.7g, expected %.7g", i, got[i], want[i]);
+    }
+}
+
+typedef struct applier_thread {
+    pthread_t tid;
+    psstore_applier_t *a;
+    volatile int stop;
+} applier_thread_t;
+
+static void *applier_main(void *arg)
+{
+    applier_thread_t *t = arg;
+    psstore_applier_run(t->a, &t->stop);
+    return NULL;
+}
+
+static void applier_start(applier_thread_t *t, const char *model, int audit)
+{
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = LR;
+    conf.lease_ms = 1000;
+    conf.audit = audit;
+    conf.snapshot_every = 50;
+    conf.snapshot_retain = 3;
+    memset(t, 0, sizeof(*t));
+    t->a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (t->a == NULL)
+        fail_msg("applier: %s", errstr);
+    assert_int_equal(pthread_create(&t->tid, NULL, applier_main, t), 0);
+}
+
+static void applier_stop(applier_thread_t *t, psstore_applier_stats_t *stats)
+{
+    t->stop = 1;
+    pthread_join(t->tid, NULL);
+    if (stats != NULL)
+        psstore_applier_stats(t->a, stats);
+    psstore_applier_destroy(t->a);
+}
+
+/* Waits until the model's version reaches v and the grads stream is empty. */
+static void wait_applied(const char *model, int64_t v, int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+        if (query_int("GET freshet:{%s}:ver", model) >= v &&
+            query_int("XLEN freshet:{%s}:grads", model) == 0)
+            return;
+        harness_sleep_ms(20);
+    }
+    fail_msg("version %lld and an empty stream not reached in %d ms (version %lld, %lld waiting)",
+             (long long)v, timeout_ms, (long long)query_int("GET freshet:{%s}:ver", model),
+             (long long)query_int("XLEN freshet:{%s}:grads", model));
+}
+
+static psstore_client_t *client(const char *model)
+{
+    psstore_client_t *cl =
+        psstore_client_new(redis.url, model, NPARAMS, 100000, errstr, sizeof(errstr));
+    if (cl == NULL)
+        fail_msg("client: %s", errstr);
+    return cl;
+}
+
+/* ---- concurrency ---------------------------------------------------------------- */
+
+typedef struct pusher {
+    pthread_t tid;
+    int index;
+    const char *model;
+} pusher_t;
+
+#define PUSHERS    4
+#define PER_PUSHER 200
+
+static void *pusher_main(void *arg)
+{
+    pusher_t *p = arg;
+    psstore_client_t *cl = client(p->model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    for (int j = 0; j < PER_PUSHER; j++) {
+        int changed;
+        assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+        push_k(cl, p->index * PER_PUSHER + j, p->index, j, j + 1, epoch, version);
+    }
+    psstore_client_destroy(cl);
+    return NULL;
+}
+
+static void test_concurrent_pushers_sum_exactly(void **state)
+{
+    const char *model = "concurrent";
+    create_model(model);
+    applier_thread_t at;
+    applier_start(&at, model, 0);
+    pusher_t p[PUSHERS];
+    for (int i = 0; i < PUSHERS; i++) {
+        p[i] = (pusher_t){.index = i, .model = model};
+        assert_int_equal(pthread_create(&p[i].tid, NULL, pusher_main, &p[i]), 0);
+    }
+    for (int i = 0; i < PUSHERS; i++)
+        pthread_join(p[i].tid, NULL);
+    wait_applied(model, PUSHERS * PER_PUSHER, 60000);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.applied, PUSHERS * PER_PUSHER);
+
+    int ks[PUSHERS * PER_PUSHER];
+    for (int k = 0; k < PUSHERS * PER_PUSHER; k++)
+        ks[k] = k;
+    float want[NPARAMS], got[NPARAMS];
+    uint64_t epoch;
+    int64_t version;
+    expected_weights(want, ks, PUSHERS * PER_PUSHER);
+    read_model(model, got, &epoch, &version);
+    assert_int_equal(version, PUSHERS * PER_PUSHER);
+    assert_weights_near(got, want, 1e-4f);
+
+    /* the versions stream: versions 1..800 in order, 0 <= tau <= v - 1 */
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    redisReply *r = redisCommand(c, "XRANGE freshet:{%s}:versions - +", model);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, PUSHERS * PER_PUSHER);
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *kv = r->element[i]->element[1];
+        long long v = -1, tau = -1;
+        double lr = 0;
+        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
+            if (strcmp(kv->element[f]->str, "version") == 0)
+                v = atoll(kv->element[f + 1]->str);
+            else if (strcmp(kv->element[f]->str, "tau") == 0)
+                tau = atoll(kv->element[f + 1]->str);
+            else if (strcmp(kv->element[f]->str, "lr_eff") == 0)
+                lr = atof(kv->element[f + 1]->str);
+        }
+        assert_int_equal(v, (long long)i + 1);
+        assert_true(tau >= 0 && tau <= v - 1);
+        assert_true(fabs(lr - LR) < 1e-12);
+    }
+    freeReplyObject(r);
+    /* every partition's watermark is 200: all positions applied once */
+    for (int i = 0; i < PUSHERS; i++) {
+        r = redisCommand(c, "HGET freshet:{%s}:offsets t/%d", model, i);
+        assert_int_equal(r->type, REDIS_REPLY_STRING);
+        assert_string_equal(r->str, "200");
+        freeReplyObject(r);
+    }
+    redisFree(c);
+}
+
+/* ---- duplicates and malformed messages ------------------------------------------- */
+
+static void test_duplicates_are_dropped_whole_and_mark_nothing(void **state)
+{
+    const char *model = "dups";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    push_k(cl, 1, 0, 0, 10, epoch, 0);
+    push_k(cl, 2, 0, 0, 10, epoch, 0);  /* the same positions again */
+    push_k(cl, 3, 0, 5, 15, epoch, 0);  /* overlaps the applied [0, 10) */
+    push_k(cl, 4, 0, 10, 20, epoch, 0); /* new positions: applied */
+    applier_thread_t at;
+    applier_start(&at, model, 1);
+    wait_applied(model, 2, 10000);
+    harness_sleep_ms(100);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.applied, 2);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_DUPLICATE], 2);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 2);
+    char out[256];
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
+    assert_string_equal(out, "20");
+    int ks[] = {1, 4};
+    float want[NPARAMS], got[NPARAMS];
+    expected_weights(want, ks, 2);
+    read_model(model, got, &epoch, &version);
+    assert_weights_near(got, want, 1e-6f);
+    /* audit: 2 applied entries and 2 duplicates */
+    assert_int_equal(query_int("XLEN freshet:{%s}:audit", model), 4);
+    psstore_client_destroy(cl);
+}
+
+static void test_malformed_messages_are_counted_acknowledged_not_applied(void **state)
+{
+    const char *model = "malformed";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "%llu", (unsigned long long)epoch);
+    float g[NPARAMS] = {0};
+    /* a payload one float short */
+    freeReplyObject(redisCommand(c,
+                                 "XADD freshet:{%s}:grads * epoch %s ver 0 gen 0 worker x n 1 "
+                                 "loss 1 ranges t:0:0:1 g %b",
+                                 model, ep, g, (size_t)(NPARAMS - 1) * 4));
+    /* an unknown field */
+    freeReplyObject(redisCommand(c,
+                                 "XADD freshet:{%s}:grads * epoch %s ver 0 gen 0 worker x n 1 "
+                                 "loss 1 ranges t:0:0:1 g %b color blue",
+                                 model, ep, g, (size_t)NPARAMS * 4));
+    /* a NaN in the gradient */
+    g[7] = NAN;
+    freeReplyObject(redisCommand(c,
+                                 "XADD freshet:{%s}:grads * epoch %s ver 0 gen 0 worker x n 1 "
+                                 "loss 1 ranges t:0:0:1 g %b",
+                                 model, ep, g, (size_t)NPARAMS * 4));
+    redisFree(c);
+    push_k(cl, 5, 0, 1, 2, epoch, 0); /* and a good one after them */
+    applier_thread_t at;
+    applier_start(&at, model, 0);
+    wait_applied(model, 1, 10000);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_MALFORMED], 2);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_NONFINITE], 1);
+    assert_int_equal(st.applied, 1);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model), 0);
+    assert_int_equal(query_int("XPENDING freshet:{%s}:grads appliers", model), 0);
+    int ks[] = {5};
+    float want[NPARAMS], got[NPARAMS];
+    expected_weights(want, ks, 1);
+    read_model(model, got, &epoch, &version);
+    assert_int_equal(version, 1);
+    assert_weights_near(got, want, 1e-6f);
+    /* the NaN gradient's position 0 was dropped by a named rule: marked */
+    char out[64];
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
+    assert_string_equal(out, "2");
+    psstore_client_destroy(cl);
+}
+
+/* ---- failures ------------------------------------------------------------------ */
+
+/* Writes a config for `freshet ps` on model and returns its path. */
+static const char *ps_config(const char *model, char *path, size_t size)
+{
+    snprintf(path, size, "%s/%s.conf", redis.dir, model);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = %s\nlayers = 999-1\nloss = mse\n[redis]\nurl = %s\n"
+            "[controller]\nlr = %g\n[psstore]\nlease_ms = 1000\naudit = true\n"
+            "snapshot_every = 0\n",
+            model, redis.url, LR);
+    fclose(f);
+    return path;
+}
+
+static pid_t spawn_ps(const char *conf, const char *log)
+{
+    char *argv[] = {FRESHET_BIN, "ps", "--config", (char *)conf, NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* Audit entries with outcome "applied" per position of t/0: each exactly once. */
+static void assert_audit_applied_once(const char *model, int positions)
+{
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    redisReply *r = redisCommand(c, "XRANGE freshet:{%s}:audit - +", model);
+    int *seen = calloc((size_t)positions, sizeof(int));
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *kv = r->element[i]->element[1];
+        long long first = -1, last = -1;
+        int applied = 0;
+        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
+            const char *k = kv->element[f]->str, *v = kv->element[f + 1]->str;
+            if (strcmp(k, "first") == 0)
+                first = atoll(v);
+            else if (strcmp(k, "last") == 0)
+                last = atoll(v);
+            else if (strcmp(k, "outcome") == 0)
+                applied = strcmp(v, "applied") == 0;
+        }
+        for (long long p = first; applied && p <= last && p >= 0 && p < positions; p++)
+            seen[p]++;
+    }
+    for (int p = 0; p < positions; p++) {
+        if (seen[p] != 1)
+            fail_msg("position %d applied %d times", p, seen[p]);
+    }
+    free(seen);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+static void test_killed_applier_is_replaced_and_applies_everything_once(void **state)
+{
+    const char *model = "crash";
+    char conf[300], log1[300], log2[300];
+    create_model(model);
+    ps_config(model, conf, sizeof(conf));
+    snprintf(log1, sizeof(log1), "%s/crash-ps1.log", redis.dir);
+    snprintf(log2, sizeof(log2), "%s/crash-ps2.log", redis.dir);
+    pid_t ps1 = spawn_ps(conf, log1);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    const int total = 300;
+    int ks[300];
+    for (int k = 0; k < total; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch, version);
+        ks[k] = k;
+        if (k == 150) {
+            /* kill it mid-stream, whatever it holds uncommitted */
+            while (query_int("GET freshet:{%s}:ver", model) < 50)
+                harness_sleep_ms(5);
+            kill(ps1, SIGKILL);
+            harness_wait(ps1, 5000);
+        }
+    }
+    pid_t ps2 = spawn_ps(conf, log2);
+    wait_applied(model, total, 30000);
+    kill(ps2, SIGTERM);
+    assert_true(harness_wait(ps2, 10000) == 0);
+    float want[NPARAMS], got[NPARAMS];
+    expected_weights(want, ks, total);
+    read_model(model, got, &epoch, &version);
+    assert_int_equal(version, total);
+    assert_weights_near(got, want, 1e-4f);
+    assert_audit_applied_once(model, total);
+    assert_true(harness_file_contains(log2, "holding the lease"));
+    psstore_client_destroy(cl);
+}
+
+static void test_stalled_applier_is_fenced_and_changes_nothing(void **state)
+{
+    const char *model = "fence";
+    char conf[300], log1[300], log2[300];
+    create_model(model);
+    ps_config(model, conf, sizeof(conf));
+    snprintf(log1, sizeof(log1), "%s/fence-ps1.log", redis.dir);
+    snprintf(log2, sizeof(log2), "%s/fence-ps2.log", redis.dir);
+    pid_t ps1 = spawn_ps(conf, log1);
+    while (!harness_file_contains(log1, "holding the lease"))
+        harness_sleep_ms(10);
+    pid_t ps2 = spawn_ps(conf, log2); /* the standby */
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    int ks[200];
+    for (int k = 0; k < 100; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch, version);
+        ks[k] = k;
+    }
+    wait_applied(model, 100, 10000);
+    kill(ps1, SIGSTOP); /* stalled past its 1 s lease */
+    harness_sleep_ms(2500);
+    for (int k = 100; k < 200; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch, version);
+        ks[k] = k;
+    }
+    wait_applied(model, 200, 10000);
+    assert_true(harness_file_contains(log2, "holding the lease"));
+    kill(ps1, SIGCONT); /* wakes up believing it holds the lease */
+    harness_sleep_ms(1500);
+    assert_true(harness_file_contains(log1, "lease lost"));
+    float want[NPARAMS], got[NPARAMS];
+    expected_weights(want, ks, 200);
+    read_model(model, got, &epoch, &version);
+    assert_int_equal(version, 200);
+    assert_weights_near(got, want, 1e-4f);
+    assert_audit_applied_once(model, 200);
+    kill(ps1, SIGTERM);
+    kill(ps2, SIGTERM);
+    assert_true(harness_wait(ps1, 10000) == 0);
+    assert_true(harness_wait(ps2, 10000) == 0);
+    psstore_client_destroy(cl);
+}
+
+static void test_redis_restart_starts_a_new_epoch_and_drops_old_gradients(void **state)
+{
+    const char *model = "restart";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch1 = 0, epoch2 = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch1, &version, &changed), FR_OK);
+    applier_thread_t at;
+    applier_start(&at, model, 0);
+    int ks[60];
+    for (int k = 0; k < 50; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch1, 0);
+        ks[k] = k;
+    }
+    wait_applied(model, 50, 10000);
+    applier_stop(&at, NULL);
+    /* gradients of the old epoch wait in the stream across the restart */
+    for (int k = 50; k < 55; k++)
+        push_k(cl, 100 + k, 0, k, k + 1, epoch1, 50);
+    psstore_client_destroy(cl);
+    harness_sleep_ms(1200); /* appendfsync everysec: let the AOF catch up */
+    harness_redis_kill(&redis, SIGKILL);
+    assert_int_equal(harness_redis_restart(&redis), 0);
+
+    applier_start(&at, model, 0);
+    cl = client(model);
+    float before[NPARAMS];
+    expected_weights(before, ks, 50);
+    for (int waited = 0; query_int("XLEN freshet:{%s}:grads", model) > 0 && waited < 10000;
+         waited += 20)
+        harness_sleep_ms(20);
+    assert_int_equal(psstore_pull(cl, w, &epoch2, &version, &changed), FR_OK);
+    assert_true(epoch2 != epoch1);
+    assert_int_equal(version, 50);
+    assert_weights_near(w, before, 1e-4f);
+    char out[64];
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
+    assert_string_equal(out, "50"); /* the old epoch's gradients marked nothing */
+    /* the same positions under the new epoch are applied */
+    for (int k = 50; k < 55; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch2, 50);
+        ks[k] = k;
+    }
+    wait_applied(model, 55, 10000);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_EPOCH], 5);
+    float want[NPARAMS];
+    expected_weights(want, ks, 55);
+    read_model(model, w, &epoch2, &version);
+    assert_weights_near(w, want, 1e-4f);
+    psstore_client_destroy(cl);
+}
+
+static void test_snapshots_are_kept_and_trimmed(void **state)
+{
+    const char *model = "snaps";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    applier_thread_t at;
+    applier_start(&at, model, 0); /* snapshot_every 50, retain 3 */
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    for (int k = 0; k < 220; k++)
+        push_k(cl, k, 0, k, k + 1, epoch, 0);
+    wait_applied(model, 220, 20000);
+    applier_stop(&at, NULL);
+    char out[256];
+    harness_redis_query(&redis, out, sizeof(out), "ZRANGE freshet:{%s}:snaps 0 -1", model);
+    assert_string_equal(out, "100\n150\n200");
+    assert_int_equal(query_int("EXISTS freshet:{%s}:snap:50", model), 0);
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:snap:200 offsets", model);
+    assert_string_equal(out, "t/0=200\n");
+    assert_int_equal(query_int("HSTRLEN freshet:{%s}:snap:200 weights", model), 4 * NPARAMS);
+    psstore_client_destroy(cl);
+}
+
+static void test_rollback_restores_a_snapshot_under_a_new_epoch(void **state)
+{
+    const char *model = "rollback";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    applier_thread_t at;
+    applier_start(&at, model, 0); /* snapshot_every 50 */
+    float w[NPARAMS];
+    uint64_t epoch = 0, epoch2 = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    int ks[60];
+    for (int k = 0; k < 120; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch, 0);
+        if (k < 50)
+            ks[k] = k;
+    }
+    wait_applied(model, 120, 20000);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    char id[64];
+    assert_int_equal(psstore_request_rollback(c, model, 50, id), FR_OK);
+    assert_int_equal(psstore_request_wait(c, model, id, 10000), FR_OK);
+    assert_int_equal(psstore_pull(cl, w, &epoch2, &version, &changed), FR_OK);
+    assert_true(epoch2 != epoch);
+    assert_int_equal(version, 121);
+    float want[NPARAMS];
+    expected_weights(want, ks, 50);
+    assert_weights_near(w, want, 1e-4f);
+    char out[64];
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
+    assert_string_equal(out, "50");
+    /* training continues from the snapshot's offsets under the new epoch */
+    for (int k = 50; k < 60; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch2, 121);
+        ks[k] = k;
+    }
+    wait_applied(model, 131, 10000);
+    expected_weights(want, ks, 60);
+    read_model(model, w, &epoch2, &version);
+    assert_weights_near(w, want, 1e-4f);
+    /* a rollback to a snapshot that is not retained changes nothing */
+    assert_int_equal(psstore_request_rollback(c, model, 7, id), FR_OK);
+    assert_int_equal(psstore_request_wait(c, model, id, 10000), FR_OK);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 131);
+    applier_stop(&at, NULL);
+    psstore_conn_destroy(c);
+    psstore_client_destroy(cl);
+}
+
+/* With no applier running, the CLI path executes a request with an applier
+ * that handles requests only: waiting gradients stay where they are. */
+static void test_requests_only_applier_executes_requests_and_leaves_gradients(void **state)
+{
+    const char *model = "reqonly";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    push_k(cl, 1, 0, 0, 1, epoch, 0);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    char id[64];
+    int held = 1;
+    assert_int_equal(psstore_lease_held(c, model, &held), FR_OK);
+    assert_int_equal(held, 0);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.requests_only = 1;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(a);
+    /* a request is executed; the waiting gradient is left alone */
+    assert_int_equal(psstore_request_rollback(c, model, 3, id), FR_OK);
+    assert_int_equal(psstore_applier_poll(a, 10), FR_OK);
+    assert_int_equal(psstore_request_wait(c, model, id, 1000), FR_OK);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model), 1);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 0);
+    /* a deletion removes every key */
+    assert_int_equal(psstore_request_delete(c, model, id), FR_OK);
+    assert_int_equal(psstore_applier_poll(a, 10), FR_OK);
+    psstore_applier_destroy(a);
+    assert_int_equal(psstore_request_wait(c, model, id, 1000), FR_OK);
+    assert_int_equal(query_int("EXISTS freshet:{%s}:meta", model), 0);
+    assert_int_equal(query_int("EXISTS freshet:{%s}:grads", model), 0);
+    assert_int_equal(query_int("EXISTS freshet:{%s}:lease", model), 0);
+    psstore_conn_destroy(c);
+    psstore_client_destroy(cl);
+}
+
+/* freshet model rollback with no applier running takes the lease itself,
+ * executes the rollback and nothing else, and releases the lease. */
+static void test_cli_rollback_without_applier(void **state)
+{
+    const char *model = "clirollback";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    applier_thread_t at;
+    applier_start(&at, model, 0); /* snapshot_every 50 */
+    float w[NPARAMS];
+    uint64_t epoch = 0, epoch2 = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    for (int k = 0; k < 60; k++)
+        push_k(cl, k, 0, k, k + 1, epoch, 0);
+    wait_applied(model, 60, 20000);
+    applier_stop(&at, NULL);
+    push_k(cl, 99, 0, 60, 61, epoch, 60); /* waits: no applier */
+    char log[300];
+    snprintf(log, sizeof(log), "%s/cli-rollback.log", redis.dir);
+    char *bad[] = {FRESHET_BIN, "model", "rollback", "--redis", redis.url, "--name",
+                   (char *)model, "--version", "7", NULL};
+    assert_int_equal(WEXITSTATUS(harness_wait(harness_spawn(bad, log), 10000)), 2);
+    assert_true(harness_file_contains(log, "retains no snapshot of version 7"));
+    char *argv[] = {FRESHET_BIN, "model", "rollback", "--redis", redis.url, "--name",
+                    (char *)model, "--version", "50", NULL};
+    assert_int_equal(harness_wait(harness_spawn(argv, log), 10000), 0);
+    assert_true(harness_file_contains(log, "now version 61 of epoch"));
+    assert_int_equal(psstore_pull(cl, w, &epoch2, &version, &changed), FR_OK);
+    assert_true(epoch2 != epoch);
+    assert_int_equal(version, 61);
+    int ks[50];
+    for (int k = 0; k < 50; k++)
+        ks[k] = k;
+    float want[NPARAMS];
+    expected_weights(want, ks, 50);
+    assert_weights_near(w, want, 1e-4f);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model), 1); /* left alone */
+    assert_int_equal(query_int("EXISTS freshet:{%s}:lease", model), 0);
+    psstore_client_destroy(cl);
+}
+
+static int setup(void **state)
+{
+    return harness_redis_start(&redis, "--appendonly yes --appendfsync everysec");
+}
+
+static int teardown(void **state)
+{
+    harness_redis_stop(&redis);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_concurrent_pushers_sum_exactly),
+        cmocka_unit_test(test_duplicates_are_dropped_whole_and_mark_nothing),
+        cmocka_unit_test(test_malformed_messages_are_counted_acknowledged_not_applied),
+        cmocka_unit_test(test_snapshots_are_kept_and_trimmed),
+        cmocka_unit_test(test_rollback_restores_a_snapshot_under_a_new_epoch),
+        cmocka_unit_test(test_requests_only_applier_executes_requests_and_leaves_gradients),
+        cmocka_unit_test(test_cli_rollback_without_applier),
+        cmocka_unit_test(test_killed_applier_is_replaced_and_applies_everything_once),
+        cmocka_unit_test(test_stalled_applier_is_fenced_and_changes_nothing),
+        cmocka_unit_test(test_redis_restart_starts_a_new_epoch_and_drops_old_gradients),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,451 @@
+/*
+ * test_offsets.c - unit tests of the offset interval arithmetic
+ * (psstore_poff_*, DESIGN.md "Offsets"): marks in and out of order, merges,
+ * the watermark's advance, every boundary of the overlap test, rewinds, the
+ * text form, and a randomized comparison against a bitmap model.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "psstore/psstore.h"
+
+/* Checks po against the expected watermark and spans {from, to, ...}. */
+static void expect_state(const psstore_partition_offsets_t *po, int64_t watermark, size_t nspans,
+                         const int64_t *bounds, int line)
+{
+    if (po->watermark != watermark)
+        fail_msg("line %d: watermark %lld, expected %lld", line, (long long)po->watermark,
+                 (long long)watermark);
+    if (po->nspans != nspans)
+        fail_msg("line %d: %zu spans, expected %zu", line, po->nspans, nspans);
+    for (size_t i = 0; i < nspans; i++) {
+        if (po->spans[i].from != bounds[2 * i] || po->spans[i].to != bounds[2 * i + 1])
+            fail_msg("line %d: span %zu is [%lld, %lld), expected [%lld, %lld)", line, i,
+                     (long long)po->spans[i].from, (long long)po->spans[i].to,
+                     (long long)bounds[2 * i], (long long)bounds[2 * i + 1]);
+    }
+}
+#define EXPECT(po, wm, ...)                                                                        \
+    do {                                                                                           \
+        const int64_t b_[] = {0, __VA_ARGS__};                                                     \
+        expect_state((po), (wm), (sizeof(b_) / sizeof(b_[0]) - 1) / 2, b_ + 1, __LINE__);          \
+    } while (0)
+
+#define MARK_OK(po, a, b) assert_int_equal(psstore_poff_mark((po), (a), (b)), FR_OK)
+
+/* The text form of po, for comparisons (static buffer). */
+static const char *text_of(const psstore_partition_offsets_t *po)
+{
+    static char buf[4096];
+    char *s = NULL;
+    size_t len = 0;
+    assert_int_equal(psstore_poff_format(po, &s, &len), FR_OK);
+    assert_int_equal(strlen(s), len);
+    snprintf(buf, sizeof(buf), "%s", s);
+    free(s);
+    return buf;
+}
+
+/* ------------------------------------------------------------------------
+ * Marking
+ * ---------------------------------------------------------------------- */
+static void test_offsets_start_empty_at_the_watermark(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 17);
+    EXPECT(&po, 17);
+    assert_null(po.spans);
+    psstore_poff_fini(&po);
+    psstore_poff_fini(&po); /* twice is harmless */
+    psstore_poff_fini(NULL);
+}
+
+static void test_offsets_mark_in_order_advances_the_watermark(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    MARK_OK(&po, 0, 10);
+    EXPECT(&po, 10);
+    MARK_OK(&po, 10, 11);
+    MARK_OK(&po, 11, 64);
+    EXPECT(&po, 64);
+    assert_string_equal(text_of(&po), "64");
+    psstore_poff_fini(&po);
+}
+
+static void test_offsets_mark_out_of_order_keeps_sorted_spans(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    MARK_OK(&po, 50, 60);
+    EXPECT(&po, 0, 50, 60);
+    MARK_OK(&po, 20, 30);
+    EXPECT(&po, 0, 20, 30, 50, 60);
+    MARK_OK(&po, 80, 90);
+    EXPECT(&po, 0, 20, 30, 50, 60, 80, 90);
+    MARK_OK(&po, 35, 40);
+    EXPECT(&po, 0, 20, 30, 35, 40, 50, 60, 80, 90);
+    assert_string_equal(text_of(&po), "0;20-30,35-40,50-60,80-90");
+    psstore_poff_fini(&po);
+}
+
+static void test_offsets_adjacent_marks_merge(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    MARK_OK(&po, 10, 20);
+    MARK_OK(&po, 20, 25); /* joins the end of [10, 20) */
+    EXPECT(&po, 0, 10, 25);
+    MARK_OK(&po, 5, 10); /* joins its start */
+    EXPECT(&po, 0, 5, 25);
+    MARK_OK(&po, 30, 40);
+    MARK_OK(&po, 25, 30); /* fills the gap: both sides merge */
+    EXPECT(&po, 0, 5, 40);
+    MARK_OK(&po, 41, 42); /* not adjacent: a new span */
+    EXPECT(&po, 0, 5, 40, 41, 42);
+    psstore_poff_fini(&po);
+}
+
+static void test_offsets_watermark_advances_over_several_spans(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 100);
+    MARK_OK(&po, 110, 120);
+    MARK_OK(&po, 130, 140);
+    MARK_OK(&po, 105, 110); /* joins [110, 120) but leaves [100, 105) open */
+    EXPECT(&po, 100, 105, 120, 130, 140);
+    MARK_OK(&po, 120, 130); /* one span 105..140 */
+    EXPECT(&po, 100, 105, 140);
+    MARK_OK(&po, 100, 105); /* the hole at the watermark closes: all swallowed */
+    EXPECT(&po, 140);
+    MARK_OK(&po, 150, 160);
+    MARK_OK(&po, 140, 150); /* starts at the watermark and meets a span */
+    EXPECT(&po, 160);
+    psstore_poff_fini(&po);
+}
+
+static void test_offsets_mark_refuses_empty_and_overlapping_intervals(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 10);
+    MARK_OK(&po, 20, 30);
+    assert_int_equal(psstore_poff_mark(&po, 40, 40), FR_ERR_INVAL);
+    assert_int_equal(psstore_poff_mark(&po, 45, 40), FR_ERR_INVAL);
+    assert_int_equal(psstore_poff_mark(&po, 5, 12), FR_ERR_INVAL);  /* below the watermark */
+    assert_int_equal(psstore_poff_mark(&po, 9, 10), FR_ERR_INVAL);  /* last position below */
+    assert_int_equal(psstore_poff_mark(&po, 15, 21), FR_ERR_INVAL); /* into a span */
+    assert_int_equal(psstore_poff_mark(&po, 29, 35), FR_ERR_INVAL); /* out of a span */
+    assert_int_equal(psstore_poff_mark(&po, 22, 25), FR_ERR_INVAL); /* inside */
+    assert_int_equal(psstore_poff_mark(&po, 15, 35), FR_ERR_INVAL); /* around */
+    EXPECT(&po, 10, 20, 30);                                        /* unchanged */
+    psstore_poff_fini(&po);
+}
+
+/* Many spans force the array to grow; marking the holes then empties it. */
+static void test_offsets_many_spans_grow_and_collapse(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    for (int64_t i = 999; i >= 1; i--)
+        MARK_OK(&po, 2 * i, 2 * i + 1);
+    assert_int_equal(po.nspans, 999);
+    assert_true(psstore_poff_overlaps(&po, 1000, 1001));
+    assert_false(psstore_poff_overlaps(&po, 1001, 1002));
+    for (int64_t i = 999; i >= 1; i--)
+        MARK_OK(&po, 2 * i + 1, 2 * i + 2);
+    EXPECT(&po, 0, 2, 2000);
+    MARK_OK(&po, 0, 2);
+    EXPECT(&po, 2000);
+    psstore_poff_fini(&po);
+}
+
+/* ------------------------------------------------------------------------
+ * Overlaps at every boundary
+ * ---------------------------------------------------------------------- */
+static void test_offsets_overlaps_at_every_boundary(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 10);
+    MARK_OK(&po, 20, 30);
+    MARK_OK(&po, 40, 50);
+    /* the watermark: position 9 is applied, 10 is not */
+    assert_true(psstore_poff_overlaps(&po, 0, 5));
+    assert_true(psstore_poff_overlaps(&po, 9, 10));
+    assert_true(psstore_poff_overlaps(&po, 9, 15));
+    assert_false(psstore_poff_overlaps(&po, 10, 20));
+    assert_false(psstore_poff_overlaps(&po, 10, 11));
+    /* half-open ends touch without overlapping */
+    assert_false(psstore_poff_overlaps(&po, 15, 20));
+    assert_false(psstore_poff_overlaps(&po, 30, 40));
+    assert_false(psstore_poff_overlaps(&po, 50, 51));
+    assert_false(psstore_poff_overlaps(&po, 50, 1000));
+    /* one position inside, at either end of a span */
+    assert_true(psstore_poff_overlaps(&po, 15, 21));
+    assert_true(psstore_poff_overlaps(&po, 29, 35));
+    assert_true(psstore_poff_overlaps(&po, 20, 21));
+    assert_true(psstore_poff_overlaps(&po, 29, 30));
+    assert_true(psstore_poff_overlaps(&po, 49, 50));
+    /* inside, around one span, around both */
+    assert_true(psstore_poff_overlaps(&po, 22, 25));
+    assert_true(psstore_poff_overlaps(&po, 35, 55));
+    assert_true(psstore_poff_overlaps(&po, 19, 51));
+    /* an empty or reversed interval holds no position */
+    assert_false(psstore_poff_overlaps(&po, 25, 25));
+    assert_false(psstore_poff_overlaps(&po, 5, 5));
+    assert_false(psstore_poff_overlaps(&po, 25, 22));
+    psstore_poff_fini(&po);
+}
+
+/* ------------------------------------------------------------------------
+ * Rewind
+ * ---------------------------------------------------------------------- */
+static void test_offsets_rewind_below_clears_every_span(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 100);
+    MARK_OK(&po, 120, 130);
+    MARK_OK(&po, 150, 160);
+    psstore_poff_rewind(&po, 40);
+    EXPECT(&po, 40);
+    assert_false(psstore_poff_overlaps(&po, 40, 200));
+    assert_true(psstore_poff_overlaps(&po, 39, 40));
+    MARK_OK(&po, 120, 130); /* the cleared positions can be applied again */
+    psstore_poff_fini(&po);
+}
+
+/*
+ * Moving the watermark forward over spans (--to-latest, say): positions
+ * below the target stay applied (the spans below it are absorbed by the
+ * watermark), those at or above it are cleared, including the upper part
+ * of a span that straddles the target.
+ */
+static void test_offsets_rewind_forward_keeps_positions_below_and_clears_above(void **state)
+{
+    (void)state;
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    MARK_OK(&po, 10, 20);
+    MARK_OK(&po, 30, 40);
+    MARK_OK(&po, 50, 60);
+    psstore_poff_rewind(&po, 35);
+    EXPECT(&po, 35);
+    assert_true(psstore_poff_overlaps(&po, 10, 20));
+    assert_true(psstore_poff_overlaps(&po, 34, 35));
+    assert_false(psstore_poff_overlaps(&po, 35, 100));
+    assert_string_equal(text_of(&po), "35");
+    psstore_poff_rewind(&po, 35); /* to the watermark itself: nothing to clear */
+    EXPECT(&po, 35);
+    psstore_poff_fini(&po);
+}
+
+/* ------------------------------------------------------------------------
+ * Text form
+ * ---------------------------------------------------------------------- */
+static void test_offsets_format_and_parse_round_trip(void **state)
+{
+    (void)state;
+    const char *texts[] = {"0",
+                           "7",
+                           "9223372036854775807",
+                           "5;6-7",
+                           "0;1-2,3-4,10-20",
+                           "100;9000000000000-9000000000001"};
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+        psstore_partition_offsets_t po;
+        char why[256];
+        psstore_poff_init(&po, 0);
+        if (psstore_poff_parse(&po, texts[i], strlen(texts[i]), why, sizeof(why)) != FR_OK)
+            fail_msg("'%s': %s", texts[i], why);
+        assert_string_equal(text_of(&po), texts[i]);
+        psstore_poff_fini(&po);
+    }
+    /* from marks to text and back */
+    psstore_partition_offsets_t a, b;
+    psstore_poff_init(&a, 3);
+    MARK_OK(&a, 8, 9);
+    MARK_OK(&a, 100, 250);
+    MARK_OK(&a, 12, 13);
+    psstore_poff_init(&b, 0);
+    const char *t = text_of(&a);
+    assert_string_equal(t, "3;8-9,12-13,100-250");
+    assert_int_equal(psstore_poff_parse(&b, t, strlen(t), NULL, 0), FR_OK);
+    EXPECT(&b, 3, 8, 9, 12, 13, 100, 250);
+    /* parse replaces what b held; a text need not be NUL-terminated */
+    assert_int_equal(psstore_poff_parse(&b, "42;50-60XXXX", 8, NULL, 0), FR_OK);
+    EXPECT(&b, 42, 50, 60);
+    psstore_poff_fini(&a);
+    psstore_poff_fini(&b);
+}
+
+static void test_offsets_parse_rejects_malformed_text(void **state)
+{
+    (void)state;
+    const char *bad[] = {
+        "",                         /* empty */
+        ";",                        /* no watermark */
+        "-1",                       /* negative */
+        "+5",                       /* a sign */
+        " 5",                       /* spaces */
+        "5 ",                       /*  */
+        "abc",                      /* garbage */
+        "5x",                       /* trailing garbage */
+        "5;",                       /* ';' and nothing */
+        "5;6",                      /* no '-' */
+        "5;6-",                     /* no end */
+        "5;-7",                     /* no start */
+        "5;6-7,",                   /* trailing ',' */
+        "5;6-7;8-9",                /* a second ';' */
+        "5;7-6",                    /* reversed */
+        "5;6-6",                    /* empty */
+        "5;3-8",                    /* below the watermark */
+        "5;5-8",                    /* at the watermark (would be merged) */
+        "5;10-20,1-2",              /* unsorted */
+        "5;10-20,15-30",            /* overlapping */
+        "5;10-20,20-30",            /* adjacent (would be merged) */
+        "5;10--20",                 /* negative end */
+        "5;-10-20",                 /*  */
+        "9223372036854775808",      /* overflow */
+        "5;6-99999999999999999999", /* overflow */
+        "0x10",                     /* hex */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        psstore_partition_offsets_t po;
+        char why[256] = "";
+        psstore_poff_init(&po, 77);
+        MARK_OK(&po, 80, 90);
+        fr_err_t err = psstore_poff_parse(&po, bad[i], strlen(bad[i]), why, sizeof(why));
+        if (err != FR_ERR_PARSE)
+            fail_msg("'%s' was accepted (%d)", bad[i], err);
+        assert_true(strlen(why) > 0);
+        EXPECT(&po, 77, 80, 90); /* left unchanged */
+        psstore_poff_fini(&po);
+    }
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    assert_int_equal(psstore_poff_parse(&po, NULL, 0, NULL, 0), FR_ERR_PARSE);
+    psstore_poff_fini(&po);
+}
+
+/* ------------------------------------------------------------------------
+ * Randomized against a bitmap
+ * ---------------------------------------------------------------------- */
+#define UNIVERSE 2000
+
+/* Checks po's watermark, spans and overlap answers against the bitmap. */
+static void check_against_bitmap(const psstore_partition_offsets_t *po, const unsigned char *bit)
+{
+    int64_t wm = 0;
+    while (wm < UNIVERSE && bit[wm])
+        wm++;
+    if (po->watermark != wm)
+        fail_msg("watermark %lld, bitmap says %lld", (long long)po->watermark, (long long)wm);
+    /* spans are exactly the maximal runs of set bits above the watermark */
+    size_t k = 0;
+    for (int64_t p = wm; p < UNIVERSE;) {
+        if (!bit[p]) {
+            p++;
+            continue;
+        }
+        int64_t q = p;
+        while (q < UNIVERSE && bit[q])
+            q++;
+        if (k >= po->nspans || po->spans[k].from != p || po->spans[k].to != q)
+            fail_msg("span %zu: expected [%lld, %lld)", k, (long long)p, (long long)q);
+        k++;
+        p = q;
+    }
+    assert_int_equal(k, po->nspans);
+}
+
+static void test_offsets_random_marks_match_a_bitmap_model(void **state)
+{
+    (void)state;
+    static unsigned char bit[UNIVERSE];
+    memset(bit, 0, sizeof(bit));
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 20260101);
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 0);
+    int applied = 0;
+    for (int iter = 0; iter < 10000; iter++) {
+        int64_t from = (int64_t)fr_rng_below(&rng, UNIVERSE);
+        int64_t len = 1 + (int64_t)fr_rng_below(&rng, iter % 3 == 0 ? 40 : 6);
+        int64_t to = from + len > UNIVERSE ? UNIVERSE : from + len;
+        int expect = 0;
+        for (int64_t p = from; p < to; p++)
+            expect |= bit[p];
+        assert_int_equal(psstore_poff_overlaps(&po, from, to), expect);
+        /* also probe a random interval, marked or not */
+        int64_t a = (int64_t)fr_rng_below(&rng, UNIVERSE),
+                b = a + 1 + (int64_t)fr_rng_below(&rng, 8);
+        int probe = 0;
+        for (int64_t p = a; p < b && p < UNIVERSE; p++)
+            probe |= bit[p];
+        if (b <= UNIVERSE)
+            assert_int_equal(psstore_poff_overlaps(&po, a, b), probe);
+        fr_err_t err = psstore_poff_mark(&po, from, to);
+        if (expect) {
+            assert_int_equal(err, FR_ERR_INVAL);
+        } else {
+            assert_int_equal(err, FR_OK);
+            memset(bit + from, 1, (size_t)(to - from));
+            applied++;
+        }
+        check_against_bitmap(&po, bit);
+        if (iter % 500 == 0) { /* the text form round-trips at every stage */
+            psstore_partition_offsets_t copy;
+            psstore_poff_init(&copy, 0);
+            char *s;
+            size_t n;
+            assert_int_equal(psstore_poff_format(&po, &s, &n), FR_OK);
+            assert_int_equal(psstore_poff_parse(&copy, s, n, NULL, 0), FR_OK);
+            check_against_bitmap(&copy, bit);
+            free(s);
+            psstore_poff_fini(&copy);
+        }
+        if (iter == 6000) { /* a rewind midway, then more marks */
+            int64_t target = po.watermark / 2;
+            psstore_poff_rewind(&po, target);
+            memset(bit + target, 0, UNIVERSE - (size_t)target);
+            check_against_bitmap(&po, bit);
+        }
+    }
+    assert_true(applied > 100);
+    psstore_poff_fini(&po);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offsets_start_empty_at_the_watermark),
+        cmocka_unit_test(test_offsets_mark_in_order_advances_the_watermark),
+        cmocka_unit_test(test_offsets_mark_out_of_order_keeps_sorted_spans),
+        cmocka_unit_test(test_offsets_adjacent_marks_merge),
+        cmocka_unit_test(test_offsets_watermark_advances_over_several_spans),
+        cmocka_unit_test(test_offsets_mark_refuses_empty_and_overlapping_intervals),
+        cmocka_unit_test(test_offsets_many_spans_grow_and_collapse),
+        cmocka_unit_test(test_offsets_overlaps_at_every_boundary),
+        cmocka_unit_test(test_offsets_rewind_below_clears_every_span),
+        cmocka_unit_test(test_offsets_rewind_forward_keeps_positions_below_and_clears_above),
+        cmocka_unit_test(test_offsets_format_and_parse_round_trip),
+        cmocka_unit_test(test_offsets_parse_rejects_malformed_text),
+        cmocka_unit_test(test_offsets_random_marks_match_a_bitmap_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

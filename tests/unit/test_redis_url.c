@@ -1,0 +1,268 @@
+/*
+ * test_redis_url.c - unit tests of psstore_url_parse: the forms of
+ * DESIGN.md's [redis] url, credentials with special characters, IPv6,
+ * unix sockets, the refusal of rediss://, and error messages that never
+ * repeat a password.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "psstore/psstore.h"
+
+/* Parses url and fails the test unless it succeeds. */
+static psstore_url_t parse_ok(const char *url)
+{
+    psstore_url_t u;
+    char errstr[512] = "";
+    fr_err_t err = psstore_url_parse(url, &u, errstr, sizeof(errstr));
+    if (err != FR_OK)
+        fail_msg("'%s' refused: %s", url, errstr);
+    return u;
+}
+
+/* Parses url, expects err, and checks that the message mentions needle and
+ * does not contain secret (when given). */
+static void parse_bad(const char *url, fr_err_t expect, const char *needle, const char *secret)
+{
+    psstore_url_t u;
+    char errstr[512] = "";
+    fr_err_t err = psstore_url_parse(url, &u, errstr, sizeof(errstr));
+    if (err != expect)
+        fail_msg("'%s': got %d, expected %d (%s)", url ? url : "(null)", err, expect, errstr);
+    if (needle != NULL && strstr(errstr, needle) == NULL)
+        fail_msg("'%s': message '%s' lacks '%s'", url ? url : "(null)", errstr, needle);
+    if (secret != NULL && strstr(errstr, secret) != NULL)
+        fail_msg("'%s': message '%s' shows the password", url, errstr);
+    assert_string_equal(u.pass, ""); /* no password is left behind on error */
+}
+
+static void test_url_host_alone_takes_the_defaults(void **state)
+{
+    (void)state;
+    psstore_url_t u = parse_ok("redis://localhost");
+    assert_false(u.unix_socket);
+    assert_string_equal(u.host, "localhost");
+    assert_int_equal(u.port, 6379);
+    assert_int_equal(u.db, 0);
+    assert_string_equal(u.user, "");
+    assert_string_equal(u.pass, "");
+    u = parse_ok("redis://localhost/");
+    assert_int_equal(u.db, 0);
+    u = parse_ok("REDIS://Redis.Example.COM");
+    assert_string_equal(u.host, "Redis.Example.COM");
+}
+
+static void test_url_port_and_db(void **state)
+{
+    (void)state;
+    psstore_url_t u = parse_ok("redis://127.0.0.1:6390/3");
+    assert_string_equal(u.host, "127.0.0.1");
+    assert_int_equal(u.port, 6390);
+    assert_int_equal(u.db, 3);
+    u = parse_ok("redis://h:1");
+    assert_int_equal(u.port, 1);
+    u = parse_ok("redis://h:65535/15");
+    assert_int_equal(u.port, 65535);
+    assert_int_equal(u.db, 15);
+    u = parse_ok("redis://my-host_1.internal/0");
+    assert_string_equal(u.host, "my-host_1.internal");
+}
+
+static void test_url_credentials(void **state)
+{
+    (void)state;
+    psstore_url_t u = parse_ok("redis://alice:s3cret@h:7000/2");
+    assert_string_equal(u.user, "alice");
+    assert_string_equal(u.pass, "s3cret");
+    assert_string_equal(u.host, "h");
+    assert_int_equal(u.port, 7000);
+    assert_int_equal(u.db, 2);
+    u = parse_ok("redis://:onlypass@h");
+    assert_string_equal(u.user, "");
+    assert_string_equal(u.pass, "onlypass");
+    u = parse_ok("redis://bob:@h");
+    assert_string_equal(u.user, "bob");
+    assert_string_equal(u.pass, "");
+    u = parse_ok("redis://:@h");
+    assert_string_equal(u.user, "");
+    assert_string_equal(u.pass, "");
+}
+
+static void test_url_passwords_with_special_characters(void **state)
+{
+    (void)state;
+    /* percent-encoded */
+    psstore_url_t u = parse_ok("redis://:p%40ss%3Aw%2Frd%25%20x@h");
+    assert_string_equal(u.pass, "p@ss:w/rd% x");
+    /* unencoded ':' and '@' in the password: the user ends at the first ':'
+     * and the host starts after the last '@' */
+    u = parse_ok("redis://u:a:b@c@h:6380/1");
+    assert_string_equal(u.user, "u");
+    assert_string_equal(u.pass, "a:b@c");
+    assert_string_equal(u.host, "h");
+    assert_int_equal(u.port, 6380);
+    assert_int_equal(u.db, 1);
+    /* a '/' and a '#' in the password */
+    u = parse_ok("redis://:a/b#c@h/4");
+    assert_string_equal(u.pass, "a/b#c");
+    assert_int_equal(u.db, 4);
+    /* a '%' that starts no escape stays literal */
+    u = parse_ok("redis://:50%off%@h");
+    assert_string_equal(u.pass, "50%off%");
+    /* an encoded user name */
+    u = parse_ok("redis://us%65r:x@h");
+    assert_string_equal(u.user, "user");
+}
+
+static void test_url_ipv6_in_brackets(void **state)
+{
+    (void)state;
+    psstore_url_t u = parse_ok("redis://[::1]:6390/2");
+    assert_string_equal(u.host, "::1");
+    assert_int_equal(u.port, 6390);
+    assert_int_equal(u.db, 2);
+    u = parse_ok("redis://:pw@[fe80::1:2]");
+    assert_string_equal(u.host, "fe80::1:2");
+    assert_int_equal(u.port, 6379);
+    assert_string_equal(u.pass, "pw");
+    parse_bad("redis://[]:6379", FR_ERR_INVAL, "IPv6", NULL);
+    parse_bad("redis://[::1:6379", FR_ERR_INVAL, "IPv6", NULL);
+    parse_bad("redis://[zz::1]:6379", FR_ERR_INVAL, "IPv6", NULL);
+    parse_bad("redis://::1:6379", FR_ERR_INVAL, "host", NULL);
+}
+
+static void test_url_unix_sockets(void **state)
+{
+    (void)state;
+    psstore_url_t u = parse_ok("unix:///run/redis/redis.sock");
+    assert_true(u.unix_socket);
+    assert_string_equal(u.path, "/run/redis/redis.sock");
+    assert_int_equal(u.db, 0);
+    u = parse_ok("unix:///tmp/r.sock?db=5");
+    assert_string_equal(u.path, "/tmp/r.sock");
+    assert_int_equal(u.db, 5);
+    u = parse_ok("unix://:pw@/tmp/r.sock");
+    assert_string_equal(u.pass, "pw");
+    assert_string_equal(u.path, "/tmp/r.sock");
+    /* an '@' in the path is the path's */
+    u = parse_ok("unix:///run/redis@main/redis.sock?db=1");
+    assert_string_equal(u.path, "/run/redis@main/redis.sock");
+    assert_string_equal(u.pass, "");
+    u = parse_ok("unix://u:p@w@/run/redis@main/r.sock");
+    assert_string_equal(u.user, "u");
+    assert_string_equal(u.pass, "p@w");
+    assert_string_equal(u.path, "/run/redis@main/r.sock");
+    parse_bad("unix://relative.sock", FR_ERR_INVAL, "absolute path", NULL);
+    parse_bad("unix://", FR_ERR_INVAL, "absolute path", NULL);
+    parse_bad("unix:///tmp/r.sock?database=1", FR_ERR_INVAL, "db=N", NULL);
+    parse_bad("unix:///tmp/r.sock?db=x", FR_ERR_INVAL, "db=N", NULL);
+    parse_bad("unix:///tmp/r.sock?db=", FR_ERR_INVAL, "db=N", NULL);
+    char longpath[200] = "unix:///";
+    memset(longpath + 8, 'a', 150);
+    longpath[158] = '\0';
+    parse_bad(longpath, FR_ERR_INVAL, "longer than", NULL);
+}
+
+static void test_url_rediss_is_refused_with_a_pointer_to_a_proxy(void **state)
+{
+    (void)state;
+    parse_bad("rediss://h:6380", FR_ERR_UNSUPPORTED, "TLS proxy", NULL);
+    parse_bad("rediss://:topsecret@h:6380/0", FR_ERR_UNSUPPORTED, "stunnel", "topsecret");
+    parse_bad("REDISS://h", FR_ERR_UNSUPPORTED, "hiredis 0.14 has no TLS", NULL);
+}
+
+static void test_url_bad_ports(void **state)
+{
+    (void)state;
+    const char *bad[] = {"redis://h:0",     "redis://h:65536",   "redis://h:99999999999",
+                         "redis://h:",      "redis://h:-1",      "redis://h:abc",
+                         "redis://h:63 79", "redis://h:6379x/0", "redis://h:+6379"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        parse_bad(bad[i], FR_ERR_INVAL, NULL, NULL);
+    parse_bad("redis://h:0", FR_ERR_INVAL, "1..65535", NULL);
+    /* a password written where the port goes is not repeated */
+    parse_bad("redis://h:hunter2", FR_ERR_INVAL, "port", "hunter2");
+}
+
+static void test_url_bad_databases_and_trailing_text(void **state)
+{
+    (void)state;
+    parse_bad("redis://h/x", FR_ERR_INVAL, "database", NULL);
+    parse_bad("redis://h/-1", FR_ERR_INVAL, "database", NULL);
+    parse_bad("redis://h/1/2", FR_ERR_INVAL, "database", NULL);
+    parse_bad("redis://h/99999999999", FR_ERR_INVAL, "database", NULL);
+    parse_bad("redis://h?db=1", FR_ERR_INVAL, "unexpected", NULL);
+}
+
+static void test_url_other_schemes_and_garbage_are_refused_clearly(void **state)
+{
+    (void)state;
+    parse_bad("http://x", FR_ERR_INVAL, "unsupported scheme 'http'", NULL);
+    parse_bad("tcp://u:pw123@h:6379", FR_ERR_INVAL, "scheme 'tcp'", "pw123");
+    parse_bad("localhost:6379", FR_ERR_INVAL, "redis://", NULL);
+    parse_bad("u:pw123@localhost", FR_ERR_INVAL, "redis://", "pw123");
+    parse_bad("", FR_ERR_INVAL, "empty", NULL);
+    parse_bad(NULL, FR_ERR_INVAL, "empty", NULL);
+    parse_bad("redis://", FR_ERR_INVAL, "no host", NULL);
+    parse_bad("redis://:pw123@", FR_ERR_INVAL, "no host", "pw123");
+    parse_bad("redis://h ost", FR_ERR_INVAL, "control characters", NULL);
+    parse_bad("redis://h\n", FR_ERR_INVAL, "control characters", NULL);
+    parse_bad("redis://pw123@h", FR_ERR_INVAL, "USER:PASSWORD@", "pw123");
+    parse_bad("redis://:p%00w@h", FR_ERR_INVAL, "password", NULL);
+}
+
+static void test_url_long_credentials_are_refused(void **state)
+{
+    (void)state;
+    char url[1024];
+    int n = snprintf(url, sizeof(url), "redis://:");
+    memset(url + n, 'p', 300);
+    snprintf(url + n + 300, sizeof(url) - (size_t)n - 300, "@h");
+    parse_bad(url, FR_ERR_INVAL, "password is longer", "pppppppp");
+    n = snprintf(url, sizeof(url), "redis://");
+    memset(url + n, 'u', 200);
+    snprintf(url + n + 200, sizeof(url) - (size_t)n - 200, ":pw@h");
+    parse_bad(url, FR_ERR_INVAL, "user name is longer", NULL);
+    n = snprintf(url, sizeof(url), "redis://");
+    memset(url + n, 'h', 300);
+    url[n + 300] = '\0';
+    parse_bad(url, FR_ERR_INVAL, "host name too long", NULL);
+}
+
+/* psstore_conn_new reports URL errors the same way, before any network. */
+static void test_url_errors_reach_conn_new(void **state)
+{
+    (void)state;
+    char errstr[512] = "";
+    assert_null(psstore_conn_new("http://x", 100, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "unsupported scheme"));
+    assert_null(psstore_conn_new("rediss://:sekrit@h", 100, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "TLS proxy"));
+    assert_null(strstr(errstr, "sekrit"));
+    assert_string_equal(psstore_conn_error(NULL), "redis: no connection");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_url_host_alone_takes_the_defaults),
+        cmocka_unit_test(test_url_port_and_db),
+        cmocka_unit_test(test_url_credentials),
+        cmocka_unit_test(test_url_passwords_with_special_characters),
+        cmocka_unit_test(test_url_ipv6_in_brackets),
+        cmocka_unit_test(test_url_unix_sockets),
+        cmocka_unit_test(test_url_rediss_is_refused_with_a_pointer_to_a_proxy),
+        cmocka_unit_test(test_url_bad_ports),
+        cmocka_unit_test(test_url_bad_databases_and_trailing_text),
+        cmocka_unit_test(test_url_other_schemes_and_garbage_are_refused_clearly),
+        cmocka_unit_test(test_url_long_credentials_are_refused),
+        cmocka_unit_test(test_url_errors_reach_conn_new),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
