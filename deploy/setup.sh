@@ -8,6 +8,8 @@ packages=(
     build-essential cmake pkg-config git   # toolchain
     libopenblas-dev                        # CPU backend (sgemm)
     zlib1g-dev                             # .gz data files
+    libhiredis-dev                         # the Redis parameter store
+    redis-server                           # integration tests start their own on free ports
     libcmocka-dev                          # unit tests
     clang libclang-rt-14-dev               # fuzz targets (libFuzzer) and sanitizer runtimes
     clang-format                           # style check
