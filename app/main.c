@@ -88,12 +88,11 @@ int app_load_dataset(const char *cmd, const char *labels_opt, ingest_dataset_t *
     }
     for (int r = 1; r < INGEST_REJECT_COUNT; r++) {
         if (ds->rejected[r] > 0)
-            fr_log(FR_LOG_WARN, "%s: skipped %llu records of %s (%s; first at %s %llu)", cmd,
-                   (unsigned long long)ds->rejected[r], data,
-                   ingest_reject_name((ingest_reject_t)r),
-                   format == INGEST_FORMAT_CSV || format == INGEST_FORMAT_LIBSVM ? "line"
-                                                                                 : "record",
-                   (unsigned long long)ds->first_bad_line[r]);
+            fr_log(
+                FR_LOG_WARN, "%s: skipped %llu records of %s (%s; first at %s %llu)", cmd,
+                (unsigned long long)ds->rejected[r], data, ingest_reject_name((ingest_reject_t)r),
+                format == INGEST_FORMAT_CSV || format == INGEST_FORMAT_LIBSVM ? "line" : "record",
+                (unsigned long long)ds->first_bad_line[r]);
     }
     if (ds->n == 0) {
         fprintf(stderr, "freshet %s: %s holds no valid record\n", cmd, data);
