@@ -103,6 +103,8 @@ struct psstore_applier {
 
     fr_series_t *m_applied, *m_dropped[8], *m_stale, *m_lr, *m_version, *m_loss, *m_bytes,
         *m_latency, *m_commits, *m_fenced;
+    fr_metric_t *m_epoch; /* freshet_model_epoch_info{model,epoch} 1 */
+    char shown_epoch[32]; /* the epoch that metric shows as current */
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -152,6 +154,20 @@ static uint64_t random_u64(void)
 
 static void stats_update(psstore_applier_t *a)
 {
+    char *shown = a->shown_epoch;
+    if (a->m_epoch != NULL && a->active) {
+        char epoch[32];
+        snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)a->epoch);
+        if (strcmp(epoch, shown) != 0) {
+            if (shown[0] != '\0') {
+                const char *old[] = {a->model, shown};
+                fr_series_set(fr_metric_series(a->m_epoch, old), 0);
+            }
+            const char *now[] = {a->model, epoch};
+            fr_series_set(fr_metric_series(a->m_epoch, now), 1);
+            snprintf(a->shown_epoch, sizeof(a->shown_epoch), "%s", epoch);
+        }
+    }
     pthread_mutex_lock(&a->lock);
     a->stats.active = a->active;
     a->stats.epoch = a->epoch;
@@ -215,6 +231,11 @@ static void register_metrics(psstore_applier_t *a)
     a->m_commits = fr_metric_series(fr_metrics_counter(reg, "freshet_applier_commits_total",
                                                        "Transactions committed", 1, model_l),
                                     mv);
+    const char *epoch_l[] = {"model", "epoch"};
+    a->m_epoch = fr_metrics_gauge(reg, "freshet_model_epoch_info",
+                                  "The model's current epoch (a random 64-bit lineage id) as a "
+                                  "label; 1 for the current one, 0 for earlier ones",
+                                  2, epoch_l);
     a->m_fenced = fr_metric_series(
         fr_metrics_counter(reg, "freshet_applier_fenced_total",
                            "Transactions refused because the lease was lost", 1, model_l),
@@ -941,11 +962,17 @@ static fr_err_t commit(psstore_applier_t *a)
             goto out;
     }
     if (a->new_epoch) {
+        /* a new lineage (rollback) also lifts the divergence guard's stop */
         snprintf(nums[14], 32, "%llu", (unsigned long long)a->epoch);
         cmd_adds(&c, "HSET");
         cmd_adds(&c, a->k_meta);
         cmd_adds(&c, "epoch");
         cmd_adds(&c, nums[14]);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+        cmd_adds(&c, "HDEL");
+        cmd_adds(&c, a->k_meta);
+        cmd_adds(&c, "stopped");
         if ((err = cmd_send(a, &c, &queued)) != FR_OK)
             goto out;
     }
@@ -1189,31 +1216,49 @@ static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
 
 /* ---- operator requests ------------------------------------------------------------- */
 
-/* Replaces every partition's offsets with the snapshot's "key=value\n" text. */
-static fr_err_t restore_offsets(psstore_applier_t *a, const char *text, size_t len)
+/*
+ * Parses a snapshot's offsets text ("topic/partition=value\n"...). With
+ * apply set, replaces every partition's offsets with it; without, only
+ * checks it, so a bad snapshot is refused before anything is touched.
+ */
+static fr_err_t snapshot_offsets(psstore_applier_t *a, const char *text, size_t len, int apply)
 {
-    for (size_t i = 0; i < a->nparts; i++)
-        psstore_poff_fini(&a->parts[i].po);
-    a->nparts = 0;
+    if (apply) {
+        for (size_t i = 0; i < a->nparts; i++)
+            psstore_poff_fini(&a->parts[i].po);
+        a->nparts = 0;
+    }
     const char *p = text, *end = text + len;
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *eq = memchr(p, '=', (size_t)((nl ? nl : end) - p));
-        if (eq == NULL)
+        const char *line_end = nl ? nl : end;
+        const char *eq = memchr(p, '=', (size_t)(line_end - p));
+        char key[272], why[128];
+        if (eq == NULL || (size_t)(eq - p) >= sizeof(key))
             return FR_ERR_PARSE;
-        char key[272];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - p), p);
         char *slash = strrchr(key, '/');
         if (slash == NULL)
             return FR_ERR_PARSE;
         *slash = '\0';
-        part_t *part = find_part(a, key, (int32_t)atoi(slash + 1), 1);
-        char why[128];
-        if (part == NULL ||
-            psstore_poff_parse(&part->po, eq + 1, (size_t)((nl ? nl : end) - eq - 1), why,
-                               sizeof(why)) != FR_OK)
-            return FR_ERR_PARSE;
-        part->dirty = 1;
+        psstore_partition_offsets_t check;
+        psstore_poff_init(&check, 0);
+        fr_err_t err =
+            psstore_poff_parse(&check, eq + 1, (size_t)(line_end - eq - 1), why, sizeof(why));
+        if (err == FR_OK && apply) {
+            part_t *part = find_part(a, key, (int32_t)atoi(slash + 1), 1);
+            if (part == NULL) {
+                err = FR_ERR_NOMEM;
+            } else {
+                psstore_poff_fini(&part->po);
+                part->po = check; /* takes it over */
+                part->dirty = 1;
+                psstore_poff_init(&check, 0);
+            }
+        }
+        psstore_poff_fini(&check);
+        if (err != FR_OK)
+            return err;
         p = nl ? nl + 1 : end;
     }
     return FR_OK;
@@ -1238,29 +1283,33 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
     int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
              r->element[0]->type == REDIS_REPLY_STRING &&
              r->element[0]->len == a->n * sizeof(float);
-    if (!ok) {
+    const redisReply *offs = ok ? r->element[2] : NULL;
+    int offs_ok = ok && (offs->type != REDIS_REPLY_STRING ||
+                         snapshot_offsets(a, offs->str, offs->len, 0) == FR_OK);
+    if (!ok || !offs_ok) {
         freeReplyObject(r);
-        fr_log(FR_LOG_ERROR, "applier %s: rollback to %lld: no such retained snapshot", a->model,
-               (long long)v);
+        fr_log(FR_LOG_ERROR, "applier %s: rollback to %lld: %s", a->model, (long long)v,
+               ok ? "the snapshot's offsets are malformed" : "no such retained snapshot");
         snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
-        return commit(a);
+        return commit(a); /* deletes the request, changes nothing else */
     }
     memcpy(a->w, r->element[0]->str, a->n * sizeof(float));
     memset(a->opt, 0, a->opt_len * sizeof(float));
     if (r->element[1]->type == REDIS_REPLY_STRING &&
         r->element[1]->len == a->opt_len * sizeof(float))
         memcpy(a->opt, r->element[1]->str, r->element[1]->len);
-    err = r->element[2]->type == REDIS_REPLY_STRING
-              ? restore_offsets(a, r->element[2]->str, r->element[2]->len)
-              : restore_offsets(a, "", 0);
+    err = offs->type == REDIS_REPLY_STRING ? snapshot_offsets(a, offs->str, offs->len, 1)
+                                           : snapshot_offsets(a, "", 0, 1);
     freeReplyObject(r);
     if (err != FR_OK) {
-        drop_state(a); /* half restored: reload from Redis */
-        return ps_fail(a->c, err, "rollback to %lld: bad snapshot offsets", (long long)v);
+        drop_state(a); /* out of memory half way: reload from Redis */
+        return ps_fail(a->c, err, "rollback to %lld: out of memory", (long long)v);
     }
     a->epoch = random_u64();
     a->version++;
     a->new_epoch = a->offsets_reset = a->weights_dirty = 1;
+    a->stopped[0] = '\0';
+    a->guard_pos = a->guard_fill = a->guard_bad = 0;
     snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
     psstore_ctl_reset(a->ctl);
     psstore_ctl_record(a->ctl, a->version, a->w);

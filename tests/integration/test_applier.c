@@ -134,6 +134,8 @@ static void *applier_main(void *arg)
     return NULL;
 }
 
+static fr_metrics_t *metrics; /* shared by the in-process appliers */
+
 static void applier_start(applier_thread_t *t, const char *model, int audit)
 {
     psstore_applier_conf_t conf;
@@ -145,6 +147,7 @@ static void applier_start(applier_thread_t *t, const char *model, int audit)
     conf.audit = audit;
     conf.snapshot_every = 50;
     conf.snapshot_retain = 3;
+    conf.metrics = metrics;
     memset(t, 0, sizeof(*t));
     t->a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     if (t->a == NULL)
@@ -262,6 +265,19 @@ static void test_concurrent_pushers_sum_exactly(void **state)
         assert_true(fabs(lr - LR) < 1e-12);
     }
     freeReplyObject(r);
+    /* the metrics say the same */
+    char *text = fr_metrics_render(metrics, NULL);
+    assert_non_null(strstr(text, "freshet_gradients_applied_total{model=\"concurrent\"} 800\n"));
+    assert_non_null(strstr(text, "freshet_model_version{model=\"concurrent\"} 800\n"));
+    assert_non_null(
+        strstr(text, "freshet_gradient_staleness_versions_count{model=\"concurrent\"} 800\n"));
+    assert_non_null(strstr(text, "freshet_lr_eff{model=\"concurrent\"} 0.01\n"));
+    char epoch_line[128];
+    snprintf(epoch_line, sizeof(epoch_line),
+             "freshet_model_epoch_info{model=\"concurrent\",epoch=\"%llu\"} 1\n",
+             (unsigned long long)epoch);
+    assert_non_null(strstr(text, epoch_line));
+    free(text);
     /* every partition's watermark is 200: all positions applied once */
     for (int i = 0; i < PUSHERS; i++) {
         r = redisCommand(c, "HGET freshet:{%s}:offsets t/%d", model, i);
@@ -288,6 +304,11 @@ static void test_duplicates_are_dropped_whole_and_mark_nothing(void **state)
     push_k(cl, 2, 0, 0, 10, epoch, 0);  /* the same positions again */
     push_k(cl, 3, 0, 5, 15, epoch, 0);  /* overlaps the applied [0, 10) */
     push_k(cl, 4, 0, 10, 20, epoch, 0); /* new positions: applied */
+    /* positions 20..24 failed to decode: an n = 0 batch marks them dropped */
+    psstore_range_t dropped = {"t", 0, 20, 25};
+    psstore_grad_t empty = {
+        .epoch = epoch, .worker = "test/1/0", .reason = "decode", .ranges = &dropped, .nranges = 1};
+    assert_int_equal(psstore_push(cl, &empty, 1000), FR_OK);
     applier_thread_t at;
     applier_start(&at, model, 1);
     wait_applied(model, 2, 10000);
@@ -296,17 +317,18 @@ static void test_duplicates_are_dropped_whole_and_mark_nothing(void **state)
     applier_stop(&at, &st);
     assert_int_equal(st.applied, 2);
     assert_int_equal(st.dropped[PSSTORE_DROPPED_DUPLICATE], 2);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_EMPTY], 1);
     assert_int_equal(query_int("GET freshet:{%s}:ver", model), 2);
     char out[256];
     harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
-    assert_string_equal(out, "20");
+    assert_string_equal(out, "25");
     int ks[] = {1, 4};
     float want[NPARAMS], got[NPARAMS];
     expected_weights(want, ks, 2);
     read_model(model, got, &epoch, &version);
     assert_weights_near(got, want, 1e-6f);
-    /* audit: 2 applied entries and 2 duplicates */
-    assert_int_equal(query_int("XLEN freshet:{%s}:audit", model), 4);
+    /* audit: 2 applied entries, 2 duplicates and the dropped batch */
+    assert_int_equal(query_int("XLEN freshet:{%s}:audit", model), 5);
     psstore_client_destroy(cl);
 }
 
@@ -730,13 +752,81 @@ static void test_cli_rollback_without_applier(void **state)
     psstore_client_destroy(cl);
 }
 
+/* More than 5 of the last 100 gradients non-finite: the divergence guard
+ * stops the model, says why, and applies nothing more. */
+static void test_divergence_guard_stops_the_model(void **state)
+{
+    const char *model = "diverge";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS], g[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    for (int k = 0; k < 20; k++)
+        push_k(cl, k, 0, k, k + 1, epoch, 0);
+    gradient_k(g, 0);
+    g[3] = INFINITY;
+    for (int k = 20; k < 26; k++) { /* 6 non-finite of 26 */
+        psstore_range_t range = {"t", 0, k, k + 1};
+        psstore_grad_t msg = {.epoch = epoch,
+                              .worker = "test/1/0",
+                              .n = 1,
+                              .loss_sum = 1,
+                              .ranges = &range,
+                              .nranges = 1,
+                              .g = g,
+                              .len = NPARAMS};
+        assert_int_equal(psstore_push(cl, &msg, 1000), FR_OK);
+    }
+    for (int k = 26; k < 30; k++)
+        push_k(cl, k, 0, k, k + 1, epoch, 0);
+    applier_thread_t at;
+    applier_start(&at, model, 0);
+    char out[256] = "";
+    for (int waited = 0; waited < 10000 && out[0] == '\0'; waited += 20) {
+        harness_sleep_ms(20);
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped", model);
+        if (strcmp(out, "(nil)") == 0)
+            out[0] = '\0';
+    }
+    harness_sleep_ms(300);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_string_equal(out, "6 of the last 26 gradients were non-finite");
+    assert_string_equal(st.stopped, out);
+    assert_int_equal(st.applied, 20);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 20);
+    /* the good gradients after the stop wait, unapplied */
+    assert_true(query_int("XLEN freshet:{%s}:grads", model) >= 4);
+    /* a rollback (to the snapshot of version 0 kept here by hand) lifts it */
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    initial_weights(w);
+    redisContext *rc = redisConnect("127.0.0.1", redis.port);
+    freeReplyObject(redisCommand(rc, "HSET freshet:{%s}:snap:0 weights %b opt %b offsets %b", model,
+                                 w, sizeof(w), "", (size_t)0, "", (size_t)0));
+    redisFree(rc);
+    char id[64];
+    assert_int_equal(psstore_request_rollback(c, model, 0, id), FR_OK);
+    applier_start(&at, model, 0);
+    assert_int_equal(psstore_request_wait(c, model, id, 10000), FR_OK);
+    applier_stop(&at, &st);
+    assert_string_equal(st.stopped, "");
+    assert_int_equal(query_int("HEXISTS freshet:{%s}:meta stopped", model), 0);
+    psstore_conn_destroy(c);
+    psstore_client_destroy(cl);
+}
+
 static int setup(void **state)
 {
+    metrics = fr_metrics_new();
     return harness_redis_start(&redis, "--appendonly yes --appendfsync everysec");
 }
 
 static int teardown(void **state)
 {
+    fr_metrics_destroy(metrics);
     harness_redis_stop(&redis);
     return 0;
 }
@@ -751,6 +841,7 @@ int main(void)
         cmocka_unit_test(test_rollback_restores_a_snapshot_under_a_new_epoch),
         cmocka_unit_test(test_requests_only_applier_executes_requests_and_leaves_gradients),
         cmocka_unit_test(test_cli_rollback_without_applier),
+        cmocka_unit_test(test_divergence_guard_stops_the_model),
         cmocka_unit_test(test_killed_applier_is_replaced_and_applies_everything_once),
         cmocka_unit_test(test_stalled_applier_is_fenced_and_changes_nothing),
         cmocka_unit_test(test_redis_restart_starts_a_new_epoch_and_drops_old_gradients),
