@@ -203,22 +203,36 @@ static void relu_mask(float *restrict d, const float *restrict a, size_t count)
         d[i] = a[i] <= 0.0f ? 0.0f : d[i];
 }
 
-static fr_err_t cpu_gradient(void *state, float *grad, double *loss_sum, const float *x,
-                             const float *y, int n, char *errstr, size_t size)
+/*
+ * The checks every batch needs, the forward pass and the loss: *loss_sum,
+ * *correct (when non-NULL) and, when delta is non-NULL, d(mean loss)/d
+ * logits into it.
+ */
+static fr_err_t forward_loss(cpu_state_t *st, double *loss_sum, int64_t *correct, float *delta,
+                             const float *x, const float *y, int n, char *errstr, size_t size)
 {
-    cpu_state_t *st = state;
-    const trainer_model_t *m = st->m;
     if (n < 1 || n > st->max_batch)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "cpu: batch of %d outside 1..%d", n,
                          st->max_batch);
     if (st->w == NULL)
         return fr_errorf(FR_ERR_STATE, errstr, size, "cpu: no weights loaded");
     const float *logits = forward(st, x, n);
-    float *d = st->delta[0];
-    int bad = output_loss(m, logits, y, n, d, loss_sum, NULL);
+    int bad = output_loss(st->m, logits, y, n, delta, loss_sum, correct);
     if (bad >= 0)
         return fr_errorf(FR_ERR_RANGE, errstr, size, "cpu: label %g of sample %d is not a class",
                          (double)y[bad], bad);
+    return FR_OK;
+}
+
+static fr_err_t cpu_gradient(void *state, float *grad, double *loss_sum, const float *x,
+                             const float *y, int n, char *errstr, size_t size)
+{
+    cpu_state_t *st = state;
+    const trainer_model_t *m = st->m;
+    float *d = st->delta[0];
+    fr_err_t err = forward_loss(st, loss_sum, NULL, d, x, y, n, errstr, size);
+    if (err != FR_OK)
+        return err;
     int cur = 0;
     for (int l = m->nlayers - 1; l >= 0; l--) {
         int k = m->dims[l], out = m->dims[l + 1];
@@ -239,18 +253,7 @@ static fr_err_t cpu_gradient(void *state, float *grad, double *loss_sum, const f
 static fr_err_t cpu_evaluate(void *state, double *loss_sum, int64_t *correct, const float *x,
                              const float *y, int n, char *errstr, size_t size)
 {
-    cpu_state_t *st = state;
-    if (n < 1 || n > st->max_batch)
-        return fr_errorf(FR_ERR_INVAL, errstr, size, "cpu: batch of %d outside 1..%d", n,
-                         st->max_batch);
-    if (st->w == NULL)
-        return fr_errorf(FR_ERR_STATE, errstr, size, "cpu: no weights loaded");
-    const float *logits = forward(st, x, n);
-    int bad = output_loss(st->m, logits, y, n, NULL, loss_sum, correct);
-    if (bad >= 0)
-        return fr_errorf(FR_ERR_RANGE, errstr, size, "cpu: label %g of sample %d is not a class",
-                         (double)y[bad], bad);
-    return FR_OK;
+    return forward_loss(state, loss_sum, correct, NULL, x, y, n, errstr, size);
 }
 
 const trainer_backend_ops_t trainer_cpu_ops = {

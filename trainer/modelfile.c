@@ -52,28 +52,36 @@ static size_t describe_meta(const trainer_model_t *m, const char *layers, const 
     return nm;
 }
 
-fr_err_t trainer_model_encode(const trainer_model_t *m, const float *w, const fr_st_kv_t *extra,
-                              size_t nextra, uint8_t **out, size_t *len, char *errstr, size_t size)
-{
+/* Everything a model file holds, described for the safetensors codec. */
+typedef struct model_desc {
     fr_st_tensor_t tensors[2 * TRAINER_MAX_LAYERS];
     char names[2 * TRAINER_MAX_LAYERS][32];
     char layers[16 * (TRAINER_MAX_LAYERS + 1)];
     fr_st_kv_t meta[MAX_META];
-    size_t nt = describe(m, w, tensors, names, layers, sizeof(layers));
-    size_t nm = describe_meta(m, layers, extra, nextra, meta);
-    return fr_st_encode(tensors, nt, meta, nm, out, len, errstr, size);
+    size_t nt, nm;
+} model_desc_t;
+
+static void describe_model(model_desc_t *d, const trainer_model_t *m, const float *w,
+                           const fr_st_kv_t *extra, size_t nextra)
+{
+    d->nt = describe(m, w, d->tensors, d->names, d->layers, sizeof(d->layers));
+    d->nm = describe_meta(m, d->layers, extra, nextra, d->meta);
+}
+
+fr_err_t trainer_model_encode(const trainer_model_t *m, const float *w, const fr_st_kv_t *extra,
+                              size_t nextra, uint8_t **out, size_t *len, char *errstr, size_t size)
+{
+    model_desc_t d;
+    describe_model(&d, m, w, extra, nextra);
+    return fr_st_encode(d.tensors, d.nt, d.meta, d.nm, out, len, errstr, size);
 }
 
 fr_err_t trainer_model_save(const char *path, const trainer_model_t *m, const float *w,
                             const fr_st_kv_t *extra, size_t nextra, char *errstr, size_t size)
 {
-    fr_st_tensor_t tensors[2 * TRAINER_MAX_LAYERS];
-    char names[2 * TRAINER_MAX_LAYERS][32];
-    char layers[16 * (TRAINER_MAX_LAYERS + 1)];
-    fr_st_kv_t meta[MAX_META];
-    size_t nt = describe(m, w, tensors, names, layers, sizeof(layers));
-    size_t nm = describe_meta(m, layers, extra, nextra, meta);
-    return fr_st_write_file(path, tensors, nt, meta, nm, errstr, size);
+    model_desc_t d;
+    describe_model(&d, m, w, extra, nextra);
+    return fr_st_write_file(path, d.tensors, d.nt, d.meta, d.nm, errstr, size);
 }
 
 /*
