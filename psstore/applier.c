@@ -391,6 +391,18 @@ static part_t *find_part(psstore_applier_t *a, const char *topic, int32_t partit
     return p;
 }
 
+/* Nonzero when the gradient's batch was read before a replay rewrote one of
+ * its partitions: its positions are read again under the new generation. */
+static int is_older_generation(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    for (size_t i = 0; i < g->nranges; i++) {
+        part_t *p = find_part(a, g->ranges[i].topic, g->ranges[i].partition, 0);
+        if (p != NULL && g->generation < p->po.generation)
+            return 1;
+    }
+    return 0;
+}
+
 /* Rule 1: nonzero when any position of the gradient was already applied. */
 static int is_duplicate(psstore_applier_t *a, const psstore_grad_t *g)
 {
@@ -1134,6 +1146,11 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         count_drop(a, PSSTORE_DROPPED_EPOCH);
         return FR_OK;
     }
+    if (is_older_generation(a, g)) {
+        count_drop(a, PSSTORE_DROPPED_REPLAY);
+        audit(a, g, "replay");
+        return FR_OK;
+    }
     if (is_duplicate(a, g)) {
         count_drop(a, PSSTORE_DROPPED_DUPLICATE);
         audit(a, g, "duplicate");
@@ -1325,6 +1342,42 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
     return commit(a);
 }
 
+/*
+ * A replay's rewrite: for each "topic/partition=target" the watermark moves
+ * to target, every applied interval is cleared and the generation recorded,
+ * in one transaction with the request's deletion.
+ */
+static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const char *targets,
+                               const char *req_id)
+{
+    fr_err_t err = commit(a);
+    if (err != FR_OK || !a->active)
+        return err;
+    for (const char *p = targets; *p != '\0';) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[300];
+        snprintf(item, sizeof(item), "%.*s", (int)len, p);
+        char *eq = strrchr(item, '='), *slash = strrchr(item, '/');
+        if (eq != NULL && slash != NULL && slash < eq) {
+            *eq = *slash = '\0';
+            part_t *part = find_part(a, item, (int32_t)atoi(slash + 1), 1);
+            if (part == NULL)
+                return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+            psstore_poff_rewind(&part->po, strtoll(eq + 1, NULL, 10));
+            part->po.generation = generation;
+            part->dirty = 1;
+            fr_log(FR_LOG_INFO, "applier %s: replay generation %lld rewinds %s/%s to %s", a->model,
+                   (long long)generation, item, slash + 1, eq + 1);
+        } else {
+            fr_log(FR_LOG_WARN, "applier %s: bad rewind target '%s' ignored", a->model, item);
+        }
+        p = end ? end + 1 : p + len;
+    }
+    snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+    return commit(a);
+}
+
 /* Deletes every key of the model (the lease too) under the lease. */
 static fr_err_t delete_model(psstore_applier_t *a)
 {
@@ -1412,7 +1465,8 @@ static fr_err_t run_requests(psstore_applier_t *a)
         if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
             e->element[1]->type != REDIS_REPLY_ARRAY)
             continue;
-        char id[64], type[32] = "", version[32] = "";
+        char id[64], type[32] = "", version[32] = "", generation[32] = "";
+        const char *targets = "";
         reply_str(e->element[0], id, sizeof(id));
         const redisReply *kv = e->element[1];
         for (size_t f = 0; f + 1 < kv->elements; f += 2) {
@@ -1420,9 +1474,16 @@ static fr_err_t run_requests(psstore_applier_t *a)
                 reply_str(kv->element[f + 1], type, sizeof(type));
             else if (strcmp(kv->element[f]->str, "version") == 0)
                 reply_str(kv->element[f + 1], version, sizeof(version));
+            else if (strcmp(kv->element[f]->str, "generation") == 0)
+                reply_str(kv->element[f + 1], generation, sizeof(generation));
+            else if (strcmp(kv->element[f]->str, "targets") == 0 &&
+                     kv->element[f + 1]->type == REDIS_REPLY_STRING)
+                targets = kv->element[f + 1]->str;
         }
         if (strcmp(type, "rollback") == 0 && version[0] != '\0') {
             err = rollback(a, strtoll(version, NULL, 10), id);
+        } else if (strcmp(type, "rewind") == 0 && generation[0] != '\0') {
+            err = rewind_offsets(a, strtoll(generation, NULL, 10), targets, id);
         } else if (strcmp(type, "delete") == 0) {
             err = delete_model(a);
         } else {

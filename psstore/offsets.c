@@ -19,6 +19,7 @@
 void psstore_poff_init(psstore_partition_offsets_t *po, int64_t watermark)
 {
     po->watermark = watermark;
+    po->generation = 0;
     po->spans = NULL;
     po->nspans = 0;
     po->cap = 0;
@@ -154,6 +155,8 @@ fr_err_t psstore_poff_format(const psstore_partition_offsets_t *po, char **out, 
     for (size_t i = 0; i < po->nspans; i++)
         n += (size_t)snprintf(s + n, cap - n, "%c%" PRId64 "-%" PRId64, i == 0 ? ';' : ',',
                               po->spans[i].from, po->spans[i].to);
+    if (po->generation != 0)
+        n += (size_t)snprintf(s + n, cap - n, "@%" PRId64, po->generation);
     *out = s;
     if (len != NULL)
         *len = n;
@@ -196,6 +199,15 @@ fr_err_t psstore_poff_parse(psstore_partition_offsets_t *po, const char *text, s
     psstore_partition_offsets_t tmp;
     psstore_poff_init(&tmp, 0);
     size_t i = 0;
+    /* a trailing "@G" is the replay generation */
+    const char *at = text != NULL ? memchr(text, '@', len) : NULL;
+    if (at != NULL) {
+        size_t g = (size_t)(at - text) + 1;
+        if (parse_pos(text, len, &g, &tmp.generation) != 0 || g != len)
+            return fr_errorf(FR_ERR_PARSE, errstr, size,
+                             "offsets: expected a replay generation after '@'");
+        len = (size_t)(at - text);
+    }
     if (text == NULL || parse_pos(text, len, &i, &tmp.watermark) != 0)
         return fr_errorf(FR_ERR_PARSE, errstr, size,
                          "offsets: expected a non-negative watermark at the start");

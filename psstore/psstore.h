@@ -170,6 +170,7 @@ typedef struct psstore_span {
 
 typedef struct psstore_partition_offsets {
     int64_t watermark;
+    int64_t generation;    /* replay generation of the last rewrite (0: none) */
     psstore_span_t *spans; /* above the watermark; malloc'ed, may be NULL */
     size_t nspans, cap;
 } psstore_partition_offsets_t;
@@ -186,7 +187,8 @@ fr_err_t psstore_poff_mark(psstore_partition_offsets_t *po, int64_t from, int64_
  * above the watermark are absorbed by it: their positions count as
  * applied). */
 void psstore_poff_rewind(psstore_partition_offsets_t *po, int64_t target);
-/* Text form stored in the offsets hash: "W" or "W;a-b,c-d". */
+/* Text form stored in the offsets hash: "W" or "W;a-b,c-d", followed by
+ * "@G" when the replay generation G is not 0. */
 fr_err_t psstore_poff_format(const psstore_partition_offsets_t *po, char **out, size_t *len);
 fr_err_t psstore_poff_parse(psstore_partition_offsets_t *po, const char *text, size_t len,
                             char *errstr, size_t size);
@@ -337,6 +339,20 @@ uint64_t psstore_client_bytes(const psstore_client_t *cl);
  * stream id of the request goes to id[64]. */
 fr_err_t psstore_request_rollback(psstore_conn_t *c, const char *model, int64_t version, char *id);
 fr_err_t psstore_request_delete(psstore_conn_t *c, const char *model, char *id);
+
+/* One partition's replay target, resolved against Kafka by its consumer. */
+typedef struct psstore_rewind {
+    const char *topic;
+    int32_t partition;
+    int64_t target; /* the new watermark */
+} psstore_rewind_t;
+
+/* Appends the rewrite of a replay (DESIGN.md "Replay"): for each target the
+ * applier sets the watermark, clears every applied interval and records
+ * generation, so gradients of an older generation for those partitions are
+ * dropped (reason "replay") and mark nothing. */
+fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t generation,
+                                const psstore_rewind_t *targets, size_t ntargets, char *id);
 /* Waits up to timeout_ms until request id has been executed (left the
  * stream). FR_ERR_TIMEOUT otherwise. */
 fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *id, int timeout_ms);

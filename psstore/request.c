@@ -42,6 +42,44 @@ fr_err_t psstore_request_delete(psstore_conn_t *c, const char *model, char *id)
     return append(c, model, "delete", -1, id);
 }
 
+fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t generation,
+                                const psstore_rewind_t *targets, size_t ntargets, char *id)
+{
+    char key[PS_KEY_MAX], gen[32], now[32];
+    fr_err_t err;
+    if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
+        return err;
+    if (generation < 1 || ntargets == 0)
+        return ps_fail(c, FR_ERR_INVAL, "rewind: a generation >= 1 and at least one target");
+    size_t cap = ntargets * 300, len = 0;
+    char *text = malloc(cap);
+    if (text == NULL)
+        return ps_fail(c, FR_ERR_NOMEM, "rewind: out of memory");
+    for (size_t i = 0; i < ntargets; i++) {
+        const psstore_rewind_t *t = &targets[i];
+        if (t->partition < 0 || t->target < 0 || strlen(t->topic) > 249 ||
+            strpbrk(t->topic, "/=,") != NULL) {
+            free(text);
+            return ps_fail(c, FR_ERR_INVAL, "rewind: bad target %s/%d=%lld", t->topic,
+                           (int)t->partition, (long long)t->target);
+        }
+        len += (size_t)snprintf(text + len, cap - len, "%s%s/%d=%lld", i ? "," : "", t->topic,
+                                (int)t->partition, (long long)t->target);
+    }
+    ps_key(key, model, "requests");
+    snprintf(gen, sizeof(gen), "%lld", (long long)generation);
+    snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
+    redisReply *r =
+        ps_cmd(c, 0, &err, "XADD %s * type rewind generation %s targets %b requested %s", key, gen,
+               text, len, now);
+    free(text);
+    if (r == NULL)
+        return err;
+    snprintf(id, 64, "%.*s", (int)r->len, r->str ? r->str : "");
+    freeReplyObject(r);
+    return FR_OK;
+}
+
 fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *id, int timeout_ms)
 {
     char key[PS_KEY_MAX];

@@ -752,6 +752,68 @@ static void test_cli_rollback_without_applier(void **state)
     psstore_client_destroy(cl);
 }
 
+/* A replay rewrites a partition's offsets under a new generation: batches
+ * read before it are dropped (reason replay, marking nothing), the records
+ * read again are applied. */
+static void test_replay_rewind_drops_older_generations(void **state)
+{
+    const char *model = "replay";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    push_k(cl, 1, 0, 0, 10, epoch, 0);
+    push_k(cl, 2, 1, 0, 10, epoch, 0); /* partition 1: not rewound */
+    applier_thread_t at;
+    applier_start(&at, model, 1);
+    wait_applied(model, 2, 10000);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    psstore_rewind_t target = {"t", 0, 5};
+    char id[64];
+    assert_int_equal(psstore_request_rewind(c, model, 1, &target, 1, id), FR_OK);
+    assert_int_equal(psstore_request_wait(c, model, id, 10000), FR_OK);
+    char out[64];
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
+    assert_string_equal(out, "5@1");
+    /* a generation-0 batch of t/0 read before the replay: dropped */
+    push_k(cl, 3, 0, 10, 20, epoch, 2);
+    /* the replayed records, generation 1: applied */
+    float g[NPARAMS];
+    gradient_k(g, 4);
+    psstore_range_t range = {"t", 0, 5, 10};
+    psstore_grad_t msg = {.epoch = epoch,
+                          .version = 2,
+                          .generation = 1,
+                          .worker = "test/1/0",
+                          .n = 5,
+                          .loss_sum = 1,
+                          .ranges = &range,
+                          .nranges = 1,
+                          .g = g,
+                          .len = NPARAMS};
+    assert_int_equal(psstore_push(cl, &msg, 1000), FR_OK);
+    /* partition 1 was not rewritten: generation 0 still applies there */
+    push_k(cl, 5, 1, 10, 20, epoch, 2);
+    wait_applied(model, 4, 10000);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_REPLAY], 1);
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model);
+    assert_string_equal(out, "10@1");
+    harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/1", model);
+    assert_string_equal(out, "20");
+    int ks[] = {1, 2, 4, 5};
+    float want[NPARAMS];
+    expected_weights(want, ks, 4);
+    read_model(model, w, &epoch, &version);
+    assert_weights_near(w, want, 1e-5f);
+    psstore_conn_destroy(c);
+    psstore_client_destroy(cl);
+}
+
 /* More than 5 of the last 100 gradients non-finite: the divergence guard
  * stops the model, says why, and applies nothing more. */
 static void test_divergence_guard_stops_the_model(void **state)
@@ -842,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_requests_only_applier_executes_requests_and_leaves_gradients),
         cmocka_unit_test(test_cli_rollback_without_applier),
         cmocka_unit_test(test_divergence_guard_stops_the_model),
+        cmocka_unit_test(test_replay_rewind_drops_older_generations),
         cmocka_unit_test(test_killed_applier_is_replaced_and_applies_everything_once),
         cmocka_unit_test(test_stalled_applier_is_fenced_and_changes_nothing),
         cmocka_unit_test(test_redis_restart_starts_a_new_epoch_and_drops_old_gradients),

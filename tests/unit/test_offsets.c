@@ -430,9 +430,32 @@ static void test_offsets_random_marks_match_a_bitmap_model(void **state)
     psstore_poff_fini(&po);
 }
 
+/* The replay generation rides after '@' and survives a round trip. */
+static void test_offsets_generation_round_trips(void **state)
+{
+    psstore_partition_offsets_t po, back;
+    psstore_poff_init(&po, 0);
+    psstore_poff_init(&back, 0);
+    assert_int_equal(psstore_poff_parse(&po, "7;9-12@3", 8, NULL, 0), FR_OK);
+    assert_int_equal(po.watermark, 7);
+    assert_int_equal(po.generation, 3);
+    assert_int_equal(po.nspans, 1);
+    char *text;
+    size_t len;
+    assert_int_equal(psstore_poff_format(&po, &text, &len), FR_OK);
+    assert_int_equal(len, 8);
+    assert_memory_equal(text, "7;9-12@3", 8);
+    free(text);
+    assert_int_equal(psstore_poff_parse(&back, "7@", 2, NULL, 0), FR_ERR_PARSE);
+    assert_int_equal(psstore_poff_parse(&back, "7@1x", 4, NULL, 0), FR_ERR_PARSE);
+    psstore_poff_fini(&po);
+    psstore_poff_fini(&back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offsets_generation_round_trips),
         cmocka_unit_test(test_offsets_start_empty_at_the_watermark),
         cmocka_unit_test(test_offsets_mark_in_order_advances_the_watermark),
         cmocka_unit_test(test_offsets_mark_out_of_order_keeps_sorted_spans),
