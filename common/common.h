@@ -111,6 +111,17 @@ uint64_t fr_rng_below(fr_rng_t *rng, uint64_t n);
 void fr_rng_shuffle(fr_rng_t *rng, uint32_t *idx, size_t n);
 
 /* ------------------------------------------------------------------------
+ * Layer lists ("784-256-10"), shared by the config schema and the model.
+ * ---------------------------------------------------------------------- */
+#define FR_LAYERS_MAX 16        /* widths in a list, input and output included */
+#define FR_WIDTH_MAX  (1 << 20) /* widest layer */
+
+/* Parses 2..FR_LAYERS_MAX widths in 1..FR_WIDTH_MAX joined by '-' into
+ * dims[FR_LAYERS_MAX]; *ndims receives the count. FR_ERR_INVAL with errstr
+ * ("model: ...") otherwise. */
+fr_err_t fr_layers_parse(const char *list, int *dims, int *ndims, char *errstr, size_t size);
+
+/* ------------------------------------------------------------------------
  * Configuration: one INI file, then "--set section.key=value" overrides,
  * then FRESHET_* environment variables for secrets. Every key of
  * DESIGN.md's "Configuration" is known with a type and a default; an unknown

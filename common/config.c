@@ -88,7 +88,8 @@ static const conf_key_t schema[] = {
     K_INT("ingest", "linger_ms", "200", 0, 600000,
           "Milliseconds to wait for a full batch before a short one is sent."),
     K_ENUM("ingest", "start", "earliest", "earliest|latest",
-           "Where a consumer group without committed offsets starts."),
+           "Where a partition the store has never seen starts (Kafka's committed offsets are never "
+           "used)."),
     K_STR("ingest", "dead_letter_topic", "",
           "Topic that receives rejected records (empty: they are only counted)."),
 
@@ -216,28 +217,8 @@ static int check_model_name(const char *value)
  * single '-' characters, digits only. */
 static int check_layers(const char *value)
 {
-    const char *p = value;
-    int nlayers = 0;
-    for (;;) {
-        int64_t width = 0;
-        const char *start = p;
-        while (*p >= '0' && *p <= '9') {
-            width = width * 10 + (*p - '0');
-            if (width > (1 << 20))
-                return 0;
-            p++;
-        }
-        if (p == start || width < 1)
-            return 0;
-        if (++nlayers > 16)
-            return 0;
-        if (*p == '\0')
-            break;
-        if (*p != '-')
-            return 0;
-        p++;
-    }
-    return nlayers >= 2;
+    int dims[FR_LAYERS_MAX], ndims;
+    return fr_layers_parse(value, dims, &ndims, NULL, 0) == FR_OK;
 }
 
 /* ------------------------------------------------------------------------

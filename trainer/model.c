@@ -2,8 +2,6 @@
  * model.c - the model spec, its flat parameter layout and seeded
  * initialisation.
  */
-#include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,31 +50,10 @@ static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_
     memset(m, 0, sizeof(*m));
     if ((unsigned)loss > TRAINER_LOSS_MSE)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "model: unknown loss %d", (int)loss);
-    int ndims = 0;
-    const char *p = layers;
-    for (;;) {
-        if (!isdigit((unsigned char)*p))
-            goto bad;
-        errno = 0;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (errno != 0 || v < 1 || v > TRAINER_MAX_WIDTH)
-            return fr_errorf(FR_ERR_INVAL, errstr, size, "model: layer width in '%s' must be 1..%d",
-                             layers, TRAINER_MAX_WIDTH);
-        if (ndims == TRAINER_MAX_LAYERS + 1)
-            return fr_errorf(FR_ERR_INVAL, errstr, size, "model: '%s' has more than %d layers",
-                             layers, TRAINER_MAX_LAYERS + 1);
-        m->dims[ndims++] = (int)v;
-        p = end;
-        if (*p == '\0')
-            break;
-        if (*p != '-')
-            goto bad;
-        p++;
-    }
-    if (ndims < 2)
-        return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "model: '%s' needs at least an input and an output width", layers);
+    int ndims;
+    fr_err_t err = fr_layers_parse(layers, m->dims, &ndims, errstr, size);
+    if (err != FR_OK)
+        return err;
     int out = m->dims[ndims - 1];
     if (loss == TRAINER_LOSS_SOFTMAX && out < 2)
         return fr_errorf(FR_ERR_INVAL, errstr, size,
@@ -100,10 +77,6 @@ static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_
     }
     m->nparams = off;
     return FR_OK;
-bad:
-    return fr_errorf(FR_ERR_INVAL, errstr, size,
-                     "model: bad layer list '%s' (expected widths joined by '-', e.g. 784-256-10)",
-                     layers);
 }
 
 void trainer_model_layers(const trainer_model_t *m, char *buf, size_t size)

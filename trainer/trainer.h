@@ -25,9 +25,9 @@
 extern "C" {
 #endif
 
-#define TRAINER_MAX_LAYERS 15         /* weight layers; dims has one more     */
-#define TRAINER_MAX_WIDTH  (1 << 20)  /* widest layer                         */
-#define TRAINER_MAX_PARAMS (1u << 30) /* floats in the parameter vector       */
+#define TRAINER_MAX_LAYERS (FR_LAYERS_MAX - 1) /* weight layers; dims has one more */
+#define TRAINER_MAX_WIDTH  FR_WIDTH_MAX        /* widest layer                    */
+#define TRAINER_MAX_PARAMS (1u << 30)          /* floats in the parameter vector       */
 
 typedef enum trainer_loss {
     TRAINER_LOSS_SOFTMAX = 0,  /* cross-entropy over dims[L] >= 2 classes      */
