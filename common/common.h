@@ -138,8 +138,8 @@ typedef struct fr_config fr_config_t;
 fr_config_t *fr_config_new(void);
 void fr_config_destroy(fr_config_t *cfg);
 
-/* Reads an INI file over the current values. On error nothing after the bad
- * line is applied and errstr reads "FILE:LINE: [section] key: why". */
+/* Reads an INI file over the current values. On error nothing of the file
+ * is applied and errstr reads "FILE:LINE: [section] key: why". */
 fr_err_t fr_config_load_file(fr_config_t *cfg, const char *path, char *errstr, size_t size);
 
 /* Applies one "section.key=value" assignment (as given to --set). Errors

@@ -567,7 +567,57 @@ static fr_err_t parse_line(fr_config_t *cfg, char *raw, const conf_where_t *w, c
 
 /* Reads path line by line; stops at the first bad line, leaving earlier
  * lines applied. A missing or unreadable file is FR_ERR_IO. */
+/* A deep copy of cfg; NULL if out of memory. */
+static fr_config_t *config_clone(const fr_config_t *cfg)
+{
+    fr_config_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    memcpy(c->vals, cfg->vals, sizeof(c->vals));
+    for (size_t i = 0; i < NKEYS; i++)
+        c->vals[i].str = NULL;
+    int bad = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (cfg->vals[i].str != NULL && (c->vals[i].str = strdup(cfg->vals[i].str)) == NULL)
+            bad = 1;
+    }
+    if (cfg->nkafka > 0) {
+        c->kafka = calloc(cfg->nkafka, sizeof(*c->kafka));
+        bad |= c->kafka == NULL;
+        for (size_t i = 0; c->kafka != NULL && i < cfg->nkafka; i++) {
+            c->kafka[i].key = strdup(cfg->kafka[i].key);
+            c->kafka[i].value = strdup(cfg->kafka[i].value);
+            bad |= c->kafka[i].key == NULL || c->kafka[i].value == NULL;
+            c->nkafka = c->capkafka = i + 1;
+        }
+    }
+    if (bad) {
+        fr_config_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+static fr_err_t load_file(fr_config_t *cfg, const char *path, char *errstr, size_t size);
+
+/* Loads into a copy and keeps it only when the whole file is good: an error
+ * leaves cfg exactly as it was (no partial application). */
 fr_err_t fr_config_load_file(fr_config_t *cfg, const char *path, char *errstr, size_t size)
+{
+    fr_config_t *tmp = config_clone(cfg);
+    if (tmp == NULL)
+        return fr_errorf(FR_ERR_NOMEM, errstr, size, "%s: out of memory", path);
+    fr_err_t err = load_file(tmp, path, errstr, size);
+    if (err == FR_OK) {
+        fr_config_t old = *cfg;
+        *cfg = *tmp;
+        *tmp = old; /* the old contents are freed with tmp */
+    }
+    fr_config_destroy(tmp);
+    return err;
+}
+
+static fr_err_t load_file(fr_config_t *cfg, const char *path, char *errstr, size_t size)
 {
     FILE *f = fopen(path, "r");
     if (f == NULL)

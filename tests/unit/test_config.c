@@ -318,7 +318,7 @@ static void test_config_stops_at_the_first_bad_line(void **state)
                        "linger_ms = 5\n";
     assert_int_equal(load_text(cfg, text, errstr, sizeof(errstr)), FR_ERR_INVAL);
     assert_non_null(strstr(errstr, ":3: [ingest] queue: expected an integer in 1..1048576"));
-    assert_int_equal(fr_config_get_int(cfg, "ingest", "batch"), 32);
+    assert_int_equal(fr_config_get_int(cfg, "ingest", "batch"), 64); /* nothing applied */
     assert_int_equal(fr_config_get_int(cfg, "ingest", "queue"), 16);
     assert_int_equal(fr_config_get_int(cfg, "ingest", "linger_ms"), 200);
     fr_config_destroy(cfg);
@@ -654,9 +654,35 @@ static void test_config_example_file_loads_and_shows_every_default(void **state)
     fr_config_destroy(defaults);
 }
 
+/* A file with an error on line 3 changes nothing, not even lines 1-2. */
+static void test_config_bad_file_changes_nothing(void **state)
+{
+    const char *path = FRESHET_BINARY_DIR "/test_config_partial.ini";
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("[trainer]\nworkers = 7\nmode = nonsense\n[kafka]\nacks = all\n", f);
+    fclose(f);
+    fr_config_t *cfg = fr_config_new();
+    char err[256];
+    assert_int_equal(fr_config_set(cfg, "kafka.linger.ms=5", err, sizeof(err)), FR_OK);
+    assert_int_not_equal(fr_config_load_file(cfg, path, err, sizeof(err)), FR_OK);
+    assert_non_null(strstr(err, ":3: [trainer] mode"));
+    assert_int_equal(fr_config_get_int(cfg, "trainer", "workers"), 2);
+    assert_int_equal(fr_config_kafka_count(cfg), 1);
+    /* a good file applies over what was there */
+    f = fopen(path, "w");
+    fputs("[trainer]\nworkers = 7\n[kafka]\nacks = all\n", f);
+    fclose(f);
+    assert_int_equal(fr_config_load_file(cfg, path, err, sizeof(err)), FR_OK);
+    assert_int_equal(fr_config_get_int(cfg, "trainer", "workers"), 7);
+    assert_int_equal(fr_config_kafka_count(cfg), 2);
+    fr_config_destroy(cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_bad_file_changes_nothing),
         cmocka_unit_test(test_config_new_holds_every_default),
         cmocka_unit_test(test_config_getters_return_null_or_zero_for_unknown_or_mistyped_keys),
         cmocka_unit_test(test_config_load_file_applies_values_across_sections),
