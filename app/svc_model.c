@@ -490,7 +490,7 @@ static fr_err_t execute_without_applier(psstore_conn_t *c, const char *url, cons
     }
     err = psstore_applier_poll(a, 10);
     if (err != FR_OK)
-        fprintf(stderr, "freshet %s rollback: %s\n", CMD, fr_strerror(err));
+        fprintf(stderr, "freshet %s rollback: %s\n", CMD, psstore_applier_error(a));
     volatile int stop = 1;
     psstore_applier_run(a, &stop); /* releases the lease */
     psstore_applier_destroy(a);

@@ -199,13 +199,13 @@ int app_cmd_ps(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    fr_log(FR_LOG_INFO, "ps: applier of model '%s' on %s", conf.model, conf.url);
+    fr_log(FR_LOG_INFO, "ps: applier of model '%s'", conf.model); /* the URL may hold a password */
     uint64_t last = fr_clock_mono_ns();
     psstore_applier_stats_t prev = {0};
     while (!stop_flag) {
         fr_err_t err = psstore_applier_poll(a, 200);
         if (err != FR_OK) {
-            fr_log(FR_LOG_WARN, "ps: %s", fr_strerror(err));
+            fr_log(FR_LOG_WARN, "ps: %s", psstore_applier_error(a));
             struct timespec ts = {0, 200000000L};
             nanosleep(&ts, NULL);
         }

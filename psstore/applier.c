@@ -67,7 +67,10 @@ struct psstore_applier {
 
     /* state, valid while active */
     int active;
-    int read_own_pending; /* after taking over: drain our PEL first */
+    int read_own_pending;  /* after taking over: drain our PEL first */
+    char pending_from[64]; /* ... from after this id                   */
+    unsigned reconnects;   /* c->reconnects when the state was loaded  */
+    uint64_t claim_ns;     /* last sweep for entries stuck elsewhere   */
     uint64_t epoch;
     int64_t version, committed;
     size_t n, opt_len;
@@ -267,6 +270,13 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
                   "applier: lease_ms >= 100, snapshot_retain >= 1, versions_keep >= 1");
         return NULL;
     }
+    if (conf->commit_ms < 0 || conf->commit_ms * 3 >= conf->lease_ms) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "applier: commit_ms (%lld) must stay below a third of lease_ms (%lld), or the "
+                  "lease lapses between commits",
+                  (long long)conf->commit_ms, (long long)conf->lease_ms);
+        return NULL;
+    }
     psstore_applier_t *a = calloc(1, sizeof(*a));
     if (a == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "applier: out of memory");
@@ -353,6 +363,11 @@ void psstore_applier_destroy(psstore_applier_t *a)
     psstore_conn_destroy(a->c);
     pthread_mutex_destroy(&a->lock);
     free(a);
+}
+
+const char *psstore_applier_error(const psstore_applier_t *a)
+{
+    return psstore_conn_error(a->c);
 }
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
@@ -458,6 +473,9 @@ static void audit(psstore_applier_t *a, const psstore_grad_t *g, const char *out
 
 /* ---- the lease and the state behind it ---------------------------------------- */
 
+static fr_err_t guarded_meta_set(psstore_applier_t *a, int *done, const char *f1, const char *v1,
+                                 const char *f2, const char *v2);
+
 /* A reply's string as a NUL-terminated copy in out (truncated to size). */
 static void reply_str(const redisReply *r, char *out, size_t size)
 {
@@ -503,6 +521,8 @@ static fr_err_t load_state(psstore_applier_t *a)
     }
     a->n = r->len / 4;
     a->opt_len = psstore_optim_state_len(a->conf.ctl.optim, a->n);
+    if (a->conf.requests_only)
+        a->opt_len = a->n; /* kept verbatim from snapshots: room for any optimizer */
     a->w = malloc(a->n * sizeof(float));
     a->g = malloc(a->n * sizeof(float));
     a->opt = calloc(a->opt_len ? a->opt_len : 1, sizeof(float));
@@ -577,11 +597,14 @@ static fr_err_t load_state(psstore_applier_t *a)
     if (strcmp(run_id, meta_run) != 0) {
         /* Redis restarted (or the model came from elsewhere): a new epoch */
         uint64_t epoch = random_u64();
-        r = ps_cmd(a->c, 0, &err, "HSET %s epoch %llu redis_run_id %s", a->k_meta,
-                   (unsigned long long)epoch, run_id);
-        if (r == NULL)
+        char epoch_s2[32];
+        int done = 0;
+        snprintf(epoch_s2, sizeof(epoch_s2), "%llu", (unsigned long long)epoch);
+        if ((err = guarded_meta_set(a, &done, "epoch", epoch_s2, "redis_run_id", run_id)) != FR_OK)
             return err;
-        freeReplyObject(r);
+        if (!done)
+            return ps_fail(a->c, FR_ERR_STATE, "model '%s': lease lost while taking over",
+                           a->model);
         fr_log(FR_LOG_WARN,
                "applier %s: Redis run_id changed (restart?): new epoch %llu at version %lld",
                a->model, (unsigned long long)epoch, (long long)a->version);
@@ -597,13 +620,13 @@ static fr_err_t load_state(psstore_applier_t *a)
  * stalled applier's) so this applier applies them; rule 1 discards any whose
  * positions were applied already.
  */
-static fr_err_t claim_pending(psstore_applier_t *a)
+static fr_err_t claim_pending(psstore_applier_t *a, long long min_idle_ms)
 {
     char start[64] = "0-0";
     for (int rounds = 0; rounds < 10000; rounds++) {
         fr_err_t err;
-        redisReply *r = ps_cmd(a->c, 0, &err, "XAUTOCLAIM %s %s %s 0 %s COUNT 1000 JUSTID",
-                               a->k_grads, GROUP, a->token, start);
+        redisReply *r = ps_cmd(a->c, 0, &err, "XAUTOCLAIM %s %s %s %lld %s COUNT 1000 JUSTID",
+                               a->k_grads, GROUP, a->token, min_idle_ms, start);
         if (r == NULL)
             return err;
         if (r->type != REDIS_REPLY_ARRAY || r->elements < 2) {
@@ -647,13 +670,16 @@ static fr_err_t try_acquire(psstore_applier_t *a)
     }
     a->active = 1;
     a->renew_ns = fr_clock_mono_ns();
-    if ((err = load_state(a)) != FR_OK || (err = claim_pending(a)) != FR_OK) {
+    if ((err = load_state(a)) != FR_OK || (err = claim_pending(a, 0)) != FR_OK) {
         fr_log(FR_LOG_ERROR, "applier %s: taking over failed: %s", a->model,
                psstore_conn_error(a->c));
         drop_state(a);
         return err;
     }
     a->read_own_pending = 1;
+    snprintf(a->pending_from, sizeof(a->pending_from), "0");
+    a->reconnects = a->c->reconnects;
+    a->claim_ns = fr_clock_mono_ns();
     fr_log(FR_LOG_INFO, "applier %s: holding the lease (%s) at version %lld of epoch %llu",
            a->model, a->token, (long long)a->version, (unsigned long long)a->epoch);
     stats_update(a);
@@ -873,12 +899,37 @@ static void snapshot_done(psstore_applier_t *a)
     a->snap_ns = fr_clock_mono_ns();
 }
 
+/* Nonzero when every weight is finite: an OR over the exponent bits, which
+ * the compiler vectorises (a float sum chain would not). */
 static int weights_finite(const psstore_applier_t *a)
 {
-    float acc = 0.0f;
+    const uint32_t *bits = (const uint32_t *)a->w;
+    uint32_t bad = 0;
     for (size_t i = 0; i < a->n; i++)
-        acc += a->w[i] * 0.0f; /* NaN or Inf anywhere makes acc NaN */
-    return acc == 0.0f;
+        bad |= (uint32_t)((bits[i] & 0x7f800000u) == 0x7f800000u);
+    return bad == 0;
+}
+
+/*
+ * HSET meta field value [field value] only while this applier holds the
+ * lease (a Lua script checks the token), so a stalled applier that lost the
+ * lease cannot change its successor's epoch or stop its model. Returns
+ * FR_OK with *done = 0 when the lease is someone else's.
+ */
+static fr_err_t guarded_meta_set(psstore_applier_t *a, int *done, const char *f1, const char *v1,
+                                 const char *f2, const char *v2)
+{
+    static const char *script = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                                "redis.call('HSET', KEYS[2], unpack(ARGV, 2)) return 1 end "
+                                "return 0";
+    const char *argv[] = {"EVAL", script, "2", a->k_lease, a->k_meta, a->token, f1, v1, f2, v2};
+    fr_err_t err;
+    redisReply *r = ps_cmd_argv(a->c, 0, f2 ? 10 : 8, argv, NULL, &err);
+    if (r == NULL)
+        return err;
+    *done = r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+    freeReplyObject(r);
+    return FR_OK;
 }
 
 /* Writes meta.stopped = reason under the lease (the divergence guard). */
@@ -886,10 +937,37 @@ static void stop_model(psstore_applier_t *a, const char *reason)
 {
     snprintf(a->stopped, sizeof(a->stopped), "%s", reason);
     fr_log(FR_LOG_ERROR, "applier %s: divergence guard: %s; applying stopped", a->model, reason);
-    fr_err_t err;
-    redisReply *r = ps_cmd(a->c, 0, &err, "HSET %s stopped %s", a->k_meta, reason);
-    freeReplyObject(r);
+    int done = 0;
+    if (guarded_meta_set(a, &done, "stopped", reason, NULL, NULL) == FR_OK && !done)
+        fenced(a, "stopping the model");
     stats_update(a);
+}
+
+/*
+ * WATCH lease and GET it in one pipelined round trip: from here on a change
+ * of lease fails EXEC. *ours = 0 (and UNWATCH sent) when another applier
+ * holds it. A lost connection is an error: a reconnect would drop the WATCH.
+ */
+static fr_err_t watch_lease(psstore_applier_t *a, int *ours)
+{
+    const char *watch[] = {"WATCH", a->k_lease}, *get[] = {"GET", a->k_lease};
+    fr_err_t err = ps_pipeline_append(a->c, 2, watch, NULL);
+    if (err == FR_OK)
+        err = ps_pipeline_append(a->c, 2, get, NULL);
+    if (err != FR_OK)
+        return err;
+    fr_err_t e1, e2;
+    redisReply *w = ps_pipeline_read(a->c, &e1);
+    redisReply *r = a->c->ctx != NULL ? ps_pipeline_read(a->c, &e2) : NULL;
+    *ours =
+        w != NULL && r != NULL && r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
+    freeReplyObject(w);
+    freeReplyObject(r);
+    if (a->c->ctx == NULL)
+        return FR_ERR_REDIS;
+    if (!*ours)
+        freeReplyObject(ps_cmd(a->c, 0, &err, "UNWATCH"));
+    return FR_OK;
 }
 
 /*
@@ -926,27 +1004,12 @@ static fr_err_t commit(psstore_applier_t *a)
         goto out;
     }
 
-    /* WATCH, then check the token: from here on a change of lease fails EXEC */
-    cmd_adds(&c, "WATCH");
-    cmd_adds(&c, a->k_lease);
-    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+    int ours;
+    redisReply *r;
+    if ((err = watch_lease(a, &ours)) != FR_OK)
         goto out;
-    cmd_adds(&c, "GET");
-    cmd_adds(&c, a->k_lease);
-    if ((err = cmd_send(a, &c, &queued)) != FR_OK)
-        goto out;
-    redisReply *r = ps_pipeline_read(a->c, &err);
-    freeReplyObject(r);
-    r = ps_pipeline_read(a->c, &err);
-    queued = 0;
-    if (r == NULL)
-        goto out;
-    int ours = r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
-    freeReplyObject(r);
     if (!ours) {
-        freeReplyObject(ps_cmd(a->c, 0, &err, "UNWATCH"));
         fenced(a, "before commit");
-        err = FR_OK;
         goto out;
     }
 
@@ -1056,11 +1119,32 @@ static fr_err_t commit(psstore_applier_t *a)
         else
             freeReplyObject(r);
     }
+    if (exec == NULL && a->c->ctx != NULL && err == FR_ERR_REDIS) {
+        /* EXECABORT and the like: Redis refused the transaction (not the
+         * lease); nothing was written, so reload and report the reason */
+        fr_log(FR_LOG_ERROR, "applier %s: commit refused: %s", a->model, psstore_conn_error(a->c));
+        drop_state(a);
+        goto out;
+    }
     if (exec == NULL || exec->type != REDIS_REPLY_ARRAY) {
         freeReplyObject(exec);
         fenced(a, "at EXEC");
         err = FR_OK;
         goto out;
+    }
+    for (size_t i = 0; i < exec->elements; i++) {
+        if (exec->element[i]->type == REDIS_REPLY_ERROR) {
+            /* a command inside failed (Redis does not roll back): the store
+             * may be inconsistent; stop and say so rather than go on */
+            char reason[256];
+            snprintf(reason, sizeof(reason), "a commit failed inside its transaction: %.200s",
+                     exec->element[i]->str);
+            freeReplyObject(exec);
+            drop_state(a);
+            stop_model(a, reason);
+            err = FR_ERR_REDIS;
+            goto out;
+        }
     }
     freeReplyObject(exec);
     uint64_t payload = a->weights_dirty ? (a->n + a->opt_len) * sizeof(float) : 0;
@@ -1354,25 +1438,35 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
     if (err != FR_OK || !a->active)
         return err;
     for (const char *p = targets; *p != '\0';) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *next = comma ? comma + 1 : p + len;
         char item[300];
         snprintf(item, sizeof(item), "%.*s", (int)len, p);
-        char *eq = strrchr(item, '='), *slash = strrchr(item, '/');
-        if (eq != NULL && slash != NULL && slash < eq) {
-            *eq = *slash = '\0';
-            part_t *part = find_part(a, item, (int32_t)atoi(slash + 1), 1);
-            if (part == NULL)
-                return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-            psstore_poff_rewind(&part->po, strtoll(eq + 1, NULL, 10));
-            part->po.generation = generation;
-            part->dirty = 1;
-            fr_log(FR_LOG_INFO, "applier %s: replay generation %lld rewinds %s/%s to %s", a->model,
-                   (long long)generation, item, slash + 1, eq + 1);
-        } else {
+        p = next;
+        char *eq = strrchr(item, '='), *slash = strrchr(item, '/'), *tail = NULL;
+        long long target = eq ? strtoll(eq + 1, &tail, 10) : -1;
+        if (eq == NULL || slash == NULL || slash > eq || *tail != '\0' || target < 0) {
             fr_log(FR_LOG_WARN, "applier %s: bad rewind target '%s' ignored", a->model, item);
+            continue;
         }
-        p = end ? end + 1 : p + len;
+        *eq = *slash = '\0';
+        part_t *part = find_part(a, item, (int32_t)atoi(slash + 1), 1);
+        if (part == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        if (generation < part->po.generation) {
+            fr_log(FR_LOG_WARN,
+                   "applier %s: rewind of %s/%s with generation %lld ignored: the partition "
+                   "is at generation %lld already",
+                   a->model, item, slash + 1, (long long)generation,
+                   (long long)part->po.generation);
+            continue;
+        }
+        psstore_poff_rewind(&part->po, target);
+        part->po.generation = generation;
+        part->dirty = 1;
+        fr_log(FR_LOG_INFO, "applier %s: replay generation %lld rewinds %s/%s to %lld", a->model,
+               (long long)generation, item, slash + 1, target);
     }
     snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
     return commit(a);
@@ -1392,6 +1486,12 @@ static fr_err_t delete_model(psstore_applier_t *a)
             free(keys.p);
             return err;
         }
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[1]->type != REDIS_REPLY_ARRAY) {
+            freeReplyObject(r);
+            free(keys.p);
+            return ps_fail(a->c, FR_ERR_REDIS, "delete: unexpected SCAN reply");
+        }
         reply_str(r->element[0], cursor, sizeof(cursor));
         for (size_t i = 0; i < r->element[1]->elements; i++) {
             buf_add(&keys, r->element[1]->element[i]->str, r->element[1]->element[i]->len + 1);
@@ -1401,16 +1501,13 @@ static fr_err_t delete_model(psstore_applier_t *a)
     } while (strcmp(cursor, "0") != 0);
     cmd_t c = {0};
     int queued = 0;
-    redisReply *r = ps_cmd(a->c, 0, &err, "WATCH %s", a->k_lease);
-    freeReplyObject(r);
-    r = ps_cmd(a->c, 0, &err, "GET %s", a->k_lease);
-    int ours = r != NULL && r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
-    freeReplyObject(r);
-    if (!ours) {
-        freeReplyObject(ps_cmd(a->c, 0, &err, "UNWATCH"));
+    redisReply *r;
+    int ours = 0;
+    if ((err = watch_lease(a, &ours)) != FR_OK || !ours) {
         free(keys.p);
-        fenced(a, "before delete");
-        return FR_OK;
+        if (err == FR_OK)
+            fenced(a, "before delete");
+        return err;
     }
     cmd_adds(&c, "MULTI");
     cmd_send(a, &c, &queued);
@@ -1530,7 +1627,7 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
     }
     argv[argc++] = "STREAMS";
     argv[argc++] = a->k_grads;
-    argv[argc++] = a->read_own_pending ? "0" : ">";
+    argv[argc++] = a->read_own_pending ? a->pending_from : ">";
     size_t lens[12];
     for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
@@ -1545,6 +1642,13 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
     size_t n = entries && entries->type == REDIS_REPLY_ARRAY ? entries->elements : 0;
     if (a->read_own_pending && n == 0)
         a->read_own_pending = 0;
+    if (a->read_own_pending && n > 0) {
+        /* the next read continues after these: they stay pending until the
+         * commit, so reading from "0" again would return them again */
+        const redisReply *last = entries->element[n - 1];
+        if (last->type == REDIS_REPLY_ARRAY && last->elements >= 1)
+            reply_str(last->element[0], a->pending_from, sizeof(a->pending_from));
+    }
     for (size_t i = 0; i < n && a->active && a->stopped[0] == '\0'; i++) {
         if ((err = take_entry(a, entries->element[i])) != FR_OK)
             break;
@@ -1569,8 +1673,23 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
             return FR_OK;
         }
     }
+    if (a->c->reconnects != a->reconnects) {
+        /* The connection was re-established under us: Redis may have
+         * restarted (losing writes), so reload and let the run_id check
+         * decide whether a new epoch starts. */
+        fr_log(FR_LOG_WARN, "applier %s: reconnected to Redis; reloading its state", a->model);
+        drop_state(a);
+        return try_acquire(a);
+    }
     if ((err = renew(a)) != FR_OK || !a->active)
         goto out;
+    if (fr_clock_mono_ns() - a->claim_ns > (uint64_t)a->conf.lease_ms * 1000000ull) {
+        /* entries a stale applier claimed after losing the lease sit idle
+         * in its consumer: take those idle longer than a lease */
+        a->claim_ns = fr_clock_mono_ns();
+        if ((err = claim_pending(a, (long long)a->conf.lease_ms)) != FR_OK)
+            goto out;
+    }
     if ((err = run_requests(a)) != FR_OK || !a->active)
         goto out;
     if (a->conf.requests_only)

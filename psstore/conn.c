@@ -405,6 +405,9 @@ static fr_err_t conn_open(psstore_conn_t *c, int *fatal)
         return ps_fail(c, FR_ERR_REDIS, "redis %s: out of memory", ep);
     if (c->ctx->err)
         return conn_broken(c, errno);
+    /* keep the reader's buffer between replies: big weights replies would
+     * otherwise reallocate (and first-touch) it every time */
+    c->ctx->reader->maxbuf = 0;
     if (redisSetTimeout(c->ctx, tv) != REDIS_OK ||
         (!c->url.unix_socket && redisEnableKeepAlive(c->ctx) != REDIS_OK))
         return conn_broken(c, errno);
@@ -445,6 +448,7 @@ static fr_err_t conn_reconnect(psstore_conn_t *c)
             char ep[300];
             ps_endpoint(c, ep, sizeof(ep));
             fr_log(FR_LOG_INFO, "psstore: reconnected to redis %s", ep);
+            c->reconnects++;
             return FR_OK;
         }
         if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)

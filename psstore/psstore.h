@@ -435,6 +435,9 @@ const char *psstore_drop_name(psstore_drop_t d);
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);
 
+/* The last Redis error of the applier's connection (one line). */
+const char *psstore_applier_error(const psstore_applier_t *a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -15,8 +15,10 @@
 struct psstore_conn {
     redisContext *ctx; /* NULL while disconnected                       */
     psstore_url_t url;
-    int timeout_ms;   /* connect and command timeout                    */
-    char errstr[512]; /* the last error, also returned through errstr   */
+    int timeout_ms;      /* connect and command timeout                    */
+    unsigned reconnects; /* successful reconnects: state built on this
+                            connection must be reloaded after one       */
+    char errstr[512];    /* the last error, also returned through errstr   */
 };
 
 /*

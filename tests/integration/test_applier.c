@@ -465,8 +465,11 @@ static void test_killed_applier_is_replaced_and_applies_everything_once(void **s
         ks[k] = k;
         if (k == 150) {
             /* kill it mid-stream, whatever it holds uncommitted */
-            while (query_int("GET freshet:{%s}:ver", model) < 50)
+            for (int waited = 0; query_int("GET freshet:{%s}:ver", model) < 50; waited += 5) {
+                if (waited > 20000)
+                    fail_msg("the first applier applied nothing in 20 s; see %s", log1);
                 harness_sleep_ms(5);
+            }
             kill(ps1, SIGKILL);
             harness_wait(ps1, 5000);
         }
@@ -814,6 +817,94 @@ static void test_replay_rewind_drops_older_generations(void **state)
     psstore_client_destroy(cl);
 }
 
+/* Group commit after a takeover: the entries a dead applier left pending
+ * are read once each, applied once, and committed together. */
+static void test_group_commit_drains_a_dead_appliers_entries_once(void **state)
+{
+    const char *model = "groupcommit";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    int ks[20];
+    for (int k = 0; k < 20; k++) {
+        push_k(cl, k, 0, k, k + 1, epoch, 0);
+        ks[k] = k;
+    }
+    /* a "dead" applier read them all and never acknowledged */
+    char out[256];
+    harness_redis_query(&redis, out, sizeof(out),
+                        "XGROUP CREATE freshet:{%s}:grads appliers 0 MKSTREAM", model);
+    harness_redis_query(&redis, out, sizeof(out),
+                        "XREADGROUP GROUP appliers dead COUNT 100 STREAMS freshet:{%s}:grads >",
+                        model);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model), 20);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = LR;
+    conf.lease_ms = 1000;
+    conf.commit_ms = 300;
+    applier_thread_t at = {0};
+    at.a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(at.a);
+    assert_int_equal(pthread_create(&at.tid, NULL, applier_main, &at), 0);
+    wait_applied(model, 20, 10000);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.applied, 20);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_DUPLICATE], 0);
+    assert_true(st.commits < 20); /* grouped */
+    assert_int_equal(query_int("XPENDING freshet:{%s}:grads appliers", model), 0);
+    float want[NPARAMS];
+    expected_weights(want, ks, 20);
+    read_model(model, w, &epoch, &version);
+    assert_weights_near(w, want, 1e-5f);
+    psstore_client_destroy(cl);
+}
+
+/* Redis restarts under a running applier: the applier notices the
+ * reconnect, reloads what survived and starts a new epoch. */
+static void test_redis_restart_under_a_running_applier_starts_a_new_epoch(void **state)
+{
+    const char *model = "liverestart";
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    float w[NPARAMS];
+    uint64_t epoch1 = 0, epoch2 = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch1, &version, &changed), FR_OK);
+    applier_thread_t at;
+    applier_start(&at, model, 0);
+    for (int k = 0; k < 30; k++)
+        push_k(cl, k, 0, k, k + 1, epoch1, 0);
+    wait_applied(model, 30, 10000);
+    psstore_client_destroy(cl);
+    harness_sleep_ms(1200); /* appendfsync everysec */
+    harness_redis_kill(&redis, SIGKILL);
+    assert_int_equal(harness_redis_restart(&redis), 0);
+    int64_t v = -1;
+    for (int waited = 0; waited < 10000; waited += 50) {
+        harness_sleep_ms(50);
+        char out[64];
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta epoch", model);
+        epoch2 = strtoull(out, NULL, 10);
+        if (epoch2 != epoch1 && epoch2 != 0)
+            break;
+    }
+    assert_true(epoch2 != epoch1 && epoch2 != 0);
+    psstore_applier_stats_t st;
+    applier_stop(&at, &st);
+    assert_int_equal(st.epoch, epoch2);
+    v = query_int("GET freshet:{%s}:ver", model);
+    assert_int_equal(v, 30);
+}
+
 /* More than 5 of the last 100 gradients non-finite: the divergence guard
  * stops the model, says why, and applies nothing more. */
 static void test_divergence_guard_stops_the_model(void **state)
@@ -905,6 +996,8 @@ int main(void)
         cmocka_unit_test(test_cli_rollback_without_applier),
         cmocka_unit_test(test_divergence_guard_stops_the_model),
         cmocka_unit_test(test_replay_rewind_drops_older_generations),
+        cmocka_unit_test(test_group_commit_drains_a_dead_appliers_entries_once),
+        cmocka_unit_test(test_redis_restart_under_a_running_applier_starts_a_new_epoch),
         cmocka_unit_test(test_killed_applier_is_replaced_and_applies_everything_once),
         cmocka_unit_test(test_stalled_applier_is_fenced_and_changes_nothing),
         cmocka_unit_test(test_redis_restart_starts_a_new_epoch_and_drops_old_gradients),
