@@ -23,8 +23,10 @@ int app_cmd_eval(int argc, char **argv);
 #ifdef FRESHET_HAVE_SERVICES
 #include "psstore/psstore.h"
 
-int app_cmd_model(int argc, char **argv); /* svc_model.c */
-int app_cmd_ps(int argc, char **argv);    /* svc_ps.c */
+int app_cmd_model(int argc, char **argv);   /* svc_model.c */
+int app_cmd_ps(int argc, char **argv);      /* svc_ps.c */
+int app_cmd_broker(int argc, char **argv);  /* svc_broker.c */
+int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
 
 /* Loads "--config F" and "--set S.K=V" options into cfg, then the
  * environment. Returns 0, -1 after printing --help, or an exit status. */

@@ -22,6 +22,8 @@ static const struct {
 #ifdef FRESHET_HAVE_SERVICES
     {"model", app_cmd_model, "create, show, list or delete models in Redis"},
     {"ps", app_cmd_ps, "run the applier: the single writer of a model in Redis"},
+    {"produce", app_cmd_produce, "load a data file into a Kafka topic, at a given rate"},
+    {"broker", app_cmd_broker, "a local Kafka-protocol broker for development and tests"},
 #endif
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))

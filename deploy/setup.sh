@@ -9,6 +9,7 @@ packages=(
     libopenblas-dev                        # CPU backend (sgemm)
     zlib1g-dev                             # .gz data files
     libhiredis-dev                         # the Redis parameter store
+    librdkafka-dev kcat                    # Kafka client; kcat as an independent client in tests
     redis-server                           # integration tests start their own on free ports
     libcmocka-dev                          # unit tests
     clang libclang-rt-14-dev               # fuzz targets (libFuzzer) and sanitizer runtimes

@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ingest/ingest.h"
@@ -358,4 +359,79 @@ ingest_reject_t ingest_decode(const ingest_schema_t *schema, ingest_format_t for
     case INGEST_FORMAT_IDX: break;
     }
     return INGEST_REJECT_BAD_NUMBER;
+}
+
+/*
+ * Appends the shortest-safe text of v ("%.9g", which float32 reads back
+ * exactly) after prefix (may be "") at buf + *off. The text is formatted
+ * into a local buffer first so that a record may fill buf exactly, with no
+ * room for a NUL. Returns 0, or -1 when it does not fit in cap.
+ */
+static int put_number(char *buf, size_t cap, size_t *off, const char *prefix, float v)
+{
+    char tmp[64];
+    int n = snprintf(tmp, sizeof(tmp), "%s%.9g", prefix, (double)v);
+    if (n < 0 || (size_t)n >= sizeof(tmp) || (size_t)n > cap - *off)
+        return -1;
+    memcpy(buf + *off, tmp, (size_t)n);
+    *off += (size_t)n;
+    return 0;
+}
+
+/* A float32 as 4 little-endian bytes at an address of any alignment. */
+static void store_f32le(unsigned char *b, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    b[0] = (unsigned char)u;
+    b[1] = (unsigned char)(u >> 8);
+    b[2] = (unsigned char)(u >> 16);
+    b[3] = (unsigned char)(u >> 24);
+}
+
+/*
+ * Encodes one sample (see ingest.h). libsvm omits features equal to +0 but
+ * writes -0 ("i:-0"), so that decoding gives back the very same bits. No
+ * NUL is written. Returns 0 for a bad argument (no features, NULL x or buf)
+ * as for a cap too small or the idx format; buf may then hold a partial
+ * record.
+ */
+size_t ingest_encode(ingest_format_t format, const float *x, int features, float y, char *buf,
+                     size_t cap)
+{
+    size_t off = 0, d = features > 0 ? (size_t)features : 0;
+    char prefix[32];
+
+    if (d == 0 || x == NULL || buf == NULL)
+        return 0;
+    switch (format) {
+    case INGEST_FORMAT_F32:
+        if (d > SIZE_MAX / 4 - 1 || cap < 4 * (d + 1))
+            return 0;
+        store_f32le((unsigned char *)buf, y);
+        for (size_t i = 0; i < d; i++)
+            store_f32le((unsigned char *)buf + 4 * (i + 1), x[i]);
+        return 4 * (d + 1);
+    case INGEST_FORMAT_CSV:
+        if (put_number(buf, cap, &off, "", y) != 0)
+            return 0;
+        for (size_t i = 0; i < d; i++) {
+            if (put_number(buf, cap, &off, ",", x[i]) != 0)
+                return 0;
+        }
+        return off;
+    case INGEST_FORMAT_LIBSVM:
+        if (put_number(buf, cap, &off, "", y) != 0)
+            return 0;
+        for (size_t i = 0; i < d; i++) {
+            if (x[i] == 0.0f && !signbit(x[i]))
+                continue;
+            snprintf(prefix, sizeof(prefix), " %zu:", i + 1);
+            if (put_number(buf, cap, &off, prefix, x[i]) != 0)
+                return 0;
+        }
+        return off;
+    case INGEST_FORMAT_IDX: break;
+    }
+    return 0;
 }

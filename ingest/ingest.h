@@ -95,6 +95,138 @@ fr_err_t ingest_dataset_load(ingest_dataset_t *ds, const ingest_schema_t *schema
                              char *errstr, size_t size);
 void ingest_dataset_fini(ingest_dataset_t *ds);
 
+/* Encodes one sample (x[features], y) as a record of format (csv, libsvm
+ * or f32) into buf of cap bytes: numbers as "%.9g" (exact for float32),
+ * libsvm without zero features, f32 as 4(features+1) little-endian bytes.
+ * Returns the record's length (no newline), or 0 when cap is too small or
+ * the format is idx. ingest_decode reads back exactly x and y. */
+size_t ingest_encode(ingest_format_t format, const float *x, int features, float y, char *buf,
+                     size_t cap);
+
+/* ------------------------------------------------------------------------
+ * Batching (batcher.c): records of any number of partitions in, batches of
+ * at most B samples out, each carrying per partition the half-open
+ * position intervals it covers (DESIGN.md "Positions, not records"):
+ * from the position after that partition's previous batch (or the seek
+ * target) to the position after its last record, minus the intervals
+ * skipped by rule 2. Offset holes and rejected records are covered by the
+ * batch that follows them; a batch with no samples (n = 0) carries
+ * positions only. Pure: no Kafka, no Redis. One thread.
+ * ---------------------------------------------------------------------- */
+#define INGEST_TOPIC_MAX 249
+
+typedef struct ingest_range {
+    char topic[INGEST_TOPIC_MAX + 1];
+    int32_t partition;
+    int64_t from, to; /* [from, to) */
+} ingest_range_t;
+
+typedef struct ingest_batch {
+    size_t n; /* samples                                            */
+    int features;
+    float *x; /* [n x features], owned by the batch                  */
+    float *y; /* [n]                                                 */
+    ingest_range_t *ranges;
+    size_t nranges;
+    int64_t min_ts_ms, max_ts_ms; /* Kafka timestamps of its samples (n > 0)   */
+    int64_t generation;           /* replay generation of its partitions                 */
+    char reason[32];              /* n = 0: why ("decode", "retention", "skipped"); else "" */
+} ingest_batch_t;
+
+/* Releases a batch from the batcher (x, y and ranges are separate
+ * allocations). NULL is a no-op. */
+void ingest_batch_destroy(ingest_batch_t *batch);
+
+typedef struct ingest_batcher ingest_batcher_t;
+
+/* A batcher of batch samples per batch, decoding with schema and format
+ * (csv, libsvm or f32). NULL with errstr on bad arguments or out of
+ * memory. Caller frees with ingest_batcher_destroy(). */
+ingest_batcher_t *ingest_batcher_new(const ingest_schema_t *schema, ingest_format_t format,
+                                     int batch, char *errstr, size_t size);
+void ingest_batcher_destroy(ingest_batcher_t *bt);
+
+/* A partition (re)starts at position pos under replay generation gen,
+ * skipping the applied intervals skip[nskip] above it (rule 2; sorted,
+ * disjoint, all >= pos). Records of the partition still held in the open
+ * batch are flushed first: *flushed receives that batch, or NULL. */
+fr_err_t ingest_batcher_seek(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                             int64_t pos, const int64_t (*skip)[2], size_t nskip, int64_t gen,
+                             ingest_batch_t **flushed);
+
+/* The partition is gone (revoked): its part of the open batch is flushed
+ * through *flushed (NULL when there was none) and its state forgotten. */
+fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                               ingest_batch_t **flushed);
+
+/* One record at offset of a partition that was seeked. Records below the
+ * position after the last record taken from the partition (a redelivery,
+ * or below the seek) or inside a skipped interval are ignored; others are
+ * decoded: a good one becomes a sample, a bad one is counted in *why
+ * (INGEST_OK for a sample or an ignored record) and covered by the next
+ * batch. When the open batch reaches B samples it is returned through
+ * *full (else NULL). Timestamps are taken as given (-1: none). */
+fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                            int64_t offset, int64_t ts_ms, const void *rec, size_t len,
+                            ingest_reject_t *why, ingest_batch_t **full);
+
+/* Flushes the open batch (linger_ms passed, a replay, shutdown); NULL when
+ * it covers nothing. A batch of rejected records only is an n = 0 batch
+ * with reason "decode". */
+ingest_batch_t *ingest_batcher_flush(ingest_batcher_t *bt);
+
+/* Covers [next, to) of a partition with an n = 0 batch of reason (e.g.
+ * "retention" when the log start moved past the watermark, or "start" for a
+ * partition first seen at a position above 0) and moves its next position
+ * to `to`. NULL, changing nothing, when the open batch holds the partition,
+ * the partition is unknown or to <= next; NULL with next moved when the
+ * whole interval was skipped. */
+ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                     int64_t to, const char *reason);
+
+/* Nonzero while the open batch holds anything of the partition. */
+int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t partition);
+
+/* ------------------------------------------------------------------------
+ * Kafka (librdkafka), for services; not in FRESHET_CORE_ONLY builds.
+ * ---------------------------------------------------------------------- */
+
+/* The dev broker: librdkafka's mock cluster, in this process. */
+typedef struct ingest_broker ingest_broker_t;
+
+/* nbrokers mock brokers (1..16) on loopback; NULL with errstr on failure.
+ * Caller frees with ingest_broker_destroy(). */
+ingest_broker_t *ingest_broker_new(int nbrokers, char *errstr, size_t size);
+void ingest_broker_destroy(ingest_broker_t *b);
+/* Creates topic with partitions (replication 1). */
+fr_err_t ingest_broker_topic(ingest_broker_t *b, const char *topic, int partitions, char *errstr,
+                             size_t size);
+/* "127.0.0.1:port,..." (borrowed for the life of b). */
+const char *ingest_broker_bootstraps(const ingest_broker_t *b);
+/* Takes every broker down (up = 0) or brings them back (up = 1). */
+fr_err_t ingest_broker_set_up(ingest_broker_t *b, int up);
+
+/* A producer (freshet produce, dead-letter topics). Thread-safe, as
+ * librdkafka's producer is. */
+typedef struct ingest_producer ingest_producer_t;
+
+/* props: nprops key/value pairs of librdkafka properties, passed verbatim
+ * after bootstrap.servers. NULL with errstr on a bad property. */
+ingest_producer_t *ingest_producer_new(const char *bootstrap, const char *const (*props)[2],
+                                       size_t nprops, char *errstr, size_t size);
+void ingest_producer_destroy(ingest_producer_t *p);
+/* Queues one message (partition -1: by key, or librdkafka's default
+ * partitioner without key); the payload is copied. header (may be NULL) is
+ * one name=value header, e.g. the reason of a dead letter. Waits while the
+ * local queue is full. */
+fr_err_t ingest_producer_send(ingest_producer_t *p, const char *topic, int32_t partition,
+                              const void *key, size_t klen, const void *value, size_t vlen,
+                              const char *header_name, const char *header_value);
+/* Waits up to timeout_ms for every queued message; counts deliveries. */
+fr_err_t ingest_producer_flush(ingest_producer_t *p, int timeout_ms, uint64_t *delivered,
+                               uint64_t *failed);
+const char *ingest_producer_error(const ingest_producer_t *p);
+
 #ifdef __cplusplus
 }
 #endif

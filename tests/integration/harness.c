@@ -235,3 +235,86 @@ int harness_file_contains(const char *path, const char *needle)
     fclose(f);
     return found;
 }
+
+/* ------------------------------------------------------------------------
+ * The dev broker.
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Reads the first line of the bootstrap file into b->bootstrap. The broker
+ * writes it atomically (temporary file + rename), so a file that exists is
+ * complete. Returns 0, or -1 while it is missing or empty.
+ */
+static int read_bootstrap(harness_broker_t *b, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    int ok = fgets(b->bootstrap, sizeof(b->bootstrap), f) != NULL;
+    fclose(f);
+    b->bootstrap[strcspn(b->bootstrap, "\r\n")] = '\0';
+    return ok && b->bootstrap[0] != '\0' ? 0 : -1;
+}
+
+int harness_broker_start(harness_broker_t *b, const char *bin, const char *args)
+{
+    char path[300], cmd[1024];
+    memset(b, 0, sizeof(*b));
+    snprintf(b->dir, sizeof(b->dir), "/tmp/freshet-test-broker-XXXXXX");
+    if (mkdtemp(b->dir) == NULL) {
+        perror("harness: mkdtemp");
+        return -1;
+    }
+    snprintf(b->log, sizeof(b->log), "%s/broker.log", b->dir);
+    snprintf(path, sizeof(path), "%s/bootstrap", b->dir);
+    char *argv[64];
+    int argc = 0;
+    argv[argc++] = (char *)bin;
+    argv[argc++] = "broker";
+    argv[argc++] = "--bootstrap-file";
+    argv[argc++] = path;
+    snprintf(cmd, sizeof(cmd), "%s", args ? args : "");
+    for (char *tok = strtok(cmd, " "); tok != NULL && argc < 62; tok = strtok(NULL, " "))
+        argv[argc++] = tok;
+    argv[argc] = NULL;
+    b->pid = harness_spawn(argv, b->log);
+    if (b->pid < 0)
+        return -1;
+    for (int i = 0; i < 1000; i++) {
+        if (read_bootstrap(b, path) == 0)
+            return 0;
+        if (harness_wait(b->pid, 0) != -1) {
+            fprintf(stderr, "harness: freshet broker exited; see %s\n", b->log);
+            b->pid = 0;
+            return -1;
+        }
+        harness_sleep_ms(10);
+    }
+    fprintf(stderr, "harness: freshet broker wrote no bootstrap file in 10 s; see %s\n", b->log);
+    kill(b->pid, SIGKILL); /* never leave a broker running behind a failure */
+    harness_wait(b->pid, 5000);
+    b->pid = 0;
+    return -1;
+}
+
+int harness_broker_stop(harness_broker_t *b)
+{
+    int status = -1;
+    if (b->pid > 0) {
+        kill(b->pid, SIGTERM);
+        status = harness_wait(b->pid, 5000);
+        if (status == -1) {
+            kill(b->pid, SIGKILL);
+            harness_wait(b->pid, 5000);
+        }
+        b->pid = 0;
+    }
+    if (b->dir[0] != '\0') {
+        char cmd[300];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", b->dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "harness: could not remove %s\n", b->dir);
+        b->dir[0] = '\0';
+    }
+    return status;
+}

@@ -45,4 +45,23 @@ void harness_sleep_ms(int ms);
 /* Nonzero when the file contains needle. */
 int harness_file_contains(const char *path, const char *needle);
 
+/* ------------------------------------------------------------------------
+ * The dev broker: a "freshet broker" process on ports it picks itself.
+ * ---------------------------------------------------------------------- */
+typedef struct harness_broker {
+    pid_t pid;
+    char dir[256];       /* its temporary directory: bootstrap file and log */
+    char log[320];       /* DIR/broker.log: its stdout and stderr */
+    char bootstrap[512]; /* "127.0.0.1:port,..." */
+} harness_broker_t;
+
+/* Starts "bin broker --bootstrap-file DIR/bootstrap ARGS" (args split on
+ * spaces, may be NULL) and waits up to 10 s for the bootstrap file. Returns
+ * 0 or -1 (message on stderr; nothing left running). */
+int harness_broker_start(harness_broker_t *b, const char *bin, const char *args);
+/* Stops it by PID with SIGTERM (SIGKILL after 5 s) and removes its
+ * directory. Returns its wait status, or -1 when it had to be killed or
+ * was not running. */
+int harness_broker_stop(harness_broker_t *b);
+
 #endif

@@ -1306,6 +1306,101 @@ static void test_load_fashion_mnist_train_and_test_sets(void **state)
 }
 
 /* ------------------------------------------------------------------------
+ * Encoding (ingest_encode), read back by ingest_decode.
+ * ---------------------------------------------------------------------- */
+
+/*
+ * A random finite float: a quarter are +0 or -0 (so libsvm records are
+ * sparse and signed zeros are covered), the rest random bit patterns,
+ * subnormals included, with infinities and NaNs redrawn.
+ */
+static float random_float(fr_rng_t *rng)
+{
+    uint64_t pick = fr_rng_below(rng, 8);
+    if (pick == 0)
+        return 0.0f;
+    if (pick == 1)
+        return -0.0f;
+    for (;;) {
+        uint32_t u = (uint32_t)fr_rng_next(rng);
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        if (isfinite(f))
+            return f;
+    }
+}
+
+static void test_encode_then_decode_gives_back_the_same_bits_in_all_formats(void **state)
+{
+    const ingest_format_t formats[] = {INGEST_FORMAT_CSV, INGEST_FORMAT_LIBSVM, INGEST_FORMAT_F32};
+    fr_rng_t rng;
+    char buf[4096];
+
+    fr_rng_seed(&rng, 20261130);
+    for (int i = 0; i < 20000; i++) {
+        int d = (int)fr_rng_below(&rng, 17) + 1;
+        ingest_schema_t s = schema_of(d, INGEST_LABEL_REAL, 0);
+        float x[17], back[17], y = random_float(&rng), yb;
+        for (int k = 0; k < d; k++)
+            x[k] = random_float(&rng);
+        for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+            size_t len = ingest_encode(formats[f], x, d, y, buf, sizeof(buf));
+            assert_true(len > 0);
+            if (formats[f] == INGEST_FORMAT_F32)
+                assert_int_equal(len, 4 * (size_t)(d + 1));
+            else
+                assert_null(memchr(buf, '\n', len));
+            ingest_reject_t r = decode_bytes(&s, formats[f], buf, len, back, &yb);
+            if (r != INGEST_OK)
+                fail_msg("%s record \"%.*s\" rejected: %s", ingest_format_name(formats[f]),
+                         formats[f] == INGEST_FORMAT_F32 ? 0 : (int)len, buf,
+                         ingest_reject_name(r));
+            assert_memory_equal(&yb, &y, sizeof(float));
+            assert_memory_equal(back, x, (size_t)d * sizeof(float));
+        }
+    }
+}
+
+static void test_encode_writes_the_documented_text(void **state)
+{
+    const float x[4] = {0.5f, 0.0f, -3.0f, 0.1f};
+    char buf[128];
+    size_t len;
+
+    len = ingest_encode(INGEST_FORMAT_CSV, x, 4, 7.0f, buf, sizeof(buf));
+    assert_int_equal(len, strlen("7,0.5,0,-3,0.100000001"));
+    assert_memory_equal(buf, "7,0.5,0,-3,0.100000001", len);
+    len = ingest_encode(INGEST_FORMAT_LIBSVM, x, 4, 1.0f, buf, sizeof(buf));
+    assert_int_equal(len, strlen("1 1:0.5 3:-3 4:0.100000001"));
+    assert_memory_equal(buf, "1 1:0.5 3:-3 4:0.100000001", len);
+    len = ingest_encode(INGEST_FORMAT_F32, x, 1, 1.0f, buf, sizeof(buf));
+    assert_int_equal(len, 8);
+    assert_memory_equal(buf, "\x00\x00\x80\x3f\x00\x00\x00\x3f", 8); /* 1.0f, 0.5f */
+}
+
+static void test_encode_returns_zero_when_the_buffer_is_too_small(void **state)
+{
+    const float x[3] = {1.25f, -2.0f, 1e-7f};
+    const ingest_format_t formats[] = {INGEST_FORMAT_CSV, INGEST_FORMAT_LIBSVM, INGEST_FORMAT_F32};
+    char buf[256];
+
+    for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++) {
+        size_t need = ingest_encode(formats[f], x, 3, 4.0f, buf, sizeof(buf));
+        assert_true(need > 0);
+        /* exactly the record's length is enough: no NUL is written */
+        char *exact = malloc(need);
+        assert_non_null(exact);
+        assert_int_equal(ingest_encode(formats[f], x, 3, 4.0f, exact, need), need);
+        assert_memory_equal(exact, buf, need);
+        free(exact);
+        for (size_t cap = 0; cap < need; cap++)
+            assert_int_equal(ingest_encode(formats[f], x, 3, 4.0f, buf, cap), 0);
+    }
+    assert_int_equal(ingest_encode(INGEST_FORMAT_IDX, x, 3, 4.0f, buf, sizeof(buf)), 0);
+    assert_int_equal(ingest_encode(INGEST_FORMAT_CSV, x, 0, 4.0f, buf, sizeof(buf)), 0);
+}
+
+/* ------------------------------------------------------------------------
  * The private folder.
  * ---------------------------------------------------------------------- */
 
@@ -1368,6 +1463,9 @@ int main(void)
         cmocka_unit_test(test_load_idx_rejects_mismatched_shapes_and_counts),
         cmocka_unit_test(test_load_idx_rejects_other_types_magic_and_trailing_data),
         cmocka_unit_test(test_load_fashion_mnist_train_and_test_sets),
+        cmocka_unit_test(test_encode_then_decode_gives_back_the_same_bits_in_all_formats),
+        cmocka_unit_test(test_encode_writes_the_documented_text),
+        cmocka_unit_test(test_encode_returns_zero_when_the_buffer_is_too_small),
     };
     return cmocka_run_group_tests(tests, make_tmp_dir, remove_tmp_dir);
 }

@@ -1,0 +1,342 @@
+/*
+ * svc_produce.c - "freshet produce": loads a data file into a Kafka topic,
+ * one record a sample, encoded as csv, libsvm or f32, at a given rate.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/app.h"
+/* The one place app/ includes a module's private header: the partition
+ * count for --partitions-by roundrobin (ingest_producer_partitions) could
+ * not be added to ingest.h in this release. */
+#include "ingest/ingest_int.h"
+
+#define CMD "produce"
+
+#define PRODUCE_MAX_PROPS 128
+
+static volatile sig_atomic_t stop_flag;
+
+/* Signal handler: only counts the request; the send loop stops on it. */
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag++;
+}
+
+static void produce_usage(FILE *out)
+{
+    fprintf(out, "usage: freshet produce --bootstrap B --topic T --data F --format F --encode E\n"
+                 "                       --features D [options]\n"
+                 "\n"
+                 "Loads a data file and sends one Kafka record per sample to topic T, encoded\n"
+                 "as --encode, then waits for every delivery and prints\n"
+                 "\"produced N records to T (F failed)\". Record timestamps are the produce\n"
+                 "time. Labels are taken as they are (any finite value), since the model is\n"
+                 "not known here; records the file holds that cannot be read are skipped\n"
+                 "with a warning.\n"
+                 "\n"
+                 "  --bootstrap B        bootstrap.servers (or bootstrap.servers in [kafka]/-X)\n"
+                 "  --topic T            the topic\n"
+                 "  --data F             the data file (.gz is decompressed)\n"
+                 "  --labels F           its labels file (idx format only)\n"
+                 "  --format F           csv | libsvm | f32 | idx: how the file is written\n"
+                 "  --encode E           csv | libsvm | f32: how records are written\n"
+                 "  --features D         features a sample; required for every format, idx\n"
+                 "                       included (784 for MNIST and Fashion-MNIST: a wrong\n"
+                 "                       value is an error that names the file's shape)\n"
+                 "  --rate N             samples per second (default: as fast as possible)\n"
+                 "  --loop               send the file again and again, until --limit or\n"
+                 "                       SIGINT\n"
+                 "  --limit N            stop after N records\n"
+                 "  --partitions-by P    key: partition -1 and the sample's index in the file\n"
+                 "                       (decimal) as the key, the default; roundrobin:\n"
+                 "                       partition i mod the topic's partition count\n"
+                 "  -X key=value         a librdkafka property, as kcat's -X (repeatable;\n"
+                 "                       overrides [kafka] of --config)\n"
+                 "  --config F           a freshet INI file; its [kafka] properties are used\n"
+                 "  -h, --help           this text\n"
+                 "\n"
+                 "SIGINT or SIGTERM stops sending; what was queued is still delivered (a\n"
+                 "second signal stops waiting).\n"
+                 "\n"
+                 "Exit status: 0 every record delivered, 1 some failed (or stopped before\n"
+                 "they were answered), 2 bad arguments or unreadable files.\n");
+}
+
+typedef struct produce_opts {
+    const char *bootstrap, *topic, *data, *labels, *format, *encode, *config, *by;
+    long long features, limit;
+    double rate;
+    int loop;
+    char *xprops[PRODUCE_MAX_PROPS]; /* "key=value" of -X, borrowed from argv */
+    int nx;
+} produce_opts_t;
+
+/* Parses the options into o; returns 0, -1 after --help, or an exit status. */
+static int parse_opts(produce_opts_t *o, int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"bootstrap", required_argument, NULL, 'b'},
+        {"topic", required_argument, NULL, 't'},
+        {"data", required_argument, NULL, 'd'},
+        {"labels", required_argument, NULL, 'y'},
+        {"format", required_argument, NULL, 'f'},
+        {"encode", required_argument, NULL, 'e'},
+        {"features", required_argument, NULL, 'D'},
+        {"rate", required_argument, NULL, 'r'},
+        {"loop", no_argument, NULL, 'l'},
+        {"limit", required_argument, NULL, 'n'},
+        {"partitions-by", required_argument, NULL, 'p'},
+        {"config", required_argument, NULL, 'c'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    *o = (produce_opts_t){.by = "key"};
+    int c, rc = 0;
+    opterr = 0;
+    optind = 1;
+    while (rc == 0 && (c = getopt_long(argc, argv, ":hX:", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'b': o->bootstrap = optarg; break;
+        case 't': o->topic = optarg; break;
+        case 'd': o->data = optarg; break;
+        case 'y': o->labels = optarg; break;
+        case 'f': o->format = optarg; break;
+        case 'e': o->encode = optarg; break;
+        case 'D': rc = app_parse_long(CMD, "--features", optarg, 1, 1 << 20, &o->features); break;
+        case 'r': rc = app_parse_double(CMD, "--rate", optarg, 1e-3, 1e9, &o->rate); break;
+        case 'l': o->loop = 1; break;
+        case 'n': rc = app_parse_long(CMD, "--limit", optarg, 1, INT64_MAX, &o->limit); break;
+        case 'p': o->by = optarg; break;
+        case 'c': o->config = optarg; break;
+        case 'X':
+            if (strchr(optarg, '=') == NULL || optarg[0] == '=')
+                rc = app_usage_error(CMD, "-X expects key=value, got '%s'", optarg);
+            else if (o->nx == PRODUCE_MAX_PROPS)
+                rc = app_usage_error(CMD, "at most %d -X options", PRODUCE_MAX_PROPS);
+            else
+                o->xprops[o->nx++] = optarg;
+            break;
+        case 'h': produce_usage(stdout); return -1;
+        case ':': rc = app_usage_error(CMD, "%s needs a value", argv[optind - 1]); break;
+        default: rc = app_usage_error(CMD, "unknown option '%s'", argv[optind - 1]); break;
+        }
+    }
+    if (rc != 0)
+        return rc;
+    if (optind < argc)
+        return app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (o->topic == NULL || o->data == NULL || o->format == NULL || o->encode == NULL)
+        return app_usage_error(CMD, "--topic, --data, --format and --encode are required");
+    if (o->features == 0)
+        return app_usage_error(CMD, "--features D is required (784 for 28x28 idx images)");
+    if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)
+        return app_usage_error(CMD, "--partitions-by must be key or roundrobin, got '%s'", o->by);
+    return 0;
+}
+
+/*
+ * Collects the librdkafka properties: [kafka] of --config in file order,
+ * then -X in command line order (a later one overrides an earlier one in
+ * librdkafka's conf). The -X values are split in place at '='. Returns 0
+ * or an exit status; *has_bootstrap tells whether bootstrap.servers is
+ * among them.
+ */
+static int collect_props(produce_opts_t *o, fr_config_t *cfg, const char *(*props)[2],
+                         size_t *nprops, int *has_bootstrap)
+{
+    char errstr[512];
+    size_t n = 0;
+    if (o->config != NULL) {
+        if (fr_config_load_file(cfg, o->config, errstr, sizeof(errstr)) != FR_OK) {
+            fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
+            return APP_EXIT_USAGE;
+        }
+        size_t count = fr_config_kafka_count(cfg);
+        if (count > PRODUCE_MAX_PROPS)
+            return app_usage_error(CMD, "%s: more than %d [kafka] properties", o->config,
+                                   PRODUCE_MAX_PROPS);
+        for (size_t i = 0; i < count; i++, n++)
+            fr_config_kafka_at(cfg, i, &props[n][0], &props[n][1]);
+    }
+    for (int i = 0; i < o->nx; i++, n++) {
+        char *eq = strchr(o->xprops[i], '=');
+        *eq = '\0';
+        props[n][0] = o->xprops[i];
+        props[n][1] = eq + 1;
+    }
+    *has_bootstrap = 0;
+    for (size_t i = 0; i < n; i++)
+        *has_bootstrap |= strcmp(props[i][0], "bootstrap.servers") == 0;
+    *nprops = n;
+    return 0;
+}
+
+/* Sleeps until the monotonic time deadline_ns, or until a signal stops us. */
+static void sleep_until(uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = fr_clock_mono_ns();
+        if (now >= deadline_ns || stop_flag)
+            return;
+        uint64_t left = deadline_ns - now;
+        struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+typedef struct produce_run {
+    const produce_opts_t *o;
+    const ingest_dataset_t *ds;
+    ingest_format_t encode;
+    ingest_producer_t *p;
+    int partitions; /* roundrobin: the topic's partition count; else 0 */
+    uint64_t sent;
+} produce_run_t;
+
+/*
+ * The send loop: every sample in file order (again and again with --loop)
+ * until --limit, a signal, or the end of the file; paced to --rate by
+ * sleeping until each record's due time. Returns 0 or an exit status.
+ */
+static int send_all(produce_run_t *r)
+{
+    const produce_opts_t *o = r->o;
+    const ingest_dataset_t *ds = r->ds;
+    size_t d = (size_t)ds->features;
+    size_t cap = r->encode == INGEST_FORMAT_F32 ? 4 * (d + 1) : 40 * (d + 1);
+    char *buf = malloc(cap);
+    if (buf == NULL) {
+        fprintf(stderr, "freshet %s: out of memory\n", CMD);
+        return APP_EXIT_FAILURE;
+    }
+    uint64_t t0 = fr_clock_mono_ns(), last_log = t0;
+    int rc = 0;
+    for (size_t i = 0; !stop_flag; i++) {
+        if (i == ds->n) {
+            if (!o->loop)
+                break;
+            i = 0;
+        }
+        if (o->limit > 0 && r->sent >= (uint64_t)o->limit)
+            break;
+        if (o->rate > 0)
+            sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
+        size_t len = ingest_encode(r->encode, ds->x + i * d, ds->features, ds->y[i], buf, cap);
+        char key[32];
+        int klen = snprintf(key, sizeof(key), "%zu", i);
+        int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
+        if (len == 0 || ingest_producer_send(r->p, o->topic, part, key, (size_t)klen, buf, len,
+                                             NULL, NULL) != FR_OK) {
+            fprintf(stderr, "freshet %s: %s\n", CMD,
+                    len == 0 ? "a record does not fit its buffer" : ingest_producer_error(r->p));
+            rc = APP_EXIT_FAILURE;
+            break;
+        }
+        r->sent++;
+        uint64_t now = fr_clock_mono_ns();
+        if (now - last_log >= 5000000000ull) {
+            fr_log(FR_LOG_INFO, "produce: %llu records queued to %s", (unsigned long long)r->sent,
+                   o->topic);
+            last_log = now;
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/*
+ * Waits for every queued record to be answered (a second signal stops the
+ * wait), prints the summary, and returns the exit status.
+ */
+static int finish(produce_run_t *r, int rc)
+{
+    uint64_t delivered = 0, failed = 0;
+    int first_signal = stop_flag;
+    fr_err_t err;
+    do {
+        err = ingest_producer_flush(r->p, 200, &delivered, &failed);
+    } while (err == FR_ERR_TIMEOUT && stop_flag <= first_signal);
+    uint64_t unanswered = r->sent - delivered - failed;
+    printf("produced %llu records to %s (%llu failed)\n", (unsigned long long)delivered,
+           r->o->topic, (unsigned long long)(failed + unanswered));
+    fflush(stdout);
+    if (failed + unanswered > 0) {
+        fprintf(stderr, "freshet %s: %llu records not delivered%s%s\n", CMD,
+                (unsigned long long)(failed + unanswered), failed > 0 ? ": " : "",
+                failed > 0 ? ingest_producer_error(r->p) : "");
+        if (rc == 0)
+            rc = APP_EXIT_FAILURE;
+    }
+    return rc;
+}
+
+/* Asks the cluster for the topic's partition count. Returns 0 or an exit
+ * status. */
+static int find_partitions(produce_run_t *r)
+{
+    int n = ingest_producer_partitions(r->p, r->o->topic, 10000);
+    if (n <= 0) {
+        fprintf(stderr, "freshet %s: --partitions-by roundrobin: %s\n", CMD,
+                ingest_producer_error(r->p));
+        return APP_EXIT_FAILURE;
+    }
+    r->partitions = n;
+    return 0;
+}
+
+int app_cmd_produce(int argc, char **argv)
+{
+    produce_opts_t o;
+    produce_run_t r = {.o = &o};
+    ingest_dataset_t ds = {0};
+    ingest_format_t format;
+    const char *props[PRODUCE_MAX_PROPS * 2][2];
+    size_t nprops = 0;
+    int has_bootstrap = 0;
+    char errstr[512];
+    fr_config_t *cfg = NULL;
+    int rc = parse_opts(&o, argc, argv);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    if (ingest_format_parse(o.format, &format) != FR_OK)
+        return app_usage_error(CMD, "--format must be csv, libsvm, f32 or idx, got '%s'", o.format);
+    if (ingest_format_parse(o.encode, &r.encode) != FR_OK || r.encode == INGEST_FORMAT_IDX)
+        return app_usage_error(CMD, "--encode must be csv, libsvm or f32, got '%s'", o.encode);
+    if ((cfg = fr_config_new()) == NULL)
+        return APP_EXIT_FAILURE;
+    if ((rc = collect_props(&o, cfg, props, &nprops, &has_bootstrap)) != 0)
+        goto out;
+    if (o.bootstrap == NULL && !has_bootstrap) {
+        rc = app_usage_error(CMD, "--bootstrap B is required (or bootstrap.servers in [kafka])");
+        goto out;
+    }
+    ingest_schema_t schema = {.features = (int)o.features, .label = INGEST_LABEL_REAL};
+    if ((rc = app_load_dataset(CMD, "--labels", &ds, &schema, format, o.data, o.labels)) != 0)
+        goto out;
+    r.ds = &ds;
+    r.p = ingest_producer_new(o.bootstrap, props, nprops, errstr, sizeof(errstr));
+    if (r.p == NULL) {
+        rc = app_usage_error(CMD, "%s", errstr);
+        goto out;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (strcmp(o.by, "roundrobin") == 0 && (rc = find_partitions(&r)) != 0)
+        goto out;
+    rc = send_all(&r);
+    rc = finish(&r, rc);
+out:
+    ingest_producer_destroy(r.p);
+    ingest_dataset_fini(&ds);
+    fr_config_destroy(cfg);
+    return rc;
+}

@@ -1,0 +1,631 @@
+/*
+ * batcher.c - records of any number of partitions in, batches of at most B
+ * samples out, each carrying the position intervals it covers (DESIGN.md
+ * "Offsets: exactly-once effect on the model", "Positions, not records").
+ *
+ * Per partition the batcher keeps `next` (the position after the
+ * partition's previous batch coverage, or the seek target), `end` (the
+ * position after the last record taken into the open batch; end == next
+ * while the open batch holds nothing of the partition), the skip list of
+ * rule 2 and the replay generation. The open batch covers, per partition,
+ * [next, end) minus the skip intervals; its ranges are computed only when
+ * it is finalized, so taking a record costs one hash lookup, one binary
+ * search of the skip list and one decode into preallocated, pre-touched
+ * buffers. A finalized batch gets its own x and y (capacity B rows, only n
+ * of them written, so the untouched tail costs no page faults) and ranges.
+ *
+ * Contract decisions where ingest.h is silent or loose:
+ *
+ * - "Records below the partition's next position are ignored" is read as
+ *   below `end`: a record redelivered while an earlier copy still sits in
+ *   the open batch (offset >= next but < end) is ignored too, or it would
+ *   become a second sample.
+ * - A batch's generation is the largest generation of its partitions. One
+ *   consumer's partitions share a generation in practice; a seek that
+ *   changes the generation of a held partition flushes the open batch
+ *   first, so a batch never mixes a partition's old and new generations.
+ * - min_ts_ms/max_ts_ms are over the samples' timestamps as given (Kafka's
+ *   -1 for "none" included); 0 and 0 for an n = 0 batch. An n = 0 batch has
+ *   x = y = NULL.
+ * - ingest_batcher_cover returns NULL, changing nothing, when the open
+ *   batch holds the partition (it cannot return that batch as well: flush
+ *   or seek first), when the partition is unknown, when to <= next, when
+ *   reason is NULL or empty, and when out of memory (logged at WARN, as the
+ *   caller cannot tell). When [next, to) lies wholly inside skip intervals
+ *   it moves next to `to` and returns NULL (there is nothing to cover). The
+ *   reason is truncated to 31 characters.
+ * - ingest_batcher_revoke of an unknown partition is FR_OK with *flushed =
+ *   NULL.
+ * - Errors change nothing: FR_ERR_NOMEM from add means the record was not
+ *   taken (the same record may be added again); from seek or revoke, that
+ *   the open batch could not be flushed and the partition is as it was.
+ *   ingest_batcher_flush returns NULL when out of memory (logged) and keeps
+ *   the open batch.
+ * - Arguments: topic non-NULL of 1..INGEST_TOPIC_MAX characters, offsets
+ *   and positions in [0, INT64_MAX), `full` and `flushed` non-NULL, `why`
+ *   may be NULL; FR_ERR_INVAL otherwise. A record of a partition never
+ *   seeked (or revoked since) is FR_ERR_STATE.
+ * - ingest_batcher_destroy discards an open batch: flush it first.
+ * - ingest_batch_destroy frees x, y, ranges and the batch with free(), so
+ *   a batch built elsewhere must malloc each of them separately.
+ *
+ * Recommended header changes: cover should return fr_err_t and the batch
+ * through an out parameter (so that "nothing to cover", "held" and "out of
+ * memory" differ), and the header should say that `next` means the
+ * position after the last record taken.
+ *
+ * Threads: one batcher belongs to one thread; the batches it returns may
+ * be handed to and destroyed by any thread.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "ingest/ingest.h"
+
+/* Hash buckets allocated at first; doubled when partitions outnumber them. */
+#define FIRST_BUCKETS ((size_t)16)
+
+typedef struct part {
+    struct part *chain; /* next partition in the same hash bucket   */
+    uint64_t hash;
+    char topic[INGEST_TOPIC_MAX + 1];
+    int32_t partition;
+    int64_t next;       /* position after the previous batch coverage, or the seek target */
+    int64_t end;        /* position after the last record taken; == next when not held    */
+    int64_t (*skip)[2]; /* [nskip] sorted disjoint [from, to), all >= the seek target      */
+    size_t nskip;
+    int64_t gen;
+    int held; /* listed in bt->open */
+} part_t;
+
+struct ingest_batcher {
+    ingest_schema_t schema;
+    ingest_format_t format;
+    size_t cap; /* B */
+    size_t d;   /* features */
+    float *x;   /* open batch samples [B x d], touched once at creation */
+    float *y;   /* [B] */
+    size_t n;   /* samples in the open batch */
+    int64_t min_ts, max_ts;
+    part_t **buckets; /* [nbuckets], a power of two */
+    size_t nbuckets;
+    size_t nparts;
+    part_t **open; /* partitions the open batch holds; capacity >= nparts */
+    size_t nopen;
+    size_t capopen;
+};
+
+/* ------------------------------------------------------------------------
+ * Batches.
+ * ---------------------------------------------------------------------- */
+
+void ingest_batch_destroy(ingest_batch_t *batch)
+{
+    if (batch == NULL)
+        return;
+    free(batch->x);
+    free(batch->y);
+    free(batch->ranges);
+    free(batch);
+}
+
+/*
+ * An empty batch with room for cap samples of d features (x and y stay
+ * NULL when n is 0) and nranges zeroed ranges. NULL when out of memory.
+ */
+static ingest_batch_t *batch_alloc(size_t n, size_t cap, size_t d, size_t nranges)
+{
+    ingest_batch_t *batch = calloc(1, sizeof(*batch));
+    if (batch == NULL)
+        return NULL;
+    if (n > 0) {
+        batch->x = malloc(cap * d * sizeof(float));
+        batch->y = malloc(cap * sizeof(float));
+        if (batch->x == NULL || batch->y == NULL)
+            goto err;
+    }
+    if (nranges > 0) {
+        batch->ranges = calloc(nranges, sizeof(*batch->ranges));
+        if (batch->ranges == NULL)
+            goto err;
+    }
+    return batch;
+err:
+    ingest_batch_destroy(batch);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Partitions: a chained hash table keyed by (topic, partition).
+ * ---------------------------------------------------------------------- */
+
+/* Nonzero when topic is a name of 1..INGEST_TOPIC_MAX characters. */
+static int topic_ok(const char *topic)
+{
+    if (topic == NULL || topic[0] == '\0')
+        return 0;
+    for (size_t i = 1; i <= INGEST_TOPIC_MAX; i++)
+        if (topic[i] == '\0')
+            return 1;
+    return 0;
+}
+
+/* FNV-1a over the topic's bytes, then the partition's. */
+static uint64_t part_hash(const char *topic, int32_t partition)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (const unsigned char *s = (const unsigned char *)topic; *s != '\0'; s++)
+        h = (h ^ *s) * 1099511628211ULL;
+    uint32_t u = (uint32_t)partition;
+    for (int i = 0; i < 4; i++)
+        h = (h ^ ((u >> (8 * i)) & 0xffu)) * 1099511628211ULL;
+    return h;
+}
+
+/* The partition's state, or NULL when it was never seeked (or revoked). */
+static part_t *part_find(const ingest_batcher_t *bt, const char *topic, int32_t partition)
+{
+    uint64_t h = part_hash(topic, partition);
+    for (part_t *p = bt->buckets[h & (bt->nbuckets - 1)]; p != NULL; p = p->chain)
+        if (p->hash == h && p->partition == partition && strcmp(p->topic, topic) == 0)
+            return p;
+    return NULL;
+}
+
+/*
+ * Makes room for one more partition: the hash table doubles when the
+ * partitions would outnumber its buckets, and the open list grows so that
+ * listing a partition there never allocates. FR_ERR_NOMEM changes nothing.
+ */
+static fr_err_t part_reserve(ingest_batcher_t *bt)
+{
+    if (bt->nparts + 1 > bt->capopen) {
+        size_t cap = bt->capopen * 2;
+        part_t **open = realloc(bt->open, cap * sizeof(*open));
+        if (open == NULL)
+            return FR_ERR_NOMEM;
+        bt->open = open;
+        bt->capopen = cap;
+    }
+    if (bt->nparts + 1 > bt->nbuckets) {
+        size_t nb = bt->nbuckets * 2;
+        part_t **buckets = calloc(nb, sizeof(*buckets));
+        if (buckets == NULL)
+            return FR_ERR_NOMEM;
+        for (size_t i = 0; i < bt->nbuckets; i++) {
+            part_t *p = bt->buckets[i];
+            while (p != NULL) {
+                part_t *chain = p->chain;
+                p->chain = buckets[p->hash & (nb - 1)];
+                buckets[p->hash & (nb - 1)] = p;
+                p = chain;
+            }
+        }
+        free(bt->buckets);
+        bt->buckets = buckets;
+        bt->nbuckets = nb;
+    }
+    return FR_OK;
+}
+
+/* Links a new partition into the table; part_reserve() ran before it. */
+static void part_insert(ingest_batcher_t *bt, part_t *p)
+{
+    size_t b = p->hash & (bt->nbuckets - 1);
+    p->chain = bt->buckets[b];
+    bt->buckets[b] = p;
+    bt->nparts++;
+}
+
+/* Unlinks p from the table and frees it; p is not held. */
+static void part_remove(ingest_batcher_t *bt, part_t *p)
+{
+    part_t **link = &bt->buckets[p->hash & (bt->nbuckets - 1)];
+    while (*link != p)
+        link = &(*link)->chain;
+    *link = p->chain;
+    bt->nparts--;
+    free(p->skip);
+    free(p);
+}
+
+/* qsort order of the open list: by topic, then partition. */
+static int part_cmp(const void *a, const void *b)
+{
+    const part_t *pa = *(const part_t *const *)a;
+    const part_t *pb = *(const part_t *const *)b;
+    int c = strcmp(pa->topic, pb->topic);
+    if (c != 0)
+        return c;
+    return pa->partition < pb->partition ? -1 : pa->partition > pb->partition;
+}
+
+/* ------------------------------------------------------------------------
+ * Skip intervals and coverage.
+ * ---------------------------------------------------------------------- */
+
+/* The index of p's first skip interval that ends after pos (binary search). */
+static size_t skip_first_after(const part_t *p, int64_t pos)
+{
+    size_t lo = 0, hi = p->nskip;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->skip[mid][1] <= pos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Nonzero when offset lies inside one of p's skip intervals. */
+static int skip_contains(const part_t *p, int64_t offset)
+{
+    size_t i = skip_first_after(p, offset);
+    return i < p->nskip && p->skip[i][0] <= offset;
+}
+
+/*
+ * The intervals of [from, to) of p outside its skip intervals, in order:
+ * returns how many there are and, when out is not NULL, writes them there.
+ * Never an empty interval.
+ */
+static size_t cover_ranges(const part_t *p, int64_t from, int64_t to, ingest_range_t *out)
+{
+    size_t k = 0;
+    int64_t cur = from;
+    for (size_t i = skip_first_after(p, from); i < p->nskip && cur < to; i++) {
+        if (p->skip[i][0] >= to)
+            break;
+        if (p->skip[i][0] > cur) {
+            if (out != NULL) {
+                strcpy(out[k].topic, p->topic);
+                out[k].partition = p->partition;
+                out[k].from = cur;
+                out[k].to = p->skip[i][0];
+            }
+            k++;
+        }
+        if (p->skip[i][1] > cur)
+            cur = p->skip[i][1];
+    }
+    if (cur < to) {
+        if (out != NULL) {
+            strcpy(out[k].topic, p->topic);
+            out[k].partition = p->partition;
+            out[k].from = cur;
+            out[k].to = to;
+        }
+        k++;
+    }
+    return k;
+}
+
+/*
+ * Checks a seek's skip list: each [from, to) non-empty, from >= pos, and
+ * the intervals sorted and disjoint. FR_ERR_INVAL otherwise.
+ */
+static fr_err_t skip_check(int64_t pos, const int64_t (*skip)[2], size_t nskip)
+{
+    if (nskip > 0 && skip == NULL)
+        return FR_ERR_INVAL;
+    if (nskip > SIZE_MAX / sizeof(*skip))
+        return FR_ERR_INVAL;
+    int64_t floor = pos;
+    for (size_t i = 0; i < nskip; i++) {
+        if (skip[i][0] < floor || skip[i][1] <= skip[i][0])
+            return FR_ERR_INVAL;
+        floor = skip[i][1];
+    }
+    return FR_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * The open batch.
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Finalizes the open batch: its samples are copied into a batch of their
+ * own, its ranges are [next, end) minus skips of each held partition
+ * (sorted by topic, partition, from), and those partitions' next moves to
+ * their end. The open batch is then empty. Returns NULL, changing
+ * nothing, when out of memory. The open batch must hold something.
+ */
+static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
+{
+    size_t nranges = 0;
+    for (size_t i = 0; i < bt->nopen; i++)
+        nranges += cover_ranges(bt->open[i], bt->open[i]->next, bt->open[i]->end, NULL);
+    ingest_batch_t *batch = batch_alloc(bt->n, bt->cap, bt->d, nranges);
+    if (batch == NULL)
+        return NULL;
+
+    qsort(bt->open, bt->nopen, sizeof(*bt->open), part_cmp);
+    batch->n = bt->n;
+    batch->features = (int)bt->d;
+    if (bt->n > 0) {
+        memcpy(batch->x, bt->x, bt->n * bt->d * sizeof(float));
+        memcpy(batch->y, bt->y, bt->n * sizeof(float));
+        batch->min_ts_ms = bt->min_ts;
+        batch->max_ts_ms = bt->max_ts;
+    } else {
+        strcpy(batch->reason, "decode");
+    }
+    batch->generation = bt->open[0]->gen;
+    for (size_t i = 0; i < bt->nopen; i++) {
+        part_t *p = bt->open[i];
+        batch->nranges += cover_ranges(p, p->next, p->end, batch->ranges + batch->nranges);
+        if (p->gen > batch->generation)
+            batch->generation = p->gen;
+        p->next = p->end;
+        p->held = 0;
+    }
+    bt->nopen = 0;
+    bt->n = 0;
+    return batch;
+}
+
+/* ------------------------------------------------------------------------
+ * The batcher.
+ * ---------------------------------------------------------------------- */
+
+ingest_batcher_t *ingest_batcher_new(const ingest_schema_t *schema, ingest_format_t format,
+                                     int batch, char *errstr, size_t size)
+{
+    if (schema == NULL || schema->features <= 0) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: the schema needs features > 0");
+        return NULL;
+    }
+    if (schema->label == INGEST_LABEL_CLASS && schema->classes <= 0) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: class labels need classes > 0");
+        return NULL;
+    }
+    if (format != INGEST_FORMAT_CSV && format != INGEST_FORMAT_LIBSVM &&
+        format != INGEST_FORMAT_F32) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: records must be csv, libsvm or f32");
+        return NULL;
+    }
+    if (batch <= 0 || (size_t)batch > SIZE_MAX / sizeof(float) / (size_t)schema->features) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: bad batch size %d", batch);
+        return NULL;
+    }
+
+    ingest_batcher_t *bt = calloc(1, sizeof(*bt));
+    if (bt == NULL)
+        goto err;
+    bt->schema = *schema;
+    bt->format = format;
+    bt->cap = (size_t)batch;
+    bt->d = (size_t)schema->features;
+    bt->x = malloc(bt->cap * bt->d * sizeof(float));
+    bt->y = malloc(bt->cap * sizeof(float));
+    bt->buckets = calloc(FIRST_BUCKETS, sizeof(*bt->buckets));
+    bt->open = malloc(FIRST_BUCKETS * sizeof(*bt->open));
+    if (bt->x == NULL || bt->y == NULL || bt->buckets == NULL || bt->open == NULL)
+        goto err;
+    bt->nbuckets = FIRST_BUCKETS;
+    bt->capopen = FIRST_BUCKETS;
+    /* The open buffers are reused for every batch: pay their first touch
+     * here rather than on the first records. */
+    fr_mem_touch(bt->x, bt->cap * bt->d * sizeof(float));
+    fr_mem_touch(bt->y, bt->cap * sizeof(float));
+    return bt;
+err:
+    fr_errorf(FR_ERR_NOMEM, errstr, size, "batcher: out of memory for %d samples of %d features",
+              batch, schema->features);
+    ingest_batcher_destroy(bt);
+    return NULL;
+}
+
+void ingest_batcher_destroy(ingest_batcher_t *bt)
+{
+    if (bt == NULL)
+        return;
+    for (size_t i = 0; bt->buckets != NULL && i < bt->nbuckets; i++) {
+        part_t *p = bt->buckets[i];
+        while (p != NULL) {
+            part_t *chain = p->chain;
+            free(p->skip);
+            free(p);
+            p = chain;
+        }
+    }
+    free(bt->buckets);
+    free(bt->open);
+    free(bt->x);
+    free(bt->y);
+    free(bt);
+}
+
+/*
+ * Validates everything, allocates the skip copy (and the partition when it
+ * is new) before flushing, so that an error leaves the batcher as it was.
+ * A flush happens only when the open batch holds this partition.
+ */
+fr_err_t ingest_batcher_seek(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                             int64_t pos, const int64_t (*skip)[2], size_t nskip, int64_t gen,
+                             ingest_batch_t **flushed)
+{
+    if (flushed != NULL)
+        *flushed = NULL;
+    if (bt == NULL || flushed == NULL || !topic_ok(topic) || pos < 0 || pos == INT64_MAX)
+        return FR_ERR_INVAL;
+    if (skip_check(pos, skip, nskip) != FR_OK)
+        return FR_ERR_INVAL;
+
+    int64_t(*copy)[2] = NULL;
+    if (nskip > 0) {
+        copy = malloc(nskip * sizeof(*copy));
+        if (copy == NULL)
+            return FR_ERR_NOMEM;
+        memcpy(copy, skip, nskip * sizeof(*copy));
+    }
+    part_t *p = part_find(bt, topic, partition);
+    part_t *fresh = NULL;
+    if (p == NULL) {
+        fresh = calloc(1, sizeof(*fresh));
+        if (fresh == NULL || part_reserve(bt) != FR_OK)
+            goto nomem;
+        strcpy(fresh->topic, topic);
+        fresh->partition = partition;
+        fresh->hash = part_hash(topic, partition);
+        part_insert(bt, fresh);
+        p = fresh;
+    } else if (p->held) {
+        ingest_batch_t *batch = open_finalize(bt);
+        if (batch == NULL)
+            goto nomem;
+        *flushed = batch;
+    }
+    free(p->skip);
+    p->skip = copy;
+    p->nskip = nskip;
+    p->next = pos;
+    p->end = pos;
+    p->gen = gen;
+    return FR_OK;
+nomem:
+    free(fresh);
+    free(copy);
+    return FR_ERR_NOMEM;
+}
+
+fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                               ingest_batch_t **flushed)
+{
+    if (flushed != NULL)
+        *flushed = NULL;
+    if (bt == NULL || flushed == NULL || !topic_ok(topic))
+        return FR_ERR_INVAL;
+    part_t *p = part_find(bt, topic, partition);
+    if (p == NULL)
+        return FR_OK;
+    if (p->held) {
+        ingest_batch_t *batch = open_finalize(bt);
+        if (batch == NULL)
+            return FR_ERR_NOMEM;
+        *flushed = batch;
+    }
+    part_remove(bt, p);
+    return FR_OK;
+}
+
+/*
+ * Takes one record: ignored below the partition's end or inside a skip
+ * interval; otherwise decoded into the next row of the open buffers, and
+ * the partition's coverage extends to offset + 1 whether the record is
+ * good or not. The sample that fills the batch finalizes it; if that runs
+ * out of memory, the record's effects are undone and FR_ERR_NOMEM says it
+ * was not taken.
+ */
+fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                            int64_t offset, int64_t ts_ms, const void *rec, size_t len,
+                            ingest_reject_t *why, ingest_batch_t **full)
+{
+    if (why != NULL)
+        *why = INGEST_OK;
+    if (full != NULL)
+        *full = NULL;
+    if (bt == NULL || full == NULL || !topic_ok(topic) || offset < 0 || offset == INT64_MAX ||
+        (rec == NULL && len > 0))
+        return FR_ERR_INVAL;
+    part_t *p = part_find(bt, topic, partition);
+    if (p == NULL)
+        return FR_ERR_STATE;
+    if (offset < p->end || skip_contains(p, offset))
+        return FR_OK; /* a redelivery, or applied already (rule 2) */
+
+    ingest_reject_t r =
+        ingest_decode(&bt->schema, bt->format, rec, len, bt->x + bt->n * bt->d, bt->y + bt->n);
+    if (why != NULL)
+        *why = r;
+    int64_t old_end = p->end;
+    int was_held = p->held;
+    p->end = offset + 1;
+    if (!p->held) {
+        p->held = 1;
+        bt->open[bt->nopen++] = p;
+    }
+    if (r != INGEST_OK)
+        return FR_OK;
+
+    int64_t old_min = bt->min_ts, old_max = bt->max_ts;
+    if (bt->n == 0 || ts_ms < bt->min_ts)
+        bt->min_ts = ts_ms;
+    if (bt->n == 0 || ts_ms > bt->max_ts)
+        bt->max_ts = ts_ms;
+    bt->n++;
+    if (bt->n < bt->cap)
+        return FR_OK;
+    *full = open_finalize(bt);
+    if (*full != NULL)
+        return FR_OK;
+
+    /* Out of memory: undo this record (open_finalize changed nothing). */
+    bt->n--;
+    bt->min_ts = old_min;
+    bt->max_ts = old_max;
+    p->end = old_end;
+    if (!was_held) {
+        p->held = 0;
+        bt->nopen--; /* p was listed last */
+    }
+    if (why != NULL)
+        *why = INGEST_OK;
+    return FR_ERR_NOMEM;
+}
+
+ingest_batch_t *ingest_batcher_flush(ingest_batcher_t *bt)
+{
+    if (bt == NULL || bt->nopen == 0)
+        return NULL;
+    ingest_batch_t *batch = open_finalize(bt);
+    if (batch == NULL)
+        fr_log(FR_LOG_WARN, "batcher: out of memory flushing %zu samples; kept open", bt->n);
+    return batch;
+}
+
+/*
+ * An n = 0 batch covering [next, to) of one partition minus its skips;
+ * see the block comment at the top for when it returns NULL instead.
+ */
+ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                     int64_t to, const char *reason)
+{
+    if (bt == NULL || !topic_ok(topic) || reason == NULL || reason[0] == '\0')
+        return NULL;
+    part_t *p = part_find(bt, topic, partition);
+    if (p == NULL || p->held || to <= p->next)
+        return NULL;
+    size_t nranges = cover_ranges(p, p->next, to, NULL);
+    if (nranges == 0) {
+        p->next = p->end = to;
+        return NULL;
+    }
+    ingest_batch_t *batch = batch_alloc(0, bt->cap, bt->d, nranges);
+    if (batch == NULL) {
+        fr_log(FR_LOG_WARN, "batcher: out of memory covering %s[%d] up to %lld", topic,
+               (int)partition, (long long)to);
+        return NULL;
+    }
+    batch->features = (int)bt->d;
+    batch->nranges = cover_ranges(p, p->next, to, batch->ranges);
+    batch->generation = p->gen;
+    size_t k = strlen(reason);
+    if (k > sizeof(batch->reason) - 1)
+        k = sizeof(batch->reason) - 1;
+    memcpy(batch->reason, reason, k);
+    batch->reason[k] = '\0';
+    p->next = p->end = to;
+    return batch;
+}
+
+int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t partition)
+{
+    if (bt == NULL || !topic_ok(topic))
+        return 0;
+    const part_t *p = part_find(bt, topic, partition);
+    return p != NULL && p->held;
+}

@@ -1,0 +1,456 @@
+/*
+ * test_broker_produce.c - "freshet broker" and "freshet produce" against
+ * each other and against independent clients: kcat (producer and consumer)
+ * and a plain librdkafka consumer written here.
+ *
+ * One broker process serves every test (topics t1..t5, see setup); data
+ * files and logs go to a private temporary folder. Records are checked
+ * value for value with ingest_decode against the floats the data file was
+ * written from.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "harness.h"
+#include "ingest/ingest.h"
+
+#define NREC 25
+#define D    3
+
+static harness_broker_t broker;
+static char tmp_dir[256];
+static char data_csv[300];
+static float xs[NREC][D], ys[NREC]; /* what data_csv holds */
+
+/* ------------------------------------------------------------------------
+ * Helpers.
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Runs FRESHET_BIN with args (a NULL-terminated list) and waits up to
+ * timeout_ms; its output is appended to log. Returns the exit status, or
+ * -1 when it did not exit normally in time (it is killed then).
+ */
+static int run_freshet(const char *log, int timeout_ms, ...)
+{
+    char *argv[64];
+    int argc = 0;
+    va_list ap;
+    argv[argc++] = FRESHET_BIN;
+    va_start(ap, timeout_ms);
+    for (char *a; argc < 63 && (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    int status = harness_wait(pid, timeout_ms);
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        harness_wait(pid, 5000);
+        return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/*
+ * Runs a shell command and returns everything it wrote on stdout (binary
+ * safe) in a malloc'ed buffer the caller frees, NUL-terminated, its length
+ * in *len. Fails the test when the command exits non-zero.
+ */
+static char *capture(size_t *len, const char *fmt, ...)
+{
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        if (n + 1 == cap) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        if (got == 0)
+            break;
+        n += got;
+    }
+    buf[n] = '\0';
+    int status = pclose(f);
+    if (status != 0)
+        fail_msg("'%s' failed (status %d)", cmd, status);
+    *len = n;
+    return buf;
+}
+
+/* The log file path of a test step, in the private folder. */
+static void log_path(char *out, size_t size, const char *name)
+{
+    snprintf(out, size, "%s/%s.log", tmp_dir, name);
+}
+
+/* Prints a log (for a failing assertion's context). */
+static void dump(const char *path)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "echo '--- %s'; cat '%s' >&2", path, path);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log)\n");
+}
+
+/* Decodes one record and checks it is sample i of the data file, exactly. */
+static void check_record(ingest_format_t format, const void *rec, size_t len, size_t i)
+{
+    ingest_schema_t s = {.features = D, .label = INGEST_LABEL_REAL};
+    float x[D], y;
+    assert_true(i < NREC);
+    ingest_reject_t r = ingest_decode(&s, format, rec, len, x, &y);
+    if (r != INGEST_OK)
+        fail_msg("record of sample %zu rejected: %s", i, ingest_reject_name(r));
+    assert_memory_equal(&y, &ys[i], sizeof(float));
+    assert_memory_equal(x, xs[i], sizeof(x));
+}
+
+/* The records per partition of topic, counted from kcat's "%p" lines. */
+static size_t count_partitions(const char *topic, size_t *per, int nparts)
+{
+    size_t len, total = 0;
+    char *out = capture(&len, "kcat -C -b %s -t %s -e -o beginning -q -f '%%p:%%o:%%S\\n'",
+                        broker.bootstrap, topic);
+    memset(per, 0, (size_t)nparts * sizeof(*per));
+    for (char *line = strtok(out, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        int p = atoi(line);
+        assert_true(p >= 0 && p < nparts);
+        per[p]++;
+        total++;
+    }
+    free(out);
+    return total;
+}
+
+/*
+ * Consumes every record of a text topic with kcat as "key value" lines and
+ * checks each against the data file's sample named by its key; returns the
+ * count.
+ */
+static size_t check_text_topic(const char *topic, ingest_format_t format)
+{
+    size_t len, n = 0;
+    char *out = capture(&len, "kcat -C -b %s -t %s -e -o beginning -q -f '%%k %%s\\n'",
+                        broker.bootstrap, topic);
+    char *save = NULL;
+    for (char *line = strtok_r(out, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *sp = strchr(line, ' ');
+        assert_non_null(sp);
+        *sp = '\0';
+        check_record(format, sp + 1, strlen(sp + 1), (size_t)atoi(line));
+        n++;
+    }
+    free(out);
+    return n;
+}
+
+/* ------------------------------------------------------------------------
+ * Tests.
+ * ---------------------------------------------------------------------- */
+
+/* (a) f32 records, round robin over 4 partitions, read back by kcat. */
+static void test_produce_f32_round_robin_is_read_back_exactly_by_kcat(void **state)
+{
+    char log[400];
+    log_path(log, sizeof(log), "produce_f32");
+    int rc = run_freshet(log, 30000, "produce", "--bootstrap", broker.bootstrap, "--topic", "t1",
+                         "--data", data_csv, "--format", "csv", "--features", "3", "--encode",
+                         "f32", "--partitions-by", "roundrobin", "-X", "linger.ms=5", NULL);
+    if (rc != 0)
+        dump(log);
+    assert_int_equal(rc, 0);
+    assert_true(harness_file_contains(log, "produced 25 records to t1 (0 failed)"));
+
+    size_t per[4];
+    assert_int_equal(count_partitions("t1", per, 4), NREC);
+    for (int p = 0; p < 4; p++) {
+        assert_int_equal(per[p], p == 0 ? 7 : 6);
+        /* the payloads of one partition, concatenated in offset order */
+        size_t len;
+        char *out = capture(&len, "kcat -C -b %s -t t1 -p %d -e -o beginning -q -f '%%s'",
+                            broker.bootstrap, p);
+        size_t rec = 4 * (D + 1);
+        assert_int_equal(len, per[p] * rec);
+        for (size_t k = 0; k < per[p]; k++)
+            check_record(INGEST_FORMAT_F32, out + k * rec, rec, (size_t)p + 4 * k);
+        free(out);
+    }
+}
+
+/*
+ * Reads every record of partition 0 of topic from the beginning with a
+ * plain librdkafka consumer (assign, no group commits) until the end of
+ * the partition; returns them as "value\n" lines in a malloc'ed string.
+ */
+static char *consume_all(const char *topic)
+{
+    char errstr[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    assert_int_equal(
+        rd_kafka_conf_set(conf, "bootstrap.servers", broker.bootstrap, errstr, sizeof(errstr)),
+        RD_KAFKA_CONF_OK);
+    assert_int_equal(rd_kafka_conf_set(conf, "group.id", "test", errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    assert_int_equal(rd_kafka_conf_set(conf, "enable.auto.commit", "false", errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    assert_int_equal(
+        rd_kafka_conf_set(conf, "enable.partition.eof", "true", errstr, sizeof(errstr)),
+        RD_KAFKA_CONF_OK);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    assert_non_null(rk);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(parts, topic, 0)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    assert_int_equal(rd_kafka_assign(rk, parts), RD_KAFKA_RESP_ERR_NO_ERROR);
+    rd_kafka_topic_partition_list_destroy(parts);
+    size_t cap = 4096, n = 0;
+    char *out = calloc(1, cap);
+    assert_non_null(out);
+    uint64_t deadline = fr_clock_mono_ns() + 20000000000ull;
+    for (int eof = 0; !eof;) {
+        assert_true(fr_clock_mono_ns() < deadline);
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 200);
+        if (m == NULL)
+            continue;
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+            eof = 1;
+        } else {
+            assert_int_equal(m->err, RD_KAFKA_RESP_ERR_NO_ERROR);
+            assert_true(n + m->len + 2 < cap);
+            memcpy(out + n, m->payload, m->len);
+            n += m->len;
+            out[n++] = '\n';
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+    return out;
+}
+
+/* (b) kcat as an independent producer; a librdkafka consumer reads back. */
+static void test_kcat_produced_records_are_consumed_intact(void **state)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "printf '1,0.5,2,3\\n0,-1.25,0,7\\n1,1e-3,4,5\\n' | kcat -P -b %s -t t2 -p 0",
+             broker.bootstrap);
+    assert_int_equal(system(cmd), 0);
+    char *out = consume_all("t2");
+    assert_string_equal(out, "1,0.5,2,3\n0,-1.25,0,7\n1,1e-3,4,5\n");
+    ingest_schema_t s = {.features = D, .label = INGEST_LABEL_CLASS, .classes = 2};
+    float x[D], y;
+    char *line = strtok(out, "\n");
+    assert_int_equal(ingest_decode(&s, INGEST_FORMAT_CSV, line, strlen(line), x, &y), INGEST_OK);
+    assert_true(y == 1.0f && x[0] == 0.5f && x[1] == 2.0f && x[2] == 3.0f);
+    free(out);
+}
+
+/* (c) csv and libsvm records, partitioned by key, decoded by their key. */
+static void test_produce_csv_and_libsvm_round_trip_exactly(void **state)
+{
+    const char *topic[2] = {"t3", "t4"}, *encode[2] = {"csv", "libsvm"};
+    const ingest_format_t format[2] = {INGEST_FORMAT_CSV, INGEST_FORMAT_LIBSVM};
+    for (int k = 0; k < 2; k++) {
+        char log[400];
+        log_path(log, sizeof(log), encode[k]);
+        int rc = run_freshet(log, 30000, "produce", "--bootstrap", broker.bootstrap, "--topic",
+                             topic[k], "--data", data_csv, "--format", "csv", "--features", "3",
+                             "--encode", encode[k], "-X", "linger.ms=5", NULL);
+        if (rc != 0)
+            dump(log);
+        assert_int_equal(rc, 0);
+        assert_int_equal(check_text_topic(topic[k], format[k]), NREC);
+    }
+}
+
+/* (d) brokers down (SIGUSR1) when produce starts, back up (SIGUSR2) later. */
+static void test_produce_waits_for_brokers_that_come_back(void **state)
+{
+    char log[400];
+    log_path(log, sizeof(log), "outage");
+    assert_int_equal(kill(broker.pid, SIGUSR1), 0);
+    harness_sleep_ms(300);
+    char *argv[] = {FRESHET_BIN,   "produce",
+                    "--bootstrap", broker.bootstrap,
+                    "--topic",     "t5",
+                    "--data",      data_csv,
+                    "--format",    "csv",
+                    "--features",  "3",
+                    "--encode",    "f32",
+                    "-X",          "linger.ms=5",
+                    "-X",          "reconnect.backoff.max.ms=200",
+                    NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    harness_sleep_ms(1000);
+    assert_int_equal(harness_wait(pid, 0), -1); /* still waiting for the brokers */
+    assert_int_equal(kill(broker.pid, SIGUSR2), 0);
+    int status = harness_wait(pid, 30000);
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        harness_wait(pid, 5000);
+    }
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        dump(log);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    assert_true(harness_file_contains(log, "produced 25 records to t5 (0 failed)"));
+    assert_true(harness_file_contains(broker.log, "brokers down"));
+    assert_true(harness_file_contains(broker.log, "brokers up"));
+    size_t per[1];
+    assert_int_equal(count_partitions("t5", per, 1), NREC);
+}
+
+/* (e) nothing listening: every record fails within message.timeout.ms. */
+static void test_produce_to_nothing_fails_within_the_message_timeout(void **state)
+{
+    char log[400], bootstrap[64];
+    log_path(log, sizeof(log), "nothing");
+    snprintf(bootstrap, sizeof(bootstrap), "127.0.0.1:%d", harness_free_port());
+    uint64_t t0 = fr_clock_mono_ns();
+    int rc = run_freshet(log, 15000, "produce", "--bootstrap", bootstrap, "--topic", "t1", "--data",
+                         data_csv, "--format", "csv", "--features", "3", "--encode", "csv", "-X",
+                         "message.timeout.ms=2000", NULL);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    if (rc != 1)
+        dump(log);
+    assert_int_equal(rc, 1);
+    assert_true(secs < 8.0); /* 2 s, plus librdkafka's 1 s timeout scan, plus start */
+    assert_true(harness_file_contains(log, "produced 0 records to t1 (25 failed)"));
+}
+
+/* Bad arguments and a bad property are exit status 2, naming the problem. */
+static void test_produce_rejects_bad_arguments_with_status_2(void **state)
+{
+    char log[400];
+    log_path(log, sizeof(log), "badargs");
+    assert_int_equal(run_freshet(log, 10000, "produce", "--bootstrap", broker.bootstrap, "--topic",
+                                 "t1", "--data", data_csv, "--format", "csv", "--features", "3",
+                                 "--encode", "idx", NULL),
+                     2);
+    assert_int_equal(run_freshet(log, 10000, "produce", "--bootstrap", broker.bootstrap, "--topic",
+                                 "t1", "--data", data_csv, "--format", "csv", "--features", "3",
+                                 "--encode", "csv", "-X", "no.such.prop=1", NULL),
+                     2);
+    assert_true(harness_file_contains(log, "no.such.prop"));
+    assert_int_equal(run_freshet(log, 10000, "produce", "--bootstrap", broker.bootstrap, "--topic",
+                                 "t1", "--data", "/nonexistent.csv", "--format", "csv",
+                                 "--features", "3", "--encode", "csv", NULL),
+                     2);
+}
+
+/* --limit and --loop: 60 records from a 25-record file, at --rate. */
+static void test_produce_loops_until_the_limit(void **state)
+{
+    char log[400];
+    log_path(log, sizeof(log), "loop");
+    uint64_t t0 = fr_clock_mono_ns();
+    int rc =
+        run_freshet(log, 30000, "produce", "--bootstrap", broker.bootstrap, "--topic", "t6",
+                    "--data", data_csv, "--format", "csv", "--features", "3", "--encode", "csv",
+                    "--loop", "--limit", "60", "--rate", "200", "-X", "linger.ms=5", NULL);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    if (rc != 0)
+        dump(log);
+    assert_int_equal(rc, 0);
+    assert_true(secs >= 0.25); /* 60 records at 200/s take 0.3 s */
+    assert_true(harness_file_contains(log, "produced 60 records to t6 (0 failed)"));
+    assert_int_equal(check_text_topic("t6", INGEST_FORMAT_CSV), 60);
+}
+
+/* (f) --help states the dev broker's limits. */
+static void test_broker_help_states_its_limits(void **state)
+{
+    char log[400];
+    log_path(log, sizeof(log), "help");
+    assert_int_equal(run_freshet(log, 10000, "broker", "--help", NULL), 0);
+    assert_true(harness_file_contains(log, "5 MiB"));
+    assert_true(harness_file_contains(log, "timestamp"));
+    assert_true(harness_file_contains(log, "never for production") ||
+                harness_file_contains(log, "NEVER FOR PRODUCTION"));
+}
+
+/* Last: SIGTERM stops the broker with exit status 0. */
+static void test_broker_exits_0_on_sigterm(void **state)
+{
+    int status = harness_broker_stop(&broker);
+    assert_true(status != -1 && WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* ------------------------------------------------------------------------
+ * Setup: the data file and the broker.
+ * ---------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/freshet-test-produce-XXXXXX");
+    if (mkdtemp(tmp_dir) == NULL)
+        return -1;
+    snprintf(data_csv, sizeof(data_csv), "%s/data.csv", tmp_dir);
+    FILE *f = fopen(data_csv, "w");
+    if (f == NULL)
+        return -1;
+    for (int i = 0; i < NREC; i++) {
+        /* values that need all 9 digits, some zeros (sparse libsvm) and -0 */
+        ys[i] = (float)(i % 7) * 0.1f - 0.3f;
+        xs[i][0] = (float)i / 3.0f;
+        xs[i][1] = i % 3 == 0 ? 0.0f : (float)(i * i) * -1.0e-5f;
+        xs[i][2] = i == 4 ? -0.0f : 1.0f / (float)(i + 1) + 1e6f * (float)(i % 2);
+        fprintf(f, "%.9g,%.9g,%.9g,%.9g\n", (double)ys[i], (double)xs[i][0], (double)xs[i][1],
+                (double)xs[i][2]);
+    }
+    if (fclose(f) != 0)
+        return -1;
+    return harness_broker_start(&broker, FRESHET_BIN,
+                                "--topic t1:4 --topic t2:1 --topic t3:2 --topic t4:2 "
+                                "--topic t5:1 --topic t6:3");
+}
+
+static int teardown(void **state)
+{
+    if (broker.pid > 0)
+        harness_broker_stop(&broker);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_produce_f32_round_robin_is_read_back_exactly_by_kcat),
+        cmocka_unit_test(test_kcat_produced_records_are_consumed_intact),
+        cmocka_unit_test(test_produce_csv_and_libsvm_round_trip_exactly),
+        cmocka_unit_test(test_produce_waits_for_brokers_that_come_back),
+        cmocka_unit_test(test_produce_to_nothing_fails_within_the_message_timeout),
+        cmocka_unit_test(test_produce_rejects_bad_arguments_with_status_2),
+        cmocka_unit_test(test_produce_loops_until_the_limit),
+        cmocka_unit_test(test_broker_help_states_its_limits),
+        cmocka_unit_test(test_broker_exits_0_on_sigterm),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
