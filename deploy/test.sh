@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs every test: the unit tests and the reference
+# Sets up, builds and runs every test: the unit, integration and reference
 # tests (freshet against PyTorch, Fashion-MNIST accuracy) on a warnings-as-
-# errors build; the unit tests again under AddressSanitizer and
-# UndefinedBehaviorSanitizer; the fuzz targets for a bounded time
+# errors build; the unit and integration tests again under AddressSanitizer
+# and UndefinedBehaviorSanitizer; the fuzz targets for a bounded time
 # (FUZZ_SECONDS each, default 30); and the clang-format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,12 +17,12 @@ bash deploy/build.sh -DFRESHET_WERROR=ON
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
-echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+echo "== unit and integration tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFRESHET_WERROR=ON \
     -DFRESHET_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -L "unit|integration"
 
 echo "== fuzz targets, ${fuzz_seconds} s each"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DFRESHET_FUZZ=ON >/dev/null

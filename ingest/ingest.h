@@ -227,6 +227,76 @@ fr_err_t ingest_producer_flush(ingest_producer_t *p, int timeout_ms, uint64_t *d
                                uint64_t *failed);
 const char *ingest_producer_error(const ingest_producer_t *p);
 
+/* ------------------------------------------------------------------------
+ * The Kafka consumer (consumer.c): a consumer-group member that decodes
+ * records into batches (above) and hands them to the trainers through a
+ * bounded queue, starting each assigned partition where the store says
+ * (DESIGN.md "Offsets: exactly-once effect on the model").
+ *
+ * Threads: ingest_consumer_start runs one poll thread per consumer. The
+ * rebalance callback runs inside rd_kafka_consumer_poll (and
+ * rd_kafka_consumer_close) on that poll thread, as do decoding, batching,
+ * dead letters, pause/resume and the Kafka commits; the poll thread owns
+ * the store connection it reads offsets with. librdkafka's log callback
+ * runs on librdkafka's threads and only hands the line to fr_log.
+ * ingest_consumer_next and ingest_consumer_stats are thread-safe; new,
+ * start, stop and destroy belong to the owner's thread.
+ * ---------------------------------------------------------------------- */
+typedef struct ingest_consumer ingest_consumer_t;
+
+typedef struct ingest_consumer_conf {
+    const char *bootstrap;         /* may be NULL when props name bootstrap.servers */
+    const char *const (*props)[2]; /* nprops librdkafka properties, passed verbatim */
+    size_t nprops;                 /* (they override everything but the two below) */
+    const char *topic;             /* the topic to subscribe to                      */
+    const char *group_id;          /* NULL or "": "freshet.<model>"                   */
+    const char *redis_url;         /* the store that holds the offsets               */
+    const char *model;             /* the model whose offsets decide where to start  */
+    ingest_schema_t schema;        /* how to decode                                  */
+    ingest_format_t format;        /* csv, libsvm or f32                             */
+    int batch;                     /* samples per batch, > 0                         */
+    int queue;                     /* queue capacity in batches, > 0                 */
+    int linger_ms;                 /* flush a partial batch after this idle time     */
+    int start_latest;              /* partitions the store never saw: 0 earliest, 1 latest */
+    const char *dead_letter_topic; /* NULL or "": rejected records are only counted  */
+    fr_metrics_t *metrics;         /* may be NULL                                    */
+} ingest_consumer_conf_t;
+
+typedef struct ingest_consumer_stats {
+    uint64_t consumed;                      /* records received from Kafka              */
+    uint64_t rejected[INGEST_REJECT_COUNT]; /* records rejected, by reason              */
+    uint64_t batches;                       /* batches queued (n = 0 ones included)     */
+    uint64_t dead_letters;                  /* rejected records sent to the dead-letter topic */
+    uint64_t pauses;                        /* times the queue filled and paused Kafka  */
+    int paused;                             /* partitions paused now                    */
+    int assigned;                           /* partitions assigned now                  */
+} ingest_consumer_stats_t;
+
+/* A consumer of conf (copied: the caller's strings may go after the call;
+ * metrics is borrowed for the consumer's life). Always sets
+ * enable.auto.offset.store=false and enable.auto.commit=false: Kafka's
+ * committed offsets follow the store, never the reverse. NULL with errstr
+ * on a bad argument or property. Caller frees with ingest_consumer_destroy(). */
+ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char *errstr,
+                                       size_t size);
+/* Subscribes and starts the poll thread. FR_ERR_STATE when already
+ * started; FR_ERR_KAFKA or FR_ERR_NOMEM otherwise on failure (then no
+ * thread runs). */
+fr_err_t ingest_consumer_start(ingest_consumer_t *c);
+/* The next batch, waiting up to timeout_ms (0: no wait); NULL on timeout,
+ * or at once when the consumer stopped and the queue is empty. The caller
+ * owns the batch and frees it with ingest_batch_destroy(). */
+ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms);
+/* Stops the poll thread: the open batch is flushed into the queue, the
+ * partitions are revoked (their batches queued too) and the group left.
+ * Batches still queued remain available to ingest_consumer_next. Idempotent. */
+void ingest_consumer_stop(ingest_consumer_t *c);
+/* Stops, drops queued batches, flushes dead letters (up to 5 s) and frees.
+ * NULL is a no-op. */
+void ingest_consumer_destroy(ingest_consumer_t *c);
+/* A consistent enough snapshot of the counters (each read atomically). */
+void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st);
+
 #ifdef __cplusplus
 }
 #endif
