@@ -1,0 +1,884 @@
+/*
+ * consumer.c - the Kafka consumer: a consumer-group member that decodes
+ * records into batches and queues them toward the trainers, starting every
+ * assigned partition at the store's watermark (DESIGN.md "Data flow",
+ * "Offsets: exactly-once effect on the model").
+ *
+ * One poll thread per consumer does everything that touches librdkafka's
+ * consumer handle: rd_kafka_consumer_poll, the rebalance callback (which
+ * librdkafka runs inside rd_kafka_consumer_poll and rd_kafka_consumer_close
+ * on this thread), the batcher, dead letters, pause/resume, and the Kafka
+ * commits of the store's watermark. It owns its own store connection. The
+ * owner's threads only take batches from the queue (mutex + condvar) and
+ * read the atomic counters.
+ *
+ * Backpressure: the queue holds `queue` batches before the poll thread
+ * pauses the assignment; messages librdkafka had already fetched may still
+ * arrive while paused and are queued beyond the capacity rather than
+ * dropped (a paused consumer keeps polling, so the group keeps it). The
+ * partitions resume once the queue drains below half its capacity.
+ *
+ * Not in this slice: the gap rule (rule 3) and replay resolution.
+ */
+#include <inttypes.h>
+#include <librdkafka/rdkafka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/common.h"
+#include "ingest/ingest.h"
+#include "ingest/ingest_int.h"
+#include "psstore/psstore.h"
+
+#define POLL_MS          100  /* one poll waits at most this long       */
+#define COMMIT_EVERY_MS  1000 /* the store's watermarks go to Kafka     */
+#define STORE_TIMEOUT_MS 5000 /* Redis connect and command timeout      */
+#define QUERY_TIMEOUT_MS 5000 /* rd_kafka_query_watermark_offsets       */
+#define RETRY_MS         500  /* pause between tries at assignment time */
+#define DLQ_FLUSH_MS     5000 /* dead letters still queued at destroy    */
+#define DLQ_HEADER       "freshet.reason"
+
+typedef struct qnode {
+    struct qnode *next;
+    ingest_batch_t *batch;
+} qnode_t;
+
+/* Per assigned partition, the poll thread's bookkeeping for commits. */
+typedef struct owned {
+    int32_t partition;
+    int64_t committed; /* the last watermark committed to Kafka, -1: none */
+    fr_series_t *lag;  /* freshet_kafka_consumergroup_lag{topic,partition} */
+} owned_t;
+
+struct ingest_consumer {
+    /* configuration (copies) */
+    char *topic, *model, *redis_url, *dlt;
+    int linger_ms, start_latest;
+    size_t qcap;
+
+    rd_kafka_t *rk;
+    ingest_batcher_t *bt;   /* poll thread only once started */
+    ingest_producer_t *dlq; /* NULL without a dead-letter topic */
+    psstore_conn_t *ps;     /* poll thread only */
+    pthread_t thread;
+    int started, joined;
+    atomic_int stop;
+
+    /* the assignment: poll thread only */
+    rd_kafka_topic_partition_list_t *assigned; /* offsets unused */
+    owned_t *owned;                            /* [nowned] */
+    int nowned;
+    int paused;
+
+    /* the queue */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    qnode_t *qhead, *qtail;
+    size_t qlen;
+    int finished; /* the poll thread has exited */
+
+    /* counters */
+    atomic_uint_least64_t consumed, batches, dead_letters, pauses;
+    atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
+    atomic_int npaused, nassigned;
+
+    /* metrics (NULL without a registry) */
+    fr_metrics_t *metrics;
+    fr_metric_t *m_lag;
+    fr_series_t *m_consumed, *m_paused, *m_fill;
+    fr_series_t *m_rejected[INGEST_REJECT_COUNT];
+};
+
+static int64_t now_ms(void)
+{
+    return (int64_t)(fr_clock_mono_ns() / 1000000u);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/*
+ * librdkafka's log callback. Runs on librdkafka's internal threads: it only
+ * hands the line to fr_log, which writes it with one write(2).
+ */
+static void consumer_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+    (void)rk;
+    fr_log_level_t l = level <= 3 ? FR_LOG_ERROR : level <= 4 ? FR_LOG_WARN : FR_LOG_DEBUG;
+    fr_log(l, "kafka consumer: %s: %s", fac, buf);
+}
+
+/* ------------------------------------------------------------------------
+ * The queue.
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Appends a batch (NULL is ignored) and wakes a waiter. Poll thread. Takes
+ * ownership; when out of memory the batch is destroyed and logged, which
+ * loses nothing: its positions were never recorded, so the gap rule (or a
+ * restart) reads them again.
+ */
+static void queue_push(ingest_consumer_t *c, ingest_batch_t *batch)
+{
+    if (batch == NULL)
+        return;
+    qnode_t *node = malloc(sizeof(*node));
+    if (node == NULL) {
+        fr_log(FR_LOG_ERROR, "ingest: out of memory queueing a batch; dropped");
+        ingest_batch_destroy(batch);
+        return;
+    }
+    node->next = NULL;
+    node->batch = batch;
+    pthread_mutex_lock(&c->qlock);
+    if (c->qtail != NULL)
+        c->qtail->next = node;
+    else
+        c->qhead = node;
+    c->qtail = node;
+    c->qlen++;
+    pthread_cond_signal(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+    atomic_fetch_add(&c->batches, 1);
+}
+
+static size_t queue_len(ingest_consumer_t *c)
+{
+    pthread_mutex_lock(&c->qlock);
+    size_t n = c->qlen;
+    pthread_mutex_unlock(&c->qlock);
+    return n;
+}
+
+ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->qlock);
+    while (c->qhead == NULL && !c->finished && timeout_ms > 0) {
+        if (pthread_cond_timedwait(&c->qcond, &c->qlock, &until) != 0)
+            break;
+    }
+    qnode_t *node = c->qhead;
+    if (node != NULL) {
+        c->qhead = node->next;
+        if (c->qhead == NULL)
+            c->qtail = NULL;
+        c->qlen--;
+    }
+    pthread_mutex_unlock(&c->qlock);
+    if (node == NULL)
+        return NULL;
+    ingest_batch_t *batch = node->batch;
+    free(node);
+    return batch;
+}
+
+/* ------------------------------------------------------------------------
+ * The assignment (poll thread).
+ * ---------------------------------------------------------------------- */
+
+/* Observes how long the open batch filled, if one was open. */
+static void fill_done(ingest_consumer_t *c, int64_t *open_since)
+{
+    if (*open_since >= 0 && c->m_fill != NULL)
+        fr_series_observe(c->m_fill, (double)(now_ms() - *open_since) / 1000.0);
+    *open_since = -1;
+}
+
+/*
+ * Reads a partition's offsets from the store, retrying every RETRY_MS while
+ * Redis fails and the consumer is not stopping (a partition must not start
+ * anywhere but where the store says). FR_OK with *found, or the last error
+ * once stopping.
+ */
+static fr_err_t store_read(ingest_consumer_t *c, const char *topic, int32_t partition,
+                           psstore_partition_offsets_t *po, int *found)
+{
+    int warned = 0;
+    for (;;) {
+        fr_err_t err = FR_ERR_REDIS;
+        if (c->ps == NULL) {
+            char errstr[256];
+            c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
+            if (c->ps == NULL && !warned++)
+                fr_log(FR_LOG_WARN, "ingest: %s (retrying)", errstr);
+        }
+        if (c->ps != NULL) {
+            err = psstore_offsets_read(c->ps, c->model, topic, partition, po, found);
+            if (err == FR_OK)
+                return FR_OK;
+            if (!warned++)
+                fr_log(FR_LOG_WARN, "ingest: offsets of %s/%" PRId32 ": %s (retrying)", topic,
+                       partition, psstore_conn_error(c->ps));
+        }
+        if (atomic_load(&c->stop))
+            return err;
+        sleep_ms(RETRY_MS);
+    }
+}
+
+/* The log start and end of a partition, retrying while Kafka fails and the
+ * consumer is not stopping. */
+static fr_err_t log_bounds(ingest_consumer_t *c, const char *topic, int32_t partition, int64_t *lo,
+                           int64_t *hi)
+{
+    for (int tries = 0;; tries++) {
+        rd_kafka_resp_err_t kerr =
+            rd_kafka_query_watermark_offsets(c->rk, topic, partition, lo, hi, QUERY_TIMEOUT_MS);
+        if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR)
+            return FR_OK;
+        if (tries == 0)
+            fr_log(FR_LOG_WARN, "ingest: log bounds of %s/%" PRId32 ": %s (retrying)", topic,
+                   partition, rd_kafka_err2str(kerr));
+        if (atomic_load(&c->stop))
+            return FR_ERR_KAFKA;
+        sleep_ms(RETRY_MS);
+    }
+}
+
+/*
+ * Decides where one newly assigned partition starts and seeks the batcher
+ * there: the store's watermark with its applied intervals as the skip list
+ * (rule 2), or for a partition the store never saw the log start or end,
+ * with [0, start) covered by an n = 0 batch of reason "start"; a watermark
+ * below the log start (retention) is covered with reason "retention".
+ * Returns the Kafka offset to assign, or -1 when stopping before it knew.
+ */
+static int64_t partition_start(ingest_consumer_t *c, const char *topic, int32_t partition)
+{
+    psstore_partition_offsets_t po;
+    int found = 0;
+    int64_t lo = 0, hi = 0, start;
+    psstore_poff_init(&po, 0);
+    if (store_read(c, topic, partition, &po, &found) != FR_OK ||
+        log_bounds(c, topic, partition, &lo, &hi) != FR_OK) {
+        psstore_poff_fini(&po);
+        return -1;
+    }
+    const char *reason = NULL;
+    int64_t seek_at = found ? po.watermark : 0;
+    start = found ? po.watermark : (c->start_latest ? hi : lo);
+    if (!found && start > 0)
+        reason = "start";
+    else if (found && lo > start) {
+        reason = "retention";
+        start = lo;
+    }
+    /* the skip list of rule 2: the applied intervals above the watermark */
+    int64_t(*skip)[2] = NULL;
+    size_t nskip = found ? po.nspans : 0;
+    fr_err_t err = FR_ERR_NOMEM;
+    ingest_batch_t *flushed = NULL;
+    if (nskip > 0 && (skip = malloc(nskip * sizeof(*skip))) != NULL) {
+        for (size_t i = 0; i < nskip; i++) {
+            skip[i][0] = po.spans[i].from;
+            skip[i][1] = po.spans[i].to;
+        }
+    }
+    /* without its skip list the partition is not seeked at all (rule 2):
+     * its records are ignored until its next assignment */
+    if (nskip == 0 || skip != NULL)
+        err = ingest_batcher_seek(c->bt, topic, partition, seek_at, (const int64_t(*)[2])skip,
+                                  nskip, found ? po.generation : 0, &flushed);
+    if (err != FR_OK)
+        fr_log(FR_LOG_ERROR, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", topic, partition,
+               seek_at, fr_strerror(err));
+    queue_push(c, flushed);
+    if (err == FR_OK && reason != NULL && start > seek_at)
+        queue_push(c, ingest_batcher_cover(c->bt, topic, partition, start, reason));
+    fr_log(FR_LOG_INFO,
+           "ingest: %s/%" PRId32 " starts at %" PRId64 " (%s, %zu applied interval(s) above)",
+           topic, partition, start, found ? "store" : (c->start_latest ? "latest" : "earliest"),
+           found ? po.nspans : (size_t)0);
+    free(skip);
+    psstore_poff_fini(&po);
+    return start;
+}
+
+/* Pauses (pause = 1) or resumes the whole assignment. Poll thread. */
+static void set_paused(ingest_consumer_t *c, int pause)
+{
+    if (c->assigned != NULL && c->assigned->cnt > 0) {
+        rd_kafka_resp_err_t kerr = pause ? rd_kafka_pause_partitions(c->rk, c->assigned)
+                                         : rd_kafka_resume_partitions(c->rk, c->assigned);
+        if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+            fr_log(FR_LOG_WARN, "ingest: %s: %s", pause ? "pause" : "resume",
+                   rd_kafka_err2str(kerr));
+    }
+    if (pause && !c->paused)
+        atomic_fetch_add(&c->pauses, 1);
+    c->paused = pause;
+    int n = pause && c->assigned != NULL ? c->assigned->cnt : 0;
+    atomic_store(&c->npaused, n);
+    if (c->m_paused != NULL)
+        fr_series_set(c->m_paused, n);
+}
+
+/* Rebuilds the per-partition bookkeeping after the assignment changed. */
+static void owned_rebuild(ingest_consumer_t *c)
+{
+    int n = c->assigned != NULL ? c->assigned->cnt : 0;
+    owned_t *old = c->owned;
+    owned_t *now = n > 0 ? calloc((size_t)n, sizeof(*now)) : NULL;
+    for (int i = 0; i < n && now != NULL; i++) {
+        const rd_kafka_topic_partition_t *tp = &c->assigned->elems[i];
+        now[i].partition = tp->partition;
+        now[i].committed = -1;
+        /* keep what was committed for partitions that stay (cooperative) */
+        for (int j = 0; j < c->nowned; j++)
+            if (old[j].partition == tp->partition)
+                now[i].committed = old[j].committed;
+        if (c->m_lag != NULL) {
+            char pbuf[16];
+            snprintf(pbuf, sizeof(pbuf), "%" PRId32, tp->partition);
+            const char *labels[2] = {tp->topic, pbuf};
+            now[i].lag = fr_metric_series(c->m_lag, labels);
+        }
+    }
+    free(old);
+    c->owned = now;
+    c->nowned = now != NULL ? n : 0;
+    atomic_store(&c->nassigned, n);
+}
+
+/*
+ * The assignment half of the rebalance callback: every new partition
+ * starts where partition_start decides, passed in the list given to
+ * rd_kafka_assign (eager) or rd_kafka_incremental_assign (cooperative).
+ */
+static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
+{
+    for (int i = 0; i < parts->cnt; i++) {
+        rd_kafka_topic_partition_t *tp = &parts->elems[i];
+        int64_t start = partition_start(c, tp->topic, tp->partition);
+        /* stopping before the store answered: read nothing of it */
+        tp->offset = start >= 0 ? start : RD_KAFKA_OFFSET_END;
+    }
+    rd_kafka_error_t *error = NULL;
+    rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (coop)
+        error = rd_kafka_incremental_assign(c->rk, parts);
+    else
+        kerr = rd_kafka_assign(c->rk, parts);
+    if (error != NULL) {
+        fr_log(FR_LOG_ERROR, "ingest: assign: %s", rd_kafka_error_string(error));
+        rd_kafka_error_destroy(error);
+    } else if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        fr_log(FR_LOG_ERROR, "ingest: assign: %s", rd_kafka_err2str(kerr));
+    }
+    if (!coop && c->assigned != NULL) {
+        rd_kafka_topic_partition_list_destroy(c->assigned);
+        c->assigned = NULL;
+    }
+    if (c->assigned == NULL)
+        c->assigned = rd_kafka_topic_partition_list_new(parts->cnt > 0 ? parts->cnt : 1);
+    for (int i = 0; i < parts->cnt && c->assigned != NULL; i++)
+        rd_kafka_topic_partition_list_add(c->assigned, parts->elems[i].topic,
+                                          parts->elems[i].partition);
+    owned_rebuild(c);
+    if (c->paused)
+        set_paused(c, 1);
+}
+
+/*
+ * The revocation half: the revoked partitions' part of the open batch is
+ * flushed into the queue (its positions are still theirs to report), then
+ * they are unassigned.
+ */
+static void on_revoke(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
+{
+    for (int i = 0; i < parts->cnt; i++) {
+        ingest_batch_t *flushed = NULL;
+        rd_kafka_topic_partition_t *tp = &parts->elems[i];
+        fr_err_t err = ingest_batcher_revoke(c->bt, tp->topic, tp->partition, &flushed);
+        if (err != FR_OK)
+            fr_log(FR_LOG_ERROR, "ingest: revoke of %s/%" PRId32 ": %s", tp->topic, tp->partition,
+                   fr_strerror(err));
+        queue_push(c, flushed);
+    }
+    if (coop) {
+        rd_kafka_error_t *error = rd_kafka_incremental_unassign(c->rk, parts);
+        if (error != NULL) {
+            fr_log(FR_LOG_ERROR, "ingest: unassign: %s", rd_kafka_error_string(error));
+            rd_kafka_error_destroy(error);
+        }
+        for (int i = 0; i < parts->cnt && c->assigned != NULL; i++)
+            rd_kafka_topic_partition_list_del(c->assigned, parts->elems[i].topic,
+                                              parts->elems[i].partition);
+    } else {
+        rd_kafka_assign(c->rk, NULL);
+        if (c->assigned != NULL)
+            rd_kafka_topic_partition_list_destroy(c->assigned);
+        c->assigned = NULL;
+    }
+    owned_rebuild(c);
+    atomic_store(&c->npaused, c->paused && c->assigned != NULL ? c->assigned->cnt : 0);
+}
+
+/*
+ * librdkafka's rebalance callback. Runs on the poll thread, inside
+ * rd_kafka_consumer_poll or rd_kafka_consumer_close.
+ */
+static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    ingest_consumer_t *c = opaque;
+    int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        on_assign(c, parts, coop);
+    } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
+        on_revoke(c, parts, coop);
+    } else {
+        fr_log(FR_LOG_WARN, "ingest: rebalance failed: %s", rd_kafka_err2str(err));
+        on_revoke(c, parts, coop);
+    }
+}
+
+/*
+ * librdkafka's offset commit callback. Runs on the poll thread, inside
+ * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
+ */
+static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                      rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    (void)rk;
+    ingest_consumer_t *c = opaque;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET)
+        return;
+    /* a commit that meets a rebalance is expected; the next owner commits */
+    int expected = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS ||
+                   err == RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION ||
+                   err == RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
+    fr_log(expected ? FR_LOG_INFO : FR_LOG_WARN, "ingest: kafka commit failed: %s (retrying)",
+           rd_kafka_err2str(err));
+    for (int i = 0; offsets != NULL && i < offsets->cnt; i++)
+        for (int j = 0; j < c->nowned; j++)
+            if (c->owned[j].partition == offsets->elems[i].partition)
+                c->owned[j].committed = -1;
+}
+
+/*
+ * Every COMMIT_EVERY_MS: reads each assigned partition's watermark from the
+ * store, commits those that advanced to Kafka (async) and updates the lag
+ * gauges. A Redis error skips this tick. Poll thread.
+ */
+static void commit_tick(ingest_consumer_t *c)
+{
+    if (c->nowned == 0 || c->ps == NULL)
+        return;
+    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(c->nowned);
+    if (list == NULL)
+        return;
+    for (int i = 0; i < c->nowned; i++) {
+        owned_t *o = &c->owned[i];
+        psstore_partition_offsets_t po;
+        int found = 0;
+        psstore_poff_init(&po, 0);
+        if (psstore_offsets_read(c->ps, c->model, c->topic, o->partition, &po, &found) != FR_OK) {
+            fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
+            psstore_poff_fini(&po);
+            break;
+        }
+        int64_t w = po.watermark;
+        psstore_poff_fini(&po);
+        if (!found)
+            continue;
+        int64_t lo, hi;
+        if (o->lag != NULL &&
+            rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
+                RD_KAFKA_RESP_ERR_NO_ERROR &&
+            hi >= 0)
+            fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
+        if (w > o->committed) {
+            rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
+            o->committed = w;
+        }
+    }
+    if (list->cnt > 0) {
+        rd_kafka_resp_err_t kerr = rd_kafka_commit(c->rk, list, 1);
+        if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+            commit_cb(c->rk, kerr, list, c);
+    }
+    rd_kafka_topic_partition_list_destroy(list);
+}
+
+/* ------------------------------------------------------------------------
+ * The poll thread.
+ * ---------------------------------------------------------------------- */
+
+/* Counts a rejected record and sends it to the dead-letter topic. */
+static void reject(ingest_consumer_t *c, const rd_kafka_message_t *m, ingest_reject_t why)
+{
+    atomic_fetch_add(&c->rejected[why], 1);
+    if (c->m_rejected[why] != NULL)
+        fr_series_add(c->m_rejected[why], 1);
+    if (c->dlq == NULL)
+        return;
+    fr_err_t err = ingest_producer_send(c->dlq, c->dlt, -1, m->key, m->key_len, m->payload, m->len,
+                                        DLQ_HEADER, ingest_reject_name(why));
+    if (err == FR_OK)
+        atomic_fetch_add(&c->dead_letters, 1);
+    else
+        fr_log(FR_LOG_WARN, "ingest: dead letter to %s: %s", c->dlt, ingest_producer_error(c->dlq));
+}
+
+/* One message from rd_kafka_consumer_poll (borrowed). Poll thread. */
+static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_t *open_since,
+                       int64_t *last_record, int *dirty)
+{
+    if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            fr_log(FR_LOG_WARN, "ingest: kafka: %s", rd_kafka_message_errstr(m));
+        return;
+    }
+    const char *topic = rd_kafka_topic_name(m->rkt);
+    ingest_reject_t why = INGEST_OK;
+    ingest_batch_t *full = NULL;
+    atomic_fetch_add(&c->consumed, 1);
+    if (c->m_consumed != NULL)
+        fr_series_add(c->m_consumed, 1);
+    fr_err_t err =
+        ingest_batcher_add(c->bt, topic, m->partition, m->offset,
+                           rd_kafka_message_timestamp(m, NULL), m->payload, m->len, &why, &full);
+    if (err != FR_OK) {
+        /* FR_ERR_STATE: a partition assigned while stopping, never seeked */
+        fr_log(err == FR_ERR_STATE ? FR_LOG_DEBUG : FR_LOG_ERROR,
+               "ingest: record %s/%" PRId32 "@%" PRId64 ": %s", topic, m->partition, m->offset,
+               fr_strerror(err));
+        return;
+    }
+    if (why != INGEST_OK)
+        reject(c, m, why);
+    *last_record = now_ms();
+    if (*open_since < 0)
+        *open_since = *last_record;
+    *dirty = 1;
+    if (full != NULL) {
+        fill_done(c, open_since);
+        queue_push(c, full);
+        *dirty = 0;
+    }
+}
+
+/* Pauses the assignment while the queue is full, resumes it once the
+ * queue drained below half its capacity. Poll thread. */
+static void backpressure(ingest_consumer_t *c)
+{
+    size_t n = queue_len(c);
+    if (!c->paused && n >= c->qcap)
+        set_paused(c, 1);
+    else if (c->paused && n * 2 < c->qcap)
+        set_paused(c, 0);
+}
+
+/*
+ * The poll thread: polls (which also runs the rebalance and commit
+ * callbacks), batches, flushes a partial batch after linger_ms without a
+ * record, applies backpressure and commits the store's watermarks every
+ * COMMIT_EVERY_MS. On stop it flushes the open batch, leaves the group
+ * (revoking on this thread) and marks the queue finished.
+ */
+static void *poll_main(void *arg)
+{
+    ingest_consumer_t *c = arg;
+    int64_t open_since = -1, last_record = 0, next_commit = now_ms() + COMMIT_EVERY_MS;
+    int dirty = 0;
+    char errstr[256];
+    c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
+    if (c->ps == NULL)
+        fr_log(FR_LOG_WARN, "ingest: %s (retrying at assignment)", errstr);
+    while (!atomic_load(&c->stop)) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS);
+        if (m != NULL) {
+            on_message(c, m, &open_since, &last_record, &dirty);
+            rd_kafka_message_destroy(m);
+        }
+        int64_t t = now_ms();
+        if (dirty && t - last_record >= c->linger_ms) {
+            fill_done(c, &open_since);
+            queue_push(c, ingest_batcher_flush(c->bt));
+            dirty = 0;
+        }
+        backpressure(c);
+        if (t >= next_commit) {
+            commit_tick(c);
+            next_commit = t + COMMIT_EVERY_MS;
+        }
+    }
+    queue_push(c, ingest_batcher_flush(c->bt));
+    commit_tick(c);
+    rd_kafka_resp_err_t kerr = rd_kafka_consumer_close(c->rk); /* revokes on this thread */
+    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+        fr_log(FR_LOG_WARN, "ingest: consumer close: %s", rd_kafka_err2str(kerr));
+    psstore_conn_destroy(c->ps);
+    c->ps = NULL;
+    pthread_mutex_lock(&c->qlock);
+    c->finished = 1;
+    pthread_cond_broadcast(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------
+ * Life cycle.
+ * ---------------------------------------------------------------------- */
+
+/* Sets one librdkafka property, filling errstr on refusal. */
+static fr_err_t conf_set(rd_kafka_conf_t *conf, const char *key, const char *value, char *errstr,
+                         size_t size)
+{
+    char kerr[512];
+    if (rd_kafka_conf_set(conf, key, value, kerr, sizeof(kerr)) == RD_KAFKA_CONF_OK)
+        return FR_OK;
+    return fr_errorf(FR_ERR_INVAL, errstr, size, "kafka property %s: %s", key, kerr);
+}
+
+/* The consumer's librdkafka configuration, in this order: bootstrap, the
+ * defaults, the caller's properties verbatim, then the two settings the
+ * exactly-once effect depends on. NULL with errstr. */
+static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consumer_conf_t *conf,
+                                      char *errstr, size_t size)
+{
+    char group[128];
+    rd_kafka_conf_t *kc = rd_kafka_conf_new();
+    if (kc == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "ingest: out of memory");
+        return NULL;
+    }
+    if (conf->group_id != NULL && conf->group_id[0] != '\0')
+        snprintf(group, sizeof(group), "%s", conf->group_id);
+    else
+        snprintf(group, sizeof(group), "freshet.%s", conf->model);
+    if ((conf->bootstrap != NULL &&
+         conf_set(kc, "bootstrap.servers", conf->bootstrap, errstr, size) != FR_OK) ||
+        conf_set(kc, "group.id", group, errstr, size) != FR_OK ||
+        conf_set(kc, "auto.offset.reset", conf->start_latest ? "latest" : "earliest", errstr,
+                 size) != FR_OK)
+        goto err;
+    for (size_t i = 0; i < conf->nprops; i++)
+        if (conf_set(kc, conf->props[i][0], conf->props[i][1], errstr, size) != FR_OK)
+            goto err;
+    if (conf_set(kc, "enable.auto.offset.store", "false", errstr, size) != FR_OK ||
+        conf_set(kc, "enable.auto.commit", "false", errstr, size) != FR_OK)
+        goto err;
+    rd_kafka_conf_set_opaque(kc, c);
+    rd_kafka_conf_set_rebalance_cb(kc, rebalance_cb);
+    rd_kafka_conf_set_offset_commit_cb(kc, commit_cb);
+    rd_kafka_conf_set_log_cb(kc, consumer_log_cb);
+    return kc;
+err:
+    rd_kafka_conf_destroy(kc);
+    return NULL;
+}
+
+/* Registers the consumer's metrics when a registry was given. */
+static void metrics_init(ingest_consumer_t *c)
+{
+    static const double fill_bounds[] = {0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+    static const char *const topic_label[] = {"topic"};
+    static const char *const reason_label[] = {"topic", "reason"};
+    static const char *const lag_labels[] = {"topic", "partition"};
+    fr_metrics_t *reg = c->metrics;
+    if (reg == NULL)
+        return;
+    const char *tv[1] = {c->topic};
+    c->m_consumed =
+        fr_metric_series(fr_metrics_counter(reg, "freshet_ingest_records_consumed_total",
+                                            "Records received from Kafka.", 1, topic_label),
+                         tv);
+    fr_metric_t *rej =
+        fr_metrics_counter(reg, "freshet_ingest_records_rejected_total",
+                           "Records that could not be decoded, by reason.", 2, reason_label);
+    for (int r = 1; r < INGEST_REJECT_COUNT && rej != NULL; r++) {
+        const char *rv[2] = {c->topic, ingest_reject_name((ingest_reject_t)r)};
+        c->m_rejected[r] = fr_metric_series(rej, rv);
+    }
+    fr_metric_t *paused =
+        fr_metrics_gauge(reg, "freshet_ingest_partitions_paused",
+                         "Partitions paused because the batch queue is full.", 1, topic_label);
+    c->m_paused = paused != NULL ? fr_metric_series(paused, tv) : NULL;
+    fr_metric_t *fill = fr_metrics_histogram(
+        reg, "freshet_ingest_batch_fill_seconds", "Time from a batch's first record to its flush.",
+        sizeof(fill_bounds) / sizeof(fill_bounds[0]), fill_bounds, 1, topic_label);
+    c->m_fill = fill != NULL ? fr_metric_series(fill, tv) : NULL;
+    c->m_lag =
+        fr_metrics_gauge(reg, "freshet_kafka_consumergroup_lag",
+                         "Records between the log end and the store's watermark.", 2, lag_labels);
+}
+
+/* Checks the parts of conf that librdkafka does not. */
+static fr_err_t conf_check(const ingest_consumer_conf_t *conf, char *errstr, size_t size)
+{
+    psstore_url_t u;
+    if (conf == NULL || conf->topic == NULL || conf->topic[0] == '\0' ||
+        strlen(conf->topic) > INGEST_TOPIC_MAX)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: a topic is required");
+    if (conf->model == NULL || psstore_model_name_check(conf->model, errstr, size) != FR_OK)
+        return conf->model == NULL ? fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: no model")
+                                   : FR_ERR_INVAL;
+    if (conf->redis_url == NULL || psstore_url_parse(conf->redis_url, &u, errstr, size) != FR_OK)
+        return conf->redis_url == NULL
+                   ? fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: no redis url")
+                   : FR_ERR_INVAL;
+    if (conf->format == INGEST_FORMAT_IDX)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: idx is a file format only");
+    if (conf->batch <= 0 || conf->queue <= 0 || conf->linger_ms < 0)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "ingest: batch and queue must be > 0 and linger_ms >= 0");
+    if (conf->nprops > 0 && conf->props == NULL)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: nprops without props");
+    return FR_OK;
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s != NULL && s[0] != '\0' ? strdup(s) : NULL;
+}
+
+ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char *errstr,
+                                       size_t size)
+{
+    if (conf_check(conf, errstr, size) != FR_OK)
+        return NULL;
+    ingest_consumer_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "ingest: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&c->qlock, NULL);
+    pthread_cond_init(&c->qcond, NULL);
+    atomic_init(&c->stop, 0);
+    c->topic = strdup(conf->topic);
+    c->model = strdup(conf->model);
+    c->redis_url = strdup(conf->redis_url);
+    c->dlt = dup_or_null(conf->dead_letter_topic);
+    c->linger_ms = conf->linger_ms;
+    c->start_latest = conf->start_latest != 0;
+    c->qcap = (size_t)conf->queue;
+    c->metrics = conf->metrics;
+    if (c->topic == NULL || c->model == NULL || c->redis_url == NULL ||
+        (conf->dead_letter_topic != NULL && conf->dead_letter_topic[0] != '\0' && c->dlt == NULL)) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "ingest: out of memory");
+        goto err;
+    }
+    if ((c->bt = ingest_batcher_new(&conf->schema, conf->format, conf->batch, errstr, size)) ==
+        NULL)
+        goto err;
+    if (c->dlt != NULL && (c->dlq = ingest_producer_new(conf->bootstrap, conf->props, conf->nprops,
+                                                        errstr, size)) == NULL)
+        goto err;
+    rd_kafka_conf_t *kc = consumer_conf(c, conf, errstr, size);
+    if (kc == NULL)
+        goto err;
+    char kerr[512];
+    if ((c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr))) == NULL) {
+        rd_kafka_conf_destroy(kc);
+        fr_errorf(FR_ERR_KAFKA, errstr, size, "ingest: %s", kerr);
+        goto err;
+    }
+    rd_kafka_poll_set_consumer(c->rk);
+    metrics_init(c);
+    return c;
+err:
+    ingest_consumer_destroy(c);
+    return NULL;
+}
+
+fr_err_t ingest_consumer_start(ingest_consumer_t *c)
+{
+    if (c->started)
+        return FR_ERR_STATE;
+    rd_kafka_topic_partition_list_t *topics = rd_kafka_topic_partition_list_new(1);
+    if (topics == NULL)
+        return FR_ERR_NOMEM;
+    rd_kafka_topic_partition_list_add(topics, c->topic, RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t kerr = rd_kafka_subscribe(c->rk, topics);
+    rd_kafka_topic_partition_list_destroy(topics);
+    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        fr_log(FR_LOG_ERROR, "ingest: subscribe to %s: %s", c->topic, rd_kafka_err2str(kerr));
+        return FR_ERR_KAFKA;
+    }
+    if (pthread_create(&c->thread, NULL, poll_main, c) != 0) {
+        rd_kafka_unsubscribe(c->rk);
+        return FR_ERR_NOMEM;
+    }
+    c->started = 1;
+    return FR_OK;
+}
+
+void ingest_consumer_stop(ingest_consumer_t *c)
+{
+    if (c == NULL)
+        return;
+    if (c->started && !c->joined) {
+        atomic_store(&c->stop, 1);
+        pthread_join(c->thread, NULL);
+        c->joined = 1;
+    }
+    pthread_mutex_lock(&c->qlock);
+    c->finished = 1;
+    pthread_cond_broadcast(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+}
+
+void ingest_consumer_destroy(ingest_consumer_t *c)
+{
+    if (c == NULL)
+        return;
+    ingest_consumer_stop(c);
+    if (c->rk != NULL) {
+        if (!c->started)
+            rd_kafka_consumer_close(c->rk);
+        rd_kafka_destroy(c->rk);
+    }
+    for (qnode_t *node = c->qhead, *next; node != NULL; node = next) {
+        next = node->next;
+        ingest_batch_destroy(node->batch);
+        free(node);
+    }
+    if (c->dlq != NULL) {
+        uint64_t delivered, failed;
+        if (ingest_producer_flush(c->dlq, DLQ_FLUSH_MS, &delivered, &failed) != FR_OK)
+            fr_log(FR_LOG_WARN, "ingest: dead letters not all delivered: %s",
+                   ingest_producer_error(c->dlq));
+        ingest_producer_destroy(c->dlq);
+    }
+    ingest_batcher_destroy(c->bt);
+    if (c->assigned != NULL)
+        rd_kafka_topic_partition_list_destroy(c->assigned);
+    free(c->owned);
+    free(c->topic);
+    free(c->model);
+    free(c->redis_url);
+    free(c->dlt);
+    pthread_cond_destroy(&c->qcond);
+    pthread_mutex_destroy(&c->qlock);
+    free(c);
+}
+
+void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->consumed = atomic_load(&c->consumed);
+    for (int r = 0; r < INGEST_REJECT_COUNT; r++)
+        st->rejected[r] = atomic_load(&c->rejected[r]);
+    st->batches = atomic_load(&c->batches);
+    st->dead_letters = atomic_load(&c->dead_letters);
+    st->pauses = atomic_load(&c->pauses);
+    st->paused = atomic_load(&c->npaused);
+    st->assigned = atomic_load(&c->nassigned);
+}

@@ -1,0 +1,624 @@
+/*
+ * test_consumer.c - the Kafka consumer against the dev broker (a separate
+ * "freshet broker" process) and a real redis-server: records produced by
+ * kcat arrive exactly once, in partition order, with position ranges that
+ * cover every offset; bad records are counted and dead-lettered; partitions
+ * start where the store says and skip its applied intervals; Kafka's
+ * committed offsets follow the store's watermark; a full queue pauses the
+ * partitions without losing anything.
+ *
+ * Records are f32 samples of 3 features whose label is g = partition *
+ * 10000 + offset, so every sample says where it came from; its features
+ * are a function of g and are checked exactly.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <librdkafka/rdkafka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "harness.h"
+#include "ingest/ingest.h"
+
+#define D        3
+#define MAXPART  4
+#define MAXOFF   1000
+#define WAIT_MS  60000
+#define REC_SIZE (4 * (D + 1))
+
+static harness_broker_t broker;
+static harness_redis_t redis;
+static char tmp_dir[256];
+
+/* The consumer properties every test uses (the dev broker's group timing). */
+static const char *const test_props[][2] = {
+    {"session.timeout.ms", "6000"},
+    {"heartbeat.interval.ms", "500"},
+};
+
+/* ------------------------------------------------------------------------
+ * Records.
+ * ---------------------------------------------------------------------- */
+
+typedef enum kind { GOOD, GARBAGE, SHORT, NAN_FEATURE } kind_t;
+
+static void features_of(int64_t g, float *x)
+{
+    x[0] = (float)g * 0.5f;
+    x[1] = -(float)g;
+    x[2] = (float)g / 7.0f;
+}
+
+/* Writes the record of kind for (partition, offset) into buf; its length. */
+static size_t make_record(kind_t kind, int32_t partition, int64_t offset, char *buf)
+{
+    float v[D + 1];
+    int64_t g = (int64_t)partition * 10000 + offset;
+    v[0] = (float)g;
+    features_of(g, v + 1);
+    switch (kind) {
+    case GARBAGE: memcpy(buf, "garbage!!", 9); return 9;
+    case SHORT: memcpy(buf, v, 4 * D); return 4 * D;
+    case NAN_FEATURE: v[2] = NAN; break;
+    case GOOD: break;
+    }
+    memcpy(buf, v, sizeof(v));
+    return sizeof(v);
+}
+
+/*
+ * Produces kinds[n] records to one partition of topic with kcat, each from
+ * its own file (kcat sends a file as one message), in order, so the k-th
+ * record gets offset first + k.
+ */
+static void produce(const char *topic, int32_t partition, int64_t first, const kind_t *kinds,
+                    size_t n)
+{
+    size_t cap = 256 + n * 300;
+    char *cmd = malloc(cap);
+    assert_non_null(cmd);
+    size_t len = (size_t)snprintf(cmd, cap, "kcat -P -b %s -t %s -p %d", broker.bootstrap, topic,
+                                  (int)partition);
+    for (size_t k = 0; k < n; k++) {
+        char path[300], rec[64];
+        snprintf(path, sizeof(path), "%s/%s-%d-%zu.rec", tmp_dir, topic, (int)partition, k);
+        size_t rlen = make_record(kinds[k], partition, first + (int64_t)k, rec);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(rec, 1, rlen, f), rlen);
+        assert_int_equal(fclose(f), 0);
+        len += (size_t)snprintf(cmd + len, cap - len, " %s", path);
+    }
+    if (system(cmd) != 0)
+        fail_msg("kcat failed: %.200s", cmd);
+    free(cmd);
+}
+
+/* Produces n good records to a partition. */
+static void produce_good(const char *topic, int32_t partition, size_t n)
+{
+    kind_t *kinds = calloc(n, sizeof(*kinds));
+    assert_non_null(kinds);
+    produce(topic, partition, 0, kinds, n);
+    free(kinds);
+}
+
+/* ------------------------------------------------------------------------
+ * Collecting batches.
+ * ---------------------------------------------------------------------- */
+
+typedef struct collected {
+    int nparts;
+    const char *topic;
+    int64_t ranges[MAXPART][MAXOFF][2]; /* per partition, in delivery order */
+    size_t nranges[MAXPART];
+    int seen[MAXPART][MAXOFF]; /* times each offset was a sample */
+    int64_t last[MAXPART];     /* last sample offset, -1: none */
+    int64_t covered[MAXPART];  /* the highest range end */
+    size_t batches, empty;
+    char first_reason[MAXPART][32]; /* reason of the first n = 0 batch per partition */
+} collected_t;
+
+static collected_t *collected_new(const char *topic, int nparts)
+{
+    collected_t *col = calloc(1, sizeof(*col));
+    assert_non_null(col);
+    col->topic = topic;
+    col->nparts = nparts;
+    for (int p = 0; p < MAXPART; p++)
+        col->last[p] = -1;
+    return col;
+}
+
+/* Checks one batch against the encoding and records its ranges. */
+static void collect_batch(collected_t *col, const ingest_batch_t *b, size_t batch)
+{
+    assert_true(b->n <= batch);
+    assert_true(b->nranges > 0);
+    col->batches++;
+    for (size_t r = 0; r < b->nranges; r++) {
+        const ingest_range_t *rg = &b->ranges[r];
+        assert_string_equal(rg->topic, col->topic);
+        assert_true(rg->partition >= 0 && rg->partition < col->nparts);
+        assert_true(rg->from < rg->to && rg->to <= MAXOFF);
+        size_t *nr = &col->nranges[rg->partition];
+        assert_true(*nr < MAXOFF);
+        col->ranges[rg->partition][*nr][0] = rg->from;
+        col->ranges[rg->partition][*nr][1] = rg->to;
+        (*nr)++;
+        if (rg->to > col->covered[rg->partition])
+            col->covered[rg->partition] = rg->to;
+        if (b->n == 0 && col->first_reason[rg->partition][0] == '\0')
+            snprintf(col->first_reason[rg->partition], 32, "%s", b->reason);
+    }
+    if (b->n == 0) {
+        col->empty++;
+        assert_true(b->reason[0] != '\0');
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        float y = b->y[i], x[D];
+        int64_t g = (int64_t)y;
+        assert_true((float)g == y);
+        int32_t p = (int32_t)(g / 10000);
+        int64_t o = g % 10000;
+        assert_true(p >= 0 && p < col->nparts && o < MAXOFF);
+        features_of(g, x);
+        assert_memory_equal(&b->x[i * D], x, sizeof(x));
+        /* inside one of the batch's ranges of its partition */
+        int inside = 0;
+        for (size_t r = 0; r < b->nranges; r++)
+            inside |= b->ranges[r].partition == p && o >= b->ranges[r].from && o < b->ranges[r].to;
+        if (!inside)
+            fail_msg("sample %d/%lld outside its batch's ranges", (int)p, (long long)o);
+        if (o <= col->last[p])
+            fail_msg("partition %d: sample %lld after %lld", (int)p, (long long)o,
+                     (long long)col->last[p]);
+        col->last[p] = o;
+        col->seen[p][o]++;
+    }
+}
+
+/* Takes batches from any of cs[ncs] until every partition p is covered up
+ * to end[p]. */
+static void collect_from(ingest_consumer_t **cs, int ncs, collected_t *col, const int64_t *end,
+                         size_t batch)
+{
+    int64_t deadline = fr_clock_unix_ms() + WAIT_MS;
+    for (;;) {
+        int done = 1;
+        for (int p = 0; p < col->nparts; p++)
+            done &= col->covered[p] >= end[p];
+        if (done)
+            return;
+        if (fr_clock_unix_ms() > deadline) {
+            for (int p = 0; p < col->nparts; p++)
+                fprintf(stderr, "partition %d covered to %lld of %lld\n", p,
+                        (long long)col->covered[p], (long long)end[p]);
+            fail_msg("timed out waiting for batches");
+        }
+        for (int k = 0; k < ncs; k++) {
+            ingest_batch_t *b = ingest_consumer_next(cs[k], 500 / ncs);
+            if (b != NULL) {
+                collect_batch(col, b, batch);
+                ingest_batch_destroy(b);
+            }
+        }
+    }
+}
+
+static void collect_until(ingest_consumer_t *c, collected_t *col, const int64_t *end, size_t batch)
+{
+    collect_from(&c, 1, col, end, batch);
+}
+
+/*
+ * Checks a partition's ranges: contiguous from `from` to `end` in delivery
+ * order, no overlap, the only hole being [gap_from, gap_to) (none when
+ * gap_from == gap_to).
+ */
+static void check_ranges(const collected_t *col, int32_t p, int64_t from, int64_t end,
+                         int64_t gap_from, int64_t gap_to)
+{
+    int64_t at = from;
+    assert_true(col->nranges[p] > 0);
+    for (size_t r = 0; r < col->nranges[p]; r++) {
+        int64_t a = col->ranges[p][r][0], b = col->ranges[p][r][1];
+        if (a != at && !(at == gap_from && a == gap_to))
+            fail_msg("partition %d: range %zu is [%lld,%lld), expected to start at %lld", (int)p, r,
+                     (long long)a, (long long)b, (long long)at);
+        at = b;
+    }
+    assert_int_equal(at, end);
+}
+
+static ingest_consumer_t *consumer_new(const char *topic, const char *model, int batch, int queue,
+                                       int start_latest, const char *dlt, fr_metrics_t *reg)
+{
+    char errstr[512];
+    ingest_consumer_conf_t conf = {
+        .bootstrap = broker.bootstrap,
+        .props = test_props,
+        .nprops = sizeof(test_props) / sizeof(test_props[0]),
+        .topic = topic,
+        .redis_url = redis.url,
+        .model = model,
+        .schema = {.features = D, .label = INGEST_LABEL_REAL},
+        .format = INGEST_FORMAT_F32,
+        .batch = batch,
+        .queue = queue,
+        .linger_ms = 200,
+        .start_latest = start_latest,
+        .dead_letter_topic = dlt,
+        .metrics = reg,
+    };
+    ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
+    if (c == NULL)
+        fail_msg("ingest_consumer_new: %s", errstr);
+    assert_int_equal(ingest_consumer_start(c), FR_OK);
+    return c;
+}
+
+/* ------------------------------------------------------------------------
+ * Tests.
+ * ---------------------------------------------------------------------- */
+
+/* 300 records over 3 partitions, some of them bad. */
+static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(void **state)
+{
+    (void)state;
+    enum { PER = 100 };
+    kind_t kinds[3][PER] = {{GOOD}};
+    /* bad records in the middle and at the very end of partitions */
+    kinds[0][10] = GARBAGE;
+    kinds[0][11] = SHORT;
+    kinds[1][50] = NAN_FEATURE;
+    kinds[1][PER - 1] = GARBAGE;
+    kinds[2][0] = SHORT;
+    kinds[2][PER - 1] = NAN_FEATURE;
+    for (int p = 0; p < 3; p++)
+        produce("c1", p, 0, kinds[p], PER);
+
+    fr_metrics_t *reg = fr_metrics_new();
+    assert_non_null(reg);
+    ingest_consumer_t *c = consumer_new("c1", "m1", 16, 8, 0, "c1dlq", reg);
+    collected_t *col = collected_new("c1", 3);
+    int64_t end[3] = {PER, PER, PER};
+    collect_until(c, col, end, 16);
+    for (int p = 0; p < 3; p++) {
+        check_ranges(col, p, 0, PER, 0, 0);
+        for (int o = 0; o < PER; o++)
+            if (col->seen[p][o] != (kinds[p][o] == GOOD))
+                fail_msg("partition %d offset %d seen %d times", p, o, col->seen[p][o]);
+    }
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(c, &st);
+    assert_int_equal(st.consumed, 3 * PER);
+    assert_int_equal(st.rejected[INGEST_REJECT_FEATURE_COUNT], 4);
+    assert_int_equal(st.rejected[INGEST_REJECT_NONFINITE], 2);
+    assert_int_equal(st.dead_letters, 6);
+    char *text = fr_metrics_render(reg, NULL);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "freshet_ingest_records_consumed_total{topic=\"c1\"} 300"));
+    assert_non_null(
+        strstr(text, "freshet_ingest_records_rejected_total{topic=\"c1\",reason=\"nonfinite\"} 2"));
+    free(text);
+    ingest_consumer_destroy(c); /* flushes the dead letters */
+    fr_metrics_destroy(reg);
+    free(col);
+
+    /* the dead letters, read back by kcat: reason header and payload size */
+    char cmd[1024], line[256];
+    snprintf(cmd, sizeof(cmd),
+             "kcat -C -b %s -t c1dlq -e -o beginning -q -f '%%h %%S\\n' | sort | uniq -c",
+             broker.bootstrap);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    int garbage = 0, shortrec = 0, nan = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        int count = atoi(line);
+        if (strstr(line, "freshet.reason=feature_count 9") != NULL)
+            garbage += count;
+        else if (strstr(line, "freshet.reason=feature_count 12") != NULL)
+            shortrec += count;
+        else if (strstr(line, "freshet.reason=nonfinite 16") != NULL)
+            nan += count;
+        else
+            fail_msg("unexpected dead letter: %s", line);
+    }
+    assert_int_equal(pclose(f), 0);
+    assert_int_equal(garbage, 2);
+    assert_int_equal(shortrec, 2);
+    assert_int_equal(nan, 2);
+}
+
+/* The store says where to start and what was applied above that. */
+static void test_partition_starts_at_the_store_watermark_and_skips_applied_intervals(void **state)
+{
+    (void)state;
+    char out[256];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HSET freshet:{m2}:offsets c2/0 100;120-130"),
+        0);
+    produce_good("c2", 0, 200);
+    ingest_consumer_t *c = consumer_new("c2", "m2", 16, 8, 0, NULL, NULL);
+    collected_t *col = collected_new("c2", 1);
+    int64_t end[1] = {200};
+    collect_until(c, col, end, 16);
+    assert_int_equal(col->ranges[0][0][0], 100);
+    check_ranges(col, 0, 100, 200, 120, 130);
+    for (int o = 0; o < 200; o++) {
+        int want = o >= 100 && !(o >= 120 && o < 130);
+        if (col->seen[0][o] != want)
+            fail_msg("offset %d seen %d times", o, col->seen[0][o]);
+    }
+    ingest_consumer_destroy(c);
+    free(col);
+}
+
+/* The committed offset of partition 0 of topic for group, from a handle
+ * that is not a group member. */
+static int64_t committed_offset(const char *group, const char *topic)
+{
+    char errstr[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    assert_int_equal(
+        rd_kafka_conf_set(conf, "bootstrap.servers", broker.bootstrap, errstr, sizeof(errstr)),
+        RD_KAFKA_CONF_OK);
+    assert_int_equal(rd_kafka_conf_set(conf, "group.id", group, errstr, sizeof(errstr)),
+                     RD_KAFKA_CONF_OK);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+    assert_non_null(rk);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(parts, topic, 0);
+    int64_t off = -1;
+    if (rd_kafka_committed(rk, parts, 10000) == RD_KAFKA_RESP_ERR_NO_ERROR &&
+        parts->elems[0].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        off = parts->elems[0].offset;
+    rd_kafka_topic_partition_list_destroy(parts);
+    rd_kafka_destroy(rk);
+    return off;
+}
+
+/* start = latest covers the log with a "start" batch; Kafka's committed
+ * offset then follows the store's watermark, and the lag gauge with it. */
+static void test_kafka_commits_follow_the_store_watermark(void **state)
+{
+    (void)state;
+    produce_good("c3", 0, 200);
+    fr_metrics_t *reg = fr_metrics_new();
+    assert_non_null(reg);
+    ingest_consumer_t *c = consumer_new("c3", "m3", 16, 8, 1, NULL, reg);
+    ingest_batch_t *b = NULL;
+    for (int i = 0; i < WAIT_MS / 500 && b == NULL; i++)
+        b = ingest_consumer_next(c, 500);
+    assert_non_null(b);
+    assert_int_equal(b->n, 0);
+    assert_string_equal(b->reason, "start");
+    assert_int_equal(b->nranges, 1);
+    assert_int_equal(b->ranges[0].from, 0);
+    assert_int_equal(b->ranges[0].to, 200);
+    ingest_batch_destroy(b);
+
+    char out[256];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HSET freshet:{m3}:offsets c3/0 150"), 0);
+    int64_t off = -1;
+    for (int i = 0; i < 30 && off != 150; i++) {
+        harness_sleep_ms(500);
+        off = committed_offset("freshet.m3", "c3");
+    }
+    assert_int_equal(off, 150);
+    /* the lag gauge: log end 200 minus the watermark */
+    int lag_ok = 0;
+    for (int i = 0; i < 20 && !lag_ok; i++) {
+        char *text = fr_metrics_render(reg, NULL);
+        assert_non_null(text);
+        lag_ok =
+            strstr(text, "freshet_kafka_consumergroup_lag{topic=\"c3\",partition=\"0\"} 50\n") !=
+            NULL;
+        if (!lag_ok && i == 19)
+            fprintf(stderr, "%s", text);
+        free(text);
+        harness_sleep_ms(500);
+    }
+    assert_true(lag_ok);
+    ingest_consumer_destroy(c);
+    fr_metrics_destroy(reg);
+}
+
+/* A queue of one batch that nobody drains pauses the partitions; draining
+ * resumes them and every record still arrives once. */
+static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
+{
+    (void)state;
+    /* each resume waits for the fetch in flight (fetch.wait.max.ms, 500 ms
+     * on an idle log), and a queue of one resumes every batch: keep it short */
+    enum { PER = 40 };
+    produce_good("c4", 0, PER);
+    produce_good("c4", 1, PER);
+    ingest_consumer_t *c = consumer_new("c4", "m4", 4, 1, 0, NULL, NULL);
+    ingest_consumer_stats_t st;
+    int paused = 0;
+    for (int i = 0; i < WAIT_MS / 100 && !paused; i++) {
+        harness_sleep_ms(100);
+        ingest_consumer_stats(c, &st);
+        paused = st.paused == 2;
+    }
+    assert_true(paused);
+    /* paused, still polling: nothing more is taken while nobody drains */
+    harness_sleep_ms(1000);
+    ingest_consumer_stats(c, &st);
+    uint64_t consumed = st.consumed;
+    harness_sleep_ms(1500);
+    ingest_consumer_stats(c, &st);
+    assert_int_equal(st.paused, 2);
+    assert_int_equal(st.consumed, consumed);
+    assert_true(consumed < 2 * PER);
+
+    collected_t *col = collected_new("c4", 2);
+    int64_t end[2] = {PER, PER};
+    collect_until(c, col, end, 4);
+    for (int p = 0; p < 2; p++) {
+        check_ranges(col, p, 0, PER, 0, 0);
+        for (int o = 0; o < PER; o++)
+            assert_int_equal(col->seen[p][o], 1);
+    }
+    ingest_consumer_stats(c, &st);
+    assert_true(st.pauses >= 2);
+    free(col);
+    ingest_consumer_destroy(c);
+}
+
+/* Waits until consumer c has `want` partitions assigned. */
+static void wait_assigned(ingest_consumer_t *c, int want)
+{
+    ingest_consumer_stats_t st;
+    for (int i = 0; i < WAIT_MS / 100; i++) {
+        ingest_consumer_stats(c, &st);
+        if (st.assigned == want)
+            return;
+        harness_sleep_ms(100);
+    }
+    fail_msg("assigned %d partitions, expected %d", st.assigned, want);
+}
+
+/* Checks that partition p of col holds exactly the samples [from, end)
+ * minus [gap_from, gap_to), with contiguous ranges. */
+static void check_partition(const collected_t *col, int32_t p, int64_t from, int64_t end,
+                            int64_t gap_from, int64_t gap_to)
+{
+    check_ranges(col, p, from, end, gap_from, gap_to);
+    for (int64_t o = 0; o < end; o++) {
+        int want = o >= from && !(o >= gap_from && o < gap_to);
+        if (col->seen[p][o] != want)
+            fail_msg("partition %d offset %lld seen %d times", (int)p, (long long)o,
+                     col->seen[p][o]);
+    }
+}
+
+/* Two consumers in one group split the partitions; each starts its share
+ * at the store's watermark read at that rebalance; when one leaves, the
+ * other takes its partition back from the watermark. */
+static void test_group_members_split_partitions_and_restart_from_the_store(void **state)
+{
+    (void)state;
+    enum { PER = 100 };
+    char out[256];
+    produce_good("c5", 0, PER);
+    produce_good("c5", 1, PER);
+    ingest_consumer_t *a = consumer_new("c5", "m5", 16, 64, 0, NULL, NULL);
+    collected_t *col = collected_new("c5", 2);
+    int64_t end[2] = {PER, PER};
+    collect_until(a, col, end, 16);
+    check_partition(col, 0, 0, PER, 0, 0);
+    check_partition(col, 1, 0, PER, 0, 0);
+    free(col);
+
+    /* nothing was applied; pretend part was, then a second member joins */
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{m5}:offsets c5/0 60;70-80 c5/1 90"),
+                     0);
+    ingest_consumer_t *b = consumer_new("c5", "m5", 16, 64, 0, NULL, NULL);
+    wait_assigned(b, 1);
+    wait_assigned(a, 1);
+    ingest_consumer_t *both[2] = {a, b};
+    col = collected_new("c5", 2);
+    collect_from(both, 2, col, end, 16);
+    check_partition(col, 0, 60, PER, 70, 80);
+    check_partition(col, 1, 90, PER, 0, 0);
+    free(col);
+
+    /* b leaves: a gets both again, from the store once more */
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HSET freshet:{m5}:offsets c5/1 95"), 0);
+    ingest_consumer_destroy(b);
+    wait_assigned(a, 2);
+    col = collected_new("c5", 2);
+    collect_until(a, col, end, 16);
+    check_partition(col, 0, 60, PER, 70, 80);
+    check_partition(col, 1, 95, PER, 0, 0);
+    free(col);
+    ingest_consumer_destroy(a);
+}
+
+/* Bad configuration is refused with a message, before anything starts. */
+static void test_bad_configuration_is_refused(void **state)
+{
+    (void)state;
+    char errstr[512];
+    ingest_consumer_conf_t conf = {
+        .bootstrap = broker.bootstrap,
+        .topic = "c1",
+        .redis_url = redis.url,
+        .model = "bad{name}",
+        .schema = {.features = D, .label = INGEST_LABEL_REAL},
+        .format = INGEST_FORMAT_F32,
+        .batch = 16,
+        .queue = 4,
+        .linger_ms = 200,
+    };
+    assert_null(ingest_consumer_new(&conf, errstr, sizeof(errstr)));
+    conf.model = "ok";
+    const char *const bad[][2] = {{"no.such.property", "1"}};
+    conf.props = bad;
+    conf.nprops = 1;
+    assert_null(ingest_consumer_new(&conf, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "no.such.property"));
+    conf.nprops = 0;
+    conf.batch = 0;
+    assert_null(ingest_consumer_new(&conf, errstr, sizeof(errstr)));
+    conf.batch = 16;
+    ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(c);
+    assert_null(ingest_consumer_next(c, 0));
+    ingest_consumer_destroy(c); /* never started */
+}
+
+/* ------------------------------------------------------------------------
+ * Setup: a private folder, redis-server and the broker.
+ * ---------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/freshet-test-consumer-XXXXXX");
+    if (mkdtemp(tmp_dir) == NULL)
+        return -1;
+    if (harness_redis_start(&redis, NULL) != 0)
+        return -1;
+    return harness_broker_start(&broker, FRESHET_BIN,
+                                "--topic c1:3 --topic c1dlq:1 --topic c2:1 --topic c3:1 "
+                                "--topic c4:2 --topic c5:2");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (broker.pid > 0)
+        harness_broker_stop(&broker);
+    harness_redis_stop(&redis);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_configuration_is_refused),
+        cmocka_unit_test(test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered),
+        cmocka_unit_test(test_partition_starts_at_the_store_watermark_and_skips_applied_intervals),
+        cmocka_unit_test(test_kafka_commits_follow_the_store_watermark),
+        cmocka_unit_test(test_full_queue_pauses_partitions_and_loses_nothing),
+        cmocka_unit_test(test_group_members_split_partitions_and_restart_from_the_store),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
