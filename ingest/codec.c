@@ -80,21 +80,32 @@ static int is_blank(char c)
 static const float pow10_exact[11] = {1e0f, 1e1f, 1e2f, 1e3f, 1e4f, 1e5f,
                                       1e6f, 1e7f, 1e8f, 1e9f, 1e10f};
 
+/* Powers of ten that double holds exactly (5^22 < 2^53). */
+static const double pow10_double[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                        1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                        1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
 /*
- * The fast path of parse_number(): a plain decimal ("-12", "0.5", "255.")
- * whose digits form an integer m <= 2^24 with at most 10 digits after the
- * point. Both m and 10^k are then exact floats and IEEE division rounds
- * correctly, so m / 10^k is exactly what a correctly rounded strtof()
- * returns (Clinger's fast path, in float). Returns 1 with *out set, or 0
- * when the field needs the general parser. Only used where float
- * arithmetic is evaluated in float (FLT_EVAL_METHOD == 0), so no double
- * rounding can creep in.
+ * The fast path of parse_number(): a decimal ("-12", "0.5", "255.",
+ * "1.23456789e-05") whose digits form an integer m with a decimal exponent
+ * E. Two exact cases (Clinger's fast path):
+ *  - m <= 2^24 and -10 <= E <= 0: m and 10^-E are exact floats, so the one
+ *    float division is what a correctly rounded strtof() returns;
+ *  - m < 2^53 and |E| <= 22: m and 10^|E| are exact doubles, so d = m x
+ *    10^E is the correctly rounded double of the decimal. Rounding d to
+ *    float then gives strtof()'s float unless d sits exactly on a midpoint
+ *    between two floats (no float midpoint can lie strictly between the
+ *    decimal and its nearest double, since midpoints are doubles); that
+ *    case, subnormal and out-of-range results go to strtof().
+ * Returns 1 with *out set, or 0 when the field needs the general parser.
+ * Only used where float arithmetic is evaluated in its own type
+ * (FLT_EVAL_METHOD == 0), so no extra rounding creeps in.
  */
 static int parse_fast(const char *p, size_t len, float *out)
 {
     size_t i = 0;
-    int neg = 0, digits = 0, frac = -1;
-    uint32_t m = 0;
+    int neg = 0, digits = 0, frac = -1, e10 = 0;
+    uint64_t m = 0;
 
     if (p[0] == '-' || p[0] == '+') {
         neg = p[0] == '-';
@@ -103,21 +114,56 @@ static int parse_fast(const char *p, size_t len, float *out)
     for (; i < len; i++) {
         char c = p[i];
         if (c >= '0' && c <= '9') {
-            m = m * 10 + (uint32_t)(c - '0');
-            if (m > (UINT32_C(1) << 24))
+            if (m > (UINT64_MAX - 9) / 10)
                 return 0;
+            m = m * 10 + (uint64_t)(c - '0');
             digits++;
             if (frac >= 0)
                 frac++;
         } else if (c == '.' && frac < 0) {
             frac = 0;
+        } else if ((c == 'e' || c == 'E') && digits > 0) {
+            break;
         } else {
             return 0;
         }
     }
-    if (digits == 0 || frac > 10)
+    if (digits == 0)
         return 0;
-    float v = (float)m / pow10_exact[frac < 0 ? 0 : frac];
+    if (i < len) { /* the exponent: 'e', an optional sign, 1 to 4 digits */
+        int eneg = 0, edigits = 0;
+        if (++i < len && (p[i] == '-' || p[i] == '+'))
+            eneg = p[i++] == '-';
+        for (; i < len; i++) {
+            if (p[i] < '0' || p[i] > '9' || ++edigits > 4)
+                return 0;
+            e10 = e10 * 10 + (p[i] - '0');
+        }
+        if (edigits == 0)
+            return 0;
+        if (eneg)
+            e10 = -e10;
+    }
+    int e = e10 - (frac < 0 ? 0 : frac);
+    float v;
+    if (m == 0) {
+        v = 0.0f;
+    } else if (m <= (UINT64_C(1) << 24) && e <= 0 && e >= -10) {
+        v = (float)m / pow10_exact[-e];
+    } else {
+        if (m >= (UINT64_C(1) << 53) || e < -22 || e > 22)
+            return 0;
+        double d = e >= 0 ? (double)m * pow10_double[e] : (double)m / pow10_double[-e];
+        if (!(d >= FLT_MIN && d <= FLT_MAX))
+            return 0;
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof(bits));
+        /* 29 bits of the double's fraction fall below a float's: a value of
+         * exactly 1 << 28 there is a midpoint between two floats */
+        if ((bits & ((UINT64_C(1) << 29) - 1)) == (UINT64_C(1) << 28))
+            return 0;
+        v = (float)d;
+    }
     *out = neg ? -v : v;
     return 1;
 }

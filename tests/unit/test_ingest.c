@@ -423,6 +423,49 @@ static void test_decode_csv_values_equal_strtof_bit_for_bit(void **state)
     }
 }
 
+/* Decimals as other writers print floats ("%.9g" and friends, exponents),
+ * and decimals on or next to the midpoint between two floats, where a
+ * double-based shortcut could round twice: all equal strtof bit for bit. */
+static void test_decode_csv_printed_floats_and_midpoints_equal_strtof(void **state)
+{
+    ingest_schema_t s = schema_of(1, INGEST_LABEL_REAL, 0);
+    static const char *const formats[] = {"%.9g", "%.8g", "%.7g", "%.12g", "%.17g",
+                                          "%.6e", "%.9e", "%.3f", "%.10f"};
+    fr_rng_t rng;
+    char num[128], rec[300];
+    float x[1], y;
+    fr_rng_seed(&rng, 424242);
+    for (int i = 0; i < 300000; i++) {
+        uint32_t bits = (uint32_t)fr_rng_next(&rng);
+        float f;
+        memcpy(&f, &bits, sizeof(f));
+        if (!isfinite(f))
+            continue;
+        double v = f;
+        if (i % 3 == 1) { /* the midpoint above f, and a hair either side */
+            float up = nextafterf(f, INFINITY);
+            if (!isfinite(up))
+                continue;
+            v = ((double)f + (double)up) / 2;
+            if (i % 9 == 4)
+                v = nextafter(v, INFINITY);
+            else if (i % 9 == 7)
+                v = nextafter(v, -INFINITY);
+        }
+        snprintf(num, sizeof(num), formats[fr_rng_below(&rng, 9)], v);
+        snprintf(rec, sizeof(rec), "0,%s", num);
+        float want = ref_strtof(num);
+        ingest_reject_t r = decode_str(&s, INGEST_FORMAT_CSV, rec, x, &y);
+        if (!isfinite(want)) {
+            assert_int_equal(r, INGEST_REJECT_NONFINITE);
+            continue;
+        }
+        if (r != INGEST_OK || !same_float(x[0], want))
+            fail_msg("\"%s\": got %a expected %a (reason %s)", num, x[0], want,
+                     ingest_reject_name(r));
+    }
+}
+
 /* ------------------------------------------------------------------------
  * libsvm records.
  * ---------------------------------------------------------------------- */
@@ -1432,6 +1475,7 @@ int main(void)
         cmocka_unit_test(test_decode_csv_checks_reasons_in_the_documented_order),
         cmocka_unit_test(test_decode_csv_rejects_oversize_records),
         cmocka_unit_test(test_decode_csv_values_equal_strtof_bit_for_bit),
+        cmocka_unit_test(test_decode_csv_printed_floats_and_midpoints_equal_strtof),
         cmocka_unit_test(test_decode_libsvm_reads_sparse_features),
         cmocka_unit_test(test_decode_libsvm_allows_zero_features),
         cmocka_unit_test(test_decode_libsvm_rejects_indices_out_of_range),
