@@ -1511,13 +1511,17 @@ static fr_err_t delete_model(psstore_applier_t *a)
     }
     cmd_adds(&c, "MULTI");
     cmd_send(a, &c, &queued);
+    /* the keys SCAN found, and the fixed ones in case one appeared since */
+    char k_members[PS_KEY_MAX];
+    ps_key(k_members, a->model, "members");
+    const char *fixed[] = {a->k_meta,  a->k_lease,    a->k_ver,   a->k_w,     a->k_opt, a->k_off,
+                           a->k_grads, a->k_versions, a->k_audit, a->k_snaps, a->k_req, k_members};
     cmd_adds(&c, "DEL");
     for (size_t pos = 0; pos < keys.len; pos += strlen(keys.p + pos) + 1)
         cmd_adds(&c, keys.p + pos);
-    if (nkeys > 0)
-        cmd_send(a, &c, &queued);
-    else
-        c.argc = 0;
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        cmd_adds(&c, fixed[i]);
+    cmd_send(a, &c, &queued);
     cmd_adds(&c, "EXEC");
     err = cmd_send(a, &c, &queued);
     redisReply *exec = NULL;
@@ -1717,6 +1721,23 @@ out:
     return err;
 }
 
+/*
+ * Removes this applier's consumer from the group when it holds no pending
+ * entry, so consumers of stopped appliers do not pile up. One with pending
+ * entries stays: deleting it would orphan them (the next takeover claims
+ * them instead).
+ */
+static void forget_consumer(psstore_applier_t *a)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 0, &err, "XPENDING %s %s - + 1 %s", a->k_grads, GROUP, a->token);
+    int idle = r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 0;
+    freeReplyObject(r);
+    if (idle)
+        freeReplyObject(
+            ps_cmd(a->c, 0, &err, "XGROUP DELCONSUMER %s %s %s", a->k_grads, GROUP, a->token));
+}
+
 fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop)
 {
     int backoff = 10;
@@ -1741,5 +1762,6 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop)
         freeReplyObject(ps_cmd(a->c, 0, &err, "EVAL %s 1 %s %s", script, a->k_lease, a->token));
         drop_state(a);
     }
+    forget_consumer(a);
     return FR_OK;
 }

@@ -231,6 +231,10 @@ static void test_concurrent_pushers_sum_exactly(void **state)
     psstore_applier_stats_t st;
     applier_stop(&at, &st);
     assert_int_equal(st.applied, PUSHERS * PER_PUSHER);
+    /* a cleanly stopped applier leaves no consumer behind in the group */
+    char groups[512];
+    harness_redis_query(&redis, groups, sizeof(groups), "XINFO GROUPS freshet:{%s}:grads", model);
+    assert_non_null(strstr(groups, "consumers\n0\n"));
 
     int ks[PUSHERS * PER_PUSHER];
     for (int k = 0; k < PUSHERS * PER_PUSHER; k++)
