@@ -1475,81 +1475,45 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
 /* Deletes every key of the model (the lease too) under the lease. */
 static fr_err_t delete_model(psstore_applier_t *a)
 {
-    fr_err_t err;
-    char pattern[PS_KEY_MAX + 8], cursor[32] = "0";
-    snprintf(pattern, sizeof(pattern), "freshet:\\{%s\\}:*", a->model);
-    buf_t keys = {0};
-    size_t nkeys = 0;
-    do {
-        redisReply *r = ps_cmd(a->c, 1, &err, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
-        if (r == NULL) {
-            free(keys.p);
-            return err;
-        }
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[1]->type != REDIS_REPLY_ARRAY) {
-            freeReplyObject(r);
-            free(keys.p);
-            return ps_fail(a->c, FR_ERR_REDIS, "delete: unexpected SCAN reply");
-        }
-        reply_str(r->element[0], cursor, sizeof(cursor));
-        for (size_t i = 0; i < r->element[1]->elements; i++) {
-            buf_add(&keys, r->element[1]->element[i]->str, r->element[1]->element[i]->len + 1);
-            nkeys++;
-        }
-        freeReplyObject(r);
-    } while (strcmp(cursor, "0") != 0);
-    cmd_t c = {0};
-    int queued = 0;
-    redisReply *r;
+    ps_keylist_t kl = {0};
+    fr_err_t err = ps_model_keys(a->c, a->model, &kl);
     int ours = 0;
-    if ((err = watch_lease(a, &ours)) != FR_OK || !ours) {
-        free(keys.p);
+    if (err != FR_OK || (err = watch_lease(a, &ours)) != FR_OK || !ours) {
+        ps_keylist_fini(&kl);
         if (err == FR_OK)
             fenced(a, "before delete");
         return err;
     }
-    cmd_adds(&c, "MULTI");
-    cmd_send(a, &c, &queued);
-    /* the keys SCAN found, and the fixed ones in case one appeared since */
-    char k_members[PS_KEY_MAX];
-    ps_key(k_members, a->model, "members");
-    const char *fixed[] = {a->k_meta,  a->k_lease,    a->k_ver,   a->k_w,     a->k_opt, a->k_off,
-                           a->k_grads, a->k_versions, a->k_audit, a->k_snaps, a->k_req, k_members};
-    cmd_adds(&c, "DEL");
-    for (size_t pos = 0; pos < keys.len; pos += strlen(keys.p + pos) + 1)
-        cmd_adds(&c, keys.p + pos);
-    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
-        cmd_adds(&c, fixed[i]);
-    cmd_send(a, &c, &queued);
-    cmd_adds(&c, "EXEC");
-    err = cmd_send(a, &c, &queued);
+    const char *multi[] = {"MULTI"}, *exec_cmd[] = {"EXEC"};
+    size_t queued = 0;
+    if ((err = ps_pipeline_append(a->c, 1, multi, NULL)) == FR_OK)
+        queued++;
+    if (err == FR_OK)
+        err = ps_queue_unlink(a->c, &kl, &queued);
+    if (err == FR_OK && (err = ps_pipeline_append(a->c, 1, exec_cmd, NULL)) == FR_OK)
+        queued++;
+    ps_keylist_fini(&kl);
     redisReply *exec = NULL;
-    for (int i = 0; err == FR_OK && i < queued && a->c->ctx != NULL; i++) {
+    for (size_t i = 0; i < queued && a->c->ctx != NULL; i++) {
         fr_err_t rerr;
-        r = ps_pipeline_read(a->c, &rerr); /* every reply, error replies too */
+        redisReply *r = ps_pipeline_read(a->c, &rerr); /* every reply, error replies too */
         if (i == queued - 1)
             exec = r;
         else
             freeReplyObject(r);
     }
-    if (a->c->ctx == NULL) {
-        free(keys.p);
-        free(c.argv);
-        free(c.lens);
-        drop_state(a);
-        return FR_ERR_REDIS;
+    if (err != FR_OK || a->c->ctx == NULL) {
+        freeReplyObject(exec);
+        drop_state(a); /* unknown whether EXEC ran: reload */
+        return err != FR_OK ? err : FR_ERR_REDIS;
     }
     int done = exec != NULL && exec->type == REDIS_REPLY_ARRAY;
     freeReplyObject(exec);
-    free(keys.p);
-    free(c.argv);
-    free(c.lens);
     if (!done) {
         fenced(a, "at delete");
-        return err == FR_ERR_REDIS ? FR_OK : err;
+        return FR_OK;
     }
-    fr_log(FR_LOG_WARN, "applier %s: model deleted (%zu keys) on request", a->model, nkeys);
+    fr_log(FR_LOG_WARN, "applier %s: model deleted on request", a->model);
     drop_state(a);
     return FR_OK;
 }

@@ -147,21 +147,16 @@ static fr_err_t random_epoch(psstore_conn_t *c, uint64_t *epoch)
 /* ------------------------------------------------------------------------
  * Key lists
  * ---------------------------------------------------------------------- */
-typedef struct keylist {
-    char **keys;
-    size_t n, cap;
-} keylist_t;
-
-static void keylist_fini(keylist_t *kl)
+void ps_keylist_fini(ps_keylist_t *kl)
 {
     for (size_t i = 0; i < kl->n; i++)
         free(kl->keys[i]);
     free(kl->keys);
-    *kl = (keylist_t){0};
+    *kl = (ps_keylist_t){0};
 }
 
 /* Appends a copy of s[0..len). FR_ERR_NOMEM leaves kl as it was. */
-static fr_err_t keylist_add(keylist_t *kl, const char *s, size_t len)
+static fr_err_t keylist_add(ps_keylist_t *kl, const char *s, size_t len)
 {
     if (kl->n == kl->cap) {
         size_t cap = kl->cap ? kl->cap * 2 : 16;
@@ -228,7 +223,7 @@ static fr_err_t add_to_keylist(void *ctx, const char *key, size_t len)
  * hash tag (snapshots, shards). The braces are escaped in the pattern so
  * that it reads as literal text whatever the glob syntax makes of them.
  */
-static fr_err_t model_keys(psstore_conn_t *c, const char *name, keylist_t *kl)
+fr_err_t ps_model_keys(psstore_conn_t *c, const char *name, ps_keylist_t *kl)
 {
     char key[PS_KEY_MAX], pattern[PS_KEY_MAX];
     for (size_t i = 0; i < NSUFFIXES; i++) {
@@ -242,7 +237,7 @@ static fr_err_t model_keys(psstore_conn_t *c, const char *name, keylist_t *kl)
 
 /* Queues UNLINK for every key of kl, MODEL_UNLINK_BATCH per command; adds
  * the number of commands queued to *queued. */
-static fr_err_t queue_unlink(psstore_conn_t *c, const keylist_t *kl, size_t *queued)
+fr_err_t ps_queue_unlink(psstore_conn_t *c, const ps_keylist_t *kl, size_t *queued)
 {
     const char *argv[MODEL_UNLINK_BATCH + 1];
     argv[0] = "UNLINK";
@@ -405,7 +400,7 @@ static fr_err_t check_spec(psstore_conn_t *c, const psstore_model_spec_t *spec, 
  */
 static fr_err_t queue_create(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
                              const float *w, const char *run_id, uint64_t epoch,
-                             const keylist_t *kl, size_t *queued)
+                             const ps_keylist_t *kl, size_t *queued)
 {
     char meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], opt[PS_KEY_MAX];
     char created[32], epoch_s[32];
@@ -430,7 +425,7 @@ static fr_err_t queue_create(psstore_conn_t *c, const char *name, const psstore_
     if (err != FR_OK)
         return err;
     ++*queued;
-    if ((err = queue_unlink(c, kl, queued)) != FR_OK)
+    if ((err = ps_queue_unlink(c, kl, queued)) != FR_OK)
         return err;
     const int argcs[] = {14, 3, 3, 3, 1};
     const char **argvs[] = {hset, set_ver, set_w, set_opt, exec};
@@ -479,12 +474,12 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
                            "it before replacing the model",
                            ep, name);
         }
-        keylist_t kl = {0};
+        ps_keylist_t kl = {0};
         size_t queued = 0;
-        err = model_keys(c, name, &kl);
+        err = ps_model_keys(c, name, &kl);
         if (err == FR_OK)
             err = queue_create(c, name, spec, w, run_id, epoch, &kl, &queued);
-        keylist_fini(&kl);
+        ps_keylist_fini(&kl);
         redisReply *r = NULL;
         if (err == FR_OK)
             r = pipeline_finish(c, queued, &err);
@@ -526,17 +521,17 @@ fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name)
                            "stop it before deleting the model",
                            ep, name);
         }
-        keylist_t kl = {0};
+        ps_keylist_t kl = {0};
         size_t queued = 0;
         const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
-        err = model_keys(c, name, &kl);
+        err = ps_model_keys(c, name, &kl);
         if (err == FR_OK && (err = ps_pipeline_append(c, 1, multi, NULL)) == FR_OK)
             queued++;
         if (err == FR_OK)
-            err = queue_unlink(c, &kl, &queued);
+            err = ps_queue_unlink(c, &kl, &queued);
         if (err == FR_OK && (err = ps_pipeline_append(c, 1, exec, NULL)) == FR_OK)
             queued++;
-        keylist_fini(&kl);
+        ps_keylist_fini(&kl);
         redisReply *r = NULL;
         if (err == FR_OK)
             r = pipeline_finish(c, queued, &err);
@@ -745,10 +740,10 @@ static int cmp_str(const void *a, const void *b)
  * made unique. */
 fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count)
 {
-    keylist_t kl = {0};
+    ps_keylist_t kl = {0};
     fr_err_t err = scan_all(c, 1, "freshet:*:meta", add_model_name, &kl);
     if (err != FR_OK) {
-        keylist_fini(&kl);
+        ps_keylist_fini(&kl);
         return err;
     }
     if (kl.n > 1)

@@ -62,6 +62,24 @@ void ps_key(char *key, const char *model, const char *suffix);
 void ps_key_shard(char *key, const char *model, const char *what, long long k);
 
 /* ------------------------------------------------------------------------
+ * Every key of a model (model.c), for create --force, delete and the
+ * applier's delete request.
+ * ---------------------------------------------------------------------- */
+typedef struct ps_keylist {
+    char **keys;
+    size_t n, cap;
+} ps_keylist_t;
+
+void ps_keylist_fini(ps_keylist_t *kl);
+/* The model's fixed keys (whether they exist or not) and whatever SCAN
+ * finds under its hash tag (snapshots, shards), without retrying a lost
+ * connection (callers WATCH next). */
+fr_err_t ps_model_keys(psstore_conn_t *c, const char *name, ps_keylist_t *kl);
+/* Pipelines UNLINK of every key of kl in batches; adds the commands queued
+ * to *queued. */
+fr_err_t ps_queue_unlink(psstore_conn_t *c, const ps_keylist_t *kl, size_t *queued);
+
+/* ------------------------------------------------------------------------
  * Gradient messages (msg.c): one entry of the grads stream. Fields:
  *   epoch   decimal uint64            ver     decimal int64 (version read)
  *   gen     decimal int64             worker  text, 1..255 bytes
