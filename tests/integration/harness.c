@@ -75,6 +75,19 @@ int harness_wait(pid_t pid, int timeout_ms)
  * Nonzero when a Redis answers on port: PONG, or a NOAUTH error from a
  * server started with --requirepass (it is up; it just wants a password).
  */
+int harness_run(char *const argv[], const char *log_path, int timeout_ms)
+{
+    pid_t pid = harness_spawn(argv, log_path);
+    if (pid < 0)
+        return -1;
+    int status = harness_wait(pid, timeout_ms);
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        harness_wait(pid, 5000);
+    }
+    return status;
+}
+
 static int ping(int port)
 {
     struct timeval tv = {0, 200000};

@@ -40,6 +40,10 @@ pid_t harness_spawn(char *const argv[], const char *log_path);
 /* Waits up to timeout_ms for pid to exit; returns its wait status or -1
  * on timeout. */
 int harness_wait(pid_t pid, int timeout_ms);
+/* harness_spawn, then harness_wait up to timeout_ms; a child still running
+ * then is killed (SIGKILL) and reaped. Returns its wait status, or -1 on
+ * timeout or when it could not be started. */
+int harness_run(char *const argv[], const char *log_path, int timeout_ms);
 /* Milliseconds sleep. */
 void harness_sleep_ms(int ms);
 /* Nonzero when the file contains needle. */

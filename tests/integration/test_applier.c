@@ -739,11 +739,11 @@ static void test_cli_rollback_without_applier(void **state)
     snprintf(log, sizeof(log), "%s/cli-rollback.log", redis.dir);
     char *bad[] = {FRESHET_BIN, "model",       "rollback",  "--redis", redis.url,
                    "--name",    (char *)model, "--version", "7",       NULL};
-    assert_int_equal(WEXITSTATUS(harness_wait(harness_spawn(bad, log), 10000)), 2);
+    assert_int_equal(WEXITSTATUS(harness_run(bad, log, 10000)), 2);
     assert_true(harness_file_contains(log, "retains no snapshot of version 7"));
     char *argv[] = {FRESHET_BIN, "model",       "rollback",  "--redis", redis.url,
                     "--name",    (char *)model, "--version", "50",      NULL};
-    assert_int_equal(harness_wait(harness_spawn(argv, log), 10000), 0);
+    assert_int_equal(harness_run(argv, log, 10000), 0);
     assert_true(harness_file_contains(log, "now version 61 of epoch"));
     assert_int_equal(psstore_pull(cl, w, &epoch2, &version, &changed), FR_OK);
     assert_true(epoch2 != epoch);

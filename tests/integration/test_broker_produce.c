@@ -54,15 +54,8 @@ static int run_freshet(const char *log, int timeout_ms, ...)
         argv[argc++] = a;
     va_end(ap);
     argv[argc] = NULL;
-    pid_t pid = harness_spawn(argv, log);
-    assert_true(pid > 0);
-    int status = harness_wait(pid, timeout_ms);
-    if (status == -1) {
-        kill(pid, SIGKILL);
-        harness_wait(pid, 5000);
-        return -1;
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int status = harness_run(argv, log, timeout_ms);
+    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 /*

@@ -174,12 +174,8 @@ static int freshet(char **out, int timeout_ms, ...)
         argv[argc++] = a;
     va_end(ap);
     argv[argc] = NULL;
-    pid_t pid = harness_spawn(argv, log);
-    assert_true(pid > 0);
-    int status = harness_wait(pid, timeout_ms);
+    int status = harness_run(argv, log, timeout_ms);
     if (status == -1) {
-        kill(pid, SIGKILL);
-        harness_wait(pid, 5000);
         fail_msg("freshet model %s did not finish within %d ms", argc > 2 ? argv[2] : "",
                  timeout_ms);
     }
