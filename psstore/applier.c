@@ -86,10 +86,13 @@ struct psstore_applier {
     double last_loss; /* mean loss of the last applied gradient */
 
     /* pending for the next commit */
-    int new_epoch;     /* write meta.epoch (rollback)          */
-    int offsets_reset; /* DEL offsets before writing them all  */
-    char req_id[64];   /* a request executed by this commit    */
-    buf_t ids;         /* stream ids, NUL separated */
+    int new_epoch;           /* write meta.epoch (rollback)          */
+    int offsets_reset;       /* DEL offsets before writing them all  */
+    char req_id[64];         /* a request executed by this commit    */
+    int64_t replay_gen;      /* > 0: publish this replay in meta ... */
+    const char *replay_spec; /* ... with this text (the request's) */
+    const char *replay_when; /* ... requested at (unix ms text)    */
+    buf_t ids;               /* stream ids, NUL separated */
     size_t nids;
     buf_t versions; /* versions entries: "field\0value\0..." per entry, \1 between */
     buf_t audit;
@@ -345,6 +348,7 @@ static void drop_state(psstore_applier_t *a)
     a->weights_dirty = 0;
     a->new_epoch = a->offsets_reset = 0;
     a->req_id[0] = '\0';
+    a->replay_gen = 0;
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->nsnaps = 0;
     stats_update(a);
@@ -1064,6 +1068,19 @@ static fr_err_t commit(psstore_applier_t *a)
         if ((err = cmd_send(a, &c, &queued)) != FR_OK)
             goto out;
     }
+    if (a->replay_gen > 0) {
+        snprintf(nums[13], 32, "%lld", (long long)a->replay_gen);
+        cmd_adds(&c, "HSET");
+        cmd_adds(&c, a->k_meta);
+        cmd_adds(&c, "replay_generation");
+        cmd_adds(&c, nums[13]);
+        cmd_adds(&c, "replay");
+        cmd_adds(&c, a->replay_spec);
+        cmd_adds(&c, "replay_requested");
+        cmd_adds(&c, a->replay_when);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
     if (dirty_parts > 0) {
         cmd_adds(&c, "HSET");
         cmd_adds(&c, a->k_off);
@@ -1167,6 +1184,7 @@ static fr_err_t commit(psstore_applier_t *a)
     a->weights_dirty = 0;
     a->new_epoch = a->offsets_reset = 0;
     a->req_id[0] = '\0';
+    a->replay_gen = 0;
     fr_series_set(a->m_version, (double)a->committed);
     stats_update(a);
     err = FR_OK;
@@ -1423,6 +1441,16 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
     fr_log(FR_LOG_INFO, "applier %s: rolled back to snapshot %lld as version %lld of epoch %llu",
            a->model, (long long)v, (long long)a->version, (unsigned long long)a->epoch);
     a->snap_version = a->version; /* the restored weights are a snapshot already */
+    /* the restored offsets carry the generations of their time: a published
+     * replay is withdrawn (its generation stays) so that no consumer
+     * resolves it again on top of them */
+    int64_t replay_gen = 0;
+    if (psstore_replay_current(a->c, a->model, &replay_gen, NULL, 0, NULL) == FR_OK &&
+        replay_gen > 0) {
+        a->replay_gen = replay_gen;
+        a->replay_spec = "";
+        a->replay_when = "0";
+    }
     return commit(a);
 }
 
@@ -1454,10 +1482,10 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
         part_t *part = find_part(a, item, (int32_t)atoi(slash + 1), 1);
         if (part == NULL)
             return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-        if (generation < part->po.generation) {
+        if (generation <= part->po.generation) {
             fr_log(FR_LOG_WARN,
                    "applier %s: rewind of %s/%s with generation %lld ignored: the partition "
-                   "is at generation %lld already",
+                   "is at generation %lld already (another owner rewrote it first)",
                    a->model, item, slash + 1, (long long)generation,
                    (long long)part->po.generation);
             continue;
@@ -1470,6 +1498,33 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
     }
     snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
     return commit(a);
+}
+
+/*
+ * An operator's replay: published in meta under the next replay
+ * generation, with the request's text, in one transaction with the
+ * request's deletion. The consumers owning the partitions resolve it and
+ * send the rewrites (rewind_offsets).
+ */
+static fr_err_t publish_replay(psstore_applier_t *a, const char *spec, const char *requested,
+                               const char *req_id)
+{
+    fr_err_t err = commit(a);
+    if (err != FR_OK || !a->active)
+        return err;
+    int64_t generation = 0;
+    if ((err = psstore_replay_current(a->c, a->model, &generation, NULL, 0, NULL)) != FR_OK)
+        return err;
+    a->replay_gen = generation + 1;
+    a->replay_spec = spec;
+    a->replay_when = requested;
+    snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+    err = commit(a);
+    if (err == FR_OK)
+        fr_log(FR_LOG_INFO, "applier %s: replay generation %lld published: %s", a->model,
+               (long long)generation + 1, spec);
+    a->replay_gen = 0; /* the texts belong to the request's reply */
+    return err;
 }
 
 /* Deletes every key of the model (the lease too) under the lease. */
@@ -1530,8 +1585,8 @@ static fr_err_t run_requests(psstore_applier_t *a)
         if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
             e->element[1]->type != REDIS_REPLY_ARRAY)
             continue;
-        char id[64], type[32] = "", version[32] = "", generation[32] = "";
-        const char *targets = "";
+        char id[64], type[32] = "", version[32] = "", generation[32] = "", requested[32] = "";
+        const char *targets = "", *spec = "";
         reply_str(e->element[0], id, sizeof(id));
         const redisReply *kv = e->element[1];
         for (size_t f = 0; f + 1 < kv->elements; f += 2) {
@@ -1544,11 +1599,18 @@ static fr_err_t run_requests(psstore_applier_t *a)
             else if (strcmp(kv->element[f]->str, "targets") == 0 &&
                      kv->element[f + 1]->type == REDIS_REPLY_STRING)
                 targets = kv->element[f + 1]->str;
+            else if (strcmp(kv->element[f]->str, "spec") == 0 &&
+                     kv->element[f + 1]->type == REDIS_REPLY_STRING)
+                spec = kv->element[f + 1]->str;
+            else if (strcmp(kv->element[f]->str, "requested") == 0)
+                reply_str(kv->element[f + 1], requested, sizeof(requested));
         }
         if (strcmp(type, "rollback") == 0 && version[0] != '\0') {
             err = rollback(a, strtoll(version, NULL, 10), id);
         } else if (strcmp(type, "rewind") == 0 && generation[0] != '\0') {
             err = rewind_offsets(a, strtoll(generation, NULL, 10), targets, id);
+        } else if (strcmp(type, "replay") == 0 && spec[0] != '\0') {
+            err = publish_replay(a, spec, requested[0] != '\0' ? requested : "0", id);
         } else if (strcmp(type, "delete") == 0) {
             err = delete_model(a);
         } else {

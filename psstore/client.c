@@ -31,6 +31,7 @@ struct psstore_client {
     char key_grads[PS_KEY_MAX];
     ps_grad_args_t args; /* XADD arguments, reused by every push */
     uint64_t bytes;      /* payload bytes pulled and pushed      */
+    char last_id[64];    /* stream id of the last push           */
 };
 
 /* Writes how errors name the Redis of c: "host:port" or the socket path. */
@@ -405,7 +406,14 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
     redisReply *r = ps_cmd_argv(cl->c, 0, cl->args.argc, cl->args.argv, cl->args.lens, &err);
     if (r == NULL)
         return err;
+    snprintf(cl->last_id, sizeof(cl->last_id), "%.*s", r->str != NULL ? (int)r->len : 0,
+             r->str != NULL ? r->str : "");
     freeReplyObject(r);
     cl->bytes += g->len * sizeof(float);
     return FR_OK;
+}
+
+const char *psstore_client_last_id(const psstore_client_t *cl)
+{
+    return cl->last_id;
 }

@@ -797,3 +797,46 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
     freeReplyObject(r);
     return err;
 }
+
+/* Orders "topic/partition" keys by topic, then partition number. */
+static int offsets_key_cmp(const void *a, const void *b)
+{
+    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
+    const char *sx = strrchr(x, '/'), *sy = strrchr(y, '/');
+    size_t lx = sx ? (size_t)(sx - x) : strlen(x), ly = sy ? (size_t)(sy - y) : strlen(y);
+    int c = strncmp(x, y, lx < ly ? lx : ly);
+    if (c != 0 || lx != ly)
+        return c != 0 ? c : (lx < ly ? -1 : 1);
+    long px = sx ? atol(sx + 1) : 0, py = sy ? atol(sy + 1) : 0;
+    return (px > py) - (px < py);
+}
+
+fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys, size_t *n)
+{
+    fr_err_t err;
+    char key[PS_KEY_MAX];
+    *keys = NULL;
+    *n = 0;
+    if ((err = check_name(c, model)) != FR_OK)
+        return err;
+    ps_key(key, model, "offsets");
+    redisReply *r = ps_cmd(c, 1, &err, "HKEYS %s", key);
+    if (r == NULL)
+        return err;
+    size_t count = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+    char **out = count > 0 ? calloc(count, sizeof(*out)) : NULL;
+    if (count > 0 && out == NULL) {
+        freeReplyObject(r);
+        return ps_fail(c, FR_ERR_NOMEM, "psstore: out of memory");
+    }
+    for (size_t i = 0; i < count; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_STRING || (out[*n] = strndup(e->str, e->len)) == NULL)
+            continue;
+        (*n)++;
+    }
+    freeReplyObject(r);
+    qsort(out, *n, sizeof(*out), offsets_key_cmp);
+    *keys = out;
+    return FR_OK;
+}

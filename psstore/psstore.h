@@ -286,6 +286,10 @@ fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, si
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found);
 
+/* The partitions the store keeps offsets for, as "topic/partition" keys
+ * sorted by topic and partition; caller frees each and the array. */
+fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys, size_t *n);
+
 /* ------------------------------------------------------------------------
  * Gradients between processes (the freshet:{m}:grads stream).
  * ---------------------------------------------------------------------- */
@@ -326,6 +330,12 @@ fr_err_t psstore_pull(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *
  * entries wait to be applied (up to timeout_ms; FR_ERR_TIMEOUT after). */
 fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms);
 
+/* The stream id of the last gradient this client pushed ("" before any). */
+const char *psstore_client_last_id(const psstore_client_t *cl);
+/* *waiting = 1 while gradient id (psstore_client_last_id) is still in the
+ * grads stream, waiting for the applier; it leaves once applied or dropped. */
+fr_err_t psstore_grad_waiting(psstore_conn_t *c, const char *model, const char *id, int *waiting);
+
 /* Bytes this client moved to and from Redis (payloads). */
 uint64_t psstore_client_bytes(const psstore_client_t *cl);
 
@@ -353,6 +363,18 @@ typedef struct psstore_rewind {
  * dropped (reason "replay") and mark nothing. */
 fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t generation,
                                 const psstore_rewind_t *targets, size_t ntargets, char *id);
+/* An operator's replay (DESIGN.md "Replay"), kept symbolically: spec is
+ * ingest's text form of the request (ingest_replay_format), opaque here, of
+ * fewer than PSSTORE_REPLAY_SPEC_MAX bytes. The applier publishes it in the
+ * model's meta under the next replay generation; the consumers owning the
+ * partitions resolve it and append the rewrites (psstore_request_rewind). */
+#define PSSTORE_REPLAY_SPEC_MAX 32768
+fr_err_t psstore_request_replay(psstore_conn_t *c, const char *model, const char *spec, char *id);
+/* The replay the applier last published: its generation (0 when there has
+ * been none, spec then ""), its text into spec[size] and when it was
+ * requested (unix ms; requested_ms may be NULL). */
+fr_err_t psstore_replay_current(psstore_conn_t *c, const char *model, int64_t *generation,
+                                char *spec, size_t size, int64_t *requested_ms);
 /* Waits up to timeout_ms until request id has been executed (left the
  * stream). FR_ERR_TIMEOUT otherwise. */
 fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *id, int timeout_ms);

@@ -80,6 +80,66 @@ fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t ge
     return FR_OK;
 }
 
+fr_err_t psstore_request_replay(psstore_conn_t *c, const char *model, const char *spec, char *id)
+{
+    char key[PS_KEY_MAX], now[32];
+    fr_err_t err;
+    if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
+        return err;
+    size_t len = spec != NULL ? strlen(spec) : 0;
+    if (len == 0 || len >= PSSTORE_REPLAY_SPEC_MAX)
+        return ps_fail(c, FR_ERR_INVAL, "replay: a request of 1..%d bytes is required",
+                       PSSTORE_REPLAY_SPEC_MAX - 1);
+    ps_key(key, model, "requests");
+    snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
+    redisReply *r =
+        ps_cmd(c, 0, &err, "XADD %s * type replay spec %b requested %s", key, spec, len, now);
+    if (r == NULL)
+        return err;
+    snprintf(id, 64, "%.*s", (int)r->len, r->str ? r->str : "");
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+fr_err_t psstore_replay_current(psstore_conn_t *c, const char *model, int64_t *generation,
+                                char *spec, size_t size, int64_t *requested_ms)
+{
+    char key[PS_KEY_MAX];
+    fr_err_t err;
+    ps_key(key, model, "meta");
+    redisReply *r = ps_cmd(c, 1, &err, "HMGET %s replay_generation replay replay_requested", key);
+    if (r == NULL)
+        return err;
+    *generation = 0;
+    if (size > 0)
+        spec[0] = '\0';
+    if (requested_ms != NULL)
+        *requested_ms = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[1]->type == REDIS_REPLY_STRING) {
+        *generation = strtoll(r->element[0]->str, NULL, 10);
+        if (size > 0)
+            snprintf(spec, size, "%.*s", (int)r->element[1]->len, r->element[1]->str);
+        if (requested_ms != NULL && r->element[2]->type == REDIS_REPLY_STRING)
+            *requested_ms = strtoll(r->element[2]->str, NULL, 10);
+    }
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+fr_err_t psstore_grad_waiting(psstore_conn_t *c, const char *model, const char *id, int *waiting)
+{
+    char key[PS_KEY_MAX];
+    fr_err_t err;
+    ps_key(key, model, "grads");
+    redisReply *r = ps_cmd(c, 1, &err, "XRANGE %s %s %s", key, id, id);
+    if (r == NULL)
+        return err;
+    *waiting = r->type == REDIS_REPLY_ARRAY && r->elements > 0;
+    freeReplyObject(r);
+    return FR_OK;
+}
+
 fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *id, int timeout_ms)
 {
     char key[PS_KEY_MAX];
