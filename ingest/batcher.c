@@ -629,3 +629,16 @@ int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t 
     const part_t *p = part_find(bt, topic, partition);
     return p != NULL && p->held;
 }
+
+fr_err_t ingest_batcher_position(const ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                 int64_t *next, int64_t *end)
+{
+    if (bt == NULL || !topic_ok(topic))
+        return FR_ERR_INVAL;
+    const part_t *p = part_find(bt, topic, partition);
+    if (p == NULL)
+        return FR_ERR_NOTFOUND;
+    *next = p->next;
+    *end = p->end;
+    return FR_OK;
+}

@@ -18,7 +18,19 @@
  * dropped (a paused consumer keeps polling, so the group keeps it). The
  * partitions resume once the queue drains below half its capacity.
  *
- * Not in this slice: the gap rule (rule 3) and replay resolution.
+ * Once a second (store_tick) the poll thread reads each assigned
+ * partition's offsets from the store and
+ * - commits an advanced watermark to Kafka and sets the lag gauge;
+ * - applies rule 3: a watermark that has not advanced for gap_timeout, at
+ *   a position no outstanding batch holds (queued, lent to a trainer and
+ *   not yet reported done, or pushed and still in the grads stream), is
+ *   read again: the partition is seeked back to it with the store's
+ *   applied intervals as the skip list;
+ * - resolves a replay the applier published (psstore_replay_current) for
+ *   every partition whose store generation is older: the targets are
+ *   resolved against Kafka (ingest_resolver_target) and sent as one rewind
+ *   request; the partitions are paused and dropped from the batcher until
+ *   the applier has executed it, then restart where the store now says.
  */
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -37,33 +49,50 @@
 #define POLL_MS          100  /* one poll waits at most this long       */
 #define COMMIT_EVERY_MS  1000 /* the store's watermarks go to Kafka     */
 #define STORE_TIMEOUT_MS 5000 /* Redis connect and command timeout      */
-#define QUERY_TIMEOUT_MS 5000 /* rd_kafka_query_watermark_offsets       */
+#define QUERY_TIMEOUT_MS 5000 /* a ListOffsets question or a seek       */
 #define RETRY_MS         500  /* pause between tries at assignment time */
 #define DLQ_FLUSH_MS     5000 /* dead letters still queued at destroy    */
 #define DLQ_HEADER       "freshet.reason"
+#define GAP_TIMEOUT_MS   10000 /* [psstore] gap_timeout's default          */
+#define GAP_IDS_MAX      16    /* stream entries checked per gap decision  */
 
 typedef struct qnode {
     struct qnode *next;
     ingest_batch_t *batch;
 } qnode_t;
 
-/* Per assigned partition, the poll thread's bookkeeping for commits. */
+/* Per assigned partition, the poll thread's bookkeeping. */
 typedef struct owned {
     int32_t partition;
-    int64_t committed; /* the last watermark committed to Kafka, -1: none */
-    fr_series_t *lag;  /* freshet_kafka_consumergroup_lag{topic,partition} */
+    int64_t committed;   /* the last watermark committed to Kafka, -1: none   */
+    int64_t watermark;   /* the store's at the last tick, -1: not read yet     */
+    int64_t since;       /* when it last changed (monotonic ms)                */
+    int64_t replay_seen; /* the newest replay generation considered here       */
+    int rewinding;       /* paused until the applier executes our rewind       */
+    fr_series_t *lag;    /* freshet_kafka_consumergroup_lag{topic,partition}   */
 } owned_t;
+
+/* A batch handed to a trainer, until it is done and its stream entry gone. */
+typedef struct lent {
+    uint64_t seq;
+    ingest_range_t *ranges; /* a copy of the batch's */
+    size_t nranges;
+    char id[64]; /* "" while computing, else the gradient's stream id */
+} lent_t;
 
 struct ingest_consumer {
     /* configuration (copies) */
-    char *topic, *model, *redis_url, *dlt;
-    int linger_ms, start_latest;
+    char *topic, *model, *redis_url, *dlt, *bootstrap;
+    char *(*props)[2]; /* [nprops] key, value: for the resolver */
+    size_t nprops;
+    int linger_ms, start_latest, gap_ms;
     size_t qcap;
 
     rd_kafka_t *rk;
     ingest_batcher_t *bt;   /* poll thread only once started */
     ingest_producer_t *dlq; /* NULL without a dead-letter topic */
     psstore_conn_t *ps;     /* poll thread only */
+    ingest_resolver_t *rs;  /* poll thread only; made at the first replay */
     pthread_t thread;
     int started, joined;
     atomic_int stop;
@@ -74,22 +103,32 @@ struct ingest_consumer {
     int nowned;
     int paused;
 
+    /* replays: poll thread only */
+    int64_t replay_gen;      /* generation of the replay below, 0: none seen   */
+    int replay_ok;           /* it parsed and has a target                     */
+    ingest_replay_t *replay; /* the published replay, parsed                   */
+    char *spec;              /* [PSSTORE_REPLAY_SPEC_MAX] its text, reused     */
+    char rewind_id[64];      /* our rewind request waiting for the applier     */
+
     /* the queue */
     pthread_mutex_t qlock;
     pthread_cond_t qcond;
     qnode_t *qhead, *qtail;
     size_t qlen;
     int finished; /* the poll thread has exited */
+    uint64_t seq; /* numbers batches as they are queued */
+    lent_t *lent; /* [nlent] batches taken and not yet known applied */
+    size_t nlent, caplent;
 
     /* counters */
-    atomic_uint_least64_t consumed, batches, dead_letters, pauses;
+    atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds;
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
 
     /* metrics (NULL without a registry) */
     fr_metrics_t *metrics;
     fr_metric_t *m_lag;
-    fr_series_t *m_consumed, *m_paused, *m_fill;
+    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds;
     fr_series_t *m_rejected[INGEST_REJECT_COUNT];
 };
 
@@ -138,6 +177,7 @@ static void queue_push(ingest_consumer_t *c, ingest_batch_t *batch)
     node->next = NULL;
     node->batch = batch;
     pthread_mutex_lock(&c->qlock);
+    batch->seq = ++c->seq;
     if (c->qtail != NULL)
         c->qtail->next = node;
     else
@@ -155,6 +195,57 @@ static size_t queue_len(ingest_consumer_t *c)
     size_t n = c->qlen;
     pthread_mutex_unlock(&c->qlock);
     return n;
+}
+
+/*
+ * Records a batch handed to a trainer as outstanding (caller holds qlock).
+ * Out of memory it goes unrecorded, which costs at most a needless seek
+ * back of the gap rule (rule 1 then drops the second copy).
+ */
+static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
+{
+    if (c->nlent == c->caplent) {
+        size_t cap = c->caplent ? 2 * c->caplent : 16;
+        lent_t *grown = realloc(c->lent, cap * sizeof(*grown));
+        if (grown == NULL)
+            return;
+        c->lent = grown;
+        c->caplent = cap;
+    }
+    lent_t *l = &c->lent[c->nlent];
+    l->ranges = batch->nranges ? malloc(batch->nranges * sizeof(*l->ranges)) : NULL;
+    if (batch->nranges > 0 && l->ranges == NULL)
+        return;
+    if (batch->nranges > 0)
+        memcpy(l->ranges, batch->ranges, batch->nranges * sizeof(*l->ranges));
+    l->nranges = batch->nranges;
+    l->seq = batch->seq;
+    l->id[0] = '\0';
+    c->nlent++;
+}
+
+/* Removes lent entry i (caller holds qlock). */
+static void lent_remove(ingest_consumer_t *c, size_t i)
+{
+    free(c->lent[i].ranges);
+    c->lent[i] = c->lent[--c->nlent];
+}
+
+void ingest_consumer_done(ingest_consumer_t *c, const ingest_batch_t *batch, const char *stream_id)
+{
+    if (c == NULL || batch == NULL)
+        return;
+    pthread_mutex_lock(&c->qlock);
+    for (size_t i = 0; i < c->nlent; i++) {
+        if (c->lent[i].seq != batch->seq)
+            continue;
+        if (stream_id != NULL && stream_id[0] != '\0')
+            snprintf(c->lent[i].id, sizeof(c->lent[i].id), "%s", stream_id);
+        else
+            lent_remove(c, i);
+        break;
+    }
+    pthread_mutex_unlock(&c->qlock);
 }
 
 ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
@@ -178,6 +269,7 @@ ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
         if (c->qhead == NULL)
             c->qtail = NULL;
         c->qlen--;
+        lend(c, node->batch);
     }
     pthread_mutex_unlock(&c->qlock);
     if (node == NULL)
@@ -238,7 +330,9 @@ static fr_err_t log_bounds(ingest_consumer_t *c, const char *topic, int32_t part
 {
     for (int tries = 0;; tries++) {
         rd_kafka_resp_err_t kerr =
-            rd_kafka_query_watermark_offsets(c->rk, topic, partition, lo, hi, QUERY_TIMEOUT_MS);
+            ingest_list_offset(c->rk, topic, partition, -2, QUERY_TIMEOUT_MS, lo);
+        if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR)
+            kerr = ingest_list_offset(c->rk, topic, partition, -1, QUERY_TIMEOUT_MS, hi);
         if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR)
             return FR_OK;
         if (tries == 0)
@@ -309,7 +403,23 @@ static int64_t partition_start(ingest_consumer_t *c, const char *topic, int32_t 
     return start;
 }
 
-/* Pauses (pause = 1) or resumes the whole assignment. Poll thread. */
+/* Pauses (pause = 1) or resumes one assigned partition. Poll thread. */
+static void pause_one(ingest_consumer_t *c, int32_t partition, int pause)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    if (l == NULL)
+        return;
+    rd_kafka_topic_partition_list_add(l, c->topic, partition);
+    rd_kafka_resp_err_t kerr =
+        pause ? rd_kafka_pause_partitions(c->rk, l) : rd_kafka_resume_partitions(c->rk, l);
+    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+        fr_log(FR_LOG_WARN, "ingest: %s %s/%" PRId32 ": %s", pause ? "pause" : "resume", c->topic,
+               partition, rd_kafka_err2str(kerr));
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* Pauses (pause = 1) or resumes the whole assignment (a partition waiting
+ * for its rewind stays paused). Poll thread. */
 static void set_paused(ingest_consumer_t *c, int pause)
 {
     if (c->assigned != NULL && c->assigned->cnt > 0) {
@@ -319,6 +429,10 @@ static void set_paused(ingest_consumer_t *c, int pause)
             fr_log(FR_LOG_WARN, "ingest: %s: %s", pause ? "pause" : "resume",
                    rd_kafka_err2str(kerr));
     }
+    if (!pause)
+        for (int i = 0; i < c->nowned; i++)
+            if (c->owned[i].rewinding)
+                pause_one(c, c->owned[i].partition, 1);
     if (pause && !c->paused)
         atomic_fetch_add(&c->pauses, 1);
     c->paused = pause;
@@ -338,10 +452,15 @@ static void owned_rebuild(ingest_consumer_t *c)
         const rd_kafka_topic_partition_t *tp = &c->assigned->elems[i];
         now[i].partition = tp->partition;
         now[i].committed = -1;
-        /* keep what was committed for partitions that stay (cooperative) */
-        for (int j = 0; j < c->nowned; j++)
-            if (old[j].partition == tp->partition)
-                now[i].committed = old[j].committed;
+        now[i].watermark = -1;
+        now[i].since = now_ms();
+        /* keep the bookkeeping of partitions that stay (cooperative) */
+        for (int j = 0; j < c->nowned; j++) {
+            if (old[j].partition == tp->partition) {
+                now[i] = old[j];
+                now[i].lag = NULL;
+            }
+        }
         if (c->m_lag != NULL) {
             char pbuf[16];
             snprintf(pbuf, sizeof(pbuf), "%" PRId32, tp->partition);
@@ -471,20 +590,227 @@ static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 c->owned[j].committed = -1;
 }
 
+/* Seeks the consumer's fetch position of a partition (librdkafka drops
+ * what it had fetched beyond). Poll thread. */
+static void seek_kafka(ingest_consumer_t *c, int32_t partition, int64_t offset)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    if (l == NULL)
+        return;
+    rd_kafka_topic_partition_list_add(l, c->topic, partition)->offset = offset;
+    rd_kafka_error_t *error = rd_kafka_seek_partitions(c->rk, l, QUERY_TIMEOUT_MS);
+    if (error != NULL) {
+        fr_log(FR_LOG_WARN, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", c->topic,
+               partition, offset, rd_kafka_error_string(error));
+        rd_kafka_error_destroy(error);
+    } else if (l->elems[0].err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        fr_log(FR_LOG_WARN, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", c->topic,
+               partition, offset, rd_kafka_err2str(l->elems[0].err));
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/* Nonzero when one of ranges[n] holds position pos of the partition. */
+static int ranges_hold(const ingest_range_t *ranges, size_t n, const char *topic, int32_t partition,
+                       int64_t pos)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ranges[i].partition == partition && ranges[i].from <= pos && pos < ranges[i].to &&
+            strcmp(ranges[i].topic, topic) == 0)
+            return 1;
+    return 0;
+}
+
 /*
- * Every COMMIT_EVERY_MS: reads each assigned partition's watermark from the
- * store, commits those that advanced to Kafka (async) and updates the lag
- * gauges. A Redis error skips this tick. Poll thread.
+ * Rule 3's test: nonzero when position pos of the partition belongs to an
+ * outstanding batch: the open one, a queued one, one a trainer computes,
+ * or one whose gradient still waits in the grads stream. A Redis error
+ * counts as outstanding (decide at the next tick). Poll thread.
  */
-static void commit_tick(ingest_consumer_t *c)
+static int outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos)
+{
+    int64_t next, end;
+    if (ingest_batcher_position(c->bt, c->topic, partition, &next, &end) != FR_OK || end <= pos)
+        return 1; /* nothing read past pos yet: nothing to read again */
+    if (next <= pos)
+        return 1; /* in the open batch */
+    char ids[GAP_IDS_MAX][64];
+    int nids = 0, held = 0;
+    pthread_mutex_lock(&c->qlock);
+    for (const qnode_t *q = c->qhead; q != NULL && !held; q = q->next)
+        held = ranges_hold(q->batch->ranges, q->batch->nranges, c->topic, partition, pos);
+    for (size_t i = 0; i < c->nlent && !held; i++) {
+        const lent_t *l = &c->lent[i];
+        if (!ranges_hold(l->ranges, l->nranges, c->topic, partition, pos))
+            continue;
+        if (l->id[0] == '\0' || nids == GAP_IDS_MAX)
+            held = 1;
+        else
+            memcpy(ids[nids++], l->id, sizeof(l->id));
+    }
+    pthread_mutex_unlock(&c->qlock);
+    for (int i = 0; i < nids && !held; i++) {
+        int waiting = 1;
+        if (psstore_grad_waiting(c->ps, c->model, ids[i], &waiting) != FR_OK || waiting)
+            held = 1;
+    }
+    return held;
+}
+
+/* Forgets lent batches whose positions in this consumer's partitions are
+ * all below the store's watermarks now (applied, dropped or re-read), and
+ * those of partitions it no longer owns. Poll thread. */
+static void lent_prune(ingest_consumer_t *c)
+{
+    pthread_mutex_lock(&c->qlock);
+    for (size_t i = 0; i < c->nlent;) {
+        const lent_t *l = &c->lent[i];
+        int live = 0;
+        for (size_t r = 0; r < l->nranges && !live; r++) {
+            for (int j = 0; j < c->nowned; j++) {
+                const owned_t *o = &c->owned[j];
+                if (o->partition == l->ranges[r].partition &&
+                    strcmp(l->ranges[r].topic, c->topic) == 0)
+                    live = o->watermark < 0 || l->ranges[r].to > o->watermark;
+            }
+        }
+        if (live)
+            i++;
+        else
+            lent_remove(c, i);
+    }
+    pthread_mutex_unlock(&c->qlock);
+}
+
+/* Starts a partition again where the store says (partition_start) and
+ * moves the Kafka fetch position there. Poll thread. */
+static void restart(ingest_consumer_t *c, owned_t *o)
+{
+    int64_t start = partition_start(c, c->topic, o->partition);
+    if (start >= 0)
+        seek_kafka(c, o->partition, start);
+    o->since = now_ms();
+}
+
+/*
+ * Reads the replay the applier last published and parses it when it is
+ * new. A replay that does not parse is logged once and ignored (its
+ * generation still counts as seen). Poll thread.
+ */
+static void replay_read(ingest_consumer_t *c)
+{
+    int64_t gen = 0;
+    if (psstore_replay_current(c->ps, c->model, &gen, c->spec, PSSTORE_REPLAY_SPEC_MAX, NULL) !=
+            FR_OK ||
+        gen <= c->replay_gen)
+        return;
+    char errstr[256];
+    c->replay_gen = gen;
+    c->replay_ok = c->spec[0] != '\0' && ingest_replay_parse(c->replay, c->spec, strlen(c->spec),
+                                                             errstr, sizeof(errstr)) == FR_OK;
+    if (c->spec[0] != '\0' && !c->replay_ok)
+        fr_log(FR_LOG_ERROR, "ingest: replay generation %" PRId64 " ignored: %s", gen, errstr);
+}
+
+/*
+ * Resolves the published replay for one partition whose store generation
+ * is older (rule: the owner resolves, DESIGN.md "Replay"): FR_OK with
+ * *target, or *target = -1 when the replay does not move this partition.
+ * FR_ERR_KAFKA when Kafka did not answer (tried again at the next tick).
+ */
+static fr_err_t replay_target(ingest_consumer_t *c, int32_t partition, int64_t watermark,
+                              int64_t *target)
+{
+    char errstr[512];
+    *target = -1;
+    if (!ingest_replay_applies(c->replay, c->topic, partition, NULL))
+        return FR_OK;
+    if (c->rs == NULL &&
+        (c->rs = ingest_resolver_new(c->bootstrap, (const char *const(*)[2])c->props, c->nprops,
+                                     errstr, sizeof(errstr))) == NULL) {
+        fr_log(FR_LOG_ERROR, "ingest: replay: %s", errstr);
+        return FR_ERR_KAFKA;
+    }
+    int64_t lo, hi;
+    fr_err_t err = ingest_resolver_target(c->rs, c->replay, c->topic, partition, watermark,
+                                          QUERY_TIMEOUT_MS, target, &lo, &hi);
+    if (err != FR_OK)
+        fr_log(FR_LOG_WARN,
+               "ingest: replay generation %" PRId64 " of %s/%" PRId32 ": %s (retrying)",
+               c->replay_gen, c->topic, partition, ingest_resolver_error(c->rs));
+    return err;
+}
+
+/*
+ * Sends the rewrites of ntargets resolved partitions in one rewind request
+ * and holds those partitions (paused, out of the batcher: what was read of
+ * them is flushed under the old generation, which the applier drops) until
+ * the applier has executed it. Poll thread.
+ */
+static void replay_submit(ingest_consumer_t *c, const psstore_rewind_t *targets, size_t ntargets)
+{
+    if (psstore_request_rewind(c->ps, c->model, c->replay_gen, targets, ntargets, c->rewind_id) !=
+        FR_OK) {
+        fr_log(FR_LOG_WARN, "ingest: replay generation %" PRId64 ": %s (retrying)", c->replay_gen,
+               psstore_conn_error(c->ps));
+        c->rewind_id[0] = '\0';
+        for (size_t i = 0; i < ntargets; i++)
+            for (int j = 0; j < c->nowned; j++)
+                if (c->owned[j].partition == targets[i].partition)
+                    c->owned[j].replay_seen = 0;
+        return;
+    }
+    for (size_t i = 0; i < ntargets; i++) {
+        for (int j = 0; j < c->nowned; j++) {
+            owned_t *o = &c->owned[j];
+            if (o->partition != targets[i].partition)
+                continue;
+            ingest_batch_t *flushed = NULL;
+            if (ingest_batcher_revoke(c->bt, c->topic, o->partition, &flushed) == FR_OK)
+                queue_push(c, flushed);
+            pause_one(c, o->partition, 1);
+            o->rewinding = 1;
+            fr_log(FR_LOG_INFO,
+                   "ingest: replay generation %" PRId64 " rewinds %s/%" PRId32 " to %" PRId64,
+                   c->replay_gen, c->topic, o->partition, targets[i].target);
+        }
+    }
+}
+
+/*
+ * Every COMMIT_EVERY_MS: reads each assigned partition's offsets from the
+ * store, commits watermarks that advanced to Kafka (async), updates the lag
+ * gauges, applies the gap rule and carries replays forward (see the top of
+ * this file); the final tick, at stop, only commits. A Redis error ends
+ * this tick early. Poll thread.
+ */
+static void store_tick(ingest_consumer_t *c, int final)
 {
     if (c->nowned == 0 || c->ps == NULL)
         return;
+    int rewound = 0;
+    if (c->rewind_id[0] != '\0' &&
+        psstore_request_wait(c->ps, c->model, c->rewind_id, 0) == FR_OK) {
+        c->rewind_id[0] = '\0';
+        rewound = 1;
+    }
+    if (c->rewind_id[0] == '\0' && !final)
+        replay_read(c);
     rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(c->nowned);
-    if (list == NULL)
-        return;
-    for (int i = 0; i < c->nowned; i++) {
+    psstore_rewind_t *targets = calloc((size_t)c->nowned, sizeof(*targets));
+    size_t ntargets = 0;
+    int64_t t = now_ms();
+    for (int i = 0; i < c->nowned && list != NULL && targets != NULL; i++) {
         owned_t *o = &c->owned[i];
+        if (rewound && o->rewinding) {
+            o->rewinding = 0;
+            restart(c, o);
+            if (!c->paused)
+                pause_one(c, o->partition, 0);
+            atomic_fetch_add(&c->rewinds, 1);
+            if (c->m_rewinds != NULL)
+                fr_series_add(c->m_rewinds, 1);
+        }
         psstore_partition_offsets_t po;
         int found = 0;
         psstore_poff_init(&po, 0);
@@ -493,9 +819,19 @@ static void commit_tick(ingest_consumer_t *c)
             psstore_poff_fini(&po);
             break;
         }
-        int64_t w = po.watermark;
+        int64_t w = po.watermark, gen = po.generation;
         psstore_poff_fini(&po);
-        if (!found)
+        /* a replay newer than the partition's generation */
+        if (!final && c->replay_ok && c->rewind_id[0] == '\0' && !o->rewinding &&
+            c->replay_gen > gen && c->replay_gen > o->replay_seen) {
+            int64_t target;
+            if (replay_target(c, o->partition, found ? w : -1, &target) == FR_OK) {
+                o->replay_seen = c->replay_gen;
+                if (target >= 0)
+                    targets[ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
+            }
+        }
+        if (!found || o->rewinding)
             continue;
         int64_t lo, hi;
         if (o->lag != NULL &&
@@ -507,13 +843,33 @@ static void commit_tick(ingest_consumer_t *c)
             rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
             o->committed = w;
         }
+        /* rule 3: a stuck watermark that no outstanding batch holds */
+        if (w != o->watermark) {
+            o->watermark = w;
+            o->since = t;
+        } else if (!final && c->gap_ms > 0 && t - o->since >= c->gap_ms &&
+                   !outstanding(c, o->partition, w)) {
+            fr_log(FR_LOG_INFO,
+                   "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
+                   " ms and held by no outstanding batch: reading again from it",
+                   c->topic, o->partition, w, t - o->since);
+            restart(c, o);
+            atomic_fetch_add(&c->gap_seeks, 1);
+            if (c->m_gap != NULL)
+                fr_series_add(c->m_gap, 1);
+        }
     }
-    if (list->cnt > 0) {
+    if (ntargets > 0)
+        replay_submit(c, targets, ntargets);
+    if (list != NULL && list->cnt > 0) {
         rd_kafka_resp_err_t kerr = rd_kafka_commit(c->rk, list, 1);
         if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
             commit_cb(c->rk, kerr, list, c);
     }
-    rd_kafka_topic_partition_list_destroy(list);
+    if (list != NULL)
+        rd_kafka_topic_partition_list_destroy(list);
+    free(targets);
+    lent_prune(c);
 }
 
 /* ------------------------------------------------------------------------
@@ -615,12 +971,12 @@ static void *poll_main(void *arg)
         }
         backpressure(c);
         if (t >= next_commit) {
-            commit_tick(c);
+            store_tick(c, 0);
             next_commit = t + COMMIT_EVERY_MS;
         }
     }
     queue_push(c, ingest_batcher_flush(c->bt));
-    commit_tick(c);
+    store_tick(c, 1);
     rd_kafka_resp_err_t kerr = rd_kafka_consumer_close(c->rk); /* revokes on this thread */
     if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
         fr_log(FR_LOG_WARN, "ingest: consumer close: %s", rd_kafka_err2str(kerr));
@@ -715,6 +1071,14 @@ static void metrics_init(ingest_consumer_t *c)
         reg, "freshet_ingest_batch_fill_seconds", "Time from a batch's first record to its flush.",
         sizeof(fill_bounds) / sizeof(fill_bounds[0]), fill_bounds, 1, topic_label);
     c->m_fill = fill != NULL ? fr_metric_series(fill, tv) : NULL;
+    fr_metric_t *gap = fr_metrics_counter(
+        reg, "freshet_ingest_gap_seeks_total",
+        "Seeks back to a watermark stuck for gap_timeout that no outstanding batch held (rule 3).",
+        1, topic_label);
+    c->m_gap = gap != NULL ? fr_metric_series(gap, tv) : NULL;
+    fr_metric_t *rw = fr_metrics_counter(reg, "freshet_ingest_replay_rewinds_total",
+                                         "Partitions rewound by replay requests.", 1, topic_label);
+    c->m_rewinds = rw != NULL ? fr_metric_series(rw, tv) : NULL;
     c->m_lag =
         fr_metrics_gauge(reg, "freshet_kafka_consumergroup_lag",
                          "Records between the log end and the store's watermark.", 2, lag_labels);
@@ -766,11 +1130,27 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
     c->model = strdup(conf->model);
     c->redis_url = strdup(conf->redis_url);
     c->dlt = dup_or_null(conf->dead_letter_topic);
+    c->bootstrap = dup_or_null(conf->bootstrap);
     c->linger_ms = conf->linger_ms;
+    c->gap_ms = conf->gap_timeout_ms == 0  ? GAP_TIMEOUT_MS
+                : conf->gap_timeout_ms < 0 ? 0
+                                           : conf->gap_timeout_ms;
     c->start_latest = conf->start_latest != 0;
     c->qcap = (size_t)conf->queue;
     c->metrics = conf->metrics;
-    if (c->topic == NULL || c->model == NULL || c->redis_url == NULL ||
+    c->replay = malloc(sizeof(*c->replay));
+    c->spec = malloc(PSSTORE_REPLAY_SPEC_MAX);
+    c->props = conf->nprops > 0 ? calloc(conf->nprops, sizeof(*c->props)) : NULL;
+    int props_ok = conf->nprops == 0 || c->props != NULL;
+    for (size_t i = 0; props_ok && i < conf->nprops; i++) {
+        c->nprops++;
+        c->props[i][0] = strdup(conf->props[i][0]);
+        c->props[i][1] = strdup(conf->props[i][1]);
+        props_ok = c->props[i][0] != NULL && c->props[i][1] != NULL;
+    }
+    if (c->topic == NULL || c->model == NULL || c->redis_url == NULL || c->replay == NULL ||
+        c->spec == NULL || !props_ok ||
+        (conf->bootstrap != NULL && conf->bootstrap[0] != '\0' && c->bootstrap == NULL) ||
         (conf->dead_letter_topic != NULL && conf->dead_letter_topic[0] != '\0' && c->dlt == NULL)) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "ingest: out of memory");
         goto err;
@@ -858,6 +1238,21 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
         ingest_producer_destroy(c->dlq);
     }
     ingest_batcher_destroy(c->bt);
+    if (c->rs != NULL)
+        ingest_resolver_destroy(c->rs);
+    pthread_mutex_lock(&c->qlock);
+    while (c->nlent > 0)
+        lent_remove(c, c->nlent - 1);
+    pthread_mutex_unlock(&c->qlock);
+    free(c->lent);
+    for (size_t i = 0; i < c->nprops; i++) {
+        free(c->props[i][0]);
+        free(c->props[i][1]);
+    }
+    free(c->props);
+    free(c->bootstrap);
+    free(c->replay);
+    free(c->spec);
     if (c->assigned != NULL)
         rd_kafka_topic_partition_list_destroy(c->assigned);
     free(c->owned);
@@ -879,6 +1274,8 @@ void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
     st->batches = atomic_load(&c->batches);
     st->dead_letters = atomic_load(&c->dead_letters);
     st->pauses = atomic_load(&c->pauses);
+    st->gap_seeks = atomic_load(&c->gap_seeks);
+    st->rewinds = atomic_load(&c->rewinds);
     st->paused = atomic_load(&c->npaused);
     st->assigned = atomic_load(&c->nassigned);
 }

@@ -130,6 +130,7 @@ typedef struct ingest_batch {
     size_t nranges;
     int64_t min_ts_ms, max_ts_ms; /* Kafka timestamps of its samples (n > 0)   */
     int64_t generation;           /* replay generation of its partitions                 */
+    uint64_t seq;                 /* the consumer's number for it (ingest_consumer_done) */
     char reason[32];              /* n = 0: why ("decode", "retention", "skipped"); else "" */
 } ingest_batch_t;
 
@@ -186,6 +187,70 @@ ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, in
 
 /* Nonzero while the open batch holds anything of the partition. */
 int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t partition);
+/* The open batch's coverage of a partition, [*next, *end): next is the
+ * position after the partition's previous batch (or its seek target), end
+ * the position after the last record taken (end == next while the open
+ * batch holds nothing of it). FR_ERR_NOTFOUND for a partition not seeked. */
+fr_err_t ingest_batcher_position(const ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                 int64_t *next, int64_t *end);
+
+/* ------------------------------------------------------------------------
+ * Replay requests (replayspec.c): an operator's rewind with the verbs of
+ * kafka-consumer-groups --reset-offsets, kept symbolically in the store
+ * (psstore_request_replay) and resolved per partition against Kafka by
+ * the consumer that owns it (DESIGN.md "Replay"). Pure: no Kafka, no Redis.
+ * ---------------------------------------------------------------------- */
+typedef enum ingest_replay_kind {
+    INGEST_REPLAY_EARLIEST = 0, /* the log start                                   */
+    INGEST_REPLAY_LATEST = 1,   /* the log end                                     */
+    INGEST_REPLAY_OFFSET = 2,   /* the listed partitions to the listed offsets     */
+    INGEST_REPLAY_DATETIME = 3, /* the first record with timestamp >= at_ms        */
+    INGEST_REPLAY_SHIFT = 4,    /* the store's watermark + shift (may be negative) */
+} ingest_replay_kind_t;
+
+#define INGEST_REPLAY_MAX_PARTS 1024
+
+typedef struct ingest_replay {
+    ingest_replay_kind_t kind;
+    int64_t at_ms;                    /* DATETIME: unix milliseconds           */
+    int64_t shift;                    /* SHIFT                                  */
+    char topic[INGEST_TOPIC_MAX + 1]; /* "" = every topic of the model          */
+    size_t nparts;                    /* OFFSET: the listed partitions ...      */
+    struct {
+        int32_t partition;
+        int64_t offset;
+    } parts[INGEST_REPLAY_MAX_PARTS]; /* ... in the order given, each once      */
+} ingest_replay_t;
+
+/* Builds r from one command-line verb and its argument (topic left ""):
+ * "to-earliest" and "to-latest" (arg NULL), "to-offset" "P:O[,P:O...]",
+ * "to-datetime" ISO 8601 "YYYY-MM-DDTHH:MM:SS[.fff][Z|+HH:MM|-HH:MM]" (no
+ * zone: UTC), "by-duration" "PnDTnHnMnS" (any part may be absent, seconds
+ * may have a fraction; the target is now_ms minus the duration), "shift-by"
+ * N (a signed integer). FR_ERR_INVAL with errstr naming the verb and what is
+ * wrong. */
+fr_err_t ingest_replay_from_verb(ingest_replay_t *r, const char *verb, const char *arg,
+                                 int64_t now_ms, char *errstr, size_t size);
+/* The stored text: "earliest", "latest", "offset:P=O,P=O", "datetime:MS" or
+ * "shift:N", followed by " topic=T" when a topic is set. FR_ERR_RANGE when
+ * it does not fit in size bytes, FR_ERR_INVAL for a request the parser
+ * would refuse (times outside the years 0000-9999, a bad topic, an empty
+ * or repeated OFFSET list). */
+fr_err_t ingest_replay_format(const ingest_replay_t *r, char *buf, size_t size);
+/* Parses the stored text (len bytes, need not be NUL-terminated) back into
+ * r. FR_ERR_INVAL with errstr on anything ingest_replay_format would not
+ * write. */
+fr_err_t ingest_replay_parse(ingest_replay_t *r, const char *text, size_t len, char *errstr,
+                             size_t size);
+/* Nonzero when r moves the partition: its topic matches (or r names none)
+ * and, for OFFSET, the partition is listed (*offset then receives its
+ * offset; offset may be NULL). */
+int ingest_replay_applies(const ingest_replay_t *r, const char *topic, int32_t partition,
+                          int64_t *offset);
+/* A one-line description of the target for plans: "earliest", "latest",
+ * "offset 42", "first record at or after 2026-11-29T20:00:00.000Z" or
+ * "watermark - 100". */
+void ingest_replay_describe(const ingest_replay_t *r, int32_t partition, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------
  * Kafka (librdkafka), for services; not in FRESHET_CORE_ONLY builds.
@@ -259,6 +324,7 @@ typedef struct ingest_consumer_conf {
     int linger_ms;                 /* flush a partial batch after this idle time     */
     int start_latest;              /* partitions the store never saw: 0 earliest, 1 latest */
     const char *dead_letter_topic; /* NULL or "": rejected records are only counted  */
+    int gap_timeout_ms;            /* rule 3 after this long; 0: 10 s, < 0: never    */
     fr_metrics_t *metrics;         /* may be NULL                                    */
 } ingest_consumer_conf_t;
 
@@ -268,6 +334,8 @@ typedef struct ingest_consumer_stats {
     uint64_t batches;                       /* batches queued (n = 0 ones included)     */
     uint64_t dead_letters;                  /* rejected records sent to the dead-letter topic */
     uint64_t pauses;                        /* times the queue filled and paused Kafka  */
+    uint64_t gap_seeks;                     /* seeks back to a stuck watermark (rule 3) */
+    uint64_t rewinds;                       /* partitions rewound by replays            */
     int paused;                             /* partitions paused now                    */
     int assigned;                           /* partitions assigned now                  */
 } ingest_consumer_stats_t;
@@ -287,6 +355,14 @@ fr_err_t ingest_consumer_start(ingest_consumer_t *c);
  * or at once when the consumer stopped and the queue is empty. The caller
  * owns the batch and frees it with ingest_batch_destroy(). */
 ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms);
+/* The trainer is done with a batch from ingest_consumer_next: its
+ * gradient was pushed as stream entry stream_id (psstore_client_last_id),
+ * or, with stream_id NULL or "", the batch was abandoned. Until then the
+ * batch counts as computing, and after a push as waiting in the stream
+ * while the entry is there: rule 3 (the gap rule) seeks back to a stuck
+ * watermark only when no such outstanding batch holds it, so every batch
+ * taken must be reported. Call before destroying the batch. Thread-safe. */
+void ingest_consumer_done(ingest_consumer_t *c, const ingest_batch_t *batch, const char *stream_id);
 /* Stops the poll thread: the open batch is flushed into the queue, the
  * partitions are revoked (their batches queued too) and the group left.
  * Batches still queued remain available to ingest_consumer_next. Idempotent. */
@@ -296,6 +372,40 @@ void ingest_consumer_stop(ingest_consumer_t *c);
 void ingest_consumer_destroy(ingest_consumer_t *c);
 /* A consistent enough snapshot of the counters (each read atomically). */
 void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st);
+
+/* ------------------------------------------------------------------------
+ * Replay resolution against Kafka (resolver.c): the log bounds of a
+ * partition and the offset a replay request means for it. Used by the
+ * owning consumer and by `freshet replay`'s dry run. One thread.
+ * ---------------------------------------------------------------------- */
+typedef struct ingest_resolver ingest_resolver_t;
+
+/* A resolver with its own librdkafka consumer handle (no group, never
+ * commits). props as for the producer. NULL with errstr. */
+ingest_resolver_t *ingest_resolver_new(const char *bootstrap, const char *const (*props)[2],
+                                       size_t nprops, char *errstr, size_t size);
+void ingest_resolver_destroy(ingest_resolver_t *rs);
+const char *ingest_resolver_error(const ingest_resolver_t *rs);
+/* The partitions of topic from the cluster's metadata, ascending; caller
+ * frees *parts. FR_ERR_NOTFOUND when the topic does not exist. */
+fr_err_t ingest_resolver_partitions(ingest_resolver_t *rs, const char *topic, int32_t **parts,
+                                    size_t *n);
+/* Resolves r for one partition whose store watermark is watermark (-1 when
+ * the store has never seen it: SHIFT then counts from the log start):
+ * EARLIEST -> log start, LATEST -> log end, OFFSET -> the listed offset,
+ * SHIFT -> watermark + shift, DATETIME -> the offset of the first record
+ * whose timestamp is >= at_ms (rd_kafka_offsets_for_times; where the broker
+ * answers -1 though records exist, a binary search on the timestamps of the
+ * records themselves), or the log end when there is none. The target is
+ * clamped to [*lo, *hi], the log start and end, which are returned too
+ * (all three written only on success). Timestamps are assumed not to
+ * decrease along a partition, as Kafka's own time index assumes.
+ * FR_ERR_INVAL when r does not apply to the partition; FR_ERR_NOTFOUND for
+ * an unknown topic or partition; FR_ERR_KAFKA with the resolver's error
+ * when Kafka does not answer within timeout_ms. */
+fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const ingest_replay_t *r, const char *topic,
+                                int32_t partition, int64_t watermark, int timeout_ms,
+                                int64_t *target, int64_t *lo, int64_t *hi);
 
 #ifdef __cplusplus
 }

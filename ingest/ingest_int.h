@@ -35,4 +35,17 @@ size_t ingest_text_limit(const ingest_schema_t *schema);
  */
 int ingest_producer_partitions(ingest_producer_t *p, const char *topic, int timeout_ms);
 
+/*
+ * One ListOffsets question (resolver.c): the offset of topic/partition for
+ * ts (a time in ms, -2 for the log start, -1 for the log end) within
+ * timeout_ms, through rd_kafka_offsets_for_times, which keeps to its
+ * timeout while the brokers are down (rd_kafka_query_watermark_offsets
+ * before librdkafka 2.3.0 waits for them forever, librdkafka issue #2588).
+ * Returns librdkafka's error code: 0 with *offset set (-1 where the broker
+ * has no answer for a time).
+ */
+typedef struct rd_kafka_s rd_kafka_t;
+int ingest_list_offset(rd_kafka_t *rk, const char *topic, int32_t partition, int64_t ts,
+                       int timeout_ms, int64_t *offset);
+
 #endif /* FRESHET_INGEST_INT_H */
