@@ -331,3 +331,91 @@ int harness_broker_stop(harness_broker_t *b)
     }
     return status;
 }
+
+/* ------------------------------------------------------------------------
+ * An applier in a thread.
+ * ---------------------------------------------------------------------- */
+
+static void *applier_main(void *arg)
+{
+    harness_applier_t *t = arg;
+    psstore_applier_run(t->a, &t->stop);
+    return NULL;
+}
+
+int harness_applier_start(harness_applier_t *t, const psstore_applier_conf_t *conf)
+{
+    char errstr[512];
+    memset(t, 0, sizeof(*t));
+    t->a = psstore_applier_new(conf, errstr, sizeof(errstr));
+    if (t->a == NULL) {
+        fprintf(stderr, "harness: applier: %s\n", errstr);
+        return -1;
+    }
+    if (pthread_create(&t->tid, NULL, applier_main, t) != 0) {
+        psstore_applier_destroy(t->a);
+        t->a = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+void harness_applier_stop(harness_applier_t *t, psstore_applier_stats_t *stats)
+{
+    if (t->a == NULL)
+        return;
+    t->stop = 1;
+    pthread_join(t->tid, NULL);
+    if (stats != NULL)
+        psstore_applier_stats(t->a, stats);
+    psstore_applier_destroy(t->a);
+    t->a = NULL;
+}
+
+int harness_audit_count(const harness_redis_t *r, const char *model, const char *topic,
+                        int32_t partition, const char *outcome, int *seen, int n)
+{
+    memset(seen, 0, (size_t)n * sizeof(*seen));
+    redisContext *c = redisConnect("127.0.0.1", r->port);
+    if (c == NULL || c->err) {
+        if (c != NULL)
+            redisFree(c);
+        return -1;
+    }
+    redisReply *reply = redisCommand(c, "XRANGE freshet:{%s}:audit - +", model);
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY) {
+        if (reply != NULL)
+            freeReplyObject(reply);
+        redisFree(c);
+        return -1;
+    }
+    int matched = 0;
+    for (size_t i = 0; i < reply->elements; i++) {
+        const redisReply *kv = reply->element[i]->element[1];
+        long long first = -1, last = -1, part = -1;
+        const char *t = "", *o = "";
+        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
+            const char *k = kv->element[f]->str, *v = kv->element[f + 1]->str;
+            if (strcmp(k, "first") == 0)
+                first = atoll(v);
+            else if (strcmp(k, "last") == 0)
+                last = atoll(v);
+            else if (strcmp(k, "partition") == 0)
+                part = atoll(v);
+            else if (strcmp(k, "topic") == 0)
+                t = v;
+            else if (strcmp(k, "outcome") == 0)
+                o = v;
+        }
+        int want = outcome != NULL ? strcmp(o, outcome) == 0
+                                   : strcmp(o, "duplicate") != 0 && strcmp(o, "replay") != 0;
+        if (!want || (topic != NULL && (strcmp(t, topic) != 0 || part != partition)))
+            continue;
+        matched++;
+        for (long long pos = first < 0 ? 0 : first; pos <= last && pos < n; pos++)
+            seen[pos]++;
+    }
+    freeReplyObject(reply);
+    redisFree(c);
+    return matched;
+}

@@ -6,7 +6,10 @@
 #ifndef FRESHET_TEST_HARNESS_H
 #define FRESHET_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <sys/types.h>
+
+#include "psstore/psstore.h"
 
 typedef struct harness_redis {
     pid_t pid;
@@ -67,5 +70,29 @@ int harness_broker_start(harness_broker_t *b, const char *bin, const char *args)
  * directory. Returns its wait status, or -1 when it had to be killed or
  * was not running. */
 int harness_broker_stop(harness_broker_t *b);
+
+/* ------------------------------------------------------------------------
+ * An applier in a thread of the test process.
+ * ---------------------------------------------------------------------- */
+typedef struct harness_applier {
+    pthread_t tid;
+    psstore_applier_t *a;
+    volatile int stop;
+} harness_applier_t;
+
+/* Creates the applier of conf and runs psstore_applier_run in a thread.
+ * Returns 0, or -1 with the reason on stderr. */
+int harness_applier_start(harness_applier_t *t, const psstore_applier_conf_t *conf);
+/* Stops it (it commits and releases the lease), fills stats when not NULL
+ * and frees it. */
+void harness_applier_stop(harness_applier_t *t, psstore_applier_stats_t *stats);
+
+/* Counts, per position [0, n) of topic/partition (topic NULL: any), how
+ * many audit entries of model with outcome `outcome` cover it, into
+ * seen[n] (zeroed first); outcome NULL counts every outcome that marks
+ * positions (all but "duplicate" and "replay"). Returns the number of matching entries, or -1
+ * when Redis cannot be read. */
+int harness_audit_count(const harness_redis_t *r, const char *model, const char *topic,
+                        int32_t partition, const char *outcome, int *seen, int n);
 
 #endif

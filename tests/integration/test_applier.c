@@ -121,18 +121,7 @@ static void assert_weights_near(const float *got, const float *want, float tol)
     }
 }
 
-typedef struct applier_thread {
-    pthread_t tid;
-    psstore_applier_t *a;
-    volatile int stop;
-} applier_thread_t;
-
-static void *applier_main(void *arg)
-{
-    applier_thread_t *t = arg;
-    psstore_applier_run(t->a, &t->stop);
-    return NULL;
-}
+typedef harness_applier_t applier_thread_t;
 
 static fr_metrics_t *metrics; /* shared by the in-process appliers */
 
@@ -148,20 +137,12 @@ static void applier_start(applier_thread_t *t, const char *model, int audit)
     conf.snapshot_every = 50;
     conf.snapshot_retain = 3;
     conf.metrics = metrics;
-    memset(t, 0, sizeof(*t));
-    t->a = psstore_applier_new(&conf, errstr, sizeof(errstr));
-    if (t->a == NULL)
-        fail_msg("applier: %s", errstr);
-    assert_int_equal(pthread_create(&t->tid, NULL, applier_main, t), 0);
+    assert_int_equal(harness_applier_start(t, &conf), 0);
 }
 
 static void applier_stop(applier_thread_t *t, psstore_applier_stats_t *stats)
 {
-    t->stop = 1;
-    pthread_join(t->tid, NULL);
-    if (stats != NULL)
-        psstore_applier_stats(t->a, stats);
-    psstore_applier_destroy(t->a);
+    harness_applier_stop(t, stats);
 }
 
 /* Waits until the model's version reaches v and the grads stream is empty. */
@@ -419,32 +400,14 @@ static pid_t spawn_ps(const char *conf, const char *log)
 /* Audit entries with outcome "applied" per position of t/0: each exactly once. */
 static void assert_audit_applied_once(const char *model, int positions)
 {
-    redisContext *c = redisConnect("127.0.0.1", redis.port);
-    redisReply *r = redisCommand(c, "XRANGE freshet:{%s}:audit - +", model);
     int *seen = calloc((size_t)positions, sizeof(int));
-    for (size_t i = 0; i < r->elements; i++) {
-        redisReply *kv = r->element[i]->element[1];
-        long long first = -1, last = -1;
-        int applied = 0;
-        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
-            const char *k = kv->element[f]->str, *v = kv->element[f + 1]->str;
-            if (strcmp(k, "first") == 0)
-                first = atoll(v);
-            else if (strcmp(k, "last") == 0)
-                last = atoll(v);
-            else if (strcmp(k, "outcome") == 0)
-                applied = strcmp(v, "applied") == 0;
-        }
-        for (long long p = first; applied && p <= last && p >= 0 && p < positions; p++)
-            seen[p]++;
-    }
+    assert_non_null(seen);
+    assert_true(harness_audit_count(&redis, model, NULL, 0, "applied", seen, positions) >= 0);
     for (int p = 0; p < positions; p++) {
         if (seen[p] != 1)
             fail_msg("position %d applied %d times", p, seen[p]);
     }
     free(seen);
-    freeReplyObject(r);
-    redisFree(c);
 }
 
 static void test_killed_applier_is_replaced_and_applies_everything_once(void **state)
@@ -853,10 +816,8 @@ static void test_group_commit_drains_a_dead_appliers_entries_once(void **state)
     conf.ctl.lr = LR;
     conf.lease_ms = 1000;
     conf.commit_ms = 300;
-    applier_thread_t at = {0};
-    at.a = psstore_applier_new(&conf, errstr, sizeof(errstr));
-    assert_non_null(at.a);
-    assert_int_equal(pthread_create(&at.tid, NULL, applier_main, &at), 0);
+    applier_thread_t at;
+    assert_int_equal(harness_applier_start(&at, &conf), 0);
     wait_applied(model, 20, 10000);
     psstore_applier_stats_t st;
     applier_stop(&at, &st);
