@@ -37,6 +37,12 @@ int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_con
 /* Creates [model] in the store when absent; refuses one with other layers
  * or loss. */
 int app_ensure_model(const char *cmd, const fr_config_t *cfg);
+/* Executes the requests waiting for model name with an applier that only
+ * executes requests, when no applier holds the lease (DESIGN.md: the CLI
+ * takes the lease itself); FR_OK at once while one does (svc_model.c). */
+fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url,
+                              const char *name);
+int app_cmd_replay(int argc, char **argv); /* svc_replay.c */
 #endif
 
 /* Prints "freshet CMD: message" and a hint to --help on stderr; returns

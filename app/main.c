@@ -24,6 +24,7 @@ static const struct {
     {"ps", app_cmd_ps, "run the applier: the single writer of a model in Redis"},
     {"produce", app_cmd_produce, "load a data file into a Kafka topic, at a given rate"},
     {"broker", app_cmd_broker, "a local Kafka-protocol broker for development and tests"},
+    {"replay", app_cmd_replay, "rewind a model's Kafka offsets (dry run unless --execute)"},
 #endif
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))

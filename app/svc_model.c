@@ -466,12 +466,7 @@ static void rollback_usage(FILE *out)
             redis_help);
 }
 
-/*
- * Executes the requests waiting for model name with an applier that only
- * executes requests, when no applier holds the lease (DESIGN.md: the CLI
- * takes the lease itself). Returns FR_OK when there was nothing to do.
- */
-static fr_err_t execute_without_applier(psstore_conn_t *c, const char *url, const char *name)
+fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url, const char *name)
 {
     int held = 1;
     fr_err_t err = psstore_lease_held(c, name, &held);
@@ -485,12 +480,12 @@ static fr_err_t execute_without_applier(psstore_conn_t *c, const char *url, cons
     conf.requests_only = 1;
     psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     if (a == NULL) {
-        fprintf(stderr, "freshet %s rollback: %s\n", CMD, errstr);
+        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
         return FR_ERR_STATE;
     }
     err = psstore_applier_poll(a, 10);
     if (err != FR_OK)
-        fprintf(stderr, "freshet %s rollback: %s\n", CMD, psstore_applier_error(a));
+        fprintf(stderr, "freshet %s: %s\n", cmd, psstore_applier_error(a));
     volatile int stop = 1;
     psstore_applier_run(a, &stop); /* releases the lease */
     psstore_applier_destroy(a);
@@ -525,7 +520,7 @@ static int cmd_rollback(int argc, char **argv)
         }
         err = psstore_request_rollback(c, o.name, o.version, id);
     }
-    if (err == FR_OK && execute_without_applier(c, o.redis, o.name) != FR_OK) {
+    if (err == FR_OK && app_execute_requests(cmd, c, o.redis, o.name) != FR_OK) {
         psstore_conn_destroy(c);
         return APP_EXIT_FAILURE;
     }
