@@ -419,3 +419,33 @@ int harness_audit_count(const harness_redis_t *r, const char *model, const char 
     redisFree(c);
     return matched;
 }
+
+int harness_command(const char *log_path, int timeout_ms, const char *bin, ...)
+{
+    char *argv[64];
+    int argc = 0;
+    va_list ap;
+    argv[argc++] = (char *)bin;
+    va_start(ap, bin);
+    for (char *a; argc < 63 && (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    int status = harness_run(argv, log_path, timeout_ms);
+    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int harness_tmpdir(char *dir, const char *name)
+{
+    snprintf(dir, 256, "/tmp/freshet-test-%s-XXXXXX", name);
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+int harness_rmdir(const char *dir)
+{
+    char cmd[300];
+    if (dir[0] == '\0')
+        return 0;
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}

@@ -47,6 +47,15 @@ int harness_wait(pid_t pid, int timeout_ms);
  * then is killed (SIGKILL) and reaped. Returns its wait status, or -1 on
  * timeout or when it could not be started. */
 int harness_run(char *const argv[], const char *log_path, int timeout_ms);
+/* Runs bin with the NULL-terminated arguments after it (harness_run) and
+ * returns its exit status, or -1 when it did not exit normally within
+ * timeout_ms. */
+int harness_command(const char *log_path, int timeout_ms, const char *bin, ...);
+/* Makes a private folder /tmp/freshet-test-NAME-XXXXXX into dir[256];
+ * 0 or -1. */
+int harness_tmpdir(char *dir, const char *name);
+/* Removes a folder and everything in it; 0 or -1. */
+int harness_rmdir(const char *dir);
 /* Milliseconds sleep. */
 void harness_sleep_ms(int ms);
 /* Nonzero when the file contains needle. */

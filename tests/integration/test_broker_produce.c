@@ -38,25 +38,9 @@ static float xs[NREC][D], ys[NREC]; /* what data_csv holds */
  * Helpers.
  * ---------------------------------------------------------------------- */
 
-/*
- * Runs FRESHET_BIN with args (a NULL-terminated list) and waits up to
- * timeout_ms; its output is appended to log. Returns the exit status, or
- * -1 when it did not exit normally in time (it is killed then).
- */
-static int run_freshet(const char *log, int timeout_ms, ...)
-{
-    char *argv[64];
-    int argc = 0;
-    va_list ap;
-    argv[argc++] = FRESHET_BIN;
-    va_start(ap, timeout_ms);
-    for (char *a; argc < 63 && (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
-    va_end(ap);
-    argv[argc] = NULL;
-    int status = harness_run(argv, log, timeout_ms);
-    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+/* Runs FRESHET_BIN with args (a NULL-terminated list) for up to timeout_ms;
+ * its exit status, or -1 (killed) when it did not exit in time. */
+#define run_freshet(log, timeout_ms, ...) harness_command(log, timeout_ms, FRESHET_BIN, __VA_ARGS__)
 
 /*
  * Runs a shell command and returns everything it wrote on stdout (binary
@@ -400,8 +384,7 @@ static void test_broker_exits_0_on_sigterm(void **state)
 
 static int setup(void **state)
 {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/freshet-test-produce-XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL)
+    if (harness_tmpdir(tmp_dir, "produce") != 0)
         return -1;
     snprintf(data_csv, sizeof(data_csv), "%s/data.csv", tmp_dir);
     FILE *f = fopen(data_csv, "w");
@@ -427,9 +410,7 @@ static int teardown(void **state)
 {
     if (broker.pid > 0)
         harness_broker_stop(&broker);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 int main(void)

@@ -589,8 +589,7 @@ static void test_bad_configuration_is_refused(void **state)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/freshet-test-consumer-XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL)
+    if (harness_tmpdir(tmp_dir, "consumer") != 0)
         return -1;
     if (harness_redis_start(&redis, NULL) != 0)
         return -1;
@@ -605,9 +604,7 @@ static int teardown(void **state)
     if (broker.pid > 0)
         harness_broker_stop(&broker);
     harness_redis_stop(&redis);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 int main(void)

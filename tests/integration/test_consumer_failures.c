@@ -461,8 +461,7 @@ static void test_a_restart_skips_applied_intervals_and_resumes_at_the_store_wate
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/freshet-test-consumer-failures-XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL)
+    if (harness_tmpdir(tmp_dir, "consumer-failures") != 0)
         return -1;
     if (harness_redis_start(&redis, NULL) != 0)
         return -1;
@@ -475,9 +474,7 @@ static int teardown(void **state)
     if (broker.pid > 0)
         harness_broker_stop(&broker);
     harness_redis_stop(&redis);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 int main(void)

@@ -232,22 +232,9 @@ static void train_until(trainer_t *t, ingest_consumer_t *c, const char *topic, c
     fail_msg("offsets of %s/0 are '%s', expected '%s'", topic, out, want);
 }
 
-/* Runs freshet with args (NULL-terminated); its output goes to log. Returns
- * the exit status, -1 when it did not exit in time. */
-static int run_freshet(const char *log, ...)
-{
-    char *argv[32];
-    int argc = 0;
-    va_list ap;
-    argv[argc++] = FRESHET_BIN;
-    va_start(ap, log);
-    for (char *a; argc < 31 && (a = va_arg(ap, char *)) != NULL;)
-        argv[argc++] = a;
-    va_end(ap);
-    argv[argc] = NULL;
-    int status = harness_run(argv, log, 30000);
-    return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+/* Runs freshet with args (NULL-terminated), its output going to log: its
+ * exit status, -1 when it did not exit within 30 s. */
+#define run_freshet(log, ...) harness_command(log, 30000, FRESHET_BIN, __VA_ARGS__)
 
 /* Asserts that every position [0, n) of topic/0 was marked exactly once
  * under generation-free accounting: the audit's applied intervals. */
@@ -627,8 +614,7 @@ static void test_a_killed_member_is_replaced_without_gap_or_duplicate(void **sta
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/freshet-test-replay-XXXXXX");
-    if (mkdtemp(tmp_dir) == NULL)
+    if (harness_tmpdir(tmp_dir, "replay") != 0)
         return -1;
     if (harness_redis_start(&redis, NULL) != 0)
         return -1;
@@ -642,9 +628,7 @@ static int teardown(void **state)
     if (broker.pid > 0)
         harness_broker_stop(&broker);
     harness_redis_stop(&redis);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmp_dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmp_dir);
 }
 
 int main(int argc, char **argv)

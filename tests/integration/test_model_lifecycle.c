@@ -204,8 +204,7 @@ static void expect_contains(const char *haystack, const char *needle)
 static int group_setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof(tmpdir), "/tmp/freshet-test-model-XXXXXX");
-    if (mkdtemp(tmpdir) == NULL)
+    if (harness_tmpdir(tmpdir, "model") != 0)
         return -1;
     return harness_redis_start(&R, NULL);
 }
@@ -217,9 +216,7 @@ static int group_teardown(void **state)
     harness_redis_stop(&R_lru);
     harness_redis_stop(&R_auth);
     harness_redis_stop(&R_restart);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return harness_rmdir(tmpdir);
 }
 
 /* ------------------------------------------------------------------------
