@@ -1,0 +1,297 @@
+/*
+ * worker.c - the trainers' worker loop (DESIGN.md "Data flow"): W threads,
+ * each with its own backend, store client and buffers, allocated once.
+ * A worker takes a batch from the consumer's queue, pulls the weights when
+ * the store holds another (epoch, version) than its local copy (one round
+ * trip otherwise), computes the gradient of the batch-mean loss, pushes it
+ * with the (epoch, version) it was computed on, the batch's replay
+ * generation and its position intervals, and reports the batch done to the
+ * consumer with the stream id of the push (rule 3 needs to know what is
+ * outstanding). An n = 0 batch is pushed as positions only.
+ *
+ * Modes async and adaptive need nothing more of a worker: it never waits
+ * for another. A straggler factor f makes a worker sleep (f - 1) times its
+ * compute time after each gradient (experiments only).
+ *
+ * Threads: one per worker; the counters are atomics read by
+ * trainer_pool_stats from any thread.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "psstore/psstore.h"
+#include "trainer/trainer.h"
+
+#define NEXT_WAIT_MS 200  /* one wait for a batch, then a look at stop */
+#define PUSH_WAIT_MS 5000 /* backpressure: a push waits this long      */
+
+typedef struct worker {
+    trainer_pool_t *pool;
+    int index;
+    char id[96]; /* "<host>/<pid>/<n>" */
+    pthread_t thread;
+    trainer_backend_t *be;
+    psstore_client_t *cl;
+    double slowdown;
+    float *w, *g;            /* [nparams]: the local copy and the gradient */
+    psstore_range_t *ranges; /* grows to the largest batch's ranges */
+    size_t cap_ranges;
+    uint64_t epoch;
+    int64_t version; /* -1 before the first pull */
+} worker_t;
+
+struct trainer_pool {
+    trainer_model_t m;
+    ingest_consumer_t *source;
+    worker_t *workers;
+    int nworkers;
+    int started;
+    atomic_int stop;
+    atomic_uint_least64_t samples, batches, pulls, failed;
+    atomic_int_least64_t version;
+    atomic_uint_least64_t epoch;
+    pthread_mutex_t lock; /* guards loss_sum */
+    double loss_sum;
+    fr_series_t *m_samples, *m_failed, *m_step;
+};
+
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+}
+
+/*
+ * Computes and pushes one batch. Returns FR_OK, or the error after logging
+ * it (the caller reports the batch abandoned: the gap rule reads it again).
+ */
+static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
+{
+    trainer_pool_t *p = wk->pool;
+    fr_err_t err;
+    if (b->nranges > wk->cap_ranges) {
+        psstore_range_t *grown = realloc(wk->ranges, b->nranges * sizeof(*grown));
+        if (grown == NULL)
+            return FR_ERR_NOMEM;
+        wk->ranges = grown;
+        wk->cap_ranges = b->nranges;
+    }
+    for (size_t i = 0; i < b->nranges; i++)
+        wk->ranges[i] = (psstore_range_t){b->ranges[i].topic, b->ranges[i].partition,
+                                          b->ranges[i].from, b->ranges[i].to};
+    psstore_grad_t msg = {.generation = b->generation,
+                          .worker = wk->id,
+                          .n = (int64_t)b->n,
+                          .reason = b->n == 0 ? b->reason : NULL,
+                          .ranges = wk->ranges,
+                          .nranges = b->nranges};
+    *loss = 0;
+    if (b->n > 0) {
+        int changed = 0;
+        if ((err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
+            fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_client_error(wk->cl));
+            return err;
+        }
+        if (changed) {
+            atomic_fetch_add(&p->pulls, 1);
+            if ((err = trainer_backend_load(wk->be, wk->w)) != FR_OK) {
+                fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
+                return err;
+            }
+        }
+        uint64_t t0 = fr_clock_mono_ns();
+        if ((err = trainer_backend_gradient(wk->be, wk->g, loss, b->x, b->y, (int)b->n)) != FR_OK) {
+            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
+            return err;
+        }
+        uint64_t spent = fr_clock_mono_ns() - t0;
+        if (p->m_step != NULL)
+            fr_series_observe(p->m_step, (double)spent * 1e-9);
+        if (wk->slowdown > 1.0)
+            sleep_ns((uint64_t)((wk->slowdown - 1.0) * (double)spent));
+        msg.g = wk->g;
+        msg.len = p->m.nparams;
+        msg.loss_sum = *loss;
+    }
+    msg.epoch = wk->epoch;
+    msg.version = wk->version < 0 ? 0 : wk->version;
+    if ((err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS)) != FR_OK)
+        fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
+    return err;
+}
+
+static void *worker_main(void *arg)
+{
+    worker_t *wk = arg;
+    trainer_pool_t *p = wk->pool;
+    while (!atomic_load(&p->stop)) {
+        ingest_batch_t *b = ingest_consumer_next(p->source, NEXT_WAIT_MS);
+        if (b == NULL)
+            continue;
+        double loss = 0;
+        fr_err_t err = train_batch(wk, b, &loss);
+        ingest_consumer_done(p->source, b, err == FR_OK ? psstore_client_last_id(wk->cl) : NULL);
+        if (err == FR_OK) {
+            atomic_fetch_add(&p->samples, b->n);
+            atomic_fetch_add(&p->batches, 1);
+            if (wk->version >= atomic_load(&p->version)) {
+                atomic_store(&p->version, wk->version);
+                atomic_store(&p->epoch, wk->epoch);
+            }
+            pthread_mutex_lock(&p->lock);
+            p->loss_sum += loss;
+            pthread_mutex_unlock(&p->lock);
+            if (p->m_samples != NULL)
+                fr_series_add(p->m_samples, (double)b->n);
+        } else {
+            atomic_fetch_add(&p->failed, 1);
+            if (p->m_failed != NULL)
+                fr_series_add(p->m_failed, 1);
+        }
+        ingest_batch_destroy(b);
+    }
+    return NULL;
+}
+
+static void metrics_init(trainer_pool_t *p, fr_metrics_t *reg)
+{
+    static const double step_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                         0.025,  0.05,  0.1,    0.25,  1};
+    if (reg == NULL)
+        return;
+    fr_metric_t *m = fr_metrics_counter(reg, "freshet_trainer_samples_total",
+                                        "Samples whose gradients the workers pushed.", 0, NULL);
+    p->m_samples = m != NULL ? fr_metric_series(m, NULL) : NULL;
+    m = fr_metrics_counter(reg, "freshet_trainer_batches_failed_total",
+                           "Batches abandoned because a pull, compute or push failed.", 0, NULL);
+    p->m_failed = m != NULL ? fr_metric_series(m, NULL) : NULL;
+    m = fr_metrics_histogram(reg, "freshet_trainer_step_seconds",
+                             "Forward and backward pass of one batch.",
+                             sizeof(step_bounds) / sizeof(step_bounds[0]), step_bounds, 0, NULL);
+    p->m_step = m != NULL ? fr_metric_series(m, NULL) : NULL;
+}
+
+trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, size_t size)
+{
+    if (conf == NULL || conf->m == NULL || conf->source == NULL || conf->workers < 1 ||
+        conf->max_batch < 1) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "trainer: bad pool configuration");
+        return NULL;
+    }
+    trainer_pool_t *p = calloc(1, sizeof(*p));
+    if (p == NULL || (p->workers = calloc((size_t)conf->workers, sizeof(worker_t))) == NULL) {
+        free(p);
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "trainer: out of memory");
+        return NULL;
+    }
+    p->m = *conf->m;
+    p->source = conf->source;
+    p->nworkers = conf->workers;
+    pthread_mutex_init(&p->lock, NULL);
+    atomic_init(&p->version, -1);
+    char host[64] = "host";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    for (int i = 0; i < conf->workers; i++) {
+        worker_t *wk = &p->workers[i];
+        wk->pool = p;
+        wk->index = i;
+        wk->version = -1;
+        wk->slowdown = conf->slowdown != NULL ? conf->slowdown[i] : 1.0;
+        snprintf(wk->id, sizeof(wk->id), "%s/%d/%d", host, (int)getpid(), i);
+        char why[512];
+        wk->be =
+            trainer_backend_new(conf->backend, &p->m, conf->max_batch,
+                                conf->devices != NULL ? conf->devices[i] : 0, why, sizeof(why));
+        if (wk->be == NULL) {
+            fr_errorf(FR_ERR_INVAL, errstr, size, "worker %d: %s", i, why);
+            goto err;
+        }
+        wk->cl = psstore_client_new(conf->redis_url, conf->model, p->m.nparams, conf->max_pending,
+                                    why, sizeof(why));
+        if (wk->cl == NULL) {
+            fr_errorf(FR_ERR_REDIS, errstr, size, "worker %d: %s", i, why);
+            goto err;
+        }
+        wk->w = malloc(p->m.nparams * sizeof(float));
+        wk->g = malloc(p->m.nparams * sizeof(float));
+        if (wk->w == NULL || wk->g == NULL) {
+            fr_errorf(FR_ERR_NOMEM, errstr, size, "trainer: out of memory");
+            goto err;
+        }
+        fr_mem_touch(wk->w, p->m.nparams * sizeof(float));
+        fr_mem_touch(wk->g, p->m.nparams * sizeof(float));
+    }
+    metrics_init(p, conf->metrics);
+    fr_log(FR_LOG_INFO, "trainer: %d worker(s) on %s, model %s", p->nworkers,
+           trainer_backend_name(p->workers[0].be), conf->model);
+    return p;
+err:
+    trainer_pool_destroy(p);
+    return NULL;
+}
+
+fr_err_t trainer_pool_start(trainer_pool_t *p)
+{
+    if (p->started)
+        return FR_ERR_STATE;
+    for (int i = 0; i < p->nworkers; i++) {
+        if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
+            atomic_store(&p->stop, 1);
+            for (int j = 0; j < i; j++)
+                pthread_join(p->workers[j].thread, NULL);
+            return FR_ERR_NOMEM;
+        }
+    }
+    p->started = 1;
+    return FR_OK;
+}
+
+void trainer_pool_stop(trainer_pool_t *p)
+{
+    if (p == NULL || !p->started)
+        return;
+    atomic_store(&p->stop, 1);
+    for (int i = 0; i < p->nworkers; i++)
+        pthread_join(p->workers[i].thread, NULL);
+    p->started = 0;
+}
+
+void trainer_pool_destroy(trainer_pool_t *p)
+{
+    if (p == NULL)
+        return;
+    trainer_pool_stop(p);
+    for (int i = 0; i < p->nworkers; i++) {
+        worker_t *wk = &p->workers[i];
+        trainer_backend_destroy(wk->be);
+        psstore_client_destroy(wk->cl);
+        free(wk->w);
+        free(wk->g);
+        free(wk->ranges);
+    }
+    free(p->workers);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+void trainer_pool_stats(trainer_pool_t *p, trainer_pool_stats_t *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->samples = atomic_load(&p->samples);
+    st->batches = atomic_load(&p->batches);
+    st->pulls = atomic_load(&p->pulls);
+    st->failed = atomic_load(&p->failed);
+    st->version = atomic_load(&p->version);
+    st->epoch = atomic_load(&p->epoch);
+    pthread_mutex_lock(&p->lock);
+    st->loss_sum = p->loss_sum;
+    pthread_mutex_unlock(&p->lock);
+}
