@@ -37,6 +37,12 @@ int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_con
 /* Creates [model] in the store when absent; refuses one with other layers
  * or loss. */
 int app_ensure_model(const char *cmd, const fr_config_t *cfg);
+/* The applier's settings from [redis], [model], [controller], [psstore] and
+ * [trainer] workers (svc_ps.c). Returns 0 or an exit status. */
+int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
+                     psstore_applier_conf_t *conf);
+int app_cmd_run(int argc, char **argv);   /* svc_run.c */
+int app_cmd_train(int argc, char **argv); /* svc_run.c */
 /* Executes the requests waiting for model name with an applier that only
  * executes requests, when no applier holds the lease (DESIGN.md: the CLI
  * takes the lease itself); FR_OK at once while one does (svc_model.c). */

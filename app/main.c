@@ -21,6 +21,8 @@ static const struct {
     {"eval", app_cmd_eval, "score weights on a file: {\"n\", \"loss\", \"accuracy\"}"},
 #ifdef FRESHET_HAVE_SERVICES
     {"model", app_cmd_model, "create, show, list or delete models in Redis"},
+    {"run", app_cmd_run, "train from Kafka in one process: consumer, workers and applier"},
+    {"train", app_cmd_train, "consume from Kafka and push gradients (scale-out trainer role)"},
     {"ps", app_cmd_ps, "run the applier: the single writer of a model in Redis"},
     {"produce", app_cmd_produce, "load a data file into a Kafka topic, at a given rate"},
     {"broker", app_cmd_broker, "a local Kafka-protocol broker for development and tests"},

@@ -101,6 +101,25 @@ int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_con
     return 0;
 }
 
+int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
+                     psstore_applier_conf_t *conf)
+{
+    psstore_applier_conf_init(conf);
+    int rc = app_controller_conf(cmd, cfg, &conf->ctl);
+    conf->url = fr_config_get(cfg, "redis", "url");
+    conf->model = fr_config_get(cfg, "model", "name");
+    conf->lease_ms = fr_config_get_int(cfg, "psstore", "lease_ms");
+    conf->commit_ms = fr_config_get_int(cfg, "psstore", "commit_ms");
+    conf->versions_keep = fr_config_get_int(cfg, "psstore", "versions_keep");
+    conf->snapshot_every = fr_config_get_int(cfg, "psstore", "snapshot_every");
+    conf->snapshot_seconds = fr_config_get_double(cfg, "psstore", "snapshot_seconds");
+    conf->snapshot_retain = fr_config_get_int(cfg, "psstore", "snapshot_retain");
+    conf->audit = fr_config_get_bool(cfg, "psstore", "audit");
+    conf->npushers = (int)fr_config_get_int(cfg, "trainer", "workers");
+    conf->metrics = metrics;
+    return rc;
+}
+
 /*
  * Creates the model from [model] when the store has none; refuses one with
  * other layers or loss. Returns 0 or an exit status.
@@ -176,20 +195,8 @@ int app_cmd_ps(int argc, char **argv)
     if (rc != 0 || (rc = app_ensure_model(CMD, cfg)) != 0)
         goto out;
     psstore_applier_conf_t conf;
-    psstore_applier_conf_init(&conf);
-    if ((rc = app_controller_conf(CMD, cfg, &conf.ctl)) != 0)
+    if ((rc = app_applier_conf(CMD, cfg, metrics, &conf)) != 0)
         goto out;
-    conf.url = fr_config_get(cfg, "redis", "url");
-    conf.model = fr_config_get(cfg, "model", "name");
-    conf.lease_ms = fr_config_get_int(cfg, "psstore", "lease_ms");
-    conf.commit_ms = fr_config_get_int(cfg, "psstore", "commit_ms");
-    conf.versions_keep = fr_config_get_int(cfg, "psstore", "versions_keep");
-    conf.snapshot_every = fr_config_get_int(cfg, "psstore", "snapshot_every");
-    conf.snapshot_seconds = fr_config_get_double(cfg, "psstore", "snapshot_seconds");
-    conf.snapshot_retain = fr_config_get_int(cfg, "psstore", "snapshot_retain");
-    conf.audit = fr_config_get_bool(cfg, "psstore", "audit");
-    conf.npushers = (int)fr_config_get_int(cfg, "trainer", "workers");
-    conf.metrics = metrics;
     a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     if (a == NULL) {
         fprintf(stderr, "freshet %s: %s\n", CMD, errstr);

@@ -33,6 +33,12 @@ expect 0 "usage: freshet <command>" -- "$F" --help
 expect 0 "freshet fit --layers" -- "$F" fit --help
 expect 0 "freshet eval --weights" -- "$F" eval --help
 expect 0 "backends: cpu" -- "$F" version
+expect 0 "freshet run --config" -- "$F" run --help
+expect 0 "freshet train --config" -- "$F" train --help
+expect 0 "freshet replay --model" -- "$F" replay --help
+expect 2 "mode sync is not available" -- "$F" run --set trainer.mode=sync
+expect 2 "a verb is required" -- "$F" replay --model m
+expect 2 "one verb only" -- "$F" replay --model m --to-earliest --shift-by 3
 expect 2 "unknown command 'fly'" -- "$F" fly
 expect 2 "unknown option '--bogus'" -- "$F" fit --bogus
 expect 2 "--data FILE is required" -- "$F" fit --layers 2-2 --format csv --out "$work/w"

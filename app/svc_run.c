@@ -1,0 +1,413 @@
+/*
+ * svc_run.c - the trainer roles: "freshet train" (the Kafka consumer and
+ * the workers: run several, on any machines, in one consumer group) and
+ * "freshet run" (the same plus the applier, in one process: the
+ * single-machine default). DESIGN.md "Data flow", "Training modes".
+ *
+ * This release runs modes async and adaptive (the worker never waits);
+ * the synchronous modes refuse to start with a clear error.
+ *
+ * Shutdown on SIGINT or SIGTERM: the consumer stops (its open batch is
+ * queued, its partitions revoked, the group left), each worker finishes
+ * the batch in hand (batches still queued are abandoned: the next owner
+ * reads them again from the store's watermark), the applier commits what
+ * it holds and releases the lease; exit 0.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/app.h"
+#include "ingest/ingest.h"
+#include "psstore/psstore.h"
+#include "trainer/trainer.h"
+
+#define PROGRESS_NS   5000000000ull /* a progress line this often */
+#define TICK_MS       200           /* the main loop's pace        */
+#define MAX_PROPS     256
+#define STORE_WAIT_MS 2000
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage_common(FILE *out, const char *cmd, const char *what)
+{
+    fprintf(out,
+            "usage: freshet %s --config F [--set section.key=value ...]\n"
+            "\n"
+            "%s\n"
+            "Samples come from [ingest] topic (librdkafka properties in [kafka], with\n"
+            "bootstrap.servers), decoded as [ingest] format into batches of [ingest]\n"
+            "batch; [trainer] workers threads on [trainer] backend each pull the weights\n"
+            "when the store moved, compute the gradient and push it to [redis] url with\n"
+            "the batch's offsets. A model missing from the store is created from [model];\n"
+            "one with other layers or loss is refused. [eval] data evaluates the model\n"
+            "every [eval] every versions. Modes: async and adaptive ([trainer] mode).\n"
+            "A progress line every 5 s; SIGINT or SIGTERM stops it cleanly (exit 0).\n"
+            "\n"
+            "  --config F           INI configuration (deploy/freshet.conf.example)\n"
+            "  --set S.K=V          override one key (repeatable)\n"
+            "  -h, --help           this text\n",
+            cmd, what);
+}
+
+static void run_usage(FILE *out)
+{
+    usage_common(out, "run",
+                 "Trains model [model] name from Kafka in one process: the consumer, the\n"
+                 "workers and the applier (the single writer of the model; see freshet ps).");
+}
+
+static void train_usage(FILE *out)
+{
+    usage_common(out, "train",
+                 "The trainer role: the consumer and the workers, without the applier (run\n"
+                 "freshet ps, or freshet run, somewhere). Several processes share the topic's\n"
+                 "partitions through the consumer group freshet.<model>.");
+}
+
+/* The holdout set of [eval] and what evaluating it needs. */
+typedef struct holdout {
+    ingest_dataset_t ds;
+    trainer_backend_t *be;
+    float *w;
+    int64_t every, last; /* versions between evaluations; the last one done */
+    double accuracy, loss;
+    fr_series_t *m_acc, *m_loss;
+} holdout_t;
+
+/* Loads [eval] data when set; returns 0 or an exit status. */
+static int holdout_open(const char *cmd, const fr_config_t *cfg, const trainer_model_t *m,
+                        fr_metrics_t *metrics, holdout_t *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->last = -1;
+    const char *data = fr_config_get(cfg, "eval", "data");
+    h->every = fr_config_get_int(cfg, "eval", "every");
+    if (data[0] == '\0' || h->every == 0)
+        return 0;
+    ingest_format_t format;
+    ingest_schema_t schema;
+    if (ingest_format_parse(fr_config_get(cfg, "eval", "format"), &format) != FR_OK)
+        return app_usage_error(cmd, "[eval] format: csv, libsvm, f32 or idx");
+    trainer_model_schema(m, &schema);
+    const char *labels = fr_config_get(cfg, "eval", "labels");
+    int rc = app_load_dataset(cmd, "[eval] labels", &h->ds, &schema, format, data,
+                              labels[0] != '\0' ? labels : NULL);
+    if (rc != 0)
+        return rc;
+    char errstr[512];
+    h->be = trainer_backend_new(fr_config_get(cfg, "trainer", "backend"), m, 1024, 0, errstr,
+                                sizeof(errstr));
+    h->w = malloc(m->nparams * sizeof(float));
+    if (h->be == NULL || h->w == NULL) {
+        fprintf(stderr, "freshet %s: [eval]: %s\n", cmd, h->be ? "out of memory" : errstr);
+        return APP_EXIT_FAILURE;
+    }
+    if (metrics != NULL) {
+        fr_metric_t *acc =
+            fr_metrics_gauge(metrics, "freshet_holdout_accuracy",
+                             "Accuracy of the current model on [eval] data.", 0, NULL);
+        fr_metric_t *loss =
+            fr_metrics_gauge(metrics, "freshet_holdout_loss",
+                             "Mean loss of the current model on [eval] data.", 0, NULL);
+        h->m_acc = acc != NULL ? fr_metric_series(acc, NULL) : NULL;
+        h->m_loss = loss != NULL ? fr_metric_series(loss, NULL) : NULL;
+    }
+    fr_log(FR_LOG_INFO, "%s: holdout of %zu samples from %s every %lld versions", cmd, h->ds.n,
+           data, (long long)h->every);
+    return 0;
+}
+
+/* Evaluates the store's model when it moved [eval] every versions. */
+static void holdout_tick(const char *cmd, holdout_t *h, psstore_conn_t *c, const char *model,
+                         size_t nparams)
+{
+    if (h->be == NULL || c == NULL)
+        return;
+    uint64_t epoch;
+    int64_t version;
+    if (psstore_model_weights(c, model, h->w, nparams, &epoch, &version) != FR_OK ||
+        (h->last >= 0 && version < h->last + h->every) || version == h->last)
+        return;
+    double loss_sum = 0;
+    int64_t correct = 0;
+    if (trainer_backend_load(h->be, h->w) != FR_OK ||
+        trainer_backend_evaluate(h->be, &loss_sum, &correct, h->ds.x, h->ds.y, h->ds.n) != FR_OK) {
+        fr_log(FR_LOG_WARN, "%s: holdout: %s", cmd, trainer_backend_error(h->be));
+        return;
+    }
+    h->last = version;
+    h->loss = loss_sum / (double)h->ds.n;
+    h->accuracy = (double)correct / (double)h->ds.n;
+    if (h->m_acc != NULL)
+        fr_series_set(h->m_acc, h->accuracy);
+    if (h->m_loss != NULL)
+        fr_series_set(h->m_loss, h->loss);
+    fr_log(FR_LOG_INFO, "%s: holdout at version %lld: accuracy %.4f, loss %.4f", cmd,
+           (long long)version, h->accuracy, h->loss);
+}
+
+static void holdout_close(holdout_t *h)
+{
+    ingest_dataset_fini(&h->ds);
+    trainer_backend_destroy(h->be);
+    free(h->w);
+}
+
+typedef struct applier_thread {
+    pthread_t tid;
+    int running;
+    psstore_applier_t *a;
+    volatile int stop;
+} applier_thread_t;
+
+static void *applier_main(void *arg)
+{
+    applier_thread_t *t = arg;
+    psstore_applier_run(t->a, &t->stop);
+    return NULL;
+}
+
+/* The consumer of [kafka], [ingest], [psstore] gap_timeout; NULL after
+ * printing why. props[MAX_PROPS] receives the [kafka] pairs. */
+static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg,
+                                        const trainer_model_t *m, const char *(*props)[2],
+                                        fr_metrics_t *metrics)
+{
+    char errstr[512];
+    size_t nprops = fr_config_kafka_count(cfg);
+    if (nprops > MAX_PROPS) {
+        app_usage_error(cmd, "more than %d [kafka] properties", MAX_PROPS);
+        return NULL;
+    }
+    for (size_t i = 0; i < nprops; i++)
+        fr_config_kafka_at(cfg, i, &props[i][0], &props[i][1]);
+    ingest_consumer_conf_t conf = {
+        .props = (const char *const(*)[2])props,
+        .nprops = nprops,
+        .topic = fr_config_get(cfg, "ingest", "topic"),
+        .redis_url = fr_config_get(cfg, "redis", "url"),
+        .model = fr_config_get(cfg, "model", "name"),
+        .batch = (int)fr_config_get_int(cfg, "ingest", "batch"),
+        .queue = (int)fr_config_get_int(cfg, "ingest", "queue"),
+        .linger_ms = (int)fr_config_get_int(cfg, "ingest", "linger_ms"),
+        .start_latest = strcmp(fr_config_get(cfg, "ingest", "start"), "latest") == 0,
+        .dead_letter_topic = fr_config_get(cfg, "ingest", "dead_letter_topic"),
+        .gap_timeout_ms = (int)ceil(fr_config_get_double(cfg, "psstore", "gap_timeout") * 1000),
+        .metrics = metrics,
+    };
+    trainer_model_schema(m, &conf.schema);
+    int64_t features = fr_config_get_int(cfg, "ingest", "features");
+    if (features != 0 && features != conf.schema.features) {
+        app_usage_error(cmd, "[ingest] features is %lld but the model's input is %d",
+                        (long long)features, conf.schema.features);
+        return NULL;
+    }
+    if (ingest_format_parse(fr_config_get(cfg, "ingest", "format"), &conf.format) != FR_OK) {
+        app_usage_error(cmd, "[ingest] format: csv, libsvm or f32");
+        return NULL;
+    }
+    ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
+    if (c == NULL)
+        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+    return c;
+}
+
+/* The workers of [trainer]; NULL after printing why. */
+static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const trainer_model_t *m,
+                                 ingest_consumer_t *source, fr_metrics_t *metrics)
+{
+    char errstr[512];
+    int workers = (int)fr_config_get_int(cfg, "trainer", "workers");
+    double *slowdown = calloc((size_t)workers, sizeof(double));
+    int *devices = calloc((size_t)workers, sizeof(int));
+    trainer_pool_t *pool = NULL;
+    if (slowdown == NULL || devices == NULL) {
+        fprintf(stderr, "freshet %s: out of memory\n", cmd);
+    } else if (trainer_slowdown_parse(fr_config_get(cfg, "trainer", "slowdown"), workers, slowdown,
+                                      errstr, sizeof(errstr)) != FR_OK ||
+               trainer_devices_parse(fr_config_get(cfg, "trainer", "devices"), workers, devices,
+                                     errstr, sizeof(errstr)) != FR_OK) {
+        app_usage_error(cmd, "%s", errstr);
+    } else {
+        trainer_pool_conf_t conf = {
+            .redis_url = fr_config_get(cfg, "redis", "url"),
+            .model = fr_config_get(cfg, "model", "name"),
+            .m = m,
+            .backend = fr_config_get(cfg, "trainer", "backend"),
+            .devices = devices,
+            .workers = workers,
+            .max_batch = (int)fr_config_get_int(cfg, "ingest", "batch"),
+            .max_pending = fr_config_get_int(cfg, "psstore", "max_pending"),
+            .slowdown = slowdown,
+            .source = source,
+            .metrics = metrics,
+        };
+        if ((pool = trainer_pool_new(&conf, errstr, sizeof(errstr))) == NULL)
+            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+    }
+    free(slowdown);
+    free(devices);
+    return pool;
+}
+
+/* One progress line: the interval's samples/s and loss, the store. */
+static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t *prev,
+                     ingest_consumer_t *src, psstore_applier_t *a, const holdout_t *h,
+                     double seconds)
+{
+    trainer_pool_stats_t st;
+    ingest_consumer_stats_t cs;
+    trainer_pool_stats(pool, &st);
+    ingest_consumer_stats(src, &cs);
+    uint64_t n = st.samples - prev->samples;
+    double loss = n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : NAN;
+    char store[192] = "", eval[96] = "";
+    if (a != NULL) {
+        psstore_applier_stats_t as;
+        psstore_applier_stats(a, &as);
+        uint64_t dropped = 0;
+        for (int d = 0; d < 8; d++)
+            dropped += as.dropped[d];
+        snprintf(store, sizeof(store), ", applier %s at version %lld, applied %llu, dropped %llu",
+                 as.active ? "active" : "standby", (long long)as.version,
+                 (unsigned long long)as.applied, (unsigned long long)dropped);
+    }
+    if (h->last >= 0)
+        snprintf(eval, sizeof(eval), ", holdout accuracy %.4f (v%lld)", h->accuracy,
+                 (long long)h->last);
+    fr_log(FR_LOG_INFO,
+           "%s: %.0f samples/s, train loss %.4f, computed on version %lld, %d partition(s)%s, "
+           "rejected %llu, failed %llu%s%s",
+           cmd, (double)n / seconds, loss, (long long)st.version, cs.assigned,
+           cs.paused ? " (paused)" : "",
+           (unsigned long long)(cs.rejected[1] + cs.rejected[2] + cs.rejected[3] + cs.rejected[4] +
+                                cs.rejected[5] + cs.rejected[6]),
+           (unsigned long long)st.failed, store, eval);
+    *prev = st;
+}
+
+/* freshet run (with_applier) and freshet train. */
+static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), int argc, char **argv)
+{
+    fr_config_t *cfg = fr_config_new();
+    fr_metrics_t *metrics = fr_metrics_new();
+    const char *(*props)[2] = calloc(MAX_PROPS, sizeof(*props));
+    if (cfg == NULL || metrics == NULL || props == NULL) {
+        fr_config_destroy(cfg);
+        fr_metrics_destroy(metrics);
+        free(props);
+        return APP_EXIT_FAILURE;
+    }
+    char errstr[512];
+    ingest_consumer_t *src = NULL;
+    trainer_pool_t *pool = NULL;
+    psstore_conn_t *store = NULL;
+    applier_thread_t at = {0};
+    holdout_t h = {.last = -1};
+    trainer_model_t m;
+    trainer_loss_t loss;
+    int rc = app_load_config(cmd, cfg, argc, argv, usage);
+    if (rc != 0)
+        goto out;
+    const char *mode = fr_config_get(cfg, "trainer", "mode");
+    if (strcmp(mode, "async") != 0 && strcmp(mode, "adaptive") != 0) {
+        rc = app_usage_error(cmd,
+                             "[trainer] mode %s is not available in this release "
+                             "(async and adaptive are)",
+                             mode);
+        goto out;
+    }
+    if (trainer_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
+        trainer_model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr,
+                           sizeof(errstr)) != FR_OK) {
+        rc = app_usage_error(cmd, "[model]: %s", errstr);
+        goto out;
+    }
+    if ((rc = app_ensure_model(cmd, cfg)) != 0)
+        goto out;
+    if ((rc = holdout_open(cmd, cfg, &m, metrics, &h)) != 0)
+        goto out;
+    if (with_applier) {
+        psstore_applier_conf_t conf;
+        if ((rc = app_applier_conf(cmd, cfg, metrics, &conf)) != 0)
+            goto out;
+        if ((at.a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+            rc = APP_EXIT_USAGE;
+            goto out;
+        }
+    }
+    if ((src = consumer_open(cmd, cfg, &m, props, metrics)) == NULL ||
+        (pool = pool_open(cmd, cfg, &m, src, metrics)) == NULL) {
+        rc = APP_EXIT_USAGE;
+        goto out;
+    }
+    store =
+        psstore_conn_new(fr_config_get(cfg, "redis", "url"), STORE_WAIT_MS, errstr, sizeof(errstr));
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (at.a != NULL)
+        at.running = pthread_create(&at.tid, NULL, applier_main, &at) == 0;
+    if ((at.a != NULL && !at.running) || ingest_consumer_start(src) != FR_OK ||
+        trainer_pool_start(pool) != FR_OK) {
+        fprintf(stderr, "freshet %s: could not start\n", cmd);
+        stop_flag = 1;
+        rc = APP_EXIT_FAILURE;
+    }
+    fr_log(FR_LOG_INFO, "%s: model %s, mode %s, %lld worker(s), topic %s", cmd,
+           fr_config_get(cfg, "model", "name"), mode,
+           (long long)fr_config_get_int(cfg, "trainer", "workers"),
+           fr_config_get(cfg, "ingest", "topic"));
+    trainer_pool_stats_t prev = {0};
+    uint64_t last = fr_clock_mono_ns();
+    while (!stop_flag) {
+        struct timespec ts = {0, TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        holdout_tick(cmd, &h, store, fr_config_get(cfg, "model", "name"), m.nparams);
+        uint64_t now = fr_clock_mono_ns();
+        if (now - last >= PROGRESS_NS) {
+            progress(cmd, pool, &prev, src, at.a, &h, (double)(now - last) * 1e-9);
+            last = now;
+        }
+    }
+    fr_log(FR_LOG_INFO, "%s: stopping", cmd);
+out:
+    ingest_consumer_stop(src);
+    trainer_pool_destroy(pool);
+    ingest_consumer_destroy(src);
+    if (at.a != NULL) {
+        if (at.running) {
+            at.stop = 1;
+            pthread_join(at.tid, NULL);
+        }
+        psstore_applier_destroy(at.a);
+    }
+    psstore_conn_destroy(store);
+    holdout_close(&h);
+    free(props);
+    fr_metrics_destroy(metrics);
+    fr_config_destroy(cfg);
+    return rc < 0 ? 0 : rc;
+}
+
+int app_cmd_run(int argc, char **argv)
+{
+    return run_role("run", 1, run_usage, argc, argv);
+}
+
+int app_cmd_train(int argc, char **argv)
+{
+    return run_role("train", 0, train_usage, argc, argv);
+}

@@ -1,0 +1,246 @@
+/*
+ * test_run.c - "freshet run" end to end: the dev broker (a separate
+ * process), a real redis-server and freshet run as a child process.
+ *
+ * The stream is a synthetic regression, y = 0.5 x0 - 0.3 x1 + 0.2 x2 + 0.1
+ * with x uniform in [-1, 1]^3, for the model 3-1 with loss mse; the test
+ * knows the data, so it scores the weights the store ends with itself.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "harness.h"
+#include "ingest/ingest.h"
+#include "psstore/psstore.h"
+
+#define D       3
+#define NPARAMS (D + 1)
+#define WAIT_MS 90000
+
+static harness_broker_t broker;
+static harness_redis_t redis;
+static char tmp_dir[256];
+static char errstr[512];
+
+/* Sample k of the stream: its features and label. */
+static void sample(int k, float *x, float *y)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 7000 + (uint64_t)k);
+    for (int i = 0; i < D; i++)
+        x[i] = (float)(2.0 * fr_rng_uniform(&rng) - 1.0);
+    *y = 0.5f * x[0] - 0.3f * x[1] + 0.2f * x[2] + 0.1f;
+}
+
+/* Produces samples [0, n) round robin over nparts partitions of topic. */
+static void produce(const char *topic, int nparts, int n)
+{
+    ingest_producer_t *p = ingest_producer_new(broker.bootstrap, NULL, 0, errstr, sizeof(errstr));
+    assert_non_null(p);
+    for (int k = 0; k < n; k++) {
+        float v[D + 1];
+        sample(k, v + 1, &v[0]);
+        assert_int_equal(
+            ingest_producer_send(p, topic, k % nparts, NULL, 0, v, sizeof(v), NULL, NULL), FR_OK);
+    }
+    uint64_t delivered = 0, failed = 0;
+    assert_int_equal(ingest_producer_flush(p, 10000, &delivered, &failed), FR_OK);
+    assert_int_equal(delivered, (uint64_t)n);
+    ingest_producer_destroy(p);
+}
+
+/* Writes the configuration of a run into path. */
+static void write_config(const char *path, const char *model, const char *topic, int workers,
+                         const char *mode, const char *slowdown, int audit)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = %s\nlayers = 3-1\nloss = mse\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = %s\nformat = f32\nbatch = 16\nlinger_ms = 100\n"
+            "[redis]\nurl = %s\n"
+            "[trainer]\nworkers = %d\nmode = %s\nbackend = cpu\nslowdown = %s\n"
+            "[controller]\nlr = 0.1\n"
+            "[psstore]\nlease_ms = 2000\ngap_timeout = 3\naudit = %s\n",
+            model, broker.bootstrap, topic, redis.url, workers, mode, slowdown,
+            audit ? "true" : "false");
+    assert_int_equal(fclose(f), 0);
+}
+
+static pid_t spawn_run(const char *conf, const char *log)
+{
+    char *argv[] = {FRESHET_BIN, "run", "--config", (char *)conf, NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* The sum of the store's watermarks of topic/0..nparts-1 (absent: 0). */
+static int64_t watermarks_sum(const char *model, const char *topic, int nparts)
+{
+    int64_t sum = 0;
+    for (int p = 0; p < nparts; p++) {
+        char out[128];
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                             "HGET freshet:{%s}:offsets %s/%d", model, topic, p),
+                         0);
+        sum += strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+    }
+    return sum;
+}
+
+/* Waits until the watermarks sum to at least want; fails after WAIT_MS. */
+static void wait_watermarks(const char *model, const char *topic, int nparts, int64_t want,
+                            const char *log)
+{
+    for (int waited = 0; waited < WAIT_MS; waited += 100) {
+        if (watermarks_sum(model, topic, nparts) >= want)
+            return;
+        harness_sleep_ms(100);
+    }
+    fail_msg("watermarks of %s sum to %lld, not %lld, after %d ms (see %s)", topic,
+             (long long)watermarks_sum(model, topic, nparts), (long long)want, WAIT_MS, log);
+}
+
+/* Stops a run with SIGTERM and asserts that it exits 0 within 20 s. */
+static void stop_run(pid_t pid, const char *log)
+{
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = harness_wait(pid, 20000);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("freshet run did not exit 0 on SIGTERM (status %d, see %s)", status, log);
+}
+
+/* The mean squared error of the store's model on samples [0, n). */
+static double store_loss(const char *model, int n, int64_t *version)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    float w[NPARAMS];
+    uint64_t epoch;
+    assert_int_equal(psstore_model_weights(c, model, w, NPARAMS, &epoch, version), FR_OK);
+    psstore_conn_destroy(c);
+    double sum = 0;
+    for (int k = 0; k < n; k++) {
+        float x[D], y;
+        sample(k, x, &y);
+        double pred = w[3] + (double)w[0] * x[0] + (double)w[1] * x[1] + (double)w[2] * x[2];
+        sum += (pred - y) * (pred - y);
+    }
+    return sum / n;
+}
+
+/*
+ * Both modes of this release learn the regression from the stream: the
+ * model's error on the data falls from its initial value below 1e-3, every
+ * record is consumed, and SIGTERM stops the run cleanly.
+ */
+static void run_mode_learns(const char *mode, const char *model, const char *topic)
+{
+    enum { N = 3000, NPARTS = 3 };
+    produce(topic, NPARTS, N);
+    char conf[300], log[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config(conf, model, topic, 2, mode, "", 0);
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, N, log);
+    stop_run(pid, log);
+    int64_t version = 0;
+    double loss = store_loss(model, N, &version);
+    fr_log(FR_LOG_INFO, "mode %s: mse %.6f after %lld versions", mode, loss, (long long)version);
+    assert_true(version >= N / 16);
+    assert_true(loss < 1e-3);
+    assert_true(harness_file_contains(log, "run: stopping"));
+}
+
+static void test_async_learns_the_stream(void **state)
+{
+    (void)state;
+    run_mode_learns("async", "ra", "ra1");
+}
+
+static void test_adaptive_learns_the_stream(void **state)
+{
+    (void)state;
+    run_mode_learns("adaptive", "rad", "rad1");
+}
+
+/*
+ * Exactly once, end to end: 2000 records over 4 partitions, 3 workers,
+ * audit mode; the run is killed with SIGKILL partway and started again.
+ * Every position of every partition ends marked exactly once in the audit
+ * (applied, or dropped by a named rule), so applied + dropped = N.
+ */
+static void test_kill_and_restart_applies_every_record_once(void **state)
+{
+    (void)state;
+    enum { PER = 500, NPARTS = 4 };
+    const char *model = "rk", *topic = "rk1";
+    produce(topic, NPARTS, PER * NPARTS);
+    char conf[300], log[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config(conf, model, topic, 3, "async", "0:20,1:20,2:20", 1);
+    pid_t pid = spawn_run(conf, log);
+    fr_rng_t rng;
+    fr_rng_seed(&rng, (uint64_t)getpid());
+    int64_t at = 100 + (int64_t)(fr_rng_uniform(&rng) * 400.0);
+    wait_watermarks(model, topic, NPARTS, at, log);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_true(harness_wait(pid, 5000) != -1);
+    int64_t at_kill = watermarks_sum(model, topic, NPARTS);
+    assert_true(at_kill < PER * NPARTS);
+    pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, PER * NPARTS, log);
+    stop_run(pid, log);
+    int seen[PER];
+    for (int p = 0; p < NPARTS; p++) {
+        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
+        for (int pos = 0; pos < PER; pos++)
+            if (seen[pos] != 1)
+                fail_msg("%s/%d position %d marked %d times", topic, p, pos, seen[pos]);
+    }
+    fr_log(FR_LOG_INFO, "kill at %lld of %d positions; every position marked once",
+           (long long)at_kill, PER * NPARTS);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (harness_tmpdir(tmp_dir, "run") != 0 || harness_redis_start(&redis, NULL) != 0)
+        return -1;
+    return harness_broker_start(&broker, FRESHET_BIN, "--topic ra1:3 --topic rad1:3 --topic rk1:4");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (broker.pid > 0)
+        harness_broker_stop(&broker);
+    harness_redis_stop(&redis);
+    return harness_rmdir(tmp_dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_async_learns_the_stream),
+        cmocka_unit_test(test_adaptive_learns_the_stream),
+        cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
