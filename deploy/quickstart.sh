@@ -1,20 +1,105 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: set up, build, then train
-# 784-256-10 on Fashion-MNIST (the Debian package dataset-fashion-mnist)
-# offline with freshet fit, printing progress and holdout accuracy per epoch,
-# and score the written weights with freshet eval.
+# The main job on the embedded default: set up and build, start a local
+# redis-server (temporary directory, free port) and the dev broker
+# (freshet broker), stream the Fashion-MNIST training set (the Debian
+# package dataset-fashion-mnist) into a 48-partition topic in a loop at a
+# steady rate with freshet produce, and train 784-256-10 from it with
+# freshet run: 2 asynchronous workers, the adaptive staleness controller,
+# a progress line every 5 s with the holdout accuracy on the Fashion-MNIST
+# test set. Ctrl-C (or --duration S) stops everything it started, by PID.
+#
+# usage: bash deploy/quickstart.sh [--duration S] [--rate N] [--workers W]
+#        [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/setup.sh
-bash deploy/build.sh
+
+duration=0
+rate=1000
+workers=2
+setup=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --duration) duration=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --no-setup) setup=0; shift ;;
+    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "quickstart: unknown option $1 (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+if [ "$setup" = 1 ]; then
+    bash deploy/setup.sh
+    bash deploy/build.sh
+fi
 fm=/usr/share/datasets/fashion-mnist
-out=build/fashion-mnist.safetensors
-epochs=${EPOCHS:-10}
-./build/freshet fit --layers 784-256-10 --loss softmax --optimizer sgd --lr 0.1 --batch 64 \
-    --epochs "$epochs" --seed 42 --format idx \
-    --data "$fm/train-images-idx3-ubyte.gz" --labels "$fm/train-labels-idx1-ubyte.gz" \
-    --test-data "$fm/t10k-images-idx3-ubyte.gz" --test-labels "$fm/t10k-labels-idx1-ubyte.gz" \
-    --out "$out"
-echo "test set:"
-./build/freshet eval --weights "$out" --format idx \
-    --data "$fm/t10k-images-idx3-ubyte.gz" --labels "$fm/t10k-labels-idx1-ubyte.gz"
+bin=$PWD/build/freshet
+work=$(mktemp -d /tmp/freshet-quickstart-XXXXXX)
+pids=()
+
+cleanup() {
+    trap - EXIT INT TERM
+    set +e
+    # in reverse order of start: the trainer (it commits and leaves the
+    # group), the producer, the broker, redis
+    local i
+    [ -n "${run_pid:-}" ] && kill -TERM "$run_pid" 2>/dev/null && wait "$run_pid" 2>/dev/null
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+        kill -TERM "${pids[$i]}" 2>/dev/null && wait "${pids[$i]}" 2>/dev/null
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save "" --appendonly no \
+    >"$work/redis.log" 2>&1 &
+pids+=($!)
+"$bin" broker --topic fashion:48 --bootstrap-file "$work/bootstrap" >"$work/broker.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+    [ -s "$work/bootstrap" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+done
+bootstrap=$(cat "$work/bootstrap")
+echo "quickstart: redis on 127.0.0.1:$port, dev broker at $bootstrap, work dir $work"
+
+"$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
+    --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
+    --labels "$fm/train-labels-idx1-ubyte.gz" --rate "$rate" --loop \
+    --partitions-by roundrobin >"$work/produce.log" 2>&1 &
+pids+=($!)
+
+cat >"$work/freshet.conf" <<EOF
+[model]
+name = fashion
+layers = 784-256-10
+loss = softmax
+[kafka]
+bootstrap.servers = $bootstrap
+[ingest]
+topic = fashion
+format = f32
+batch = 64
+[redis]
+url = redis://127.0.0.1:$port/0
+[trainer]
+workers = $workers
+mode = adaptive
+[controller]
+lr = 0.1
+[eval]
+data = $fm/t10k-images-idx3-ubyte.gz
+labels = $fm/t10k-labels-idx1-ubyte.gz
+format = idx
+every = 200
+EOF
+echo "quickstart: streaming Fashion-MNIST at $rate samples/s; freshet run --config $work/freshet.conf"
+"$bin" run --config "$work/freshet.conf" &
+run_pid=$!
+if [ "$duration" != 0 ]; then
+    sleep "$duration"
+    kill -TERM "$run_pid"
+fi
+wait "$run_pid"
