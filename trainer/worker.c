@@ -93,19 +93,21 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
                           .ranges = wk->ranges,
                           .nranges = b->nranges};
     *loss = 0;
-    if (b->n > 0) {
-        int changed = 0;
-        if ((err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
-            fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_client_error(wk->cl));
+    /* an n = 0 batch needs the store's epoch too, or the applier drops it
+     * (reason "epoch") without marking its positions */
+    int changed = 0;
+    if ((err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
+        fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_client_error(wk->cl));
+        return err;
+    }
+    if (changed) {
+        atomic_fetch_add(&p->pulls, 1);
+        if ((err = trainer_backend_load(wk->be, wk->w)) != FR_OK) {
+            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
             return err;
         }
-        if (changed) {
-            atomic_fetch_add(&p->pulls, 1);
-            if ((err = trainer_backend_load(wk->be, wk->w)) != FR_OK) {
-                fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
-                return err;
-            }
-        }
+    }
+    if (b->n > 0) {
         uint64_t t0 = fr_clock_mono_ns();
         if ((err = trainer_backend_gradient(wk->be, wk->g, loss, b->x, b->y, (int)b->n)) != FR_OK) {
             fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));

@@ -60,9 +60,11 @@ static void produce(const char *topic, int nparts, int n)
     ingest_producer_destroy(p);
 }
 
-/* Writes the configuration of a run into path. */
-static void write_config(const char *path, const char *model, const char *topic, int workers,
-                         const char *mode, const char *slowdown, int audit)
+/* Writes the configuration of a run into path; extra lines (may be "") go
+ * to [ingest]. */
+static void write_config_ingest(const char *path, const char *model, const char *topic, int workers,
+                                const char *mode, const char *slowdown, int audit,
+                                const char *ingest_extra)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
@@ -70,14 +72,20 @@ static void write_config(const char *path, const char *model, const char *topic,
             "[model]\nname = %s\nlayers = 3-1\nloss = mse\n"
             "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
             "heartbeat.interval.ms = 500\n"
-            "[ingest]\ntopic = %s\nformat = f32\nbatch = 16\nlinger_ms = 100\n"
+            "[ingest]\ntopic = %s\nformat = f32\nbatch = 16\nlinger_ms = 100\n%s"
             "[redis]\nurl = %s\n"
             "[trainer]\nworkers = %d\nmode = %s\nbackend = cpu\nslowdown = %s\n"
             "[controller]\nlr = 0.1\n"
             "[psstore]\nlease_ms = 2000\ngap_timeout = 3\naudit = %s\n",
-            model, broker.bootstrap, topic, redis.url, workers, mode, slowdown,
+            model, broker.bootstrap, topic, ingest_extra, redis.url, workers, mode, slowdown,
             audit ? "true" : "false");
     assert_int_equal(fclose(f), 0);
+}
+
+static void write_config(const char *path, const char *model, const char *topic, int workers,
+                         const char *mode, const char *slowdown, int audit)
+{
+    write_config_ingest(path, model, topic, workers, mode, slowdown, audit, "");
 }
 
 static pid_t spawn_run(const char *conf, const char *log)
@@ -218,12 +226,43 @@ static void test_kill_and_restart_applies_every_record_once(void **state)
            (long long)at_kill, PER * NPARTS);
 }
 
+/*
+ * A run that starts its partitions at the log end ([ingest] start =
+ * latest) covers the positions below with n = 0 batches (reason "start"),
+ * which the applier marks: the watermarks reach the log end before any
+ * new record, then follow the new records.
+ */
+static void test_start_latest_marks_the_positions_below_the_start(void **state)
+{
+    (void)state;
+    enum { NPARTS = 2, OLD = 100, NEW = 60 };
+    const char *model = "rl", *topic = "rl1";
+    produce(topic, NPARTS, OLD);
+    char conf[300], log[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config_ingest(conf, model, topic, 1, "async", "", 1, "start = latest\n");
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, OLD, log);
+    produce(topic, NPARTS, NEW);
+    wait_watermarks(model, topic, NPARTS, OLD + NEW, log);
+    stop_run(pid, log);
+    assert_int_equal(watermarks_sum(model, topic, NPARTS), OLD + NEW);
+    int seen[OLD];
+    for (int p = 0; p < NPARTS; p++) {
+        assert_true(harness_audit_count(&redis, model, topic, p, "start", seen, OLD / NPARTS) > 0);
+        for (int pos = 0; pos < OLD / NPARTS; pos++)
+            assert_int_equal(seen[pos], 1);
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
     if (harness_tmpdir(tmp_dir, "run") != 0 || harness_redis_start(&redis, NULL) != 0)
         return -1;
-    return harness_broker_start(&broker, FRESHET_BIN, "--topic ra1:3 --topic rad1:3 --topic rk1:4");
+    return harness_broker_start(&broker, FRESHET_BIN,
+                                "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2");
 }
 
 static int teardown(void **state)
@@ -241,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_async_learns_the_stream),
         cmocka_unit_test(test_adaptive_learns_the_stream),
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
+        cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
