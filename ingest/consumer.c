@@ -831,17 +831,21 @@ static void store_tick(ingest_consumer_t *c, int final)
                     targets[ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
             }
         }
-        if (!found || o->rewinding)
+        if (o->rewinding)
             continue;
-        int64_t lo, hi;
-        if (o->lag != NULL &&
-            rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
-                RD_KAFKA_RESP_ERR_NO_ERROR &&
-            hi >= 0)
-            fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
-        if (w > o->committed) {
-            rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
-            o->committed = w;
+        if (found) {
+            int64_t lo, hi;
+            if (o->lag != NULL &&
+                rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
+                    RD_KAFKA_RESP_ERR_NO_ERROR &&
+                hi >= 0)
+                fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
+            if (w > o->committed) {
+                rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
+                o->committed = w;
+            }
+        } else {
+            w = 0; /* nothing marked yet: a lost first batch must be seen too */
         }
         /* rule 3: a stuck watermark that no outstanding batch holds */
         if (w != o->watermark) {
