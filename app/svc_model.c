@@ -36,10 +36,11 @@ enum {
     OPT_FORCE = 1 << 6,
     OPT_YES = 1 << 7,
     OPT_VERSION = 1 << 8,
+    OPT_OUT = 1 << 9,
 };
 
 typedef struct model_opts {
-    const char *redis, *name, *layers, *loss, *init;
+    const char *redis, *name, *layers, *loss, *init, *out;
     long long seed, version;
     int seed_given, force, yes;
 } model_opts_t;
@@ -59,6 +60,7 @@ static void model_usage(FILE *out)
             "  list     print the names of all models, one per line, sorted\n"
             "  delete   delete every key of a model (needs --yes)\n"
             "  rollback restore a retained snapshot as a new version of a new epoch\n"
+            "  export   write the current weights as a safetensors file\n"
             "\n"
             "'freshet model <verb> --help' describes a verb's options. Model names match\n"
             "[A-Za-z0-9._-]{1,64}.\n"
@@ -148,6 +150,7 @@ static int parse_opts(const char *cmd, unsigned allowed, void (*usage)(FILE *), 
         {"force", no_argument, NULL, OPT_FORCE},
         {"yes", no_argument, NULL, OPT_YES},
         {"version", required_argument, NULL, OPT_VERSION},
+        {"out", required_argument, NULL, OPT_OUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -167,6 +170,7 @@ static int parse_opts(const char *cmd, unsigned allowed, void (*usage)(FILE *), 
         case OPT_LAYERS: o->layers = optarg; break;
         case OPT_LOSS: o->loss = optarg; break;
         case OPT_INIT: o->init = optarg; break;
+        case OPT_OUT: o->out = optarg; break;
         case OPT_SEED:
             o->seed_given = 1;
             rc = app_parse_long(cmd, "--seed", optarg, 0, INT64_MAX, &o->seed);
@@ -378,6 +382,74 @@ static int cmd_show(int argc, char **argv)
     return rc;
 }
 
+static void export_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: freshet model export --name M --out W.safetensors [--redis URL]\n"
+            "\n"
+            "Writes model M's current weights (read with their epoch and version in one\n"
+            "transaction) as safetensors, as freshet fit writes them: freshet eval and\n"
+            "PyTorch read them. The metadata holds freshet.version and freshet.epoch.\n"
+            "\n"
+            "%s"
+            "  --name M             the model's name\n"
+            "  --out W              the file to write\n"
+            "  -h, --help           this text\n",
+            redis_help);
+}
+
+/* "model export": the current weights to a safetensors file. */
+static int cmd_export(int argc, char **argv)
+{
+    static const char cmd[] = CMD " export";
+    model_opts_t o;
+    int rc = parse_opts(cmd, OPT_REDIS | OPT_NAME | OPT_OUT, export_usage, argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    if (o.out == NULL)
+        return app_usage_error(cmd, "--out W is required");
+    psstore_conn_t *c;
+    if ((rc = connect_redis(cmd, o.redis, &c)) != 0)
+        return rc;
+    psstore_model_info_t info;
+    trainer_model_t m;
+    trainer_loss_t loss;
+    char errstr[512];
+    float *w = NULL;
+    fr_err_t err = psstore_model_info(c, o.name, &info);
+    if (err != FR_OK) {
+        rc = store_failed(cmd, c, err, NULL);
+    } else if (trainer_loss_parse(info.loss, &loss) != FR_OK ||
+               trainer_model_init(&m, info.layers, loss, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "freshet %s: model %s holds layers '%s' and loss '%s'\n", cmd, o.name,
+                info.layers, info.loss);
+        rc = APP_EXIT_FAILURE;
+    } else if ((w = malloc(m.nparams * sizeof(float))) == NULL) {
+        rc = APP_EXIT_FAILURE;
+    } else {
+        uint64_t epoch;
+        int64_t version;
+        if ((err = psstore_model_weights(c, o.name, w, m.nparams, &epoch, &version)) != FR_OK) {
+            rc = store_failed(cmd, c, err, NULL);
+        } else {
+            char vbuf[32], ebuf[32];
+            snprintf(vbuf, sizeof(vbuf), "%lld", (long long)version);
+            snprintf(ebuf, sizeof(ebuf), "%llu", (unsigned long long)epoch);
+            const fr_st_kv_t extra[] = {{"freshet.version", vbuf}, {"freshet.epoch", ebuf}};
+            if (trainer_model_save(o.out, &m, w, extra, 2, errstr, sizeof(errstr)) != FR_OK) {
+                fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+                rc = APP_EXIT_FAILURE;
+            } else {
+                printf("wrote model %s version %lld of epoch %llu to %s\n", o.name,
+                       (long long)version, (unsigned long long)epoch, o.out);
+            }
+        }
+    }
+    free(w);
+    psstore_conn_destroy(c);
+    return rc;
+}
+
 /* "model list": one name per line, sorted; nothing for an empty store. */
 static int cmd_list(int argc, char **argv)
 {
@@ -546,7 +618,7 @@ int app_cmd_model(int argc, char **argv)
         int (*run)(int argc, char **argv);
     } verbs[] = {
         {"create", cmd_create}, {"show", cmd_show},         {"list", cmd_list},
-        {"delete", cmd_delete}, {"rollback", cmd_rollback},
+        {"delete", cmd_delete}, {"rollback", cmd_rollback}, {"export", cmd_export},
     };
     if (argc < 2) {
         model_usage(stderr);
@@ -564,5 +636,6 @@ int app_cmd_model(int argc, char **argv)
             return rc;
         }
     }
-    return app_usage_error(CMD, "unknown verb '%s' (create, show, list, delete or rollback)", verb);
+    return app_usage_error(
+        CMD, "unknown verb '%s' (create, show, list, delete, rollback or export)", verb);
 }

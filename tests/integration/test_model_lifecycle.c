@@ -871,6 +871,28 @@ static void test_cli_create_from_an_init_file(void **state)
     redisFree(rc);
     assert_string_equal(q("HGET freshet:{fromfile}:meta layers"), "3-4-2");
     assert_string_equal(q("HGET freshet:{fromfile}:meta loss"), "softmax");
+    /* export writes them back bit for bit, with the version */
+    char back[400];
+    snprintf(back, sizeof(back), "%s/export.safetensors", tmpdir);
+    assert_int_equal(
+        freshet(&out, 10000, "export", "--redis", R.url, "--name", "fromfile", "--out", back, NULL),
+        0);
+    expect_contains(out, "version 0 of epoch");
+    free(out);
+    trainer_model_t mb;
+    float *wb = NULL;
+    assert_int_equal(trainer_model_load(back, NULL, &mb, &wb, errstr, sizeof(errstr)), FR_OK);
+    assert_true(trainer_model_equal(&m, &mb));
+    assert_memory_equal(wb, w, m.nparams * sizeof(float));
+    free(wb);
+    assert_int_equal(
+        freshet(&out, 10000, "export", "--redis", R.url, "--name", "nosuch", "--out", back, NULL),
+        2);
+    free(out);
+    assert_int_equal(freshet(&out, 10000, "export", "--redis", R.url, "--name", "fromfile", NULL),
+                     2);
+    expect_contains(out, "--out W is required");
+    free(out);
     /* --layers must match the file, as must --loss; --seed has no place */
     assert_int_equal(freshet(&out, 10000, "create", "--redis", R.url, "--name", "ff2", "--init",
                              path, "--layers", "3-5-2", NULL),
