@@ -12,11 +12,12 @@
  * owner's threads only take batches from the queue (mutex + condvar) and
  * read the atomic counters.
  *
- * Backpressure: the queue holds `queue` batches before the poll thread
- * pauses the assignment; messages librdkafka had already fetched may still
- * arrive while paused and are queued beyond the capacity rather than
- * dropped (a paused consumer keeps polling, so the group keeps it). The
- * partitions resume once the queue drains below half its capacity.
+ * Backpressure: when the queue holds `queue` batches the poll thread waits
+ * up to PAUSE_AFTER_MS for room, then pauses the assignment; messages
+ * librdkafka had already fetched may still arrive while paused and are
+ * queued beyond the capacity rather than dropped (a paused consumer keeps
+ * polling, so the group keeps it). The partitions resume once the queue
+ * drains below half its capacity.
  *
  * Once a second (store_tick) the poll thread reads each assigned
  * partition's offsets from the store and
@@ -54,6 +55,7 @@
 #define DLQ_FLUSH_MS     5000 /* dead letters still queued at destroy    */
 #define DLQ_HEADER       "freshet.reason"
 #define GAP_TIMEOUT_MS   10000 /* [psstore] gap_timeout's default          */
+#define PAUSE_AFTER_MS   500   /* a full queue waits this long before pausing */
 #define GAP_IDS_MAX      16    /* stream entries checked per gap decision  */
 
 typedef struct qnode {
@@ -113,6 +115,7 @@ struct ingest_consumer {
     /* the queue */
     pthread_mutex_t qlock;
     pthread_cond_t qcond;
+    pthread_cond_t qroom; /* a batch was taken: the poll thread may go on */
     qnode_t *qhead, *qtail;
     size_t qlen;
     int finished; /* the poll thread has exited */
@@ -270,6 +273,7 @@ ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
             c->qtail = NULL;
         c->qlen--;
         lend(c, node->batch);
+        pthread_cond_signal(&c->qroom);
     }
     pthread_mutex_unlock(&c->qlock);
     if (node == NULL)
@@ -934,15 +938,35 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
     }
 }
 
-/* Pauses the assignment while the queue is full, resumes it once the
- * queue drained below half its capacity. Poll thread. */
+/*
+ * Backpressure. A full queue first waits up to PAUSE_AFTER_MS for a trainer
+ * to take a batch: pausing makes librdkafka drop what it had prefetched for
+ * the partitions and fetch it again on resume, which costs far more than a
+ * short wait (librdkafka keeps prefetching within queued.max.messages.kbytes
+ * meanwhile, and its heartbeats run on its own threads). A queue still full
+ * then pauses the assignment, and polling goes on; it resumes once the
+ * queue drained below half its capacity. Poll thread.
+ */
 static void backpressure(ingest_consumer_t *c)
 {
     size_t n = queue_len(c);
-    if (!c->paused && n >= c->qcap)
-        set_paused(c, 1);
-    else if (c->paused && n * 2 < c->qcap)
+    if (!c->paused && n >= c->qcap) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += (long)PAUSE_AFTER_MS * 1000000L;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&c->qlock);
+        while (c->qlen >= c->qcap && !atomic_load(&c->stop))
+            if (pthread_cond_timedwait(&c->qroom, &c->qlock, &until) != 0)
+                break;
+        n = c->qlen;
+        pthread_mutex_unlock(&c->qlock);
+        if (n >= c->qcap)
+            set_paused(c, 1);
+    } else if (c->paused && n * 2 < c->qcap) {
         set_paused(c, 0);
+    }
 }
 
 /*
@@ -1129,6 +1153,7 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
     }
     pthread_mutex_init(&c->qlock, NULL);
     pthread_cond_init(&c->qcond, NULL);
+    pthread_cond_init(&c->qroom, NULL);
     atomic_init(&c->stop, 0);
     c->topic = strdup(conf->topic);
     c->model = strdup(conf->model);
@@ -1210,6 +1235,9 @@ void ingest_consumer_stop(ingest_consumer_t *c)
         return;
     if (c->started && !c->joined) {
         atomic_store(&c->stop, 1);
+        pthread_mutex_lock(&c->qlock);
+        pthread_cond_broadcast(&c->qroom);
+        pthread_mutex_unlock(&c->qlock);
         pthread_join(c->thread, NULL);
         c->joined = 1;
     }
@@ -1265,6 +1293,7 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
     free(c->redis_url);
     free(c->dlt);
     pthread_cond_destroy(&c->qcond);
+    pthread_cond_destroy(&c->qroom);
     pthread_mutex_destroy(&c->qlock);
     free(c);
 }

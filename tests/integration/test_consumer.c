@@ -472,7 +472,7 @@ static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
             assert_int_equal(col->seen[p][o], 1);
     }
     ingest_consumer_stats(c, &st);
-    assert_true(st.pauses >= 2);
+    assert_true(st.pauses >= 1); /* while drained, a full queue waits for room first */
     free(col);
     ingest_consumer_destroy(c);
 }
