@@ -270,7 +270,9 @@ static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t
     ingest_consumer_stats_t cs;
     trainer_pool_stats(pool, &st);
     ingest_consumer_stats(src, &cs);
-    uint64_t n = st.samples - prev->samples;
+    uint64_t n = st.samples - prev->samples, nb = st.batches - prev->batches;
+    double step_ms = nb > 0 ? (double)(st.compute_ns - prev->compute_ns) * 1e-6 / (double)nb : 0;
+    double push_ms = nb > 0 ? (double)(st.push_ns - prev->push_ns) * 1e-6 / (double)nb : 0;
     double loss = n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : NAN;
     char store[192] = "", eval[96] = "";
     if (a != NULL) {
@@ -287,9 +289,9 @@ static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t
         snprintf(eval, sizeof(eval), ", holdout accuracy %.4f (v%lld)", h->accuracy,
                  (long long)h->last);
     fr_log(FR_LOG_INFO,
-           "%s: %.0f samples/s, train loss %.4f, computed on version %lld, %d partition(s)%s, "
-           "rejected %llu, failed %llu%s%s",
-           cmd, (double)n / seconds, loss, (long long)st.version, cs.assigned,
+           "%s: %.0f samples/s, train loss %.4f, computed on version %lld, step %.1f ms, "
+           "push %.1f ms, %d partition(s)%s, rejected %llu, failed %llu%s%s",
+           cmd, (double)n / seconds, loss, (long long)st.version, step_ms, push_ms, cs.assigned,
            cs.paused ? " (paused)" : "",
            (unsigned long long)(cs.rejected[1] + cs.rejected[2] + cs.rejected[3] + cs.rejected[4] +
                                 cs.rejected[5] + cs.rejected[6]),

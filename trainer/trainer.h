@@ -143,13 +143,15 @@ typedef struct trainer_pool_conf {
 } trainer_pool_conf_t;
 
 typedef struct trainer_pool_stats {
-    uint64_t samples; /* samples whose gradients were pushed                 */
-    uint64_t batches; /* batches pushed (n = 0 ones included)                */
-    uint64_t pulls;   /* weight pulls that brought a new version             */
-    uint64_t failed;  /* batches abandoned (push or compute failed)          */
-    double loss_sum;  /* summed training loss of the pushed samples          */
-    int64_t version;  /* the newest version a worker computed on             */
-    uint64_t epoch;   /* ... and its epoch                                   */
+    uint64_t samples;    /* samples whose gradients were pushed                 */
+    uint64_t batches;    /* batches pushed (n = 0 ones included)                */
+    uint64_t pulls;      /* weight pulls that brought a new version             */
+    uint64_t failed;     /* batches abandoned (push or compute failed)          */
+    double loss_sum;     /* summed training loss of the pushed samples          */
+    uint64_t compute_ns; /* summed forward and backward time of the workers */
+    uint64_t push_ns;    /* summed push time (backpressure waits included) */
+    int64_t version;     /* the newest version a worker computed on             */
+    uint64_t epoch;      /* ... and its epoch                                   */
 } trainer_pool_stats_t;
 
 /* Creates the workers' backends and store clients (NULL with errstr when a

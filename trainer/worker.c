@@ -53,7 +53,7 @@ struct trainer_pool {
     int nworkers;
     int started;
     atomic_int stop;
-    atomic_uint_least64_t samples, batches, pulls, failed;
+    atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns;
     atomic_int_least64_t version;
     atomic_uint_least64_t epoch;
     pthread_mutex_t lock; /* guards loss_sum */
@@ -114,6 +114,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
             return err;
         }
         uint64_t spent = fr_clock_mono_ns() - t0;
+        atomic_fetch_add(&p->compute_ns, spent);
         if (p->m_step != NULL)
             fr_series_observe(p->m_step, (double)spent * 1e-9);
         if (wk->slowdown > 1.0)
@@ -124,7 +125,10 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
     }
     msg.epoch = wk->epoch;
     msg.version = wk->version < 0 ? 0 : wk->version;
-    if ((err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS)) != FR_OK)
+    uint64_t t1 = fr_clock_mono_ns();
+    err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
+    atomic_fetch_add(&p->push_ns, fr_clock_mono_ns() - t1);
+    if (err != FR_OK)
         fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
     return err;
 }
@@ -291,6 +295,8 @@ void trainer_pool_stats(trainer_pool_t *p, trainer_pool_stats_t *st)
     st->batches = atomic_load(&p->batches);
     st->pulls = atomic_load(&p->pulls);
     st->failed = atomic_load(&p->failed);
+    st->compute_ns = atomic_load(&p->compute_ns);
+    st->push_ns = atomic_load(&p->push_ns);
     st->version = atomic_load(&p->version);
     st->epoch = atomic_load(&p->epoch);
     pthread_mutex_lock(&p->lock);

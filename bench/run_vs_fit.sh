@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The cost of Kafka + Redis + asynchrony, measured: Fashion-MNIST streamed
+# once (60,000 f32 records in 48 partitions of the dev broker, preloaded)
+# through freshet run (784-256-10, softmax, sgd lr 0.1, batch 64, W async
+# workers, policy as [controller] says) against freshet fit doing one epoch
+# of the same training on one thread, in the same run. Prints both
+# throughputs, their ratio and both test accuracies.
+# usage: bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        (defaults: 2, adaptive, build/freshet)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+workers=${1:-2}
+mode=${2:-adaptive}
+bin=$(realpath "${3:-build/freshet}")
+fm=/usr/share/datasets/fashion-mnist
+export OPENBLAS_NUM_THREADS=1
+work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
+pids=()
+cleanup() {
+    set +e
+    local i
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+        kill -TERM "${pids[$i]}" 2>/dev/null && wait "${pids[$i]}" 2>/dev/null
+    done
+    rm -rf "$work"
+}
+trap cleanup EXIT; [ -n "${KEEP_LOG:-}" ] && trap "cp \"\$work/run.log\" $KEEP_LOG; cleanup" EXIT
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save "" --appendonly no \
+    >"$work/redis.log" 2>&1 &
+pids+=($!)
+"$bin" broker --topic fashion:48 --bootstrap-file "$work/bootstrap" >"$work/broker.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+    [ -s "$work/bootstrap" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+done
+bootstrap=$(cat "$work/bootstrap")
+"$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
+    --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
+    --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin >"$work/produce.log"
+
+cat >"$work/run.conf" <<EOF
+[model]
+name = bench
+layers = 784-256-10
+loss = softmax
+seed = 42
+[kafka]
+bootstrap.servers = $bootstrap
+session.timeout.ms = 6000
+heartbeat.interval.ms = 500
+[ingest]
+topic = fashion
+format = f32
+batch = 64
+queue = ${QUEUE:-16}
+[redis]
+url = redis://127.0.0.1:$port/0
+[trainer]
+workers = $workers
+mode = $mode
+backend = cpu
+[controller]
+lr = 0.1
+EOF
+# the clock runs from the first applied batch to the last (group join excluded)
+watermarks() {
+    redis-cli -p "$port" HVALS 'freshet:{bench}:offsets' | awk -F'[;@]' '{ s += $1 } END { print s + 0 }'
+}
+"$bin" run --config "$work/run.conf" >"$work/run.log" 2>&1 &
+run_pid=$!
+pids+=($run_pid)
+t0=""
+for _ in $(seq 6000); do
+    w=$(watermarks)
+    [ -z "$t0" ] && [ "$w" -gt 0 ] && t0=$(date +%s.%N) && w0=$w
+    [ "$w" -ge 60000 ] && break
+    sleep 0.05
+done
+t1=$(date +%s.%N)
+kill -TERM "$run_pid" && wait "$run_pid"
+"$bin" model export --redis "redis://127.0.0.1:$port/0" --name bench \
+    --out "$work/run.safetensors" >/dev/null
+run_acc=$("$bin" eval --weights "$work/run.safetensors" --format idx \
+    --data "$fm/t10k-images-idx3-ubyte.gz" --labels "$fm/t10k-labels-idx1-ubyte.gz" |
+    sed 's/.*"accuracy": *\([0-9.]*\).*/\1/')
+run_rate=$(awk -v n=$((60000 - w0)) -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
+
+"$bin" fit --layers 784-256-10 --loss softmax --optimizer sgd --lr 0.1 --batch 64 \
+    --epochs 1 --seed 42 --backend cpu --format idx \
+    --data "$fm/train-images-idx3-ubyte.gz" --labels "$fm/train-labels-idx1-ubyte.gz" \
+    --test-data "$fm/t10k-images-idx3-ubyte.gz" --test-labels "$fm/t10k-labels-idx1-ubyte.gz" \
+    --out "$work/fit.safetensors" >"$work/fit.log"
+fit_rate=$(awk '$1 == "epoch" { for (i = 1; i < NF; i++) if ($i == "samples/s") print $(i + 1) }' "$work/fit.log")
+fit_acc=$(awk '$1 == "epoch" { for (i = 1; i < NF; i++) if ($i == "test_accuracy") print $(i + 1) }' "$work/fit.log")
+
+echo "run vs fit: Fashion-MNIST once, 784-256-10 softmax, sgd lr 0.1, batch 64"
+printf '  %-40s %10s  %13s\n' "" "samples/s" "test accuracy"
+printf '  %-40s %10s  %13s\n' "freshet run ($workers workers, $mode, Kafka+Redis)" "$run_rate" "$run_acc"
+printf '  %-40s %10s  %13s\n' "freshet fit (1 thread, offline)" "$fit_rate" "$fit_acc"
+awk -v r="$run_rate" -v f="$fit_rate" 'BEGIN { printf "  ratio run/fit: %.2f\n", r / f }'
+awk -v r="$run_acc" -v f="$fit_acc" 'BEGIN { printf "  accuracy difference fit - run: %.2f points\n", 100 * (f - r) }'
