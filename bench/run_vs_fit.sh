@@ -5,8 +5,9 @@
 # workers, policy as [controller] says) against freshet fit doing one epoch
 # of the same training on one thread, in the same run. Prints both
 # throughputs, their ratio and both test accuracies.
-# usage: bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
-#        (defaults: 2, adaptive, build/freshet)
+# usage: [MAX_PENDING=N] [QUEUE=N] bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        (defaults: 2, adaptive, build/freshet; [psstore] max_pending 64,
+#        [ingest] queue 16; KEEP_LOG=F keeps freshet run's log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2}
@@ -64,6 +65,8 @@ mode = $mode
 backend = cpu
 [controller]
 lr = 0.1
+[psstore]
+max_pending = ${MAX_PENDING:-64}
 EOF
 # the clock runs from the first applied batch to the last (group join excluded)
 watermarks() {
