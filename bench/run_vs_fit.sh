@@ -16,28 +16,13 @@ bin=$(realpath "${3:-build/freshet}")
 fm=/usr/share/datasets/fashion-mnist
 export OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
-pids=()
-cleanup() {
-    set +e
-    local i
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-        kill -TERM "${pids[$i]}" 2>/dev/null && wait "${pids[$i]}" 2>/dev/null
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT; [ -n "${KEEP_LOG:-}" ] && trap "cp \"\$work/run.log\" $KEEP_LOG; cleanup" EXIT
-
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save "" --appendonly no \
-    >"$work/redis.log" 2>&1 &
-pids+=($!)
-"$bin" broker --topic fashion:48 --bootstrap-file "$work/bootstrap" >"$work/broker.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-    [ -s "$work/bootstrap" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
-    sleep 0.1
-done
-bootstrap=$(cat "$work/bootstrap")
+# shellcheck source=deploy/stack.sh
+. deploy/stack.sh
+trap 'stack_stop "$work"' EXIT
+[ -n "${KEEP_LOG:-}" ] && trap 'cp "$work/run.log" "$KEEP_LOG"; stack_stop "$work"' EXIT
+stack_start "$work" "$bin" fashion:48
+port=$stack_port
+bootstrap=$stack_bootstrap
 "$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
     --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
     --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin >"$work/produce.log"
@@ -74,7 +59,7 @@ watermarks() {
 }
 "$bin" run --config "$work/run.conf" >"$work/run.log" 2>&1 &
 run_pid=$!
-pids+=($run_pid)
+stack_pids+=($run_pid)
 t0=""
 for _ in $(seq 6000); do
     w=$(watermarks)

@@ -35,41 +35,22 @@ fi
 fm=/usr/share/datasets/fashion-mnist
 bin=$PWD/build/freshet
 work=$(mktemp -d /tmp/freshet-quickstart-XXXXXX)
-pids=()
-
-cleanup() {
-    trap - EXIT INT TERM
-    set +e
-    # in reverse order of start: the trainer (it commits and leaves the
-    # group), the producer, the broker, redis
-    local i
-    [ -n "${run_pid:-}" ] && kill -TERM "$run_pid" 2>/dev/null && wait "$run_pid" 2>/dev/null
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-        kill -TERM "${pids[$i]}" 2>/dev/null && wait "${pids[$i]}" 2>/dev/null
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=deploy/stack.sh
+. deploy/stack.sh
+# the trainer is started last, so it is stopped first (it commits and
+# leaves the group), then the producer, the broker and redis
+trap 'stack_stop "$work"' EXIT
 trap 'exit 130' INT TERM
-
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-redis-server --port "$port" --bind 127.0.0.1 --dir "$work" --save "" --appendonly no \
-    >"$work/redis.log" 2>&1 &
-pids+=($!)
-"$bin" broker --topic fashion:48 --bootstrap-file "$work/bootstrap" >"$work/broker.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do
-    [ -s "$work/bootstrap" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
-    sleep 0.1
-done
-bootstrap=$(cat "$work/bootstrap")
+stack_start "$work" "$bin" fashion:48
+port=$stack_port
+bootstrap=$stack_bootstrap
 echo "quickstart: redis on 127.0.0.1:$port, dev broker at $bootstrap, work dir $work"
 
 "$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
     --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
     --labels "$fm/train-labels-idx1-ubyte.gz" --rate "$rate" --loop \
     --partitions-by roundrobin >"$work/produce.log" 2>&1 &
-pids+=($!)
+stack_pids+=($!)
 
 cat >"$work/freshet.conf" <<EOF
 [model]
@@ -98,6 +79,7 @@ EOF
 echo "quickstart: streaming Fashion-MNIST at $rate samples/s; freshet run --config $work/freshet.conf"
 "$bin" run --config "$work/freshet.conf" &
 run_pid=$!
+stack_pids+=($run_pid)
 if [ "$duration" != 0 ]; then
     sleep "$duration"
     kill -TERM "$run_pid"

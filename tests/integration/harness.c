@@ -449,3 +449,19 @@ int harness_rmdir(const char *dir)
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     return system(cmd) == 0 ? 0 : -1;
 }
+
+int harness_stack_start(char *dir, const char *name, harness_redis_t *r, harness_broker_t *b,
+                        const char *bin, const char *broker_args)
+{
+    if (harness_tmpdir(dir, name) != 0 || harness_redis_start(r, NULL) != 0)
+        return -1;
+    return harness_broker_start(b, bin, broker_args);
+}
+
+int harness_stack_stop(const char *dir, harness_redis_t *r, harness_broker_t *b)
+{
+    if (b->pid > 0)
+        harness_broker_stop(b);
+    harness_redis_stop(r);
+    return harness_rmdir(dir);
+}

@@ -80,6 +80,14 @@ int harness_broker_start(harness_broker_t *b, const char *bin, const char *args)
  * was not running. */
 int harness_broker_stop(harness_broker_t *b);
 
+/* A Kafka test's world, in one call each way: a private folder
+ * /tmp/freshet-test-NAME-XXXXXX in dir[256], a redis-server and "bin broker
+ * broker_args". Start returns 0 or -1; stop stops both by PID and removes
+ * the folder, returning 0 or -1. */
+int harness_stack_start(char *dir, const char *name, harness_redis_t *r, harness_broker_t *b,
+                        const char *bin, const char *broker_args);
+int harness_stack_stop(const char *dir, harness_redis_t *r, harness_broker_t *b);
+
 /* ------------------------------------------------------------------------
  * An applier in a thread of the test process.
  * ---------------------------------------------------------------------- */

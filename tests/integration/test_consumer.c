@@ -589,22 +589,15 @@ static void test_bad_configuration_is_refused(void **state)
 static int setup(void **state)
 {
     (void)state;
-    if (harness_tmpdir(tmp_dir, "consumer") != 0)
-        return -1;
-    if (harness_redis_start(&redis, NULL) != 0)
-        return -1;
-    return harness_broker_start(&broker, FRESHET_BIN,
-                                "--topic c1:3 --topic c1dlq:1 --topic c2:1 --topic c3:1 "
-                                "--topic c4:2 --topic c5:2");
+    return harness_stack_start(tmp_dir, "consumer", &redis, &broker, FRESHET_BIN,
+                               "--topic c1:3 --topic c1dlq:1 --topic c2:1 --topic c3:1 "
+                               "--topic c4:2 --topic c5:2");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (broker.pid > 0)
-        harness_broker_stop(&broker);
-    harness_redis_stop(&redis);
-    return harness_rmdir(tmp_dir);
+    return harness_stack_stop(tmp_dir, &redis, &broker);
 }
 
 int main(void)

@@ -461,20 +461,14 @@ static void test_a_restart_skips_applied_intervals_and_resumes_at_the_store_wate
 static int setup(void **state)
 {
     (void)state;
-    if (harness_tmpdir(tmp_dir, "consumer-failures") != 0)
-        return -1;
-    if (harness_redis_start(&redis, NULL) != 0)
-        return -1;
-    return harness_broker_start(&broker, FRESHET_BIN, "--topic f1:2 --topic o2:2 --topic r3:1");
+    return harness_stack_start(tmp_dir, "consumer-failures", &redis, &broker, FRESHET_BIN,
+                               "--topic f1:2 --topic o2:2 --topic r3:1");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (broker.pid > 0)
-        harness_broker_stop(&broker);
-    harness_redis_stop(&redis);
-    return harness_rmdir(tmp_dir);
+    return harness_stack_stop(tmp_dir, &redis, &broker);
 }
 
 int main(void)

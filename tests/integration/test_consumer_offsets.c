@@ -614,21 +614,14 @@ static void test_a_killed_member_is_replaced_without_gap_or_duplicate(void **sta
 static int setup(void **state)
 {
     (void)state;
-    if (harness_tmpdir(tmp_dir, "replay") != 0)
-        return -1;
-    if (harness_redis_start(&redis, NULL) != 0)
-        return -1;
-    return harness_broker_start(&broker, FRESHET_BIN,
-                                "--topic gap1:1 --topic rpo1:1 --topic rpd1:1 --topic kill1:4");
+    return harness_stack_start(tmp_dir, "replay", &redis, &broker, FRESHET_BIN,
+                               "--topic gap1:1 --topic rpo1:1 --topic rpd1:1 --topic kill1:4");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (broker.pid > 0)
-        harness_broker_stop(&broker);
-    harness_redis_stop(&redis);
-    return harness_rmdir(tmp_dir);
+    return harness_stack_stop(tmp_dir, &redis, &broker);
 }
 
 int main(int argc, char **argv)

@@ -262,19 +262,14 @@ static void test_start_latest_marks_the_positions_below_the_start(void **state)
 static int setup(void **state)
 {
     (void)state;
-    if (harness_tmpdir(tmp_dir, "run") != 0 || harness_redis_start(&redis, NULL) != 0)
-        return -1;
-    return harness_broker_start(&broker, FRESHET_BIN,
-                                "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2");
+    return harness_stack_start(tmp_dir, "run", &redis, &broker, FRESHET_BIN,
+                               "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    if (broker.pid > 0)
-        harness_broker_stop(&broker);
-    harness_redis_stop(&redis);
-    return harness_rmdir(tmp_dir);
+    return harness_stack_stop(tmp_dir, &redis, &broker);
 }
 
 int main(void)
