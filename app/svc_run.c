@@ -136,8 +136,9 @@ static void holdout_tick(const char *cmd, holdout_t *h, psstore_conn_t *c, const
         return;
     uint64_t epoch;
     int64_t version;
-    if (psstore_model_weights(c, model, h->w, nparams, &epoch, &version) != FR_OK ||
-        (h->last >= 0 && version < h->last + h->every) || version == h->last)
+    if (psstore_model_version(c, model, &version) != FR_OK ||
+        (h->last >= 0 && version < h->last + h->every) ||
+        psstore_model_weights(c, model, h->w, nparams, &epoch, &version) != FR_OK)
         return;
     double loss_sum = 0;
     int64_t correct = 0;

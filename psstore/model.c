@@ -715,6 +715,24 @@ fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, si
     return err;
 }
 
+fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version)
+{
+    fr_err_t err;
+    char key[PS_KEY_MAX];
+    if ((err = check_name(c, name)) != FR_OK)
+        return err;
+    ps_key(key, name, "ver");
+    redisReply *r = ps_cmd(c, 1, &err, "GET %s", key);
+    if (r == NULL)
+        return err;
+    if (r->type == REDIS_REPLY_NIL)
+        err = ps_fail(c, FR_ERR_NOTFOUND, "no model '%s'", name);
+    else if (reply_int64(r, version) != 0)
+        err = ps_fail(c, FR_ERR_PARSE, "model '%s' has a bad ver", name);
+    freeReplyObject(r);
+    return err;
+}
+
 /* Adds the model name of a key "freshet:{m}:meta" to the list; other keys
  * that happen to match the pattern are skipped. */
 static fr_err_t add_model_name(void *ctx, const char *key, size_t len)

@@ -271,6 +271,9 @@ fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count);
 /* Deletes every key of the model; FR_ERR_STATE while an applier holds the
  * lease (then ask it with psstore_request_delete). */
 fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name);
+/* The model's current version alone (one GET): a cheap test of whether
+ * the weights moved. FR_ERR_NOTFOUND when there is no such model. */
+fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version);
 /* Reads the weights of model name (n floats) with their epoch and version
  * in one transaction, never a torn mix. FR_ERR_RANGE when the stored
  * weights are not n floats. */

@@ -349,6 +349,14 @@ static void test_info_list_and_delete(void **state)
     api_create(c, "a.model", "2-3-2", 2, 0);
     api_create(c, "c_model", "2-3-2", 3, 0);
     freeReplyObject(raw(rc, "HSET freshet:notamodel:meta x 1")); /* no braces: not a model */
+    int64_t version = -1;
+    assert_int_equal(psstore_model_version(c, "b-model", &version), FR_OK);
+    assert_int_equal(version, 0);
+    freeReplyObject(raw(rc, "SET freshet:{b-model}:ver 41"));
+    assert_int_equal(psstore_model_version(c, "b-model", &version), FR_OK);
+    assert_int_equal(version, 41);
+    freeReplyObject(raw(rc, "SET freshet:{b-model}:ver 0"));
+    assert_int_equal(psstore_model_version(c, "nosuch", &version), FR_ERR_NOTFOUND);
     char **names;
     size_t n;
     assert_int_equal(psstore_model_list(c, &names, &n), FR_OK);
