@@ -275,25 +275,28 @@ static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t
     double step_ms = nb > 0 ? (double)(st.compute_ns - prev->compute_ns) * 1e-6 / (double)nb : 0;
     double push_ms = nb > 0 ? (double)(st.push_ns - prev->push_ns) * 1e-6 / (double)nb : 0;
     double loss = n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : NAN;
-    char store[192] = "", eval[96] = "";
+    char store[256] = "", eval[96] = "";
     if (a != NULL) {
         psstore_applier_stats_t as;
         psstore_applier_stats(a, &as);
         uint64_t dropped = 0;
         for (int d = 0; d < 8; d++)
             dropped += as.dropped[d];
-        snprintf(store, sizeof(store), ", applier %s at version %lld, applied %llu, dropped %llu",
-                 as.active ? "active" : "standby", (long long)as.version,
-                 (unsigned long long)as.applied, (unsigned long long)dropped);
+        snprintf(store, sizeof(store),
+                 ", applier %s at version %lld, staleness p50 %lld p99 %lld, lr_eff %.4g, "
+                 "applied %llu, dropped %llu",
+                 as.active ? "active" : "standby", (long long)as.version, (long long)as.tau_p50,
+                 (long long)as.tau_p99, as.lr_eff, (unsigned long long)as.applied,
+                 (unsigned long long)dropped);
     }
     if (h->last >= 0)
         snprintf(eval, sizeof(eval), ", holdout accuracy %.4f (v%lld)", h->accuracy,
                  (long long)h->last);
     fr_log(FR_LOG_INFO,
            "%s: %.0f samples/s, train loss %.4f, computed on version %lld, step %.1f ms, "
-           "push %.1f ms, %d partition(s)%s, rejected %llu, failed %llu%s%s",
+           "push %.1f ms, %d partition(s)%s, lag %lld, rejected %llu, failed %llu%s%s",
            cmd, (double)n / seconds, loss, (long long)st.version, step_ms, push_ms, cs.assigned,
-           cs.paused ? " (paused)" : "",
+           cs.paused ? " (paused)" : "", (long long)cs.lag,
            (unsigned long long)(cs.rejected[1] + cs.rejected[2] + cs.rejected[3] + cs.rejected[4] +
                                 cs.rejected[5] + cs.rejected[6]),
            (unsigned long long)st.failed, store, eval);

@@ -127,6 +127,7 @@ struct ingest_consumer {
     atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds;
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
+    atomic_int_least64_t lag; /* summed over the assigned partitions, last tick */
 
     /* metrics (NULL without a registry) */
     fr_metrics_t *metrics;
@@ -803,7 +804,7 @@ static void store_tick(ingest_consumer_t *c, int final)
     rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(c->nowned);
     psstore_rewind_t *targets = calloc((size_t)c->nowned, sizeof(*targets));
     size_t ntargets = 0;
-    int64_t t = now_ms();
+    int64_t t = now_ms(), lag = 0;
     for (int i = 0; i < c->nowned && list != NULL && targets != NULL; i++) {
         owned_t *o = &c->owned[i];
         if (rewound && o->rewinding) {
@@ -839,11 +840,13 @@ static void store_tick(ingest_consumer_t *c, int final)
             continue;
         if (found) {
             int64_t lo, hi;
-            if (o->lag != NULL &&
-                rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
+            if (rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
                     RD_KAFKA_RESP_ERR_NO_ERROR &&
-                hi >= 0)
-                fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
+                hi >= 0) {
+                lag += hi > w ? hi - w : 0;
+                if (o->lag != NULL)
+                    fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
+            }
             if (w > o->committed) {
                 rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
                 o->committed = w;
@@ -867,6 +870,7 @@ static void store_tick(ingest_consumer_t *c, int final)
                 fr_series_add(c->m_gap, 1);
         }
     }
+    atomic_store(&c->lag, lag);
     if (ntargets > 0)
         replay_submit(c, targets, ntargets);
     if (list != NULL && list->cnt > 0) {
@@ -1311,4 +1315,5 @@ void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
     st->rewinds = atomic_load(&c->rewinds);
     st->paused = atomic_load(&c->npaused);
     st->assigned = atomic_load(&c->nassigned);
+    st->lag = atomic_load(&c->lag);
 }

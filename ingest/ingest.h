@@ -338,6 +338,8 @@ typedef struct ingest_consumer_stats {
     uint64_t rewinds;                       /* partitions rewound by replays            */
     int paused;                             /* partitions paused now                    */
     int assigned;                           /* partitions assigned now                  */
+    int64_t lag; /* records between the log ends and the store's watermarks, summed over
+                    the assigned partitions (as of the last second's tick) */
 } ingest_consumer_stats_t;
 
 /* A consumer of conf (copied: the caller's strings may go after the call;

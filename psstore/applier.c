@@ -28,6 +28,7 @@
 
 #include "psstore/psstore_int.h"
 
+#define TAU_RING      256 /* applied gradients the staleness percentiles cover */
 #define GROUP         "appliers"
 #define READ_COUNT    64         /* entries per XREADGROUP, at most ...       */
 #define READ_BYTES    (16 << 20) /* ... and about this many payload bytes   */
@@ -109,8 +110,10 @@ struct psstore_applier {
 
     fr_series_t *m_applied, *m_dropped[8], *m_stale, *m_lr, *m_version, *m_loss, *m_bytes,
         *m_latency, *m_commits, *m_fenced;
-    fr_metric_t *m_epoch; /* freshet_model_epoch_info{model,epoch} 1 */
-    char shown_epoch[32]; /* the epoch that metric shows as current */
+    fr_metric_t *m_epoch;   /* freshet_model_epoch_info{model,epoch} 1 */
+    char shown_epoch[32];   /* the epoch that metric shows as current */
+    int64_t taus[TAU_RING]; /* staleness of the last applied gradients (lock) */
+    uint64_t ntaus;
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -374,11 +377,26 @@ const char *psstore_applier_error(const psstore_applier_t *a)
     return psstore_conn_error(a->c);
 }
 
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
 {
+    int64_t taus[TAU_RING];
     pthread_mutex_lock(&a->lock);
     *stats = a->stats;
+    size_t n = a->ntaus < TAU_RING ? (size_t)a->ntaus : TAU_RING;
+    memcpy(taus, a->taus, n * sizeof(*taus));
     pthread_mutex_unlock(&a->lock);
+    stats->tau_p50 = stats->tau_p99 = -1;
+    if (n > 0) {
+        qsort(taus, n, sizeof(*taus), cmp_i64);
+        stats->tau_p50 = taus[(n - 1) / 2];
+        stats->tau_p99 = taus[(n - 1) * 99 / 100];
+    }
 }
 
 /* ---- offsets ------------------------------------------------------------------ */
@@ -1285,6 +1303,8 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     version_entry(a, g, &d);
     pthread_mutex_lock(&a->lock);
     a->stats.applied++;
+    a->stats.lr_eff = d.lr_eff;
+    a->taus[a->ntaus++ % TAU_RING] = d.tau;
     pthread_mutex_unlock(&a->lock);
     fr_series_add(a->m_applied, 1);
     fr_series_observe(a->m_stale, (double)d.tau);

@@ -443,6 +443,9 @@ typedef struct psstore_applier_stats {
     uint64_t fenced;     /* transactions refused: lease lost          */
     uint64_t bytes;      /* payload bytes read and written            */
     char stopped[256];   /* divergence guard reason, "" if running    */
+    double lr_eff;       /* of the last applied gradient              */
+    int64_t tau_p50;     /* staleness percentiles over the last 256   */
+    int64_t tau_p99;     /* applied gradients; -1 before any          */
 } psstore_applier_stats_t;
 
 /* Why a gradient was not applied; names are the metrics' reason labels. */

@@ -824,6 +824,10 @@ static void test_group_commit_drains_a_dead_appliers_entries_once(void **state)
     assert_int_equal(st.applied, 20);
     assert_int_equal(st.dropped[PSSTORE_DROPPED_DUPLICATE], 0);
     assert_true(st.commits < 20); /* grouped */
+    /* all computed on version 0 and applied in turn: staleness 0..19 */
+    assert_int_equal(st.tau_p50, 9);
+    assert_int_equal(st.tau_p99, 18);
+    assert_true(fabs(st.lr_eff - LR) < 1e-12);
     assert_int_equal(query_int("XPENDING freshet:{%s}:grads appliers", model), 0);
     float want[NPARAMS];
     expected_weights(want, ks, 20);

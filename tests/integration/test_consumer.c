@@ -430,6 +430,9 @@ static void test_kafka_commits_follow_the_store_watermark(void **state)
         harness_sleep_ms(500);
     }
     assert_true(lag_ok);
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(c, &st);
+    assert_int_equal(st.lag, 50); /* the same, summed over the assignment */
     ingest_consumer_destroy(c);
     fr_metrics_destroy(reg);
 }
