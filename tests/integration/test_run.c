@@ -46,12 +46,13 @@ static void sample(int k, float *x, float *y)
     *y = 0.5f * x[0] - 0.3f * x[1] + 0.2f * x[2] + 0.1f;
 }
 
-/* Produces samples [0, n) round robin over nparts partitions of topic. */
-static void produce(const char *topic, int nparts, int n)
+/* Produces samples [first, first + n) round robin over nparts partitions
+ * of topic (sample k to partition k % nparts). */
+static void produce_from(const char *topic, int nparts, int first, int n)
 {
     ingest_producer_t *p = ingest_producer_new(broker.bootstrap, NULL, 0, errstr, sizeof(errstr));
     assert_non_null(p);
-    for (int k = 0; k < n; k++) {
+    for (int k = first; k < first + n; k++) {
         float v[D + 1];
         sample(k, v + 1, &v[0]);
         assert_int_equal(
@@ -61,6 +62,11 @@ static void produce(const char *topic, int nparts, int n)
     assert_int_equal(ingest_producer_flush(p, 10000, &delivered, &failed), FR_OK);
     assert_int_equal(delivered, (uint64_t)n);
     ingest_producer_destroy(p);
+}
+
+static void produce(const char *topic, int nparts, int n)
+{
+    produce_from(topic, nparts, 0, n);
 }
 
 /* Writes the configuration of a run into path; extra lines (may be "") go
@@ -276,11 +282,82 @@ static void test_start_latest_marks_the_positions_below_the_start(void **state)
     }
 }
 
+/* Starts "freshet ROLE --config conf" with its output in log. */
+static pid_t spawn_role(const char *role, const char *conf, const char *log)
+{
+    char *argv[] = {FRESHET_BIN, (char *)role, "--config", (char *)conf, NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/*
+ * The scale-out roles: two freshet train processes in one consumer group
+ * and one freshet ps. Both trainers get partitions; half the stream is
+ * trained, one trainer is killed with SIGKILL, the other half is produced:
+ * the survivor takes the dead one's partitions and every position of every
+ * partition ends marked exactly once (audit mode).
+ */
+static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **state)
+{
+    (void)state;
+    enum { NPARTS = 4, PER = 300, N = NPARTS * PER };
+    const char *model = "tt", *topic = "tt1";
+    char conf[300], log_ps[300], log_a[300], log_b[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log_ps, sizeof(log_ps), "%s/%s-ps.log", tmp_dir, model);
+    snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
+    snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
+    write_config(conf, model, topic, 2, "async", "", 1);
+    pid_t ps = spawn_role("ps", conf, log_ps);
+    pid_t a = spawn_role("train", conf, log_a);
+    pid_t b = spawn_role("train", conf, log_b);
+    int waited = 0;
+    while (waited < WAIT_MS && !(harness_file_contains(log_a, "starts at") &&
+                                 harness_file_contains(log_b, "starts at"))) {
+        harness_sleep_ms(100);
+        waited += 100;
+    }
+    if (waited >= WAIT_MS)
+        fail_msg("the two trainers did not both get partitions (%s, %s)", log_a, log_b);
+    /* settled: the group's rebalance after the second join is over */
+    harness_sleep_ms(7000);
+    produce_from(topic, NPARTS, 0, N / 2);
+    wait_watermarks(model, topic, NPARTS, N / 2, log_b);
+    assert_int_equal(kill(a, SIGKILL), 0);
+    assert_true(harness_wait(a, 5000) != -1);
+    produce_from(topic, NPARTS, N / 2, N / 2);
+    wait_watermarks(model, topic, NPARTS, N, log_b);
+    stop_run(b, log_b);
+    stop_run(ps, log_ps);
+    int seen[PER];
+    for (int p = 0; p < NPARTS; p++) {
+        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
+        for (int pos = 0; pos < PER; pos++)
+            if (seen[pos] != 1)
+                fail_msg("%s/%d position %d marked %d times", topic, p, pos, seen[pos]);
+    }
+    /* both trainers trained: the audit names workers of both processes */
+    size_t cap = 4u << 20;
+    char *audit = malloc(cap), who[32];
+    assert_non_null(audit);
+    assert_int_equal(
+        harness_redis_query(&redis, audit, cap, "XRANGE freshet:{%s}:audit - +", model), 0);
+    snprintf(who, sizeof(who), "/%d/", (int)a);
+    if (strstr(audit, who) == NULL)
+        fail_msg("no audit entry of the killed trainer (pid %d)", (int)a);
+    snprintf(who, sizeof(who), "/%d/", (int)b);
+    if (strstr(audit, who) == NULL)
+        fail_msg("no audit entry of the surviving trainer (pid %d)", (int)b);
+    free(audit);
+}
+
 static int setup(void **state)
 {
     (void)state;
-    return harness_stack_start(tmp_dir, "run", &redis, &broker, FRESHET_BIN,
-                               "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2");
+    return harness_stack_start(
+        tmp_dir, "run", &redis, &broker, FRESHET_BIN,
+        "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2 --topic tt1:4");
 }
 
 static int teardown(void **state)
@@ -296,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_adaptive_learns_the_stream),
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
         cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
+        cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
