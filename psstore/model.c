@@ -439,6 +439,24 @@ static fr_err_t queue_create(psstore_conn_t *c, const char *name, const psstore_
 }
 
 /*
+ * Ends a transaction whose commands were queued (err: how queueing went):
+ * reads every reply when queueing succeeded, drops the connection
+ * otherwise. Returns exec_result's verdict, FR_ERR_STATE when the WATCH
+ * fired, or the error that stopped it.
+ */
+static fr_err_t finish_tx(psstore_conn_t *c, fr_err_t err, size_t queued)
+{
+    redisReply *r = NULL;
+    if (err == FR_OK)
+        r = pipeline_finish(c, queued, &err);
+    else
+        conn_drop(c);
+    if (r == NULL && err != FR_OK)
+        return err;
+    return exec_result(c, r);
+}
+
+/*
  * Creates the model in one transaction: WATCH meta and lease, refuse an
  * existing model unless force, refuse a model a running applier holds,
  * then MULTI, unlink every key the name has (an old model's, or leftovers
@@ -480,15 +498,7 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
         if (err == FR_OK)
             err = queue_create(c, name, spec, w, run_id, epoch, &kl, &queued);
         ps_keylist_fini(&kl);
-        redisReply *r = NULL;
-        if (err == FR_OK)
-            r = pipeline_finish(c, queued, &err);
-        else
-            conn_drop(c);
-        if (r == NULL && err != FR_OK)
-            return err;
-        err = exec_result(c, r);
-        if (err != FR_ERR_STATE)
+        if ((err = finish_tx(c, err, queued)) != FR_ERR_STATE)
             return err;
     }
     return ps_fail(c, FR_ERR_STATE,
@@ -532,15 +542,7 @@ fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name)
         if (err == FR_OK && (err = ps_pipeline_append(c, 1, exec, NULL)) == FR_OK)
             queued++;
         ps_keylist_fini(&kl);
-        redisReply *r = NULL;
-        if (err == FR_OK)
-            r = pipeline_finish(c, queued, &err);
-        else
-            conn_drop(c);
-        if (r == NULL && err != FR_OK)
-            return err;
-        err = exec_result(c, r);
-        if (err != FR_ERR_STATE)
+        if ((err = finish_tx(c, err, queued)) != FR_ERR_STATE)
             return err;
     }
     return ps_fail(c, FR_ERR_STATE,
