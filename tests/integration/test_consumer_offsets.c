@@ -148,10 +148,20 @@ static int trainer_open(trainer_t *t, const char *url, const char *model)
     return t->cl != NULL ? 0 : -1;
 }
 
-static void trainer_init(trainer_t *t, const char *model)
+/* A trainer of model on the test's Redis; free with trainer_free(). */
+static trainer_t *trainer_new(const char *model)
 {
+    trainer_t *t = malloc(sizeof(*t));
+    assert_non_null(t);
     if (trainer_open(t, redis.url, model) != 0)
         fail_msg("client: %s", errstr);
+    return t;
+}
+
+static void trainer_free(trainer_t *t)
+{
+    psstore_client_destroy(t->cl);
+    free(t);
 }
 
 /* Records a batch's samples and pushes its gradient (as worker); the
@@ -267,9 +277,7 @@ static void test_gap_rule_reads_lost_batches_again(void **state)
     const char *model = "gap", *topic = "gap1";
     create_model(model);
     produce(topic, 0, 40);
-    trainer_t *t = malloc(sizeof(*t));
-    assert_non_null(t);
-    trainer_init(t, model);
+    trainer_t *t = trainer_new(model);
     ingest_consumer_t *c = consumer_start(topic, model, 10, 1500);
     char ids[4][64];
     for (int k = 0; k < 4; k++) {
@@ -313,8 +321,7 @@ static void test_gap_rule_reads_lost_batches_again(void **state)
     assert_int_equal(as.applied, 4);
     assert_int_equal(as.dropped[PSSTORE_DROPPED_DUPLICATE], 0);
     assert_marked_once(model, topic, 40, 40, 1);
-    psstore_client_destroy(t->cl);
-    free(t);
+    trainer_free(t);
 }
 
 /* ------------------------------------------------------------------------
@@ -329,9 +336,7 @@ static void test_replay_to_offset_redelivers_from_the_target(void **state)
     const char *model = "rpo", *topic = "rpo1";
     create_model(model);
     produce(topic, 0, 30);
-    trainer_t *t = malloc(sizeof(*t));
-    assert_non_null(t);
-    trainer_init(t, model);
+    trainer_t *t = trainer_new(model);
     harness_applier_t ap;
     applier_start(&ap, model);
     ingest_consumer_t *c = consumer_start(topic, model, 10, 0);
@@ -366,8 +371,7 @@ static void test_replay_to_offset_redelivers_from_the_target(void **state)
     harness_applier_stop(&ap, NULL);
     /* [10, 30) marked twice: before the replay and after it */
     assert_marked_once(model, topic, 30, 10, 2);
-    psstore_client_destroy(t->cl);
-    free(t);
+    trainer_free(t);
 }
 
 /* Formats unix ms as ISO 8601 UTC with milliseconds. */
@@ -395,9 +399,7 @@ static void test_replay_to_datetime_redelivers_from_the_first_later_record(void 
     int64_t mid = fr_clock_unix_ms();
     harness_sleep_ms(1100);
     produce(topic, 20, 15);
-    trainer_t *t = malloc(sizeof(*t));
-    assert_non_null(t);
-    trainer_init(t, model);
+    trainer_t *t = trainer_new(model);
     harness_applier_t ap;
     applier_start(&ap, model);
     ingest_consumer_t *c = consumer_start(topic, model, 10, 0);
@@ -429,8 +431,7 @@ static void test_replay_to_datetime_redelivers_from_the_first_later_record(void 
     ingest_consumer_destroy(c);
     harness_applier_stop(&ap, NULL);
     assert_marked_once(model, topic, 35, 20, 2);
-    psstore_client_destroy(t->cl);
-    free(t);
+    trainer_free(t);
 }
 
 /* Bad verbs and arguments are refused with exit status 2 and change
@@ -513,8 +514,7 @@ static int worker_main(int argc, char **argv)
         }
     }
     ingest_consumer_destroy(c);
-    psstore_client_destroy(t->cl);
-    free(t);
+    trainer_free(t);
     return 0;
 }
 
