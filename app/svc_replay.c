@@ -272,10 +272,8 @@ static int plan_rows(psstore_conn_t *c, const replay_opts_t *o, const char *topi
 static int execute(psstore_conn_t *c, const char *url, const char *model, const char *spec)
 {
     char id[64];
-    int64_t before = 0, gen = 0;
-    fr_err_t err = psstore_replay_current(c, model, &before, NULL, 0, NULL);
-    if (err == FR_OK)
-        err = psstore_request_replay(c, model, spec, id);
+    int64_t gen = 0;
+    fr_err_t err = psstore_request_replay(c, model, spec, id);
     if (err == FR_OK && app_execute_requests(CMD, c, url, model) != FR_OK)
         return APP_EXIT_FAILURE;
     if (err == FR_OK)
@@ -288,7 +286,7 @@ static int execute(psstore_conn_t *c, const char *url, const char *model, const 
     }
     printf("replay generation %" PRId64 " published for model %s: each partition's consumer "
            "resolves it and rewinds\n",
-           gen > before ? gen : before + 1, model);
+           gen, model);
     return 0;
 }
 
