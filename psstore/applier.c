@@ -35,9 +35,12 @@
 #define GUARD_WINDOW  100        /* divergence guard: last 100 gradients    */
 #define GUARD_MAX_BAD 5          /* more than 5% non-finite stops the model */
 #define MAX_SNAPS     1024
+#define MAX_GROUPS    256 /* worker groups a round-mode applier keeps rounds for */
+#define MEMBERS_MS    500 /* how often the applier reads the members hash        */
 
-static const char *const drop_names[] = {"epoch",     "replay",    "duplicate", "malformed",
-                                         "nonfinite", "staleness", "empty",     "stopped"};
+static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
+                                         "malformed", "nonfinite", "staleness",
+                                         "empty",     "stopped",   "backup"};
 
 const char *psstore_drop_name(psstore_drop_t d)
 {
@@ -50,6 +53,41 @@ typedef struct part {
     psstore_partition_offsets_t po;
     int dirty; /* changed since the last commit */
 } part_t;
+
+/* A member as the applier last read it, and when its beat last changed
+ * (on the applier's clock: no two machines' clocks are compared). */
+typedef struct seen {
+    psstore_member_t m;
+    uint64_t changed_ns;
+} seen_t;
+
+/* A gradient held in an open round: what marking, auditing and
+ * acknowledging it at the close needs (its values are in the round's sum). */
+typedef struct held {
+    char id[64];
+    char worker[256];
+    int64_t version, generation, n;
+    double loss_sum;
+    psstore_range_t *ranges; /* topics point into topics */
+    size_t nranges, cap_ranges;
+    char *topics;
+    size_t cap_topics;
+} held_t;
+
+/* The open round of one group (DESIGN.md "Training modes"). */
+typedef struct round {
+    int open;
+    int64_t version;       /* the store's version when it opened          */
+    uint64_t opened_ns;    /* when its first gradient arrived             */
+    char (*expected)[256]; /* live, non-idle members of the group at open */
+    uint8_t *arrived;
+    size_t nexpected, narrived, cap_expected;
+    held_t *held;
+    size_t nheld, cap_held;
+    double *sum; /* [n]: sample-weighted sum of the held gradients */
+    int64_t nsamples, min_version;
+    double loss_sum;
+} round_t;
 
 /* A growable byte buffer, kept between commits. */
 typedef struct buf {
@@ -64,6 +102,7 @@ struct psstore_applier {
     char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
     char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
     char k_audit[PS_KEY_MAX], k_snaps[PS_KEY_MAX], k_pub[PS_KEY_MAX], k_req[PS_KEY_MAX];
+    char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX];
     psstore_conn_t *c;
 
     /* state, valid while active */
@@ -99,6 +138,16 @@ struct psstore_applier {
     buf_t audit;
     int weights_dirty;
 
+    /* membership and rounds */
+    seen_t *seen;
+    size_t nseen, cap_seen;
+    psstore_member_t *mbuf; /* read buffer of the members hash */
+    size_t cap_mbuf;
+    uint64_t members_ns; /* when the members were last read */
+    round_t rounds[MAX_GROUPS];
+    int64_t closed[MAX_GROUPS]; /* rounds closed since the last commit */
+    size_t cur_id;              /* offset in ids of the entry being decided */
+
     /* divergence guard */
     uint8_t guard[GUARD_WINDOW];
     int guard_pos, guard_fill, guard_bad;
@@ -108,8 +157,8 @@ struct psstore_applier {
     pthread_mutex_t lock; /* guards stats */
     psstore_applier_stats_t stats;
 
-    fr_series_t *m_applied, *m_dropped[8], *m_stale, *m_lr, *m_version, *m_loss, *m_bytes,
-        *m_latency, *m_commits, *m_fenced;
+    fr_series_t *m_applied, *m_dropped[PSSTORE_NDROP], *m_stale, *m_lr, *m_version, *m_loss,
+        *m_bytes, *m_latency, *m_commits, *m_fenced;
     fr_metric_t *m_epoch;   /* freshet_model_epoch_info{model,epoch} 1 */
     char shown_epoch[32];   /* the epoch that metric shows as current */
     int64_t taus[TAU_RING]; /* staleness of the last applied gradients (lock) */
@@ -210,7 +259,7 @@ static void register_metrics(psstore_applier_t *a)
         mv);
     fr_metric_t *dropped = fr_metrics_counter(reg, "freshet_gradients_dropped_total",
                                               "Gradients not applied, by reason", 2, reason_l);
-    for (int d = 0; d < 8; d++) {
+    for (int d = 0; d < PSSTORE_NDROP; d++) {
         const char *v[] = {a->model, drop_names[d]};
         a->m_dropped[d] = fr_metric_series(dropped, v);
     }
@@ -264,6 +313,9 @@ void psstore_applier_conf_init(psstore_applier_conf_t *conf)
     conf->snapshot_seconds = 60;
     conf->snapshot_retain = 10;
     conf->npushers = 1;
+    conf->mode = PSSTORE_MODE_ASYNC;
+    conf->member_timeout_ms = 10000;
+    conf->round_timeout_ms = 5000;
 }
 
 psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char *errstr,
@@ -274,6 +326,11 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     if (conf->lease_ms < 100 || conf->snapshot_retain < 1 || conf->versions_keep < 1) {
         fr_errorf(FR_ERR_INVAL, errstr, size,
                   "applier: lease_ms >= 100, snapshot_retain >= 1, versions_keep >= 1");
+        return NULL;
+    }
+    if (conf->member_timeout_ms < 1 || conf->round_timeout_ms < 1 || conf->backups < 0) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "applier: member_timeout and round_timeout must be positive, backups >= 0");
         return NULL;
     }
     if (conf->commit_ms < 0 || conf->commit_ms * 3 >= conf->lease_ms) {
@@ -310,6 +367,8 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     ps_key(a->k_snaps, a->model, "snaps");
     ps_key(a->k_pub, a->model, "published");
     ps_key(a->k_req, a->model, "requests");
+    ps_key(a->k_members, a->model, "members");
+    ps_key(a->k_rounds, a->model, "rounds");
     register_metrics(a);
 
     a->c = psstore_conn_new(a->url, 5000, errstr, size);
@@ -354,6 +413,12 @@ static void drop_state(psstore_applier_t *a)
     a->replay_gen = 0;
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->nsnaps = 0;
+    /* held gradients stay pending in the stream: the reload reads them again */
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        a->rounds[g].open = 0;
+        a->rounds[g].nheld = 0;
+        a->closed[g] = 0;
+    }
     stats_update(a);
 }
 
@@ -362,6 +427,19 @@ void psstore_applier_destroy(psstore_applier_t *a)
     if (a == NULL)
         return;
     drop_state(a);
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        round_t *r = &a->rounds[g];
+        for (size_t i = 0; i < r->cap_held; i++) {
+            free(r->held[i].ranges);
+            free(r->held[i].topics);
+        }
+        free(r->held);
+        free(r->expected);
+        free(r->arrived);
+        free(r->sum);
+    }
+    free(a->seen);
+    free(a->mbuf);
     free(a->parts);
     free(a->ids.p);
     free(a->versions.p);
@@ -1121,6 +1199,19 @@ static fr_err_t commit(psstore_applier_t *a)
         goto out;
     if (snap && (err = queue_snapshot(a, &c, &offs, &queued, nums)) != FR_OK)
         goto out;
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (a->closed[g] == 0)
+            continue;
+        char field[16], by[32];
+        snprintf(field, sizeof(field), "%d", g);
+        snprintf(by, sizeof(by), "%lld", (long long)a->closed[g]);
+        cmd_adds(&c, "HINCRBY");
+        cmd_adds(&c, a->k_rounds);
+        cmd_adds(&c, field);
+        cmd_adds(&c, by);
+        if ((err = cmd_send(a, &c, &queued)) != FR_OK)
+            goto out;
+    }
     if (a->nids > 0) {
         for (int pass = 0; pass < 2; pass++) {
             cmd_adds(&c, pass == 0 ? "XACK" : "XDEL");
@@ -1203,6 +1294,7 @@ static fr_err_t commit(psstore_applier_t *a)
     a->new_epoch = a->offsets_reset = 0;
     a->req_id[0] = '\0';
     a->replay_gen = 0;
+    memset(a->closed, 0, sizeof(a->closed));
     fr_series_set(a->m_version, (double)a->committed);
     stats_update(a);
     err = FR_OK;
@@ -1252,6 +1344,414 @@ static void version_entry(psstore_applier_t *a, const psstore_grad_t *g,
     buf_kv(&a->versions, "t", "%lld", (long long)fr_clock_unix_ms());
 }
 
+/* ---- membership and rounds (DESIGN.md "Training modes") ------------------------------ */
+
+static int member_live(const psstore_applier_t *a, const seen_t *s, uint64_t now)
+{
+    return now - s->changed_ns <= (uint64_t)a->conf.member_timeout_ms * 1000000ull;
+}
+
+static const seen_t *find_seen(const psstore_applier_t *a, const char *id)
+{
+    for (size_t i = 0; i < a->nseen; i++)
+        if (strcmp(a->seen[i].m.id, id) == 0)
+            return &a->seen[i];
+    return NULL;
+}
+
+static void round_forget_member(psstore_applier_t *a, const char *id);
+
+/*
+ * Reads the members hash. A member whose beat has not changed for
+ * member_timeout is removed (only if its entry is still the one seen, so a
+ * beat that lands meanwhile keeps it) and no open round waits for it.
+ */
+static fr_err_t refresh_members(psstore_applier_t *a)
+{
+    size_t n = 0;
+    fr_err_t err = ps_members_read(a->c, a->k_members, &a->mbuf, &n, &a->cap_mbuf);
+    if (err != FR_OK)
+        return err;
+    uint64_t now = fr_clock_mono_ns();
+    a->members_ns = now;
+    if (n > a->cap_seen) {
+        seen_t *grown = realloc(a->seen, n * sizeof(*grown));
+        if (grown == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        a->seen = grown;
+        a->cap_seen = n;
+    }
+    /* carry each member's last change over; the list is small */
+    uint64_t *since = calloc(n ? n : 1, sizeof(*since));
+    if (since == NULL)
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const seen_t *old = find_seen(a, a->mbuf[i].id);
+        since[i] = old != NULL && old->m.beat == a->mbuf[i].beat ? old->changed_ns : now;
+    }
+    for (size_t i = 0; i < n; i++)
+        a->seen[i] = (seen_t){a->mbuf[i], since[i]};
+    a->nseen = n;
+    free(since);
+    static const char *script = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then "
+                                "return redis.call('HDEL', KEYS[1], ARGV[1]) else return 0 end";
+    for (size_t i = 0; i < a->nseen;) {
+        seen_t *sn = &a->seen[i];
+        if (member_live(a, sn, now)) {
+            i++;
+            continue;
+        }
+        char val[128];
+        ps_member_format(&sn->m, val, sizeof(val));
+        redisReply *r =
+            ps_cmd(a->c, 1, &err, "EVAL %s 1 %s %s %s", script, a->k_members, sn->m.id, val);
+        if (r == NULL)
+            return err;
+        freeReplyObject(r);
+        fr_log(FR_LOG_INFO, "applier %s: member %s silent for %.1f s: removed", a->model, sn->m.id,
+               (double)(now - sn->changed_ns) * 1e-9);
+        char id[256];
+        snprintf(id, sizeof(id), "%s", sn->m.id);
+        a->seen[i] = a->seen[--a->nseen];
+        round_forget_member(a, id);
+    }
+    return FR_OK;
+}
+
+/* The group of a gradient's worker: its members entry's (read again when
+ * it is not known yet), 0 for a worker that has none. */
+static int worker_group(psstore_applier_t *a, const char *worker)
+{
+    const seen_t *s = find_seen(a, worker);
+    if (s == NULL && fr_clock_mono_ns() - a->members_ns > 100000000ull &&
+        refresh_members(a) == FR_OK)
+        s = find_seen(a, worker);
+    int g = s != NULL ? s->m.group : 0;
+    return g >= 0 && g < MAX_GROUPS ? g : 0;
+}
+
+/* Opens group g's round: it expects the group's live, non-idle members. */
+static fr_err_t round_open(psstore_applier_t *a, int g)
+{
+    round_t *r = &a->rounds[g];
+    if (fr_clock_mono_ns() - a->members_ns > 100000000ull) {
+        fr_err_t err = refresh_members(a);
+        if (err != FR_OK)
+            return err;
+    }
+    if (r->sum == NULL) {
+        if ((r->sum = malloc(a->n * sizeof(double))) == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        fr_mem_touch(r->sum, a->n * sizeof(double));
+    }
+    if (a->nseen > r->cap_expected) {
+        char(*e)[256] = realloc(r->expected, a->nseen * sizeof(*e));
+        uint8_t *ar = e != NULL ? realloc(r->arrived, a->nseen) : NULL;
+        if (e != NULL)
+            r->expected = e;
+        if (ar == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        r->arrived = ar;
+        r->cap_expected = a->nseen;
+    }
+    uint64_t now = fr_clock_mono_ns();
+    r->nexpected = r->narrived = r->nheld = 0;
+    for (size_t i = 0; i < a->nseen; i++) {
+        const seen_t *sn = &a->seen[i];
+        if (sn->m.group == g && !sn->m.idle && member_live(a, sn, now)) {
+            snprintf(r->expected[r->nexpected], 256, "%s", sn->m.id);
+            r->arrived[r->nexpected++] = 0;
+        }
+    }
+    memset(r->sum, 0, a->n * sizeof(double));
+    r->nsamples = 0;
+    r->loss_sum = 0;
+    r->min_version = INT64_MAX;
+    r->version = a->version;
+    r->opened_ns = now;
+    r->open = 1;
+    return FR_OK;
+}
+
+/* A round closes once every expected member (backup: all but `backups`
+ * of them) arrived, or round_timeout after its first gradient. */
+static int round_ready(const psstore_applier_t *a, const round_t *r, int *timed_out)
+{
+    *timed_out = 0;
+    if (!r->open || r->nheld == 0)
+        return 0;
+    size_t need = r->nexpected;
+    if (a->conf.mode == PSSTORE_MODE_BACKUP)
+        need = r->nexpected > (size_t)a->conf.backups ? r->nexpected - (size_t)a->conf.backups : 1;
+    if (r->narrived >= need)
+        return 1;
+    *timed_out =
+        fr_clock_mono_ns() - r->opened_ns >= (uint64_t)a->conf.round_timeout_ms * 1000000ull;
+    return *timed_out;
+}
+
+static fr_err_t decide_mark(psstore_applier_t *a, const psstore_grad_t *g, const char *outcome);
+
+/* Rebuilds a held gradient as the psstore_grad_t marking and auditing take. */
+static psstore_grad_t held_grad(const held_t *h)
+{
+    return (psstore_grad_t){.version = h->version,
+                            .generation = h->generation,
+                            .worker = h->worker,
+                            .n = h->n,
+                            .loss_sum = h->loss_sum,
+                            .ranges = h->ranges,
+                            .nranges = h->nranges};
+}
+
+/*
+ * Closes group g's round: the sample-weighted average of its gradients goes
+ * through the controller (staleness from the oldest version among them) as
+ * one update; each gradient's positions are marked and its entry
+ * acknowledged by the commit that writes the update.
+ */
+static fr_err_t round_close(psstore_applier_t *a, int g)
+{
+    round_t *r = &a->rounds[g];
+    int64_t before = a->version;
+    for (size_t j = 0; j < a->n; j++)
+        a->g[j] = (float)(r->sum[j] / (double)r->nsamples);
+    psstore_decision_t d;
+    psstore_outcome_t out =
+        psstore_ctl_prepare(a->ctl, a->g, a->version, r->min_version, a->w, (int)r->nheld, &d);
+    const char *outcome = "applied";
+    if (out == PSSTORE_APPLY) {
+        if (a->conf.sync_lr_linear)
+            d.lr_eff *= (double)r->nheld;
+        psstore_ctl_apply(a->ctl, a->w, a->opt, a->g, &d);
+        a->version++;
+        psstore_ctl_record(a->ctl, a->version, a->w);
+        a->weights_dirty = 1;
+        a->last_loss = r->loss_sum / (double)r->nsamples;
+        char worker[32];
+        snprintf(worker, sizeof(worker), "group %d", g);
+        psstore_grad_t sum = {.worker = worker, .n = r->nsamples, .loss_sum = r->loss_sum};
+        version_entry(a, &sum, &d);
+        buf_kv(&a->versions, "k", "%zu", r->nheld);
+        pthread_mutex_lock(&a->lock);
+        a->stats.applied += r->nheld;
+        a->stats.rounds++;
+        a->stats.lr_eff = d.lr_eff;
+        for (size_t i = 0; i < r->nheld; i++)
+            a->taus[a->ntaus++ % TAU_RING] = before - r->held[i].version;
+        pthread_mutex_unlock(&a->lock);
+        fr_series_add(a->m_applied, (double)r->nheld);
+        fr_series_observe(a->m_stale, (double)d.tau);
+        fr_series_set(a->m_lr, d.lr_eff);
+        fr_series_set(a->m_loss, a->last_loss);
+    } else {
+        psstore_drop_t why =
+            out == PSSTORE_DROP_NONFINITE ? PSSTORE_DROPPED_NONFINITE : PSSTORE_DROPPED_STALENESS;
+        outcome = psstore_drop_name(why);
+        for (size_t i = 0; i < r->nheld; i++)
+            count_drop(a, why);
+    }
+    fr_err_t err = FR_OK;
+    for (size_t i = 0; i < r->nheld && err == FR_OK; i++) {
+        psstore_grad_t hg = held_grad(&r->held[i]);
+        err = decide_mark(a, &hg, outcome);
+        if (err == FR_OK && (buf_add(&a->ids, r->held[i].id, strlen(r->held[i].id) + 1) != 0))
+            err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        a->nids++;
+    }
+    r->open = 0;
+    r->nheld = 0;
+    a->closed[g]++;
+    return err;
+}
+
+/* Closes every round that is ready (or, with all set, every one holding a
+ * gradient: before a request rewrites offsets or weights). */
+static fr_err_t rounds_close(psstore_applier_t *a, int all)
+{
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        round_t *r = &a->rounds[g];
+        int timed_out;
+        if (!r->open || r->nheld == 0 || !(all || round_ready(a, r, &timed_out)))
+            continue;
+        if (!all && timed_out)
+            fr_log(FR_LOG_INFO,
+                   "applier %s: round of group %d closed after %lld ms with %zu of %zu members",
+                   a->model, g, (long long)a->conf.round_timeout_ms, r->narrived, r->nexpected);
+        fr_err_t err = round_close(a, g);
+        if (err != FR_OK)
+            return err;
+    }
+    return FR_OK;
+}
+
+/* A member left: no round waits for it any more. */
+static void round_forget_member(psstore_applier_t *a, const char *id)
+{
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        round_t *r = &a->rounds[g];
+        for (size_t i = 0; r->open && i < r->nexpected; i++) {
+            if (strcmp(r->expected[i], id) != 0 || r->arrived[i])
+                continue;
+            r->nexpected--;
+            memcpy(r->expected[i], r->expected[r->nexpected], 256);
+            r->arrived[i] = r->arrived[r->nexpected];
+            break;
+        }
+    }
+}
+
+/* Nonzero when stream entry id is held in an open round already (our own
+ * pending entries are read again after a claim). */
+static int is_held(const psstore_applier_t *a, const char *id, size_t len)
+{
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        const round_t *r = &a->rounds[g];
+        for (size_t i = 0; r->open && i < r->nheld; i++)
+            if (strlen(r->held[i].id) == len && memcmp(r->held[i].id, id, len) == 0)
+                return 1;
+    }
+    return 0;
+}
+
+/* Rule 1 inside the open rounds: a position some held gradient covers. */
+static int overlaps_held(const psstore_applier_t *a, const psstore_grad_t *g)
+{
+    for (int k = 0; k < MAX_GROUPS; k++) {
+        const round_t *r = &a->rounds[k];
+        for (size_t h = 0; r->open && h < r->nheld; h++) {
+            const held_t *hd = &r->held[h];
+            for (size_t i = 0; i < g->nranges; i++)
+                for (size_t j = 0; j < hd->nranges; j++)
+                    if (g->ranges[i].partition == hd->ranges[j].partition &&
+                        g->ranges[i].from < hd->ranges[j].to &&
+                        hd->ranges[j].from < g->ranges[i].to &&
+                        strcmp(g->ranges[i].topic, hd->ranges[j].topic) == 0)
+                        return 1;
+        }
+    }
+    return 0;
+}
+
+/* Copies g (already in a->g, checked and clipped) into its group's round. */
+static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_t *g)
+{
+    if (r->nheld == r->cap_held) {
+        size_t cap = r->cap_held ? 2 * r->cap_held : 8;
+        held_t *grown = realloc(r->held, cap * sizeof(*grown));
+        if (grown == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        memset(grown + r->cap_held, 0, (cap - r->cap_held) * sizeof(*grown));
+        r->held = grown;
+        r->cap_held = cap;
+    }
+    held_t *h = &r->held[r->nheld];
+    size_t topics = 0;
+    for (size_t i = 0; i < g->nranges; i++)
+        topics += strlen(g->ranges[i].topic) + 1;
+    if (g->nranges > h->cap_ranges) {
+        psstore_range_t *nr = realloc(h->ranges, g->nranges * sizeof(*nr));
+        if (nr == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        h->ranges = nr;
+        h->cap_ranges = g->nranges;
+    }
+    if (topics > h->cap_topics) {
+        char *nt = realloc(h->topics, topics);
+        if (nt == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        h->topics = nt;
+        h->cap_topics = topics;
+    }
+    char *t = h->topics;
+    for (size_t i = 0; i < g->nranges; i++) {
+        size_t len = strlen(g->ranges[i].topic) + 1;
+        memcpy(t, g->ranges[i].topic, len);
+        h->ranges[i] = g->ranges[i];
+        h->ranges[i].topic = t;
+        t += len;
+    }
+    h->nranges = g->nranges;
+    /* the entry is acknowledged by the commit that closes the round, not
+     * by the next one: it leaves ids (it is the last there) */
+    snprintf(h->id, sizeof(h->id), "%s", a->ids.p + a->cur_id);
+    a->ids.len = a->cur_id;
+    a->nids--;
+    snprintf(h->worker, sizeof(h->worker), "%s", g->worker);
+    h->version = g->version;
+    h->generation = g->generation;
+    h->n = g->n;
+    h->loss_sum = g->loss_sum;
+    r->nheld++;
+    if (r->nheld == 1)
+        r->opened_ns = fr_clock_mono_ns();
+    double n = (double)g->n;
+    for (size_t j = 0; j < a->n; j++)
+        r->sum[j] += n * (double)a->g[j];
+    r->nsamples += g->n;
+    r->loss_sum += g->loss_sum;
+    if (g->version < r->min_version)
+        r->min_version = g->version;
+    for (size_t i = 0; i < r->nexpected; i++) {
+        if (!r->arrived[i] && strcmp(r->expected[i], g->worker) == 0) {
+            r->arrived[i] = 1;
+            r->narrived++;
+            break;
+        }
+    }
+    return FR_OK;
+}
+
+/*
+ * The round modes' part of deciding a gradient with samples (epoch, replay
+ * and rule 1 passed): non-finite ones are refused, the rest clipped and
+ * held in the round of the worker's group; in mode backup one computed
+ * before the round's version is late and dropped (reason "backup").
+ */
+static fr_err_t round_take(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    memcpy(a->g, g->g, a->n * sizeof(float));
+    double norm2 = 0;
+    int finite = 1;
+    for (size_t j = 0; j < a->n; j++) {
+        if (!isfinite(a->g[j]))
+            finite = 0;
+        norm2 += (double)a->g[j] * a->g[j];
+    }
+    guard_record(a, !finite);
+    if (!finite) {
+        count_drop(a, PSSTORE_DROPPED_NONFINITE);
+        return decide_mark(a, g, "nonfinite");
+    }
+    double c = a->conf.ctl.clip_norm;
+    if (c > 0 && sqrt(norm2) > c) {
+        float scale = (float)(c / sqrt(norm2));
+        for (size_t j = 0; j < a->n; j++)
+            a->g[j] *= scale;
+    }
+    int grp = worker_group(a, g->worker);
+    round_t *r = &a->rounds[grp];
+    fr_err_t err;
+    if (!r->open && (err = round_open(a, grp)) != FR_OK)
+        return err;
+    if (a->conf.mode == PSSTORE_MODE_BACKUP && g->version < r->version) {
+        count_drop(a, PSSTORE_DROPPED_BACKUP);
+        return decide_mark(a, g, "backup");
+    }
+    if ((err = round_hold(a, r, g)) != FR_OK)
+        return err;
+    int timed_out;
+    return round_ready(a, r, &timed_out) ? round_close(a, grp) : FR_OK;
+}
+
+/* Audits g with outcome and marks its positions (applied or dropped by a
+ * named rule: either way its samples were seen). */
+static fr_err_t decide_mark(psstore_applier_t *a, const psstore_grad_t *g, const char *outcome)
+{
+    audit(a, g, outcome);
+    return mark_ranges(a, g);
+}
+
 /*
  * Decides and applies one decoded gradient in memory. The order is
  * DESIGN.md's: epoch, rule 1 (duplicates mark nothing), then the
@@ -1271,7 +1771,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         audit(a, g, "replay");
         return FR_OK;
     }
-    if (is_duplicate(a, g)) {
+    if (is_duplicate(a, g) || overlaps_held(a, g)) {
         count_drop(a, PSSTORE_DROPPED_DUPLICATE);
         audit(a, g, "duplicate");
         return FR_OK;
@@ -1281,6 +1781,8 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         audit(a, g, g->reason ? g->reason : "empty");
         return mark_ranges(a, g);
     }
+    if (psstore_mode_rounds(a->conf.mode))
+        return round_take(a, g);
     uint64_t t0 = fr_clock_mono_ns();
     memcpy(a->g, g->g, a->n * sizeof(float)); /* the controller works in place */
     psstore_decision_t d;
@@ -1321,6 +1823,9 @@ static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
         entry->element[0]->type != REDIS_REPLY_STRING)
         return FR_OK;
     const redisReply *id = entry->element[0], *kv = entry->element[1];
+    if (is_held(a, id->str, id->len))
+        return FR_OK;
+    a->cur_id = a->ids.len;
     if (buf_add(&a->ids, id->str, id->len) || buf_add(&a->ids, "", 1))
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     a->nids++;
@@ -1411,7 +1916,9 @@ static fr_err_t snapshot_offsets(psstore_applier_t *a, const char *text, size_t 
  */
 static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
 {
-    fr_err_t err = commit(a); /* what was applied before the request */
+    fr_err_t err = rounds_close(a, 1);
+    if (err == FR_OK)
+        err = commit(a); /* what was applied before the request */
     if (err != FR_OK || !a->active)
         return err;
     char key[PS_KEY_MAX];
@@ -1482,7 +1989,9 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
 static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const char *targets,
                                const char *req_id)
 {
-    fr_err_t err = commit(a);
+    fr_err_t err = rounds_close(a, 1);
+    if (err == FR_OK)
+        err = commit(a);
     if (err != FR_OK || !a->active)
         return err;
     for (const char *p = targets; *p != '\0';) {
@@ -1529,7 +2038,9 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
 static fr_err_t publish_replay(psstore_applier_t *a, const char *spec, const char *requested,
                                const char *req_id)
 {
-    fr_err_t err = commit(a);
+    fr_err_t err = rounds_close(a, 1);
+    if (err == FR_OK)
+        err = commit(a);
     if (err != FR_OK || !a->active)
         return err;
     int64_t generation = 0;
@@ -1756,6 +2267,13 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
             goto out;
     } while (a->active && nread > 0 && a->conf.commit_ms > 0 &&
              (fr_clock_mono_ns() - start) < (uint64_t)a->conf.commit_ms * 1000000ull);
+    /* members: removed after member_timeout in every mode; rounds close on
+     * a departure or at round_timeout */
+    if (a->active && fr_clock_mono_ns() - a->members_ns > MEMBERS_MS * 1000000ull &&
+        (err = refresh_members(a)) != FR_OK)
+        goto out;
+    if (a->active && psstore_mode_rounds(a->conf.mode) && (err = rounds_close(a, 0)) != FR_OK)
+        goto out;
     if (a->active)
         err = commit(a);
 out:

@@ -29,6 +29,8 @@ struct psstore_client {
     char key_ver[PS_KEY_MAX];
     char key_w[PS_KEY_MAX];
     char key_grads[PS_KEY_MAX];
+    char key_members[PS_KEY_MAX];
+    char key_rounds[PS_KEY_MAX];
     ps_grad_args_t args; /* XADD arguments, reused by every push */
     uint64_t bytes;      /* payload bytes pulled and pushed      */
     char last_id[64];    /* stream id of the last push           */
@@ -164,6 +166,8 @@ psstore_client_t *psstore_client_new(const char *url, const char *model, size_t 
     ps_key(cl->key_ver, model, "ver");
     ps_key_shard(cl->key_w, model, "w", 0);
     ps_key(cl->key_grads, model, "grads");
+    ps_key(cl->key_members, model, "members");
+    ps_key(cl->key_rounds, model, "rounds");
     cl->c = psstore_conn_new(url, CLIENT_TIMEOUT_MS, errstr, size);
     if (cl->c == NULL)
         goto err;
@@ -416,4 +420,57 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
 const char *psstore_client_last_id(const psstore_client_t *cl)
 {
     return cl->last_id;
+}
+
+/* ------------------------------------------------------------------------
+ * Membership (DESIGN.md "Membership")
+ * ---------------------------------------------------------------------- */
+fr_err_t psstore_member_beat(psstore_client_t *cl, const psstore_member_t *m)
+{
+    char val[128];
+    int len = ps_member_format(m, val, sizeof(val));
+    if (len < 0 || m->id[0] == '\0')
+        return ps_fail(cl->c, FR_ERR_INVAL, "member: bad entry for '%s'", m->id);
+    const char *argv[] = {"HSET", cl->key_members, m->id, val};
+    size_t lens[] = {4, strlen(cl->key_members), strlen(m->id), (size_t)len};
+    fr_err_t err;
+    redisReply *r = ps_cmd_argv(cl->c, 1, 4, argv, lens, &err);
+    freeReplyObject(r);
+    return r == NULL ? err : FR_OK;
+}
+
+fr_err_t psstore_member_leave(psstore_client_t *cl, const char *id)
+{
+    const char *argv[] = {"HDEL", cl->key_members, id};
+    size_t lens[] = {4, strlen(cl->key_members), strlen(id)};
+    fr_err_t err;
+    redisReply *r = ps_cmd_argv(cl->c, 1, 3, argv, lens, &err);
+    freeReplyObject(r);
+    return r == NULL ? err : FR_OK;
+}
+
+fr_err_t psstore_members_read(psstore_client_t *cl, psstore_member_t **members, size_t *n,
+                              size_t *cap)
+{
+    return ps_members_read(cl->c, cl->key_members, members, n, cap);
+}
+
+fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(cl->c, 1, &err, "HGET %s %d", cl->key_rounds, group);
+    if (r == NULL)
+        return err;
+    uint64_t u = 0;
+    int64_t v = 0;
+    if (r->type == REDIS_REPLY_NIL)
+        v = 0;
+    else if (reply_number(r, 1, &u, &v) != 0 || v < 0) {
+        freeReplyObject(r);
+        return ps_fail(cl->c, FR_ERR_REDIS, "redis: %s field %d is not a round count",
+                       cl->key_rounds, group);
+    }
+    freeReplyObject(r);
+    *round = v;
+    return FR_OK;
 }

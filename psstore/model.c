@@ -36,9 +36,9 @@
 #define MODEL_UNLINK_BATCH 256
 /* The suffixes of the keys every model may have; snapshots (snap:<v>) and
  * other shards are found by SCAN. */
-static const char *const model_suffixes[] = {"meta",     "lease",   "ver",      "w:0",
-                                             "opt:0",    "offsets", "grads",    "members",
-                                             "versions", "snaps",   "requests", "audit"};
+static const char *const model_suffixes[] = {"meta",     "lease", "ver",     "w:0",      "opt:0",
+                                             "offsets",  "grads", "members", "versions", "snaps",
+                                             "requests", "audit", "rounds"};
 #define NSUFFIXES (sizeof(model_suffixes) / sizeof(model_suffixes[0]))
 
 /* A reply of the wrong shape: FR_ERR_REDIS naming the command. */

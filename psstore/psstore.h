@@ -343,6 +343,47 @@ fr_err_t psstore_grad_waiting(psstore_conn_t *c, const char *model, const char *
 uint64_t psstore_client_bytes(const psstore_client_t *cl);
 
 /* ------------------------------------------------------------------------
+ * Training modes and membership (DESIGN.md "Training modes"). Workers
+ * heartbeat into freshet:{m}:members; in the round modes (sync, backup,
+ * groups) the applier counts each group's closed rounds in
+ * freshet:{m}:rounds, which workers wait on.
+ * ---------------------------------------------------------------------- */
+typedef enum psstore_mode {
+    PSSTORE_MODE_ASYNC = 0,    /* apply each gradient on arrival              */
+    PSSTORE_MODE_SYNC = 1,     /* one averaged update per round of all members */
+    PSSTORE_MODE_BACKUP = 2,   /* as sync, the round closes at K of them       */
+    PSSTORE_MODE_GROUPS = 3,   /* a sync round per group, groups asynchronous  */
+    PSSTORE_MODE_SSP = 4,      /* async; clocks at most s ahead of the slowest */
+    PSSTORE_MODE_ADAPTIVE = 5, /* async with the adaptive policy               */
+} psstore_mode_t;
+
+fr_err_t psstore_mode_parse(const char *name, psstore_mode_t *mode);
+const char *psstore_mode_name(psstore_mode_t mode);
+/* Nonzero for the modes whose applier averages rounds: sync, backup, groups. */
+int psstore_mode_rounds(psstore_mode_t mode);
+
+/* One worker's entry in freshet:{m}:members. */
+typedef struct psstore_member {
+    char id[256];     /* "<host>/<pid>/<n>"                                */
+    char backend[16]; /* "cpu", "cuda"                                     */
+    int group;        /* >= 0                                              */
+    int64_t clock;    /* SSP clock: gradients pushed, from where it joined */
+    int idle;         /* 1 after idle_ms without data                      */
+    uint64_t beat;    /* incremented by every heartbeat                    */
+} psstore_member_t;
+
+/* Writes m as the worker's entry (a heartbeat; the caller increments beat). */
+fr_err_t psstore_member_beat(psstore_client_t *cl, const psstore_member_t *m);
+/* Removes the worker's entry (a clean stop). */
+fr_err_t psstore_member_leave(psstore_client_t *cl, const char *id);
+/* Reads every entry into *members (grown as needed, *cap its capacity;
+ * caller frees); entries that do not parse are skipped. */
+fr_err_t psstore_members_read(psstore_client_t *cl, psstore_member_t **members, size_t *n,
+                              size_t *cap);
+/* The number of rounds the applier has closed for group (0 before any). */
+fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round);
+
+/* ------------------------------------------------------------------------
  * Operator requests (freshet:{m}:requests) and snapshots. A request is
  * executed by the applier holding the lease, in its next transaction, and
  * then deleted from the stream.
@@ -397,17 +438,22 @@ typedef struct psstore_applier_conf {
     const char *url;
     const char *model;
     psstore_ctl_conf_t ctl;
-    int64_t lease_ms;        /* lease time-to-live                        */
-    int64_t commit_ms;       /* group commit window; 0 = every gradient   */
-    int64_t versions_keep;   /* MAXLEN ~ of the versions stream           */
-    int64_t snapshot_every;  /* versions between snapshots; 0 = never     */
-    double snapshot_seconds; /* seconds between snapshots; 0 = never      */
-    int64_t snapshot_retain; /* snapshots kept                            */
-    int audit;               /* append applied/dropped intervals to audit */
-    int npushers;            /* concurrent pushers for the delay policy   */
-    int requests_only;       /* execute requests only, leave gradients waiting
-                                (the CLI acting while no applier runs)      */
-    fr_metrics_t *metrics;   /* where to export metrics; may be NULL      */
+    int64_t lease_ms;          /* lease time-to-live                        */
+    int64_t commit_ms;         /* group commit window; 0 = every gradient   */
+    int64_t versions_keep;     /* MAXLEN ~ of the versions stream           */
+    int64_t snapshot_every;    /* versions between snapshots; 0 = never     */
+    double snapshot_seconds;   /* seconds between snapshots; 0 = never      */
+    int64_t snapshot_retain;   /* snapshots kept                            */
+    int audit;                 /* append applied/dropped intervals to audit */
+    int npushers;              /* concurrent pushers for the delay policy   */
+    psstore_mode_t mode;       /* rounds in sync, backup and groups         */
+    int backups;               /* mode backup: a round closes at members - backups */
+    int sync_lr_linear;        /* rounds: lr times the gradients averaged   */
+    int64_t member_timeout_ms; /* silence before a member is removed      */
+    int64_t round_timeout_ms;  /* a round closes with whoever arrived      */
+    int requests_only;         /* execute requests only, leave gradients waiting
+                                  (the CLI acting while no applier runs)      */
+    fr_metrics_t *metrics;     /* where to export metrics; may be NULL      */
 } psstore_applier_conf_t;
 
 /* DESIGN.md's defaults ([psstore] and [controller]). */
@@ -433,21 +479,6 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms);
  * commits what it holds and releases the lease before returning. */
 fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop);
 
-typedef struct psstore_applier_stats {
-    int active; /* holds the lease                           */
-    uint64_t epoch;
-    int64_t version;
-    uint64_t applied;    /* gradients applied                         */
-    uint64_t dropped[8]; /* by psstore_drop_t                          */
-    uint64_t commits;    /* transactions that wrote weights           */
-    uint64_t fenced;     /* transactions refused: lease lost          */
-    uint64_t bytes;      /* payload bytes read and written            */
-    char stopped[256];   /* divergence guard reason, "" if running    */
-    double lr_eff;       /* of the last applied gradient              */
-    int64_t tau_p50;     /* staleness percentiles over the last 256   */
-    int64_t tau_p99;     /* applied gradients; -1 before any          */
-} psstore_applier_stats_t;
-
 /* Why a gradient was not applied; names are the metrics' reason labels. */
 typedef enum psstore_drop {
     PSSTORE_DROPPED_EPOCH = 0,     /* "epoch": computed on another epoch      */
@@ -458,7 +489,26 @@ typedef enum psstore_drop {
     PSSTORE_DROPPED_STALENESS = 5, /* "staleness": tau > max_staleness        */
     PSSTORE_DROPPED_EMPTY = 6,     /* "empty": an n = 0 batch (its reason)    */
     PSSTORE_DROPPED_STOPPED = 7,   /* "stopped": the divergence guard         */
+    PSSTORE_DROPPED_BACKUP = 8,    /* "backup": late for its round (backup)   */
 } psstore_drop_t;
+#define PSSTORE_NDROP 9
+
+typedef struct psstore_applier_stats {
+    int active; /* holds the lease                           */
+    uint64_t epoch;
+    int64_t version;
+    uint64_t applied;                /* gradients applied                         */
+    uint64_t rounds;                 /* rounds closed (sync, backup, groups)      */
+    uint64_t dropped[PSSTORE_NDROP]; /* by psstore_drop_t              */
+    uint64_t commits;                /* transactions that wrote weights           */
+    uint64_t fenced;                 /* transactions refused: lease lost          */
+    uint64_t bytes;                  /* payload bytes read and written            */
+    char stopped[256];               /* divergence guard reason, "" if running    */
+    double lr_eff;                   /* of the last applied gradient              */
+    int64_t tau_p50;                 /* staleness percentiles over the last 256   */
+    int64_t tau_p99;                 /* applied gradients; -1 before any          */
+} psstore_applier_stats_t;
+
 const char *psstore_drop_name(psstore_drop_t d);
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);

@@ -129,4 +129,17 @@ fr_err_t ps_grad_decode(ps_grad_msg_t *m, size_t nfields, const char *const *fie
                         size_t nparams, char *why, size_t whysize);
 void ps_grad_msg_fini(ps_grad_msg_t *m);
 
+/* ------------------------------------------------------------------------
+ * Membership entries (members.c).
+ * ---------------------------------------------------------------------- */
+/* Writes m's value ("<backend> <group> <clock> <idle> <beat>") into buf;
+ * its length, or -1 when it does not fit. */
+int ps_member_format(const psstore_member_t *m, char *buf, size_t size);
+/* Parses one entry; 0, or -1 when it is not one. */
+int ps_member_parse(const char *id, size_t idlen, const char *val, size_t vlen,
+                    psstore_member_t *m);
+/* HGETALL of a members hash into *members (grown, *cap its capacity). */
+fr_err_t ps_members_read(psstore_conn_t *c, const char *key, psstore_member_t **members, size_t *n,
+                         size_t *cap);
+
 #endif

@@ -1,0 +1,513 @@
+/*
+ * test_rounds.c - the round modes of the applier (sync, backup, groups)
+ * against a real redis-server. The test plays the workers through the
+ * public client API (heartbeats into the members hash, pushes into the
+ * grads stream) and drives the applier with psstore_applier_poll in this
+ * thread, so every assertion is about one known round.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "psstore/psstore.h"
+
+#define NPARAMS 500
+#define LR      0.05
+
+static harness_redis_t redis;
+static char errstr[512];
+
+/* Gradient number k: deterministic values in [-0.5, 0.5). */
+static void gradient_k(float *g, int k)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 500 + (uint64_t)k);
+    for (int i = 0; i < NPARAMS; i++)
+        g[i] = (float)(fr_rng_uniform(&rng) - 0.5);
+}
+
+static void initial_weights(float *w)
+{
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = 0.002f * (float)(i % 53) - 0.05f;
+}
+
+static void create_model(const char *name)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    float w[NPARAMS];
+    initial_weights(w);
+    psstore_model_spec_t spec = {"499-1", "mse", NPARAMS};
+    assert_int_equal(psstore_model_create(c, name, &spec, w, 1), FR_OK);
+    psstore_conn_destroy(c);
+}
+
+static psstore_client_t *client(const char *model)
+{
+    psstore_client_t *cl =
+        psstore_client_new(redis.url, model, NPARAMS, 64, errstr, sizeof(errstr));
+    if (cl == NULL)
+        fail_msg("%s", errstr);
+    return cl;
+}
+
+/* Heartbeats worker id of group into the members hash (beat must grow). */
+static void beat(psstore_client_t *cl, const char *id, int group, uint64_t beat)
+{
+    psstore_member_t m = {.group = group, .beat = beat};
+    snprintf(m.id, sizeof(m.id), "%s", id);
+    snprintf(m.backend, sizeof(m.backend), "cpu");
+    assert_int_equal(psstore_member_beat(cl, &m), FR_OK);
+}
+
+/* Pushes gradient k of worker id, n samples at positions [from, from + n)
+ * of partition 0 of topic "t", computed on version. */
+static void push(psstore_client_t *cl, const char *id, int k, int64_t from, int64_t n,
+                 int64_t version)
+{
+    float g[NPARAMS];
+    gradient_k(g, k);
+    psstore_range_t range = {"t", 0, from, from + n};
+    uint64_t epoch = 0;
+    int64_t v = -1;
+    float w[NPARAMS];
+    int changed;
+    assert_int_equal(psstore_pull(cl, w, &epoch, &v, &changed), FR_OK);
+    psstore_grad_t msg = {.epoch = epoch,
+                          .version = version,
+                          .worker = id,
+                          .n = n,
+                          .loss_sum = (double)n,
+                          .ranges = &range,
+                          .nranges = 1,
+                          .g = g,
+                          .len = NPARAMS};
+    assert_int_equal(psstore_push(cl, &msg, 5000), FR_OK);
+}
+
+static psstore_applier_t *applier(const char *model, psstore_mode_t mode, int backups,
+                                  int64_t member_timeout_ms, int64_t round_timeout_ms, int linear)
+{
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = LR;
+    conf.lease_ms = 1000;
+    conf.audit = 1;
+    conf.mode = mode;
+    conf.backups = backups;
+    conf.member_timeout_ms = member_timeout_ms;
+    conf.round_timeout_ms = round_timeout_ms;
+    conf.sync_lr_linear = linear;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (a == NULL)
+        fail_msg("%s", errstr);
+    return a;
+}
+
+/* Polls the applier a few times (each blocks at most 50 ms). */
+static void polls(psstore_applier_t *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_int_equal(psstore_applier_poll(a, 50), FR_OK);
+}
+
+static int64_t query_int(const char *fmt, const char *model, const char *arg)
+{
+    char out[256];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), fmt, model, arg), 0);
+    return strcmp(out, "(nil)") == 0 ? -1 : strtoll(out, NULL, 10);
+}
+
+static void read_weights(const char *model, float *w, int64_t *version)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    uint64_t epoch;
+    assert_int_equal(psstore_model_weights(c, model, w, NPARAMS, &epoch, version), FR_OK);
+    psstore_conn_destroy(c);
+}
+
+/* w0 - lr * scale * (sum_i n_i g_{k_i}) / (sum_i n_i), to compare with. */
+static void expected_average(float *w, const int *ks, const int64_t *ns, int count, double scale)
+{
+    float g[NPARAMS];
+    double acc[NPARAMS] = {0};
+    double total = 0;
+    for (int j = 0; j < count; j++) {
+        gradient_k(g, ks[j]);
+        for (int i = 0; i < NPARAMS; i++)
+            acc[i] += (double)ns[j] * g[i];
+        total += (double)ns[j];
+    }
+    initial_weights(w);
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = (float)((double)w[i] - LR * scale * (double)(float)(acc[i] / total));
+}
+
+static void assert_weights_near(const float *got, const float *want)
+{
+    for (int i = 0; i < NPARAMS; i++)
+        if (fabsf(got[i] - want[i]) > 1e-6f + 1e-5f * fabsf(want[i]))
+            fail_msg("w[%d] = %.8g, expected %.8g", i, got[i], want[i]);
+}
+
+/*
+ * sync: the round at version 0 waits for both members, then applies the
+ * sample-weighted average of their gradients once (one version); until
+ * then nothing is marked and both entries wait in the stream.
+ */
+static void sync_round(int linear)
+{
+    const char *model = linear ? "sync-linear" : "sync";
+    create_model(model);
+    psstore_client_t *a1 = client(model), *a2 = client(model);
+    beat(a1, "h/1/0", 0, 1);
+    beat(a2, "h/1/1", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_SYNC, 0, 10000, 60000, linear);
+    polls(a, 2);
+    push(a1, "h/1/0", 1, 0, 3, 0);
+    polls(a, 3);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model, ""), 0);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model, ""), 1);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), -1);
+    push(a2, "h/1/1", 2, 3, 5, 0);
+    polls(a, 3);
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version;
+    read_weights(model, w, &version);
+    assert_int_equal(version, 1);
+    int ks[] = {1, 2};
+    int64_t ns[] = {3, 5};
+    expected_average(want, ks, ns, 2, linear ? 2.0 : 1.0);
+    assert_weights_near(w, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:rounds %s", model, "0"), 1);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model, ""), 0);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), 8);
+    char out[512];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "XREVRANGE freshet:{%s}:versions + - COUNT 1", model),
+                     0);
+    assert_non_null(strstr(out, "\nk\n2"));
+    assert_non_null(strstr(out, "\nn\n8\n"));
+    psstore_applier_stats_t st;
+    psstore_applier_stats(a, &st);
+    assert_int_equal(st.rounds, 1);
+    assert_int_equal(st.applied, 2);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(a1);
+    psstore_client_destroy(a2);
+}
+
+static void test_sync_applies_one_weighted_average_per_round(void **state)
+{
+    (void)state;
+    sync_round(0);
+}
+
+static void test_sync_lr_scale_linear_moves_as_far_as_the_gradients_averaged(void **state)
+{
+    (void)state;
+    sync_round(1);
+}
+
+/*
+ * backup with 3 members and 1 backup: the round closes at the first 2
+ * gradients; the third, computed on the version the round started from,
+ * arrives late and is dropped with reason "backup": its positions are
+ * marked (seen, dropped by a named rule) and the weights do not move.
+ */
+static void test_backup_closes_at_k_and_drops_the_late_one(void **state)
+{
+    (void)state;
+    const char *model = "backup";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    beat(c, "h/2/0", 0, 1);
+    beat(c, "h/2/1", 0, 1);
+    beat(c, "h/2/2", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_BACKUP, 1, 10000, 60000, 0);
+    polls(a, 2);
+    push(c, "h/2/0", 3, 0, 4, 0);
+    push(c, "h/2/1", 4, 4, 4, 0);
+    polls(a, 3);
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version;
+    read_weights(model, w, &version);
+    assert_int_equal(version, 1);
+    push(c, "h/2/2", 5, 8, 4, 0);
+    polls(a, 3);
+    float after[NPARAMS];
+    read_weights(model, after, &version);
+    assert_int_equal(version, 1);
+    int ks[] = {3, 4};
+    int64_t ns[] = {4, 4};
+    expected_average(want, ks, ns, 2, 1.0);
+    assert_weights_near(after, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), 12);
+    int seen[32];
+    assert_int_equal(harness_audit_count(&redis, model, "t", 0, "backup", seen, 32), 1);
+    for (int i = 0; i < 12; i++)
+        assert_int_equal(seen[i], i >= 8);
+    assert_int_equal(harness_audit_count(&redis, model, "t", 0, "applied", seen, 32), 2);
+    psstore_applier_stats_t st;
+    psstore_applier_stats(a, &st);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_BACKUP], 1);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(c);
+}
+
+/*
+ * groups: group 1's only member closes its own round at once while group
+ * 0's round still waits for its second member; each group's round count
+ * moves on its own.
+ */
+static void test_groups_close_their_rounds_independently(void **state)
+{
+    (void)state;
+    const char *model = "groups";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    beat(c, "h/3/0", 0, 1);
+    beat(c, "h/3/1", 1, 1);
+    beat(c, "h/3/2", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_GROUPS, 0, 10000, 60000, 0);
+    polls(a, 2);
+    push(c, "h/3/0", 6, 0, 2, 0);
+    push(c, "h/3/1", 7, 2, 2, 0);
+    polls(a, 3);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model, ""), 1);
+    assert_int_equal(query_int("HGET freshet:{%s}:rounds %s", model, "1"), 1);
+    assert_int_equal(query_int("HGET freshet:{%s}:rounds %s", model, "0"), -1);
+    push(c, "h/3/2", 8, 4, 6, 1);
+    polls(a, 3);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model, ""), 2);
+    assert_int_equal(query_int("HGET freshet:{%s}:rounds %s", model, "0"), 1);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), 10);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(c);
+}
+
+/*
+ * A member that stops heartbeating in the middle of a sync round (killed)
+ * holds the round no longer than member_timeout: it is removed from the
+ * members hash and the round closes with the one that arrived.
+ */
+static void test_a_silent_member_stalls_a_round_at_most_member_timeout(void **state)
+{
+    (void)state;
+    const char *model = "silent";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    beat(c, "h/4/0", 0, 1);
+    beat(c, "h/4/1", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_SYNC, 0, 1500, 60000, 0);
+    polls(a, 2);
+    push(c, "h/4/0", 9, 0, 4, 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    uint64_t beat_no = 2;
+    double closed_after = -1;
+    while ((double)(fr_clock_mono_ns() - t0) * 1e-9 < 10.0) {
+        polls(a, 1);
+        beat(c, "h/4/0", 0, beat_no++); /* the live one keeps beating */
+        if (query_int("GET freshet:{%s}:ver", model, "") == 1) {
+            closed_after = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+            break;
+        }
+    }
+    fr_log(FR_LOG_INFO, "round closed %.2f s after the live member's push", closed_after);
+    assert_true(closed_after > 1.0);       /* it did wait for the member ... */
+    assert_true(closed_after < 1.5 + 1.0); /* ... no longer than member_timeout */
+    assert_int_equal(query_int("HEXISTS freshet:{%s}:members %s", model, "h/4/1"), 0);
+    assert_int_equal(query_int("HEXISTS freshet:{%s}:members %s", model, "h/4/0"), 1);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(c);
+}
+
+/* A live member that does not push holds a round until round_timeout. */
+static void test_round_timeout_closes_with_whoever_arrived(void **state)
+{
+    (void)state;
+    const char *model = "rtimeout";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    beat(c, "h/5/0", 0, 1);
+    beat(c, "h/5/1", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_SYNC, 0, 60000, 800, 0);
+    polls(a, 2);
+    push(c, "h/5/0", 10, 0, 4, 0);
+    polls(a, 4); /* at most 200 ms */
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model, ""), 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    while (query_int("GET freshet:{%s}:ver", model, "") == 0 &&
+           fr_clock_mono_ns() - t0 < 5000000000ull)
+        polls(a, 1);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model, ""), 1);
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version;
+    read_weights(model, w, &version);
+    int ks[] = {10};
+    int64_t ns[] = {4};
+    expected_average(want, ks, ns, 1, 1.0);
+    assert_weights_near(w, want);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(c);
+}
+
+/*
+ * Exactly once across an applier crash: a gradient held in an open round
+ * is not acknowledged, so the applier that takes over reads it again and
+ * the round closes with both gradients, each position marked once.
+ */
+static void test_a_held_gradient_survives_an_applier_crash(void **state)
+{
+    (void)state;
+    const char *model = "crash";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    beat(c, "h/6/0", 0, 1);
+    beat(c, "h/6/1", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_SYNC, 0, 60000, 60000, 0);
+    polls(a, 2);
+    push(c, "h/6/0", 11, 0, 5, 0);
+    polls(a, 3);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model, ""), 1);
+    psstore_applier_destroy(a); /* a crash: the lease is left to expire */
+    push(c, "h/6/1", 12, 5, 3, 0);
+    psstore_applier_t *b = applier(model, PSSTORE_MODE_SYNC, 0, 60000, 60000, 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    while (query_int("GET freshet:{%s}:ver", model, "") == 0 &&
+           fr_clock_mono_ns() - t0 < 8000000000ull) {
+        polls(b, 1);
+        beat(c, "h/6/0", 0, 2 + (fr_clock_mono_ns() - t0) / 100000000ull);
+        beat(c, "h/6/1", 0, 2 + (fr_clock_mono_ns() - t0) / 100000000ull);
+    }
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version;
+    read_weights(model, w, &version);
+    assert_int_equal(version, 1);
+    int ks[] = {11, 12};
+    int64_t ns[] = {5, 3};
+    expected_average(want, ks, ns, 2, 1.0);
+    assert_weights_near(w, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), 8);
+    int seen[32];
+    assert_int_equal(harness_audit_count(&redis, model, "t", 0, "applied", seen, 32), 2);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(seen[i], 1);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model, ""), 0);
+    psstore_applier_destroy(b);
+    psstore_client_destroy(c);
+}
+
+/* Rule 1 inside a round: a gradient overlapping one the round holds is a
+ * duplicate and marks nothing. */
+static void test_an_overlap_with_a_held_gradient_is_a_duplicate(void **state)
+{
+    (void)state;
+    const char *model = "dup";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    beat(c, "h/7/0", 0, 1);
+    beat(c, "h/7/1", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_SYNC, 0, 60000, 60000, 0);
+    polls(a, 2);
+    push(c, "h/7/0", 13, 0, 10, 0);
+    push(c, "h/7/0", 14, 5, 10, 0);
+    polls(a, 3);
+    psstore_applier_stats_t st;
+    psstore_applier_stats(a, &st);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_DUPLICATE], 1);
+    push(c, "h/7/1", 15, 10, 10, 0);
+    polls(a, 3);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model, ""), 1);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), 20);
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version;
+    read_weights(model, w, &version);
+    int ks[] = {13, 15};
+    int64_t ns[] = {10, 10};
+    expected_average(want, ks, ns, 2, 1.0);
+    assert_weights_near(w, want);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(c);
+}
+
+static void test_member_entries_parse_and_bad_ones_are_skipped(void **state)
+{
+    (void)state;
+    const char *model = "members";
+    create_model(model);
+    psstore_client_t *c = client(model);
+    psstore_member_t m = {.group = 3, .clock = 41, .idle = 1, .beat = 7};
+    snprintf(m.id, sizeof(m.id), "host/9/2");
+    snprintf(m.backend, sizeof(m.backend), "cuda");
+    assert_int_equal(psstore_member_beat(c, &m), FR_OK);
+    char out[64];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HSET freshet:{%s}:members bad 1x", model),
+        0);
+    psstore_member_t *ms = NULL;
+    size_t n = 0, cap = 0;
+    assert_int_equal(psstore_members_read(c, &ms, &n, &cap), FR_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(ms[0].id, "host/9/2");
+    assert_string_equal(ms[0].backend, "cuda");
+    assert_int_equal(ms[0].group, 3);
+    assert_int_equal(ms[0].clock, 41);
+    assert_int_equal(ms[0].idle, 1);
+    assert_int_equal(ms[0].beat, 7);
+    assert_int_equal(psstore_member_leave(c, "host/9/2"), FR_OK);
+    assert_int_equal(psstore_members_read(c, &ms, &n, &cap), FR_OK);
+    assert_int_equal(n, 0);
+    int64_t round = -1;
+    assert_int_equal(psstore_round_read(c, 0, &round), FR_OK);
+    assert_int_equal(round, 0);
+    free(ms);
+    psstore_client_destroy(c);
+    psstore_mode_t mode;
+    assert_int_equal(psstore_mode_parse("backup", &mode), FR_OK);
+    assert_int_equal(mode, PSSTORE_MODE_BACKUP);
+    assert_true(psstore_mode_rounds(PSSTORE_MODE_GROUPS));
+    assert_false(psstore_mode_rounds(PSSTORE_MODE_SSP));
+    assert_int_equal(psstore_mode_parse("lockstep", &mode), FR_ERR_INVAL);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return harness_redis_start(&redis, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_redis_stop(&redis);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sync_applies_one_weighted_average_per_round),
+        cmocka_unit_test(test_sync_lr_scale_linear_moves_as_far_as_the_gradients_averaged),
+        cmocka_unit_test(test_backup_closes_at_k_and_drops_the_late_one),
+        cmocka_unit_test(test_groups_close_their_rounds_independently),
+        cmocka_unit_test(test_a_silent_member_stalls_a_round_at_most_member_timeout),
+        cmocka_unit_test(test_round_timeout_closes_with_whoever_arrived),
+        cmocka_unit_test(test_a_held_gradient_survives_an_applier_crash),
+        cmocka_unit_test(test_an_overlap_with_a_held_gradient_is_a_duplicate),
+        cmocka_unit_test(test_member_entries_parse_and_bad_ones_are_skipped),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
