@@ -116,6 +116,17 @@ int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metr
     conf->snapshot_retain = fr_config_get_int(cfg, "psstore", "snapshot_retain");
     conf->audit = fr_config_get_bool(cfg, "psstore", "audit");
     conf->npushers = (int)fr_config_get_int(cfg, "trainer", "workers");
+    if (psstore_mode_parse(fr_config_get(cfg, "trainer", "mode"), &conf->mode) != FR_OK)
+        rc = app_usage_error(cmd, "bad [trainer] mode");
+    conf->backups = (int)fr_config_get_int(cfg, "trainer", "backups");
+    conf->sync_lr_linear = strcmp(fr_config_get(cfg, "trainer", "sync_lr_scale"), "linear") == 0;
+    conf->member_timeout_ms =
+        (int64_t)(fr_config_get_double(cfg, "trainer", "member_timeout") * 1000);
+    conf->round_timeout_ms =
+        (int64_t)(fr_config_get_double(cfg, "trainer", "round_timeout") * 1000);
+    if (conf->member_timeout_ms < 1 || conf->round_timeout_ms < 1)
+        rc = app_usage_error(cmd, "[trainer] member_timeout and round_timeout must be at least "
+                                  "a millisecond");
     conf->metrics = metrics;
     return rc;
 }
@@ -221,7 +232,7 @@ int app_cmd_ps(int argc, char **argv)
             psstore_applier_stats_t s;
             psstore_applier_stats(a, &s);
             uint64_t dropped = 0;
-            for (int d = 0; d < 8; d++)
+            for (int d = 0; d < PSSTORE_NDROP; d++)
                 dropped += s.dropped[d];
             fr_log(FR_LOG_INFO,
                    "ps: %s version %lld, %.0f updates/s, applied %llu, dropped %llu, "

@@ -253,7 +253,15 @@ static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const 
             .slowdown = slowdown,
             .source = source,
             .metrics = metrics,
+            .groups = (int)fr_config_get_int(cfg, "trainer", "groups"),
+            .ssp_bound = fr_config_get_int(cfg, "trainer", "ssp_bound"),
+            .idle_ms = fr_config_get_int(cfg, "trainer", "idle_ms"),
+            /* a worker whose gradient missed its round (dropped, or the
+             * applier gone) waits no longer than a round can stay open */
+            .round_wait_ms =
+                (int64_t)(fr_config_get_double(cfg, "trainer", "round_timeout") * 1000) + 1000,
         };
+        psstore_mode_parse(fr_config_get(cfg, "trainer", "mode"), &conf.mode);
         if ((pool = trainer_pool_new(&conf, errstr, sizeof(errstr))) == NULL)
             fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
     }
@@ -280,7 +288,7 @@ static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t
         psstore_applier_stats_t as;
         psstore_applier_stats(a, &as);
         uint64_t dropped = 0;
-        for (int d = 0; d < 8; d++)
+        for (int d = 0; d < PSSTORE_NDROP; d++)
             dropped += as.dropped[d];
         snprintf(store, sizeof(store),
                  ", applier %s at version %lld, staleness p50 %lld p99 %lld, lr_eff %.4g, "
@@ -327,11 +335,17 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     if (rc != 0)
         goto out;
     const char *mode = fr_config_get(cfg, "trainer", "mode");
-    if (strcmp(mode, "async") != 0 && strcmp(mode, "adaptive") != 0) {
+    psstore_mode_t pmode = PSSTORE_MODE_ASYNC;
+    psstore_mode_parse(mode, &pmode);
+    int64_t workers = fr_config_get_int(cfg, "trainer", "workers");
+    int64_t max_pending = fr_config_get_int(cfg, "psstore", "max_pending");
+    if (psstore_mode_rounds(pmode) && max_pending < 2 * workers) {
+        /* DESIGN.md: a round holds its entries in the stream until it
+         * closes, so a smaller bound deadlocks on the round's own pushes */
         rc = app_usage_error(cmd,
-                             "[trainer] mode %s is not available in this release "
-                             "(async and adaptive are)",
-                             mode);
+                             "[psstore] max_pending (%lld) must be at least twice [trainer] "
+                             "workers (%lld) in mode %s",
+                             (long long)max_pending, (long long)workers, mode);
         goto out;
     }
     if (trainer_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||

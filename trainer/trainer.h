@@ -19,6 +19,7 @@
 
 #include "common/common.h"
 #include "ingest/ingest.h"
+#include "psstore/psstore.h"
 #include "trainer/backend.h"
 
 #ifdef __cplusplus
@@ -123,8 +124,11 @@ fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, doub
  * builds): W threads, each with its own backend and store client, that
  * take batches from a consumer, pull the weights when the store moved,
  * compute the gradient and push it with the version read and the batch's
- * positions (DESIGN.md "Data flow"). Modes async and adaptive: a worker
- * never waits for another.
+ * positions (DESIGN.md "Data flow"). Every worker heartbeats into the
+ * members hash. Modes async and adaptive: a worker never waits for
+ * another; sync, backup, groups: after a push it waits until its group's
+ * round closes; ssp: it does not start a step while its clock is more than
+ * ssp_bound ahead of the slowest live, non-idle member.
  * ---------------------------------------------------------------------- */
 typedef struct trainer_pool trainer_pool_t;
 
@@ -140,6 +144,11 @@ typedef struct trainer_pool_conf {
     const double *slowdown;    /* [workers] factors >= 1, NULL: none     */
     ingest_consumer_t *source; /* borrowed; batches come from here       */
     fr_metrics_t *metrics;     /* may be NULL                            */
+    psstore_mode_t mode;       /* [trainer] mode (async by default)      */
+    int groups;                /* mode groups: worker i is in i % groups */
+    int64_t ssp_bound;         /* mode ssp: clocks ahead of the slowest  */
+    int64_t idle_ms;           /* waiting this long for data: idle       */
+    int64_t round_wait_ms;     /* longest wait for a round to close      */
 } trainer_pool_conf_t;
 
 typedef struct trainer_pool_stats {
@@ -150,6 +159,7 @@ typedef struct trainer_pool_stats {
     double loss_sum;     /* summed training loss of the pushed samples          */
     uint64_t compute_ns; /* summed forward and backward time of the workers */
     uint64_t push_ns;    /* summed push time (backpressure waits included) */
+    uint64_t wait_ns;    /* summed waits for rounds (round modes) and clocks (ssp) */
     int64_t version;     /* the newest version a worker computed on             */
     uint64_t epoch;      /* ... and its epoch                                   */
 } trainer_pool_stats_t;

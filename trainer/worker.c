@@ -9,14 +9,23 @@
  * consumer with the stream id of the push (rule 3 needs to know what is
  * outstanding). An n = 0 batch is pushed as positions only.
  *
- * Modes async and adaptive need nothing more of a worker: it never waits
- * for another. A straggler factor f makes a worker sleep (f - 1) times its
- * compute time after each gradient (experiments only).
+ * Membership (DESIGN.md "Training modes"): each worker heartbeats once a
+ * second into the members hash (backend, group, SSP clock, idle flag) and
+ * leaves it on a clean stop. Modes async and adaptive need nothing more of
+ * a worker. In sync, backup and groups a worker reads its group's round
+ * count before it pulls, and after pushing waits until that count moves
+ * (the applier closed the round), at most round_wait_ms. In ssp a worker
+ * does not start a step while its clock (gradients pushed) is more than
+ * ssp_bound ahead of the slowest live, non-idle member; a newcomer, or a
+ * worker back from idle, starts at the current minimum. A straggler factor
+ * f makes a worker sleep (f - 1) times its compute time after each
+ * gradient (experiments only).
  *
  * Threads: one per worker; the counters are atomics read by
  * trainer_pool_stats from any thread.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,8 +37,10 @@
 #include "psstore/psstore.h"
 #include "trainer/trainer.h"
 
-#define NEXT_WAIT_MS 200  /* one wait for a batch, then a look at stop */
-#define PUSH_WAIT_MS 5000 /* backpressure: a push waits this long      */
+#define NEXT_WAIT_MS 200           /* one wait for a batch, then a look at stop */
+#define PUSH_WAIT_MS 5000          /* backpressure: a push waits this long      */
+#define BEAT_NS      1000000000ull /* heartbeat period                    */
+#define POLL_NS      1000000ull    /* a waiting worker looks again after  */
 
 typedef struct worker {
     trainer_pool_t *pool;
@@ -43,7 +54,12 @@ typedef struct worker {
     psstore_range_t *ranges; /* grows to the largest batch's ranges */
     size_t cap_ranges;
     uint64_t epoch;
-    int64_t version; /* -1 before the first pull */
+    int64_t version;         /* -1 before the first pull */
+    psstore_member_t me;     /* this worker's members entry              */
+    uint64_t beat_ns;        /* when it last heartbeat                   */
+    uint64_t want_ns;        /* since when it waits for data (0: has some) */
+    psstore_member_t *peers; /* members read buffer (ssp)                */
+    size_t cap_peers;
 } worker_t;
 
 struct trainer_pool {
@@ -53,7 +69,9 @@ struct trainer_pool {
     int nworkers;
     int started;
     atomic_int stop;
-    atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns;
+    atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns;
+    psstore_mode_t mode;
+    int64_t ssp_bound, idle_ms, round_wait_ms;
     atomic_int_least64_t version;
     atomic_uint_least64_t epoch;
     pthread_mutex_t lock; /* guards loss_sum */
@@ -122,6 +140,16 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
         msg.g = wk->g;
         msg.len = p->m.nparams;
         msg.loss_sum = *loss;
+        if (!isfinite(*loss)) {
+            /* the model diverged on this batch: the message cannot carry
+             * the loss, so the gradient carries the news, and the applier
+             * drops it as non-finite (counted, positions marked) and its
+             * divergence guard stops the model instead of the batch being
+             * read again forever */
+            wk->g[0] = NAN;
+            msg.loss_sum = 0;
+            *loss = 0;
+        }
     }
     msg.epoch = wk->epoch;
     msg.version = wk->version < 0 ? 0 : wk->version;
@@ -133,17 +161,143 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
     return err;
 }
 
+/* Writes the worker's members entry (a heartbeat). Failures are logged
+ * once per outage; the next beat tries again. */
+static void beat(worker_t *wk)
+{
+    wk->me.beat++;
+    wk->beat_ns = fr_clock_mono_ns();
+    if (psstore_member_beat(wk->cl, &wk->me) != FR_OK)
+        fr_log(FR_LOG_DEBUG, "worker %s: heartbeat: %s", wk->id, psstore_client_error(wk->cl));
+}
+
+static void beat_due(worker_t *wk)
+{
+    if (fr_clock_mono_ns() - wk->beat_ns >= BEAT_NS)
+        beat(wk);
+}
+
+/* The smallest clock among the other live, non-idle members (members the
+ * applier has not removed), or -1 when there is none. */
+static int64_t slowest_clock(worker_t *wk)
+{
+    size_t n = 0;
+    if (psstore_members_read(wk->cl, &wk->peers, &n, &wk->cap_peers) != FR_OK)
+        return -1;
+    int64_t min = -1;
+    for (size_t i = 0; i < n; i++) {
+        const psstore_member_t *m = &wk->peers[i];
+        if (m->idle || strcmp(m->id, wk->id) == 0)
+            continue;
+        if (min < 0 || m->clock < min)
+            min = m->clock;
+    }
+    return min;
+}
+
+/* ssp: a newcomer, or a worker back from idle, starts at the current
+ * minimum, or it would hold every other worker back while it catches up. */
+static void ssp_join(worker_t *wk)
+{
+    int64_t min = slowest_clock(wk);
+    if (min > wk->me.clock)
+        wk->me.clock = min;
+}
+
+static void sleep_poll(void)
+{
+    struct timespec ts = {0, (long)POLL_NS};
+    nanosleep(&ts, NULL);
+}
+
+/* ssp: waits while this worker's clock is more than the bound ahead of the
+ * slowest live, non-idle member. */
+static void ssp_wait(worker_t *wk)
+{
+    trainer_pool_t *p = wk->pool;
+    uint64_t t0 = fr_clock_mono_ns();
+    while (!atomic_load(&p->stop)) {
+        int64_t min = slowest_clock(wk);
+        if (min < 0 || wk->me.clock - min <= p->ssp_bound)
+            break;
+        beat_due(wk);
+        sleep_poll();
+    }
+    atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
+}
+
+/* Round modes: waits until the group's round count passes `round` (the
+ * round this worker's gradient joined closed), at most round_wait_ms. */
+static void round_wait(worker_t *wk, int64_t round)
+{
+    trainer_pool_t *p = wk->pool;
+    uint64_t t0 = fr_clock_mono_ns();
+    uint64_t limit = (uint64_t)p->round_wait_ms * 1000000ull;
+    while (!atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
+        int64_t now = round;
+        if (psstore_round_read(wk->cl, wk->me.group, &now) != FR_OK || now > round)
+            break;
+        beat_due(wk);
+        sleep_poll();
+    }
+    atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
+}
+
+/* Tracks whether the worker waits for data: idle after idle_ms without a
+ * batch (rounds and ssp stop counting on it); b is what the queue gave. */
+static void track_idle(worker_t *wk, const ingest_batch_t *b)
+{
+    trainer_pool_t *p = wk->pool;
+    uint64_t now = fr_clock_mono_ns();
+    if (b == NULL) {
+        if (wk->want_ns == 0)
+            wk->want_ns = now;
+        if (!wk->me.idle && now - wk->want_ns >= (uint64_t)p->idle_ms * 1000000ull) {
+            wk->me.idle = 1;
+            beat(wk);
+        }
+        return;
+    }
+    wk->want_ns = 0;
+    if (wk->me.idle) {
+        wk->me.idle = 0;
+        if (p->mode == PSSTORE_MODE_SSP)
+            ssp_join(wk);
+        beat(wk);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *wk = arg;
     trainer_pool_t *p = wk->pool;
+    int rounds = psstore_mode_rounds(p->mode);
+    if (p->mode == PSSTORE_MODE_SSP)
+        ssp_join(wk);
+    beat(wk);
     while (!atomic_load(&p->stop)) {
+        beat_due(wk);
         ingest_batch_t *b = ingest_consumer_next(p->source, NEXT_WAIT_MS);
+        track_idle(wk, b);
         if (b == NULL)
             continue;
+        if (b->n > 0 && p->mode == PSSTORE_MODE_SSP)
+            ssp_wait(wk);
+        /* the round count is read before the pull: a round that closes in
+         * between only means the wait below ends at once */
+        int64_t round = -1;
+        if (b->n > 0 && rounds && psstore_round_read(wk->cl, wk->me.group, &round) != FR_OK)
+            round = -1;
         double loss = 0;
         fr_err_t err = train_batch(wk, b, &loss);
         ingest_consumer_done(p->source, b, err == FR_OK ? psstore_client_last_id(wk->cl) : NULL);
+        if (err == FR_OK && b->n > 0) {
+            wk->me.clock++;
+            if (p->mode == PSSTORE_MODE_SSP || rounds)
+                beat(wk); /* ssp: the others wait on this clock */
+            if (round >= 0)
+                round_wait(wk, round);
+        }
         if (err == FR_OK) {
             atomic_fetch_add(&p->samples, b->n);
             atomic_fetch_add(&p->batches, 1);
@@ -163,6 +317,7 @@ static void *worker_main(void *arg)
         }
         ingest_batch_destroy(b);
     }
+    psstore_member_leave(wk->cl, wk->id);
     return NULL;
 }
 
@@ -200,6 +355,10 @@ trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, 
     p->m = *conf->m;
     p->source = conf->source;
     p->nworkers = conf->workers;
+    p->mode = conf->mode;
+    p->ssp_bound = conf->ssp_bound;
+    p->idle_ms = conf->idle_ms > 0 ? conf->idle_ms : 2000;
+    p->round_wait_ms = conf->round_wait_ms > 0 ? conf->round_wait_ms : 6000;
     pthread_mutex_init(&p->lock, NULL);
     atomic_init(&p->version, -1);
     char host[64] = "host";
@@ -212,6 +371,8 @@ trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, 
         wk->version = -1;
         wk->slowdown = conf->slowdown != NULL ? conf->slowdown[i] : 1.0;
         snprintf(wk->id, sizeof(wk->id), "%s/%d/%d", host, (int)getpid(), i);
+        snprintf(wk->me.id, sizeof(wk->me.id), "%s", wk->id);
+        wk->me.group = conf->mode == PSSTORE_MODE_GROUPS && conf->groups > 1 ? i % conf->groups : 0;
         char why[512];
         wk->be =
             trainer_backend_new(conf->backend, &p->m, conf->max_batch,
@@ -220,6 +381,7 @@ trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, 
             fr_errorf(FR_ERR_INVAL, errstr, size, "worker %d: %s", i, why);
             goto err;
         }
+        snprintf(wk->me.backend, sizeof(wk->me.backend), "%s", trainer_backend_name(wk->be));
         wk->cl = psstore_client_new(conf->redis_url, conf->model, p->m.nparams, conf->max_pending,
                                     why, sizeof(why));
         if (wk->cl == NULL) {
@@ -282,6 +444,7 @@ void trainer_pool_destroy(trainer_pool_t *p)
         free(wk->w);
         free(wk->g);
         free(wk->ranges);
+        free(wk->peers);
     }
     free(p->workers);
     pthread_mutex_destroy(&p->lock);
@@ -297,6 +460,7 @@ void trainer_pool_stats(trainer_pool_t *p, trainer_pool_stats_t *st)
     st->failed = atomic_load(&p->failed);
     st->compute_ns = atomic_load(&p->compute_ns);
     st->push_ns = atomic_load(&p->push_ns);
+    st->wait_ns = atomic_load(&p->wait_ns);
     st->version = atomic_load(&p->version);
     st->epoch = atomic_load(&p->epoch);
     pthread_mutex_lock(&p->lock);

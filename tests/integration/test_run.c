@@ -69,32 +69,43 @@ static void produce(const char *topic, int nparts, int n)
     produce_from(topic, nparts, 0, n);
 }
 
-/* Writes the configuration of a run into path; extra lines (may be "") go
- * to [ingest]. */
-static void write_config_ingest(const char *path, const char *model, const char *topic, int workers,
-                                const char *mode, const char *slowdown, int audit,
-                                const char *ingest_extra)
+/* Writes the configuration of a run of a layers model into path; extra
+ * lines (may be "") go to [ingest] and [trainer]. */
+static void write_config_layers(const char *path, const char *model, const char *layers, double lr,
+                                int batch, const char *topic, int workers, const char *mode,
+                                const char *slowdown, int audit, const char *ingest_extra,
+                                const char *trainer_extra)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
     fprintf(f,
-            "[model]\nname = %s\nlayers = 3-1\nloss = mse\n"
+            "[model]\nname = %s\nlayers = %s\nloss = mse\n"
             "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
             "heartbeat.interval.ms = 500\n"
-            "[ingest]\ntopic = %s\nformat = f32\nbatch = 16\nlinger_ms = 100\n%s"
+            "[ingest]\ntopic = %s\nformat = f32\nbatch = %d\nlinger_ms = 100\n%s"
             "[redis]\nurl = %s\n"
-            "[trainer]\nworkers = %d\nmode = %s\nbackend = cpu\nslowdown = %s\n"
-            "[controller]\nlr = 0.1\n"
-            "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = 4\naudit = %s\n",
-            model, broker.bootstrap, topic, ingest_extra, redis.url, workers, mode, slowdown,
-            audit ? "true" : "false");
+            "[trainer]\nworkers = %d\nmode = %s\nbackend = cpu\nslowdown = %s\n%s"
+            "[controller]\nlr = %g\n"
+            "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = %d\naudit = %s\n",
+            model, layers, broker.bootstrap, topic, batch, ingest_extra, redis.url, workers, mode,
+            slowdown, trainer_extra, lr, workers > 2 ? 2 * workers : 4, audit ? "true" : "false");
     assert_int_equal(fclose(f), 0);
+}
+
+/* Writes the configuration of a run into path; extra lines (may be "") go
+ * to [ingest] and [trainer]. */
+static void write_config_extra(const char *path, const char *model, const char *topic, int workers,
+                               const char *mode, const char *slowdown, int audit,
+                               const char *ingest_extra, const char *trainer_extra)
+{
+    write_config_layers(path, model, "3-1", 0.1, 16, topic, workers, mode, slowdown, audit,
+                        ingest_extra, trainer_extra);
 }
 
 static void write_config(const char *path, const char *model, const char *topic, int workers,
                          const char *mode, const char *slowdown, int audit)
 {
-    write_config_ingest(path, model, topic, workers, mode, slowdown, audit, "");
+    write_config_extra(path, model, topic, workers, mode, slowdown, audit, "", "");
 }
 
 static pid_t spawn_run(const char *conf, const char *log)
@@ -128,6 +139,23 @@ static int64_t store_version(const char *model)
     return strtoll(out, NULL, 10);
 }
 
+/* Copies the last 3 KB of a run's log to stderr (the log goes with the
+ * temporary directory). */
+static void dump_tail(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    if (f == NULL)
+        return;
+    static char buf[3072];
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, size > (long)sizeof(buf) - 1 ? size - (long)sizeof(buf) + 1 : 0, SEEK_SET);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    fprintf(stderr, "--- the end of %s ---\n%s--- end ---\n", log, buf);
+}
+
 /* Waits until the watermarks sum to at least want; fails after WAIT_MS. */
 static void wait_watermarks(const char *model, const char *topic, int nparts, int64_t want,
                             const char *log)
@@ -137,6 +165,7 @@ static void wait_watermarks(const char *model, const char *topic, int nparts, in
             return;
         harness_sleep_ms(100);
     }
+    dump_tail(log);
     fail_msg("watermarks of %s sum to %lld, not %lld, after %d ms (see %s)", topic,
              (long long)watermarks_sum(model, topic, nparts), (long long)want, WAIT_MS, log);
 }
@@ -170,25 +199,30 @@ static double store_loss(const char *model, int n, int64_t *version)
 }
 
 /*
- * Both modes of this release learn the regression from the stream: the
- * model's error on the data falls from its initial value below 1e-3, every
- * record is consumed, and SIGTERM stops the run cleanly.
+ * A mode learns the regression from the stream: the model's error on the
+ * data falls from its initial value below 1e-3, every record is consumed,
+ * and SIGTERM stops the run cleanly. trainer_extra configures the mode.
+ * The round modes average two gradients per version (rounds count half as
+ * many versions), so they scale the rate with the gradients averaged.
  */
-static void run_mode_learns(const char *mode, const char *model, const char *topic)
+static void run_mode_learns(const char *mode, const char *model, const char *topic,
+                            const char *trainer_extra)
 {
     enum { N = 3000, NPARTS = 3 };
     produce(topic, NPARTS, N);
     char conf[300], log[300];
     snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
     snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
-    write_config(conf, model, topic, 2, mode, "", 0);
+    write_config_extra(conf, model, topic, 2, mode, "", 0, "", trainer_extra);
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, N, log);
     stop_run(pid, log);
     int64_t version = 0;
     double loss = store_loss(model, N, &version);
     fr_log(FR_LOG_INFO, "mode %s: mse %.6f after %lld versions", mode, loss, (long long)version);
-    assert_true(version >= N / 16);
+    psstore_mode_t m = PSSTORE_MODE_ASYNC;
+    assert_int_equal(psstore_mode_parse(mode, &m), FR_OK);
+    assert_true(version >= (psstore_mode_rounds(m) ? N / 16 / 4 : N / 16));
     assert_true(loss < 1e-3);
     assert_true(harness_file_contains(log, "run: stopping"));
 }
@@ -196,13 +230,159 @@ static void run_mode_learns(const char *mode, const char *model, const char *top
 static void test_async_learns_the_stream(void **state)
 {
     (void)state;
-    run_mode_learns("async", "ra", "ra1");
+    run_mode_learns("async", "ra", "ra1", "");
 }
 
 static void test_adaptive_learns_the_stream(void **state)
 {
     (void)state;
-    run_mode_learns("adaptive", "rad", "rad1");
+    run_mode_learns("adaptive", "rad", "rad1", "");
+}
+
+static void test_sync_learns_the_stream(void **state)
+{
+    (void)state;
+    run_mode_learns("sync", "rsy", "rsy1", "sync_lr_scale = linear\n");
+}
+
+static void test_backup_learns_the_stream(void **state)
+{
+    (void)state;
+    run_mode_learns("backup", "rbk", "rbk1", "sync_lr_scale = linear\nbackups = 1\n");
+}
+
+static void test_groups_learn_the_stream(void **state)
+{
+    (void)state;
+    run_mode_learns("groups", "rgr", "rgr1", "groups = 2\n");
+}
+
+static void test_ssp_learns_the_stream(void **state)
+{
+    (void)state;
+    run_mode_learns("ssp", "rss", "rss1", "ssp_bound = 2\n");
+}
+
+/* The SSP clock (gradients pushed) of worker n of run pid, from its
+ * members entry; -1 when it has none. */
+static int64_t member_clock(const char *model, pid_t pid, int n)
+{
+    char host[64] = "host", out[256];
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HGET freshet:{%s}:members %s/%d/%d", model, host,
+                                         (int)pid, n),
+                     0);
+    char backend[16];
+    int group, idle;
+    long long clock;
+    unsigned long long beat;
+    return sscanf(out, "%15s %d %lld %d %llu", backend, &group, &clock, &idle, &beat) == 5
+               ? (int64_t)clock
+               : -1;
+}
+
+/* The rounds group 0 closed (0 before any). */
+static int64_t rounds_closed(const char *model)
+{
+    char out[64];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:rounds 0", model), 0);
+    return strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+}
+
+/*
+ * Runs 3 workers of a 3-512-512-1 model on batches of 256 (compute
+ * dominates a step), worker 2 slowed 10x, in a round mode over a stream of
+ * N records, and returns the rounds closed and the gradients the slow
+ * worker pushed, read while the run still holds its members entries.
+ */
+static void straggler_rounds(const char *mode, const char *model, const char *topic, int N,
+                             int64_t *rounds, int64_t *slow)
+{
+    enum { NPARTS = 3 };
+    produce(topic, NPARTS, N);
+    char conf[300], log[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config_layers(conf, model, "3-512-512-1", 0.005, 256, topic, 3, mode, "2:10", 0, "",
+                        "backups = 1\nround_timeout = 30\n");
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, N, log);
+    *rounds = rounds_closed(model);
+    *slow = member_clock(model, pid, 2);
+    int64_t fast = member_clock(model, pid, 0);
+    stop_run(pid, log);
+    fr_log(FR_LOG_INFO,
+           "%s with a 10x straggler: %lld rounds, straggler %lld gradients, worker 0 %lld", mode,
+           (long long)*rounds, (long long)*slow, (long long)fast);
+    assert_true(*slow >= 1);
+}
+
+/*
+ * backup never waits for the slowest worker: with worker 2 slowed 10x,
+ * backup (K = 2 of 3) closes rounds at the pace of the two others, several
+ * per gradient of the straggler, where sync in the same run closes about
+ * one round per gradient of the straggler (it waits for it every time).
+ */
+static void test_backup_does_not_wait_for_a_straggler_and_sync_does(void **state)
+{
+    (void)state;
+    int64_t rounds, slow;
+    straggler_rounds("backup", "stb", "stb1", 12000, &rounds, &slow);
+    assert_true(rounds >= 3 * slow);
+    straggler_rounds("sync", "sts", "sts1", 6000, &rounds, &slow);
+    assert_true(rounds <= slow + 2);
+}
+
+/*
+ * ssp never lets a worker run more than s clocks ahead of the slowest
+ * live one: with worker 1 slowed 10x and s = 1, along the versions stream
+ * (gradients in the order they were applied) worker 0's count never leads
+ * worker 1's by more than s + 1 (its step may start at a lead of s and be
+ * applied before the straggler's next), and the bound is reached.
+ */
+static void test_ssp_keeps_every_worker_within_the_bound(void **state)
+{
+    (void)state;
+    enum { N = 12000, NPARTS = 3, S = 1 };
+    const char *model = "ssb", *topic = "ssb1";
+    produce(topic, NPARTS, N);
+    char conf[300], log[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config_layers(conf, model, "3-512-512-1", 0.005, 256, topic, 2, "ssp", "1:10", 0, "",
+                        "ssp_bound = 1\n");
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, N, log);
+    stop_run(pid, log);
+    static char out[1 << 20];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "XRANGE freshet:{%s}:versions - +", model),
+        0);
+    char w0[160], w1[160];
+    char host[64] = "host";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(w0, sizeof(w0), "\nworker\n%s/%d/0\n", host, (int)pid);
+    snprintf(w1, sizeof(w1), "\nworker\n%s/%d/1\n", host, (int)pid);
+    int64_t c0 = 0, c1 = 0, lead = 0, entries = 0;
+    for (const char *p = out; (p = strstr(p, "\nworker\n")) != NULL; p++) {
+        if (strncmp(p, w0, strlen(w0)) == 0)
+            c0++;
+        else if (strncmp(p, w1, strlen(w1)) == 0)
+            c1++;
+        if (c0 - c1 > lead)
+            lead = c0 - c1;
+        entries++;
+    }
+    fr_log(FR_LOG_INFO, "ssp: %lld versions, worker 0 %lld, worker 1 (10x slower) %lld, lead %lld",
+           (long long)entries, (long long)c0, (long long)c1, (long long)lead);
+    assert_true(c1 >= 5);
+    assert_true(lead <= S + 1);
+    assert_true(lead >= S);
+    assert_true(c0 <= c1 + S + 1);
 }
 
 /*
@@ -267,7 +447,7 @@ static void test_start_latest_marks_the_positions_below_the_start(void **state)
     char conf[300], log[300];
     snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
     snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
-    write_config_ingest(conf, model, topic, 1, "async", "", 1, "start = latest\n");
+    write_config_extra(conf, model, topic, 1, "async", "", 1, "start = latest\n", "");
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, OLD, log);
     produce(topic, NPARTS, NEW);
@@ -368,9 +548,18 @@ static int teardown(void **state)
 
 int main(void)
 {
+    /* TEST_FILTER=pattern runs the matching tests only (while debugging) */
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_learns_the_stream),
         cmocka_unit_test(test_adaptive_learns_the_stream),
+        cmocka_unit_test(test_sync_learns_the_stream),
+        cmocka_unit_test(test_backup_learns_the_stream),
+        cmocka_unit_test(test_groups_learn_the_stream),
+        cmocka_unit_test(test_ssp_learns_the_stream),
+        cmocka_unit_test(test_backup_does_not_wait_for_a_straggler_and_sync_does),
+        cmocka_unit_test(test_ssp_keeps_every_worker_within_the_bound),
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
         cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
         cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),

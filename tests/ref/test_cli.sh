@@ -36,7 +36,7 @@ expect 0 "backends: cpu" -- "$F" version
 expect 0 "freshet run --config" -- "$F" run --help
 expect 0 "freshet train --config" -- "$F" train --help
 expect 0 "freshet replay --model" -- "$F" replay --help
-expect 2 "mode sync is not available" -- "$F" run --set trainer.mode=sync
+expect 2 "max_pending (4) must be at least twice \[trainer\] workers (4)" -- "$F" run --set trainer.mode=sync --set trainer.workers=4 --set psstore.max_pending=4
 expect 2 "a verb is required" -- "$F" replay --model m
 expect 2 "one verb only" -- "$F" replay --model m --to-earliest --shift-by 3
 expect 2 "unknown command 'fly'" -- "$F" fly
