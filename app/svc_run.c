@@ -226,7 +226,8 @@ static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg,
 
 /* The workers of [trainer]; NULL after printing why. */
 static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const trainer_model_t *m,
-                                 ingest_consumer_t *source, fr_metrics_t *metrics)
+                                 ingest_consumer_t *source, psstore_local_t *local,
+                                 fr_metrics_t *metrics)
 {
     char errstr[512];
     int workers = (int)fr_config_get_int(cfg, "trainer", "workers");
@@ -253,6 +254,7 @@ static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const 
             .slowdown = slowdown,
             .source = source,
             .metrics = metrics,
+            .local = local,
             .groups = (int)fr_config_get_int(cfg, "trainer", "groups"),
             .ssp_bound = fr_config_get_int(cfg, "trainer", "ssp_bound"),
             .idle_ms = fr_config_get_int(cfg, "trainer", "idle_ms"),
@@ -328,6 +330,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     trainer_pool_t *pool = NULL;
     psstore_conn_t *store = NULL;
     applier_thread_t at = {0};
+    psstore_local_t *local = NULL;
     holdout_t h = {.last = -1};
     trainer_model_t m;
     trainer_loss_t loss;
@@ -367,9 +370,18 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
             rc = APP_EXIT_USAGE;
             goto out;
         }
+        /* the co-located fast path: two queued gradients per worker keep
+         * the applier busy without adding staleness */
+        int64_t slots = 2 * workers < max_pending ? 2 * workers : max_pending;
+        if ((local = psstore_local_new(m.nparams, (size_t)slots, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+            rc = APP_EXIT_FAILURE;
+            goto out;
+        }
+        psstore_applier_set_local(at.a, local);
     }
     if ((src = consumer_open(cmd, cfg, &m, props, metrics)) == NULL ||
-        (pool = pool_open(cmd, cfg, &m, src, metrics)) == NULL) {
+        (pool = pool_open(cmd, cfg, &m, src, local, metrics)) == NULL) {
         rc = APP_EXIT_USAGE;
         goto out;
     }
@@ -414,6 +426,7 @@ out:
         }
         psstore_applier_destroy(at.a);
     }
+    psstore_local_destroy(local);
     psstore_conn_destroy(store);
     holdout_close(&h);
     free(props);

@@ -5,7 +5,7 @@
 # workers, policy as [controller] says) against freshet fit doing one epoch
 # of the same training on one thread, in the same run. Prints both
 # throughputs, their ratio and both test accuracies.
-# usage: [MAX_PENDING=N] [QUEUE=N] bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+# usage: [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 2, adaptive, build/freshet; [psstore] max_pending 64,
 #        [ingest] queue 16; KEEP_LOG=F keeps freshet run's log)
 set -euo pipefail
@@ -52,6 +52,7 @@ backend = cpu
 lr = 0.1
 [psstore]
 max_pending = ${MAX_PENDING:-64}
+${COMMIT_MS:+commit_ms = $COMMIT_MS}
 EOF
 # the clock runs from the first applied batch to the last (group join excluded)
 watermarks() {

@@ -23,6 +23,15 @@ extern "C" {
 #define FR_PRINTF(fmt, args)
 #endif
 
+/* A hot loop over a parameter vector, compiled also for AVX2 and chosen at
+ * load time (GCC function multiversioning on x86-64), so the portable
+ * binary still runs at the width of the CPU it lands on. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define FR_VECTOR_LOOP __attribute__((target_clones("avx2", "default")))
+#else
+#define FR_VECTOR_LOOP
+#endif
+
 /* ------------------------------------------------------------------------
  * Errors. Functions that can fail return one of these; constructors return
  * NULL and fill an errstr buffer instead.

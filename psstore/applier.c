@@ -35,8 +35,10 @@
 #define GUARD_WINDOW  100        /* divergence guard: last 100 gradients    */
 #define GUARD_MAX_BAD 5          /* more than 5% non-finite stops the model */
 #define MAX_SNAPS     1024
-#define MAX_GROUPS    256 /* worker groups a round-mode applier keeps rounds for */
-#define MEMBERS_MS    500 /* how often the applier reads the members hash        */
+#define MAX_GROUPS    256      /* worker groups a round-mode applier keeps rounds for */
+#define MEMBERS_MS    500      /* how often the applier reads the members hash        */
+#define LOCAL_WAIT_MS 10       /* longest wait on the in-process channel per look     */
+#define LOCAL_ID      SIZE_MAX /* cur_id of a gradient from the in-process channel */
 
 static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
                                          "malformed", "nonfinite", "staleness",
@@ -104,6 +106,9 @@ struct psstore_applier {
     char k_audit[PS_KEY_MAX], k_snaps[PS_KEY_MAX], k_pub[PS_KEY_MAX], k_req[PS_KEY_MAX];
     char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX];
     psstore_conn_t *c;
+    psstore_local_t *local; /* the in-process channel of freshet run, or NULL */
+    uint64_t stream_ns;     /* with it: when the stream was last read ...    */
+    int stream_busy;        /* ... and whether that read found entries       */
 
     /* state, valid while active */
     int active;
@@ -147,6 +152,8 @@ struct psstore_applier {
     round_t rounds[MAX_GROUPS];
     int64_t closed[MAX_GROUPS]; /* rounds closed since the last commit */
     size_t cur_id;              /* offset in ids of the entry being decided */
+    float *cur_g;               /* its gradient, writable in place (a slot of
+                                   the in-process channel), or NULL: copy it */
 
     /* divergence guard */
     uint8_t guard[GUARD_WINDOW];
@@ -394,6 +401,8 @@ err:
 /* Forgets everything held in memory (lease lost, stop, or a fresh load). */
 static void drop_state(psstore_applier_t *a)
 {
+    if (a->local != NULL)
+        ps_local_close(a->local);
     a->active = 0;
     a->read_own_pending = 0;
     free(a->w);
@@ -782,8 +791,15 @@ static fr_err_t try_acquire(psstore_applier_t *a)
     a->claim_ns = fr_clock_mono_ns();
     fr_log(FR_LOG_INFO, "applier %s: holding the lease (%s) at version %lld of epoch %llu",
            a->model, a->token, (long long)a->version, (unsigned long long)a->epoch);
+    if (a->local != NULL && a->stopped[0] == '\0')
+        ps_local_open(a->local, a->w, a->epoch, a->version);
     stats_update(a);
     return FR_OK;
+}
+
+void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l)
+{
+    a->local = l;
 }
 
 /* The lease was lost: forget everything and go back to standby. */
@@ -1037,6 +1053,8 @@ static void stop_model(psstore_applier_t *a, const char *reason)
 {
     snprintf(a->stopped, sizeof(a->stopped), "%s", reason);
     fr_log(FR_LOG_ERROR, "applier %s: divergence guard: %s; applying stopped", a->model, reason);
+    if (a->local != NULL)
+        ps_local_close(a->local); /* workers wait on the stream's bound */
     int done = 0;
     if (guarded_meta_set(a, &done, "stopped", reason, NULL, NULL) == FR_OK && !done)
         fenced(a, "stopping the model");
@@ -1555,6 +1573,8 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
     for (size_t i = 0; i < r->nheld && err == FR_OK; i++) {
         psstore_grad_t hg = held_grad(&r->held[i]);
         err = decide_mark(a, &hg, outcome);
+        if (r->held[i].id[0] == '\0')
+            continue;
         if (err == FR_OK && (buf_add(&a->ids, r->held[i].id, strlen(r->held[i].id) + 1) != 0))
             err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
         a->nids++;
@@ -1633,8 +1653,9 @@ static int overlaps_held(const psstore_applier_t *a, const psstore_grad_t *g)
     return 0;
 }
 
-/* Copies g (already in a->g, checked and clipped) into its group's round. */
-static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_t *g)
+/* Adds g (its values gw, checked and clipped) to its group's round. */
+static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_t *g,
+                           const float *gw)
 {
     if (r->nheld == r->cap_held) {
         size_t cap = r->cap_held ? 2 * r->cap_held : 8;
@@ -1674,9 +1695,12 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
     h->nranges = g->nranges;
     /* the entry is acknowledged by the commit that closes the round, not
      * by the next one: it leaves ids (it is the last there) */
-    snprintf(h->id, sizeof(h->id), "%s", a->ids.p + a->cur_id);
-    a->ids.len = a->cur_id;
-    a->nids--;
+    h->id[0] = '\0'; /* a gradient of the in-process channel has none */
+    if (a->cur_id != LOCAL_ID) {
+        snprintf(h->id, sizeof(h->id), "%s", a->ids.p + a->cur_id);
+        a->ids.len = a->cur_id;
+        a->nids--;
+    }
     snprintf(h->worker, sizeof(h->worker), "%s", g->worker);
     h->version = g->version;
     h->generation = g->generation;
@@ -1687,7 +1711,7 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
         r->opened_ns = fr_clock_mono_ns();
     double n = (double)g->n;
     for (size_t j = 0; j < a->n; j++)
-        r->sum[j] += n * (double)a->g[j];
+        r->sum[j] += n * (double)gw[j];
     r->nsamples += g->n;
     r->loss_sum += g->loss_sum;
     if (g->version < r->min_version)
@@ -1710,13 +1734,17 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
  */
 static fr_err_t round_take(psstore_applier_t *a, const psstore_grad_t *g)
 {
-    memcpy(a->g, g->g, a->n * sizeof(float));
+    float *gw = a->cur_g;
+    if (gw == NULL) {
+        gw = a->g;
+        memcpy(gw, g->g, a->n * sizeof(float));
+    }
     double norm2 = 0;
     int finite = 1;
     for (size_t j = 0; j < a->n; j++) {
-        if (!isfinite(a->g[j]))
+        if (!isfinite(gw[j]))
             finite = 0;
-        norm2 += (double)a->g[j] * a->g[j];
+        norm2 += (double)gw[j] * gw[j];
     }
     guard_record(a, !finite);
     if (!finite) {
@@ -1727,7 +1755,7 @@ static fr_err_t round_take(psstore_applier_t *a, const psstore_grad_t *g)
     if (c > 0 && sqrt(norm2) > c) {
         float scale = (float)(c / sqrt(norm2));
         for (size_t j = 0; j < a->n; j++)
-            a->g[j] *= scale;
+            gw[j] *= scale;
     }
     int grp = worker_group(a, g->worker);
     round_t *r = &a->rounds[grp];
@@ -1738,7 +1766,7 @@ static fr_err_t round_take(psstore_applier_t *a, const psstore_grad_t *g)
         count_drop(a, PSSTORE_DROPPED_BACKUP);
         return decide_mark(a, g, "backup");
     }
-    if ((err = round_hold(a, r, g)) != FR_OK)
+    if ((err = round_hold(a, r, g, gw)) != FR_OK)
         return err;
     int timed_out;
     return round_ready(a, r, &timed_out) ? round_close(a, grp) : FR_OK;
@@ -1784,9 +1812,13 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     if (psstore_mode_rounds(a->conf.mode))
         return round_take(a, g);
     uint64_t t0 = fr_clock_mono_ns();
-    memcpy(a->g, g->g, a->n * sizeof(float)); /* the controller works in place */
+    float *gw = a->cur_g; /* the controller works in place */
+    if (gw == NULL) {
+        gw = a->g;
+        memcpy(gw, g->g, a->n * sizeof(float));
+    }
     psstore_decision_t d;
-    psstore_outcome_t out = psstore_ctl_prepare(a->ctl, a->g, a->version, g->version, a->w,
+    psstore_outcome_t out = psstore_ctl_prepare(a->ctl, gw, a->version, g->version, a->w,
                                                 a->conf.npushers > 0 ? a->conf.npushers : 1, &d);
     guard_record(a, out == PSSTORE_DROP_NONFINITE);
     if (out != PSSTORE_APPLY) {
@@ -1796,7 +1828,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         audit(a, g, psstore_drop_name(why));
         return mark_ranges(a, g);
     }
-    psstore_ctl_apply(a->ctl, a->w, a->opt, a->g, &d);
+    psstore_ctl_apply(a->ctl, a->w, a->opt, gw, &d);
     a->version++;
     psstore_ctl_record(a->ctl, a->version, a->w);
     a->weights_dirty = 1;
@@ -2173,7 +2205,7 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
              per_read < 1            ? 1
              : per_read > READ_COUNT ? READ_COUNT
                                      : (int)per_read);
-    snprintf(block, sizeof(block), "%d", block_ms > 0 ? block_ms : 1);
+    snprintf(block, sizeof(block), "%d", block_ms);
     const char *argv[12];
     int argc = 0;
     argv[argc++] = "XREADGROUP";
@@ -2182,7 +2214,7 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
     argv[argc++] = a->token;
     argv[argc++] = "COUNT";
     argv[argc++] = count;
-    if (!a->read_own_pending) {
+    if (!a->read_own_pending && block_ms > 0) {
         argv[argc++] = "BLOCK";
         argv[argc++] = block;
     }
@@ -2219,6 +2251,71 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
     *nread = (int)n;
     freeReplyObject(r);
     return err;
+}
+
+/* Decides the gradients queued on the in-process channel (waiting up to
+ * wait_ms for the first). */
+static fr_err_t take_local(psstore_applier_t *a, int wait_ms, int *n)
+{
+    const psstore_grad_t *gs[READ_COUNT];
+    size_t k = ps_local_take(a->local, gs, READ_COUNT, wait_ms);
+    fr_err_t err = FR_OK;
+    for (size_t i = 0; i < k && a->active && a->stopped[0] == '\0'; i++) {
+        a->cur_id = LOCAL_ID;
+        /* the slot's buffer is the channel's, ours until the release */
+        a->cur_g = (float *)gs[i]->g;
+        err = decide(a, gs[i]);
+        a->cur_g = NULL;
+        if (err != FR_OK)
+            break;
+    }
+    ps_local_release(a->local);
+    *n = (int)k;
+    return err;
+}
+
+/*
+ * The read phase of a poll with the in-process channel attached: gradients
+ * from it and (without blocking) from the stream, for commit_ms, or until
+ * the first arrivals when commit_ms is 0 (waiting up to block_ms, in steps
+ * of LOCAL_WAIT_MS, so stream entries wait no longer than that); the
+ * weights are published to the workers after each step that applied.
+ */
+static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
+{
+    uint64_t start = fr_clock_mono_ns();
+    uint64_t window = (uint64_t)a->conf.commit_ms * 1000000ull;
+    int total = 0;
+    for (;;) {
+        uint64_t elapsed = fr_clock_mono_ns() - start;
+        int wait_ms = 0;
+        if (elapsed < window)
+            wait_ms = (int)((window - elapsed) / 1000000ull) + 1;
+        else if (total == 0 && elapsed < (uint64_t)block_ms * 1000000ull)
+            wait_ms = block_ms - (int)(elapsed / 1000000ull);
+        if (wait_ms > LOCAL_WAIT_MS)
+            wait_ms = LOCAL_WAIT_MS;
+        int nlocal = 0, nstream = 0;
+        int64_t before = a->version;
+        fr_err_t err = take_local(a, wait_ms, &nlocal);
+        /* the stream (trainers of other processes) is read every
+         * LOCAL_WAIT_MS, and at once again while it delivers */
+        uint64_t now = fr_clock_mono_ns();
+        if (err == FR_OK && a->active &&
+            (a->stream_busy || now - a->stream_ns >= LOCAL_WAIT_MS * 1000000ull)) {
+            a->stream_ns = now;
+            err = read_and_apply(a, 0, &nstream);
+            a->stream_busy = nstream > 0;
+        }
+        if (err != FR_OK || !a->active)
+            return err;
+        if (a->version != before)
+            ps_local_publish(a->local, a->w, a->epoch, a->version);
+        total += nlocal + nstream;
+        elapsed = fr_clock_mono_ns() - start;
+        if (elapsed >= window && (total > 0 || elapsed >= (uint64_t)block_ms * 1000000ull))
+            return FR_OK;
+    }
 }
 
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
@@ -2262,11 +2359,16 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
     }
     uint64_t start = fr_clock_mono_ns();
     int nread;
-    do {
-        if ((err = read_and_apply(a, block_ms, &nread)) != FR_OK)
+    if (a->local != NULL) {
+        if ((err = read_local_and_stream(a, block_ms)) != FR_OK)
             goto out;
-    } while (a->active && nread > 0 && a->conf.commit_ms > 0 &&
-             (fr_clock_mono_ns() - start) < (uint64_t)a->conf.commit_ms * 1000000ull);
+    } else {
+        do {
+            if ((err = read_and_apply(a, block_ms, &nread)) != FR_OK)
+                goto out;
+        } while (a->active && nread > 0 && a->conf.commit_ms > 0 &&
+                 (fr_clock_mono_ns() - start) < (uint64_t)a->conf.commit_ms * 1000000ull);
+    }
     /* members: removed after member_timeout in every mode; rounds close on
      * a departure or at round_timeout */
     if (a->active && fr_clock_mono_ns() - a->members_ns > MEMBERS_MS * 1000000ull &&
@@ -2276,6 +2378,8 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
         goto out;
     if (a->active)
         err = commit(a);
+    if (err == FR_OK && a->active && a->local != NULL)
+        ps_local_publish(a->local, a->w, a->epoch, a->version); /* rounds, rollbacks */
 out:
     if (err != FR_OK && a->active) {
         /* unknown whether the last transaction landed: reload from Redis */

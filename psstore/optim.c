@@ -51,7 +51,7 @@ size_t psstore_optim_state_len(psstore_optim_t optim, size_t n)
 }
 
 /* w -= lr * g, as param.add_(grad, alpha=-lr). */
-static void step_sgd(float *restrict w, const float *restrict g, size_t n, float lr)
+FR_VECTOR_LOOP static void step_sgd(float *restrict w, const float *restrict g, size_t n, float lr)
 {
     for (size_t i = 0; i < n; i++)
         w[i] -= lr * g[i];

@@ -384,6 +384,30 @@ fr_err_t psstore_members_read(psstore_client_t *cl, psstore_member_t **members, 
 fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round);
 
 /* ------------------------------------------------------------------------
+ * The co-located fast path (DESIGN.md "Performance model"): in freshet run
+ * the workers and the applier share a process, and gradients and weights
+ * pass in memory. The channel is open while the applier attached to it
+ * (psstore_applier_set_local) holds the lease; workers use the Redis path
+ * otherwise. Any thread.
+ * ---------------------------------------------------------------------- */
+typedef struct psstore_local psstore_local_t;
+
+/* A channel for nparams-float models with `slots` queued gradients at
+ * most (the backpressure bound of the in-memory path). */
+psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, size_t size);
+void psstore_local_destroy(psstore_local_t *l);
+/* Nonzero while the attached applier holds the lease and takes gradients. */
+int psstore_local_open(psstore_local_t *l);
+/* As psstore_pull, from the applier's memory; FR_ERR_STATE when closed. */
+fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64_t *version,
+                            int *changed);
+/* Queues a copy of g for the applier, waiting up to timeout_ms for a free
+ * slot (FR_ERR_TIMEOUT); FR_ERR_STATE when the channel is closed (or
+ * closes meanwhile): the caller abandons the batch, which the gap rule
+ * reads again. */
+fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms);
+
+/* ------------------------------------------------------------------------
  * Operator requests (freshet:{m}:requests) and snapshots. A request is
  * executed by the applier holding the lease, in its next transaction, and
  * then deleted from the stream.
@@ -467,6 +491,10 @@ typedef struct psstore_applier psstore_applier_t;
 psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char *errstr,
                                        size_t size);
 void psstore_applier_destroy(psstore_applier_t *a);
+/* Attaches the in-process channel (before the applier's first poll; l must
+ * outlive it): the applier opens it whenever it holds the lease, takes its
+ * gradients before the stream's, and publishes its weights there. */
+void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l);
 
 /* One turn: takes or renews the lease (a standby returns FR_OK at once when
  * another applier holds it), executes requests, reads up to a batch of

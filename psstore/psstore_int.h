@@ -142,4 +142,18 @@ int ps_member_parse(const char *id, size_t idlen, const char *val, size_t vlen,
 fr_err_t ps_members_read(psstore_conn_t *c, const char *key, psstore_member_t **members, size_t *n,
                          size_t *cap);
 
+/* ------------------------------------------------------------------------
+ * The applier's side of the in-process channel (local.c).
+ * ---------------------------------------------------------------------- */
+/* Opens the channel with the weights at (epoch, version). */
+void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version);
+/* Closes it; queued gradients are dropped (never recorded: read again). */
+void ps_local_close(psstore_local_t *l);
+/* Publishes the weights at (epoch, version) when they moved. */
+void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version);
+/* Takes up to max queued gradients in FIFO order into out (waiting up to
+ * wait_ms for the first); they stay valid until ps_local_release. */
+size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max, int wait_ms);
+void ps_local_release(psstore_local_t *l);
+
 #endif

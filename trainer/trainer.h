@@ -149,6 +149,7 @@ typedef struct trainer_pool_conf {
     int64_t ssp_bound;         /* mode ssp: clocks ahead of the slowest  */
     int64_t idle_ms;           /* waiting this long for data: idle       */
     int64_t round_wait_ms;     /* longest wait for a round to close      */
+    psstore_local_t *local;    /* freshet run's in-process channel, or NULL */
 } trainer_pool_conf_t;
 
 typedef struct trainer_pool_stats {

@@ -72,6 +72,7 @@ struct trainer_pool {
     atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns;
     psstore_mode_t mode;
     int64_t ssp_bound, idle_ms, round_wait_ms;
+    psstore_local_t *local;
     atomic_int_least64_t version;
     atomic_uint_least64_t epoch;
     pthread_mutex_t lock; /* guards loss_sum */
@@ -90,7 +91,7 @@ static void sleep_ns(uint64_t ns)
  * Computes and pushes one batch. Returns FR_OK, or the error after logging
  * it (the caller reports the batch abandoned: the gap rule reads it again).
  */
-static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
+static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss, const char **id)
 {
     trainer_pool_t *p = wk->pool;
     fr_err_t err;
@@ -114,7 +115,12 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
     /* an n = 0 batch needs the store's epoch too, or the applier drops it
      * (reason "epoch") without marking its positions */
     int changed = 0;
-    if ((err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
+    /* the in-process channel while this process's applier holds the lease
+     * (DESIGN.md "Performance model"), Redis otherwise */
+    int local = p->local != NULL &&
+                psstore_local_pull(p->local, wk->w, &wk->epoch, &wk->version, &changed) == FR_OK;
+    if (!local &&
+        (err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
         fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_client_error(wk->cl));
         return err;
     }
@@ -154,10 +160,20 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss)
     msg.epoch = wk->epoch;
     msg.version = wk->version < 0 ? 0 : wk->version;
     uint64_t t1 = fr_clock_mono_ns();
-    err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
+    *id = NULL;
+    if (local) {
+        /* weights of the channel may be newer than Redis's: a gradient on
+         * them goes back the same way, or is abandoned (read again) */
+        err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS);
+        if (err != FR_OK)
+            fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
+    } else {
+        err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
+        if (err != FR_OK)
+            fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
+        *id = psstore_client_last_id(wk->cl);
+    }
     atomic_fetch_add(&p->push_ns, fr_clock_mono_ns() - t1);
-    if (err != FR_OK)
-        fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
     return err;
 }
 
@@ -289,8 +305,11 @@ static void *worker_main(void *arg)
         if (b->n > 0 && rounds && psstore_round_read(wk->cl, wk->me.group, &round) != FR_OK)
             round = -1;
         double loss = 0;
-        fr_err_t err = train_batch(wk, b, &loss);
-        ingest_consumer_done(p->source, b, err == FR_OK ? psstore_client_last_id(wk->cl) : NULL);
+        const char *id = NULL;
+        fr_err_t err = train_batch(wk, b, &loss, &id);
+        /* a gradient handed over in process has no stream id: it is
+         * applied within the commit window, or lost with this process */
+        ingest_consumer_done(p->source, b, err == FR_OK ? id : NULL);
         if (err == FR_OK && b->n > 0) {
             wk->me.clock++;
             if (p->mode == PSSTORE_MODE_SSP || rounds)
@@ -356,6 +375,7 @@ trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, 
     p->source = conf->source;
     p->nworkers = conf->workers;
     p->mode = conf->mode;
+    p->local = conf->local;
     p->ssp_bound = conf->ssp_bound;
     p->idle_ms = conf->idle_ms > 0 ? conf->idle_ms : 2000;
     p->round_wait_ms = conf->round_wait_ms > 0 ? conf->round_wait_ms : 6000;

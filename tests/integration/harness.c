@@ -41,9 +41,29 @@ int harness_free_port(void)
     return port;
 }
 
+/* Every child harness_spawn started, so that harness_kill_children can
+ * stop those a failed test left behind. */
+#define MAX_CHILDREN 256
+static pid_t children[MAX_CHILDREN];
+static int nchildren;
+
+void harness_kill_children(void)
+{
+    for (int i = 0; i < nchildren; i++) {
+        int status;
+        if (waitpid(children[i], &status, WNOHANG) == 0) {
+            kill(children[i], SIGKILL);
+            waitpid(children[i], &status, 0);
+        }
+    }
+    nchildren = 0;
+}
+
 pid_t harness_spawn(char *const argv[], const char *log_path)
 {
     pid_t pid = fork();
+    if (pid > 0 && nchildren < MAX_CHILDREN)
+        children[nchildren++] = pid;
     if (pid != 0)
         return pid;
     int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -463,5 +483,6 @@ int harness_stack_stop(const char *dir, harness_redis_t *r, harness_broker_t *b)
     if (b->pid > 0)
         harness_broker_stop(b);
     harness_redis_stop(r);
+    harness_kill_children(); /* those a failed test left behind */
     return harness_rmdir(dir);
 }

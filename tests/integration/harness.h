@@ -43,6 +43,9 @@ pid_t harness_spawn(char *const argv[], const char *log_path);
 /* Waits up to timeout_ms for pid to exit; returns its wait status or -1
  * on timeout. */
 int harness_wait(pid_t pid, int timeout_ms);
+/* Kills (SIGKILL) and reaps every child harness_spawn started that is still
+ * running: what a failed test left behind. harness_stack_stop calls it. */
+void harness_kill_children(void);
 /* harness_spawn, then harness_wait up to timeout_ms; a child still running
  * then is killed (SIGKILL) and reaped. Returns its wait status, or -1 on
  * timeout or when it could not be started. */

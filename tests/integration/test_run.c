@@ -386,7 +386,7 @@ static void test_ssp_keeps_every_worker_within_the_bound(void **state)
 }
 
 /*
- * Exactly once, end to end: 2000 records over 4 partitions, 3 workers,
+ * Exactly once, end to end: 20,000 records over 4 partitions, 3 workers,
  * audit mode; the run is killed with SIGKILL partway and started again.
  * Every position of every partition ends marked exactly once in the audit
  * (applied, or dropped by a named rule), so applied + dropped = N.
@@ -394,7 +394,7 @@ static void test_ssp_keeps_every_worker_within_the_bound(void **state)
 static void test_kill_and_restart_applies_every_record_once(void **state)
 {
     (void)state;
-    enum { PER = 500, NPARTS = 4 };
+    enum { PER = 5000, NPARTS = 4 };
     const char *model = "rk", *topic = "rk1";
     produce(topic, NPARTS, PER * NPARTS);
     char conf[300], log[300];
@@ -404,7 +404,7 @@ static void test_kill_and_restart_applies_every_record_once(void **state)
     pid_t pid = spawn_run(conf, log);
     /* the kill lands after a random number of applied gradients (the
      * version counts them; watermarks may jump, as batches apply out of
-     * order), while most of the 125 batches are still to come */
+     * order), while most of the 1250 batches are still to come */
     fr_rng_t rng;
     fr_rng_seed(&rng, (uint64_t)getpid());
     int64_t at = 5 + (int64_t)(fr_rng_uniform(&rng) * 40.0);
@@ -421,7 +421,7 @@ static void test_kill_and_restart_applies_every_record_once(void **state)
     pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, PER * NPARTS, log);
     stop_run(pid, log);
-    int seen[PER];
+    static int seen[PER];
     for (int p = 0; p < NPARTS; p++) {
         assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
         for (int pos = 0; pos < PER; pos++)
@@ -510,7 +510,7 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
     wait_watermarks(model, topic, NPARTS, N, log_b);
     stop_run(b, log_b);
     stop_run(ps, log_ps);
-    int seen[PER];
+    static int seen[PER];
     for (int p = 0; p < NPARTS; p++) {
         assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
         for (int pos = 0; pos < PER; pos++)
