@@ -1,0 +1,257 @@
+/*
+ * test_local.c - the co-located fast path (psstore/local.c) with a real
+ * applier on a real redis-server: the channel opens with the lease,
+ * gradients queued in memory are applied and committed to Redis exactly as
+ * streamed ones would be, the stream of other processes is still read, a
+ * full channel pushes back, and a closed one refuses and loses nothing
+ * that was recorded.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "psstore/psstore.h"
+
+#define NPARAMS 300
+#define LR      0.1
+
+static harness_redis_t redis;
+static char errstr[512];
+
+static void gradient_k(float *g, int k)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 900 + (uint64_t)k);
+    for (int i = 0; i < NPARAMS; i++)
+        g[i] = (float)(fr_rng_uniform(&rng) - 0.5);
+}
+
+static void initial_weights(float *w)
+{
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = 0.01f * (float)(i % 31);
+}
+
+static void create_model(const char *name)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    float w[NPARAMS];
+    initial_weights(w);
+    psstore_model_spec_t spec = {"299-1", "mse", NPARAMS};
+    assert_int_equal(psstore_model_create(c, name, &spec, w, 1), FR_OK);
+    psstore_conn_destroy(c);
+}
+
+static psstore_applier_t *applier(const char *model, psstore_local_t *l)
+{
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = LR;
+    conf.lease_ms = 1000;
+    conf.audit = 1;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (a == NULL)
+        fail_msg("%s", errstr);
+    psstore_applier_set_local(a, l);
+    return a;
+}
+
+/* Gradient k of n samples at [from, from + n) of t/0 on (epoch, version). */
+static psstore_grad_t grad(float *g, psstore_range_t *range, int k, int64_t from, int64_t n,
+                           uint64_t epoch, int64_t version)
+{
+    gradient_k(g, k);
+    *range = (psstore_range_t){"t", 0, from, from + n};
+    return (psstore_grad_t){.epoch = epoch,
+                            .version = version,
+                            .worker = "h/1/0",
+                            .n = n,
+                            .loss_sum = (double)n,
+                            .ranges = range,
+                            .nranges = 1,
+                            .g = g,
+                            .len = NPARAMS};
+}
+
+static int64_t query_int(const char *fmt, const char *model)
+{
+    char out[256];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), fmt, model), 0);
+    return strcmp(out, "(nil)") == 0 ? -1 : strtoll(out, NULL, 10);
+}
+
+static void store_weights(const char *model, float *w, uint64_t *epoch, int64_t *version)
+{
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    assert_int_equal(psstore_model_weights(c, model, w, NPARAMS, epoch, version), FR_OK);
+    psstore_conn_destroy(c);
+}
+
+/* w0 - lr * sum of gradients ks (sgd, applied one after the other). */
+static void expected(float *w, const int *ks, int count)
+{
+    float g[NPARAMS];
+    initial_weights(w);
+    for (int j = 0; j < count; j++) {
+        gradient_k(g, ks[j]);
+        for (int i = 0; i < NPARAMS; i++)
+            w[i] -= (float)LR * g[i];
+    }
+}
+
+static void assert_near(const float *got, const float *want)
+{
+    for (int i = 0; i < NPARAMS; i++)
+        if (fabsf(got[i] - want[i]) > 1e-6f)
+            fail_msg("w[%d] = %.8g, expected %.8g", i, got[i], want[i]);
+}
+
+static void test_gradients_in_memory_are_applied_and_committed(void **state)
+{
+    (void)state;
+    const char *model = "local";
+    create_model(model);
+    psstore_local_t *l = psstore_local_new(NPARAMS, 4, errstr, sizeof(errstr));
+    assert_non_null(l);
+    float w[NPARAMS], g[NPARAMS], want[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed = 0;
+    psstore_range_t range;
+    /* closed until an applier holds the lease */
+    assert_false(psstore_local_open(l));
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_ERR_STATE);
+    psstore_grad_t msg = grad(g, &range, 1, 0, 4, 0, 0);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_ERR_STATE);
+
+    psstore_applier_t *a = applier(model, l);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_true(psstore_local_open(l));
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_true(changed);
+    assert_int_equal(version, 0);
+    initial_weights(want);
+    assert_near(w, want);
+    uint64_t store_epoch;
+    int64_t store_version;
+    store_weights(model, want, &store_epoch, &store_version);
+    assert_true(epoch == store_epoch);
+
+    msg = grad(g, &range, 1, 0, 4, epoch, 0);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    msg = grad(g, &range, 2, 4, 4, epoch, 0);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 2; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    int ks[] = {1, 2};
+    expected(want, ks, 2);
+    store_weights(model, w, &store_epoch, &store_version);
+    assert_int_equal(store_version, 2);
+    assert_near(w, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 8);
+    assert_int_equal(query_int("XLEN freshet:{%s}:grads", model), 0);
+    /* the workers see the new weights through the channel */
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_true(changed);
+    assert_int_equal(version, 2);
+    assert_near(w, want);
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_false(changed);
+
+    /* a trainer of another process still goes through the stream */
+    psstore_client_t *cl = psstore_client_new(redis.url, model, NPARAMS, 8, errstr, sizeof(errstr));
+    assert_non_null(cl);
+    msg = grad(g, &range, 3, 8, 4, epoch, 2);
+    msg.worker = "other/2/0";
+    assert_int_equal(psstore_push(cl, &msg, 1000), FR_OK);
+    for (int i = 0; i < 10 && query_int("GET freshet:{%s}:ver", model) < 3; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 3);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 12);
+    psstore_client_destroy(cl);
+
+    /* the lease lost (here: the applier gone): the channel closes, a queued
+     * gradient is dropped unrecorded and pushes are refused */
+    msg = grad(g, &range, 4, 12, 4, epoch, 3);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    psstore_applier_destroy(a);
+    assert_false(psstore_local_open(l));
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_ERR_STATE);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 3);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 12);
+    psstore_local_destroy(l);
+}
+
+static void test_a_full_channel_pushes_back(void **state)
+{
+    (void)state;
+    const char *model = "full";
+    create_model(model);
+    psstore_local_t *l = psstore_local_new(NPARAMS, 2, errstr, sizeof(errstr));
+    assert_non_null(l);
+    psstore_applier_t *a = applier(model, l);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    float w[NPARAMS], g[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    psstore_range_t range;
+    psstore_grad_t msg = grad(g, &range, 5, 0, 2, epoch, 0);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    msg = grad(g, &range, 6, 2, 2, epoch, 0);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    msg = grad(g, &range, 7, 4, 2, epoch, 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    assert_int_equal(psstore_local_push(l, &msg, 150), FR_ERR_TIMEOUT);
+    assert_true(fr_clock_mono_ns() - t0 >= 140000000ull);
+    /* the applier frees the slots: the third goes in and all three apply */
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 3; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    int ks[] = {5, 6, 7};
+    float want[NPARAMS];
+    expected(want, ks, 3);
+    uint64_t e;
+    int64_t v;
+    store_weights(model, w, &e, &v);
+    assert_int_equal(v, 3);
+    assert_near(w, want);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return harness_redis_start(&redis, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    harness_redis_stop(&redis);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
+        cmocka_unit_test(test_a_full_channel_pushes_back),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
