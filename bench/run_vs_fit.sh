@@ -5,7 +5,7 @@
 # workers, policy as [controller] says) against freshet fit doing one epoch
 # of the same training on one thread, in the same run. Prints both
 # throughputs, their ratio and both test accuracies.
-# usage: [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+# usage: [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 2, adaptive, build/freshet; [psstore] max_pending 64,
 #        [ingest] queue 16; KEEP_LOG=F keeps freshet run's log)
 set -euo pipefail
@@ -48,6 +48,7 @@ url = redis://127.0.0.1:$port/0
 workers = $workers
 mode = $mode
 backend = cpu
+sync_lr_scale = ${SYNC_LR_SCALE:-none}
 [controller]
 lr = 0.1
 [psstore]

@@ -150,10 +150,11 @@ struct psstore_applier {
     size_t cap_mbuf;
     uint64_t members_ns; /* when the members were last read */
     round_t rounds[MAX_GROUPS];
-    int64_t closed[MAX_GROUPS]; /* rounds closed since the last commit */
-    size_t cur_id;              /* offset in ids of the entry being decided */
-    float *cur_g;               /* its gradient, writable in place (a slot of
-                                   the in-process channel), or NULL: copy it */
+    int64_t closed[MAX_GROUPS];       /* rounds closed since the last commit */
+    int64_t local_rounds[MAX_GROUPS]; /* ... since the in-process channel opened */
+    size_t cur_id;                    /* offset in ids of the entry being decided */
+    float *cur_g;                     /* its gradient, writable in place (a slot of
+                                         the in-process channel), or NULL: copy it */
 
     /* divergence guard */
     uint8_t guard[GUARD_WINDOW];
@@ -791,8 +792,10 @@ static fr_err_t try_acquire(psstore_applier_t *a)
     a->claim_ns = fr_clock_mono_ns();
     fr_log(FR_LOG_INFO, "applier %s: holding the lease (%s) at version %lld of epoch %llu",
            a->model, a->token, (long long)a->version, (unsigned long long)a->epoch);
-    if (a->local != NULL && a->stopped[0] == '\0')
+    if (a->local != NULL && a->stopped[0] == '\0') {
+        memset(a->local_rounds, 0, sizeof(a->local_rounds));
         ps_local_open(a->local, a->w, a->epoch, a->version);
+    }
     stats_update(a);
     return FR_OK;
 }
@@ -1582,6 +1585,7 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
     r->open = 0;
     r->nheld = 0;
     a->closed[g]++;
+    a->local_rounds[g]++;
     return err;
 }
 
@@ -2310,7 +2314,7 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
         if (err != FR_OK || !a->active)
             return err;
         if (a->version != before)
-            ps_local_publish(a->local, a->w, a->epoch, a->version);
+            ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
         total += nlocal + nstream;
         elapsed = fr_clock_mono_ns() - start;
         if (elapsed >= window && (total > 0 || elapsed >= (uint64_t)block_ms * 1000000ull))
@@ -2379,7 +2383,7 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
     if (a->active)
         err = commit(a);
     if (err == FR_OK && a->active && a->local != NULL)
-        ps_local_publish(a->local, a->w, a->epoch, a->version); /* rounds, rollbacks */
+        ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
 out:
     if (err != FR_OK && a->active) {
         /* unknown whether the last transaction landed: reload from Redis */

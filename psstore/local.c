@@ -50,6 +50,10 @@ struct psstore_local {
     size_t nslots, head, count, taken; /* FIFO: [head, head + count); the
                                           first `taken` are the applier's */
     uint64_t pushed, pulls;
+    /* rounds closed per group since the channel opened (round modes),
+     * published with the weights they produced */
+    int64_t rounds[PS_LOCAL_GROUPS];
+    pthread_cond_t moved; /* weights or rounds were published, or it closed */
 };
 
 psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, size_t size)
@@ -81,6 +85,7 @@ psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, s
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->room, NULL);
     pthread_cond_init(&l->work, NULL);
+    pthread_cond_init(&l->moved, NULL);
     return l;
 }
 
@@ -98,6 +103,7 @@ void psstore_local_destroy(psstore_local_t *l)
     pthread_mutex_destroy(&l->lock);
     pthread_cond_destroy(&l->room);
     pthread_cond_destroy(&l->work);
+    pthread_cond_destroy(&l->moved);
     free(l);
 }
 
@@ -216,6 +222,7 @@ void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t v
     memcpy(l->w, w, l->n * sizeof(float));
     l->epoch = epoch;
     l->version = version;
+    memset(l->rounds, 0, sizeof(l->rounds));
     l->open = 1;
     pthread_mutex_unlock(&l->lock);
 }
@@ -228,10 +235,12 @@ void ps_local_close(psstore_local_t *l)
     l->head = (l->head + l->count) % l->nslots;
     l->count = l->taken = 0;
     pthread_cond_broadcast(&l->room);
+    pthread_cond_broadcast(&l->moved);
     pthread_mutex_unlock(&l->lock);
 }
 
-void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version)
+void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version,
+                      const int64_t *rounds)
 {
     pthread_mutex_lock(&l->lock);
     if (l->open && (l->epoch != epoch || l->version != version)) {
@@ -239,7 +248,47 @@ void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_
         l->epoch = epoch;
         l->version = version;
     }
+    if (l->open && rounds != NULL)
+        memcpy(l->rounds, rounds, sizeof(l->rounds));
+    pthread_cond_broadcast(&l->moved);
     pthread_mutex_unlock(&l->lock);
+}
+
+fr_err_t psstore_local_round(psstore_local_t *l, int group, int64_t *round)
+{
+    if (group < 0 || group >= PS_LOCAL_GROUPS)
+        return FR_ERR_INVAL;
+    pthread_mutex_lock(&l->lock);
+    int open = l->open;
+    *round = l->rounds[group];
+    pthread_mutex_unlock(&l->lock);
+    return open ? FR_OK : FR_ERR_STATE;
+}
+
+fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, int timeout_ms)
+{
+    if (group < 0 || group >= PS_LOCAL_GROUPS)
+        return FR_ERR_INVAL;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    fr_err_t err = FR_OK;
+    pthread_mutex_lock(&l->lock);
+    while (l->open && l->rounds[group] <= round) {
+        if (pthread_cond_timedwait(&l->moved, &l->lock, &until) != 0) {
+            err = l->rounds[group] > round ? FR_OK : FR_ERR_TIMEOUT;
+            break;
+        }
+    }
+    if (!l->open)
+        err = FR_ERR_STATE;
+    pthread_mutex_unlock(&l->lock);
+    return err;
 }
 
 size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max, int wait_ms)

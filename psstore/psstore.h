@@ -406,6 +406,14 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
  * closes meanwhile): the caller abandons the batch, which the gap rule
  * reads again. */
 fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms);
+/* Round modes: the rounds group closed since the channel opened (as
+ * psstore_round_read counts them in Redis), published together with the
+ * weights they produced; and a wait until that count passes round
+ * (FR_ERR_TIMEOUT after timeout_ms, FR_ERR_STATE when closed). Groups
+ * below PS_LOCAL_GROUPS. */
+#define PS_LOCAL_GROUPS 256
+fr_err_t psstore_local_round(psstore_local_t *l, int group, int64_t *round);
+fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, int timeout_ms);
 
 /* ------------------------------------------------------------------------
  * Operator requests (freshet:{m}:requests) and snapshots. A request is

@@ -149,8 +149,10 @@ fr_err_t ps_members_read(psstore_conn_t *c, const char *key, psstore_member_t **
 void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version);
 /* Closes it; queued gradients are dropped (never recorded: read again). */
 void ps_local_close(psstore_local_t *l);
-/* Publishes the weights at (epoch, version) when they moved. */
-void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version);
+/* Publishes the weights at (epoch, version) when they moved, and the
+ * rounds closed per group (rounds[PS_LOCAL_GROUPS], or NULL) with them. */
+void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version,
+                      const int64_t *rounds);
 /* Takes up to max queued gradients in FIFO order into out (waiting up to
  * wait_ms for the first); they stay valid until ps_local_release. */
 size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max, int wait_ms);

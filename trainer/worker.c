@@ -242,14 +242,31 @@ static void ssp_wait(worker_t *wk)
     atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
 }
 
+/* Round modes: the group's round count, from the in-process channel while
+ * it is open (*local set), from Redis otherwise. */
+static fr_err_t round_read(worker_t *wk, int64_t *round, int *local)
+{
+    trainer_pool_t *p = wk->pool;
+    *local = p->local != NULL && psstore_local_round(p->local, wk->me.group, round) == FR_OK;
+    return *local ? FR_OK : psstore_round_read(wk->cl, wk->me.group, round);
+}
+
 /* Round modes: waits until the group's round count passes `round` (the
- * round this worker's gradient joined closed), at most round_wait_ms. */
-static void round_wait(worker_t *wk, int64_t round)
+ * round this worker's gradient joined closed), at most round_wait_ms, on
+ * the source the count was read from. */
+static void round_wait(worker_t *wk, int64_t round, int local)
 {
     trainer_pool_t *p = wk->pool;
     uint64_t t0 = fr_clock_mono_ns();
     uint64_t limit = (uint64_t)p->round_wait_ms * 1000000ull;
-    while (!atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
+    /* in steps, so that a stop is seen within NEXT_WAIT_MS */
+    while (local && !atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
+        fr_err_t err = psstore_local_round_wait(p->local, wk->me.group, round, NEXT_WAIT_MS);
+        beat_due(wk);
+        if (err != FR_ERR_TIMEOUT)
+            break;
+    }
+    while (!local && !atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
         int64_t now = round;
         if (psstore_round_read(wk->cl, wk->me.group, &now) != FR_OK || now > round)
             break;
@@ -302,7 +319,8 @@ static void *worker_main(void *arg)
         /* the round count is read before the pull: a round that closes in
          * between only means the wait below ends at once */
         int64_t round = -1;
-        if (b->n > 0 && rounds && psstore_round_read(wk->cl, wk->me.group, &round) != FR_OK)
+        int local_round = 0;
+        if (b->n > 0 && rounds && round_read(wk, &round, &local_round) != FR_OK)
             round = -1;
         double loss = 0;
         const char *id = NULL;
@@ -315,7 +333,7 @@ static void *worker_main(void *arg)
             if (p->mode == PSSTORE_MODE_SSP || rounds)
                 beat(wk); /* ssp: the others wait on this clock */
             if (round >= 0)
-                round_wait(wk, round);
+                round_wait(wk, round, local_round);
         }
         if (err == FR_OK) {
             atomic_fetch_add(&p->samples, b->n);

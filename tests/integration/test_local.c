@@ -234,6 +234,72 @@ static void test_a_full_channel_pushes_back(void **state)
     psstore_local_destroy(l);
 }
 
+/* In a round mode the channel publishes each group's closed rounds with
+ * the weights they produced, and a worker can wait on them. */
+static void test_rounds_are_published_with_their_weights(void **state)
+{
+    (void)state;
+    const char *model = "lround";
+    create_model(model);
+    psstore_client_t *cl = psstore_client_new(redis.url, model, NPARAMS, 8, errstr, sizeof(errstr));
+    assert_non_null(cl);
+    psstore_member_t m = {.beat = 1};
+    snprintf(m.backend, sizeof(m.backend), "cpu");
+    snprintf(m.id, sizeof(m.id), "h/1/0");
+    assert_int_equal(psstore_member_beat(cl, &m), FR_OK);
+    snprintf(m.id, sizeof(m.id), "h/1/1");
+    assert_int_equal(psstore_member_beat(cl, &m), FR_OK);
+    psstore_local_t *l = psstore_local_new(NPARAMS, 4, errstr, sizeof(errstr));
+    assert_non_null(l);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = LR;
+    conf.mode = PSSTORE_MODE_SYNC;
+    conf.round_timeout_ms = 60000;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(a);
+    psstore_applier_set_local(a, l);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    int64_t round = -1;
+    assert_int_equal(psstore_local_round(l, 0, &round), FR_OK);
+    assert_int_equal(round, 0);
+    float w[NPARAMS], g[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    psstore_range_t range;
+    psstore_grad_t msg = grad(g, &range, 8, 0, 2, epoch, 0);
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_round_wait(l, 0, 0, 100), FR_ERR_TIMEOUT);
+    msg = grad(g, &range, 9, 2, 2, epoch, 0);
+    msg.worker = "h/1/1";
+    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_round_wait(l, 0, 0, 1000), FR_OK);
+    assert_int_equal(psstore_local_round(l, 0, &round), FR_OK);
+    assert_int_equal(round, 1);
+    /* the weights published with the round are its average's */
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_int_equal(version, 1);
+    float g8[NPARAMS], g9[NPARAMS], want[NPARAMS];
+    gradient_k(g8, 8);
+    gradient_k(g9, 9);
+    initial_weights(want);
+    for (int i = 0; i < NPARAMS; i++)
+        want[i] = (float)((double)want[i] -
+                          LR * (double)(float)(((double)g8[i] * 2 + (double)g9[i] * 2) / 4));
+    assert_near(w, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:rounds 0", model), 1);
+    psstore_applier_destroy(a);
+    assert_int_equal(psstore_local_round_wait(l, 0, 1, 100), FR_ERR_STATE);
+    psstore_local_destroy(l);
+    psstore_client_destroy(cl);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -252,6 +318,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
         cmocka_unit_test(test_a_full_channel_pushes_back),
+        cmocka_unit_test(test_rounds_are_published_with_their_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
