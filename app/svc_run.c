@@ -294,10 +294,11 @@ static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t
             dropped += as.dropped[d];
         snprintf(store, sizeof(store),
                  ", applier %s at version %lld, staleness p50 %lld p99 %lld, lr_eff %.4g, "
-                 "applied %llu, dropped %llu",
+                 "applied %llu, dropped %llu, freshness p50 %lld ms p99 %lld ms",
                  as.active ? "active" : "standby", (long long)as.version, (long long)as.tau_p50,
                  (long long)as.tau_p99, as.lr_eff, (unsigned long long)as.applied,
-                 (unsigned long long)dropped);
+                 (unsigned long long)dropped, (long long)as.fresh_p50_ms,
+                 (long long)as.fresh_p99_ms);
     }
     if (h->last >= 0)
         snprintf(eval, sizeof(eval), ", holdout accuracy %.4f (v%lld)", h->accuracy,

@@ -1036,7 +1036,8 @@ static fr_err_t conf_set(rd_kafka_conf_t *conf, const char *key, const char *val
 }
 
 /* The consumer's librdkafka configuration, in this order: bootstrap, the
- * defaults, the caller's properties verbatim, then the two settings the
+ * defaults (group.id, auto.offset.reset, fetch.wait.max.ms 20), the
+ * caller's properties verbatim, then the two settings the
  * exactly-once effect depends on. NULL with errstr. */
 static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consumer_conf_t *conf,
                                       char *errstr, size_t size)
@@ -1055,7 +1056,11 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
          conf_set(kc, "bootstrap.servers", conf->bootstrap, errstr, size) != FR_OK) ||
         conf_set(kc, "group.id", group, errstr, size) != FR_OK ||
         conf_set(kc, "auto.offset.reset", conf->start_latest ? "latest" : "earliest", errstr,
-                 size) != FR_OK)
+                 size) != FR_OK ||
+        /* freshness: a broker that holds a fetch for its whole wait (the
+         * dev broker does) would add up to librdkafka's 500 ms to every
+         * sample's way into the model; [kafka] may set it back */
+        conf_set(kc, "fetch.wait.max.ms", "20", errstr, size) != FR_OK)
         goto err;
     for (size_t i = 0; i < conf->nprops; i++)
         if (conf_set(kc, conf->props[i][0], conf->props[i][1], errstr, size) != FR_OK)

@@ -29,6 +29,7 @@
 #include "psstore/psstore_int.h"
 
 #define TAU_RING      256 /* applied gradients the staleness percentiles cover */
+#define FRESH_RING    512 /* freshness samples (two per applied batch) kept    */
 #define GROUP         "appliers"
 #define READ_COUNT    64         /* entries per XREADGROUP, at most ...       */
 #define READ_BYTES    (16 << 20) /* ... and about this many payload bytes   */
@@ -70,6 +71,7 @@ typedef struct held {
     char worker[256];
     int64_t version, generation, n;
     double loss_sum;
+    int64_t ts_min_ms, ts_max_ms;
     psstore_range_t *ranges; /* topics point into topics */
     size_t nranges, cap_ranges;
     char *topics;
@@ -171,6 +173,14 @@ struct psstore_applier {
     char shown_epoch[32];   /* the epoch that metric shows as current */
     int64_t taus[TAU_RING]; /* staleness of the last applied gradients (lock) */
     uint64_t ntaus;
+    /* freshness: Kafka timestamps of the samples applied since the last
+     * commit (oldest, newest per batch), and after it, the milliseconds
+     * from those timestamps to the commit that made them visible (lock) */
+    int64_t *ts_pending;
+    size_t nts_pending, cap_ts_pending;
+    int64_t fresh[FRESH_RING];
+    uint64_t nfresh;
+    fr_series_t *m_fresh;
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -294,6 +304,13 @@ static void register_metrics(psstore_applier_t *a)
                                               "Time to decide and apply one gradient in memory", 12,
                                               lat_bounds, 1, model_l),
                          mv);
+    static const double fresh_bounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    a->m_fresh = fr_metric_series(
+        fr_metrics_histogram(reg, "freshet_sample_freshness_seconds",
+                             "From a sample's Kafka timestamp to the commit of the version that "
+                             "holds it (oldest and newest sample of each applied batch)",
+                             12, fresh_bounds, 1, model_l),
+        mv);
     a->m_commits = fr_metric_series(fr_metrics_counter(reg, "freshet_applier_commits_total",
                                                        "Transactions committed", 1, model_l),
                                     mv);
@@ -423,6 +440,7 @@ static void drop_state(psstore_applier_t *a)
     a->replay_gen = 0;
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->nsnaps = 0;
+    a->nts_pending = 0;
     /* held gradients stay pending in the stream: the reload reads them again */
     for (int g = 0; g < MAX_GROUPS; g++) {
         a->rounds[g].open = 0;
@@ -450,6 +468,7 @@ void psstore_applier_destroy(psstore_applier_t *a)
     }
     free(a->seen);
     free(a->mbuf);
+    free(a->ts_pending);
     free(a->parts);
     free(a->ids.p);
     free(a->versions.p);
@@ -484,6 +503,17 @@ void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
         qsort(taus, n, sizeof(*taus), cmp_i64);
         stats->tau_p50 = taus[(n - 1) / 2];
         stats->tau_p99 = taus[(n - 1) * 99 / 100];
+    }
+    int64_t fresh[FRESH_RING];
+    pthread_mutex_lock(&a->lock);
+    size_t nf = a->nfresh < FRESH_RING ? (size_t)a->nfresh : FRESH_RING;
+    memcpy(fresh, a->fresh, nf * sizeof(*fresh));
+    pthread_mutex_unlock(&a->lock);
+    stats->fresh_p50_ms = stats->fresh_p99_ms = -1;
+    if (nf > 0) {
+        qsort(fresh, nf, sizeof(*fresh), cmp_i64);
+        stats->fresh_p50_ms = fresh[(nf - 1) / 2];
+        stats->fresh_p99_ms = fresh[(nf - 1) * 99 / 100];
     }
 }
 
@@ -1316,6 +1346,16 @@ static fr_err_t commit(psstore_applier_t *a)
     a->req_id[0] = '\0';
     a->replay_gen = 0;
     memset(a->closed, 0, sizeof(a->closed));
+    if (a->nts_pending > 0) {
+        int64_t now = fr_clock_unix_ms();
+        pthread_mutex_lock(&a->lock);
+        for (size_t i = 0; i < a->nts_pending; i++)
+            a->fresh[a->nfresh++ % FRESH_RING] = now - a->ts_pending[i];
+        pthread_mutex_unlock(&a->lock);
+        for (size_t i = 0; i < a->nts_pending; i++)
+            fr_series_observe(a->m_fresh, (double)(now - a->ts_pending[i]) * 1e-3);
+        a->nts_pending = 0;
+    }
     fr_series_set(a->m_version, (double)a->committed);
     stats_update(a);
     err = FR_OK;
@@ -1347,6 +1387,24 @@ static void guard_record(psstore_applier_t *a, int bad)
                  a->guard_bad, a->guard_fill);
         stop_model(a, reason);
     }
+}
+
+/* Notes the Kafka timestamps of an applied batch for the freshness
+ * figures, measured when the commit makes its version visible. */
+static void note_ts(psstore_applier_t *a, int64_t ts_min, int64_t ts_max)
+{
+    if (ts_max <= 0)
+        return;
+    if (a->nts_pending + 2 > a->cap_ts_pending) {
+        size_t cap = a->cap_ts_pending ? 2 * a->cap_ts_pending : 256;
+        int64_t *grown = realloc(a->ts_pending, cap * sizeof(*grown));
+        if (grown == NULL)
+            return; /* a figure, not state: skip the sample */
+        a->ts_pending = grown;
+        a->cap_ts_pending = cap;
+    }
+    a->ts_pending[a->nts_pending++] = ts_min;
+    a->ts_pending[a->nts_pending++] = ts_max;
 }
 
 /* Records the versions-stream entry of the update just applied. */
@@ -1561,6 +1619,8 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
         for (size_t i = 0; i < r->nheld; i++)
             a->taus[a->ntaus++ % TAU_RING] = before - r->held[i].version;
         pthread_mutex_unlock(&a->lock);
+        for (size_t i = 0; i < r->nheld; i++)
+            note_ts(a, r->held[i].ts_min_ms, r->held[i].ts_max_ms);
         fr_series_add(a->m_applied, (double)r->nheld);
         fr_series_observe(a->m_stale, (double)d.tau);
         fr_series_set(a->m_lr, d.lr_eff);
@@ -1710,6 +1770,8 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
     h->generation = g->generation;
     h->n = g->n;
     h->loss_sum = g->loss_sum;
+    h->ts_min_ms = g->ts_min_ms;
+    h->ts_max_ms = g->ts_max_ms;
     r->nheld++;
     if (r->nheld == 1)
         r->opened_ns = fr_clock_mono_ns();
@@ -1837,6 +1899,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     psstore_ctl_record(a->ctl, a->version, a->w);
     a->weights_dirty = 1;
     a->last_loss = g->loss_sum / (double)g->n;
+    note_ts(a, g->ts_min_ms, g->ts_max_ms);
     audit(a, g, "applied");
     version_entry(a, g, &d);
     pthread_mutex_lock(&a->lock);

@@ -35,12 +35,12 @@
 #define PS_QUOTE       40  /* bytes of a bad value quoted in a reason        */
 
 /* The fields of a message, in the order the encoder writes them. */
-enum { F_EPOCH, F_VER, F_GEN, F_WORKER, F_N, F_LOSS, F_REASON, F_RANGES, F_G, F_COUNT };
+enum { F_EPOCH, F_VER, F_GEN, F_WORKER, F_N, F_LOSS, F_REASON, F_RANGES, F_TS, F_G, F_COUNT };
 
 static const char *const field_names[F_COUNT] = {
-    [F_EPOCH] = "epoch",   [F_VER] = "ver",       [F_GEN] = "gen",
-    [F_WORKER] = "worker", [F_N] = "n",           [F_LOSS] = "loss",
-    [F_REASON] = "reason", [F_RANGES] = "ranges", [F_G] = "g",
+    [F_EPOCH] = "epoch", [F_VER] = "ver",   [F_GEN] = "gen",       [F_WORKER] = "worker",
+    [F_N] = "n",         [F_LOSS] = "loss", [F_REASON] = "reason", [F_RANGES] = "ranges",
+    [F_TS] = "ts",       [F_G] = "g",
 };
 
 /* ------------------------------------------------------------------------
@@ -266,7 +266,7 @@ static fr_err_t encode_check(ps_grad_args_t *args, const psstore_grad_t *g, size
         return refuse(args, "n = 0 with a gradient of %zu floats", g->len);
     if (g->nranges == 0 || g->ranges == NULL)
         return refuse(args, "no ranges: every batch covers positions");
-    size_t need = 4 * PS_NUM_TEXT + PS_LOSS_MAX;
+    size_t need = 6 * PS_NUM_TEXT + PS_LOSS_MAX;
     for (size_t i = 0; i < g->nranges; i++) {
         const psstore_range_t *r = &g->ranges[i];
         size_t tlen = r->topic ? strnlen(r->topic, PS_TOPIC_MAX + 1) : 0;
@@ -339,6 +339,9 @@ fr_err_t ps_grad_encode(ps_grad_args_t *args, const char *key, const psstore_gra
             r->partition, r->from, r->to);
     }
     vlen[F_RANGES] = off - voff[F_RANGES];
+    if (g->ts_max_ms > 0)
+        put(args, &off, &voff[F_TS], &vlen[F_TS], "%" PRId64 ":%" PRId64, g->ts_min_ms,
+            g->ts_max_ms);
 
     int argc = 0;
 #define ARG(p, l)      (args->argv[argc] = (p), args->lens[argc] = (l), argc++)
@@ -355,6 +358,8 @@ fr_err_t ps_grad_encode(ps_grad_args_t *args, const char *key, const psstore_gra
     if (g->n == 0)
         FIELD(F_REASON, g->reason, strlen(g->reason));
     FIELD(F_RANGES, args->text + voff[F_RANGES], vlen[F_RANGES]);
+    if (g->ts_max_ms > 0)
+        FIELD(F_TS, args->text + voff[F_TS], vlen[F_TS]);
     if (g->n > 0)
         FIELD(F_G, (const char *)g->g, g->len * sizeof(float));
 #undef FIELD
@@ -528,6 +533,17 @@ static fr_err_t decode_index(size_t nfields, const char *const *fields, const si
     return FR_OK;
 }
 
+/* Parses "min:max" (Kafka timestamps of a batch's samples, unix ms) with
+ * 0 < min <= max. Returns 0 or -1. */
+static int parse_ts(const char *s, size_t len, int64_t *min, int64_t *max)
+{
+    const char *colon = memchr(s, ':', len);
+    if (colon == NULL || parse_i64(s, (size_t)(colon - s), min) ||
+        parse_i64(colon + 1, len - (size_t)(colon - s) - 1, max) || *min <= 0 || *min > *max)
+        return -1;
+    return 0;
+}
+
 /* Parses the numeric fields and the worker into g and m. */
 static fr_err_t decode_scalars(ps_grad_msg_t *m, psstore_grad_t *g, const int idx[F_COUNT],
                                const char *const *vals, const size_t *vlens, char *why,
@@ -554,6 +570,10 @@ static fr_err_t decode_scalars(ps_grad_msg_t *m, psstore_grad_t *g, const int id
     memcpy(m->worker, VAL(F_WORKER));
     m->worker[vlens[idx[F_WORKER]]] = '\0';
     g->worker = m->worker;
+    g->ts_min_ms = g->ts_max_ms = 0;
+    if (idx[F_TS] >= 0 && parse_ts(VAL(F_TS), &g->ts_min_ms, &g->ts_max_ms) != 0)
+        return bad(why, whysize, "bad ts '%s' (min:max unix ms, 0 < min <= max)",
+                   quote(q, VAL(F_TS)));
 #undef VAL
     return FR_OK;
 }

@@ -306,8 +306,10 @@ typedef struct psstore_grad {
     const char *reason; /* n = 0: why ("decode", "retention"); else NULL */
     const psstore_range_t *ranges;
     size_t nranges;
-    const float *g; /* gradient of the batch-mean loss, len floats  */
-    size_t len;     /* 0 when n = 0                                 */
+    const float *g;               /* gradient of the batch-mean loss, len floats  */
+    size_t len;                   /* 0 when n = 0                                 */
+    int64_t ts_min_ms, ts_max_ms; /* Kafka timestamps of its oldest and newest
+                                     samples (unix ms); 0 when unknown    */
 } psstore_grad_t;
 
 /* The trainer-facing client of one worker thread. */
@@ -543,6 +545,11 @@ typedef struct psstore_applier_stats {
     double lr_eff;                   /* of the last applied gradient              */
     int64_t tau_p50;                 /* staleness percentiles over the last 256   */
     int64_t tau_p99;                 /* applied gradients; -1 before any          */
+    int64_t fresh_p50_ms;            /* freshness: ms from a sample's Kafka timestamp to the
+                                        commit of the version holding it, over the oldest
+                                        and newest sample of the last 256 applied batches;
+                                        -1 before any */
+    int64_t fresh_p99_ms;
 } psstore_applier_stats_t;
 
 const char *psstore_drop_name(psstore_drop_t d);

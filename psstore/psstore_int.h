@@ -85,6 +85,8 @@ fr_err_t ps_queue_unlink(psstore_conn_t *c, const ps_keylist_t *kl, size_t *queu
  *   gen     decimal int64             worker  text, 1..255 bytes
  *   n       decimal int64 >= 0        loss    "%.17g", finite
  *   reason  text, only when n = 0     ranges  "topic:partition:from:to,..."
+ *   ts      "min:max", optional: Kafka timestamps (unix ms) of the batch's
+ *           oldest and newest samples, 0 < min <= max
  *   g       float32 little endian, exactly 4 * nparams bytes when n > 0,
  *           absent or empty when n = 0
  * Any other field, a missing field or a bad value makes it malformed.

@@ -146,6 +146,10 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         msg.g = wk->g;
         msg.len = p->m.nparams;
         msg.loss_sum = *loss;
+        if (b->min_ts_ms > 0 && b->max_ts_ms >= b->min_ts_ms) {
+            msg.ts_min_ms = b->min_ts_ms; /* for the applier's freshness figures */
+            msg.ts_max_ms = b->max_ts_ms;
+        }
         if (!isfinite(*loss)) {
             /* the model diverged on this batch: the message cannot carry
              * the loss, so the gradient carries the news, and the applier

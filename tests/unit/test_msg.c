@@ -209,6 +209,8 @@ static void assert_same_grad(const psstore_grad_t *a, const psstore_grad_t *b)
         assert_true(a->reason == NULL && b->reason == NULL);
     else
         assert_string_equal(a->reason, b->reason);
+    assert_true(a->ts_min_ms == b->ts_min_ms);
+    assert_true(a->ts_max_ms == b->ts_max_ms);
     assert_int_equal(a->nranges, b->nranges);
     for (size_t i = 0; i < a->nranges; i++) {
         assert_string_equal(a->ranges[i].topic, b->ranges[i].topic);
@@ -531,6 +533,43 @@ static void test_decode_refuses_bad_numbers(void **state)
     }
 }
 
+/* The optional ts field: Kafka timestamps of the batch's oldest and newest
+ * samples round-trip; malformed ones make the message malformed. */
+static void test_timestamps_round_trip_and_bad_ones_are_refused(void **state)
+{
+    (void)state;
+    psstore_grad_t g = sample_grad();
+    g.ts_min_ms = 1764460800123;
+    g.ts_max_ms = 1764460800456;
+    ps_grad_args_t args = {0};
+    assert_int_equal(ps_grad_encode(&args, "freshet:{m}:grads", &g), FR_OK);
+    assert_int_equal(args.argc, 3 + 2 * 9);
+    entry_t e;
+    entry_from_args(&e, &args);
+    int i = entry_find(&e, "ts");
+    assert_true(i >= 0);
+    assert_int_equal(e.vlen[i], strlen("1764460800123:1764460800456"));
+    assert_memory_equal(e.v[i], "1764460800123:1764460800456", e.vlen[i]);
+    ps_grad_msg_t m = {0};
+    char why[256] = "";
+    assert_int_equal(decode(&m, &e, NPARAMS, why, sizeof(why)), FR_OK);
+    assert_same_grad(&g, &m.g);
+    ps_grad_msg_fini(&m);
+    entry_free(&e);
+    ps_grad_args_fini(&args);
+    const char *bad[] = {"", "5", "5:", ":5", "0:5", "6:5", "-1:5", "5:x", "5:5:5", "1e3:2000"};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        sample_entry(&e);
+        entry_add(&e, "ts", bad[k], strlen(bad[k]));
+        expect_bad(&e, "bad ts");
+        entry_free(&e);
+    }
+    sample_entry(&e);
+    entry_add(&e, "ts", "5:5", 3);
+    expect_ok(&e);
+    entry_free(&e);
+}
+
 static void test_decode_refuses_a_non_finite_or_bad_loss(void **state)
 {
     (void)state;
@@ -834,6 +873,7 @@ int main(void)
         cmocka_unit_test(test_decode_refuses_a_duplicate_field),
         cmocka_unit_test(test_decode_refuses_bad_numbers),
         cmocka_unit_test(test_decode_refuses_a_non_finite_or_bad_loss),
+        cmocka_unit_test(test_timestamps_round_trip_and_bad_ones_are_refused),
         cmocka_unit_test(test_decode_refuses_a_payload_of_the_wrong_length),
         cmocka_unit_test(test_decode_refuses_a_reason_with_samples_and_bad_reasons),
         cmocka_unit_test(test_decode_refuses_bad_ranges),

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Freshness, measured: how long after a sample is produced to Kafka the
+# model version that contains it is committed (visible to readers). The
+# Fashion-MNIST training set streams at a steady rate (freshet produce
+# --rate, 48 partitions of the dev broker) into freshet run (784-256-10,
+# softmax, batch 64, W workers, MODE); the applier measures, per applied
+# batch, the time from the Kafka timestamps of its oldest and newest
+# samples to the commit of its version. Prints the p50 and p99 over the
+# last 256 batches of the run, for each rate, and the throughput reached.
+# usage: bench/freshness.sh [RATES] [SECONDS] [WORKERS] [MODE] [FRESHET]
+#        (defaults: "2000 8000", 20, 2, adaptive, build/freshet)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rates=${1:-2000 8000}
+seconds=${2:-20}
+workers=${3:-2}
+mode=${4:-adaptive}
+bin=$(realpath "${5:-build/freshet}")
+fm=/usr/share/datasets/fashion-mnist
+export OPENBLAS_NUM_THREADS=1
+work=$(mktemp -d /tmp/freshet-fresh-XXXXXX)
+# shellcheck source=deploy/stack.sh
+. deploy/stack.sh
+trap 'stack_stop "$work"' EXIT
+
+echo "freshness: Fashion-MNIST at a steady rate, 784-256-10, batch 64, $workers workers, $mode"
+printf '  %-10s %12s %14s %14s\n' "rate/s" "trained/s" "p50 (ms)" "p99 (ms)"
+for rate in $rates; do
+    mkdir -p "$work/$rate"
+    stack_start "$work/$rate" "$bin" fashion:48
+    cat >"$work/$rate/run.conf" <<EOF
+[model]
+name = fresh
+layers = 784-256-10
+loss = softmax
+[kafka]
+bootstrap.servers = $stack_bootstrap
+session.timeout.ms = 6000
+heartbeat.interval.ms = 500
+[ingest]
+topic = fashion
+format = f32
+batch = 64
+start = latest
+[redis]
+url = redis://127.0.0.1:$stack_port/0
+[trainer]
+workers = $workers
+mode = $mode
+backend = cpu
+[controller]
+lr = 0.05
+EOF
+    "$bin" run --config "$work/$rate/run.conf" >"$work/$rate/run.log" 2>&1 &
+    stack_pids+=($!)
+    run_pid=$!
+    # the group joins first (about 3 s), then the stream starts
+    for _ in $(seq 100); do
+        grep -q "starts at" "$work/$rate/run.log" && break
+        sleep 0.1
+    done
+    "$bin" produce --bootstrap "$stack_bootstrap" --topic fashion --format idx --encode f32 \
+        --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
+        --labels "$fm/train-labels-idx1-ubyte.gz" --rate "$rate" --loop \
+        --partitions-by roundrobin >"$work/$rate/produce.log" 2>&1 &
+    stack_pids+=($!)
+    sleep "$seconds"
+    kill -TERM "$run_pid"
+    wait "$run_pid" || true
+    line=$(grep "run: .*freshness" "$work/$rate/run.log" | tail -1)
+    trained=$(echo "$line" | sed -n 's/.*run: \([0-9]*\) samples\/s.*/\1/p')
+    p50=$(echo "$line" | sed -n 's/.*freshness p50 \(-\{0,1\}[0-9]*\) ms.*/\1/p')
+    p99=$(echo "$line" | sed -n 's/.*freshness p50 -\{0,1\}[0-9]* ms p99 \(-\{0,1\}[0-9]*\) ms.*/\1/p')
+    printf '  %-10s %12s %14s %14s\n' "$rate" "${trained:-?}" "${p50:-?}" "${p99:-?}"
+    stack_stop "$work/$rate"
+    stack_pids=()
+done
