@@ -302,6 +302,12 @@ static void fill_done(ingest_consumer_t *c, int64_t *open_since)
  * anywhere but where the store says). FR_OK with *found, or the last error
  * once stopping.
  */
+/* The consumer's Redis connection gives up reconnecting once it stops. */
+static int consumer_stopping(void *arg)
+{
+    return atomic_load(&((ingest_consumer_t *)arg)->stop) != 0;
+}
+
 static fr_err_t store_read(ingest_consumer_t *c, const char *topic, int32_t partition,
                            psstore_partition_offsets_t *po, int *found)
 {
@@ -311,6 +317,8 @@ static fr_err_t store_read(ingest_consumer_t *c, const char *topic, int32_t part
         if (c->ps == NULL) {
             char errstr[256];
             c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
+            if (c->ps != NULL)
+                psstore_conn_set_cancel(c->ps, consumer_stopping, c);
             if (c->ps == NULL && !warned++)
                 fr_log(FR_LOG_WARN, "ingest: %s (retrying)", errstr);
         }
@@ -989,6 +997,8 @@ static void *poll_main(void *arg)
     c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
     if (c->ps == NULL)
         fr_log(FR_LOG_WARN, "ingest: %s (retrying at assignment)", errstr);
+    else
+        psstore_conn_set_cancel(c->ps, consumer_stopping, c);
     while (!atomic_load(&c->stop)) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS);
         if (m != NULL) {

@@ -2473,8 +2473,17 @@ static void forget_consumer(psstore_applier_t *a)
             ps_cmd(a->c, 0, &err, "XGROUP DELCONSUMER %s %s %s", a->k_grads, GROUP, a->token));
 }
 
+static int stop_set(void *arg)
+{
+    return *(const volatile int *)arg != 0;
+}
+
 fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop)
 {
+    /* with Redis gone, a stop does not wait out reconnect backoffs: the
+     * last commit and the lease release fail at once (the lease expires,
+     * unapplied work is read again) */
+    psstore_conn_set_cancel(a->c, stop_set, (void *)(uintptr_t)stop);
     int backoff = 10;
     while (!*stop) {
         fr_err_t err = psstore_applier_poll(a, 200);

@@ -190,6 +190,11 @@ void psstore_client_destroy(psstore_client_t *cl)
     free(cl);
 }
 
+void psstore_client_set_cancel(psstore_client_t *cl, psstore_cancel_fn fn, void *arg)
+{
+    psstore_conn_set_cancel(cl->c, fn, arg);
+}
+
 const char *psstore_client_error(const psstore_client_t *cl)
 {
     return cl != NULL ? psstore_conn_error(cl->c) : "psstore: no client";

@@ -451,7 +451,8 @@ static fr_err_t conn_reconnect(psstore_conn_t *c)
             c->reconnects++;
             return FR_OK;
         }
-        if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)
+        if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline ||
+            (c->cancel != NULL && c->cancel(c->cancel_arg)))
             return err;
         struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -672,4 +673,10 @@ fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
                       ep, r->element[1]->str);
     freeReplyObject(r);
     return err;
+}
+
+void psstore_conn_set_cancel(psstore_conn_t *c, psstore_cancel_fn fn, void *arg)
+{
+    c->cancel = fn;
+    c->cancel_arg = arg;
 }

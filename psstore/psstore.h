@@ -230,6 +230,12 @@ const char *psstore_conn_error(const psstore_conn_t *c);
 /* Refuses (FR_ERR_UNSUPPORTED) a Redis whose maxmemory-policy evicts keys;
  * warns once and succeeds where CONFIG is disabled. */
 fr_err_t psstore_conn_check_policy(psstore_conn_t *c);
+/* Stopping without waiting on a dead Redis: while fn(arg) returns nonzero
+ * (its owner is stopping), a broken connection is tried once more and
+ * not retried with backoff, so a command fails at once instead of after
+ * the connection's timeout. Commands on a live connection are unaffected. */
+typedef int (*psstore_cancel_fn)(void *arg);
+void psstore_conn_set_cancel(psstore_conn_t *c, psstore_cancel_fn fn, void *arg);
 
 /* ------------------------------------------------------------------------
  * Model lifecycle. Names match [A-Za-z0-9._-]{1,64}.
@@ -323,6 +329,8 @@ psstore_client_t *psstore_client_new(const char *url, const char *model, size_t 
                                      int64_t max_pending, char *errstr, size_t size);
 void psstore_client_destroy(psstore_client_t *cl);
 const char *psstore_client_error(const psstore_client_t *cl);
+/* psstore_conn_set_cancel for the client's connection. */
+void psstore_client_set_cancel(psstore_client_t *cl, psstore_cancel_fn fn, void *arg);
 
 /* Pulls the weights when the store holds another (epoch, version) than
  * (*epoch, *version): fills w[nparams], updates both and sets *changed.

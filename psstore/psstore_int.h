@@ -15,10 +15,13 @@
 struct psstore_conn {
     redisContext *ctx; /* NULL while disconnected                       */
     psstore_url_t url;
-    int timeout_ms;      /* connect and command timeout                    */
-    unsigned reconnects; /* successful reconnects: state built on this
-                            connection must be reloaded after one       */
-    char errstr[512];    /* the last error, also returned through errstr   */
+    int timeout_ms;           /* connect and command timeout                    */
+    unsigned reconnects;      /* successful reconnects: state built on this
+                                 connection must be reloaded after one       */
+    char errstr[512];         /* the last error, also returned through errstr   */
+    psstore_cancel_fn cancel; /* set: its owner is stopping, so a reconnect
+                                 tries once, without backoff                */
+    void *cancel_arg;
 };
 
 /*

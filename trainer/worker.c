@@ -304,10 +304,16 @@ static void track_idle(worker_t *wk, const ingest_batch_t *b)
     }
 }
 
+static int pool_stopping(void *arg)
+{
+    return atomic_load(&((trainer_pool_t *)arg)->stop) != 0;
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *wk = arg;
     trainer_pool_t *p = wk->pool;
+    psstore_client_set_cancel(wk->cl, pool_stopping, p);
     int rounds = psstore_mode_rounds(p->mode);
     if (p->mode == PSSTORE_MODE_SSP)
         ssp_join(wk);

@@ -532,12 +532,44 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
     free(audit);
 }
 
+/*
+ * SIGTERM stops a run within a few seconds even when both the broker and
+ * Redis are gone (nothing to commit to, nobody to leave the group with):
+ * reconnect backoffs give up once the run is stopping. The stack is
+ * started again for the tests after this one.
+ */
+static void test_sigterm_with_broker_and_redis_gone_exits_at_once(void **state)
+{
+    (void)state;
+    const char *model = "sd", *topic = "sd1";
+    produce(topic, 2, 200);
+    char conf[300], log[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config(conf, model, topic, 2, "async", "", 0);
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, 2, 200, log);
+    assert_int_equal(harness_broker_stop(&broker), 0);
+    harness_redis_kill(&redis, SIGKILL);
+    harness_sleep_ms(500);
+    uint64_t t0 = fr_clock_mono_ns();
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = harness_wait(pid, 30000);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    fr_log(FR_LOG_INFO, "stopped in %.2f s with the broker and Redis gone", secs);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("freshet run did not exit 0 (status %d, see %s)", status, log);
+    assert_true(secs < 5.0);
+    assert_int_equal(harness_redis_restart(&redis), 0);
+    assert_int_equal(harness_broker_start(&broker, FRESHET_BIN, "--topic ra1:3"), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
     return harness_stack_start(
         tmp_dir, "run", &redis, &broker, FRESHET_BIN,
-        "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2 --topic tt1:4");
+        "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2 --topic tt1:4 --topic sd1:2");
 }
 
 static int teardown(void **state)
@@ -563,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
         cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
         cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),
+        cmocka_unit_test(test_sigterm_with_broker_and_redis_gone_exits_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
