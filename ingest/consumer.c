@@ -124,7 +124,8 @@ struct ingest_consumer {
     size_t nlent, caplent;
 
     /* counters */
-    atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds;
+    atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
+        retention_skips;
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
     atomic_int_least64_t lag; /* summed over the assigned partitions, last tick */
@@ -132,7 +133,7 @@ struct ingest_consumer {
     /* metrics (NULL without a registry) */
     fr_metrics_t *metrics;
     fr_metric_t *m_lag;
-    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds;
+    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds, *m_retention;
     fr_series_t *m_rejected[INGEST_REJECT_COUNT];
 };
 
@@ -912,10 +913,100 @@ static void reject(ingest_consumer_t *c, const rd_kafka_message_t *m, ingest_rej
         fr_log(FR_LOG_WARN, "ingest: dead letter to %s: %s", c->dlt, ingest_producer_error(c->dlq));
 }
 
+/*
+ * Restarts the fetch of a partition that librdkafka stopped (an
+ * out-of-range fetch under auto.offset.reset = error leaves it in a state
+ * where seeks fail with "Erroneous state", librdkafka issue #2961): the
+ * partition leaves the assignment and comes back at offset. Poll thread.
+ */
+static void refetch(ingest_consumer_t *c, const char *topic, int32_t partition, int64_t offset)
+{
+    rd_kafka_error_t *error = NULL;
+    rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
+    rd_kafka_topic_partition_list_t *l = NULL;
+    if (strcmp(rd_kafka_rebalance_protocol(c->rk), "COOPERATIVE") == 0) {
+        if ((l = rd_kafka_topic_partition_list_new(1)) == NULL)
+            return;
+        rd_kafka_topic_partition_list_add(l, topic, partition)->offset = offset;
+        error = rd_kafka_incremental_unassign(c->rk, l);
+        if (error == NULL)
+            error = rd_kafka_incremental_assign(c->rk, l);
+    } else {
+        /* eager: the whole assignment again, every other partition at the
+         * position after the last record the batcher took (what librdkafka
+         * had fetched beyond is fetched again), pauses restored */
+        if (c->assigned == NULL || (l = rd_kafka_topic_partition_list_copy(c->assigned)) == NULL)
+            return;
+        for (int i = 0; i < l->cnt; i++) {
+            int64_t next, end;
+            if (l->elems[i].partition == partition)
+                l->elems[i].offset = offset;
+            else if (ingest_batcher_position(c->bt, l->elems[i].topic, l->elems[i].partition, &next,
+                                             &end) == FR_OK)
+                l->elems[i].offset = end;
+        }
+        kerr = rd_kafka_assign(c->rk, l);
+        if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR && c->paused)
+            set_paused(c, 1);
+        for (int i = 0; kerr == RD_KAFKA_RESP_ERR_NO_ERROR && i < c->nowned; i++)
+            if (c->owned[i].rewinding)
+                pause_one(c, c->owned[i].partition, 1);
+    }
+    if (error != NULL || kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        fr_log(FR_LOG_WARN, "ingest: restarting %s/%" PRId32 " at %" PRId64 ": %s", topic,
+               partition, offset,
+               error != NULL ? rd_kafka_error_string(error) : rd_kafka_err2str(kerr));
+        rd_kafka_error_destroy(error);
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+/*
+ * The fetch position of a partition fell below its log start: retention
+ * deleted records before they were read (the consumer fell behind, or a
+ * broker trims fast, as the dev broker's 5 MiB window does). librdkafka
+ * reports it (auto.offset.reset = error) instead of resetting to a log
+ * start it may have cached stale, which loops without delivering. The
+ * records lost are covered by an n = 0 batch of reason "retention", and
+ * the partition continues at the log start as Kafka tells it now.
+ * Poll thread.
+ */
+static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t partition)
+{
+    int64_t lo = 0, next = 0, end = 0;
+    rd_kafka_resp_err_t kerr =
+        ingest_list_offset(c->rk, topic, partition, -2, QUERY_TIMEOUT_MS, &lo);
+    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR ||
+        ingest_batcher_position(c->bt, topic, partition, &next, &end) != FR_OK) {
+        fr_log(FR_LOG_WARN, "ingest: %s/%" PRId32 " is out of range and its log start unknown (%s)",
+               topic, partition, rd_kafka_err2str(kerr));
+        return; /* the next fetch reports it again */
+    }
+    if (ingest_batcher_holds(c->bt, topic, partition)) {
+        queue_push(c, ingest_batcher_flush(c->bt));
+        ingest_batcher_position(c->bt, topic, partition, &next, &end);
+    }
+    if (lo > end) {
+        fr_log(FR_LOG_WARN,
+               "ingest: %s/%" PRId32 ": retention deleted [%" PRId64 ", %" PRId64
+               ") before it was read; marked dropped (reason retention)",
+               topic, partition, end, lo);
+        queue_push(c, ingest_batcher_cover(c->bt, topic, partition, lo, "retention"));
+        atomic_fetch_add(&c->retention_skips, 1);
+        if (c->m_retention != NULL)
+            fr_series_add(c->m_retention, 1);
+    }
+    refetch(c, topic, partition, lo > end ? lo : end);
+}
+
 /* One message from rd_kafka_consumer_poll (borrowed). Poll thread. */
 static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_t *open_since,
                        int64_t *last_record, int *dirty)
 {
+    if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL) {
+        retention_skip(c, rd_kafka_topic_name(m->rkt), m->partition);
+        return;
+    }
     if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
         if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
             fr_log(FR_LOG_WARN, "ingest: kafka: %s", rd_kafka_message_errstr(m));
@@ -1046,7 +1137,7 @@ static fr_err_t conf_set(rd_kafka_conf_t *conf, const char *key, const char *val
 }
 
 /* The consumer's librdkafka configuration, in this order: bootstrap, the
- * defaults (group.id, auto.offset.reset, fetch.wait.max.ms 20), the
+ * defaults (group.id, auto.offset.reset error, fetch.wait.max.ms 20), the
  * caller's properties verbatim, then the two settings the
  * exactly-once effect depends on. NULL with errstr. */
 static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consumer_conf_t *conf,
@@ -1065,8 +1156,9 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
     if ((conf->bootstrap != NULL &&
          conf_set(kc, "bootstrap.servers", conf->bootstrap, errstr, size) != FR_OK) ||
         conf_set(kc, "group.id", group, errstr, size) != FR_OK ||
-        conf_set(kc, "auto.offset.reset", conf->start_latest ? "latest" : "earliest", errstr,
-                 size) != FR_OK ||
+        /* every assignment names its offset; this only decides what an
+         * out-of-range fetch does: report it (retention_skip) */
+        conf_set(kc, "auto.offset.reset", "error", errstr, size) != FR_OK ||
         /* freshness: a broker that holds a fetch for its whole wait (the
          * dev broker does) would add up to librdkafka's 500 ms to every
          * sample's way into the model; [kafka] may set it back */
@@ -1123,6 +1215,12 @@ static void metrics_init(ingest_consumer_t *c)
         "Seeks back to a watermark stuck for gap_timeout that no outstanding batch held (rule 3).",
         1, topic_label);
     c->m_gap = gap != NULL ? fr_metric_series(gap, tv) : NULL;
+    fr_metric_t *ret = fr_metrics_counter(
+        reg, "freshet_ingest_retention_skips_total",
+        "Fetches below the log start: records retention deleted before they were read, "
+        "marked dropped (reason retention).",
+        1, topic_label);
+    c->m_retention = ret != NULL ? fr_metric_series(ret, tv) : NULL;
     fr_metric_t *rw = fr_metrics_counter(reg, "freshet_ingest_replay_rewinds_total",
                                          "Partitions rewound by replay requests.", 1, topic_label);
     c->m_rewinds = rw != NULL ? fr_metric_series(rw, tv) : NULL;
@@ -1327,6 +1425,7 @@ void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
     st->dead_letters = atomic_load(&c->dead_letters);
     st->pauses = atomic_load(&c->pauses);
     st->gap_seeks = atomic_load(&c->gap_seeks);
+    st->retention_skips = atomic_load(&c->retention_skips);
     st->rewinds = atomic_load(&c->rewinds);
     st->paused = atomic_load(&c->npaused);
     st->assigned = atomic_load(&c->nassigned);

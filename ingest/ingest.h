@@ -336,8 +336,10 @@ typedef struct ingest_consumer_stats {
     uint64_t pauses;                        /* times the queue filled and paused Kafka  */
     uint64_t gap_seeks;                     /* seeks back to a stuck watermark (rule 3) */
     uint64_t rewinds;                       /* partitions rewound by replays            */
-    int paused;                             /* partitions paused now                    */
-    int assigned;                           /* partitions assigned now                  */
+    uint64_t retention_skips; /* fetches below the log start: records retention deleted
+                                 before they were read, marked dropped ("retention") */
+    int paused;               /* partitions paused now                    */
+    int assigned;             /* partitions assigned now                  */
     int64_t lag; /* records between the log ends and the store's watermarks, summed over
                     the assigned partitions (as of the last second's tick) */
 } ingest_consumer_stats_t;

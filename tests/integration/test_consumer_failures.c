@@ -458,11 +458,90 @@ static void test_a_restart_skips_applied_intervals_and_resumes_at_the_store_wate
  * Setup: a private folder, redis-server and the broker.
  * ---------------------------------------------------------------------- */
 
+/* Produces records [first, first + n) of one partition as libsvm padded
+ * with trailing blanks to `pad` bytes each (they decode to the same
+ * samples), through the producer API, in order. */
+static void produce_padded(const char *topic, int32_t partition, int64_t first, size_t n,
+                           size_t pad)
+{
+    char errstr[512];
+    ingest_producer_t *pr = ingest_producer_new(broker.bootstrap, NULL, 0, errstr, sizeof(errstr));
+    if (pr == NULL)
+        fail_msg("%s", errstr);
+    char *buf = malloc(pad);
+    assert_non_null(buf);
+    for (size_t k = 0; k < n; k++) {
+        char rec[128];
+        size_t len =
+            make_record(INGEST_FORMAT_LIBSVM, partition, first + (int64_t)k, rec, sizeof(rec));
+        assert_true(len < pad);
+        memcpy(buf, rec, len);
+        memset(buf + len, ' ', pad - len);
+        assert_int_equal(ingest_producer_send(pr, topic, partition, NULL, 0, buf, pad, NULL, NULL),
+                         FR_OK);
+    }
+    uint64_t delivered = 0, failed = 0;
+    assert_int_equal(ingest_producer_flush(pr, 20000, &delivered, &failed), FR_OK);
+    assert_int_equal(delivered, (uint64_t)n);
+    ingest_producer_destroy(pr);
+    free(buf);
+}
+
+/*
+ * A consumer that falls behind retention: it has read 40 of the first 60
+ * records (64 KB each) and stops taking batches; 120 more records push the
+ * dev broker's 5 MiB window past where it stands. When it resumes, the
+ * records retention deleted unread are covered by one n = 0 batch of reason
+ * "retention" and the rest arrive: every position of [0, 180) is covered
+ * exactly once, and nothing stalls (librdkafka alone would loop resetting
+ * to a stale log start).
+ */
+static void test_a_consumer_behind_retention_covers_the_lost_records_and_goes_on(void **state)
+{
+    (void)state;
+    enum { PAD = 64 * 1024, FIRST = 60, MORE = 120, BATCH = 4 };
+    const char *topic = "ret1";
+    produce_padded(topic, 0, 0, FIRST, PAD);
+    applier_t *ap = applier_new(topic, "ret", 1, 0);
+    static const char *const props[][2] = {
+        {"session.timeout.ms", "6000"},
+        {"heartbeat.interval.ms", "500"},
+        {"message.max.bytes", "300000"},
+        {"fetch.max.bytes", "300000"}, /* a few records per fetch: it stays behind */
+        {"max.partition.fetch.bytes", "300000"},
+        {"queued.max.messages.kbytes", "300"},
+    };
+    ingest_consumer_t *c = consumer_new(topic, "ret", INGEST_FORMAT_LIBSVM, props,
+                                        sizeof(props) / sizeof(props[0]), BATCH, 2);
+    int64_t end[1] = {40};
+    apply_until(c, ap, end, BATCH);
+    produce_padded(topic, 0, FIRST, MORE, PAD);
+    end[0] = FIRST + MORE;
+    apply_until(c, ap, end, BATCH);
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(c, &st);
+    int64_t lost = 0;
+    for (int64_t o = 0; o < FIRST + MORE; o++) {
+        assert_true(ap->applied[0][o]);
+        assert_true(ap->seen[0][o] <= 1);
+        lost += ap->seen[0][o] == 0;
+    }
+    fr_log(FR_LOG_INFO, "retention: %llu skip(s), %lld of %d records deleted before they were read",
+           (unsigned long long)st.retention_skips, (long long)lost, FIRST + MORE);
+    assert_true(st.retention_skips >= 1);
+    assert_true(lost > 0 && lost < FIRST + MORE - 40);
+    for (size_t r = 0; r < INGEST_REJECT_COUNT; r++)
+        assert_int_equal(st.rejected[r], 0);
+    assert_int_equal(ap->duplicates, 0);
+    ingest_consumer_destroy(c);
+    free(ap);
+}
+
 static int setup(void **state)
 {
     (void)state;
     return harness_stack_start(tmp_dir, "consumer-failures", &redis, &broker, FRESHET_BIN,
-                               "--topic f1:2 --topic o2:2 --topic r3:1");
+                               "--topic f1:2 --topic o2:2 --topic r3:1 --topic ret1:1");
 }
 
 static int teardown(void **state)
@@ -473,10 +552,14 @@ static int teardown(void **state)
 
 int main(void)
 {
+    /* TEST_FILTER=pattern runs the matching tests only (while debugging) */
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_restart_skips_applied_intervals_and_resumes_at_the_store_watermark),
         cmocka_unit_test(test_an_oversize_record_is_rejected_and_its_position_still_covered),
         cmocka_unit_test(test_consumption_resumes_after_a_broker_outage_and_nothing_is_lost),
+        cmocka_unit_test(test_a_consumer_behind_retention_covers_the_lost_records_and_goes_on),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
