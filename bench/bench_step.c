@@ -4,9 +4,14 @@
  * of the same shapes. The ratio says how much the step costs beyond the
  * matrix products it cannot avoid.
  *
- * usage: bench_step [LAYERS] [BATCH] [SECONDS]   (default 784-256-10 64 2)
+ * Then THREADS (2) threads of one process step at once, each on its own
+ * weights and backend as freshet run's workers do, and their sum is
+ * compared with one thread.
+ *
+ * usage: [THREADS=N] bench_step [LAYERS] [BATCH] [SECONDS]   (default 784-256-10 64 2)
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +97,25 @@ static int check_gradient(bench_t *s)
     return bad;
 }
 
+/* One thread of the in-process scaling run: its own bench, stepping for
+ * `seconds`; the rate comes back in *rate. */
+typedef struct worker_arg {
+    bench_t *s;
+    double seconds, rate, cpu_ms;
+} worker_arg_t;
+
+static void *worker(void *arg)
+{
+    worker_arg_t *a = arg;
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    a->rate = rate(step, a->s, a->seconds);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+    a->cpu_ms = cpu * 1e3 / (a->rate * a->seconds + 5);
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *layers = argc > 1 ? argv[1] : "784-256-10";
@@ -133,6 +157,40 @@ int main(int argc, char **argv)
     printf("  training step     %10.0f samples/s\n", step_rate * s.batch);
     printf("  step / floor      %10.2f (1.00 = nothing beyond the matrix products)\n",
            step_rate / floor_rate);
+    /* W threads of one process stepping at once, each on its own weights
+     * and backend, as freshet run's workers do: do they scale? */
+    int nthreads = getenv("THREADS") != NULL ? atoi(getenv("THREADS")) : 2;
+    if (nthreads > 1 && nthreads <= 16) {
+        bench_t copies[16];
+        worker_arg_t args[16];
+        pthread_t tids[16];
+        for (int t = 0; t < nthreads; t++) {
+            copies[t] = s;
+            copies[t].w = malloc(s.m.nparams * sizeof(float));
+            copies[t].g = malloc(s.m.nparams * sizeof(float));
+            copies[t].scratch = calloc(2 * (size_t)s.batch * widest, sizeof(float));
+            memcpy(copies[t].w, s.w, s.m.nparams * sizeof(float));
+            copies[t].b = trainer_backend_new("cpu", &s.m, s.batch, 0, errstr, sizeof(errstr));
+            if (copies[t].b == NULL || trainer_backend_load(copies[t].b, copies[t].w) != FR_OK)
+                return 1;
+            args[t] = (worker_arg_t){.s = &copies[t], .seconds = seconds};
+        }
+        for (int t = 0; t < nthreads; t++)
+            pthread_create(&tids[t], NULL, worker, &args[t]);
+        double total = 0;
+        for (int t = 0; t < nthreads; t++) {
+            pthread_join(tids[t], NULL);
+            total += args[t].rate * s.batch;
+            printf("  thread %d of %d     %10.0f samples/s, %.2f ms CPU a step\n", t, nthreads,
+                   args[t].rate * s.batch, args[t].cpu_ms);
+            trainer_backend_destroy(copies[t].b);
+            free(copies[t].w);
+            free(copies[t].g);
+            free(copies[t].scratch);
+        }
+        printf("  %d threads          %10.0f samples/s, %.2f x one thread\n", nthreads, total,
+               total / (step_rate * s.batch));
+    }
     trainer_backend_destroy(s.b);
     free(s.w);
     free(s.g);

@@ -91,6 +91,10 @@ void fr_log_write(fr_log_level_t level, const char *fmt, ...) FR_PRINTF(2, 3);
  * ---------------------------------------------------------------------- */
 uint64_t fr_clock_mono_ns(void); /* CLOCK_MONOTONIC, nanoseconds */
 int64_t fr_clock_unix_ms(void);  /* CLOCK_REALTIME, milliseconds since 1970 */
+struct timespec;
+/* The CLOCK_REALTIME instant ms milliseconds from now, as
+ * pthread_cond_timedwait wants it (ms < 0 counts as 0). */
+void fr_clock_deadline(struct timespec *ts, int ms);
 
 /* ------------------------------------------------------------------------
  * Memory.

@@ -256,13 +256,7 @@ void ingest_consumer_done(ingest_consumer_t *c, const ingest_batch_t *batch, con
 ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
 {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    fr_clock_deadline(&until, timeout_ms);
     pthread_mutex_lock(&c->qlock);
     while (c->qhead == NULL && !c->finished && timeout_ms > 0) {
         if (pthread_cond_timedwait(&c->qcond, &c->qlock, &until) != 0)

@@ -1731,31 +1731,9 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
         r->cap_held = cap;
     }
     held_t *h = &r->held[r->nheld];
-    size_t topics = 0;
-    for (size_t i = 0; i < g->nranges; i++)
-        topics += strlen(g->ranges[i].topic) + 1;
-    if (g->nranges > h->cap_ranges) {
-        psstore_range_t *nr = realloc(h->ranges, g->nranges * sizeof(*nr));
-        if (nr == NULL)
-            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-        h->ranges = nr;
-        h->cap_ranges = g->nranges;
-    }
-    if (topics > h->cap_topics) {
-        char *nt = realloc(h->topics, topics);
-        if (nt == NULL)
-            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-        h->topics = nt;
-        h->cap_topics = topics;
-    }
-    char *t = h->topics;
-    for (size_t i = 0; i < g->nranges; i++) {
-        size_t len = strlen(g->ranges[i].topic) + 1;
-        memcpy(t, g->ranges[i].topic, len);
-        h->ranges[i] = g->ranges[i];
-        h->ranges[i].topic = t;
-        t += len;
-    }
+    if (ps_ranges_copy(g->ranges, g->nranges, &h->ranges, &h->cap_ranges, &h->topics,
+                       &h->cap_topics) != FR_OK)
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     h->nranges = g->nranges;
     /* the entry is acknowledged by the commit that closes the round, not
      * by the next one: it leaves ids (it is the last there) */

@@ -139,31 +139,9 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
 /* Copies g's ranges and strings into slot s (under the lock). */
 static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g)
 {
-    size_t topics = 0;
-    for (size_t i = 0; i < g->nranges; i++)
-        topics += strlen(g->ranges[i].topic) + 1;
-    if (g->nranges > s->cap_ranges) {
-        psstore_range_t *r = realloc(s->ranges, g->nranges * sizeof(*r));
-        if (r == NULL)
-            return FR_ERR_NOMEM;
-        s->ranges = r;
-        s->cap_ranges = g->nranges;
-    }
-    if (topics > s->cap_topics) {
-        char *t = realloc(s->topics, topics);
-        if (t == NULL)
-            return FR_ERR_NOMEM;
-        s->topics = t;
-        s->cap_topics = topics;
-    }
-    char *t = s->topics;
-    for (size_t i = 0; i < g->nranges; i++) {
-        size_t len = strlen(g->ranges[i].topic) + 1;
-        memcpy(t, g->ranges[i].topic, len);
-        s->ranges[i] = g->ranges[i];
-        s->ranges[i].topic = t;
-        t += len;
-    }
+    if (ps_ranges_copy(g->ranges, g->nranges, &s->ranges, &s->cap_ranges, &s->topics,
+                       &s->cap_topics) != FR_OK)
+        return FR_ERR_NOMEM;
     snprintf(s->worker, sizeof(s->worker), "%s", g->worker ? g->worker : "");
     snprintf(s->reason, sizeof(s->reason), "%s", g->reason ? g->reason : "");
     s->msg = *g;
@@ -185,13 +163,7 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
     if (g->n > 0 && (g->g == NULL || g->len != l->n))
         return FR_ERR_INVAL;
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    fr_clock_deadline(&until, timeout_ms);
     pthread_mutex_lock(&l->lock);
     while (l->open && l->count == l->nslots) {
         if (pthread_cond_timedwait(&l->room, &l->lock, &until) != 0 && l->count == l->nslots) {
@@ -270,13 +242,7 @@ fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, 
     if (group < 0 || group >= PS_LOCAL_GROUPS)
         return FR_ERR_INVAL;
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    fr_clock_deadline(&until, timeout_ms);
     fr_err_t err = FR_OK;
     pthread_mutex_lock(&l->lock);
     while (l->open && l->rounds[group] <= round) {
@@ -296,12 +262,7 @@ size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max,
     pthread_mutex_lock(&l->lock);
     if (l->count == 0 && wait_ms > 0 && l->open) {
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += (long)wait_ms * 1000000L;
-        while (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        fr_clock_deadline(&until, wait_ms);
         pthread_cond_timedwait(&l->work, &l->lock, &until);
     }
     size_t k = l->count < max ? l->count : max;

@@ -666,3 +666,34 @@ void ps_grad_msg_fini(ps_grad_msg_t *m)
     free(m->topics);
     memset(m, 0, sizeof(*m));
 }
+
+fr_err_t ps_ranges_copy(const psstore_range_t *ranges, size_t n, psstore_range_t **dst, size_t *cap,
+                        char **topics, size_t *tcap)
+{
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        need += strlen(ranges[i].topic) + 1;
+    if (n > *cap) {
+        psstore_range_t *r = realloc(*dst, n * sizeof(*r));
+        if (r == NULL)
+            return FR_ERR_NOMEM;
+        *dst = r;
+        *cap = n;
+    }
+    if (need > *tcap) {
+        char *t = realloc(*topics, need);
+        if (t == NULL)
+            return FR_ERR_NOMEM;
+        *topics = t;
+        *tcap = need;
+    }
+    char *t = *topics;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(ranges[i].topic) + 1;
+        memcpy(t, ranges[i].topic, len);
+        (*dst)[i] = ranges[i];
+        (*dst)[i].topic = t;
+        t += len;
+    }
+    return FR_OK;
+}

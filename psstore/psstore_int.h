@@ -133,6 +133,11 @@ fr_err_t ps_grad_decode(ps_grad_msg_t *m, size_t nfields, const char *const *fie
                         const size_t *flens, const char *const *vals, const size_t *vlens,
                         size_t nparams, char *why, size_t whysize);
 void ps_grad_msg_fini(ps_grad_msg_t *m);
+/* Copies ranges[n] into *dst (grown, *cap its capacity) and their topics
+ * into *topics (grown, *tcap): the copies point into *topics. FR_ERR_NOMEM
+ * leaves what was there. */
+fr_err_t ps_ranges_copy(const psstore_range_t *ranges, size_t n, psstore_range_t **dst, size_t *cap,
+                        char **topics, size_t *tcap);
 
 /* ------------------------------------------------------------------------
  * Membership entries (members.c).
