@@ -126,6 +126,7 @@ struct ingest_consumer {
     /* counters */
     atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
         retention_skips;
+    int64_t beyond_logged_ms; /* last "beyond the log end" error (poll thread) */
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
     atomic_int_least64_t lag; /* summed over the assigned partitions, last tick */
@@ -979,6 +980,21 @@ static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t part
     if (ingest_batcher_holds(c->bt, topic, partition)) {
         queue_push(c, ingest_batcher_flush(c->bt));
         ingest_batcher_position(c->bt, topic, partition, &next, &end);
+    }
+    int64_t hi = 0;
+    if (lo <= end &&
+        ingest_list_offset(c->rk, topic, partition, -1, QUERY_TIMEOUT_MS, &hi) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        end > hi && now_ms() - c->beyond_logged_ms >= 30000) {
+        /* not retention: the store stands past the log end (the topic was
+         * recreated or truncated); fetching goes on from there, and
+         * freshet replay can move the store's offsets */
+        c->beyond_logged_ms = now_ms();
+        fr_log(FR_LOG_ERROR,
+               "ingest: %s/%" PRId32 ": the position %" PRId64 " lies beyond the log end %" PRId64
+               " (topic recreated or truncated?); 'freshet replay --to-earliest' moves the "
+               "store's offsets",
+               topic, partition, end, hi);
     }
     if (lo > end) {
         fr_log(FR_LOG_WARN,
