@@ -134,8 +134,9 @@ static const conf_key_t schema[] = {
 
     K_INT("psstore", "max_pending", "64", 1, NO_MAX,
           "Gradients that may wait in the grads stream; a push waits beyond it (backpressure)."),
-    K_INT("psstore", "commit_ms", "0", 0, NO_MAX,
-          "Milliseconds to group updates into one commit (0: commit each)."),
+    K_INT("psstore", "commit_ms", "20", 0, NO_MAX,
+          "Milliseconds to group updates into one commit of the weights to Redis (0: commit "
+          "each; readers see a version at most this much later)."),
     K_BOOL("psstore", "audit", "false",
            "Append every applied or dropped batch's intervals to the audit stream."),
     K_DBL("psstore", "gap_timeout", "10", 0, HUGE_VAL, CK_MIN_OPEN,
