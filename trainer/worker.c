@@ -181,8 +181,9 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     return err;
 }
 
-/* Writes the worker's members entry (a heartbeat). Failures are logged
- * once per outage; the next beat tries again. */
+/* Writes the worker's members entry (a heartbeat). A failure is logged at
+ * debug level only (the pull and push report the outage); the next beat
+ * tries again. */
 static void beat(worker_t *wk)
 {
     wk->me.beat++;
