@@ -486,3 +486,44 @@ int harness_stack_stop(const char *dir, harness_redis_t *r, harness_broker_t *b)
     harness_kill_children(); /* those a failed test left behind */
     return harness_rmdir(dir);
 }
+
+void harness_gradient(float *g, size_t n, uint64_t seed)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, seed);
+    for (size_t i = 0; i < n; i++)
+        g[i] = (float)(fr_rng_uniform(&rng) - 0.5);
+}
+
+int harness_model_create(const harness_redis_t *r, const char *name, const char *layers,
+                         const char *loss, const float *w, size_t n)
+{
+    char errstr[512];
+    psstore_conn_t *c = psstore_conn_new(r->url, 2000, errstr, sizeof(errstr));
+    if (c == NULL) {
+        fprintf(stderr, "harness: %s\n", errstr);
+        return -1;
+    }
+    psstore_model_spec_t spec = {layers, loss, n};
+    fr_err_t err = psstore_model_create(c, name, &spec, w, 1);
+    if (err != FR_OK)
+        fprintf(stderr, "harness: model create %s: %s\n", name, psstore_conn_error(c));
+    psstore_conn_destroy(c);
+    return err == FR_OK ? 0 : -1;
+}
+
+int harness_model_weights(const harness_redis_t *r, const char *name, float *w, size_t n,
+                          uint64_t *epoch, int64_t *version)
+{
+    char errstr[512];
+    psstore_conn_t *c = psstore_conn_new(r->url, 2000, errstr, sizeof(errstr));
+    if (c == NULL) {
+        fprintf(stderr, "harness: %s\n", errstr);
+        return -1;
+    }
+    fr_err_t err = psstore_model_weights(c, name, w, n, epoch, version);
+    if (err != FR_OK)
+        fprintf(stderr, "harness: weights of %s: %s\n", name, psstore_conn_error(c));
+    psstore_conn_destroy(c);
+    return err == FR_OK ? 0 : -1;
+}

@@ -107,6 +107,17 @@ int harness_applier_start(harness_applier_t *t, const psstore_applier_conf_t *co
  * and frees it. */
 void harness_applier_stop(harness_applier_t *t, psstore_applier_stats_t *stats);
 
+/* Deterministic test gradients and models of the parameter store's tests:
+ * g[n] uniform in [-0.5, 0.5) from seed; a model `name` of layers/loss with
+ * weights w[n] created (replaced) in r's Redis; and its weights read back
+ * with their epoch and version. The two Redis calls return 0, or -1 with
+ * the reason on stderr. */
+void harness_gradient(float *g, size_t n, uint64_t seed);
+int harness_model_create(const harness_redis_t *r, const char *name, const char *layers,
+                         const char *loss, const float *w, size_t n);
+int harness_model_weights(const harness_redis_t *r, const char *name, float *w, size_t n,
+                          uint64_t *epoch, int64_t *version);
+
 /* Counts, per position [0, n) of topic/partition (topic NULL: any), how
  * many audit entries of model with outcome `outcome` cover it, into
  * seen[n] (zeroed first); outcome NULL counts every outcome that marks

@@ -28,10 +28,7 @@ static char errstr[512];
 /* Gradient number k: deterministic values in [-0.5, 0.5). */
 static void gradient_k(float *g, int k)
 {
-    fr_rng_t rng;
-    fr_rng_seed(&rng, 500 + (uint64_t)k);
-    for (int i = 0; i < NPARAMS; i++)
-        g[i] = (float)(fr_rng_uniform(&rng) - 0.5);
+    harness_gradient(g, NPARAMS, 500 + (uint64_t)k);
 }
 
 static void initial_weights(float *w)
@@ -42,13 +39,9 @@ static void initial_weights(float *w)
 
 static void create_model(const char *name)
 {
-    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
-    assert_non_null(c);
     float w[NPARAMS];
     initial_weights(w);
-    psstore_model_spec_t spec = {"499-1", "mse", NPARAMS};
-    assert_int_equal(psstore_model_create(c, name, &spec, w, 1), FR_OK);
-    psstore_conn_destroy(c);
+    assert_int_equal(harness_model_create(&redis, name, "499-1", "mse", w, NPARAMS), 0);
 }
 
 static psstore_client_t *client(const char *model)
@@ -131,11 +124,8 @@ static int64_t query_int(const char *fmt, const char *model, const char *arg)
 
 static void read_weights(const char *model, float *w, int64_t *version)
 {
-    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
-    assert_non_null(c);
     uint64_t epoch;
-    assert_int_equal(psstore_model_weights(c, model, w, NPARAMS, &epoch, version), FR_OK);
-    psstore_conn_destroy(c);
+    assert_int_equal(harness_model_weights(&redis, model, w, NPARAMS, &epoch, version), 0);
 }
 
 /* w0 - lr * scale * (sum_i n_i g_{k_i}) / (sum_i n_i), to compare with. */
