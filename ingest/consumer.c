@@ -57,7 +57,6 @@
 #define GAP_TIMEOUT_MS   10000 /* [psstore] gap_timeout's default          */
 #define PAUSE_AFTER_MS   500   /* a full queue waits this long before pausing */
 #define GAP_IDS_MAX      16    /* stream entries checked per gap decision  */
-#define CLOSE_MS         2000  /* longest wait to leave the group at stop   */
 
 typedef struct qnode {
     struct qnode *next;
@@ -1084,36 +1083,6 @@ static void backpressure(ingest_consumer_t *c)
 }
 
 /*
- * Leaves the group: revokes (our rebalance callback runs on this thread,
- * served from the close queue), commits and says goodbye, for at most
- * CLOSE_MS. rd_kafka_consumer_close may block for the whole session
- * timeout when the brokers are gone; the group then notices the departure
- * by itself. Poll thread, at stop.
- */
-static void close_bounded(ingest_consumer_t *c)
-{
-    rd_kafka_queue_t *q = rd_kafka_queue_new(c->rk);
-    rd_kafka_error_t *error = q != NULL ? rd_kafka_consumer_close_queue(c->rk, q) : NULL;
-    if (q == NULL || error != NULL) {
-        fr_log(FR_LOG_WARN, "ingest: consumer close: %s",
-               error != NULL ? rd_kafka_error_string(error) : "out of memory");
-        rd_kafka_error_destroy(error);
-        if (q != NULL)
-            rd_kafka_queue_destroy(q);
-        return;
-    }
-    int64_t deadline = now_ms() + CLOSE_MS;
-    while (!rd_kafka_consumer_closed(c->rk) && now_ms() < deadline)
-        rd_kafka_queue_poll_callback(q, POLL_MS);
-    if (!rd_kafka_consumer_closed(c->rk))
-        fr_log(FR_LOG_WARN,
-               "ingest: the group could not be left within %d ms (brokers unreachable?); it "
-               "notices the departure after its session timeout",
-               CLOSE_MS);
-    rd_kafka_queue_destroy(q);
-}
-
-/*
  * The poll thread: polls (which also runs the rebalance and commit
  * callbacks), batches, flushes a partial batch after linger_ms without a
  * record, applies backpressure and commits the store's watermarks every
@@ -1151,7 +1120,9 @@ static void *poll_main(void *arg)
     }
     queue_push(c, ingest_batcher_flush(c->bt));
     store_tick(c, 1);
-    close_bounded(c);
+    rd_kafka_resp_err_t kerr = rd_kafka_consumer_close(c->rk); /* revokes on this thread */
+    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+        fr_log(FR_LOG_WARN, "ingest: consumer close: %s", rd_kafka_err2str(kerr));
     psstore_conn_destroy(c->ps);
     c->ps = NULL;
     pthread_mutex_lock(&c->qlock);
