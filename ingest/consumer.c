@@ -807,9 +807,10 @@ static void store_tick(ingest_consumer_t *c, int final)
         replay_read(c);
     rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(c->nowned);
     psstore_rewind_t *targets = calloc((size_t)c->nowned, sizeof(*targets));
-    size_t ntargets = 0;
+    psstore_logend_t *ends = calloc((size_t)c->nowned, sizeof(*ends));
+    size_t ntargets = 0, nends = 0;
     int64_t t = now_ms(), lag = 0;
-    for (int i = 0; i < c->nowned && list != NULL && targets != NULL; i++) {
+    for (int i = 0; i < c->nowned && list != NULL && targets != NULL && ends != NULL; i++) {
         owned_t *o = &c->owned[i];
         if (rewound && o->rewinding) {
             o->rewinding = 0;
@@ -847,6 +848,7 @@ static void store_tick(ingest_consumer_t *c, int final)
             if (rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
                     RD_KAFKA_RESP_ERR_NO_ERROR &&
                 hi >= 0) {
+                ends[nends++] = (psstore_logend_t){c->topic, o->partition, hi};
                 lag += hi > w ? hi - w : 0;
                 if (o->lag != NULL)
                     fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
@@ -875,6 +877,10 @@ static void store_tick(ingest_consumer_t *c, int final)
         }
     }
     atomic_store(&c->lag, lag);
+    /* the log ends, for the lag shown by processes without Kafka (serve) */
+    if (nends > 0 && !final && psstore_logend_report(c->ps, c->model, ends, nends) != FR_OK)
+        fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
+    free(ends);
     if (ntargets > 0)
         replay_submit(c, targets, ntargets);
     if (list != NULL && list->cnt > 0) {

@@ -105,6 +105,7 @@ struct psstore_applier {
     char token[96]; /* lease token and consumer name */
     char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
     char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
+    char k_drops[PS_KEY_MAX];
     char k_audit[PS_KEY_MAX], k_snaps[PS_KEY_MAX], k_pub[PS_KEY_MAX], k_req[PS_KEY_MAX];
     char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX];
     psstore_conn_t *c;
@@ -142,6 +143,7 @@ struct psstore_applier {
     buf_t ids;               /* stream ids, NUL separated */
     size_t nids;
     buf_t versions; /* versions entries: "field\0value\0..." per entry, \1 between */
+    buf_t drops;    /* drops entries, the same way                   */
     buf_t audit;
     int weights_dirty;
 
@@ -252,8 +254,18 @@ static void stats_update(psstore_applier_t *a)
     pthread_mutex_unlock(&a->lock);
 }
 
-static void count_drop(psstore_applier_t *a, psstore_drop_t d)
+/* Counts a drop and, when the gradient is known, records it for the drops
+ * stream (written with the next commit). */
+static void count_drop(psstore_applier_t *a, psstore_drop_t d, const psstore_grad_t *g)
 {
+    if (g != NULL) {
+        if (a->drops.len > 0)
+            buf_add(&a->drops, "\1", 1);
+        buf_kv(&a->drops, "worker", "%s", g->worker != NULL ? g->worker : "");
+        buf_kv(&a->drops, "reason", "%s", drop_names[d]);
+        buf_kv(&a->drops, "n", "%lld", (long long)g->n);
+        buf_kv(&a->drops, "t", "%lld", (long long)fr_clock_unix_ms());
+    }
     pthread_mutex_lock(&a->lock);
     a->stats.dropped[d]++;
     pthread_mutex_unlock(&a->lock);
@@ -388,6 +400,7 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     ps_key(a->k_off, a->model, "offsets");
     ps_key(a->k_grads, a->model, "grads");
     ps_key(a->k_versions, a->model, "versions");
+    ps_key(a->k_drops, a->model, "drops");
     ps_key(a->k_audit, a->model, "audit");
     ps_key(a->k_snaps, a->model, "snaps");
     ps_key(a->k_pub, a->model, "published");
@@ -432,7 +445,7 @@ static void drop_state(psstore_applier_t *a)
     for (size_t i = 0; i < a->nparts; i++)
         psstore_poff_fini(&a->parts[i].po);
     a->nparts = 0;
-    a->ids.len = a->versions.len = a->audit.len = 0;
+    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
     a->nids = 0;
     a->weights_dirty = 0;
     a->new_epoch = a->offsets_reset = 0;
@@ -472,6 +485,7 @@ void psstore_applier_destroy(psstore_applier_t *a)
     free(a->parts);
     free(a->ids.p);
     free(a->versions.p);
+    free(a->drops.p);
     free(a->audit.p);
     ps_grad_msg_fini(&a->msg);
     psstore_conn_destroy(a->c);
@@ -734,6 +748,11 @@ static fr_err_t load_state(psstore_applier_t *a)
         return err;
     freeReplyObject(r);
 
+    /* the mode this applier runs, for operators (serve's metadata) */
+    int shown = 0;
+    if ((err = guarded_meta_set(a, &shown, "mode", psstore_mode_name(a->conf.mode), NULL, NULL)) !=
+        FR_OK)
+        return err;
     if (strcmp(run_id, meta_run) != 0) {
         /* Redis restarted (or the model came from elsewhere): a new epoch */
         uint64_t epoch = random_u64();
@@ -1246,6 +1265,8 @@ static fr_err_t commit(psstore_applier_t *a)
     }
     if ((err = queue_entries(a, &c, a->k_versions, &a->versions, a->conf.versions_keep, &queued)) !=
             FR_OK ||
+        (err = queue_entries(a, &c, a->k_drops, &a->drops, a->conf.versions_keep, &queued)) !=
+            FR_OK ||
         (err = queue_entries(a, &c, a->k_audit, &a->audit, 0, &queued)) != FR_OK)
         goto out;
     if (snap && (err = queue_snapshot(a, &c, &offs, &queued, nums)) != FR_OK)
@@ -1339,7 +1360,7 @@ static fr_err_t commit(psstore_applier_t *a)
         a->parts[i].dirty = 0;
     a->committed = a->version;
     a->renew_ns = fr_clock_mono_ns();
-    a->ids.len = a->versions.len = a->audit.len = 0;
+    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
     a->nids = 0;
     a->weights_dirty = 0;
     a->new_epoch = a->offsets_reset = 0;
@@ -1629,8 +1650,10 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
         psstore_drop_t why =
             out == PSSTORE_DROP_NONFINITE ? PSSTORE_DROPPED_NONFINITE : PSSTORE_DROPPED_STALENESS;
         outcome = psstore_drop_name(why);
-        for (size_t i = 0; i < r->nheld; i++)
-            count_drop(a, why);
+        for (size_t i = 0; i < r->nheld; i++) {
+            psstore_grad_t hg = held_grad(&r->held[i]);
+            count_drop(a, why, &hg);
+        }
     }
     fr_err_t err = FR_OK;
     for (size_t i = 0; i < r->nheld && err == FR_OK; i++) {
@@ -1792,7 +1815,7 @@ static fr_err_t round_take(psstore_applier_t *a, const psstore_grad_t *g)
     }
     guard_record(a, !finite);
     if (!finite) {
-        count_drop(a, PSSTORE_DROPPED_NONFINITE);
+        count_drop(a, PSSTORE_DROPPED_NONFINITE, g);
         return decide_mark(a, g, "nonfinite");
     }
     double c = a->conf.ctl.clip_norm;
@@ -1807,7 +1830,7 @@ static fr_err_t round_take(psstore_applier_t *a, const psstore_grad_t *g)
     if (!r->open && (err = round_open(a, grp)) != FR_OK)
         return err;
     if (a->conf.mode == PSSTORE_MODE_BACKUP && g->version < r->version) {
-        count_drop(a, PSSTORE_DROPPED_BACKUP);
+        count_drop(a, PSSTORE_DROPPED_BACKUP, g);
         return decide_mark(a, g, "backup");
     }
     if ((err = round_hold(a, r, g, gw)) != FR_OK)
@@ -1835,21 +1858,21 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     if (g->epoch != a->epoch) {
         fr_log(FR_LOG_DEBUG, "applier %s: dropped a gradient of epoch %llu (now %llu)", a->model,
                (unsigned long long)g->epoch, (unsigned long long)a->epoch);
-        count_drop(a, PSSTORE_DROPPED_EPOCH);
+        count_drop(a, PSSTORE_DROPPED_EPOCH, g);
         return FR_OK;
     }
     if (is_older_generation(a, g)) {
-        count_drop(a, PSSTORE_DROPPED_REPLAY);
+        count_drop(a, PSSTORE_DROPPED_REPLAY, g);
         audit(a, g, "replay");
         return FR_OK;
     }
     if (is_duplicate(a, g) || overlaps_held(a, g)) {
-        count_drop(a, PSSTORE_DROPPED_DUPLICATE);
+        count_drop(a, PSSTORE_DROPPED_DUPLICATE, g);
         audit(a, g, "duplicate");
         return FR_OK;
     }
     if (g->n == 0) {
-        count_drop(a, PSSTORE_DROPPED_EMPTY);
+        count_drop(a, PSSTORE_DROPPED_EMPTY, g);
         audit(a, g, g->reason ? g->reason : "empty");
         return mark_ranges(a, g);
     }
@@ -1868,7 +1891,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     if (out != PSSTORE_APPLY) {
         psstore_drop_t why =
             out == PSSTORE_DROP_NONFINITE ? PSSTORE_DROPPED_NONFINITE : PSSTORE_DROPPED_STALENESS;
-        count_drop(a, why);
+        count_drop(a, why, g);
         audit(a, g, psstore_drop_name(why));
         return mark_ranges(a, g);
     }
@@ -1925,7 +1948,7 @@ static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
     if (err != FR_OK) {
         fr_log(FR_LOG_WARN, "applier %s: malformed gradient %.*s: %s", a->model, (int)id->len,
                id->str, why);
-        count_drop(a, PSSTORE_DROPPED_MALFORMED);
+        count_drop(a, PSSTORE_DROPPED_MALFORMED, NULL);
         return FR_OK;
     }
     pthread_mutex_lock(&a->lock);

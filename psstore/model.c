@@ -36,9 +36,9 @@
 #define MODEL_UNLINK_BATCH 256
 /* The suffixes of the keys every model may have; snapshots (snap:<v>) and
  * other shards are found by SCAN. */
-static const char *const model_suffixes[] = {"meta",     "lease", "ver",     "w:0",      "opt:0",
-                                             "offsets",  "grads", "members", "versions", "snaps",
-                                             "requests", "audit", "rounds"};
+static const char *const model_suffixes[] = {
+    "meta",     "lease", "ver",      "w:0",   "opt:0",  "offsets", "grads", "members",
+    "versions", "snaps", "requests", "audit", "rounds", "drops",   "evals", "logend"};
 #define NSUFFIXES (sizeof(model_suffixes) / sizeof(model_suffixes[0]))
 
 /* A reply of the wrong shape: FR_ERR_REDIS naming the command. */
@@ -618,6 +618,8 @@ static void info_from_meta(psstore_model_info_t *info, const redisReply *meta)
             copy_str(info->loss, sizeof(info->loss), v);
         else if (strcmp(f->str, "stopped") == 0)
             copy_str(info->stopped, sizeof(info->stopped), v);
+        else if (strcmp(f->str, "mode") == 0)
+            copy_str(info->mode, sizeof(info->mode), v);
         else if (strcmp(f->str, "epoch") == 0)
             reply_uint64(v, &info->epoch);
         else if (strcmp(f->str, "shards") == 0 && reply_int64(v, &x) == 0 && x > 0 && x < 1 << 20)
@@ -712,6 +714,67 @@ fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, si
             *epoch = ep64;
         if (version != NULL)
             *version = version64;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, float *w, size_t n,
+                                       uint64_t *epoch, int64_t *version, char **offsets)
+{
+    fr_err_t err;
+    char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], off[PS_KEY_MAX];
+    *offsets = NULL;
+    if ((err = check_name(c, name)) != FR_OK)
+        return err;
+    ps_endpoint(c, ep, sizeof(ep));
+    ps_key(meta, name, "meta");
+    ps_key(ver, name, "ver");
+    ps_key_shard(wkey, name, "w", 0);
+    ps_key(off, name, "offsets");
+    const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver},
+               *get_w[] = {"GET", wkey}, *get_off[] = {"HGETALL", off};
+    const int argcs[] = {3, 2, 2, 2};
+    const char *const *argvs[] = {hget, get_ver, get_w, get_off};
+    redisReply *r = read_tx(c, 4, argcs, argvs, &err);
+    if (r == NULL)
+        return err;
+    const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2],
+                     *o = r->element[3];
+    uint64_t ep64;
+    int64_t version64;
+    if (e->type == REDIS_REPLY_NIL || wr->type != REDIS_REPLY_STRING) {
+        err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
+    } else if (reply_uint64(e, &ep64) != 0 || reply_int64(v, &version64) != 0) {
+        err = ps_fail(c, FR_ERR_PARSE, "redis %s: model '%s' has a bad epoch or ver", ep, name);
+    } else if (wr->len != n * sizeof(float)) {
+        err = ps_fail(c, FR_ERR_RANGE,
+                      "redis %s: model '%s' holds %zu bytes of weights, expected %zu (%zu floats)",
+                      ep, name, wr->len, n * sizeof(float), n);
+    } else {
+        /* "topic/partition=watermark,...": the positions below each watermark
+         * are all in these weights */
+        size_t np = o->type == REDIS_REPLY_ARRAY ? o->elements / 2 : 0, len = 0;
+        char *text = malloc(np * 300 + 1);
+        if (text == NULL) {
+            freeReplyObject(r);
+            return ps_fail(c, FR_ERR_NOMEM, "out of memory");
+        }
+        text[0] = '\0';
+        for (size_t i = 0; i < np; i++) {
+            const redisReply *k = o->element[2 * i], *val = o->element[2 * i + 1];
+            psstore_partition_offsets_t po;
+            psstore_poff_init(&po, 0);
+            if (k->type == REDIS_REPLY_STRING && val->type == REDIS_REPLY_STRING && k->len < 270 &&
+                psstore_poff_parse(&po, val->str, val->len, NULL, 0) == FR_OK)
+                len += (size_t)snprintf(text + len, 300, "%s%.*s=%lld", len ? "," : "", (int)k->len,
+                                        k->str, (long long)po.watermark);
+            psstore_poff_fini(&po);
+        }
+        memcpy(w, wr->str, wr->len);
+        *epoch = ep64;
+        *version = version64;
+        *offsets = text;
     }
     freeReplyObject(r);
     return err;
