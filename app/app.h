@@ -49,6 +49,13 @@ int app_cmd_train(int argc, char **argv); /* svc_run.c */
 fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url,
                               const char *name);
 int app_cmd_replay(int argc, char **argv); /* svc_replay.c */
+
+#include "serve/serve.h"
+int app_cmd_serve(int argc, char **argv); /* svc_serve.c */
+/* [serve], [redis] url and [model] name as a serve conf (strings borrowed
+ * from cfg). Returns 0 or an exit status. */
+int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
+                   serve_conf_t *conf);
 #endif
 
 /* Prints "freshet CMD: message" and a hint to --help on stderr; returns

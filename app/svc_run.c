@@ -156,6 +156,9 @@ static void holdout_tick(const char *cmd, holdout_t *h, psstore_conn_t *c, const
         fr_series_set(h->m_loss, h->loss);
     fr_log(FR_LOG_INFO, "%s: holdout at version %lld: accuracy %.4f, loss %.4f", cmd,
            (long long)version, h->accuracy, h->loss);
+    /* for dashboards of any process: the evals stream */
+    if (psstore_eval_report(c, model, version, h->accuracy, h->loss) != FR_OK)
+        fr_log(FR_LOG_WARN, "%s: holdout: %s", cmd, psstore_conn_error(c));
 }
 
 static void holdout_close(holdout_t *h)
@@ -331,6 +334,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     trainer_pool_t *pool = NULL;
     psstore_conn_t *store = NULL;
     applier_thread_t at = {0};
+    serve_t *http = NULL;
     psstore_local_t *local = NULL;
     holdout_t h = {.last = -1};
     trainer_model_t m;
@@ -381,6 +385,20 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
         }
         psstore_applier_set_local(at.a, local);
     }
+    if (with_applier && fr_config_get(cfg, "serve", "listen")[0] != '\0') {
+        /* DESIGN.md: freshet run is ingest + trainers + applier + serve */
+        serve_conf_t sconf;
+        if ((rc = app_serve_conf(cmd, cfg, metrics, &sconf)) != 0)
+            goto out;
+        if ((http = serve_new(&sconf, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr,
+                    "freshet %s: %s (set [serve] listen to another address, or empty "
+                    "for no HTTP)\n",
+                    cmd, errstr);
+            rc = APP_EXIT_USAGE;
+            goto out;
+        }
+    }
     if ((src = consumer_open(cmd, cfg, &m, props, metrics)) == NULL ||
         (pool = pool_open(cmd, cfg, &m, src, local, metrics)) == NULL) {
         rc = APP_EXIT_USAGE;
@@ -391,8 +409,14 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up is an error return, not a signal */
     if (at.a != NULL)
         at.running = pthread_create(&at.tid, NULL, applier_main, &at) == 0;
+    if (http != NULL && serve_start(http, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+        stop_flag = 1;
+        rc = APP_EXIT_FAILURE;
+    }
     if ((at.a != NULL && !at.running) || ingest_consumer_start(src) != FR_OK ||
         trainer_pool_start(pool) != FR_OK) {
         fprintf(stderr, "freshet %s: could not start\n", cmd);
@@ -417,6 +441,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     }
     fr_log(FR_LOG_INFO, "%s: stopping", cmd);
 out:
+    serve_destroy(http);
     ingest_consumer_stop(src);
     trainer_pool_destroy(pool);
     ingest_consumer_destroy(src);

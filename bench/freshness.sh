@@ -44,6 +44,8 @@ batch = 64
 start = latest
 [redis]
 url = redis://127.0.0.1:$stack_port/0
+[serve]
+listen = 127.0.0.1:0
 [trainer]
 workers = $workers
 mode = $mode

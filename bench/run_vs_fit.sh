@@ -68,6 +68,8 @@ batch = 64
 queue = ${QUEUE:-16}
 [redis]
 url = redis://127.0.0.1:$port/0
+[serve]
+listen = 127.0.0.1:0
 [trainer]
 workers = $workers
 mode = $mode

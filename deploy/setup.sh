@@ -9,6 +9,8 @@ packages=(
     libopenblas-dev                        # CPU backend (sgemm)
     zlib1g-dev                             # .gz data files
     libhiredis-dev                         # the Redis parameter store
+    libevent-dev libssl-dev                # the HTTP service (TLS through OpenSSL)
+    libjs-chart.js                         # the dashboard's charts, served by freshet
     librdkafka-dev kcat                    # Kafka client; kcat as an independent client in tests
     redis-server                           # integration tests start their own on free ports
     libcmocka-dev                          # unit tests
@@ -16,6 +18,9 @@ packages=(
     clang-format                           # style check
     dataset-fashion-mnist                  # the quickstart's data set
     python3 python3-numpy python3-torch    # reference tests and benchmarks (/usr/bin/python3)
+    python3-prometheus-client              # parses /metrics in the serve test
+    curl openssl chromium                  # serve test: HTTP client, TLS certificate, the dashboard
+    wrk                                    # bench/serve.sh load generator
 )
 
 missing=()

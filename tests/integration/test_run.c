@@ -84,6 +84,7 @@ static void write_config_layers(const char *path, const char *model, const char 
             "heartbeat.interval.ms = 500\n"
             "[ingest]\ntopic = %s\nformat = f32\nbatch = %d\nlinger_ms = 100\n%s"
             "[redis]\nurl = %s\n"
+            "[serve]\nlisten = 127.0.0.1:0\n"
             "[trainer]\nworkers = %d\nmode = %s\nbackend = cpu\nslowdown = %s\n%s"
             "[controller]\nlr = %g\n"
             "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = %d\naudit = %s\n",

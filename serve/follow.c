@@ -1,0 +1,785 @@
+/*
+ * follow.c - the follower thread: it keeps each wanted model's latest
+ * weights, retained snapshots, metadata and stats encoded in memory, so
+ * that the loop answers every client without touching Redis.
+ *
+ * It blocks on the versions streams of the followed models (XREAD BLOCK),
+ * reads new weights at most once per (epoch, version) and at most every
+ * refresh_ms, and rebuilds the stats of a model once a second while a
+ * dashboard asks for them. Nothing here writes the store.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve/serve_int.h"
+#include "trainer/trainer.h"
+
+#define FOLLOW_BLOCK_MS   250  /* longest XREAD BLOCK: new models, stop    */
+#define FOLLOW_TIMEOUT_MS 2000 /* Redis connect and command timeout         */
+#define MODELS_EVERY_MS   2000 /* re-reading the list of models             */
+#define CHECK_EVERY_MS    1000 /* reading info even without a stream entry  */
+#define STATS_EVERY_MS    1000 /* rebuilding wanted stats                   */
+#define WANTED_FOR_MS                                                                              \
+    600000 /* a model's weights are kept this long after                                           \
+             the last request                          */
+#define STATS_WANTED_FOR_MS 30000
+#define VERSIONS_WINDOW     2000 /* versions entries the stats look at        */
+#define DROPS_WINDOW        1000
+#define EVALS_WINDOW        300
+#define SERIES_MAX          300   /* one point per second                      */
+#define RATE_WINDOW_MS      10000 /* throughput and per-worker speed           */
+
+static const double stale_bounds[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128};
+#define NBOUNDS (sizeof(stale_bounds) / sizeof(stale_bounds[0]))
+
+static uint64_t ms_since(uint64_t ns)
+{
+    return (fr_clock_mono_ns() - ns) / 1000000u;
+}
+
+sv_model_t *sv_model_get(struct serve *s, const char *name, int create)
+{
+    for (size_t i = 0; i < s->nmodels; i++)
+        if (strcmp(s->models[i]->name, name) == 0)
+            return s->models[i];
+    if (!create || s->nmodels >= (size_t)s->conf.max_models ||
+        psstore_model_name_check(name, NULL, 0) != FR_OK)
+        return NULL;
+    sv_model_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    snprintf(m->name, sizeof(m->name), "%s", name);
+    snprintf(m->last_id, sizeof(m->last_id), "0-0");
+    m->pending = 1;
+    s->models[s->nmodels++] = m;
+    return m;
+}
+
+/* ---- weights -------------------------------------------------------------- */
+
+/* The default model's weights and stats are always kept: readiness and the
+ * dashboard answer at once. */
+static int is_default(const struct serve *s, const sv_model_t *m)
+{
+    return strcmp(s->model, m->name) == 0;
+}
+
+/* Encodes w as a view of (epoch, version). NULL on a bad model or no memory. */
+static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const float *w,
+                            uint64_t epoch, int64_t version, int64_t time_ms, const char *offsets,
+                            char *why, size_t whysize)
+{
+    char ver[32], ep[32];
+    snprintf(ver, sizeof(ver), "%lld", (long long)version);
+    snprintf(ep, sizeof(ep), "%llu", (unsigned long long)epoch);
+    fr_st_kv_t extra[] = {{"freshet.model", model},
+                          {"freshet.version", ver},
+                          {"freshet.epoch", ep},
+                          {"freshet.offsets", offsets != NULL ? offsets : ""}};
+    uint8_t *st;
+    size_t len;
+    if (trainer_model_encode(tm, w, extra, offsets != NULL ? 4 : 3, &st, &len, why, whysize) !=
+        FR_OK)
+        return NULL;
+    sv_view_t *v = calloc(1, sizeof(*v));
+    if (v == NULL) {
+        free(st);
+        snprintf(why, whysize, "out of memory");
+        return NULL;
+    }
+    v->offsets = strdup(offsets != NULL ? offsets : "");
+    if (v->offsets == NULL) {
+        free(st);
+        free(v);
+        snprintf(why, whysize, "out of memory");
+        return NULL;
+    }
+    atomic_init(&v->refs, 1);
+    v->epoch = epoch;
+    v->version = version;
+    v->time_ms = time_ms;
+    snprintf(v->etag, sizeof(v->etag), "\"%llu-v%lld\"", (unsigned long long)epoch,
+             (long long)version);
+    v->st = (char *)st;
+    v->st_len = len;
+    v->raw_len = tm->nparams * sizeof(float);
+    v->raw_off = len - v->raw_len; /* tensors are contiguous, in layout order, at the end */
+    return v;
+}
+
+/* Replaces *slot by v (v's reference moves into the slot). Under s->lock. */
+static void put_view(sv_view_t **slot, sv_view_t *v)
+{
+    sv_view_t *old = *slot;
+    *slot = v;
+    sv_view_unref(old);
+}
+
+/*
+ * Reads the model's info and, when its (epoch, version) moved and
+ * refresh_ms has passed since the last read, its weights and any retained
+ * snapshot not held yet. Returns FR_ERR_REDIS-class errors only; a model
+ * that cannot be encoded is noted in m->error.
+ */
+static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m, float **w,
+                              size_t *wcap, int *changed)
+{
+    psstore_model_info_t info;
+    fr_err_t err = psstore_model_info(c, m->name, &info);
+    if (err == FR_ERR_NOTFOUND) {
+        pthread_mutex_lock(&s->lock);
+        if (m->present || m->cur != NULL) {
+            m->present = 0;
+            put_view(&m->cur, NULL);
+            for (size_t i = 0; i < m->nsnaps; i++)
+                sv_view_unref(m->snaps[i]);
+            m->nsnaps = 0;
+            m->seq++;
+            *changed = 1;
+        }
+        pthread_mutex_unlock(&s->lock);
+        m->pending = 0;
+        return FR_OK;
+    }
+    if (err != FR_OK)
+        return err;
+    pthread_mutex_lock(&s->lock);
+    int was_present = m->present;
+    int info_moved = memcmp(&m->info, &info, sizeof(info)) != 0;
+    m->info = info;
+    m->present = 1;
+    if (!was_present || info_moved) {
+        m->seq++;
+        *changed = 1;
+    }
+    int wanted = fr_clock_unix_ms() - m->wanted_ms < WANTED_FOR_MS || is_default(s, m);
+    sv_view_t *cur = m->cur;
+    int moved = cur == NULL || cur->epoch != info.epoch || cur->version != info.version;
+    pthread_mutex_unlock(&s->lock);
+    m->pending = 0;
+    if (!wanted || !moved)
+        return FR_OK;
+    if (cur != NULL && ms_since(m->loaded_ns) < (uint64_t)s->conf.refresh_ms) {
+        m->pending = 1; /* read it once refresh_ms has passed */
+        return FR_OK;
+    }
+
+    trainer_model_t tm;
+    trainer_loss_t loss;
+    char why[256] = "";
+    if (trainer_loss_parse(info.loss, &loss) != FR_OK ||
+        trainer_model_init(&tm, info.layers, loss, why, sizeof(why)) != FR_OK) {
+        pthread_mutex_lock(&s->lock);
+        char msg[1024];
+        snprintf(msg, sizeof(msg), "model '%s' has layers '%s' and loss '%s': %s", m->name,
+                 info.layers, info.loss, why[0] ? why : "unknown loss");
+        snprintf(m->error, sizeof(m->error), "%.255s", msg);
+        pthread_mutex_unlock(&s->lock);
+        return FR_OK;
+    }
+    if (tm.nparams > *wcap) {
+        float *p = realloc(*w, tm.nparams * sizeof(float));
+        if (p == NULL)
+            return FR_ERR_NOMEM;
+        *w = p;
+        *wcap = tm.nparams;
+    }
+    uint64_t epoch;
+    int64_t version;
+    char *offsets = NULL;
+    err = psstore_model_weights_offsets(c, m->name, *w, tm.nparams, &epoch, &version, &offsets);
+    if (err == FR_ERR_NOTFOUND || err == FR_ERR_RANGE || err == FR_ERR_PARSE) {
+        pthread_mutex_lock(&s->lock);
+        snprintf(m->error, sizeof(m->error), "%s", psstore_conn_error(c));
+        pthread_mutex_unlock(&s->lock);
+        return FR_OK;
+    }
+    if (err != FR_OK)
+        return err;
+    m->loaded_ns = fr_clock_mono_ns();
+    sv_view_t *v =
+        make_view(&tm, m->name, *w, epoch, version, fr_clock_unix_ms(), offsets, why, sizeof(why));
+    free(offsets);
+    if (v == NULL) {
+        pthread_mutex_lock(&s->lock);
+        snprintf(m->error, sizeof(m->error), "encoding the weights: %.200s", why);
+        pthread_mutex_unlock(&s->lock);
+        return FR_OK;
+    }
+
+    /* the retained snapshots of this epoch: each read once, kept until it
+     * leaves the retained set */
+    psstore_snapshot_info_t list[SV_MAX_SNAPS];
+    size_t nlist = 0;
+    if ((err = psstore_snapshots_list(c, m->name, list, SV_MAX_SNAPS, &nlist)) != FR_OK) {
+        sv_view_unref(v);
+        return err;
+    }
+    sv_view_t *snaps[SV_MAX_SNAPS];
+    size_t nsnaps = 0;
+    int64_t published = 0;
+    for (size_t i = 0; i < nlist; i++) {
+        sv_view_t *have = NULL;
+        pthread_mutex_lock(&s->lock);
+        for (size_t j = 0; j < m->nsnaps && have == NULL; j++)
+            if (m->snaps[j]->version == list[i].version && m->snaps[j]->epoch == epoch)
+                have = sv_view_ref(m->snaps[j]);
+        pthread_mutex_unlock(&s->lock);
+        if (have == NULL) {
+            uint64_t sep;
+            err = psstore_snapshot_weights(c, m->name, list[i].version, *w, tm.nparams, &sep);
+            if (err == FR_ERR_NOTFOUND || err == FR_ERR_RANGE)
+                continue; /* trimmed meanwhile */
+            if (err != FR_OK) {
+                for (size_t j = 0; j < nsnaps; j++)
+                    sv_view_unref(snaps[j]);
+                sv_view_unref(v);
+                return err;
+            }
+            if (sep != epoch)
+                continue; /* another lineage: not served */
+            have = make_view(&tm, m->name, *w, sep, list[i].version, list[i].time_ms, NULL, why,
+                             sizeof(why));
+            if (have == NULL)
+                continue;
+        }
+        snaps[nsnaps++] = have;
+        if (list[i].time_ms > published)
+            published = list[i].time_ms;
+    }
+
+    pthread_mutex_lock(&s->lock);
+    put_view(&m->cur, v);
+    for (size_t i = 0; i < m->nsnaps; i++)
+        sv_view_unref(m->snaps[i]);
+    memcpy(m->snaps, snaps, nsnaps * sizeof(snaps[0]));
+    m->nsnaps = nsnaps;
+    m->published_ms = published;
+    m->error[0] = '\0';
+    m->seq++;
+    pthread_mutex_unlock(&s->lock);
+    *changed = 1;
+    char vs[32];
+    snprintf(vs, sizeof(vs), "%lld", (long long)version);
+    const char *lv[] = {m->name};
+    fr_series_set(fr_metric_series(s->m_version, lv), (double)version);
+    fr_series_add(fr_metric_series(s->m_loads, lv), 1);
+    if (published > 0)
+        fr_series_set(fr_metric_series(s->m_published, lv), (double)published / 1000.0);
+    return FR_OK;
+}
+
+/* ---- stats ------------------------------------------------------------------ */
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The p-th percentile (nearest rank) of v[n], sorted in place; -1 when n = 0. */
+static int64_t percentile(int64_t *v, size_t n, double p)
+{
+    if (n == 0)
+        return -1;
+    qsort(v, n, sizeof(*v), cmp_i64);
+    size_t rank = (size_t)ceil(p * (double)n);
+    return v[rank > 0 ? rank - 1 : 0];
+}
+
+typedef struct stats_scratch {
+    psstore_version_entry_t *ver;
+    psstore_drop_entry_t *drops;
+    psstore_eval_entry_t *evals;
+    psstore_member_t *members;
+    size_t members_cap;
+    psstore_partition_status_t *parts;
+    size_t parts_cap;
+    int64_t *taus;
+} stats_scratch_t;
+
+static void scratch_fini(stats_scratch_t *x)
+{
+    free(x->ver);
+    free(x->drops);
+    free(x->evals);
+    free(x->members);
+    free(x->parts);
+    free(x->taus);
+}
+
+/* Writes the per-worker rows: members first, then workers seen in the
+ * window that are no members (left or in another mode). */
+static void stats_workers(sv_buf_t *b, const psstore_member_t *mem, size_t nmem,
+                          const psstore_version_entry_t *ver, size_t nver,
+                          const psstore_drop_entry_t *drops, size_t ndrops, int64_t now)
+{
+    sv_puts(b, "\"workers\":[");
+    const char *seen[256];
+    size_t nseen = 0, rows = 0;
+    for (size_t pass = 0; pass < 2; pass++) {
+        size_t count = pass == 0 ? nmem : nver;
+        for (size_t i = 0; i < count && rows < 256; i++) {
+            const char *id = pass == 0 ? mem[i].id : ver[i].worker;
+            if (pass == 1) {
+                if (ver[i].rollback_from >= 0 || id[0] == '\0')
+                    continue;
+                int dup = 0;
+                for (size_t j = 0; j < nseen && !dup; j++)
+                    dup = strcmp(seen[j], id) == 0;
+                if (dup)
+                    continue;
+            }
+            if (nseen < 256)
+                seen[nseen++] = id;
+            int64_t grads = 0, samples = 0, last_tau = -1, dropped = 0;
+            for (size_t j = 0; j < nver; j++) {
+                if (strcmp(ver[j].worker, id) != 0 || ver[j].rollback_from >= 0)
+                    continue;
+                grads += ver[j].k;
+                if (last_tau < 0)
+                    last_tau = ver[j].tau; /* newest first */
+                if (now - ver[j].t_ms <= RATE_WINDOW_MS)
+                    samples += ver[j].n;
+            }
+            for (size_t j = 0; j < ndrops; j++)
+                if (strcmp(drops[j].worker, id) == 0)
+                    dropped++;
+            sv_puts(b, rows++ ? ",{\"id\":" : "{\"id\":");
+            sv_json_str(b, id);
+            if (pass == 0) {
+                sv_puts(b, ",\"backend\":");
+                sv_json_str(b, mem[i].backend);
+                sv_printf(b, ",\"group\":%d,\"idle\":%s,\"clock\":%lld,\"member\":true",
+                          mem[i].group, mem[i].idle ? "true" : "false", (long long)mem[i].clock);
+            } else {
+                sv_puts(b, ",\"backend\":null,\"group\":null,\"idle\":null,\"clock\":null,"
+                           "\"member\":false");
+            }
+            sv_puts(b, ",\"samples_per_s\":");
+            sv_json_num(b, (double)samples * 1000.0 / RATE_WINDOW_MS);
+            sv_printf(b, ",\"gradients\":%lld,\"last_tau\":", (long long)grads);
+            if (last_tau >= 0)
+                sv_printf(b, "%lld", (long long)last_tau);
+            else
+                sv_puts(b, "null");
+            sv_printf(b, ",\"dropped\":%lld}", (long long)dropped);
+        }
+    }
+    sv_puts(b, "]");
+}
+
+/* One point per second of the versions window, oldest first. */
+static void stats_series(sv_buf_t *b, const psstore_version_entry_t *ver, size_t nver,
+                         int64_t *taus)
+{
+    sv_puts(b, "\"series\":[");
+    /* the window is newest first: walk it backwards, a second at a time,
+     * starting at most SERIES_MAX seconds before the newest entry */
+    int64_t newest = nver > 0 ? ver[0].t_ms / 1000 : 0;
+    size_t i = nver, points = 0;
+    while (i > 0) {
+        int64_t sec = ver[i - 1].t_ms / 1000;
+        size_t ntau = 0;
+        int64_t samples = 0, versions = 0;
+        double lr = 0, loss = 0;
+        while (i > 0 && ver[i - 1].t_ms / 1000 == sec) {
+            const psstore_version_entry_t *e = &ver[--i];
+            if (e->rollback_from >= 0)
+                continue;
+            taus[ntau++] = e->tau;
+            samples += e->n;
+            versions++;
+            lr += e->lr_eff;
+            loss += e->loss * (double)e->n;
+        }
+        if (versions == 0 || newest - sec >= SERIES_MAX)
+            continue;
+        int64_t p50 = percentile(taus, ntau, 0.5), p99 = percentile(taus, ntau, 0.99);
+        sv_printf(b,
+                  "%s{\"t\":%lld,\"samples_per_s\":%lld,\"versions_per_s\":%lld,"
+                  "\"tau_p50\":%lld,\"tau_p99\":%lld,\"lr_eff\":",
+                  points++ ? "," : "", (long long)sec * 1000, (long long)samples,
+                  (long long)versions, (long long)p50, (long long)p99);
+        sv_json_num(b, lr / (double)versions);
+        sv_puts(b, ",\"loss\":");
+        sv_json_num(b, samples > 0 ? loss / (double)samples : NAN);
+        sv_puts(b, "}");
+    }
+    sv_puts(b, "]");
+}
+
+/* Builds the stats JSON of m (DESIGN.md's /stats; the README lists its
+ * fields). */
+static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, stats_scratch_t *x)
+{
+    if (x->ver == NULL) {
+        x->ver = malloc(VERSIONS_WINDOW * sizeof(*x->ver));
+        x->drops = malloc(DROPS_WINDOW * sizeof(*x->drops));
+        x->evals = malloc(EVALS_WINDOW * sizeof(*x->evals));
+        x->taus = malloc(VERSIONS_WINDOW * sizeof(*x->taus));
+        if (x->ver == NULL || x->drops == NULL || x->evals == NULL || x->taus == NULL)
+            return FR_ERR_NOMEM;
+    }
+    size_t nver, ndrops, nevals, nmem = 0, nparts = 0;
+    fr_err_t err;
+    if ((err = psstore_versions_tail(c, m->name, VERSIONS_WINDOW, x->ver, &nver)) != FR_OK ||
+        (err = psstore_drops_tail(c, m->name, DROPS_WINDOW, x->drops, &ndrops)) != FR_OK ||
+        (err = psstore_evals_tail(c, m->name, EVALS_WINDOW, x->evals, &nevals)) != FR_OK ||
+        (err = psstore_members_list(c, m->name, &x->members, &nmem, &x->members_cap)) != FR_OK ||
+        (err = psstore_partitions_read(c, m->name, &x->parts, &nparts, &x->parts_cap)) != FR_OK)
+        return err;
+    int64_t now = fr_clock_unix_ms();
+
+    pthread_mutex_lock(&s->lock);
+    psstore_model_info_t info = m->info;
+    int64_t published = m->published_ms;
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"model\":");
+    sv_json_str(&b, m->name);
+    sv_puts(&b, ",\"store\":\"ok\",\"stopped\":");
+    sv_json_str(&b, info.stopped);
+    sv_printf(&b,
+              ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)info.epoch,
+              (long long)info.version);
+    sv_json_str(&b, info.layers);
+    sv_puts(&b, ",\"loss\":");
+    sv_json_str(&b, info.loss);
+    sv_puts(&b, ",\"mode\":");
+    sv_json_str(&b, info.mode);
+    sv_printf(&b, ",\"time_ms\":%lld,", (long long)now);
+    sv_puts(&b, "\"snapshots\":[");
+    for (size_t i = 0; i < m->nsnaps; i++)
+        sv_printf(&b, "%s{\"version\":%lld,\"time_ms\":%lld}", i ? "," : "",
+                  (long long)m->snaps[i]->version, (long long)m->snaps[i]->time_ms);
+    sv_puts(&b, "],");
+    pthread_mutex_unlock(&s->lock);
+
+    /* staleness over the window */
+    uint64_t counts[NBOUNDS + 1] = {0};
+    size_t ntau = 0;
+    int64_t rate_samples = 0, rate_versions = 0;
+    for (size_t i = 0; i < nver; i++) {
+        if (x->ver[i].rollback_from >= 0)
+            continue;
+        int64_t t = x->ver[i].tau;
+        size_t k = 0;
+        while (k < NBOUNDS && (double)t > stale_bounds[k])
+            k++;
+        counts[k]++;
+        x->taus[ntau++] = t;
+        if (now - x->ver[i].t_ms <= RATE_WINDOW_MS) {
+            rate_samples += x->ver[i].n;
+            rate_versions++;
+        }
+    }
+    sv_puts(&b, "\"staleness\":{\"bounds\":[");
+    for (size_t k = 0; k < NBOUNDS; k++)
+        sv_printf(&b, "%s%g", k ? "," : "", stale_bounds[k]);
+    sv_puts(&b, "],\"counts\":[");
+    for (size_t k = 0; k <= NBOUNDS; k++)
+        sv_printf(&b, "%s%llu", k ? "," : "", (unsigned long long)counts[k]);
+    size_t window = ntau;
+    int64_t p50 = percentile(x->taus, ntau, 0.5), p99 = percentile(x->taus, ntau, 0.99);
+    sv_printf(&b, "],\"p50\":%lld,\"p99\":%lld,\"window\":%zu},", (long long)p50, (long long)p99,
+              window);
+    sv_puts(&b, "\"throughput\":{\"samples_per_s\":");
+    sv_json_num(&b, (double)rate_samples * 1000.0 / RATE_WINDOW_MS);
+    sv_puts(&b, ",\"versions_per_s\":");
+    sv_json_num(&b, (double)rate_versions * 1000.0 / RATE_WINDOW_MS);
+    sv_puts(&b, "},\"lr_eff\":");
+    sv_json_num(&b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].lr_eff : NAN);
+    sv_puts(&b, ",\"train_loss\":");
+    sv_json_num(&b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].loss : NAN);
+    sv_puts(&b, ",");
+    stats_series(&b, x->ver, nver, x->taus);
+
+    sv_puts(&b, ",\"holdout\":[");
+    for (size_t i = nevals; i > 0; i--) {
+        const psstore_eval_entry_t *e = &x->evals[i - 1];
+        sv_printf(&b, "%s{\"t\":%lld,\"version\":%lld,\"accuracy\":", i < nevals ? "," : "",
+                  (long long)e->t_ms, (long long)e->version);
+        sv_json_num(&b, e->accuracy);
+        sv_puts(&b, ",\"loss\":");
+        sv_json_num(&b, e->loss);
+        sv_puts(&b, "}");
+    }
+    sv_puts(&b, "],\"partitions\":[");
+    for (size_t i = 0; i < nparts; i++) {
+        const psstore_partition_status_t *p = &x->parts[i];
+        sv_puts(&b, i ? ",{\"topic\":" : "{\"topic\":");
+        sv_json_str(&b, p->topic);
+        sv_printf(&b, ",\"partition\":%d,\"watermark\":%lld,\"intervals\":%zu,", (int)p->partition,
+                  (long long)p->watermark, p->spans);
+        if (p->log_end >= 0)
+            sv_printf(&b, "\"log_end\":%lld,\"lag\":%lld,\"reported_ms\":%lld}",
+                      (long long)p->log_end,
+                      (long long)(p->log_end > p->watermark ? p->log_end - p->watermark : 0),
+                      (long long)p->log_end_ms);
+        else
+            sv_puts(&b, "\"log_end\":null,\"lag\":null,\"reported_ms\":null}");
+    }
+    sv_puts(&b, "],");
+    stats_workers(&b, x->members, nmem, x->ver, nver, x->drops, ndrops, now);
+
+    sv_puts(&b, ",\"dropped\":{");
+    size_t nreasons = 0;
+    for (int d = 0; d < PSSTORE_NDROP; d++) {
+        const char *name = psstore_drop_name((psstore_drop_t)d);
+        int64_t k = 0;
+        for (size_t i = 0; i < ndrops; i++)
+            k += strcmp(x->drops[i].reason, name) == 0;
+        if (k > 0)
+            sv_printf(&b, "%s\"%s\":%lld", nreasons++ ? "," : "", name, (long long)k);
+    }
+    sv_puts(&b, "},\"freshness\":null,\"published_ms\":");
+    if (published > 0)
+        sv_printf(&b, "%lld", (long long)published);
+    else
+        sv_puts(&b, "null");
+    sv_puts(&b, "}");
+    size_t len;
+    char *text = sv_take(&b, &len);
+    sv_blob_t *blob = text != NULL ? sv_blob_new(text, len) : NULL;
+    if (blob == NULL)
+        return FR_ERR_NOMEM;
+    pthread_mutex_lock(&s->lock);
+    sv_blob_unref(m->stats);
+    m->stats = blob;
+    m->seq++;
+    pthread_mutex_unlock(&s->lock);
+    return FR_OK;
+}
+
+/* The metadata JSON (Open Inference Protocol shape). Under s->lock. */
+static void build_meta(sv_model_t *m)
+{
+    const psstore_model_info_t *info = &m->info;
+    int dims[FR_LAYERS_MAX], ndims = 0;
+    if (fr_layers_parse(info->layers, dims, &ndims, NULL, 0) != FR_OK)
+        ndims = 0;
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"name\":");
+    sv_json_str(&b, m->name);
+    sv_puts(&b, ",\"versions\":[");
+    size_t n = 0;
+    for (size_t i = 0; i < m->nsnaps; i++)
+        if (m->snaps[i]->version != info->version)
+            sv_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->snaps[i]->version);
+    sv_printf(&b, "%s\"%lld\"],\"platform\":\"freshet\"", n ? "," : "", (long long)info->version);
+    if (ndims >= 2)
+        sv_printf(&b,
+                  ",\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}],"
+                  "\"outputs\":[{\"name\":\"output\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}]",
+                  dims[0], dims[ndims - 1]);
+    sv_puts(&b, ",\"parameters\":{\"layers\":");
+    sv_json_str(&b, info->layers);
+    sv_puts(&b, ",\"loss\":");
+    sv_json_str(&b, info->loss);
+    sv_puts(&b, ",\"mode\":");
+    sv_json_str(&b, info->mode);
+    sv_printf(
+        &b, ",\"epoch\":\"%llu\",\"version\":%lld,\"shards\":%d,\"bytes\":%zu,\"created_ms\":%lld",
+        (unsigned long long)info->epoch, (long long)info->version, info->shards, info->bytes,
+        (long long)info->created_ms);
+    sv_puts(&b, ",\"stopped\":");
+    sv_json_str(&b, info->stopped);
+    /* the watermarks of the weights served: every position below them is in */
+    sv_puts(&b, ",\"offsets\":{");
+    const char *o = m->cur != NULL ? m->cur->offsets : "";
+    for (size_t k = 0; *o != '\0'; k++) {
+        const char *eq = strchr(o, '='), *end = strchr(o, ',');
+        if (end == NULL)
+            end = o + strlen(o);
+        if (eq == NULL || eq > end)
+            break;
+        char key[300];
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - o), o);
+        sv_puts(&b, k ? "," : "");
+        sv_json_str(&b, key);
+        sv_printf(&b, ":%.*s", (int)(end - eq - 1), eq + 1);
+        o = *end ? end + 1 : end;
+    }
+    sv_puts(&b, "}");
+    sv_puts(&b, ",\"stats\":\"/v2/models/");
+    sv_puts(&b, m->name); /* names are [A-Za-z0-9._-] */
+    sv_puts(&b, "/stats\"}}");
+    size_t len;
+    char *text = sv_take(&b, &len);
+    sv_blob_t *blob = text != NULL ? sv_blob_new(text, len) : NULL;
+    if (blob != NULL) {
+        sv_blob_unref(m->meta);
+        m->meta = blob;
+    }
+}
+
+/* ---- the thread ----------------------------------------------------------- */
+
+static void set_store(struct serve *s, int up, const char *why)
+{
+    pthread_mutex_lock(&s->lock);
+    int changed = s->store_up != up;
+    s->store_up = up;
+    snprintf(s->store_error, sizeof(s->store_error), "%s", up ? "" : why);
+    pthread_mutex_unlock(&s->lock);
+    fr_series_set(s->m_store_up, up);
+    if (changed) {
+        if (up)
+            fr_log(FR_LOG_INFO, "serve: store reachable");
+        else
+            fr_log(FR_LOG_WARN, "serve: store unreachable: %s", why);
+        sv_notify(s);
+    }
+}
+
+/* Sleeps up to ms, cut short by stop. */
+static void nap(struct serve *s, int ms)
+{
+    struct timespec ts;
+    fr_clock_deadline(&ts, ms);
+    pthread_mutex_lock(&s->lock);
+    if (!atomic_load(&s->stop))
+        pthread_cond_timedwait(&s->wake, &s->lock, &ts);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static fr_err_t read_models(struct serve *s, psstore_conn_t *c)
+{
+    char **names;
+    size_t n;
+    fr_err_t err = psstore_model_list(c, &names, &n);
+    if (err != FR_OK)
+        return err;
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->nnames; i++)
+        free(s->names[i]);
+    free(s->names);
+    s->names = names;
+    s->nnames = n;
+    s->models_ms = fr_clock_unix_ms();
+    /* the default model is always followed; others once asked for */
+    if (s->model[0] != '\0')
+        sv_model_get(s, s->model, 1);
+    pthread_mutex_unlock(&s->lock);
+    return FR_OK;
+}
+
+void *sv_follow_main(void *arg)
+{
+    struct serve *s = arg;
+    psstore_conn_t *c = NULL;
+    float *w = NULL;
+    size_t wcap = 0;
+    stats_scratch_t scratch = {0};
+    uint64_t models_ns = 0, check_ns = 0;
+    const char **names = calloc((size_t)s->conf.max_models, sizeof(*names));
+    char(*ids)[PSSTORE_STREAM_ID_MAX] = calloc((size_t)s->conf.max_models, sizeof(*ids));
+    int *moved = calloc((size_t)s->conf.max_models, sizeof(*moved));
+    sv_model_t **ms = calloc((size_t)s->conf.max_models, sizeof(*ms));
+    if (names == NULL || ids == NULL || moved == NULL || ms == NULL) {
+        fr_log(FR_LOG_ERROR, "serve: out of memory");
+        goto out;
+    }
+    while (!atomic_load(&s->stop)) {
+        char errstr[256];
+        if (c == NULL) {
+            c = psstore_conn_new(s->redis_url, FOLLOW_TIMEOUT_MS, errstr, sizeof(errstr));
+            if (c == NULL) {
+                set_store(s, 0, errstr);
+                nap(s, 500);
+                continue;
+            }
+            models_ns = check_ns = 0;
+        }
+        fr_err_t err = FR_OK;
+        if (models_ns == 0 || ms_since(models_ns) >= MODELS_EVERY_MS) {
+            if ((err = read_models(s, c)) != FR_OK)
+                goto fail;
+            models_ns = fr_clock_mono_ns();
+        }
+        /* the models to look at this turn */
+        pthread_mutex_lock(&s->lock);
+        size_t n = s->nmodels;
+        memcpy(ms, s->models, n * sizeof(*ms));
+        pthread_mutex_unlock(&s->lock);
+        int all = check_ns == 0 || ms_since(check_ns) >= CHECK_EVERY_MS, changed = 0;
+        if (all)
+            check_ns = fr_clock_mono_ns();
+        int next_ms = FOLLOW_BLOCK_MS;
+        for (size_t i = 0; i < n && err == FR_OK; i++) {
+            sv_model_t *m = ms[i];
+            if (all || m->pending)
+                err = refresh_model(s, c, m, &w, &wcap, &changed);
+            if (err == FR_OK && m->pending) {
+                int64_t left = s->conf.refresh_ms - (int64_t)ms_since(m->loaded_ns);
+                if (left < next_ms)
+                    next_ms = left < 1 ? 1 : (int)left;
+            }
+            pthread_mutex_lock(&s->lock);
+            int stats_wanted =
+                m->present &&
+                (fr_clock_unix_ms() - m->stats_wanted_ms < STATS_WANTED_FOR_MS || is_default(s, m));
+            if (m->present && (m->meta == NULL || m->meta_seq != m->seq)) {
+                build_meta(m);
+                m->meta_seq = m->seq;
+            }
+            pthread_mutex_unlock(&s->lock);
+            if (err == FR_OK && stats_wanted &&
+                (m->stats_ns == 0 || ms_since(m->stats_ns) >= STATS_EVERY_MS)) {
+                err = build_stats(s, c, m, &scratch);
+                m->stats_ns = fr_clock_mono_ns();
+                changed = 1;
+            }
+        }
+        if (err != FR_OK)
+            goto fail;
+        set_store(s, 1, "");
+        if (changed)
+            sv_notify(s);
+        /* block on the versions streams of the present models */
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!ms[i]->present)
+                continue;
+            if (strcmp(ms[i]->last_id, "0-0") == 0 &&
+                (err = psstore_versions_last_id(c, ms[i]->name, ms[i]->last_id)) != FR_OK)
+                goto fail;
+            names[k] = ms[i]->name;
+            memcpy(ids[k], ms[i]->last_id, PSSTORE_STREAM_ID_MAX);
+            ms[k++] = ms[i];
+        }
+        if (k == 0) {
+            nap(s, next_ms);
+            continue;
+        }
+        if ((err = psstore_versions_wait(c, names, k, ids, next_ms, moved)) != FR_OK)
+            goto fail;
+        for (size_t i = 0; i < k; i++) {
+            memcpy(ms[i]->last_id, ids[i], PSSTORE_STREAM_ID_MAX);
+            if (moved[i])
+                ms[i]->pending = 1;
+        }
+        continue;
+    fail:
+        if (err == FR_ERR_NOMEM) {
+            set_store(s, 0, "out of memory");
+            nap(s, 500);
+            continue;
+        }
+        set_store(s, 0, psstore_conn_error(c));
+        psstore_conn_destroy(c);
+        c = NULL;
+        nap(s, 500);
+    }
+out:
+    psstore_conn_destroy(c);
+    free(w);
+    scratch_fini(&scratch);
+    free(names);
+    free(ids);
+    free(moved);
+    free(ms);
+    return NULL;
+}

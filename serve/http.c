@@ -1,0 +1,1576 @@
+/*
+ * http.c - the libevent loop of serve: routes, the weights with ETag and
+ * long-poll, health, metrics, the dashboard, and the replay and rollback
+ * requests (DESIGN.md "Snapshots and publishing").
+ *
+ * Every read is answered from what the follower published (shared,
+ * encoded once): a request costs no Redis read and no copy of the weights
+ * (evbuffer_add_reference). A long-poll client costs a timer and a list
+ * entry, no thread; the connection's close callback drops it at once when
+ * it hangs up. Only replay and rollback talk to Redis from the loop: an
+ * operator's rare request, on its own connection with a short timeout.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+#include "ingest/ingest.h"
+#include "serve/serve_int.h"
+
+#define OP_TIMEOUT_MS  1000 /* Redis timeout of replay and rollback     */
+#define FIRST_WAIT_MS  5000 /* a model's first weights being read        */
+#define CONN_TIMEOUT_S (SERVE_MAX_WAIT_S + 30)
+#define MAX_HEADERS    16384
+#define CHARTJS_MAX    (8u << 20)
+
+extern const unsigned char serve_dashboard_html[];
+extern const size_t serve_dashboard_html_len;
+
+enum fmt { FMT_SAFETENSORS, FMT_RAW, FMT_JSON };
+
+struct sv_waiter {
+    sv_waiter_t *prev, *next;
+    struct serve *s;
+    sv_model_t *m;
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    struct event *timer;
+    struct event *hup; /* the client closed its end while waiting */
+    enum fmt fmt;
+    int first;      /* waiting for the model's first weights        */
+    uint64_t epoch; /* the client has (epoch, version) ...          */
+    int64_t version;
+    int any_epoch; /* ... or version in whatever epoch is current  */
+    int head;
+};
+
+void serve_conf_init(serve_conf_t *conf)
+{
+    memset(conf, 0, sizeof(*conf));
+    conf->listen = "127.0.0.1:8080";
+    conf->redis_url = "redis://127.0.0.1:6379/0";
+    conf->model = "";
+    conf->token = "";
+    conf->refresh_ms = 20;
+    conf->tls_cert = "";
+    conf->tls_key = "";
+    conf->chartjs = "/usr/share/javascript/chart.js/chart.min.js";
+    conf->max_body = 64 * 1024;
+    conf->max_models = 64;
+}
+
+void sv_notify(struct serve *s)
+{
+    if (s->notify != NULL)
+        event_active(s->notify, EV_READ, 0);
+}
+
+/* ---- responses ----------------------------------------------------------- */
+
+static const char *route_name(const char *path)
+{
+    if (strncmp(path, "/v2/models", 10) == 0) {
+        if (strstr(path, "/versions/") != NULL)
+            return "snapshot";
+        const char *last = strrchr(path, '/');
+        if (strcmp(last, "/weights") == 0)
+            return "weights";
+        if (strcmp(last, "/stats") == 0)
+            return "stats";
+        if (strcmp(last, "/replay") == 0)
+            return "replay";
+        if (strcmp(last, "/rollback") == 0)
+            return "rollback";
+        if (strcmp(last, "/ready") == 0)
+            return "ready";
+        return "models";
+    }
+    if (strncmp(path, "/dashboard", 10) == 0)
+        return "dashboard";
+    if (strcmp(path, "/metrics") == 0)
+        return "metrics";
+    if (strncmp(path, "/v2/health", 10) == 0 || strcmp(path, "/livez") == 0 ||
+        strcmp(path, "/readyz") == 0 || strcmp(path, "/healthz") == 0)
+        return "health";
+    return "other";
+}
+
+static void count(struct serve *s, struct evhttp_request *req, int code, size_t bytes)
+{
+    const char *uri = evhttp_request_get_uri(req);
+    char path[256];
+    size_t n = strcspn(uri != NULL ? uri : "", "?");
+    snprintf(path, sizeof(path), "%.*s", (int)(n < sizeof(path) ? n : sizeof(path) - 1),
+             uri != NULL ? uri : "");
+    char code_s[8];
+    snprintf(code_s, sizeof(code_s), "%d", code);
+    const char *route = route_name(path);
+    const char *lv[] = {route, code_s};
+    fr_series_add(fr_metric_series(s->m_requests, lv), 1);
+    const char *bv[] = {route};
+    fr_series_add(fr_metric_series(s->m_bytes, bv), (double)bytes);
+}
+
+static const char *reason_phrase(int code)
+{
+    switch (code) {
+    case 200: return "OK";
+    case 202: return "Accepted";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "Status";
+    }
+}
+
+static void send_buf(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                     struct evbuffer *body)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    if (type != NULL)
+        evhttp_add_header(h, "Content-Type", type);
+    size_t bytes = body != NULL ? evbuffer_get_length(body) : 0;
+    count(s, req, code, bytes);
+    evhttp_send_reply(req, code, reason_phrase(code), body);
+}
+
+static void send_text(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                      const char *text, size_t len)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (b != NULL)
+        evbuffer_add(b, text, len);
+    send_buf(s, req, code, type, b);
+    if (b != NULL)
+        evbuffer_free(b);
+}
+
+/* {"error": "..."} with code. */
+static void send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
+    FR_PRINTF(4, 5);
+static void send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"error\":");
+    sv_json_str(&b, msg);
+    sv_puts(&b, "}\n");
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-store");
+    send_text(s, req, code, "application/json", b.p ? b.p : "{}", b.p ? b.len : 2);
+    sv_buf_fini(&b);
+}
+
+static void blob_done(const void *data, size_t len, void *arg)
+{
+    sv_blob_unref(arg);
+}
+
+static void view_done(const void *data, size_t len, void *arg)
+{
+    sv_view_unref(arg);
+}
+
+/* A shared JSON document, referenced, not copied. Takes the reference. */
+static void send_blob(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                      sv_blob_t *blob)
+{
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL || evbuffer_add_reference(b, blob->data, blob->len, blob_done, blob) != 0) {
+        sv_blob_unref(blob);
+        if (b != NULL)
+            evbuffer_free(b);
+        send_error(s, req, 500, "out of memory");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-cache");
+    send_buf(s, req, code, type, b);
+    evbuffer_free(b);
+}
+
+/* ---- the JSON form of weights, made once per view on first use ------------- */
+
+static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v, const char *layers, const char *loss)
+{
+    if (v->json != NULL)
+        return sv_blob_ref(v->json);
+    int dims[FR_LAYERS_MAX], ndims;
+    if (fr_layers_parse(layers, dims, &ndims, NULL, 0) != FR_OK)
+        return NULL;
+    const float *w = (const float *)(v->st + v->raw_off);
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"model\":");
+    sv_json_str(&b, m->name);
+    sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)v->epoch,
+              (long long)v->version);
+    sv_json_str(&b, layers);
+    sv_puts(&b, ",\"loss\":");
+    sv_json_str(&b, loss);
+    sv_puts(&b, ",\"tensors\":{");
+    size_t off = 0;
+    for (int l = 0; l + 1 < ndims; l++) {
+        size_t rows = (size_t)dims[l + 1], cols = (size_t)dims[l];
+        for (int part = 0; part < 2; part++) {
+            size_t count = part == 0 ? rows * cols : rows;
+            if (off + count > v->raw_len / sizeof(float)) {
+                sv_buf_fini(&b);
+                return NULL;
+            }
+            sv_printf(&b, "%s\"layers.%d.%s\":{\"shape\":", l || part ? "," : "", l,
+                      part == 0 ? "weight" : "bias");
+            if (part == 0)
+                sv_printf(&b, "[%zu,%zu]", rows, cols);
+            else
+                sv_printf(&b, "[%zu]", rows);
+            sv_puts(&b, ",\"data\":[");
+            for (size_t i = 0; i < count; i++) {
+                float x;
+                memcpy(&x, w + off + i, sizeof(x)); /* st + raw_off may be unaligned */
+                sv_printf(&b, i ? ",%.9g" : "%.9g", (double)x);
+            }
+            sv_puts(&b, "]}");
+            off += count;
+        }
+    }
+    sv_puts(&b, "}}\n");
+    size_t len;
+    char *text = sv_take(&b, &len);
+    sv_blob_t *blob = text != NULL ? sv_blob_new(text, len) : NULL;
+    if (blob == NULL)
+        return NULL;
+    v->json = blob;
+    return sv_blob_ref(blob);
+}
+
+/* Answers req with view v in format f (v's reference is taken). Under no
+ * lock. layers/loss name the model for the JSON form and the headers. */
+static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
+                      enum fmt f, int latest, const char *layers, const char *loss)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    char num[32];
+    evhttp_add_header(h, "ETag", v->etag);
+    snprintf(num, sizeof(num), "%lld", (long long)v->version);
+    evhttp_add_header(h, "X-Freshet-Version", num);
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)v->epoch);
+    evhttp_add_header(h, "X-Freshet-Epoch", num);
+    evhttp_add_header(h, "X-Freshet-Layers", layers);
+    evhttp_add_header(h, "Cache-Control",
+                      latest ? "no-cache" : "public, max-age=31536000, immutable");
+    const char *inm = evhttp_find_header(evhttp_request_get_input_headers(req), "If-None-Match");
+    if (inm != NULL && (strcmp(inm, v->etag) == 0 || strcmp(inm, "*") == 0)) {
+        sv_view_unref(v);
+        count(s, req, 304, 0);
+        evhttp_send_reply(req, 304, "Not Modified", NULL);
+        return;
+    }
+    struct evbuffer *b = evbuffer_new();
+    if (b == NULL) {
+        sv_view_unref(v);
+        send_error(s, req, 500, "out of memory");
+        return;
+    }
+    int rc;
+    const char *type = "application/octet-stream";
+    if (f == FMT_JSON) {
+        sv_blob_t *j = view_json(m, v, layers, loss);
+        sv_view_unref(v);
+        if (j == NULL) {
+            evbuffer_free(b);
+            send_error(s, req, 500, "encoding the weights as JSON failed");
+            return;
+        }
+        rc = evbuffer_add_reference(b, j->data, j->len, blob_done, j);
+        if (rc != 0)
+            sv_blob_unref(j);
+        type = "application/json";
+    } else {
+        char disp[160];
+        snprintf(disp, sizeof(disp), "attachment; filename=\"%s-v%lld.%s\"", m->name,
+                 (long long)v->version, f == FMT_RAW ? "f32" : "safetensors");
+        evhttp_add_header(h, "Content-Disposition", disp);
+        if (f == FMT_RAW) {
+            evhttp_add_header(h, "X-Freshet-Dtype", "float32-le");
+            rc = evbuffer_add_reference(b, v->st + v->raw_off, v->raw_len, view_done, v);
+        } else {
+            rc = evbuffer_add_reference(b, v->st, v->st_len, view_done, v);
+        }
+        if (rc != 0)
+            sv_view_unref(v);
+    }
+    if (rc != 0) {
+        evbuffer_free(b);
+        send_error(s, req, 500, "out of memory");
+        return;
+    }
+    send_buf(s, req, 200, type, b);
+    evbuffer_free(b);
+}
+
+/* ---- waiters (long-poll and first reads) ----------------------------------- */
+
+static void waiter_unlink(sv_waiter_t *w)
+{
+    if (w->prev != NULL)
+        w->prev->next = w->next;
+    else
+        w->m->waiters = w->next;
+    if (w->next != NULL)
+        w->next->prev = w->prev;
+    w->prev = w->next = NULL;
+    w->s->waiting--;
+    fr_series_set(w->s->m_waiting, (double)w->s->waiting);
+}
+
+static void waiter_free(sv_waiter_t *w)
+{
+    if (w->timer != NULL)
+        event_free(w->timer);
+    if (w->hup != NULL)
+        event_free(w->hup);
+    free(w);
+}
+
+/* Stops watching the connection and forgets the waiter; the caller answers
+ * w->req next. */
+static void waiter_finish(sv_waiter_t *w)
+{
+    waiter_unlink(w);
+    if (w->evcon != NULL)
+        evhttp_connection_set_closecb(w->evcon, NULL, NULL);
+}
+
+/* The client hung up (or the server is closing the connection). */
+static void waiter_closed(struct evhttp_connection *evcon, void *arg)
+{
+    sv_waiter_t *w = arg;
+    waiter_unlink(w);
+    /* a request detached from its dead connection is ours to free; one
+     * still queued on it is freed by libevent */
+    if (evhttp_request_get_connection(w->req) == NULL)
+        evhttp_request_free(w->req);
+    waiter_free(w);
+}
+
+/* (epoch, version) of m's current weights differs from what w has. */
+static int waiter_due(const sv_waiter_t *w, const sv_view_t *cur)
+{
+    if (cur == NULL)
+        return 0;
+    if (w->first)
+        return 1;
+    return cur->version != w->version || (!w->any_epoch && cur->epoch != w->epoch);
+}
+
+static void answer_waiter(sv_waiter_t *w, int timed_out)
+{
+    struct serve *s = w->s;
+    sv_model_t *m = w->m;
+    struct evhttp_request *req = w->req;
+    pthread_mutex_lock(&s->lock);
+    sv_view_t *cur = sv_view_ref(m->cur);
+    char layers[256], loss[16], error[256];
+    snprintf(layers, sizeof(layers), "%s", m->info.layers);
+    snprintf(loss, sizeof(loss), "%s", m->info.loss);
+    snprintf(error, sizeof(error), "%s", m->error);
+    pthread_mutex_unlock(&s->lock);
+    enum fmt f = w->fmt;
+    int first = w->first;
+    waiter_finish(w);
+    waiter_free(w);
+    if (cur == NULL) {
+        send_error(s, req, 503, "weights of model '%s' not available yet%s%s", m->name,
+                   error[0] ? ": " : "", error);
+        return;
+    }
+    if (timed_out && !first) {
+        /* nothing newer within wait: 304 with the current ETag */
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_add_header(h, "ETag", cur->etag);
+        evhttp_add_header(h, "Cache-Control", "no-cache");
+        char num[32];
+        snprintf(num, sizeof(num), "%lld", (long long)cur->version);
+        evhttp_add_header(h, "X-Freshet-Version", num);
+        sv_view_unref(cur);
+        count(s, req, 304, 0);
+        evhttp_send_reply(req, 304, "Not Modified", NULL);
+        return;
+    }
+    send_view(s, req, m, cur, f, 1, layers, loss);
+}
+
+static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    answer_waiter(arg, 1);
+}
+
+/* evhttp reads nothing from a connection while its request is pending, so
+ * it would notice a hang-up only when it writes the answer: the socket is
+ * watched for the peer's close (EPOLLRDHUP) and the connection freed at
+ * once, which runs waiter_closed. */
+static void waiter_hup(evutil_socket_t fd, short what, void *arg)
+{
+    sv_waiter_t *w = arg;
+    evhttp_connection_free(w->evcon);
+}
+
+static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m, enum fmt f,
+                      int first, uint64_t epoch, int64_t version, int any_epoch, int wait_ms)
+{
+    sv_waiter_t *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return -1;
+    w->s = s;
+    w->m = m;
+    w->req = req;
+    w->fmt = f;
+    w->first = first;
+    w->epoch = epoch;
+    w->version = version;
+    w->any_epoch = any_epoch;
+    w->timer = evtimer_new(s->base, waiter_timeout, w);
+    struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
+    if (w->timer == NULL || evtimer_add(w->timer, &tv) != 0) {
+        waiter_free(w);
+        return -1;
+    }
+    w->evcon = evhttp_request_get_connection(req);
+    if (w->evcon != NULL) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(w->evcon);
+        evutil_socket_t fd = bev != NULL ? bufferevent_getfd(bev) : -1;
+        if (fd >= 0 && (event_base_get_features(s->base) & EV_FEATURE_EARLY_CLOSE)) {
+            w->hup = event_new(s->base, fd, EV_CLOSED, waiter_hup, w);
+            if (w->hup == NULL || event_add(w->hup, NULL) != 0) {
+                waiter_free(w);
+                return -1;
+            }
+        }
+        evhttp_connection_set_closecb(w->evcon, waiter_closed, w);
+    }
+    w->next = m->waiters;
+    if (m->waiters != NULL)
+        m->waiters->prev = w;
+    m->waiters = w;
+    s->waiting++;
+    fr_series_set(s->m_waiting, (double)s->waiting);
+    return 0;
+}
+
+/* The follower published: answers the waiters whose wait is over. */
+static void on_notify(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    pthread_mutex_lock(&s->lock);
+    size_t n = s->nmodels;
+    pthread_mutex_unlock(&s->lock);
+    for (size_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&s->lock);
+        sv_model_t *m = s->models[i];
+        uint64_t seq = m->seq;
+        sv_view_t *cur = sv_view_ref(m->cur);
+        int gone = !m->present || m->error[0] != '\0';
+        pthread_mutex_unlock(&s->lock);
+        if (seq != m->seen_seq) {
+            m->seen_seq = seq;
+            sv_waiter_t *w = m->waiters;
+            while (w != NULL) {
+                sv_waiter_t *next = w->next;
+                if (waiter_due(w, cur) || (w->first && gone))
+                    answer_waiter(w, 0);
+                w = next;
+            }
+        }
+        sv_view_unref(cur);
+    }
+}
+
+/* ---- request helpers -------------------------------------------------------- */
+
+/* Constant-time comparison of the request's bearer token with ours. */
+static int authorized(struct serve *s, struct evhttp_request *req)
+{
+    if (s->token[0] == '\0')
+        return 0;
+    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (h == NULL || strncasecmp(h, "Bearer ", 7) != 0)
+        return 0;
+    const char *given = h + 7;
+    size_t a = strlen(given), b = strlen(s->token);
+    unsigned diff = (unsigned)(a != b);
+    for (size_t i = 0; i < b; i++)
+        diff |= (unsigned char)s->token[i] ^ (unsigned char)(i < a ? given[i] : 0);
+    return diff == 0;
+}
+
+static void deny(struct serve *s, struct evhttp_request *req)
+{
+    if (s->token[0] == '\0') {
+        send_error(s, req, 403,
+                   "no token configured: set [serve] token or FRESHET_TOKEN to allow this");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
+                      "Bearer realm=\"freshet\"");
+    send_error(s, req, 401, "missing or wrong bearer token");
+}
+
+/* Parses a non-negative decimal into *v; -1 when it is not one. */
+static int parse_i64(const char *text, int64_t *v)
+{
+    if (text == NULL || *text == '\0' || *text == '-' || *text == '+')
+        return -1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(text, &end, 10);
+    if (errno != 0 || *end != '\0' || x < 0)
+        return -1;
+    *v = x;
+    return 0;
+}
+
+/* The request's parameters: the query string, and for a POST a form body
+ * (application/x-www-form-urlencoded) added after it. -1 on a malformed
+ * query or body. */
+static int read_params(struct evhttp_request *req, struct evkeyvalq *params)
+{
+    TAILQ_INIT(params);
+    const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
+    const char *q = u != NULL ? evhttp_uri_get_query(u) : NULL;
+    if (q != NULL && evhttp_parse_query_str(q, params) != 0)
+        return -1;
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST)
+        return 0;
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    if (len == 0)
+        return 0;
+    char *body = malloc(len + 1);
+    if (body == NULL)
+        return -1;
+    evbuffer_copyout(in, body, len);
+    body[len] = '\0';
+    struct evkeyvalq form;
+    TAILQ_INIT(&form);
+    int rc = strlen(body) == len ? evhttp_parse_query_str(body, &form) : -1;
+    free(body);
+    if (rc != 0) {
+        evhttp_clear_headers(&form);
+        return -1;
+    }
+    for (struct evkeyval *kv = form.tqh_first; kv != NULL; kv = kv->next.tqe_next)
+        evhttp_add_header(params, kv->key, kv->value);
+    evhttp_clear_headers(&form);
+    return 0;
+}
+
+/* Reads the model for a request: NULL after answering 404/503. Marks its
+ * weights (or stats) wanted. */
+static sv_model_t *find_model(struct serve *s, struct evhttp_request *req, const char *name,
+                              int stats)
+{
+    pthread_mutex_lock(&s->lock);
+    int listed = 0;
+    for (size_t i = 0; i < s->nnames && !listed; i++)
+        listed = strcmp(s->names[i], name) == 0;
+    sv_model_t *m = sv_model_get(s, name, listed);
+    int known = s->models_ms > 0, up = s->store_up;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", s->store_error);
+    if (m != NULL) {
+        if (stats)
+            m->stats_wanted_ms = fr_clock_unix_ms();
+        else
+            m->wanted_ms = fr_clock_unix_ms();
+    }
+    int have = m != NULL && (m->present || m->cur != NULL);
+    pthread_mutex_unlock(&s->lock);
+    if (m != NULL && (have || listed))
+        return m;
+    if (!known && !up) {
+        send_error(s, req, 503, "store unreachable: %s", why[0] ? why : "not connected yet");
+        return NULL;
+    }
+    if (listed) { /* too many models followed */
+        send_error(s, req, 503, "serving at most %d models", s->conf.max_models);
+        return NULL;
+    }
+    send_error(s, req, 404, "no model '%s'", name);
+    return NULL;
+}
+
+/* ---- handlers ----------------------------------------------------------------- */
+
+static void h_models(struct serve *s, struct evhttp_request *req)
+{
+    pthread_mutex_lock(&s->lock);
+    int known = s->models_ms > 0;
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"models\":[");
+    for (size_t i = 0; i < s->nnames; i++) {
+        sv_puts(&b, i ? "," : "");
+        sv_json_str(&b, s->names[i]);
+    }
+    sv_puts(&b, "],\"default\":");
+    if (s->model[0] != '\0')
+        sv_json_str(&b, s->model);
+    else if (s->nnames > 0)
+        sv_json_str(&b, s->names[0]);
+    else
+        sv_puts(&b, "null");
+    sv_puts(&b, "}\n");
+    char why[256];
+    snprintf(why, sizeof(why), "%s", s->store_error);
+    pthread_mutex_unlock(&s->lock);
+    if (!known) {
+        sv_buf_fini(&b);
+        send_error(s, req, 503, "store unreachable: %s", why[0] ? why : "not connected yet");
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-cache");
+    send_text(s, req, 200, "application/json", b.p, b.len);
+    sv_buf_fini(&b);
+}
+
+static void h_model(struct serve *s, struct evhttp_request *req, const char *name)
+{
+    sv_model_t *m = find_model(s, req, name, 0);
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    sv_blob_t *meta = m->present ? sv_blob_ref(m->meta) : NULL;
+    pthread_mutex_unlock(&s->lock);
+    if (meta == NULL) {
+        send_error(s, req, 503, "metadata of model '%s' not read yet", name);
+        return;
+    }
+    send_blob(s, req, 200, "application/json", meta);
+}
+
+static void h_model_ready(struct serve *s, struct evhttp_request *req, const char *name)
+{
+    sv_model_t *m = find_model(s, req, name, 0);
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    int have = m->cur != NULL;
+    char stopped[256];
+    snprintf(stopped, sizeof(stopped), "%s", m->info.stopped);
+    int64_t version = m->cur != NULL ? m->cur->version : -1;
+    pthread_mutex_unlock(&s->lock);
+    if (!have) {
+        send_error(s, req, 503, "model '%s' has no weights loaded yet", name);
+        return;
+    }
+    if (stopped[0] != '\0') {
+        send_error(s, req, 503, "model '%s' stopped by the divergence guard: %s", name, stopped);
+        return;
+    }
+    char body[160];
+    int n = snprintf(body, sizeof(body), "{\"name\":\"%s\",\"ready\":true,\"version\":%lld}\n",
+                     name, (long long)version);
+    send_text(s, req, 200, "application/json", body, (size_t)n);
+}
+
+static int parse_fmt(const char *text, enum fmt *f)
+{
+    if (text == NULL || strcmp(text, "safetensors") == 0)
+        *f = FMT_SAFETENSORS;
+    else if (strcmp(text, "raw") == 0 || strcmp(text, "f32") == 0)
+        *f = FMT_RAW;
+    else if (strcmp(text, "json") == 0)
+        *f = FMT_JSON;
+    else
+        return -1;
+    return 0;
+}
+
+/* Parses an ETag "\"<epoch>-v<version>\"" (quotes optional). */
+static int parse_etag(const char *t, uint64_t *epoch, int64_t *version)
+{
+    unsigned long long e;
+    long long v;
+    char tail;
+    if (t == NULL)
+        return -1;
+    if (*t == 'W' && t[1] == '/')
+        t += 2;
+    if (sscanf(t, "\"%llu-v%lld\"%c", &e, &v, &tail) == 2 ||
+        sscanf(t, "%llu-v%lld%c", &e, &v, &tail) == 2) {
+        *epoch = e;
+        *version = v;
+        return 0;
+    }
+    return -1;
+}
+
+static void h_weights(struct serve *s, struct evhttp_request *req, const char *name,
+                      struct evkeyvalq *params)
+{
+    enum fmt f;
+    if (parse_fmt(evhttp_find_header(params, "format"), &f) != 0) {
+        send_error(s, req, 400, "format must be safetensors, raw or json");
+        return;
+    }
+    const char *after_s = evhttp_find_header(params, "after_version");
+    const char *wait_s = evhttp_find_header(params, "wait");
+    int64_t after = -1, wait = 0;
+    if (after_s != NULL && parse_i64(after_s, &after) != 0) {
+        send_error(s, req, 400, "after_version must be a version number (>= 0)");
+        return;
+    }
+    if (wait_s != NULL && (parse_i64(wait_s, &wait) != 0 || wait > SERVE_MAX_WAIT_S)) {
+        send_error(s, req, 400, "wait must be whole seconds from 0 to %d", SERVE_MAX_WAIT_S);
+        return;
+    }
+    if (wait > 0 && after < 0) {
+        send_error(s, req, 400, "wait needs after_version");
+        return;
+    }
+    sv_model_t *m = find_model(s, req, name, 0);
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    sv_view_t *cur = sv_view_ref(m->cur);
+    char layers[256], loss[16];
+    snprintf(layers, sizeof(layers), "%s", m->info.layers);
+    snprintf(loss, sizeof(loss), "%s", m->info.loss);
+    pthread_mutex_unlock(&s->lock);
+    if (cur == NULL) {
+        /* the follower reads it now: wait for it a little */
+        if (add_waiter(s, req, m, f, 1, 0, 0, 1, FIRST_WAIT_MS) != 0)
+            send_error(s, req, 500, "out of memory");
+        sv_notify(s);
+        return;
+    }
+    if (after >= 0) {
+        uint64_t epoch = cur->epoch;
+        int64_t inm_version;
+        int any_epoch = 1;
+        const char *inm =
+            evhttp_find_header(evhttp_request_get_input_headers(req), "If-None-Match");
+        if (parse_etag(inm, &epoch, &inm_version) == 0)
+            any_epoch = 0;
+        int newer = cur->version != after || (!any_epoch && cur->epoch != epoch);
+        if (!newer) {
+            sv_view_unref(cur);
+            if (wait == 0) {
+                sv_waiter_t tmp = {.s = s, .m = m, .req = req, .fmt = f};
+                (void)tmp;
+            }
+            if (add_waiter(s, req, m, f, 0, epoch, after, any_epoch, (int)wait * 1000) != 0)
+                send_error(s, req, 500, "out of memory");
+            return;
+        }
+        /* a newer one exists: answer it whatever If-None-Match says */
+        evhttp_remove_header(evhttp_request_get_input_headers(req), "If-None-Match");
+    }
+    send_view(s, req, m, cur, f, 1, layers, loss);
+}
+
+static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
+                       const char *vtext, struct evkeyvalq *params)
+{
+    enum fmt f;
+    int64_t version;
+    if (parse_fmt(evhttp_find_header(params, "format"), &f) != 0) {
+        send_error(s, req, 400, "format must be safetensors, raw or json");
+        return;
+    }
+    if (parse_i64(vtext, &version) != 0) {
+        send_error(s, req, 400, "bad version '%s'", vtext);
+        return;
+    }
+    sv_model_t *m = find_model(s, req, name, 0);
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    sv_view_t *v = NULL;
+    for (size_t i = 0; i < m->nsnaps && v == NULL; i++)
+        if (m->snaps[i]->version == version)
+            v = sv_view_ref(m->snaps[i]);
+    char layers[256], loss[16];
+    snprintf(layers, sizeof(layers), "%s", m->info.layers);
+    snprintf(loss, sizeof(loss), "%s", m->info.loss);
+    pthread_mutex_unlock(&s->lock);
+    if (v == NULL) {
+        send_error(s, req, 404, "model '%s' retains no snapshot of version %lld in this epoch",
+                   name, (long long)version);
+        return;
+    }
+    send_view(s, req, m, v, f, 0, layers, loss);
+}
+
+static void h_stats(struct serve *s, struct evhttp_request *req, const char *name)
+{
+    sv_model_t *m = find_model(s, req, name, 1);
+    if (m == NULL)
+        return;
+    pthread_mutex_lock(&s->lock);
+    int up = s->store_up;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", s->store_error);
+    sv_blob_t *stats = sv_blob_ref(m->stats);
+    pthread_mutex_unlock(&s->lock);
+    if (!up) {
+        sv_blob_unref(stats);
+        send_error(s, req, 503, "store unreachable: %s", why);
+        return;
+    }
+    if (stats == NULL) {
+        sv_notify(s);
+        send_error(s, req, 503, "stats of model '%s' are being read: ask again in a second", name);
+        return;
+    }
+    send_blob(s, req, 200, "application/json", stats);
+}
+
+/* The loop's own connection for operator requests. */
+static psstore_conn_t *op_conn(struct serve *s, struct evhttp_request *req)
+{
+    pthread_mutex_lock(&s->lock);
+    int up = s->store_up;
+    char why[256];
+    snprintf(why, sizeof(why), "%s", s->store_error);
+    pthread_mutex_unlock(&s->lock);
+    if (!up) {
+        send_error(s, req, 503, "store unreachable: %s", why);
+        return NULL;
+    }
+    if (s->op_conn == NULL) {
+        char errstr[256];
+        s->op_conn = psstore_conn_new(s->redis_url, OP_TIMEOUT_MS, errstr, sizeof(errstr));
+        if (s->op_conn == NULL) {
+            send_error(s, req, 503, "store unreachable: %s", errstr);
+            return NULL;
+        }
+    }
+    return s->op_conn;
+}
+
+static void op_failed(struct serve *s, struct evhttp_request *req)
+{
+    send_error(s, req, 503, "store: %s", psstore_conn_error(s->op_conn));
+    psstore_conn_destroy(s->op_conn);
+    s->op_conn = NULL;
+}
+
+static int parse_bool(const char *t, int *v)
+{
+    if (t == NULL || strcmp(t, "false") == 0 || strcmp(t, "0") == 0 || strcmp(t, "") == 0)
+        *v = 0;
+    else if (strcmp(t, "true") == 0 || strcmp(t, "1") == 0 || strcmp(t, "on") == 0)
+        *v = 1;
+    else
+        return -1;
+    return 0;
+}
+
+static void h_replay(struct serve *s, struct evhttp_request *req, const char *name,
+                     struct evkeyvalq *params)
+{
+    const char *verb = evhttp_find_header(params, "verb");
+    const char *arg = evhttp_find_header(params, "arg");
+    const char *topic = evhttp_find_header(params, "topic");
+    int execute;
+    if (parse_bool(evhttp_find_header(params, "execute"), &execute) != 0) {
+        send_error(s, req, 400, "execute must be true or false");
+        return;
+    }
+    if (verb == NULL) {
+        send_error(s, req, 400,
+                   "verb is required: to-earliest, to-latest, to-offset, to-datetime, "
+                   "by-duration or shift-by");
+        return;
+    }
+    if (arg != NULL && arg[0] == '\0')
+        arg = NULL;
+    ingest_replay_t *r = calloc(1, sizeof(*r));
+    char spec[PSSTORE_REPLAY_SPEC_MAX], errstr[256];
+    if (r == NULL) {
+        send_error(s, req, 500, "out of memory");
+        return;
+    }
+    if (ingest_replay_from_verb(r, verb, arg, fr_clock_unix_ms(), errstr, sizeof(errstr)) !=
+        FR_OK) {
+        free(r);
+        send_error(s, req, 400, "%s", errstr);
+        return;
+    }
+    if (topic != NULL && topic[0] != '\0') {
+        if (strlen(topic) >= sizeof(r->topic)) {
+            free(r);
+            send_error(s, req, 400, "topic too long");
+            return;
+        }
+        snprintf(r->topic, sizeof(r->topic), "%s", topic);
+    }
+    if (ingest_replay_format(r, spec, sizeof(spec)) != FR_OK) {
+        free(r);
+        send_error(s, req, 400, "not a valid replay request (topic or values out of range)");
+        return;
+    }
+    if (find_model(s, req, name, 0) == NULL) {
+        free(r);
+        return;
+    }
+    psstore_conn_t *c = op_conn(s, req);
+    if (c == NULL) {
+        free(r);
+        return;
+    }
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"model\":");
+    sv_json_str(&b, name);
+    sv_puts(&b, ",\"request\":");
+    sv_json_str(&b, spec);
+    if (!execute) {
+        /* the plan: each partition the store knows, its watermark and target */
+        psstore_partition_status_t *parts = NULL;
+        size_t n = 0, cap = 0;
+        if (psstore_partitions_read(c, name, &parts, &n, &cap) != FR_OK) {
+            free(r);
+            free(parts);
+            sv_buf_fini(&b);
+            op_failed(s, req);
+            return;
+        }
+        sv_puts(&b, ",\"dry_run\":true,\"plan\":[");
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!ingest_replay_applies(r, parts[i].topic, parts[i].partition, NULL))
+                continue;
+            char target[160];
+            ingest_replay_describe(r, parts[i].partition, target, sizeof(target));
+            sv_puts(&b, k++ ? ",{\"topic\":" : "{\"topic\":");
+            sv_json_str(&b, parts[i].topic);
+            sv_printf(&b,
+                      ",\"partition\":%d,\"watermark\":%lld,\"log_end\":", (int)parts[i].partition,
+                      (long long)parts[i].watermark);
+            if (parts[i].log_end >= 0)
+                sv_printf(&b, "%lld", (long long)parts[i].log_end);
+            else
+                sv_puts(&b, "null");
+            sv_puts(&b, ",\"target\":");
+            sv_json_str(&b, target);
+            sv_puts(&b, "}");
+        }
+        sv_puts(&b, "],\"note\":\"dry run: nothing changed (execute=true stores the request; "
+                    "the owning consumers resolve the targets against Kafka)\"}\n");
+        free(parts);
+        free(r);
+        send_text(s, req, 200, "application/json", b.p, b.len);
+        sv_buf_fini(&b);
+        return;
+    }
+    free(r);
+    char id[64];
+    if (psstore_request_replay(c, name, spec, id) != FR_OK) {
+        sv_buf_fini(&b);
+        op_failed(s, req);
+        return;
+    }
+    fr_log(FR_LOG_INFO, "serve: replay of model '%s' requested over HTTP: %s (request %s)", name,
+           spec, id);
+    sv_puts(&b, ",\"dry_run\":false,\"request_id\":");
+    sv_json_str(&b, id);
+    sv_puts(&b, ",\"note\":\"stored: the applier publishes it under the next replay "
+                "generation\"}\n");
+    send_text(s, req, 202, "application/json", b.p, b.len);
+    sv_buf_fini(&b);
+}
+
+static void h_rollback(struct serve *s, struct evhttp_request *req, const char *name,
+                       struct evkeyvalq *params)
+{
+    int64_t version;
+    if (parse_i64(evhttp_find_header(params, "version"), &version) != 0) {
+        send_error(s, req, 400, "version (a retained snapshot's version) is required");
+        return;
+    }
+    if (find_model(s, req, name, 0) == NULL)
+        return;
+    psstore_conn_t *c = op_conn(s, req);
+    if (c == NULL)
+        return;
+    psstore_snapshot_info_t list[SV_MAX_SNAPS];
+    size_t n;
+    if (psstore_snapshots_list(c, name, list, SV_MAX_SNAPS, &n) != FR_OK) {
+        op_failed(s, req);
+        return;
+    }
+    int retained = 0;
+    for (size_t i = 0; i < n && !retained; i++)
+        retained = list[i].version == version;
+    if (!retained) {
+        send_error(s, req, 404, "model '%s' retains no snapshot of version %lld", name,
+                   (long long)version);
+        return;
+    }
+    char id[64];
+    if (psstore_request_rollback(c, name, version, id) != FR_OK) {
+        op_failed(s, req);
+        return;
+    }
+    fr_log(FR_LOG_INFO,
+           "serve: rollback of model '%s' to snapshot %lld requested over HTTP "
+           "(request %s)",
+           name, (long long)version, id);
+    char body[256];
+    int len = snprintf(body, sizeof(body),
+                       "{\"model\":\"%s\",\"version\":%lld,\"request_id\":\"%s\",\"note\":"
+                       "\"stored: the applier restores it as a new version of a new epoch\"}\n",
+                       name, (long long)version, id);
+    send_text(s, req, 202, "application/json", body, (size_t)len);
+}
+
+static void h_metrics(struct serve *s, struct evhttp_request *req)
+{
+    size_t len;
+    char *text = fr_metrics_render(s->conf.metrics, &len);
+    if (text == NULL) {
+        send_error(s, req, 500, "out of memory");
+        return;
+    }
+    send_text(s, req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    free(text);
+}
+
+/* /readyz: the store answers and the default model is served and running. */
+static void h_ready(struct serve *s, struct evhttp_request *req)
+{
+    pthread_mutex_lock(&s->lock);
+    char why[400] = "";
+    if (!s->store_up) {
+        snprintf(why, sizeof(why), "store unreachable: %s",
+                 s->store_error[0] ? s->store_error : "not connected yet");
+    } else if (s->model[0] != '\0') {
+        sv_model_t *m = sv_model_get(s, s->model, 0);
+        if (m == NULL || !m->present)
+            snprintf(why, sizeof(why), "no model '%s' in the store", s->model);
+        else if (m->info.stopped[0] != '\0')
+            snprintf(why, sizeof(why), "model '%s' stopped by the divergence guard: %s", s->model,
+                     m->info.stopped);
+        else if (m->cur == NULL)
+            snprintf(why, sizeof(why), "model '%s': weights not loaded yet%s%s", s->model,
+                     m->error[0] ? ": " : "", m->error);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (why[0] != '\0') {
+        send_error(s, req, 503, "%s", why);
+        return;
+    }
+    send_text(s, req, 200, "application/json", "{\"ready\":true}\n", 15);
+}
+
+static void h_dashboard(struct serve *s, struct evhttp_request *req, const char *path)
+{
+    if (strcmp(path, "/dashboard/chart.min.js") == 0) {
+        if (s->chartjs_data == NULL) {
+            send_error(s, req, 404,
+                       "Chart.js not found at %s (Debian: apt-get install "
+                       "libjs-chart.js)",
+                       s->chartjs);
+            return;
+        }
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control",
+                          "public, max-age=86400");
+        struct evbuffer *b = evbuffer_new();
+        if (b != NULL)
+            evbuffer_add_reference(b, s->chartjs_data, s->chartjs_len, NULL, NULL);
+        send_buf(s, req, 200, "text/javascript; charset=utf-8", b);
+        if (b != NULL)
+            evbuffer_free(b);
+        return;
+    }
+    if (strcmp(path, "/dashboard") != 0 && strcmp(path, "/dashboard/") != 0) {
+        send_error(s, req, 404, "no such page");
+        return;
+    }
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_add_header(h, "Content-Security-Policy",
+                      "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                      "style-src 'self' 'unsafe-inline'; img-src 'self' data:");
+    struct evbuffer *b = evbuffer_new();
+    if (b != NULL)
+        evbuffer_add_reference(b, serve_dashboard_html, serve_dashboard_html_len, NULL, NULL);
+    send_buf(s, req, 200, "text/html; charset=utf-8", b);
+    if (b != NULL)
+        evbuffer_free(b);
+}
+
+/* Splits "/v2/models/{m}[/rest]" into name[65] and rest; -1 when the
+ * name is bad (too long or with characters names cannot have). */
+static int split_model(const char *path, char *name, const char **rest)
+{
+    const char *p = path + strlen("/v2/models/");
+    size_t n = strcspn(p, "/");
+    if (n == 0 || n > 64)
+        return -1;
+    memcpy(name, p, n);
+    name[n] = '\0';
+    if (psstore_model_name_check(name, NULL, 0) != FR_OK)
+        return -1;
+    *rest = p + n;
+    return 0;
+}
+
+static void method_not_allowed(struct serve *s, struct evhttp_request *req, const char *allow)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allow);
+    send_error(s, req, 405, "method not allowed here (allowed: %s)", allow);
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    struct serve *s = arg;
+    const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
+    const char *raw = u != NULL ? evhttp_uri_get_path(u) : NULL;
+    if (raw == NULL || raw[0] != '/') {
+        send_error(s, req, 400, "bad request target");
+        return;
+    }
+    char *path = evhttp_uridecode(raw, 0, NULL);
+    if (path == NULL) {
+        send_error(s, req, 400, "bad request target");
+        return;
+    }
+    size_t plen = strlen(path);
+    while (plen > 1 && path[plen - 1] == '/' && strcmp(path, "/dashboard/") != 0)
+        path[--plen] = '\0';
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    int get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD, post = cmd == EVHTTP_REQ_POST;
+    struct evkeyvalq params;
+    if (read_params(req, &params) != 0) {
+        evhttp_clear_headers(&params);
+        free(path);
+        send_error(s, req, 400, "malformed query string or form body");
+        return;
+    }
+
+    int health = strcmp(path, "/livez") == 0 || strcmp(path, "/readyz") == 0 ||
+                 strcmp(path, "/healthz") == 0 || strncmp(path, "/v2/health/", 11) == 0;
+    if (health) {
+        if (!get)
+            method_not_allowed(s, req, "GET, HEAD");
+        else if (strcmp(path, "/livez") == 0 || strcmp(path, "/v2/health/live") == 0)
+            send_text(s, req, 200, "application/json", "{\"live\":true}\n", 14);
+        else if (strcmp(path, "/readyz") == 0 || strcmp(path, "/healthz") == 0 ||
+                 strcmp(path, "/v2/health/ready") == 0)
+            h_ready(s, req);
+        else
+            send_error(s, req, 404, "no route %s", path);
+        goto out;
+    }
+    int dashboard = strcmp(path, "/dashboard") == 0 || strncmp(path, "/dashboard/", 11) == 0;
+    if (dashboard) { /* the page and Chart.js are static: its data needs the token */
+        if (!get)
+            method_not_allowed(s, req, "GET, HEAD");
+        else
+            h_dashboard(s, req, path);
+        goto out;
+    }
+    if (s->conf.protect_reads && get && !authorized(s, req)) {
+        deny(s, req);
+        goto out;
+    }
+    if (strcmp(path, "/metrics") == 0) {
+        if (!get)
+            method_not_allowed(s, req, "GET, HEAD");
+        else
+            h_metrics(s, req);
+        goto out;
+    }
+    if (strcmp(path, "/v2/models") == 0) {
+        if (!get)
+            method_not_allowed(s, req, "GET, HEAD");
+        else
+            h_models(s, req);
+        goto out;
+    }
+    if (strncmp(path, "/v2/models/", 11) == 0) {
+        char name[65];
+        const char *rest;
+        if (split_model(path, name, &rest) != 0) {
+            send_error(s, req, 404, "no such model: names match [A-Za-z0-9._-]{1,64}");
+            goto out;
+        }
+        int64_t v;
+        char vtext[32];
+        if (strcmp(rest, "/replay") == 0 || strcmp(rest, "/rollback") == 0) {
+            if (!post)
+                method_not_allowed(s, req, "POST");
+            else if (!authorized(s, req))
+                deny(s, req);
+            else if (rest[2] == 'e')
+                h_replay(s, req, name, &params);
+            else
+                h_rollback(s, req, name, &params);
+            goto out;
+        }
+        if (!get) {
+            method_not_allowed(s, req, "GET, HEAD");
+            goto out;
+        }
+        if (rest[0] == '\0')
+            h_model(s, req, name);
+        else if (strcmp(rest, "/ready") == 0)
+            h_model_ready(s, req, name);
+        else if (strcmp(rest, "/weights") == 0)
+            h_weights(s, req, name, &params);
+        else if (strcmp(rest, "/stats") == 0)
+            h_stats(s, req, name);
+        else if (sscanf(rest, "/versions/%31[^/]", vtext) == 1 &&
+                 strlen(rest) == strlen("/versions/") + strlen(vtext) + strlen("/weights") &&
+                 strcmp(rest + strlen("/versions/") + strlen(vtext), "/weights") == 0)
+            h_snapshot(s, req, name, vtext, &params);
+        else
+            send_error(s, req, 404, "no route %s", path);
+        (void)v;
+        goto out;
+    }
+    if (strcmp(path, "/") == 0 && get) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Location", "/dashboard");
+        send_text(s, req, 302, "text/plain", "see /dashboard\n", 15);
+        goto out;
+    }
+    send_error(s, req, 404, "no route %s", path);
+out:
+    evhttp_clear_headers(&params);
+    free(path);
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
+
+static struct bufferevent *tls_bev(struct event_base *base, void *arg)
+{
+    SSL *ssl = SSL_new(arg);
+    if (ssl == NULL)
+        return NULL;
+    return bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                          BEV_OPT_CLOSE_ON_FREE);
+}
+
+static int tls_setup(struct serve *s, char *errstr, size_t size)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (ctx == NULL) {
+        fr_errorf(FR_ERR_IO, errstr, size, "serve: TLS: cannot create a context");
+        return -1;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    if (SSL_CTX_use_certificate_chain_file(ctx, s->tls_cert) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx, s->tls_key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+        char e[256];
+        ERR_error_string_n(ERR_get_error(), e, sizeof(e));
+        fr_errorf(FR_ERR_INVAL, errstr, size, "serve: TLS: [serve] tls_cert %s / tls_key %s: %s",
+                  s->tls_cert, s->tls_key, e);
+        SSL_CTX_free(ctx);
+        return -1;
+    }
+    s->ssl_ctx = ctx;
+    evhttp_set_bevcb(s->http, tls_bev, ctx);
+    return 0;
+}
+
+/* Splits "host:port" / "[v6]:port" into host[256] and *port. */
+static int parse_listen(const char *listen, char *host, int *port)
+{
+    const char *colon;
+    if (listen[0] == '[') {
+        const char *end = strchr(listen, ']');
+        if (end == NULL || end[1] != ':' || end - listen - 1 >= 256)
+            return -1;
+        memcpy(host, listen + 1, (size_t)(end - listen - 1));
+        host[end - listen - 1] = '\0';
+        colon = end + 1;
+    } else {
+        colon = strrchr(listen, ':');
+        if (colon == NULL || colon == listen || colon - listen >= 256)
+            return -1;
+        memcpy(host, listen, (size_t)(colon - listen));
+        host[colon - listen] = '\0';
+    }
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || p < 0 || p > 65535)
+        return -1;
+    *port = (int)p;
+    return 0;
+}
+
+static char *dup_or_empty(const char *s)
+{
+    return strdup(s != NULL ? s : "");
+}
+
+static void read_chartjs(struct serve *s)
+{
+    if (s->chartjs[0] == '\0')
+        return;
+    FILE *f = fopen(s->chartjs, "rb");
+    if (f == NULL) {
+        fr_log(FR_LOG_WARN,
+               "serve: %s: %s: the dashboard draws no charts (Debian: apt-get "
+               "install libjs-chart.js)",
+               s->chartjs, strerror(errno));
+        return;
+    }
+    char *buf = malloc(CHARTJS_MAX);
+    size_t n = buf != NULL ? fread(buf, 1, CHARTJS_MAX, f) : 0;
+    fclose(f);
+    if (buf == NULL || n == 0 || n == CHARTJS_MAX) {
+        free(buf);
+        fr_log(FR_LOG_WARN, "serve: %s: unreadable or too large", s->chartjs);
+        return;
+    }
+    s->chartjs_data = buf;
+    s->chartjs_len = n;
+}
+
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    /* every waiting client gets an answer before the loop ends */
+    for (size_t i = 0; i < s->nmodels; i++)
+        while (s->models[i]->waiters != NULL) {
+            sv_waiter_t *w = s->models[i]->waiters;
+            struct evhttp_request *req = w->req;
+            waiter_finish(w);
+            waiter_free(w);
+            evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+            send_error(s, req, 503, "server shutting down");
+        }
+    struct timeval tv = {0, 100000}; /* lets the answers go out */
+    event_base_loopexit(s->base, &tv);
+}
+
+serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, (void (*)(void))evthread_use_pthreads);
+    if (conf->metrics == NULL) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "serve: a metrics registry is required");
+        return NULL;
+    }
+    if (conf->refresh_ms < 0 || conf->max_body < 1024 || conf->max_models < 1) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "serve: refresh_ms >= 0, max_body >= 1024 and max_models >= 1");
+        return NULL;
+    }
+    if ((conf->tls_cert[0] != '\0') != (conf->tls_key[0] != '\0')) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "serve: [serve] tls_cert and tls_key go together (both or neither)");
+        return NULL;
+    }
+    if (conf->model[0] != '\0' && psstore_model_name_check(conf->model, errstr, size) != FR_OK)
+        return NULL;
+    char host[256];
+    int port;
+    if (parse_listen(conf->listen, host, &port) != 0) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "serve: [serve] listen '%s': expected host:port or [v6]:port", conf->listen);
+        return NULL;
+    }
+    psstore_url_t url;
+    if (psstore_url_parse(conf->redis_url, &url, errstr, size) != FR_OK)
+        return NULL;
+    struct serve *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
+        return NULL;
+    }
+    s->conf = *conf;
+    s->listen = dup_or_empty(conf->listen);
+    s->redis_url = dup_or_empty(conf->redis_url);
+    s->model = dup_or_empty(conf->model);
+    s->token = dup_or_empty(conf->token);
+    s->tls_cert = dup_or_empty(conf->tls_cert);
+    s->tls_key = dup_or_empty(conf->tls_key);
+    s->chartjs = dup_or_empty(conf->chartjs);
+    s->models = calloc((size_t)conf->max_models, sizeof(*s->models));
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    atomic_init(&s->stop, 0);
+    s->base = event_base_new();
+    s->http = s->base != NULL ? evhttp_new(s->base) : NULL;
+    if (s->listen == NULL || s->redis_url == NULL || s->model == NULL || s->token == NULL ||
+        s->tls_cert == NULL || s->tls_key == NULL || s->chartjs == NULL || s->models == NULL ||
+        s->http == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
+        serve_destroy(s);
+        return NULL;
+    }
+    evhttp_set_gencb(s->http, on_request, s);
+    evhttp_set_max_body_size(s->http, (ev_ssize_t)conf->max_body);
+    evhttp_set_max_headers_size(s->http, MAX_HEADERS);
+    evhttp_set_timeout(s->http, CONN_TIMEOUT_S);
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
+                                            EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                            EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_default_content_type(s->http, "application/json");
+    if (s->tls_cert[0] != '\0' && tls_setup(s, errstr, size) != 0) {
+        serve_destroy(s);
+        return NULL;
+    }
+    s->bound = evhttp_bind_socket_with_handle(s->http, host, (ev_uint16_t)port);
+    if (s->bound == NULL) {
+        fr_errorf(FR_ERR_IO, errstr, size, "serve: cannot listen on %s: %s", conf->listen,
+                  strerror(errno));
+        serve_destroy(s);
+        return NULL;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(evhttp_bound_socket_get_fd(s->bound), (struct sockaddr *)&ss, &sl) == 0)
+        s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                           : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    s->notify = event_new(s->base, -1, 0, on_notify, s);
+    s->stop_ev = event_new(s->base, -1, 0, on_stop, s);
+    if (s->notify == NULL || s->stop_ev == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
+        serve_destroy(s);
+        return NULL;
+    }
+
+    static const char *const route_code[] = {"route", "code"}, *const route[] = {"route"},
+                             *const model[] = {"model"};
+    fr_metrics_t *reg = conf->metrics;
+    s->m_requests =
+        fr_metrics_counter(reg, "freshet_http_requests_total",
+                           "HTTP requests answered, by route and status", 2, route_code);
+    s->m_bytes = fr_metrics_counter(reg, "freshet_http_response_bytes_total",
+                                    "HTTP response body bytes, by route", 1, route);
+    s->m_waiting = fr_metric_series(fr_metrics_gauge(reg, "freshet_http_longpoll_waiting",
+                                                     "Long-poll clients waiting", 0, NULL),
+                                    NULL);
+    s->m_store_up = fr_metric_series(
+        fr_metrics_gauge(reg, "freshet_serve_store_up",
+                         "1 while serve's last read of the store succeeded", 0, NULL),
+        NULL);
+    s->m_version = fr_metrics_gauge(reg, "freshet_serve_model_version",
+                                    "Version of the weights serve publishes", 1, model);
+    s->m_published = fr_metrics_gauge(reg, "freshet_model_published_timestamp_seconds",
+                                      "Unix time of the newest retained snapshot", 1, model);
+    s->m_loads = fr_metrics_counter(reg, "freshet_serve_weights_reads_total",
+                                    "Weights read from the store by serve", 1, model);
+    if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
+        s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
+        s->m_loads == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
+        serve_destroy(s);
+        return NULL;
+    }
+    read_chartjs(s);
+    return s;
+}
+
+int serve_port(const serve_t *s)
+{
+    return s->port;
+}
+
+static void *loop_main(void *arg)
+{
+    struct serve *s = arg;
+    event_base_dispatch(s->base);
+    return NULL;
+}
+
+fr_err_t serve_start(serve_t *s, char *errstr, size_t size)
+{
+    if (s->started)
+        return FR_OK;
+    if (pthread_create(&s->follow_thread, NULL, sv_follow_main, s) != 0)
+        return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
+    if (pthread_create(&s->loop_thread, NULL, loop_main, s) != 0) {
+        atomic_store(&s->stop, 1);
+        pthread_cond_broadcast(&s->wake);
+        pthread_join(s->follow_thread, NULL);
+        return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
+    }
+    s->started = 1;
+    fr_log(FR_LOG_INFO, "serve: listening on %s%s (port %d)%s", s->listen,
+           s->tls_cert[0] ? " with TLS" : "", s->port,
+           s->token[0] ? "" : "; no token: replay and rollback are refused");
+    return FR_OK;
+}
+
+void serve_stop(serve_t *s)
+{
+    if (s == NULL || !s->started)
+        return;
+    pthread_mutex_lock(&s->lock);
+    atomic_store(&s->stop, 1);
+    pthread_cond_broadcast(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+    event_active(s->stop_ev, EV_READ, 0);
+    pthread_join(s->loop_thread, NULL);
+    pthread_join(s->follow_thread, NULL);
+    s->started = 0;
+}
+
+void serve_destroy(serve_t *s)
+{
+    if (s == NULL)
+        return;
+    serve_stop(s);
+    if (s->http != NULL)
+        evhttp_free(s->http); /* closes connections: waiters' close callbacks run */
+    if (s->notify != NULL)
+        event_free(s->notify);
+    if (s->stop_ev != NULL)
+        event_free(s->stop_ev);
+    if (s->base != NULL)
+        event_base_free(s->base);
+    if (s->ssl_ctx != NULL)
+        SSL_CTX_free(s->ssl_ctx);
+    psstore_conn_destroy(s->op_conn);
+    for (size_t i = 0; i < s->nmodels; i++) {
+        sv_model_t *m = s->models[i];
+        sv_view_unref(m->cur);
+        for (size_t j = 0; j < m->nsnaps; j++)
+            sv_view_unref(m->snaps[j]);
+        sv_blob_unref(m->stats);
+        sv_blob_unref(m->meta);
+        free(m);
+    }
+    for (size_t i = 0; i < s->nnames; i++)
+        free(s->names[i]);
+    free(s->names);
+    free(s->models);
+    free(s->chartjs_data);
+    free(s->listen);
+    free(s->redis_url);
+    free(s->model);
+    free(s->token);
+    free(s->tls_cert);
+    free(s->tls_key);
+    free(s->chartjs);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->wake);
+    free(s);
+}

@@ -1,0 +1,145 @@
+/*
+ * serve_int.h - private declarations shared by serve's sources. Only
+ * serve/ includes event2/.
+ */
+#ifndef FRESHET_SERVE_INT_H
+#define FRESHET_SERVE_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "psstore/psstore.h"
+#include "serve/serve.h"
+
+/* ------------------------------------------------------------------------
+ * A growable text buffer with JSON helpers (json.c).
+ * ---------------------------------------------------------------------- */
+typedef struct sv_buf {
+    char *p;
+    size_t len, cap;
+    int failed; /* an allocation failed: the text is incomplete */
+} sv_buf_t;
+
+void sv_buf_fini(sv_buf_t *b);
+void sv_add(sv_buf_t *b, const char *s, size_t len);
+void sv_puts(sv_buf_t *b, const char *s);
+void sv_printf(sv_buf_t *b, const char *fmt, ...) FR_PRINTF(2, 3);
+/* A JSON string literal of s (quotes included). */
+void sv_json_str(sv_buf_t *b, const char *s);
+/* A JSON number, or null when v is not finite. */
+void sv_json_num(sv_buf_t *b, double v);
+/* Takes the text (NUL-terminated) out of b; NULL when an allocation failed. */
+char *sv_take(sv_buf_t *b, size_t *len);
+
+/* ------------------------------------------------------------------------
+ * Shared immutable bytes: encoded weights, stats and metadata JSON. The
+ * loop takes a reference per response and drops it when the bytes have
+ * been written; the follower drops its own when it replaces them.
+ * ---------------------------------------------------------------------- */
+typedef struct sv_blob {
+    atomic_int refs;
+    size_t len;
+    char *data;
+} sv_blob_t;
+
+/* A blob owning data (malloc'ed), with one reference. NULL if out of memory
+ * (data is then freed). */
+sv_blob_t *sv_blob_new(char *data, size_t len);
+sv_blob_t *sv_blob_ref(sv_blob_t *b);
+void sv_blob_unref(sv_blob_t *b);
+
+/* One (epoch, version) of a model's weights, encoded once. */
+typedef struct sv_view {
+    atomic_int refs;
+    uint64_t epoch;
+    int64_t version;
+    int64_t time_ms; /* when it was read (snapshots: when taken) */
+    char etag[64];   /* "\"<epoch>-v<version>\"" */
+    char *st;        /* the safetensors image                    */
+    size_t st_len;
+    size_t raw_off; /* the float32 payload inside st: st + raw_off */
+    size_t raw_len;
+    sv_blob_t *json; /* the JSON form, made by the loop on first use (loop only) */
+    char *offsets;   /* "topic/partition=watermark,..." of these weights ("" unknown) */
+} sv_view_t;
+
+sv_view_t *sv_view_ref(sv_view_t *v);
+void sv_view_unref(sv_view_t *v);
+
+/* ------------------------------------------------------------------------
+ * A model followed by the server. The follower writes the fields under
+ * s->lock; the loop reads them under it and owns the waiters.
+ * ---------------------------------------------------------------------- */
+#define SV_MAX_SNAPS 64
+
+typedef struct sv_waiter sv_waiter_t;
+
+typedef struct sv_model {
+    char name[65];
+    /* follower's own */
+    char last_id[PSSTORE_STREAM_ID_MAX];
+    uint64_t loaded_ns; /* monotonic time of the last weights read     */
+    uint64_t stats_ns;  /* ... of the last stats                       */
+    int pending;        /* the store moved since the last read         */
+    uint64_t meta_seq;  /* seq the metadata was built at               */
+    /* shared, under s->lock */
+    int present;             /* the store has the model                     */
+    int64_t wanted_ms;       /* a client asked for its weights (unix ms)    */
+    int64_t stats_wanted_ms; /* ... for its stats                           */
+    psstore_model_info_t info;
+    char error[256]; /* why its weights cannot be read ("" none)    */
+    sv_view_t *cur;  /* the latest weights, NULL before the first   */
+    size_t nsnaps;
+    sv_view_t *snaps[SV_MAX_SNAPS]; /* retained snapshots of cur's epoch     */
+    int64_t published_ms;           /* the newest snapshot's time, 0 when none      */
+    sv_blob_t *stats;               /* the stats JSON                              */
+    sv_blob_t *meta;                /* the metadata JSON                           */
+    uint64_t seq;                   /* bumped by every change (loop: wake waiters) */
+    /* loop's own */
+    uint64_t seen_seq;
+    sv_waiter_t *waiters;
+} sv_model_t;
+
+/* Follows the store for s (follow.c). */
+struct serve;
+void *sv_follow_main(void *arg);
+/* The model named name, created (not yet present) when new and wanted;
+ * NULL when there are too many. Under s->lock. */
+sv_model_t *sv_model_get(struct serve *s, const char *name, int create);
+
+struct serve {
+    serve_conf_t conf;
+    char *listen, *redis_url, *model, *token, *tls_cert, *tls_key, *chartjs;
+    int port;
+    struct event_base *base;
+    struct evhttp *http;
+    struct evhttp_bound_socket *bound;
+    void *ssl_ctx;         /* SSL_CTX, when TLS                        */
+    struct event *notify;  /* the follower published something         */
+    struct event *stop_ev; /* serve_stop asked the loop to finish      */
+    pthread_t loop_thread, follow_thread;
+    int started;
+    atomic_int stop;
+    pthread_mutex_t lock; /* guards models and the fields marked shared */
+    pthread_cond_t wake;  /* the follower's sleep, cut short by stop    */
+    sv_model_t **models;
+    size_t nmodels;
+    int store_up; /* the last store operation succeeded         */
+    char store_error[256];
+    int64_t models_ms; /* when the list of models was last read      */
+    char **names;      /* the store's models at that time (sorted)   */
+    size_t nnames;
+    char *chartjs_data; /* Chart.js, read once at start             */
+    size_t chartjs_len;
+    void *op_conn;  /* psstore_conn_t for requests, loop thread   */
+    size_t waiting; /* long-poll clients now                      */
+    /* metrics */
+    fr_metric_t *m_requests, *m_bytes;
+    fr_series_t *m_waiting, *m_store_up;
+    fr_metric_t *m_version, *m_published, *m_loads;
+};
+
+/* Wakes the loop to look at what the follower published (any thread). */
+void sv_notify(struct serve *s);
+
+#endif

@@ -1,0 +1,1139 @@
+/*
+ * test_serve.c - the HTTP service against a real redis-server and a real
+ * applier, with curl as the client (DESIGN.md "Snapshots and publishing").
+ *
+ * The test plays the trainers through the client API: each push is applied
+ * by the applier thread, and serve (in this process, on a free port) must
+ * publish exactly the weights Redis holds, with the right ETag, wake
+ * long-poll clients, keep snapshots, refuse what it must, and render a
+ * dashboard a headless Chromium loads without errors.
+ */
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "psstore/psstore.h"
+#include "serve/serve.h"
+
+#define MODEL   "sv"
+#define LAYERS  "5-4-3"
+#define NPARAMS 39 /* 5*4 + 4 + 4*3 + 3 */
+#define TOKEN   "t0ken-for-tests"
+#define WAITERS 500
+
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+static harness_redis_t redis;
+static harness_applier_t applier;
+static char tmp_dir[256];
+static char errstr[512];
+static fr_metrics_t *metrics;
+static serve_t *srv;
+static int port;
+static psstore_client_t *client;
+static int pushes;
+
+/* ---- helpers ------------------------------------------------------------- */
+
+typedef struct resp {
+    int code;
+    char headers[8192];
+    char *body;
+    size_t len;
+} resp_t;
+
+static void resp_free(resp_t *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *p = malloc((size_t)n + 1);
+    assert_non_null(p);
+    *len = fread(p, 1, (size_t)n, f);
+    p[*len] = '\0';
+    fclose(f);
+    return p;
+}
+
+/* curl -sS [args] http://127.0.0.1:port<path>: status, headers and body. */
+static void http_port(int p, resp_t *r, const char *args, const char *path)
+{
+    char hdr[320], body[320], cmd[4096];
+    snprintf(hdr, sizeof(hdr), "%s/h.txt", tmp_dir);
+    snprintf(body, sizeof(body), "%s/b.bin", tmp_dir);
+    snprintf(cmd, sizeof(cmd),
+             "curl -sS --max-time 40 -D %s -o %s -w '%%{http_code}' %s 'http://127.0.0.1:%d%s'",
+             hdr, body, args, p, path);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char code[16] = "";
+    if (fgets(code, sizeof(code), f) == NULL)
+        code[0] = '\0';
+    pclose(f);
+    memset(r, 0, sizeof(*r));
+    r->code = atoi(code);
+    size_t hl = 0;
+    char *h = read_file(hdr, &hl);
+    if (h != NULL) {
+        snprintf(r->headers, sizeof(r->headers), "%s", h);
+        free(h);
+    }
+    r->body = read_file(body, &r->len);
+    if (r->body == NULL) {
+        r->body = calloc(1, 1);
+        r->len = 0;
+    }
+    unlink(hdr);
+    unlink(body);
+}
+
+static void http(resp_t *r, const char *args, const char *path)
+{
+    http_port(port, r, args, path);
+}
+
+/* The value of header name (case-insensitive) into out; 0 if present. */
+static int header(const resp_t *r, const char *name, char *out, size_t size)
+{
+    size_t n = strlen(name);
+    for (const char *line = r->headers; *line; line = strchr(line, '\n') + 1) {
+        if (strncasecmp(line, name, n) == 0 && line[n] == ':') {
+            const char *v = line + n + 1;
+            while (*v == ' ')
+                v++;
+            size_t len = strcspn(v, "\r\n");
+            snprintf(out, size, "%.*s", (int)len, v);
+            return 0;
+        }
+        if (strchr(line, '\n') == NULL)
+            break;
+    }
+    return -1;
+}
+
+static void expect_header(const resp_t *r, const char *name, const char *want)
+{
+    char got[512];
+    if (header(r, name, got, sizeof(got)) != 0)
+        fail_msg("no %s header in:\n%s", name, r->headers);
+    if (strcmp(got, want) != 0)
+        fail_msg("%s: '%s', expected '%s'", name, got, want);
+}
+
+static void expect(const resp_t *r, int code, const char *needle)
+{
+    if (r->code != code)
+        fail_msg("status %d, expected %d; body: %.*s", r->code, code, (int)r->len, r->body);
+    if (needle != NULL && strstr(r->body, needle) == NULL)
+        fail_msg("body lacks '%s': %.*s", needle, (int)r->len, r->body);
+}
+
+static void store_weights(float *w, uint64_t *epoch, int64_t *version)
+{
+    assert_int_equal(harness_model_weights(&redis, MODEL, w, NPARAMS, epoch, version), 0);
+}
+
+static int64_t redis_int(const char *fmt, const char *arg)
+{
+    char out[256];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), fmt, arg), 0);
+    return strcmp(out, "(nil)") == 0 ? -1 : strtoll(out, NULL, 10);
+}
+
+/* Pushes one gradient on the current weights and waits for its version. */
+static int64_t push(void)
+{
+    float w[NPARAMS], g[NPARAMS];
+    uint64_t epoch;
+    int64_t version, now;
+    store_weights(w, &epoch, &version);
+    harness_gradient(g, NPARAMS, 7000 + (uint64_t)pushes);
+    psstore_range_t range = {"t", 0, pushes * 10, pushes * 10 + 10};
+    psstore_grad_t gr = {.epoch = epoch,
+                         .version = version,
+                         .worker = "h/1/0",
+                         .n = 10,
+                         .loss_sum = 10.0 * (1.0 + pushes),
+                         .ranges = &range,
+                         .nranges = 1,
+                         .g = g,
+                         .len = NPARAMS};
+    pushes++;
+    assert_int_equal(psstore_push(client, &gr, 2000), FR_OK);
+    for (int i = 0; i < 500; i++) {
+        store_weights(w, &epoch, &now);
+        if (now > version)
+            return now;
+        harness_sleep_ms(5);
+    }
+    fail_msg("the applier did not apply a gradient within 2.5 s");
+    return -1;
+}
+
+/* Waits until serve publishes version (ETag of the weights). */
+static void await_version(int64_t version)
+{
+    resp_t r;
+    char want[64];
+    for (int i = 0; i < 200; i++) {
+        http(&r, "", "/v2/models/" MODEL "/weights?format=raw");
+        int ok = r.code == 200 && header(&r, "X-Freshet-Version", want, sizeof(want)) == 0 &&
+                 strtoll(want, NULL, 10) == version;
+        resp_free(&r);
+        if (ok)
+            return;
+        harness_sleep_ms(20);
+    }
+    fail_msg("serve did not publish version %lld within 4 s", (long long)version);
+}
+
+static double series_value(const char *name, const char *model)
+{
+    size_t len;
+    char *text = fr_metrics_render(metrics, &len);
+    assert_non_null(text);
+    char needle[256];
+    if (model != NULL)
+        snprintf(needle, sizeof(needle), "\n%s{model=\"%s\"} ", name, model);
+    else
+        snprintf(needle, sizeof(needle), "\n%s ", name);
+    const char *p = strstr(text, needle);
+    double v = p != NULL ? strtod(p + strlen(needle), NULL) : NAN;
+    free(text);
+    return v;
+}
+
+static long rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    if (f != NULL)
+        fclose(f);
+    return kb;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+static void test_health_models_and_errors(void **state)
+{
+    (void)state;
+    resp_t r;
+    http(&r, "", "/livez");
+    expect(&r, 200, "\"live\":true");
+    resp_free(&r);
+    const char *ready[] = {"/readyz", "/healthz", "/v2/health/ready", "/v2/models/" MODEL "/ready"};
+    for (size_t i = 0; i < sizeof(ready) / sizeof(ready[0]); i++) {
+        http(&r, "", ready[i]);
+        expect(&r, 200, NULL);
+        expect_header(&r, "Content-Type", "application/json");
+        resp_free(&r);
+    }
+    http(&r, "", "/v2/health/live");
+    expect(&r, 200, NULL);
+    resp_free(&r);
+
+    http(&r, "", "/v2/models");
+    expect(&r, 200, "\"models\":[\"" MODEL "\"]");
+    expect(&r, 200, "\"default\":\"" MODEL "\"");
+    resp_free(&r);
+    /* the applier writes its mode into meta when it takes the lease; serve
+     * reads meta at least once a second */
+    for (int i = 0; i < 30; i++) {
+        http(&r, "", "/v2/models/" MODEL);
+        if (strstr(r.body, "\"mode\":\"async\"") != NULL)
+            break;
+        resp_free(&r);
+        harness_sleep_ms(100);
+    }
+    expect(&r, 200, "\"platform\":\"freshet\"");
+    expect(&r, 200, "\"name\":\"" MODEL "\"");
+    expect(&r, 200, "\"layers\":\"" LAYERS "\",\"loss\":\"softmax\"");
+    expect(&r, 200, "\"shape\":[-1,5]");
+    expect(&r, 200, "\"mode\":\"async\"");
+    resp_free(&r);
+
+    /* errors: JSON with the right status, never a crash */
+    struct {
+        const char *args, *path;
+        int code;
+        const char *needle;
+    } bad[] = {
+        {"", "/v2/models/nope", 404, "no model 'nope'"},
+        {"", "/v2/models/nope/weights", 404, "no model 'nope'"},
+        {"", "/v2/models/b%7Bad/weights", 404, "names match"},
+        {"", "/no/such/route", 404, "no route"},
+        {"", "/v2/models/" MODEL "/weights?format=xml", 400, "format must be"},
+        {"", "/v2/models/" MODEL "/weights?wait=3", 400, "wait needs after_version"},
+        {"", "/v2/models/" MODEL "/weights?after_version=1&wait=31", 400, "0 to 30"},
+        {"", "/v2/models/" MODEL "/weights?after_version=-4", 400, "after_version"},
+        {"", "/v2/models/" MODEL "/versions/abc/weights", 400, "bad version"},
+        {"", "/v2/models/" MODEL "/versions/999999/weights", 404, "retains no snapshot"},
+        {"-X DELETE", "/v2/models/" MODEL, 405, "not allowed"},
+        {"-X POST", "/v2/models/" MODEL "/weights", 405, "not allowed"},
+        {"", "/v2/models/" MODEL "/replay", 405, "not allowed"},
+        {"", "/v2/models/" MODEL "/weights?format=raw&%zz", 400, "malformed"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        http(&r, bad[i].args, bad[i].path);
+        if (r.code != bad[i].code)
+            fail_msg("%s %s: status %d, expected %d: %.*s", bad[i].args, bad[i].path, r.code,
+                     bad[i].code, (int)r.len, r.body);
+        expect(&r, bad[i].code, bad[i].needle);
+        expect(&r, bad[i].code, "{\"error\":");
+        expect_header(&r, "Content-Type", "application/json");
+        resp_free(&r);
+    }
+    /* a body over [serve] max_body (4096 here) is refused */
+    char args[400], big[320];
+    snprintf(big, sizeof(big), "%s/big.txt", tmp_dir);
+    FILE *f = fopen(big, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 10000; i++)
+        fputc('a', f);
+    fclose(f);
+    snprintf(args, sizeof(args), "-H 'Authorization: Bearer " TOKEN "' --data-binary @%s", big);
+    http(&r, args, "/v2/models/" MODEL "/rollback");
+    assert_int_equal(r.code, 413);
+    resp_free(&r);
+}
+
+static void test_weights_equal_the_store_in_every_format(void **state)
+{
+    (void)state;
+    push();
+    int64_t v = push();
+    await_version(v);
+    float w[NPARAMS];
+    uint64_t epoch;
+    int64_t version;
+    store_weights(w, &epoch, &version);
+    assert_int_equal(version, v);
+    char etag[64], num[32];
+    snprintf(etag, sizeof(etag), "\"%llu-v%lld\"", (unsigned long long)epoch, (long long)version);
+
+    resp_t r;
+    char path[320];
+    snprintf(path, sizeof(path), "%s/w.safetensors", tmp_dir);
+    http(&r, "", "/v2/models/" MODEL "/weights");
+    expect(&r, 200, NULL);
+    expect_header(&r, "ETag", etag);
+    expect_header(&r, "Cache-Control", "no-cache");
+    expect_header(&r, "Content-Type", "application/octet-stream");
+    snprintf(num, sizeof(num), "%lld", (long long)version);
+    expect_header(&r, "X-Freshet-Version", num);
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)epoch);
+    expect_header(&r, "X-Freshet-Epoch", num);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(r.body, 1, r.len, f);
+    fclose(f);
+    /* the raw payload is the tail of the safetensors image */
+    size_t st_len = r.len;
+    char *st = r.body;
+    r.body = NULL;
+    http(&r, "", "/v2/models/" MODEL "/weights?format=raw");
+    expect(&r, 200, NULL);
+    assert_int_equal(r.len, NPARAMS * sizeof(float));
+    assert_memory_equal(r.body, w, NPARAMS * sizeof(float));
+    assert_memory_equal(st + st_len - r.len, w, NPARAMS * sizeof(float));
+    expect_header(&r, "ETag", etag);
+    resp_free(&r);
+    free(st);
+
+    /* numpy reads the file as a client would, and it equals Redis's weights */
+    char rawpath[320], cmd[2048];
+    snprintf(rawpath, sizeof(rawpath), "%s/w.f32", tmp_dir);
+    f = fopen(rawpath, "wb");
+    assert_non_null(f);
+    fwrite(w, sizeof(float), NPARAMS, f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "/usr/bin/python3 - %s %s %lld <<'EOF'\n"
+             "import json, struct, sys\n"
+             "import numpy as np\n"
+             "b = open(sys.argv[1], 'rb').read()\n"
+             "n = struct.unpack('<Q', b[:8])[0]\n"
+             "assert n %% 8 == 0, 'header not padded to 8'\n"
+             "h = json.loads(b[8:8 + n])\n"
+             "meta = h.pop('__metadata__')\n"
+             "assert meta['format'] == 'pt' and meta['freshet.version'] == sys.argv[3], meta\n"
+             "assert meta['freshet.layers'] == '5-4-3' and meta['freshet.loss'] == 'softmax'\n"
+             "assert meta['freshet.offsets'] == 't/0=20', meta\n"
+             "data = b[8 + n:]\n"
+             "end = max(t['data_offsets'][1] for t in h.values())\n"
+             "assert end == len(data), 'file size is not exact'\n"
+             "parts = []\n"
+             "for l, (o, i) in enumerate([(4, 5), (3, 4)]):\n"
+             "    for name, shape in (('weight', [o, i]), ('bias', [o])):\n"
+             "        t = h['layers.%%d.%%s' %% (l, name)]\n"
+             "        assert t['dtype'] == 'F32' and t['shape'] == shape, t\n"
+             "        a, z = t['data_offsets']\n"
+             "        parts.append(np.frombuffer(data[a:z], dtype='<f4').reshape(shape).ravel())\n"
+             "got = np.concatenate(parts)\n"
+             "want = np.fromfile(sys.argv[2], dtype='<f4')\n"
+             "assert got.shape == want.shape and np.array_equal(got, want), (got, want)\n"
+             "print('numpy: %%d floats equal' %% got.size)\n"
+             "EOF",
+             path, rawpath, (long long)version);
+    assert_int_equal(system(cmd), 0);
+
+    /* JSON: the same numbers, to the float */
+    http(&r, "", "/v2/models/" MODEL "/weights?format=json");
+    expect(&r, 200, "\"layers.1.bias\":{\"shape\":[3]");
+    expect_header(&r, "Content-Type", "application/json");
+    const char *data = strstr(r.body, "\"layers.0.weight\":{\"shape\":[4,5],\"data\":[");
+    assert_non_null(data);
+    data = strchr(data, '[') + 1;
+    data = strchr(data, '[') + 1;
+    for (int i = 0; i < 20; i++) {
+        char *end;
+        float x = strtof(data, &end);
+        assert_true(end != data);
+        assert_true(x == w[i]);
+        data = end + 1;
+    }
+    resp_free(&r);
+
+    /* If-None-Match with the current ETag: 304 and no body */
+    char args[128];
+    snprintf(args, sizeof(args), "-H 'If-None-Match: %s'", etag);
+    http(&r, args, "/v2/models/" MODEL "/weights");
+    assert_int_equal(r.code, 304);
+    assert_int_equal(r.len, 0);
+    expect_header(&r, "ETag", etag);
+    resp_free(&r);
+    http(&r, "-H 'If-None-Match: \"1-v1\"'", "/v2/models/" MODEL "/weights");
+    assert_int_equal(r.code, 200);
+    resp_free(&r);
+}
+
+static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
+{
+    (void)state;
+    int64_t v = push();
+    await_version(v);
+    char path[256];
+    resp_t r;
+    /* nothing newer within wait=1: 304 after a second */
+    snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=1",
+             (long long)v);
+    uint64_t t0 = fr_clock_mono_ns();
+    http(&r, "", path);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    assert_int_equal(r.code, 304);
+    assert_true(secs >= 0.95 && secs < 2.0);
+    resp_free(&r);
+    /* an older after_version is answered at once */
+    snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=20",
+             (long long)v - 1);
+    t0 = fr_clock_mono_ns();
+    http(&r, "", path);
+    assert_int_equal(r.code, 200);
+    assert_true((double)(fr_clock_mono_ns() - t0) * 1e-9 < 1.0);
+    resp_free(&r);
+    /* a waiting client gets the next version as soon as it exists */
+    char cmd[512], out[320];
+    snprintf(out, sizeof(out), "%s/lp.txt", tmp_dir);
+    snprintf(cmd, sizeof(cmd),
+             "curl -s -o /dev/null -D %s 'http://127.0.0.1:%d/v2/models/" MODEL
+             "/weights?after_version=%lld&wait=20' &",
+             out, port, (long long)v);
+    assert_int_equal(system(cmd), 0);
+    for (int i = 0; i < 200 && series_value("freshet_http_longpoll_waiting", NULL) < 1; i++)
+        harness_sleep_ms(10);
+    assert_true(series_value("freshet_http_longpoll_waiting", NULL) == 1);
+    int64_t next = push();
+    t0 = fr_clock_mono_ns();
+    size_t len = 0;
+    char *h = NULL;
+    for (int i = 0; i < 300; i++) {
+        free(h);
+        h = read_file(out, &len);
+        if (h != NULL && strstr(h, "\r\n\r\n") != NULL)
+            break;
+        harness_sleep_ms(10);
+    }
+    assert_non_null(h);
+    char want[64];
+    snprintf(want, sizeof(want), "X-Freshet-Version: %lld", (long long)next);
+    if (strstr(h, "HTTP/1.1 200") == NULL || strstr(h, want) == NULL)
+        fail_msg("long-poll answer: %s", h);
+    free(h);
+    fprintf(stderr, "long-poll answered %.1f ms after the version was committed\n",
+            (double)(fr_clock_mono_ns() - t0) * 1e-6);
+}
+
+/* Opens a connection with a long-poll request for after_version; -1 on error. */
+static int open_waiter(int64_t after)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        close(fd);
+        return -1;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof(req),
+                     "GET /v2/models/" MODEL "/weights?format=raw&after_version=%lld&wait=25 "
+                     "HTTP/1.1\r\nHost: x\r\n\r\n",
+                     (long long)after);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void test_500_waiters_wake_together_and_hangups_are_dropped(void **state)
+{
+    (void)state;
+    int64_t v = push();
+    await_version(v);
+    long rss0 = rss_kb();
+    static int fds[WAITERS];
+    for (int i = 0; i < WAITERS; i++) {
+        fds[i] = open_waiter(v);
+        assert_true(fds[i] >= 0);
+    }
+    for (int i = 0; i < 500 && series_value("freshet_http_longpoll_waiting", NULL) < WAITERS; i++)
+        harness_sleep_ms(10);
+    assert_true(series_value("freshet_http_longpoll_waiting", NULL) == WAITERS);
+    long rss1 = rss_kb();
+    fprintf(stderr, "%d long-poll clients waiting: RSS +%ld kB\n", WAITERS, rss1 - rss0);
+    assert_true(rss1 - rss0 < 16 * 1024); /* no thread, no buffer per client */
+
+    /* a client that hangs up is dropped at once */
+    close(fds[0]);
+    fds[0] = -1;
+    for (int i = 0; i < 100 && series_value("freshet_http_longpoll_waiting", NULL) > WAITERS - 1;
+         i++)
+        harness_sleep_ms(5);
+    assert_true(series_value("freshet_http_longpoll_waiting", NULL) == WAITERS - 1);
+
+    /* a new version: every other one is answered with it */
+    float w[NPARAMS];
+    uint64_t epoch;
+    int64_t before;
+    store_weights(w, &epoch, &before);
+    int64_t next = push(); /* returns once Redis holds it */
+    uint64_t t_commit = fr_clock_mono_ns(), t_last = 0;
+    int answered = 0;
+    static char buf[WAITERS][512];
+    static size_t got[WAITERS];
+    memset(got, 0, sizeof(got));
+    struct pollfd pfd[WAITERS];
+    while (answered < WAITERS - 1 && fr_clock_mono_ns() - t_commit < 10000000000ull) {
+        int n = 0;
+        for (int i = 1; i < WAITERS; i++)
+            if (fds[i] >= 0)
+                pfd[n++] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        if (poll(pfd, (nfds_t)n, 100) <= 0)
+            continue;
+        for (int k = 0; k < n; k++) {
+            if (!(pfd[k].revents & (POLLIN | POLLHUP)))
+                continue;
+            int i = 1;
+            while (fds[i] != pfd[k].fd)
+                i++;
+            ssize_t r = read(fds[i], buf[i] + got[i], sizeof(buf[i]) - 1 - got[i]);
+            if (r > 0)
+                got[i] += (size_t)r;
+            buf[i][got[i]] = '\0';
+            if (strstr(buf[i], "\r\n\r\n") != NULL || r <= 0) {
+                close(fds[i]);
+                fds[i] = -1;
+                answered++;
+                t_last = fr_clock_mono_ns();
+            }
+        }
+    }
+    assert_int_equal(answered, WAITERS - 1);
+    char want[64];
+    snprintf(want, sizeof(want), "X-Freshet-Version: %lld", (long long)next);
+    for (int i = 1; i < WAITERS; i++)
+        if (strstr(buf[i], "HTTP/1.1 200 OK") == NULL || strstr(buf[i], want) == NULL)
+            fail_msg("client %d got: %s", i, buf[i]);
+    double ms = (double)(t_last - t_commit) * 1e-6;
+    fprintf(stderr, "%d clients answered within %.1f ms of the commit\n", WAITERS - 1, ms);
+    assert_true(ms < (SANITIZED ? 500.0 : 50.0));
+    for (int i = 0; i < 200 && series_value("freshet_http_longpoll_waiting", NULL) > 0; i++)
+        harness_sleep_ms(5);
+    assert_true(series_value("freshet_http_longpoll_waiting", NULL) == 0);
+}
+
+static void test_snapshots_metadata_and_metrics(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 4; i++)
+        push();
+    int64_t v = push();
+    await_version(v);
+    /* snapshot_every 2, retain 3: the newest three even versions */
+    char out[4096];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "ZRANGE freshet:{%s}:snaps 0 -1", MODEL), 0);
+    int64_t snaps[8];
+    int ns = 0;
+    for (char *p = out; *p && ns < 8;) {
+        char *end;
+        long long x = strtoll(p, &end, 10);
+        if (end == p) {
+            p++;
+            continue;
+        }
+        snaps[ns++] = x;
+        p = end;
+    }
+    assert_int_equal(ns, 3);
+    resp_t r;
+    char path[256];
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    for (int i = 0; i < ns; i++) {
+        float w[NPARAMS];
+        uint64_t epoch;
+        assert_int_equal(psstore_snapshot_weights(c, MODEL, snaps[i], w, NPARAMS, &epoch), FR_OK);
+        snprintf(path, sizeof(path), "/v2/models/" MODEL "/versions/%lld/weights?format=raw",
+                 (long long)snaps[i]);
+        http(&r, "", path);
+        expect(&r, 200, NULL);
+        assert_int_equal(r.len, sizeof(w));
+        assert_memory_equal(r.body, w, sizeof(w));
+        char etag[64];
+        snprintf(etag, sizeof(etag), "\"%llu-v%lld\"", (unsigned long long)epoch,
+                 (long long)snaps[i]);
+        expect_header(&r, "ETag", etag);
+        expect_header(&r, "Cache-Control", "public, max-age=31536000, immutable");
+        resp_free(&r);
+    }
+    psstore_conn_destroy(c);
+    /* trimmed ones are gone */
+    snprintf(path, sizeof(path), "/v2/models/" MODEL "/versions/%lld/weights",
+             (long long)snaps[0] - 2);
+    http(&r, "", path);
+    expect(&r, 404, "retains no snapshot");
+    resp_free(&r);
+    /* metadata lists the snapshots and the latest */
+    http(&r, "", "/v2/models/" MODEL);
+    char versions[128];
+    if (snaps[2] == v)
+        snprintf(versions, sizeof(versions), "\"versions\":[\"%lld\",\"%lld\",\"%lld\"]",
+                 (long long)snaps[0], (long long)snaps[1], (long long)snaps[2]);
+    else
+        snprintf(versions, sizeof(versions), "\"versions\":[\"%lld\",\"%lld\",\"%lld\",\"%lld\"]",
+                 (long long)snaps[0], (long long)snaps[1], (long long)snaps[2], (long long)v);
+    expect(&r, 200, versions);
+    resp_free(&r);
+
+    /* /metrics parses with prometheus_client and says what serve publishes */
+    char file[320], cmd[2048];
+    snprintf(file, sizeof(file), "%s/metrics.txt", tmp_dir);
+    http(&r, "", "/metrics");
+    expect(&r, 200, NULL);
+    expect_header(&r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fwrite(r.body, 1, r.len, f);
+    fclose(f);
+    resp_free(&r);
+    snprintf(
+        cmd, sizeof(cmd),
+        "/usr/bin/python3 - %s %lld <<'EOF'\n"
+        "import sys, time\n"
+        "from prometheus_client.parser import text_string_to_metric_families\n"
+        "fams = {f.name: f for f in text_string_to_metric_families(open(sys.argv[1]).read())}\n"
+        "def val(fam, **labels):\n"
+        "    for s in fams[fam].samples:\n"
+        "        if all(s.labels.get(k) == v for k, v in labels.items()):\n"
+        "            return s.value\n"
+        "    raise SystemExit('no sample %%s %%s' %% (fam, labels))\n"
+        "assert val('freshet_serve_model_version', model='sv') == float(sys.argv[2])\n"
+        "pub = val('freshet_model_published_timestamp_seconds', model='sv')\n"
+        "assert abs(pub - time.time()) < 60, pub\n"
+        "assert val('freshet_http_requests', route='weights', code='200') >= 5\n"
+        "assert fams['freshet_gradients_applied'].type == 'counter'\n"
+        "assert val('freshet_model_version', model='sv') == float(sys.argv[2])\n"
+        "print('prometheus_client: %%d families' %% len(fams))\n"
+        "EOF",
+        file, (long long)v);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_stats_hold_the_store_s_numbers(void **state)
+{
+    (void)state;
+    int64_t v = push();
+    await_version(v);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    assert_int_equal(psstore_eval_report(c, MODEL, v, 0.75, 0.5), FR_OK);
+    psstore_logend_t ends[] = {{"t", 0, 1000}};
+    assert_int_equal(psstore_logend_report(c, MODEL, ends, 1), FR_OK);
+    psstore_conn_destroy(c);
+    resp_t r;
+    char want[128];
+    snprintf(want, sizeof(want), "\"version\":%lld,", (long long)v);
+    int ok = 0;
+    for (int i = 0; i < 40 && !ok; i++) {
+        http(&r, "", "/v2/models/" MODEL "/stats");
+        ok = r.code == 200 && strstr(r.body, want) != NULL &&
+             strstr(r.body, "\"accuracy\":0.75") != NULL;
+        if (!ok) {
+            resp_free(&r);
+            harness_sleep_ms(100);
+        }
+    }
+    if (!ok)
+        fail_msg("stats never showed version %lld and the evaluation", (long long)v);
+    expect_header(&r, "Content-Type", "application/json");
+    /* every push so far was applied at staleness 0 by worker h/1/0, with 10
+     * samples; t/0 is marked up to 10 * pushes; its log end is 1000 */
+    snprintf(want, sizeof(want), "\"counts\":[%d,0,0,0,0,0,0,0,0,0,0,0,0,0]", pushes);
+    expect(&r, 200, want);
+    expect(&r, 200, "\"p50\":0,\"p99\":0");
+    snprintf(want, sizeof(want),
+             "{\"topic\":\"t\",\"partition\":0,\"watermark\":%d,\"intervals\":0,\"log_end\":1000,"
+             "\"lag\":%d",
+             10 * pushes, 1000 - 10 * pushes);
+    expect(&r, 200, want);
+    snprintf(want, sizeof(want), "{\"id\":\"h/1/0\",\"backend\":null");
+    expect(&r, 200, want);
+    snprintf(want, sizeof(want), "\"gradients\":%d,\"last_tau\":0,\"dropped\":0", pushes);
+    expect(&r, 200, want);
+    expect(&r, 200, "\"mode\":\"async\"");
+    expect(&r, 200, "\"series\":[{\"t\":");
+    resp_free(&r);
+}
+
+static void test_replay_and_rollback_need_the_token(void **state)
+{
+    (void)state;
+    resp_t r;
+    const char *posts[][2] = {
+        {"-X POST -d verb=to-earliest -d execute=true", "/v2/models/" MODEL "/replay"},
+        {"-X POST -d version=2", "/v2/models/" MODEL "/rollback"},
+    };
+    uint64_t epoch0;
+    int64_t v0;
+    float w0[NPARAMS];
+    store_weights(w0, &epoch0, &v0);
+    for (size_t i = 0; i < 2; i++) {
+        char args[256];
+        http(&r, posts[i][0], posts[i][1]);
+        expect(&r, 401, "bearer token");
+        expect_header(&r, "WWW-Authenticate", "Bearer realm=\"freshet\"");
+        resp_free(&r);
+        snprintf(args, sizeof(args), "%s -H 'Authorization: Bearer wrong-token'", posts[i][0]);
+        http(&r, args, posts[i][1]);
+        expect(&r, 401, "bearer token");
+        resp_free(&r);
+        snprintf(args, sizeof(args), "%s -H 'Authorization: Bearer " TOKEN "x'", posts[i][0]);
+        http(&r, args, posts[i][1]);
+        expect(&r, 401, NULL);
+        resp_free(&r);
+    }
+    /* nothing changed: no request, same weights, no replay published */
+    assert_int_equal(redis_int("XLEN freshet:{%s}:requests", MODEL), 0);
+    assert_int_equal(redis_int("HGET freshet:{%s}:meta replay_generation", MODEL), -1);
+    float w[NPARAMS];
+    uint64_t epoch;
+    int64_t v;
+    store_weights(w, &epoch, &v);
+    assert_true(epoch == epoch0 && v == v0);
+
+    /* with the token: a dry run changes nothing, then bad input is a 400 */
+    http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=shift-by -d arg=-5",
+         "/v2/models/" MODEL "/replay");
+    char want[160];
+    snprintf(want, sizeof(want),
+             "\"plan\":[{\"topic\":\"t\",\"partition\":0,\"watermark\":%d,\"log_end\":1000,"
+             "\"target\":\"watermark - 5\"}]",
+             10 * pushes);
+    expect(&r, 200, "\"dry_run\":true");
+    expect(&r, 200, want);
+    resp_free(&r);
+    assert_int_equal(redis_int("XLEN freshet:{%s}:requests", MODEL), 0);
+    http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=to-offset -d arg=x:y",
+         "/v2/models/" MODEL "/replay");
+    expect(&r, 400, "to-offset");
+    resp_free(&r);
+    http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=sideways",
+         "/v2/models/" MODEL "/replay");
+    expect(&r, 400, NULL);
+    resp_free(&r);
+    http(&r, "-H 'Authorization: Bearer " TOKEN "' -d version=abc",
+         "/v2/models/" MODEL "/rollback");
+    expect(&r, 400, "version");
+    resp_free(&r);
+
+    /* executed: the applier publishes the replay under generation 1 */
+    http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=to-earliest -d execute=true",
+         "/v2/models/" MODEL "/replay");
+    expect(&r, 202, "\"request_id\":");
+    resp_free(&r);
+    int64_t gen = -1;
+    for (int i = 0; i < 200 && gen != 1; i++) {
+        gen = redis_int("HGET freshet:{%s}:meta replay_generation", MODEL);
+        harness_sleep_ms(10);
+    }
+    assert_int_equal(gen, 1);
+
+    /* rollback to a retained snapshot: a new epoch, version + 1, its weights */
+    char out[512];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "ZRANGE freshet:{%s}:snaps 0 0", MODEL), 0);
+    int64_t snap = strtoll(out, NULL, 10);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    float ws[NPARAMS];
+    uint64_t sep;
+    assert_int_equal(psstore_snapshot_weights(c, MODEL, snap, ws, NPARAMS, &sep), FR_OK);
+    psstore_conn_destroy(c);
+    store_weights(w0, &epoch0, &v0);
+    char body[64];
+    snprintf(body, sizeof(body), "-H 'Authorization: Bearer " TOKEN "' -d version=%lld",
+             (long long)snap);
+    http(&r, body, "/v2/models/" MODEL "/rollback");
+    expect(&r, 202, "\"request_id\":");
+    resp_free(&r);
+    for (int i = 0; i < 200; i++) {
+        store_weights(w, &epoch, &v);
+        if (epoch != epoch0)
+            break;
+        harness_sleep_ms(10);
+    }
+    assert_true(epoch != epoch0);
+    assert_int_equal(v, v0 + 1);
+    assert_memory_equal(w, ws, sizeof(ws));
+    await_version(v);
+    char etag[64];
+    snprintf(etag, sizeof(etag), "\"%llu-v%lld\"", (unsigned long long)epoch, (long long)v);
+    http(&r, "", "/v2/models/" MODEL "/weights?format=raw");
+    expect_header(&r, "ETag", etag);
+    assert_memory_equal(r.body, ws, sizeof(ws));
+    resp_free(&r);
+}
+
+static void test_dashboard_loads_in_chromium_with_data(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        push();
+    resp_t r;
+    http(&r, "", "/dashboard");
+    expect(&r, 200, "<html");
+    expect_header(&r, "Content-Type", "text/html; charset=utf-8");
+    resp_free(&r);
+    http(&r, "", "/dashboard/chart.min.js");
+    expect(&r, 200, "Chart.js");
+    resp_free(&r);
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p artifacts && bash %s/tests/integration/dashboard_check.sh "
+             "'http://127.0.0.1:%d/dashboard?model=" MODEL "' artifacts 10",
+             FRESHET_SOURCE_DIR, port);
+    int rc = system(cmd);
+    if (rc != 0)
+        fail_msg("dashboard check failed (status %d)", rc);
+    size_t len = 0;
+    char *png = read_file("artifacts/dashboard.png", &len);
+    assert_non_null(png);
+    assert_true(len > 10000 && memcmp(png, "\x89PNG", 4) == 0);
+    free(png);
+}
+
+static void test_tls_serves_https(void **state)
+{
+    (void)state;
+    char cert[320], key[320], cmd[1200];
+    snprintf(cert, sizeof(cert), "%s/cert.pem", tmp_dir);
+    snprintf(key, sizeof(key), "%s/key.pem", tmp_dir);
+    snprintf(cmd, sizeof(cmd),
+             "openssl req -x509 -newkey rsa:2048 -nodes -keyout %s -out %s -days 1 "
+             "-subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 2>/dev/null",
+             key, cert);
+    assert_int_equal(system(cmd), 0);
+    serve_conf_t conf;
+    serve_conf_init(&conf);
+    conf.listen = "127.0.0.1:0";
+    conf.redis_url = redis.url;
+    conf.model = MODEL;
+    conf.tls_cert = cert;
+    conf.tls_key = key;
+    conf.metrics = metrics;
+    serve_t *tls = serve_new(&conf, errstr, sizeof(errstr));
+    if (tls == NULL)
+        fail_msg("%s", errstr);
+    assert_int_equal(serve_start(tls, errstr, sizeof(errstr)), FR_OK);
+    int p = serve_port(tls);
+    char out[320];
+    snprintf(out, sizeof(out), "%s/tls.bin", tmp_dir);
+    snprintf(cmd, sizeof(cmd),
+             "for i in $(seq 50); do curl -sf --cacert %s -o %s "
+             "https://127.0.0.1:%d/v2/models/" MODEL "/weights?format=raw && exit 0; "
+             "sleep 0.1; done; exit 1",
+             cert, out, p);
+    assert_int_equal(system(cmd), 0);
+    size_t len;
+    char *body = read_file(out, &len);
+    float w[NPARAMS];
+    uint64_t epoch;
+    int64_t v;
+    store_weights(w, &epoch, &v);
+    assert_int_equal(len, sizeof(w));
+    assert_memory_equal(body, w, sizeof(w));
+    free(body);
+    /* plain HTTP on the TLS port gets no answer */
+    resp_t r;
+    http_port(p, &r, "--max-time 2", "/livez");
+    assert_int_not_equal(r.code, 200);
+    resp_free(&r);
+    serve_destroy(tls);
+
+    /* a key that does not match is refused at start */
+    conf.tls_key = cert;
+    assert_null(serve_new(&conf, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "TLS"));
+}
+
+static void test_protect_reads_needs_the_token_for_reads(void **state)
+{
+    (void)state;
+    serve_conf_t conf;
+    serve_conf_init(&conf);
+    conf.listen = "127.0.0.1:0";
+    conf.redis_url = redis.url;
+    conf.model = MODEL;
+    conf.token = TOKEN;
+    conf.protect_reads = 1;
+    conf.metrics = metrics;
+    serve_t *p = serve_new(&conf, errstr, sizeof(errstr));
+    if (p == NULL)
+        fail_msg("%s", errstr);
+    assert_int_equal(serve_start(p, errstr, sizeof(errstr)), FR_OK);
+    resp_t r;
+    int code = 0;
+    for (int i = 0; i < 100 && code != 200; i++) {
+        http_port(serve_port(p), &r, "", "/readyz"); /* health stays open */
+        code = r.code;
+        resp_free(&r);
+        harness_sleep_ms(20);
+    }
+    assert_int_equal(code, 200);
+    const char *reads[] = {"/v2/models", "/v2/models/" MODEL "/weights", "/metrics",
+                           "/v2/models/" MODEL "/stats"};
+    for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
+        http_port(serve_port(p), &r, "", reads[i]);
+        expect(&r, 401, "bearer token");
+        resp_free(&r);
+        http_port(serve_port(p), &r, "-H 'Authorization: Bearer " TOKEN "'", reads[i]);
+        if (r.code != 200 && !(i == 3 && r.code == 503))
+            fail_msg("%s with the token: %d", reads[i], r.code);
+        resp_free(&r);
+    }
+    http_port(serve_port(p), &r, "", "/livez");
+    expect(&r, 200, NULL);
+    resp_free(&r);
+    serve_destroy(p);
+}
+
+static void test_readiness_follows_the_store_and_the_guard(void **state)
+{
+    (void)state;
+    resp_t r;
+    /* the divergence guard's stop (written as the applier writes it) */
+    char out[64];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{%s}:meta stopped %s", MODEL,
+                                         "loss-not-finite"),
+                     0);
+    int code = 0;
+    for (int i = 0; i < 100 && code != 503; i++) {
+        http(&r, "", "/readyz");
+        code = r.code;
+        if (code != 503)
+            resp_free(&r);
+        harness_sleep_ms(20);
+    }
+    expect(&r, 503, "stopped by the divergence guard: loss-not-finite");
+    resp_free(&r);
+    http(&r, "", "/v2/models/" MODEL "/ready");
+    expect(&r, 503, "divergence guard");
+    resp_free(&r);
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HDEL freshet:{%s}:meta stopped", MODEL), 0);
+    code = 0;
+    for (int i = 0; i < 100 && code != 200; i++) {
+        http(&r, "", "/readyz");
+        code = r.code;
+        resp_free(&r);
+        harness_sleep_ms(20);
+    }
+    assert_int_equal(code, 200);
+
+    /* Redis gone: not ready, stats 503; the weights held are still served */
+    harness_applier_stop(&applier, NULL);
+    kill(redis.pid, SIGSTOP); /* accepts connections, answers nothing */
+    code = 0;
+    for (int i = 0; i < 100 && code != 503; i++) {
+        http(&r, "--max-time 3", "/readyz");
+        code = r.code;
+        if (code != 503)
+            resp_free(&r);
+        harness_sleep_ms(50);
+    }
+    expect(&r, 503, "store unreachable");
+    resp_free(&r);
+    http(&r, "--max-time 3", "/v2/models/" MODEL "/stats");
+    expect(&r, 503, "store unreachable");
+    resp_free(&r);
+    http(&r, "--max-time 3", "/v2/models/" MODEL "/weights?format=raw");
+    expect(&r, 200, NULL);
+    assert_int_equal(r.len, NPARAMS * sizeof(float));
+    resp_free(&r);
+    http(&r, "--max-time 3 -H 'Authorization: Bearer " TOKEN "' -d version=1",
+         "/v2/models/" MODEL "/rollback");
+    expect(&r, 503, "store unreachable");
+    resp_free(&r);
+    kill(redis.pid, SIGCONT);
+    code = 0;
+    for (int i = 0; i < 200 && code != 200; i++) {
+        http(&r, "--max-time 3", "/readyz");
+        code = r.code;
+        if (code != 200 && i < 199)
+            resp_free(&r);
+        harness_sleep_ms(50);
+    }
+    expect(&r, 200, "\"ready\":true");
+    resp_free(&r);
+}
+
+/* ---- fixture ------------------------------------------------------------------ */
+
+static int setup(void **state)
+{
+    (void)state;
+    if (harness_tmpdir(tmp_dir, "serve") != 0 || harness_redis_start(&redis, NULL) != 0)
+        return -1;
+    float w[NPARAMS];
+    harness_gradient(w, NPARAMS, 1);
+    if (harness_model_create(&redis, MODEL, LAYERS, "softmax", w, NPARAMS) != 0)
+        return -1;
+    psstore_applier_conf_t ac;
+    psstore_applier_conf_init(&ac);
+    ac.url = redis.url;
+    ac.model = MODEL;
+    ac.ctl.lr = 0.1;
+    ac.commit_ms = 0;
+    ac.lease_ms = 1000;
+    ac.snapshot_every = 2;
+    ac.snapshot_seconds = 0;
+    ac.snapshot_retain = 3;
+    metrics = fr_metrics_new();
+    ac.metrics = metrics;
+    if (harness_applier_start(&applier, &ac) != 0)
+        return -1;
+    client = psstore_client_new(redis.url, MODEL, NPARAMS, 100, errstr, sizeof(errstr));
+    if (client == NULL) {
+        fprintf(stderr, "%s\n", errstr);
+        return -1;
+    }
+    serve_conf_t conf;
+    serve_conf_init(&conf);
+    conf.listen = "127.0.0.1:0";
+    conf.redis_url = redis.url;
+    conf.model = MODEL;
+    conf.token = TOKEN;
+    conf.max_body = 4096;
+    conf.metrics = metrics;
+    srv = serve_new(&conf, errstr, sizeof(errstr));
+    if (srv == NULL || serve_start(srv, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "%s\n", errstr);
+        return -1;
+    }
+    port = serve_port(srv);
+    signal(SIGPIPE, SIG_IGN);
+    /* ready once the first weights are read */
+    resp_t r;
+    for (int i = 0; i < 250; i++) {
+        http(&r, "", "/readyz");
+        int code = r.code;
+        resp_free(&r);
+        if (code == 200)
+            return 0;
+        harness_sleep_ms(20);
+    }
+    fprintf(stderr, "serve never became ready\n");
+    return -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    serve_destroy(srv);
+    psstore_client_destroy(client);
+    harness_applier_stop(&applier, NULL);
+    harness_redis_stop(&redis);
+    fr_metrics_destroy(metrics);
+    harness_kill_children();
+    harness_rmdir(tmp_dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_models_and_errors),
+        cmocka_unit_test(test_weights_equal_the_store_in_every_format),
+        cmocka_unit_test(test_long_poll_times_out_and_wakes_on_a_push),
+        cmocka_unit_test(test_500_waiters_wake_together_and_hangups_are_dropped),
+        cmocka_unit_test(test_snapshots_metadata_and_metrics),
+        cmocka_unit_test(test_stats_hold_the_store_s_numbers),
+        cmocka_unit_test(test_replay_and_rollback_need_the_token),
+        cmocka_unit_test(test_dashboard_loads_in_chromium_with_data),
+        cmocka_unit_test(test_tls_serves_https),
+        cmocka_unit_test(test_protect_reads_needs_the_token_for_reads),
+        cmocka_unit_test(test_readiness_follows_the_store_and_the_guard),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
