@@ -679,52 +679,37 @@ fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_i
 
 /* Reads the weights, their epoch and version in one transaction (see
  * psstore.h); the only copy is from hiredis's reply into w. */
-fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
-                               uint64_t *epoch, int64_t *version)
+/* "topic/partition=watermark,..." of an HGETALL offsets reply (malloc'ed,
+ * "" when empty); NULL when out of memory. */
+static char *watermarks_text(const redisReply *o)
 {
-    fr_err_t err;
-    char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX];
-    if ((err = check_name(c, name)) != FR_OK)
-        return err;
-    ps_endpoint(c, ep, sizeof(ep));
-    ps_key(meta, name, "meta");
-    ps_key(ver, name, "ver");
-    ps_key_shard(wkey, name, "w", 0);
-    const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver},
-               *get_w[] = {"GET", wkey};
-    const int argcs[] = {3, 2, 2};
-    const char *const *argvs[] = {hget, get_ver, get_w};
-    redisReply *r = read_tx(c, 3, argcs, argvs, &err);
-    if (r == NULL)
-        return err;
-    const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2];
-    uint64_t ep64;
-    int64_t version64;
-    if (e->type == REDIS_REPLY_NIL || wr->type != REDIS_REPLY_STRING) {
-        err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
-    } else if (reply_uint64(e, &ep64) != 0 || reply_int64(v, &version64) != 0) {
-        err = ps_fail(c, FR_ERR_PARSE, "redis %s: model '%s' has a bad epoch or ver", ep, name);
-    } else if (wr->len != n * sizeof(float)) {
-        err = ps_fail(c, FR_ERR_RANGE,
-                      "redis %s: model '%s' holds %zu bytes of weights, expected %zu (%zu floats)",
-                      ep, name, wr->len, n * sizeof(float), n);
-    } else {
-        memcpy(w, wr->str, wr->len);
-        if (epoch != NULL)
-            *epoch = ep64;
-        if (version != NULL)
-            *version = version64;
+    size_t np = o->type == REDIS_REPLY_ARRAY ? o->elements / 2 : 0, len = 0;
+    char *text = malloc(np * 300 + 1);
+    if (text == NULL)
+        return NULL;
+    text[0] = '\0';
+    for (size_t i = 0; i < np; i++) {
+        const redisReply *k = o->element[2 * i], *val = o->element[2 * i + 1];
+        psstore_partition_offsets_t po;
+        psstore_poff_init(&po, 0);
+        if (k->type == REDIS_REPLY_STRING && val->type == REDIS_REPLY_STRING && k->len < 270 &&
+            psstore_poff_parse(&po, val->str, val->len, NULL, 0) == FR_OK)
+            len += (size_t)snprintf(text + len, 300, "%s%.*s=%lld", len ? "," : "", (int)k->len,
+                                    k->str, (long long)po.watermark);
+        psstore_poff_fini(&po);
     }
-    freeReplyObject(r);
-    return err;
+    return text;
 }
 
-fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, float *w, size_t n,
-                                       uint64_t *epoch, int64_t *version, char **offsets)
+/* Weights, epoch and version in one transaction; with offsets != NULL also
+ * the watermark of every partition, as "topic/partition=watermark,...". */
+static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
+                             uint64_t *epoch, int64_t *version, char **offsets)
 {
     fr_err_t err;
     char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], off[PS_KEY_MAX];
-    *offsets = NULL;
+    if (offsets != NULL)
+        *offsets = NULL;
     if ((err = check_name(c, name)) != FR_OK)
         return err;
     ps_endpoint(c, ep, sizeof(ep));
@@ -736,13 +721,13 @@ fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, floa
                *get_w[] = {"GET", wkey}, *get_off[] = {"HGETALL", off};
     const int argcs[] = {3, 2, 2, 2};
     const char *const *argvs[] = {hget, get_ver, get_w, get_off};
-    redisReply *r = read_tx(c, 4, argcs, argvs, &err);
+    redisReply *r = read_tx(c, offsets != NULL ? 4 : 3, argcs, argvs, &err);
     if (r == NULL)
         return err;
-    const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2],
-                     *o = r->element[3];
+    const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2];
     uint64_t ep64;
     int64_t version64;
+    char *text = NULL;
     if (e->type == REDIS_REPLY_NIL || wr->type != REDIS_REPLY_STRING) {
         err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
     } else if (reply_uint64(e, &ep64) != 0 || reply_int64(v, &version64) != 0) {
@@ -751,33 +736,31 @@ fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, floa
         err = ps_fail(c, FR_ERR_RANGE,
                       "redis %s: model '%s' holds %zu bytes of weights, expected %zu (%zu floats)",
                       ep, name, wr->len, n * sizeof(float), n);
+    } else if (offsets != NULL && (text = watermarks_text(r->element[3])) == NULL) {
+        err = ps_fail(c, FR_ERR_NOMEM, "out of memory");
     } else {
-        /* "topic/partition=watermark,...": the positions below each watermark
-         * are all in these weights */
-        size_t np = o->type == REDIS_REPLY_ARRAY ? o->elements / 2 : 0, len = 0;
-        char *text = malloc(np * 300 + 1);
-        if (text == NULL) {
-            freeReplyObject(r);
-            return ps_fail(c, FR_ERR_NOMEM, "out of memory");
-        }
-        text[0] = '\0';
-        for (size_t i = 0; i < np; i++) {
-            const redisReply *k = o->element[2 * i], *val = o->element[2 * i + 1];
-            psstore_partition_offsets_t po;
-            psstore_poff_init(&po, 0);
-            if (k->type == REDIS_REPLY_STRING && val->type == REDIS_REPLY_STRING && k->len < 270 &&
-                psstore_poff_parse(&po, val->str, val->len, NULL, 0) == FR_OK)
-                len += (size_t)snprintf(text + len, 300, "%s%.*s=%lld", len ? "," : "", (int)k->len,
-                                        k->str, (long long)po.watermark);
-            psstore_poff_fini(&po);
-        }
         memcpy(w, wr->str, wr->len);
-        *epoch = ep64;
-        *version = version64;
-        *offsets = text;
+        if (epoch != NULL)
+            *epoch = ep64;
+        if (version != NULL)
+            *version = version64;
+        if (offsets != NULL)
+            *offsets = text;
     }
     freeReplyObject(r);
     return err;
+}
+
+fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
+                               uint64_t *epoch, int64_t *version)
+{
+    return read_weights(c, name, w, n, epoch, version, NULL);
+}
+
+fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, float *w, size_t n,
+                                       uint64_t *epoch, int64_t *version, char **offsets)
+{
+    return read_weights(c, name, w, n, epoch, version, offsets);
 }
 
 fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version)

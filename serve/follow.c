@@ -16,20 +16,16 @@
 #include "serve/serve_int.h"
 #include "trainer/trainer.h"
 
-#define FOLLOW_BLOCK_MS   250  /* longest XREAD BLOCK: new models, stop    */
+#define FOLLOW_BLOCK_MS   100  /* longest XREAD BLOCK: new requests, stop  */
 #define FOLLOW_TIMEOUT_MS 2000 /* Redis connect and command timeout         */
 #define MODELS_EVERY_MS   2000 /* re-reading the list of models             */
 #define CHECK_EVERY_MS    1000 /* reading info even without a stream entry  */
 #define STATS_EVERY_MS    1000 /* rebuilding wanted stats                   */
-#define WANTED_FOR_MS                                                                              \
-    600000 /* a model's weights are kept this long after                                           \
-             the last request                          */
-#define STATS_WANTED_FOR_MS 30000
-#define VERSIONS_WINDOW     2000 /* versions entries the stats look at        */
-#define DROPS_WINDOW        1000
-#define EVALS_WINDOW        300
-#define SERIES_MAX          300   /* one point per second                      */
-#define RATE_WINDOW_MS      10000 /* throughput and per-worker speed           */
+#define VERSIONS_WINDOW   2000 /* versions entries the stats look at        */
+#define DROPS_WINDOW      1000
+#define EVALS_WINDOW      300
+#define SERIES_MAX        300   /* one point per second                      */
+#define RATE_WINDOW_MS    10000 /* throughput and per-worker speed           */
 
 static const double stale_bounds[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128};
 #define NBOUNDS (sizeof(stale_bounds) / sizeof(stale_bounds[0]))
@@ -58,13 +54,6 @@ sv_model_t *sv_model_get(struct serve *s, const char *name, int create)
 }
 
 /* ---- weights -------------------------------------------------------------- */
-
-/* The default model's weights and stats are always kept: readiness and the
- * dashboard answer at once. */
-static int is_default(const struct serve *s, const sv_model_t *m)
-{
-    return strcmp(s->model, m->name) == 0;
-}
 
 /* Encodes w as a view of (epoch, version). NULL on a bad model or no memory. */
 static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const float *w,
@@ -154,7 +143,8 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         m->seq++;
         *changed = 1;
     }
-    int wanted = fr_clock_unix_ms() - m->wanted_ms < WANTED_FOR_MS || is_default(s, m);
+    /* kept current while asked for; read once in any case (readiness) */
+    int wanted = fr_clock_unix_ms() - m->wanted_ms < SV_WANTED_MS || m->cur == NULL;
     sv_view_t *cur = m->cur;
     int moved = cur == NULL || cur->epoch != info.epoch || cur->version != info.version;
     pthread_mutex_unlock(&s->lock);
@@ -548,6 +538,7 @@ static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, s
     pthread_mutex_lock(&s->lock);
     sv_blob_unref(m->stats);
     m->stats = blob;
+    m->stats_seq++;
     m->seq++;
     pthread_mutex_unlock(&s->lock);
     return FR_OK;
@@ -710,7 +701,13 @@ void *sv_follow_main(void *arg)
         int next_ms = FOLLOW_BLOCK_MS;
         for (size_t i = 0; i < n && err == FR_OK; i++) {
             sv_model_t *m = ms[i];
-            if (all || m->pending)
+            /* a client now waits for weights not kept current so far */
+            pthread_mutex_lock(&s->lock);
+            int behind = m->present && fr_clock_unix_ms() - m->wanted_ms < SV_WANTED_MS &&
+                         m->cur != NULL &&
+                         (m->cur->epoch != m->info.epoch || m->cur->version != m->info.version);
+            pthread_mutex_unlock(&s->lock);
+            if (all || m->pending || behind)
                 err = refresh_model(s, c, m, &w, &wcap, &changed);
             if (err == FR_OK && m->pending) {
                 int64_t left = s->conf.refresh_ms - (int64_t)ms_since(m->loaded_ns);
@@ -719,8 +716,7 @@ void *sv_follow_main(void *arg)
             }
             pthread_mutex_lock(&s->lock);
             int stats_wanted =
-                m->present &&
-                (fr_clock_unix_ms() - m->stats_wanted_ms < STATS_WANTED_FOR_MS || is_default(s, m));
+                m->present && fr_clock_unix_ms() - m->stats_wanted_ms < SV_STATS_WANTED_MS;
             if (m->present && (m->meta == NULL || m->meta_seq != m->seq)) {
                 build_meta(m);
                 m->meta_seq = m->seq;

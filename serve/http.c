@@ -31,7 +31,7 @@
 #include "serve/serve_int.h"
 
 #define OP_TIMEOUT_MS  1000 /* Redis timeout of replay and rollback     */
-#define FIRST_WAIT_MS  5000 /* a model's first weights being read        */
+#define FRESH_WAIT_MS  5000 /* a model's weights or stats being read */
 #define CONN_TIMEOUT_S (SERVE_MAX_WAIT_S + 30)
 #define MAX_HEADERS    16384
 #define CHARTJS_MAX    (8u << 20)
@@ -40,6 +40,14 @@ extern const unsigned char serve_dashboard_html[];
 extern const size_t serve_dashboard_html_len;
 
 enum fmt { FMT_SAFETENSORS, FMT_RAW, FMT_JSON };
+
+/* What a waiting client waits for. */
+enum wkind {
+    W_POLL,  /* long-poll: weights other than (epoch, version)            */
+    W_FRESH, /* weights at least (epoch, version) (any when version < 0):
+                the model was not followed, or not read yet              */
+    W_STATS, /* stats newer than stats_seq                                */
+};
 
 struct sv_waiter {
     sv_waiter_t *prev, *next;
@@ -50,10 +58,11 @@ struct sv_waiter {
     struct event *timer;
     struct event *hup; /* the client closed its end while waiting */
     enum fmt fmt;
-    int first;      /* waiting for the model's first weights        */
+    enum wkind kind;
     uint64_t epoch; /* the client has (epoch, version) ...          */
     int64_t version;
-    int any_epoch; /* ... or version in whatever epoch is current  */
+    int any_epoch;      /* ... or version in whatever epoch is current  */
+    uint64_t stats_seq; /* W_STATS: the stats seen */
     int head;
 };
 
@@ -374,15 +383,25 @@ static void waiter_closed(struct evhttp_connection *evcon, void *arg)
     waiter_free(w);
 }
 
-/* (epoch, version) of m's current weights differs from what w has. */
-static int waiter_due(const sv_waiter_t *w, const sv_view_t *cur)
+/* Nonzero when w's wait is over. Under s->lock. */
+static int waiter_due(const sv_waiter_t *w, const sv_model_t *m)
 {
-    if (cur == NULL)
-        return 0;
-    if (w->first)
-        return 1;
-    return cur->version != w->version || (!w->any_epoch && cur->epoch != w->epoch);
+    const sv_view_t *cur = m->cur;
+    switch (w->kind) {
+    case W_POLL:
+        return cur != NULL &&
+               (cur->version != w->version || (!w->any_epoch && cur->epoch != w->epoch));
+    case W_FRESH:
+        if (!m->present || m->error[0] != '\0')
+            return 1; /* answered with the reason */
+        return cur != NULL &&
+               (w->version < 0 || cur->epoch != w->epoch || cur->version >= w->version);
+    case W_STATS: return m->stats != NULL && m->stats_seq != w->stats_seq;
+    }
+    return 1;
 }
+
+static void send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m);
 
 static void answer_waiter(sv_waiter_t *w, int timed_out)
 {
@@ -397,15 +416,20 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
     snprintf(error, sizeof(error), "%s", m->error);
     pthread_mutex_unlock(&s->lock);
     enum fmt f = w->fmt;
-    int first = w->first;
+    enum wkind kind = w->kind;
     waiter_finish(w);
     waiter_free(w);
+    if (kind == W_STATS) {
+        sv_view_unref(cur);
+        send_stats(s, req, m);
+        return;
+    }
     if (cur == NULL) {
         send_error(s, req, 503, "weights of model '%s' not available yet%s%s", m->name,
                    error[0] ? ": " : "", error);
         return;
     }
-    if (timed_out && !first) {
+    if (timed_out && kind == W_POLL) {
         /* nothing newer within wait: 304 with the current ETag */
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "ETag", cur->etag);
@@ -437,7 +461,7 @@ static void waiter_hup(evutil_socket_t fd, short what, void *arg)
 }
 
 static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m, enum fmt f,
-                      int first, uint64_t epoch, int64_t version, int any_epoch, int wait_ms)
+                      enum wkind kind, uint64_t epoch, int64_t version, int any_epoch, int wait_ms)
 {
     sv_waiter_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
@@ -446,7 +470,7 @@ static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m
     w->m = m;
     w->req = req;
     w->fmt = f;
-    w->first = first;
+    w->kind = kind;
     w->epoch = epoch;
     w->version = version;
     w->any_epoch = any_epoch;
@@ -489,20 +513,18 @@ static void on_notify(evutil_socket_t fd, short what, void *arg)
         pthread_mutex_lock(&s->lock);
         sv_model_t *m = s->models[i];
         uint64_t seq = m->seq;
-        sv_view_t *cur = sv_view_ref(m->cur);
-        int gone = !m->present || m->error[0] != '\0';
         pthread_mutex_unlock(&s->lock);
-        if (seq != m->seen_seq) {
-            m->seen_seq = seq;
-            sv_waiter_t *w = m->waiters;
-            while (w != NULL) {
-                sv_waiter_t *next = w->next;
-                if (waiter_due(w, cur) || (w->first && gone))
-                    answer_waiter(w, 0);
-                w = next;
-            }
+        if (seq == m->seen_seq)
+            continue;
+        m->seen_seq = seq;
+        for (sv_waiter_t *w = m->waiters, *next; w != NULL; w = next) {
+            next = w->next; /* answering unlinks w only */
+            pthread_mutex_lock(&s->lock);
+            int due = waiter_due(w, m);
+            pthread_mutex_unlock(&s->lock);
+            if (due)
+                answer_waiter(w, 0);
         }
-        sv_view_unref(cur);
     }
 }
 
@@ -588,7 +610,7 @@ static int read_params(struct evhttp_request *req, struct evkeyvalq *params)
 /* Reads the model for a request: NULL after answering 404/503. Marks its
  * weights (or stats) wanted. */
 static sv_model_t *find_model(struct serve *s, struct evhttp_request *req, const char *name,
-                              int stats)
+                              int stats, int *was_followed)
 {
     pthread_mutex_lock(&s->lock);
     int listed = 0;
@@ -599,10 +621,11 @@ static sv_model_t *find_model(struct serve *s, struct evhttp_request *req, const
     char why[256];
     snprintf(why, sizeof(why), "%s", s->store_error);
     if (m != NULL) {
-        if (stats)
-            m->stats_wanted_ms = fr_clock_unix_ms();
-        else
-            m->wanted_ms = fr_clock_unix_ms();
+        int64_t now = fr_clock_unix_ms();
+        int64_t *mark = stats ? &m->stats_wanted_ms : &m->wanted_ms;
+        if (was_followed != NULL)
+            *was_followed = now - *mark < (stats ? SV_STATS_WANTED_MS : SV_WANTED_MS);
+        *mark = now;
     }
     int have = m != NULL && (m->present || m->cur != NULL);
     pthread_mutex_unlock(&s->lock);
@@ -655,7 +678,7 @@ static void h_models(struct serve *s, struct evhttp_request *req)
 
 static void h_model(struct serve *s, struct evhttp_request *req, const char *name)
 {
-    sv_model_t *m = find_model(s, req, name, 0);
+    sv_model_t *m = find_model(s, req, name, 0, NULL);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -670,7 +693,7 @@ static void h_model(struct serve *s, struct evhttp_request *req, const char *nam
 
 static void h_model_ready(struct serve *s, struct evhttp_request *req, const char *name)
 {
-    sv_model_t *m = find_model(s, req, name, 0);
+    sv_model_t *m = find_model(s, req, name, 0, NULL);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -748,7 +771,8 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         send_error(s, req, 400, "wait needs after_version");
         return;
     }
-    sv_model_t *m = find_model(s, req, name, 0);
+    int followed = 0;
+    sv_model_t *m = find_model(s, req, name, 0, &followed);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -756,12 +780,19 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
     char layers[256], loss[16];
     snprintf(layers, sizeof(layers), "%s", m->info.layers);
     snprintf(loss, sizeof(loss), "%s", m->info.loss);
+    uint64_t known_epoch = m->info.epoch;
+    int64_t known_version = m->present ? m->info.version : -1;
     pthread_mutex_unlock(&s->lock);
-    if (cur == NULL) {
-        /* the follower reads it now: wait for it a little */
-        if (add_waiter(s, req, m, f, 1, 0, 0, 1, FIRST_WAIT_MS) != 0)
+    /* the weights of a model nobody asked for lately are not kept current:
+     * the follower reads the newest now, and the request waits for them */
+    int stale =
+        cur == NULL || (!followed && (cur->epoch != known_epoch || cur->version < known_version));
+    if (stale) {
+        int64_t want = cur == NULL ? -1 : known_version;
+        sv_view_unref(cur);
+        if (add_waiter(s, req, m, f, W_FRESH, known_epoch, want, 1, FRESH_WAIT_MS) != 0)
             send_error(s, req, 500, "out of memory");
-        sv_notify(s);
+        pthread_cond_broadcast(&s->wake);
         return;
     }
     if (after >= 0) {
@@ -775,11 +806,7 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         int newer = cur->version != after || (!any_epoch && cur->epoch != epoch);
         if (!newer) {
             sv_view_unref(cur);
-            if (wait == 0) {
-                sv_waiter_t tmp = {.s = s, .m = m, .req = req, .fmt = f};
-                (void)tmp;
-            }
-            if (add_waiter(s, req, m, f, 0, epoch, after, any_epoch, (int)wait * 1000) != 0)
+            if (add_waiter(s, req, m, f, W_POLL, epoch, after, any_epoch, (int)wait * 1000) != 0)
                 send_error(s, req, 500, "out of memory");
             return;
         }
@@ -802,7 +829,7 @@ static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *
         send_error(s, req, 400, "bad version '%s'", vtext);
         return;
     }
-    sv_model_t *m = find_model(s, req, name, 0);
+    sv_model_t *m = find_model(s, req, name, 0, NULL);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -822,11 +849,9 @@ static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *
     send_view(s, req, m, v, f, 0, layers, loss);
 }
 
-static void h_stats(struct serve *s, struct evhttp_request *req, const char *name)
+/* The stats of m as the follower last built them, or a 503 saying why. */
+static void send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m)
 {
-    sv_model_t *m = find_model(s, req, name, 1);
-    if (m == NULL)
-        return;
     pthread_mutex_lock(&s->lock);
     int up = s->store_up;
     char why[256];
@@ -839,11 +864,34 @@ static void h_stats(struct serve *s, struct evhttp_request *req, const char *nam
         return;
     }
     if (stats == NULL) {
-        sv_notify(s);
-        send_error(s, req, 503, "stats of model '%s' are being read: ask again in a second", name);
+        send_error(s, req, 503, "stats of model '%s' are not read yet", m->name);
         return;
     }
     send_blob(s, req, 200, "application/json", stats);
+}
+
+static void h_stats(struct serve *s, struct evhttp_request *req, const char *name)
+{
+    int followed = 0;
+    sv_model_t *m = find_model(s, req, name, 1, &followed);
+    if (m == NULL)
+        return;
+    /* stats are built while someone asks for them: the first request (or
+     * the first after a pause) waits for a fresh build */
+    pthread_mutex_lock(&s->lock);
+    uint64_t seq = m->stats_seq;
+    int up = s->store_up, have = m->stats != NULL;
+    pthread_mutex_unlock(&s->lock);
+    if ((followed && have) || !up) {
+        send_stats(s, req, m); /* (503 while the store is unreachable) */
+        return;
+    }
+    if (add_waiter(s, req, m, FMT_JSON, W_STATS, 0, 0, 1, FRESH_WAIT_MS) != 0) {
+        send_error(s, req, 500, "out of memory");
+        return;
+    }
+    m->waiters->stats_seq = seq; /* add_waiter puts it first */
+    pthread_cond_broadcast(&s->wake);
 }
 
 /* The loop's own connection for operator requests. */
@@ -931,7 +979,7 @@ static void h_replay(struct serve *s, struct evhttp_request *req, const char *na
         send_error(s, req, 400, "not a valid replay request (topic or values out of range)");
         return;
     }
-    if (find_model(s, req, name, 0) == NULL) {
+    if (find_model(s, req, name, 0, NULL) == NULL) {
         free(r);
         return;
     }
@@ -1009,7 +1057,7 @@ static void h_rollback(struct serve *s, struct evhttp_request *req, const char *
         send_error(s, req, 400, "version (a retained snapshot's version) is required");
         return;
     }
-    if (find_model(s, req, name, 0) == NULL)
+    if (find_model(s, req, name, 0, NULL) == NULL)
         return;
     psstore_conn_t *c = op_conn(s, req);
     if (c == NULL)

@@ -71,6 +71,10 @@ void sv_view_unref(sv_view_t *v);
  * s->lock; the loop reads them under it and owns the waiters.
  * ---------------------------------------------------------------------- */
 #define SV_MAX_SNAPS 64
+#define SV_WANTED_MS                                                                               \
+    600000                       /* a model's weights are kept current this long                   \
+                                    after a request for them                */
+#define SV_STATS_WANTED_MS 30000 /* ... and its stats                       */
 
 typedef struct sv_waiter sv_waiter_t;
 
@@ -93,6 +97,7 @@ typedef struct sv_model {
     sv_view_t *snaps[SV_MAX_SNAPS]; /* retained snapshots of cur's epoch     */
     int64_t published_ms;           /* the newest snapshot's time, 0 when none      */
     sv_blob_t *stats;               /* the stats JSON                              */
+    uint64_t stats_seq;             /* bumped by every stats build                 */
     sv_blob_t *meta;                /* the metadata JSON                           */
     uint64_t seq;                   /* bumped by every change (loop: wake waiters) */
     /* loop's own */

@@ -199,6 +199,63 @@ static double store_loss(const char *model, int n, int64_t *version)
     return sum / n;
 }
 
+/* freshet run serves HTTP ([serve] listen = 127.0.0.1:0: the port is in
+ * its log): the weights it publishes are the store's, at the store's
+ * version. */
+static void check_run_serves(const char *model, const char *log)
+{
+    int port = 0;
+    FILE *f = fopen(log, "r");
+    char line[512];
+    while (f != NULL && port == 0 && fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "serve: listening on 127.0.0.1:0 (port ");
+        if (p != NULL)
+            port = atoi(p + strlen("serve: listening on 127.0.0.1:0 (port "));
+    }
+    if (f != NULL)
+        fclose(f);
+    if (port <= 0)
+        fail_msg("freshet run logged no HTTP port (see %s)", log);
+    char hdr[320], body[320], cmd[1024];
+    snprintf(hdr, sizeof(hdr), "%s/%s.hdr", tmp_dir, model);
+    snprintf(body, sizeof(body), "%s/%s.body", tmp_dir, model);
+    snprintf(cmd, sizeof(cmd),
+             "curl -sf --max-time 5 -D %s -o %s "
+             "'http://127.0.0.1:%d/v2/models/%s/weights?format=raw'",
+             hdr, body, port, model);
+    for (int tries = 0; tries < 50; tries++) {
+        int64_t version = store_version(model);
+        assert_int_equal(system(cmd), 0);
+        char text[2048] = "";
+        FILE *h = fopen(hdr, "r");
+        assert_non_null(h);
+        size_t n = fread(text, 1, sizeof(text) - 1, h);
+        text[n] = '\0';
+        fclose(h);
+        const char *v = strstr(text, "X-Freshet-Version: ");
+        if (v == NULL || strtoll(v + 19, NULL, 10) != version) {
+            harness_sleep_ms(100);
+            continue;
+        }
+        float got[NPARAMS + 1], want[NPARAMS];
+        FILE *b = fopen(body, "rb");
+        assert_non_null(b);
+        assert_int_equal(fread(got, 1, sizeof(got), b), sizeof(want));
+        fclose(b);
+        psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+        assert_non_null(c);
+        uint64_t epoch;
+        int64_t now;
+        assert_int_equal(psstore_model_weights(c, model, want, NPARAMS, &epoch, &now), FR_OK);
+        psstore_conn_destroy(c);
+        if (now != version)
+            continue; /* moved meanwhile */
+        assert_memory_equal(got, want, sizeof(want));
+        return;
+    }
+    fail_msg("freshet run never served the store's version of %s (see %s)", model, log);
+}
+
 /*
  * A mode learns the regression from the stream: the model's error on the
  * data falls from its initial value below 1e-3, every record is consumed,
@@ -217,6 +274,7 @@ static void run_mode_learns(const char *mode, const char *model, const char *top
     write_config_extra(conf, model, topic, 2, mode, "", 0, "", trainer_extra);
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, N, log);
+    check_run_serves(model, log);
     stop_run(pid, log);
     int64_t version = 0;
     double loss = store_loss(model, N, &version);

@@ -161,6 +161,19 @@ static void expect(const resp_t *r, int code, const char *needle)
         fail_msg("body lacks '%s': %.*s", needle, (int)r->len, r->body);
 }
 
+/* Asks path on port p every sleep_ms until it answers code (tries times at
+ * most); r holds the last answer. */
+static void await_code(int p, resp_t *r, const char *path, int code, int tries, int sleep_ms)
+{
+    for (int i = 0; i < tries; i++) {
+        http_port(p, r, "--max-time 3", path);
+        if (r->code == code || i == tries - 1)
+            return;
+        resp_free(r);
+        harness_sleep_ms(sleep_ms);
+    }
+}
+
 static void store_weights(float *w, uint64_t *epoch, int64_t *version)
 {
     assert_int_equal(harness_model_weights(&redis, MODEL, w, NPARAMS, epoch, version), 0);
@@ -952,14 +965,9 @@ static void test_protect_reads_needs_the_token_for_reads(void **state)
         fail_msg("%s", errstr);
     assert_int_equal(serve_start(p, errstr, sizeof(errstr)), FR_OK);
     resp_t r;
-    int code = 0;
-    for (int i = 0; i < 100 && code != 200; i++) {
-        http_port(serve_port(p), &r, "", "/readyz"); /* health stays open */
-        code = r.code;
-        resp_free(&r);
-        harness_sleep_ms(20);
-    }
-    assert_int_equal(code, 200);
+    await_code(serve_port(p), &r, "/readyz", 200, 100, 20); /* health stays open */
+    expect(&r, 200, NULL);
+    resp_free(&r);
     const char *reads[] = {"/v2/models", "/v2/models/" MODEL "/weights", "/metrics",
                            "/v2/models/" MODEL "/stats"};
     for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
@@ -987,14 +995,7 @@ static void test_readiness_follows_the_store_and_the_guard(void **state)
                                          "HSET freshet:{%s}:meta stopped %s", MODEL,
                                          "loss-not-finite"),
                      0);
-    int code = 0;
-    for (int i = 0; i < 100 && code != 503; i++) {
-        http(&r, "", "/readyz");
-        code = r.code;
-        if (code != 503)
-            resp_free(&r);
-        harness_sleep_ms(20);
-    }
+    await_code(port, &r, "/readyz", 503, 100, 20);
     expect(&r, 503, "stopped by the divergence guard: loss-not-finite");
     resp_free(&r);
     http(&r, "", "/v2/models/" MODEL "/ready");
@@ -1002,26 +1003,14 @@ static void test_readiness_follows_the_store_and_the_guard(void **state)
     resp_free(&r);
     assert_int_equal(
         harness_redis_query(&redis, out, sizeof(out), "HDEL freshet:{%s}:meta stopped", MODEL), 0);
-    code = 0;
-    for (int i = 0; i < 100 && code != 200; i++) {
-        http(&r, "", "/readyz");
-        code = r.code;
-        resp_free(&r);
-        harness_sleep_ms(20);
-    }
-    assert_int_equal(code, 200);
+    await_code(port, &r, "/readyz", 200, 100, 20);
+    expect(&r, 200, NULL);
+    resp_free(&r);
 
     /* Redis gone: not ready, stats 503; the weights held are still served */
     harness_applier_stop(&applier, NULL);
     kill(redis.pid, SIGSTOP); /* accepts connections, answers nothing */
-    code = 0;
-    for (int i = 0; i < 100 && code != 503; i++) {
-        http(&r, "--max-time 3", "/readyz");
-        code = r.code;
-        if (code != 503)
-            resp_free(&r);
-        harness_sleep_ms(50);
-    }
+    await_code(port, &r, "/readyz", 503, 100, 50);
     expect(&r, 503, "store unreachable");
     resp_free(&r);
     http(&r, "--max-time 3", "/v2/models/" MODEL "/stats");
@@ -1036,14 +1025,7 @@ static void test_readiness_follows_the_store_and_the_guard(void **state)
     expect(&r, 503, "store unreachable");
     resp_free(&r);
     kill(redis.pid, SIGCONT);
-    code = 0;
-    for (int i = 0; i < 200 && code != 200; i++) {
-        http(&r, "--max-time 3", "/readyz");
-        code = r.code;
-        if (code != 200 && i < 199)
-            resp_free(&r);
-        harness_sleep_ms(50);
-    }
+    await_code(port, &r, "/readyz", 200, 200, 50);
     expect(&r, 200, "\"ready\":true");
     resp_free(&r);
 }
@@ -1095,14 +1077,11 @@ static int setup(void **state)
     signal(SIGPIPE, SIG_IGN);
     /* ready once the first weights are read */
     resp_t r;
-    for (int i = 0; i < 250; i++) {
-        http(&r, "", "/readyz");
-        int code = r.code;
-        resp_free(&r);
-        if (code == 200)
-            return 0;
-        harness_sleep_ms(20);
-    }
+    await_code(port, &r, "/readyz", 200, 250, 20);
+    int code = r.code;
+    resp_free(&r);
+    if (code == 200)
+        return 0;
     fprintf(stderr, "serve never became ready\n");
     return -1;
 }
