@@ -6,24 +6,29 @@
 # steady rate with freshet produce, and train 784-256-10 from it with
 # freshet run: 2 asynchronous workers, the adaptive staleness controller,
 # a progress line every 5 s with the holdout accuracy on the Fashion-MNIST
-# test set. Ctrl-C (or --duration S) stops everything it started, by PID.
+# test set, and the HTTP service on --listen (default 127.0.0.1:8080):
+# the dashboard at /dashboard, the weights at /v2/models/fashion/weights.
+# Replay and rollback take the token it prints. Ctrl-C (or --duration S)
+# stops everything it started, by PID.
 #
 # usage: bash deploy/quickstart.sh [--duration S] [--rate N] [--workers W]
-#        [--no-setup]
+#        [--listen HOST:PORT] [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 duration=0
 rate=1000
 workers=2
+listen=127.0.0.1:8080
 setup=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
+    --listen) listen=$2; shift 2 ;;
     --no-setup) setup=0; shift ;;
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -70,6 +75,8 @@ workers = $workers
 mode = adaptive
 [controller]
 lr = 0.1
+[serve]
+listen = $listen
 [eval]
 data = $fm/t10k-images-idx3-ubyte.gz
 labels = $fm/t10k-labels-idx1-ubyte.gz
@@ -77,6 +84,11 @@ format = idx
 every = 200
 EOF
 echo "quickstart: streaming Fashion-MNIST at $rate samples/s; freshet run --config $work/freshet.conf"
+# a token for this session's replay and rollback (kept out of the config file)
+FRESHET_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export FRESHET_TOKEN
+echo "quickstart: dashboard http://$listen/dashboard, weights http://$listen/v2/models/fashion/weights"
+echo "quickstart: token for replay and rollback: $FRESHET_TOKEN"
 "$bin" run --config "$work/freshet.conf" &
 run_pid=$!
 stack_pids+=($run_pid)
