@@ -848,7 +848,7 @@ static void store_tick(ingest_consumer_t *c, int final)
             if (rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
                     RD_KAFKA_RESP_ERR_NO_ERROR &&
                 hi >= 0) {
-                ends[nends++] = (psstore_logend_t){c->topic, o->partition, hi};
+                ends[nends++] = (psstore_logend_t){c->topic, o->partition, hi, w};
                 lag += hi > w ? hi - w : 0;
                 if (o->lag != NULL)
                     fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));

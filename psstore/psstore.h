@@ -541,12 +541,14 @@ fr_err_t psstore_snapshots_list(psstore_conn_t *c, const char *model, psstore_sn
 fr_err_t psstore_members_list(psstore_conn_t *c, const char *model, psstore_member_t **members,
                               size_t *n, size_t *cap);
 
-/* A consumer's view of a partition's log end, reported once a tick so that
- * lag can be shown by processes that do not talk to Kafka. */
+/* A consumer's view of a partition's log end and of the store's watermark
+ * at the same tick, reported so that processes that do not talk to Kafka
+ * can show the lag it measured. */
 typedef struct psstore_logend {
     const char *topic;
     int32_t partition;
     int64_t log_end;
+    int64_t watermark;
 } psstore_logend_t;
 
 fr_err_t psstore_logend_report(psstore_conn_t *c, const char *model, const psstore_logend_t *ends,
@@ -561,6 +563,7 @@ typedef struct psstore_partition_status {
     int64_t watermark;  /* 0 when the store has none yet             */
     size_t spans;       /* applied intervals above it                */
     int64_t log_end;    /* -1 when no consumer reported one           */
+    int64_t lag;        /* log end - the watermark of that report (-1) */
     int64_t log_end_ms; /* unix ms of that report                     */
 } psstore_partition_status_t;
 

@@ -187,7 +187,7 @@ fr_err_t psstore_logend_report(psstore_conn_t *c, const char *model, const pssto
     size_t argc = 2 + 2 * n;
     const char **argv = calloc(argc, sizeof(*argv));
     size_t *lens = calloc(argc, sizeof(*lens));
-    char *buf = malloc(n * 320);
+    char *buf = malloc(n * 340);
     if (argv == NULL || lens == NULL || buf == NULL) {
         free(argv);
         free(lens);
@@ -204,7 +204,8 @@ fr_err_t psstore_logend_report(psstore_conn_t *c, const char *model, const pssto
         char *f = buf + off;
         int fl = snprintf(f, 260, "%.249s/%d", ends[i].topic, (int)ends[i].partition);
         char *v = f + fl + 1;
-        int vl = snprintf(v, 48, "%lld %lld", (long long)ends[i].log_end, (long long)now);
+        int vl = snprintf(v, 64, "%lld %lld %lld", (long long)ends[i].log_end,
+                          (long long)ends[i].watermark, (long long)now);
         argv[2 + 2 * i] = f;
         lens[2 + 2 * i] = (size_t)fl;
         argv[3 + 2 * i] = v;
@@ -299,7 +300,7 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
         p->watermark = po.watermark;
         p->spans = po.nspans;
         psstore_poff_fini(&po);
-        p->log_end = -1;
+        p->log_end = p->lag = -1;
         p->log_end_ms = 0;
         (*n)++;
     }
@@ -311,10 +312,10 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
             split_key(k->str, k->len, topic, sizeof(topic), &partition) != 0)
             continue;
-        long long end = -1, ms = 0;
-        char val[64];
+        long long end = -1, w = -1, ms = 0;
+        char val[96];
         snprintf(val, sizeof(val), "%.*s", (int)v->len, v->str);
-        if (sscanf(val, "%lld %lld", &end, &ms) != 2 || end < 0)
+        if (sscanf(val, "%lld %lld %lld", &end, &w, &ms) != 3 || end < 0 || w < 0)
             continue;
         psstore_partition_status_t *p = NULL;
         for (size_t j = 0; j < nwm && p == NULL; j++)
@@ -326,8 +327,10 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
             p->partition = partition;
             p->watermark = 0;
             p->spans = 0;
+            p->log_end = p->lag = -1;
         }
         p->log_end = end;
+        p->lag = end > w ? end - w : 0;
         p->log_end_ms = ms;
     }
     freeReplyObject(ro);

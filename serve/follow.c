@@ -505,9 +505,7 @@ static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, s
                   (long long)p->watermark, p->spans);
         if (p->log_end >= 0)
             sv_printf(&b, "\"log_end\":%lld,\"lag\":%lld,\"reported_ms\":%lld}",
-                      (long long)p->log_end,
-                      (long long)(p->log_end > p->watermark ? p->log_end - p->watermark : 0),
-                      (long long)p->log_end_ms);
+                      (long long)p->log_end, (long long)p->lag, (long long)p->log_end_ms);
         else
             sv_puts(&b, "\"log_end\":null,\"lag\":null,\"reported_ms\":null}");
     }

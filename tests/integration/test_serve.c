@@ -720,7 +720,7 @@ static void test_stats_hold_the_store_s_numbers(void **state)
     psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
     assert_non_null(c);
     assert_int_equal(psstore_eval_report(c, MODEL, v, 0.75, 0.5), FR_OK);
-    psstore_logend_t ends[] = {{"t", 0, 1000}};
+    psstore_logend_t ends[] = {{"t", 0, 1000, 10 * pushes}};
     assert_int_equal(psstore_logend_report(c, MODEL, ends, 1), FR_OK);
     psstore_conn_destroy(c);
     resp_t r;
