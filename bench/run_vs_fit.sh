@@ -8,10 +8,11 @@
 # each, reading the same preloaded topic from its start), and the figures
 # are the medians. Prints each round, the medians, the ratio of the
 # medians and the test accuracies.
-# usage: [ROUNDS=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear]
+# usage: [ROUNDS=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
 #        bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
-#        max_pending 64, commit_ms 20; [ingest] queue 16; KEEP_LOG=F keeps
+#        max_pending 64, commit_ms 20; [ingest] queue 16; [serve] listen
+#        127.0.0.1:0, SERVE_LISTEN= for none; KEEP_LOG=F keeps
 #        the last run's log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +70,7 @@ queue = ${QUEUE:-16}
 [redis]
 url = redis://127.0.0.1:$port/0
 [serve]
-listen = 127.0.0.1:0
+listen = ${SERVE_LISTEN-127.0.0.1:0}
 [trainer]
 workers = $workers
 mode = $mode

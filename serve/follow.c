@@ -699,13 +699,18 @@ void *sv_follow_main(void *arg)
         int next_ms = FOLLOW_BLOCK_MS;
         for (size_t i = 0; i < n && err == FR_OK; i++) {
             sv_model_t *m = ms[i];
-            /* a client now waits for weights not kept current so far */
             pthread_mutex_lock(&s->lock);
-            int behind = m->present && fr_clock_unix_ms() - m->wanted_ms < SV_WANTED_MS &&
-                         m->cur != NULL &&
+            int64_t now = fr_clock_unix_ms();
+            int wanted = now - m->wanted_ms < SV_WANTED_MS;
+            m->watched = wanted || now - m->stats_wanted_ms < SV_STATS_WANTED_MS;
+            /* a client now waits for weights not kept current so far */
+            int behind = m->present && wanted && m->cur != NULL &&
                          (m->cur->epoch != m->info.epoch || m->cur->version != m->info.version);
             pthread_mutex_unlock(&s->lock);
-            if (all || m->pending || behind)
+            /* a model no client asks for is looked at once a second only:
+             * freshet run without HTTP clients costs the store next to
+             * nothing */
+            if (all || (m->pending && m->watched) || behind)
                 err = refresh_model(s, c, m, &w, &wcap, &changed);
             if (err == FR_OK && m->pending) {
                 int64_t left = s->conf.refresh_ms - (int64_t)ms_since(m->loaded_ns);
@@ -732,11 +737,13 @@ void *sv_follow_main(void *arg)
         set_store(s, 1, "");
         if (changed)
             sv_notify(s);
-        /* block on the versions streams of the present models */
+        /* block on the versions streams of the models clients ask for */
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!ms[i]->present)
+            if (!ms[i]->present || !ms[i]->watched) {
+                snprintf(ms[i]->last_id, sizeof(ms[i]->last_id), "0-0"); /* newest when back */
                 continue;
+            }
             if (strcmp(ms[i]->last_id, "0-0") == 0 &&
                 (err = psstore_versions_last_id(c, ms[i]->name, ms[i]->last_id)) != FR_OK)
                 goto fail;

@@ -86,6 +86,7 @@ typedef struct sv_model {
     uint64_t stats_ns;  /* ... of the last stats                       */
     int pending;        /* the store moved since the last read         */
     uint64_t meta_seq;  /* seq the metadata was built at               */
+    int watched;        /* clients asked for its weights or stats lately */
     /* shared, under s->lock */
     int present;             /* the store has the model                     */
     int64_t wanted_ms;       /* a client asked for its weights (unix ms)    */
