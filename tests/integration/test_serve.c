@@ -262,6 +262,18 @@ static long rss_kb(void)
     return kb;
 }
 
+/* The settings of the servers this test starts: a free port, this test's
+ * store and model, the token. */
+static void test_conf(serve_conf_t *conf)
+{
+    serve_conf_init(conf);
+    conf->listen = "127.0.0.1:0";
+    conf->redis_url = redis.url;
+    conf->model = MODEL;
+    conf->token = TOKEN;
+    conf->metrics = metrics;
+}
+
 /* ---- tests ----------------------------------------------------------------- */
 
 static void test_health_models_and_errors(void **state)
@@ -907,13 +919,10 @@ static void test_tls_serves_https(void **state)
              key, cert);
     assert_int_equal(system(cmd), 0);
     serve_conf_t conf;
-    serve_conf_init(&conf);
-    conf.listen = "127.0.0.1:0";
-    conf.redis_url = redis.url;
-    conf.model = MODEL;
+    test_conf(&conf);
+    conf.token = ""; /* (and so replay and rollback are refused) */
     conf.tls_cert = cert;
     conf.tls_key = key;
-    conf.metrics = metrics;
     serve_t *tls = serve_new(&conf, errstr, sizeof(errstr));
     if (tls == NULL)
         fail_msg("%s", errstr);
@@ -953,13 +962,8 @@ static void test_protect_reads_needs_the_token_for_reads(void **state)
 {
     (void)state;
     serve_conf_t conf;
-    serve_conf_init(&conf);
-    conf.listen = "127.0.0.1:0";
-    conf.redis_url = redis.url;
-    conf.model = MODEL;
-    conf.token = TOKEN;
+    test_conf(&conf);
     conf.protect_reads = 1;
-    conf.metrics = metrics;
     serve_t *p = serve_new(&conf, errstr, sizeof(errstr));
     if (p == NULL)
         fail_msg("%s", errstr);
@@ -1061,13 +1065,8 @@ static int setup(void **state)
         return -1;
     }
     serve_conf_t conf;
-    serve_conf_init(&conf);
-    conf.listen = "127.0.0.1:0";
-    conf.redis_url = redis.url;
-    conf.model = MODEL;
-    conf.token = TOKEN;
+    test_conf(&conf);
     conf.max_body = 4096;
-    conf.metrics = metrics;
     srv = serve_new(&conf, errstr, sizeof(errstr));
     if (srv == NULL || serve_start(srv, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "%s\n", errstr);
