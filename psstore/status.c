@@ -202,7 +202,9 @@ fr_err_t psstore_logend_report(psstore_conn_t *c, const char *model, const pssto
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         char *f = buf + off;
-        int fl = snprintf(f, 260, "%.249s/%d", ends[i].topic, (int)ends[i].partition);
+        int fl = snprintf(f, 262, "%.249s/%d", ends[i].topic, (int)ends[i].partition);
+        if (fl > 261)
+            fl = 261;
         char *v = f + fl + 1;
         int vl = snprintf(v, 64, "%lld %lld %lld", (long long)ends[i].log_end,
                           (long long)ends[i].watermark, (long long)now);

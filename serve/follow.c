@@ -89,6 +89,8 @@ static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const 
     v->epoch = epoch;
     v->version = version;
     v->time_ms = time_ms;
+    trainer_model_layers(tm, v->layers, sizeof(v->layers));
+    snprintf(v->loss, sizeof(v->loss), "%s", trainer_loss_name(tm->loss));
     snprintf(v->etag, sizeof(v->etag), "\"%llu-v%lld\"", (unsigned long long)epoch,
              (long long)version);
     v->st = (char *)st;
@@ -96,6 +98,18 @@ static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const 
     v->raw_len = tm->nparams * sizeof(float);
     v->raw_off = len - v->raw_len; /* tensors are contiguous, in layout order, at the end */
     return v;
+}
+
+/* Notes why m's weights cannot be served; waiting clients get the reason. */
+static void model_error(struct serve *s, sv_model_t *m, const char *why, int *changed)
+{
+    pthread_mutex_lock(&s->lock);
+    if (strncmp(m->error, why, sizeof(m->error) - 1) != 0) {
+        snprintf(m->error, sizeof(m->error), "%.255s", why);
+        m->seq++;
+        *changed = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* Replaces *slot by v (v's reference moves into the slot). Under s->lock. */
@@ -132,6 +146,12 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         m->pending = 0;
         return FR_OK;
     }
+    if (err == FR_ERR_PARSE || err == FR_ERR_RANGE || err == FR_ERR_INVAL) {
+        /* this model's keys are malformed: its error, not the store's */
+        model_error(s, m, psstore_conn_error(c), changed);
+        m->pending = 0;
+        return FR_OK;
+    }
     if (err != FR_OK)
         return err;
     pthread_mutex_lock(&s->lock);
@@ -165,8 +185,8 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         char msg[1024];
         snprintf(msg, sizeof(msg), "model '%s' has layers '%s' and loss '%s': %s", m->name,
                  info.layers, info.loss, why[0] ? why : "unknown loss");
-        snprintf(m->error, sizeof(m->error), "%.255s", msg);
         pthread_mutex_unlock(&s->lock);
+        model_error(s, m, msg, changed);
         return FR_OK;
     }
     if (tm.nparams > *wcap) {
@@ -181,9 +201,7 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     char *offsets = NULL;
     err = psstore_model_weights_offsets(c, m->name, *w, tm.nparams, &epoch, &version, &offsets);
     if (err == FR_ERR_NOTFOUND || err == FR_ERR_RANGE || err == FR_ERR_PARSE) {
-        pthread_mutex_lock(&s->lock);
-        snprintf(m->error, sizeof(m->error), "%s", psstore_conn_error(c));
-        pthread_mutex_unlock(&s->lock);
+        model_error(s, m, psstore_conn_error(c), changed);
         return FR_OK;
     }
     if (err != FR_OK)
@@ -193,9 +211,9 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         make_view(&tm, m->name, *w, epoch, version, fr_clock_unix_ms(), offsets, why, sizeof(why));
     free(offsets);
     if (v == NULL) {
-        pthread_mutex_lock(&s->lock);
-        snprintf(m->error, sizeof(m->error), "encoding the weights: %.200s", why);
-        pthread_mutex_unlock(&s->lock);
+        char msg[300];
+        snprintf(msg, sizeof(msg), "encoding the weights: %.200s", why);
+        model_error(s, m, msg, changed);
         return FR_OK;
     }
 
@@ -405,14 +423,16 @@ static void stats_series(sv_buf_t *b, const psstore_version_entry_t *ver, size_t
  * fields). */
 static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, stats_scratch_t *x)
 {
-    if (x->ver == NULL) {
+    if (x->ver == NULL)
         x->ver = malloc(VERSIONS_WINDOW * sizeof(*x->ver));
+    if (x->drops == NULL)
         x->drops = malloc(DROPS_WINDOW * sizeof(*x->drops));
+    if (x->evals == NULL)
         x->evals = malloc(EVALS_WINDOW * sizeof(*x->evals));
+    if (x->taus == NULL)
         x->taus = malloc(VERSIONS_WINDOW * sizeof(*x->taus));
-        if (x->ver == NULL || x->drops == NULL || x->evals == NULL || x->taus == NULL)
-            return FR_ERR_NOMEM;
-    }
+    if (x->ver == NULL || x->drops == NULL || x->evals == NULL || x->taus == NULL)
+        return FR_ERR_NOMEM;
     size_t nver, ndrops, nevals, nmem = 0, nparts = 0;
     fr_err_t err;
     if ((err = psstore_versions_tail(c, m->name, VERSIONS_WINDOW, x->ver, &nver)) != FR_OK ||

@@ -62,8 +62,9 @@ struct sv_waiter {
     uint64_t epoch; /* the client has (epoch, version) ...          */
     int64_t version;
     int any_epoch;      /* ... or version in whatever epoch is current  */
+    uint64_t had_epoch; /* W_FRESH: the weights held at the request     */
+    int64_t had_version;
     uint64_t stats_seq; /* W_STATS: the stats seen */
-    int head;
 };
 
 void serve_conf_init(serve_conf_t *conf)
@@ -158,6 +159,15 @@ static void send_buf(struct serve *s, struct evhttp_request *req, int code, cons
     if (type != NULL)
         evhttp_add_header(h, "Content-Type", type);
     size_t bytes = body != NULL ? evbuffer_get_length(body) : 0;
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        /* evhttp would write the body after the headers of a HEAD answer */
+        char len[32];
+        snprintf(len, sizeof(len), "%zu", bytes);
+        evhttp_add_header(h, "Content-Length", len);
+        count(s, req, code, 0);
+        evhttp_send_reply(req, code, reason_phrase(code), NULL);
+        return;
+    }
     count(s, req, code, bytes);
     evhttp_send_reply(req, code, reason_phrase(code), body);
 }
@@ -221,8 +231,9 @@ static void send_blob(struct serve *s, struct evhttp_request *req, int code, con
 
 /* ---- the JSON form of weights, made once per view on first use ------------- */
 
-static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v, const char *layers, const char *loss)
+static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v)
 {
+    const char *layers = v->layers, *loss = v->loss;
     if (v->json != NULL)
         return sv_blob_ref(v->json);
     int dims[FR_LAYERS_MAX], ndims;
@@ -257,7 +268,9 @@ static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v, const char *layers, con
             for (size_t i = 0; i < count; i++) {
                 float x;
                 memcpy(&x, w + off + i, sizeof(x)); /* st + raw_off may be unaligned */
-                sv_printf(&b, i ? ",%.9g" : "%.9g", (double)x);
+                if (i > 0)
+                    sv_add(&b, ",", 1);
+                sv_json_num(&b, (double)x); /* null for a non-finite weight */
             }
             sv_puts(&b, "]}");
             off += count;
@@ -276,7 +289,7 @@ static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v, const char *layers, con
 /* Answers req with view v in format f (v's reference is taken). Under no
  * lock. layers/loss name the model for the JSON form and the headers. */
 static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
-                      enum fmt f, int latest, const char *layers, const char *loss)
+                      enum fmt f, int latest)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     char num[32];
@@ -285,9 +298,11 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     evhttp_add_header(h, "X-Freshet-Version", num);
     snprintf(num, sizeof(num), "%llu", (unsigned long long)v->epoch);
     evhttp_add_header(h, "X-Freshet-Epoch", num);
-    evhttp_add_header(h, "X-Freshet-Layers", layers);
-    evhttp_add_header(h, "Cache-Control",
-                      latest ? "no-cache" : "public, max-age=31536000, immutable");
+    evhttp_add_header(h, "X-Freshet-Layers", v->layers);
+    /* latest moves; a snapshot's URL has no epoch, so a recreated model may
+     * reuse it: both are revalidated with the ETag, which has the epoch */
+    (void)latest;
+    evhttp_add_header(h, "Cache-Control", "no-cache");
     const char *inm = evhttp_find_header(evhttp_request_get_input_headers(req), "If-None-Match");
     if (inm != NULL && (strcmp(inm, v->etag) == 0 || strcmp(inm, "*") == 0)) {
         sv_view_unref(v);
@@ -304,7 +319,7 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     int rc;
     const char *type = "application/octet-stream";
     if (f == FMT_JSON) {
-        sv_blob_t *j = view_json(m, v, layers, loss);
+        sv_blob_t *j = view_json(m, v);
         sv_view_unref(v);
         if (j == NULL) {
             evbuffer_free(b);
@@ -394,8 +409,10 @@ static int waiter_due(const sv_waiter_t *w, const sv_model_t *m)
     case W_FRESH:
         if (!m->present || m->error[0] != '\0')
             return 1; /* answered with the reason */
+        /* the version known at the request, or anything read since */
         return cur != NULL &&
-               (w->version < 0 || cur->epoch != w->epoch || cur->version >= w->version);
+               (w->version < 0 || (cur->epoch == w->epoch && cur->version >= w->version) ||
+                cur->epoch != w->had_epoch || cur->version != w->had_version);
     case W_STATS: return m->stats != NULL && m->stats_seq != w->stats_seq;
     }
     return 1;
@@ -410,9 +427,7 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
     struct evhttp_request *req = w->req;
     pthread_mutex_lock(&s->lock);
     sv_view_t *cur = sv_view_ref(m->cur);
-    char layers[256], loss[16], error[256];
-    snprintf(layers, sizeof(layers), "%s", m->info.layers);
-    snprintf(loss, sizeof(loss), "%s", m->info.loss);
+    char error[256];
     snprintf(error, sizeof(error), "%s", m->error);
     pthread_mutex_unlock(&s->lock);
     enum fmt f = w->fmt;
@@ -442,7 +457,7 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
         evhttp_send_reply(req, 304, "Not Modified", NULL);
         return;
     }
-    send_view(s, req, m, cur, f, 1, layers, loss);
+    send_view(s, req, m, cur, f, 1);
 }
 
 static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
@@ -777,9 +792,6 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         return;
     pthread_mutex_lock(&s->lock);
     sv_view_t *cur = sv_view_ref(m->cur);
-    char layers[256], loss[16];
-    snprintf(layers, sizeof(layers), "%s", m->info.layers);
-    snprintf(loss, sizeof(loss), "%s", m->info.loss);
     uint64_t known_epoch = m->info.epoch;
     int64_t known_version = m->present ? m->info.version : -1;
     pthread_mutex_unlock(&s->lock);
@@ -789,9 +801,15 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         cur == NULL || (!followed && (cur->epoch != known_epoch || cur->version < known_version));
     if (stale) {
         int64_t want = cur == NULL ? -1 : known_version;
+        uint64_t had_epoch = cur != NULL ? cur->epoch : 0;
+        int64_t had_version = cur != NULL ? cur->version : -1;
         sv_view_unref(cur);
-        if (add_waiter(s, req, m, f, W_FRESH, known_epoch, want, 1, FRESH_WAIT_MS) != 0)
+        if (add_waiter(s, req, m, f, W_FRESH, known_epoch, want, 1, FRESH_WAIT_MS) != 0) {
             send_error(s, req, 500, "out of memory");
+            return;
+        }
+        m->waiters->had_epoch = had_epoch; /* add_waiter puts it first */
+        m->waiters->had_version = had_version;
         pthread_cond_broadcast(&s->wake);
         return;
     }
@@ -813,7 +831,7 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         /* a newer one exists: answer it whatever If-None-Match says */
         evhttp_remove_header(evhttp_request_get_input_headers(req), "If-None-Match");
     }
-    send_view(s, req, m, cur, f, 1, layers, loss);
+    send_view(s, req, m, cur, f, 1);
 }
 
 static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
@@ -837,16 +855,13 @@ static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *
     for (size_t i = 0; i < m->nsnaps && v == NULL; i++)
         if (m->snaps[i]->version == version)
             v = sv_view_ref(m->snaps[i]);
-    char layers[256], loss[16];
-    snprintf(layers, sizeof(layers), "%s", m->info.layers);
-    snprintf(loss, sizeof(loss), "%s", m->info.loss);
     pthread_mutex_unlock(&s->lock);
     if (v == NULL) {
         send_error(s, req, 404, "model '%s' retains no snapshot of version %lld in this epoch",
                    name, (long long)version);
         return;
     }
-    send_view(s, req, m, v, f, 0, layers, loss);
+    send_view(s, req, m, v, f, 0);
 }
 
 /* The stats of m as the follower last built them, or a 503 saying why. */
@@ -1194,6 +1209,11 @@ static void method_not_allowed(struct serve *s, struct evhttp_request *req, cons
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct serve *s = arg;
+    if (atomic_load(&s->stop)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        send_error(s, req, 503, "server shutting down");
+        return;
+    }
     const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
     const char *raw = u != NULL ? evhttp_uri_get_path(u) : NULL;
     if (raw == NULL || raw[0] != '/') {
@@ -1402,8 +1422,12 @@ static void read_chartjs(struct serve *s)
 static void on_stop(evutil_socket_t fd, short what, void *arg)
 {
     struct serve *s = arg;
-    /* every waiting client gets an answer before the loop ends */
-    for (size_t i = 0; i < s->nmodels; i++)
+    /* every waiting client gets an answer before the loop ends (models are
+     * only ever appended: the first n stay valid) */
+    pthread_mutex_lock(&s->lock);
+    size_t n = s->nmodels;
+    pthread_mutex_unlock(&s->lock);
+    for (size_t i = 0; i < n; i++)
         while (s->models[i]->waiters != NULL) {
             sv_waiter_t *w = s->models[i]->waiters;
             struct evhttp_request *req = w->req;

@@ -59,8 +59,10 @@ typedef struct sv_view {
     size_t st_len;
     size_t raw_off; /* the float32 payload inside st: st + raw_off */
     size_t raw_len;
-    sv_blob_t *json; /* the JSON form, made by the loop on first use (loop only) */
-    char *offsets;   /* "topic/partition=watermark,..." of these weights ("" unknown) */
+    sv_blob_t *json;  /* the JSON form, made by the loop on first use (loop only) */
+    char *offsets;    /* "topic/partition=watermark,..." of these weights ("" unknown) */
+    char layers[256]; /* the model these weights are of ("784-256-10") */
+    char loss[16];
 } sv_view_t;
 
 sv_view_t *sv_view_ref(sv_view_t *v);
