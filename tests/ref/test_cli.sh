@@ -36,6 +36,11 @@ expect 0 "backends: cpu" -- "$F" version
 expect 0 "freshet run --config" -- "$F" run --help
 expect 0 "freshet train --config" -- "$F" train --help
 expect 0 "freshet replay --model" -- "$F" replay --help
+expect 0 "freshet serve --config" -- "$F" serve --help
+expect 2 "listen 'nowhere': expected host:port" -- "$F" serve --set serve.listen=nowhere
+expect 2 "tls_cert and tls_key go together" -- "$F" serve --set serve.listen=127.0.0.1:0 --set serve.tls_cert=/x.pem
+expect 2 "protect_reads needs \[serve\] token" -- "$F" serve --set serve.protect_reads=true
+expect 2 "rediss:// is refused\|rediss" -- "$F" serve --set serve.listen=127.0.0.1:0 --set redis.url=rediss://h:1
 expect 2 "max_pending (4) must be at least twice \[trainer\] workers (4)" -- "$F" run --set trainer.mode=sync --set trainer.workers=4 --set psstore.max_pending=4
 expect 2 "a verb is required" -- "$F" replay --model m
 expect 2 "one verb only" -- "$F" replay --model m --to-earliest --shift-by 3
