@@ -139,6 +139,7 @@ static const char *reason_phrase(int code)
     switch (code) {
     case 200: return "OK";
     case 202: return "Accepted";
+    case 302: return "Found";
     case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
@@ -1220,8 +1221,10 @@ static void on_request(struct evhttp_request *req, void *arg)
         send_error(s, req, 400, "bad request target");
         return;
     }
-    char *path = evhttp_uridecode(raw, 0, NULL);
-    if (path == NULL) {
+    size_t decoded = 0;
+    char *path = evhttp_uridecode(raw, 0, &decoded);
+    if (path == NULL || strlen(path) != decoded) { /* a %00 would cut the path short */
+        free(path);
         send_error(s, req, 400, "bad request target");
         return;
     }

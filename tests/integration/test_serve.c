@@ -174,6 +174,29 @@ static void await_code(int p, resp_t *r, const char *path, int code, int tries, 
     }
 }
 
+/* Sends raw bytes on a new connection and reads the answer (the first
+ * size - 1 bytes, until the server closes or 3 s pass) into out. */
+static void raw_exchange(const char *bytes, char *out, size_t size)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    size_t len = strlen(bytes);
+    assert_int_equal(write(fd, bytes, len), (ssize_t)len);
+    size_t got = 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (got + 1 < size && poll(&p, 1, 3000) > 0) {
+        ssize_t n = read(fd, out + got, size - 1 - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    out[got] = '\0';
+    close(fd);
+}
+
 static void store_weights(float *w, uint64_t *epoch, int64_t *version)
 {
     assert_int_equal(harness_model_weights(&redis, MODEL, w, NPARAMS, epoch, version), 0);
@@ -345,6 +368,30 @@ static void test_health_models_and_errors(void **state)
         expect_header(&r, "Content-Type", "application/json");
         resp_free(&r);
     }
+    /* malformed HTTP: refused with 400 by the parser or by serve, and the
+     * server goes on answering */
+    static const char *const raw[] = {
+        "GARBAGE\r\n\r\n",
+        "GET /v2/models/%00x HTTP/1.1\r\nHost: x\r\n\r\n",
+        "GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++) {
+        char got[1024];
+        raw_exchange(raw[i], got, sizeof(got));
+        if (strncmp(got, "HTTP/1.1 400 ", 13) != 0)
+            fail_msg("request %zu was answered: %.100s", i, got);
+    }
+    char huge[40000];
+    int hl = snprintf(huge, sizeof(huge), "GET /livez HTTP/1.1\r\nX: ");
+    memset(huge + hl, 'a', 30000);
+    snprintf(huge + hl + 30000, sizeof(huge) - (size_t)hl - 30000, "\r\n\r\n");
+    char got[1024];
+    raw_exchange(huge, got, sizeof(got));
+    assert_int_equal(strncmp(got, "HTTP/1.1 400 ", 13), 0); /* headers over 16 KiB */
+    http(&r, "", "/livez");
+    expect(&r, 200, NULL);
+    resp_free(&r);
+
     /* a body over [serve] max_body (4096 here) is refused */
     char args[400], big[320];
     snprintf(big, sizeof(big), "%s/big.txt", tmp_dir);
