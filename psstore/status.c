@@ -44,67 +44,66 @@ static double dbl(const redisReply *r)
     return r != NULL && r->type == REDIS_REPLY_STRING ? strtod(r->str, NULL) : 0.0;
 }
 
-/* XREVRANGE key + - COUNT max: the newest entries first. */
-static redisReply *tail(psstore_conn_t *c, const char *model, const char *what, size_t max,
-                        fr_err_t *err)
+/*
+ * XREVRANGE key + - COUNT max (the newest entries first): take(kv, out, k)
+ * fills the k-th element of out from an entry's field/value array; entries
+ * of another shape are skipped. *n receives the count taken.
+ */
+static fr_err_t read_tail(psstore_conn_t *c, const char *model, const char *what, size_t max,
+                          void (*take)(const redisReply *kv, void *out, size_t k), void *out,
+                          size_t *n)
 {
     char key[PS_KEY_MAX];
+    fr_err_t err;
+    *n = 0;
     ps_key(key, model, what);
-    return ps_cmd(c, 1, err, "XREVRANGE %s + - COUNT %lld", key, (long long)max);
+    redisReply *r = ps_cmd(c, 1, &err, "XREVRANGE %s + - COUNT %lld", key, (long long)max);
+    if (r == NULL)
+        return err;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && *n < max; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type == REDIS_REPLY_ARRAY && e->elements == 2)
+            take(e->element[1], out, (*n)++);
+    }
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+static void take_version(const redisReply *kv, void *out, size_t k)
+{
+    psstore_version_entry_t *v = (psstore_version_entry_t *)out + k;
+    v->version = num(field(kv, "version"));
+    const redisReply *ep = field(kv, "epoch");
+    v->epoch = ep != NULL && ep->type == REDIS_REPLY_STRING ? strtoull(ep->str, NULL, 10) : 0;
+    v->tau = num(field(kv, "tau"));
+    v->lr_eff = dbl(field(kv, "lr_eff"));
+    v->loss = dbl(field(kv, "loss"));
+    v->n = num(field(kv, "n"));
+    v->k = field(kv, "k") != NULL ? num(field(kv, "k")) : 1;
+    v->t_ms = num(field(kv, "t"));
+    text(v->worker, sizeof(v->worker), field(kv, "worker"));
+    v->rollback_from = field(kv, "rollback_from") != NULL ? num(field(kv, "rollback_from")) : -1;
 }
 
 fr_err_t psstore_versions_tail(psstore_conn_t *c, const char *model, size_t max,
                                psstore_version_entry_t *out, size_t *n)
 {
-    fr_err_t err;
-    *n = 0;
-    redisReply *r = tail(c, model, "versions", max, &err);
-    if (r == NULL)
-        return err;
-    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && *n < max; i++) {
-        const redisReply *e = r->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2)
-            continue;
-        const redisReply *kv = e->element[1];
-        psstore_version_entry_t *v = &out[(*n)++];
-        v->version = num(field(kv, "version"));
-        const redisReply *ep = field(kv, "epoch");
-        v->epoch = ep != NULL && ep->type == REDIS_REPLY_STRING ? strtoull(ep->str, NULL, 10) : 0;
-        v->tau = num(field(kv, "tau"));
-        v->lr_eff = dbl(field(kv, "lr_eff"));
-        v->loss = dbl(field(kv, "loss"));
-        v->n = num(field(kv, "n"));
-        v->k = field(kv, "k") != NULL ? num(field(kv, "k")) : 1;
-        v->t_ms = num(field(kv, "t"));
-        text(v->worker, sizeof(v->worker), field(kv, "worker"));
-        v->rollback_from =
-            field(kv, "rollback_from") != NULL ? num(field(kv, "rollback_from")) : -1;
-    }
-    freeReplyObject(r);
-    return FR_OK;
+    return read_tail(c, model, "versions", max, take_version, out, n);
+}
+
+static void take_drop(const redisReply *kv, void *out, size_t k)
+{
+    psstore_drop_entry_t *d = (psstore_drop_entry_t *)out + k;
+    text(d->worker, sizeof(d->worker), field(kv, "worker"));
+    text(d->reason, sizeof(d->reason), field(kv, "reason"));
+    d->n = num(field(kv, "n"));
+    d->t_ms = num(field(kv, "t"));
 }
 
 fr_err_t psstore_drops_tail(psstore_conn_t *c, const char *model, size_t max,
                             psstore_drop_entry_t *out, size_t *n)
 {
-    fr_err_t err;
-    *n = 0;
-    redisReply *r = tail(c, model, "drops", max, &err);
-    if (r == NULL)
-        return err;
-    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && *n < max; i++) {
-        const redisReply *e = r->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2)
-            continue;
-        const redisReply *kv = e->element[1];
-        psstore_drop_entry_t *d = &out[(*n)++];
-        text(d->worker, sizeof(d->worker), field(kv, "worker"));
-        text(d->reason, sizeof(d->reason), field(kv, "reason"));
-        d->n = num(field(kv, "n"));
-        d->t_ms = num(field(kv, "t"));
-    }
-    freeReplyObject(r);
-    return FR_OK;
+    return read_tail(c, model, "drops", max, take_drop, out, n);
 }
 
 fr_err_t psstore_eval_report(psstore_conn_t *c, const char *model, int64_t version, double accuracy,
@@ -125,27 +124,19 @@ fr_err_t psstore_eval_report(psstore_conn_t *c, const char *model, int64_t versi
     return FR_OK;
 }
 
+static void take_eval(const redisReply *kv, void *out, size_t k)
+{
+    psstore_eval_entry_t *v = (psstore_eval_entry_t *)out + k;
+    v->version = num(field(kv, "version"));
+    v->accuracy = dbl(field(kv, "accuracy"));
+    v->loss = dbl(field(kv, "loss"));
+    v->t_ms = num(field(kv, "t"));
+}
+
 fr_err_t psstore_evals_tail(psstore_conn_t *c, const char *model, size_t max,
                             psstore_eval_entry_t *out, size_t *n)
 {
-    fr_err_t err;
-    *n = 0;
-    redisReply *r = tail(c, model, "evals", max, &err);
-    if (r == NULL)
-        return err;
-    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && *n < max; i++) {
-        const redisReply *e = r->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2)
-            continue;
-        const redisReply *kv = e->element[1];
-        psstore_eval_entry_t *v = &out[(*n)++];
-        v->version = num(field(kv, "version"));
-        v->accuracy = dbl(field(kv, "accuracy"));
-        v->loss = dbl(field(kv, "loss"));
-        v->t_ms = num(field(kv, "t"));
-    }
-    freeReplyObject(r);
-    return FR_OK;
+    return read_tail(c, model, "evals", max, take_eval, out, n);
 }
 
 fr_err_t psstore_snapshots_list(psstore_conn_t *c, const char *model, psstore_snapshot_info_t *out,
@@ -346,8 +337,10 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
 
 fr_err_t psstore_versions_last_id(psstore_conn_t *c, const char *model, char *id)
 {
+    char key[PS_KEY_MAX];
     fr_err_t err;
-    redisReply *r = tail(c, model, "versions", 1, &err);
+    ps_key(key, model, "versions");
+    redisReply *r = ps_cmd(c, 1, &err, "XREVRANGE %s + - COUNT 1", key);
     if (r == NULL)
         return err;
     snprintf(id, PSSTORE_STREAM_ID_MAX, "0-0");

@@ -290,7 +290,7 @@ static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v)
 /* Answers req with view v in format f (v's reference is taken). Under no
  * lock. layers/loss name the model for the JSON form and the headers. */
 static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
-                      enum fmt f, int latest)
+                      enum fmt f)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     char num[32];
@@ -302,7 +302,6 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     evhttp_add_header(h, "X-Freshet-Layers", v->layers);
     /* latest moves; a snapshot's URL has no epoch, so a recreated model may
      * reuse it: both are revalidated with the ETag, which has the epoch */
-    (void)latest;
     evhttp_add_header(h, "Cache-Control", "no-cache");
     const char *inm = evhttp_find_header(evhttp_request_get_input_headers(req), "If-None-Match");
     if (inm != NULL && (strcmp(inm, v->etag) == 0 || strcmp(inm, "*") == 0)) {
@@ -458,7 +457,7 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
         evhttp_send_reply(req, 304, "Not Modified", NULL);
         return;
     }
-    send_view(s, req, m, cur, f, 1);
+    send_view(s, req, m, cur, f);
 }
 
 static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
@@ -832,7 +831,7 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         /* a newer one exists: answer it whatever If-None-Match says */
         evhttp_remove_header(evhttp_request_get_input_headers(req), "If-None-Match");
     }
-    send_view(s, req, m, cur, f, 1);
+    send_view(s, req, m, cur, f);
 }
 
 static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
@@ -862,7 +861,7 @@ static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *
                    name, (long long)version);
         return;
     }
-    send_view(s, req, m, v, f, 0);
+    send_view(s, req, m, v, f);
 }
 
 /* The stats of m as the follower last built them, or a 503 saying why. */
@@ -1288,7 +1287,6 @@ static void on_request(struct evhttp_request *req, void *arg)
             send_error(s, req, 404, "no such model: names match [A-Za-z0-9._-]{1,64}");
             goto out;
         }
-        int64_t v;
         char vtext[32];
         if (strcmp(rest, "/replay") == 0 || strcmp(rest, "/rollback") == 0) {
             if (!post)
@@ -1319,7 +1317,6 @@ static void on_request(struct evhttp_request *req, void *arg)
             h_snapshot(s, req, name, vtext, &params);
         else
             send_error(s, req, 404, "no route %s", path);
-        (void)v;
         goto out;
     }
     if (strcmp(path, "/") == 0 && get) {
