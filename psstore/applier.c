@@ -1442,6 +1442,8 @@ static void version_entry(psstore_applier_t *a, const psstore_grad_t *g,
     buf_kv(&a->versions, "n", "%lld", (long long)g->n);
     buf_kv(&a->versions, "worker", "%s", g->worker);
     buf_kv(&a->versions, "t", "%lld", (long long)fr_clock_unix_ms());
+    if (g->ts_min_ms > 0) /* the batch's oldest and newest Kafka timestamps */
+        buf_kv(&a->versions, "ts", "%lld:%lld", (long long)g->ts_min_ms, (long long)g->ts_max_ms);
 }
 
 /* ---- membership and rounds (DESIGN.md "Training modes") ------------------------------ */
@@ -1631,6 +1633,14 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
         char worker[32];
         snprintf(worker, sizeof(worker), "group %d", g);
         psstore_grad_t sum = {.worker = worker, .n = r->nsamples, .loss_sum = r->loss_sum};
+        for (size_t i = 0; i < r->nheld; i++) {
+            if (r->held[i].ts_min_ms <= 0)
+                continue;
+            if (sum.ts_min_ms == 0 || r->held[i].ts_min_ms < sum.ts_min_ms)
+                sum.ts_min_ms = r->held[i].ts_min_ms;
+            if (r->held[i].ts_max_ms > sum.ts_max_ms)
+                sum.ts_max_ms = r->held[i].ts_max_ms;
+        }
         version_entry(a, &sum, &d);
         buf_kv(&a->versions, "k", "%zu", r->nheld);
         pthread_mutex_lock(&a->lock);

@@ -497,6 +497,8 @@ typedef struct psstore_version_entry {
     int64_t n;             /* samples                                           */
     int64_t k;             /* gradients averaged (1 outside rounds)             */
     int64_t t_ms;          /* unix ms of the apply                              */
+    int64_t ts_min_ms;     /* Kafka timestamps of the oldest and newest sample  */
+    int64_t ts_max_ms;     /* (0 when unknown)                                  */
     int64_t rollback_from; /* the snapshot restored, -1 for an update       */
     char worker[128];      /* the pusher ("group G" for a round)                */
 } psstore_version_entry_t;

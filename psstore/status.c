@@ -81,6 +81,14 @@ static void take_version(const redisReply *kv, void *out, size_t k)
     v->n = num(field(kv, "n"));
     v->k = field(kv, "k") != NULL ? num(field(kv, "k")) : 1;
     v->t_ms = num(field(kv, "t"));
+    long long lo = 0, hi = 0;
+    const redisReply *ts = field(kv, "ts");
+    char tsbuf[64];
+    text(tsbuf, sizeof(tsbuf), ts);
+    if (ts == NULL || sscanf(tsbuf, "%lld:%lld", &lo, &hi) != 2 || lo <= 0 || hi < lo)
+        lo = hi = 0;
+    v->ts_min_ms = lo;
+    v->ts_max_ms = hi;
     text(v->worker, sizeof(v->worker), field(kv, "worker"));
     v->rollback_from = field(kv, "rollback_from") != NULL ? num(field(kv, "rollback_from")) : -1;
 }

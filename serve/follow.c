@@ -25,6 +25,7 @@
 #define DROPS_WINDOW      1000
 #define EVALS_WINDOW      300
 #define SERIES_MAX        300   /* one point per second                      */
+#define FRESH_WINDOW      256   /* batches the freshness looks at (the applier's) */
 #define RATE_WINDOW_MS    10000 /* throughput and per-worker speed           */
 
 static const double stale_bounds[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128};
@@ -542,7 +543,27 @@ static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, s
         if (k > 0)
             sv_printf(&b, "%s\"%s\":%lld", nreasons++ ? "," : "", name, (long long)k);
     }
-    sv_puts(&b, "},\"freshness\":null,\"published_ms\":");
+    /* freshness as the applier measures it: ms from the Kafka timestamps of
+     * the oldest and newest sample of each of the last 256 batches to the
+     * update holding them (here: its apply, at most commit_ms before the
+     * commit) */
+    size_t nf = 0;
+    for (size_t i = 0; i < nver && i < FRESH_WINDOW; i++) {
+        const psstore_version_entry_t *e = &x->ver[i];
+        if (e->rollback_from >= 0 || e->ts_min_ms <= 0)
+            continue;
+        x->taus[nf++] = e->t_ms > e->ts_min_ms ? e->t_ms - e->ts_min_ms : 0;
+        x->taus[nf++] = e->t_ms > e->ts_max_ms ? e->t_ms - e->ts_max_ms : 0;
+    }
+    sv_puts(&b, "},\"freshness\":");
+    if (nf > 0) {
+        int64_t f50 = percentile(x->taus, nf, 0.5), f99 = percentile(x->taus, nf, 0.99);
+        sv_printf(&b, "{\"p50_ms\":%lld,\"p99_ms\":%lld,\"window\":%zu}", (long long)f50,
+                  (long long)f99, nf / 2);
+    } else {
+        sv_puts(&b, "null");
+    }
+    sv_puts(&b, ",\"published_ms\":");
     if (published > 0)
         sv_printf(&b, "%lld", (long long)published);
     else

@@ -226,7 +226,10 @@ static int64_t push(void)
                          .ranges = &range,
                          .nranges = 1,
                          .g = g,
-                         .len = NPARAMS};
+                         .len = NPARAMS,
+                         /* samples 500 and 100 ms old at the push */
+                         .ts_min_ms = fr_clock_unix_ms() - 500,
+                         .ts_max_ms = fr_clock_unix_ms() - 100};
     pushes++;
     assert_int_equal(psstore_push(client, &gr, 2000), FR_OK);
     for (int i = 0; i < 500; i++) {
@@ -836,6 +839,17 @@ static void test_stats_hold_the_store_s_numbers(void **state)
     expect(&r, 200, want);
     expect(&r, 200, "\"mode\":\"async\"");
     expect(&r, 200, "\"series\":[{\"t\":");
+    /* freshness: every batch's samples were 500 and 100 ms old at the push,
+     * applied within milliseconds */
+    const char *fr = strstr(r.body, "\"freshness\":{\"p50_ms\":");
+    assert_non_null(fr);
+    long long p50 = 0, p99 = 0, nb = 0;
+    assert_int_equal(sscanf(fr, "\"freshness\":{\"p50_ms\":%lld,\"p99_ms\":%lld,\"window\":%lld",
+                            &p50, &p99, &nb),
+                     3);
+    assert_int_equal(nb, pushes);
+    assert_true(p50 >= 100 && p50 < 1000);
+    assert_true(p99 >= 500 && p99 < 1500);
     resp_free(&r);
 }
 
