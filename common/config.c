@@ -99,7 +99,9 @@ static const conf_key_t schema[] = {
     K_INT("trainer", "workers", "2", 1, 1024, "Trainer worker threads."),
     K_ENUM("trainer", "backend", "auto", "auto|cpu|cuda",
            "Compute backend (auto: CUDA where a GPU exists, else the CPU)."),
-    K_STR("trainer", "devices", "", "CUDA devices for the workers (empty: all visible)."),
+    K_STR("trainer", "devices", "",
+          "CUDA device of each worker, e.g. 0,0,1 (repeated when shorter than the workers; "
+          "empty: device 0)."),
     K_ENUM("trainer", "mode", "async", "async|sync|backup|groups|ssp|adaptive", "Training mode."),
     K_INT("trainer", "backups", "0", 0, NO_MAX, "Backup workers per round (mode = backup)."),
     K_INT("trainer", "groups", "1", 1, 256,
