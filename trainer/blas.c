@@ -56,9 +56,10 @@ void trainer_sgemm(int transa, int transb, int m, int n, int k, float alpha, con
  * times slower than it could. We leave the choice to the operator (the
  * OPENBLAS_CORETYPE environment variable) but say so once.
  */
+#ifdef FRESHET_HAVE_OPENBLAS
 static void warn_generic_core(void)
 {
-#if defined(FRESHET_HAVE_OPENBLAS) && defined(__x86_64__)
+#if defined(__x86_64__)
     static atomic_int warned;
     const char *core = openblas_get_corename();
     if (getenv("OPENBLAS_CORETYPE") != NULL || core == NULL || strcmp(core, "Prescott") != 0)
@@ -73,6 +74,7 @@ static void warn_generic_core(void)
                better);
 #endif
 }
+#endif
 
 static void blas_setup(void)
 {
