@@ -1,8 +1,9 @@
 /*
  * backend.cu - the CUDA backend: cuBLAS sgemm for the layer products and
  * freshet's own kernels for bias + ReLU, the ReLU gradient mask, the losses
- * with their gradients, and the bias-gradient column sums. It computes what
- * trainer/cpu.c computes, in the same order (see that file for the maths).
+ * with their gradients, the bias-gradient column sums, and the loss and
+ * accuracy reductions (summed in double, as the CPU sums them). It computes
+ * what trainer/cpu.c computes (see that file for the maths).
  *
  * Shapes: every array is row-major as in cpu.c. cuBLAS is column-major, so a
  * row-major [r x c] matrix is used as its column-major transpose [c x r]:
@@ -67,8 +68,12 @@ typedef struct cuda_state {
     float *loss;                        /* device: per-sample losses [max_batch]    */
     int *right;                         /* device: per-sample 1 when classified right */
     int *bad;                           /* device: first sample with a bad label (or INT_MAX) */
-    float *h_w, *h_grad, *h_x, *h_y, *h_loss; /* pinned host copies              */
-    int *h_right, *h_bad;
+    double *sum;                        /* device: [0] the batch's summed loss      */
+    long long *hits;                    /* device: [0] the samples classified right */
+    float *h_w, *h_grad, *h_x, *h_y;    /* pinned host copies                        */
+    double *h_sum;
+    long long *h_hits;
+    int *h_bad;
     cudaGraphExec_t graph[GRAPH_MAX_BATCH + 1]; /* a captured step per batch size */
     int graph_failed;                           /* capture not possible here      */
     int loaded;
@@ -161,6 +166,38 @@ __global__ void k_loss(float *delta, float *loss, int *right, int *bad, const fl
     }
 }
 
+/*
+ * One block of THREADS: sum[0] = the per-sample losses summed in double,
+ * hits[0] = the samples classified right. Each thread sums a stride of
+ * samples in order, then the block adds the partial sums pairwise.
+ */
+__global__ void k_reduce(double *sum, long long *hits, const float *loss, const int *right, int n)
+{
+    __shared__ double s_loss[THREADS];
+    __shared__ long long s_hits[THREADS];
+    int t = threadIdx.x;
+    double l = 0.0;
+    long long h = 0;
+    for (int i = t; i < n; i += THREADS) {
+        l += (double)loss[i];
+        h += right[i];
+    }
+    s_loss[t] = l;
+    s_hits[t] = h;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if (t < half) {
+            s_loss[t] += s_loss[t + half];
+            s_hits[t] += s_hits[t + half];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        sum[0] = s_loss[0];
+        hits[0] = s_hits[0];
+    }
+}
+
 static unsigned blocks(size_t count)
 {
     return (unsigned)((count + THREADS - 1) / THREADS);
@@ -223,9 +260,10 @@ static fr_err_t enqueue_step(cuda_state_t *st, int n, int gradient, char *errstr
         CK(cudaMemcpyAsync(st->h_grad, st->grad, m->nparams * sizeof(float), cudaMemcpyDeviceToHost,
                            st->stream));
     }
-    CK(cudaMemcpyAsync(st->h_loss, st->loss, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost,
-                       st->stream));
-    CK(cudaMemcpyAsync(st->h_right, st->right, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost,
+    k_reduce<<<1, THREADS, 0, st->stream>>>(st->sum, st->hits, st->loss, st->right, n);
+    CK_LAUNCH();
+    CK(cudaMemcpyAsync(st->h_sum, st->sum, sizeof(double), cudaMemcpyDeviceToHost, st->stream));
+    CK(cudaMemcpyAsync(st->h_hits, st->hits, sizeof(long long), cudaMemcpyDeviceToHost,
                        st->stream));
     CK(cudaMemcpyAsync(st->h_bad, st->bad, sizeof(int), cudaMemcpyDeviceToHost, st->stream));
     return FR_OK;
@@ -298,13 +336,13 @@ static void cuda_destroy(void *state)
         cublasDestroy(st->blas);
     if (st->stream != NULL)
         cudaStreamDestroy(st->stream);
-    void *dev[] = {st->workspace, st->w,     st->grad, st->x,        st->y,
-                   st->loss,      st->right, st->bad,  st->delta[0], st->delta[1]};
+    void *dev[] = {st->workspace, st->w,   st->grad,     st->x,        st->y,   st->loss,
+                   st->right,     st->bad, st->delta[0], st->delta[1], st->sum, st->hits};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         cudaFree(dev[i]);
     for (int l = 1; l <= TRAINER_MAX_LAYERS; l++)
         cudaFree(st->act[l]);
-    void *host[] = {st->h_w, st->h_grad, st->h_x, st->h_y, st->h_loss, st->h_right, st->h_bad};
+    void *host[] = {st->h_w, st->h_grad, st->h_x, st->h_y, st->h_sum, st->h_hits, st->h_bad};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
         cudaFreeHost(host[i]);
     free(st);
@@ -353,6 +391,8 @@ static fr_err_t create_buffers(cuda_state_t *st, char *errstr, size_t size)
         {(void **)&st->loss, nb * sizeof(float)},
         {(void **)&st->right, nb * sizeof(int)},
         {(void **)&st->bad, sizeof(int)},
+        {(void **)&st->sum, sizeof(double)},
+        {(void **)&st->hits, sizeof(long long)},
         {(void **)&st->delta[0], nb * widest * sizeof(float)},
         {(void **)&st->delta[1], nb * widest * sizeof(float)},
     };
@@ -371,8 +411,8 @@ static fr_err_t create_buffers(cuda_state_t *st, char *errstr, size_t size)
         {(void **)&st->h_grad, np * sizeof(float)},
         {(void **)&st->h_x, nb * (size_t)m->dims[0] * sizeof(float)},
         {(void **)&st->h_y, nb * sizeof(float)},
-        {(void **)&st->h_loss, nb * sizeof(float)},
-        {(void **)&st->h_right, nb * sizeof(int)},
+        {(void **)&st->h_sum, sizeof(double)},
+        {(void **)&st->h_hits, sizeof(long long)},
         {(void **)&st->h_bad, sizeof(int)},
     };
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
@@ -441,15 +481,9 @@ static fr_err_t step(cuda_state_t *st, double *loss_sum, int64_t *correct, float
         return fr_errorf(FR_ERR_RANGE, errstr, size, "cuda: label %g of sample %d is not a class",
                          (double)y[i], i);
     }
-    double loss = 0.0;
-    int64_t right = 0;
-    for (int i = 0; i < n; i++) {
-        loss += (double)st->h_loss[i];
-        right += st->h_right[i];
-    }
-    *loss_sum = loss;
+    *loss_sum = *st->h_sum;
     if (correct != NULL)
-        *correct = m->loss == TRAINER_LOSS_MSE ? 0 : right;
+        *correct = m->loss == TRAINER_LOSS_MSE ? 0 : (int64_t)*st->h_hits;
     if (grad != NULL)
         memcpy(grad, st->h_grad, m->nparams * sizeof(float));
     return FR_OK;
