@@ -587,8 +587,7 @@ static redisReply *read_tx(psstore_conn_t *c, int ncmds, const int *argcs,
     return NULL;
 }
 
-/* Copies a bulk string reply into buf[size] (truncating); "" otherwise. */
-static void copy_str(char *buf, size_t size, const redisReply *r)
+void ps_reply_copy(char *buf, size_t size, const redisReply *r)
 {
     size_t n = 0;
     if (r != NULL && r->type == REDIS_REPLY_STRING) {
@@ -613,13 +612,13 @@ static void info_from_meta(psstore_model_info_t *info, const redisReply *meta)
         if (f->type != REDIS_REPLY_STRING)
             continue;
         if (strcmp(f->str, "layers") == 0)
-            copy_str(info->layers, sizeof(info->layers), v);
+            ps_reply_copy(info->layers, sizeof(info->layers), v);
         else if (strcmp(f->str, "loss") == 0)
-            copy_str(info->loss, sizeof(info->loss), v);
+            ps_reply_copy(info->loss, sizeof(info->loss), v);
         else if (strcmp(f->str, "stopped") == 0)
-            copy_str(info->stopped, sizeof(info->stopped), v);
+            ps_reply_copy(info->stopped, sizeof(info->stopped), v);
         else if (strcmp(f->str, "mode") == 0)
-            copy_str(info->mode, sizeof(info->mode), v);
+            ps_reply_copy(info->mode, sizeof(info->mode), v);
         else if (strcmp(f->str, "epoch") == 0)
             reply_uint64(v, &info->epoch);
         else if (strcmp(f->str, "shards") == 0 && reply_int64(v, &x) == 0 && x > 0 && x < 1 << 20)

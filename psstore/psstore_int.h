@@ -52,6 +52,10 @@ void ps_endpoint(const psstore_conn_t *c, char *buf, size_t size);
 /* Fills c->errstr and returns err. */
 fr_err_t ps_fail(psstore_conn_t *c, fr_err_t err, const char *fmt, ...) FR_PRINTF(3, 4);
 
+/* Copies a bulk string reply into buf[size] (truncating); "" for any other
+ * reply or NULL (model.c). */
+void ps_reply_copy(char *buf, size_t size, const redisReply *r);
+
 /* The server's run_id (INFO server), into buf[41]. */
 fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size);
 

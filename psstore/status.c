@@ -31,14 +31,6 @@ static const redisReply *field(const redisReply *kv, const char *name)
     return NULL;
 }
 
-static void text(char *dst, size_t size, const redisReply *r)
-{
-    if (r != NULL && r->type == REDIS_REPLY_STRING)
-        snprintf(dst, size, "%.*s", (int)r->len, r->str);
-    else if (size > 0)
-        dst[0] = '\0';
-}
-
 static double dbl(const redisReply *r)
 {
     return r != NULL && r->type == REDIS_REPLY_STRING ? strtod(r->str, NULL) : 0.0;
@@ -84,12 +76,12 @@ static void take_version(const redisReply *kv, void *out, size_t k)
     long long lo = 0, hi = 0;
     const redisReply *ts = field(kv, "ts");
     char tsbuf[64];
-    text(tsbuf, sizeof(tsbuf), ts);
+    ps_reply_copy(tsbuf, sizeof(tsbuf), ts);
     if (ts == NULL || sscanf(tsbuf, "%lld:%lld", &lo, &hi) != 2 || lo <= 0 || hi < lo)
         lo = hi = 0;
     v->ts_min_ms = lo;
     v->ts_max_ms = hi;
-    text(v->worker, sizeof(v->worker), field(kv, "worker"));
+    ps_reply_copy(v->worker, sizeof(v->worker), field(kv, "worker"));
     v->rollback_from = field(kv, "rollback_from") != NULL ? num(field(kv, "rollback_from")) : -1;
 }
 
@@ -102,8 +94,8 @@ fr_err_t psstore_versions_tail(psstore_conn_t *c, const char *model, size_t max,
 static void take_drop(const redisReply *kv, void *out, size_t k)
 {
     psstore_drop_entry_t *d = (psstore_drop_entry_t *)out + k;
-    text(d->worker, sizeof(d->worker), field(kv, "worker"));
-    text(d->reason, sizeof(d->reason), field(kv, "reason"));
+    ps_reply_copy(d->worker, sizeof(d->worker), field(kv, "worker"));
+    ps_reply_copy(d->reason, sizeof(d->reason), field(kv, "reason"));
     d->n = num(field(kv, "n"));
     d->t_ms = num(field(kv, "t"));
 }
@@ -354,7 +346,7 @@ fr_err_t psstore_versions_last_id(psstore_conn_t *c, const char *model, char *id
     snprintf(id, PSSTORE_STREAM_ID_MAX, "0-0");
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
         r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements == 2)
-        text(id, PSSTORE_STREAM_ID_MAX, r->element[0]->element[0]);
+        ps_reply_copy(id, PSSTORE_STREAM_ID_MAX, r->element[0]->element[0]);
     freeReplyObject(r);
     return FR_OK;
 }
