@@ -64,6 +64,9 @@ struct sv_waiter {
     int any_epoch;      /* ... or version in whatever epoch is current  */
     uint64_t had_epoch; /* W_FRESH: the weights held at the request     */
     int64_t had_version;
+    int64_t after; /* W_FRESH: the request's after_version (or -1) */
+    int wait_ms;   /* ... and its wait, counted from t0_ns         */
+    uint64_t t0_ns;
     uint64_t stats_seq; /* W_STATS: the stats seen */
 };
 
@@ -419,6 +422,8 @@ static int waiter_due(const sv_waiter_t *w, const sv_model_t *m)
 }
 
 static void send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m);
+static void send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
+                         enum fmt f, int64_t after, int wait_ms);
 
 static void answer_waiter(sv_waiter_t *w, int timed_out)
 {
@@ -432,6 +437,8 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
     pthread_mutex_unlock(&s->lock);
     enum fmt f = w->fmt;
     enum wkind kind = w->kind;
+    int64_t after = w->after;
+    int64_t left_ms = (int64_t)w->wait_ms - (int64_t)((fr_clock_mono_ns() - w->t0_ns) / 1000000);
     waiter_finish(w);
     waiter_free(w);
     if (kind == W_STATS) {
@@ -455,6 +462,12 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
         sv_view_unref(cur);
         count(s, req, 304, 0);
         evhttp_send_reply(req, 304, "Not Modified", NULL);
+        return;
+    }
+    if (kind == W_FRESH) {
+        /* fresh weights now: a long-poll goes on waiting for the rest of
+         * its wait when they are still the version it has */
+        send_weights(s, req, m, cur, f, after, left_ms > 0 ? (int)left_ms : 0);
         return;
     }
     send_view(s, req, m, cur, f);
@@ -489,6 +502,7 @@ static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m
     w->epoch = epoch;
     w->version = version;
     w->any_epoch = any_epoch;
+    w->after = -1;
     w->timer = evtimer_new(s->base, waiter_timeout, w);
     struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
     if (w->timer == NULL || evtimer_add(w->timer, &tv) != 0) {
@@ -810,9 +824,21 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         }
         m->waiters->had_epoch = had_epoch; /* add_waiter puts it first */
         m->waiters->had_version = had_version;
+        m->waiters->after = after;
+        m->waiters->wait_ms = (int)wait * 1000;
+        m->waiters->t0_ns = fr_clock_mono_ns();
         pthread_cond_broadcast(&s->wake);
         return;
     }
+    send_weights(s, req, m, cur, f, after, (int)wait * 1000);
+}
+
+/* Answers a weights request with cur (whose reference it takes), or, for a
+ * long-poll (after >= 0) whose client has cur's version, waits up to
+ * wait_ms for another. */
+static void send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
+                         enum fmt f, int64_t after, int wait_ms)
+{
     if (after >= 0) {
         uint64_t epoch = cur->epoch;
         int64_t inm_version;
@@ -824,7 +850,7 @@ static void h_weights(struct serve *s, struct evhttp_request *req, const char *n
         int newer = cur->version != after || (!any_epoch && cur->epoch != epoch);
         if (!newer) {
             sv_view_unref(cur);
-            if (add_waiter(s, req, m, f, W_POLL, epoch, after, any_epoch, (int)wait * 1000) != 0)
+            if (add_waiter(s, req, m, f, W_POLL, epoch, after, any_epoch, wait_ms) != 0)
                 send_error(s, req, 500, "out of memory");
             return;
         }

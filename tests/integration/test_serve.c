@@ -557,6 +557,34 @@ static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
     assert_int_equal(r.code, 304);
     assert_true(secs >= 0.95 && secs < 2.0);
     resp_free(&r);
+    /* the same on a server that has not read the weights yet (they are
+     * read for the request, W_FRESH): it reads version v, which the client
+     * has, and waits the rest of the second */
+    serve_conf_t conf;
+    test_conf(&conf);
+    conf.model = ""; /* so nothing follows MODEL before a request */
+    serve_t *fresh = serve_new(&conf, errstr, sizeof(errstr));
+    if (fresh == NULL)
+        fail_msg("%s", errstr);
+    assert_int_equal(serve_start(fresh, errstr, sizeof(errstr)), FR_OK);
+    for (int i = 0; i < 100; i++) { /* the list, which reads no weights */
+        http_port(serve_port(fresh), &r, "", "/v2/models");
+        int listed = r.code == 200 && strstr(r.body, "\"" MODEL "\"") != NULL;
+        resp_free(&r);
+        if (listed)
+            break;
+        harness_sleep_ms(20);
+    }
+    t0 = fr_clock_mono_ns();
+    http_port(serve_port(fresh), &r, "", path);
+    secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    char got[64] = "";
+    assert_int_equal(header(&r, "X-Freshet-Version", got, sizeof(got)), 0);
+    if (r.code != 304 || strtoll(got, NULL, 10) != v || secs < 0.95 || secs >= 2.0)
+        fail_msg("a first long-poll for the current version: %d, version %s after %.2f s", r.code,
+                 got, secs);
+    resp_free(&r);
+    serve_destroy(fresh);
     /* an older after_version is answered at once */
     snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=20",
              (long long)v - 1);
