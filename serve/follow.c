@@ -217,6 +217,15 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         model_error(s, m, msg, changed);
         return FR_OK;
     }
+    /* JSON takes ms per 100K floats: made here, off the HTTP loop, while
+     * clients ask for it (else the loop makes it on demand) */
+    pthread_mutex_lock(&s->lock);
+    int json = fr_clock_unix_ms() - m->json_wanted_ms < SV_WANTED_MS;
+    pthread_mutex_unlock(&s->lock);
+    if (json && (v->json = sv_weights_json(m->name, v)) != NULL) {
+        const char *lv[] = {m->name, "follower"};
+        fr_series_add(fr_metric_series(s->m_json, lv), 1);
+    }
 
     /* the retained snapshots of this epoch: each read once, kept until it
      * leaves the retained set */

@@ -233,65 +233,27 @@ static void send_blob(struct serve *s, struct evhttp_request *req, int code, con
     evbuffer_free(b);
 }
 
-/* ---- the JSON form of weights, made once per view on first use ------------- */
+/* ---- the JSON form of weights, made once per view ---------------------------- */
 
-static sv_blob_t *view_json(sv_model_t *m, sv_view_t *v)
+/* The JSON of v, made here (the loop) unless the follower made it before
+ * publishing v; clients asking for JSON make the follower encode the next
+ * versions. */
+static sv_blob_t *view_json(struct serve *s, sv_model_t *m, sv_view_t *v)
 {
-    const char *layers = v->layers, *loss = v->loss;
+    const char *lv[] = {m->name, "request"};
+    pthread_mutex_lock(&s->lock);
+    m->json_wanted_ms = fr_clock_unix_ms();
+    pthread_mutex_unlock(&s->lock);
     if (v->json != NULL)
         return sv_blob_ref(v->json);
-    int dims[FR_LAYERS_MAX], ndims;
-    if (fr_layers_parse(layers, dims, &ndims, NULL, 0) != FR_OK)
-        return NULL;
-    const float *w = (const float *)(v->st + v->raw_off);
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, m->name);
-    sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)v->epoch,
-              (long long)v->version);
-    sv_json_str(&b, layers);
-    sv_puts(&b, ",\"loss\":");
-    sv_json_str(&b, loss);
-    sv_puts(&b, ",\"tensors\":{");
-    size_t off = 0;
-    for (int l = 0; l + 1 < ndims; l++) {
-        size_t rows = (size_t)dims[l + 1], cols = (size_t)dims[l];
-        for (int part = 0; part < 2; part++) {
-            size_t count = part == 0 ? rows * cols : rows;
-            if (off + count > v->raw_len / sizeof(float)) {
-                sv_buf_fini(&b);
-                return NULL;
-            }
-            sv_printf(&b, "%s\"layers.%d.%s\":{\"shape\":", l || part ? "," : "", l,
-                      part == 0 ? "weight" : "bias");
-            if (part == 0)
-                sv_printf(&b, "[%zu,%zu]", rows, cols);
-            else
-                sv_printf(&b, "[%zu]", rows);
-            sv_puts(&b, ",\"data\":[");
-            for (size_t i = 0; i < count; i++) {
-                float x;
-                memcpy(&x, w + off + i, sizeof(x)); /* st + raw_off may be unaligned */
-                if (i > 0)
-                    sv_add(&b, ",", 1);
-                sv_json_num(&b, (double)x); /* null for a non-finite weight */
-            }
-            sv_puts(&b, "]}");
-            off += count;
-        }
-    }
-    sv_puts(&b, "}}\n");
-    size_t len;
-    char *text = sv_take(&b, &len);
-    sv_blob_t *blob = text != NULL ? sv_blob_new(text, len) : NULL;
+    sv_blob_t *blob = sv_weights_json(m->name, v);
     if (blob == NULL)
         return NULL;
+    fr_series_add(fr_metric_series(s->m_json, lv), 1);
     v->json = blob;
     return sv_blob_ref(blob);
 }
 
-/* Answers req with view v in format f (v's reference is taken). Under no
- * lock. layers/loss name the model for the JSON form and the headers. */
 static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
                       enum fmt f)
 {
@@ -322,7 +284,7 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     int rc;
     const char *type = "application/octet-stream";
     if (f == FMT_JSON) {
-        sv_blob_t *j = view_json(m, v);
+        sv_blob_t *j = view_json(s, m, v);
         sv_view_unref(v);
         if (j == NULL) {
             evbuffer_free(b);
@@ -1555,7 +1517,7 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     }
 
     static const char *const route_code[] = {"route", "code"}, *const route[] = {"route"},
-                             *const model[] = {"model"};
+                             *const model[] = {"model"}, *const model_by[] = {"model", "by"};
     fr_metrics_t *reg = conf->metrics;
     s->m_requests =
         fr_metrics_counter(reg, "freshet_http_requests_total",
@@ -1575,9 +1537,13 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
                                       "Unix time of the newest retained snapshot", 1, model);
     s->m_loads = fr_metrics_counter(reg, "freshet_serve_weights_reads_total",
                                     "Weights read from the store by serve", 1, model);
+    s->m_json = fr_metrics_counter(reg, "freshet_serve_json_encodes_total",
+                                   "Weights encoded as JSON, by the follower or for a request "
+                                   "(on the HTTP loop)",
+                                   2, model_by);
     if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
         s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
-        s->m_loads == NULL) {
+        s->m_loads == NULL || s->m_json == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
         serve_destroy(s);
         return NULL;

@@ -28,6 +28,13 @@ void sv_printf(sv_buf_t *b, const char *fmt, ...) FR_PRINTF(2, 3);
 void sv_json_str(sv_buf_t *b, const char *s);
 /* A JSON number, or null when v is not finite. */
 void sv_json_num(sv_buf_t *b, double v);
+/* A float as a JSON number (null when not finite): 9 significant digits,
+ * trailing zeros dropped, as printf's %g lays them out; strtof reads back
+ * the same float. */
+void sv_json_f32(sv_buf_t *b, float x);
+#define SV_F32_TEXT_MAX 24
+/* The same text into out (NUL-terminated); its length. */
+size_t sv_f32_text(float x, char out[SV_F32_TEXT_MAX]);
 /* Takes the text (NUL-terminated) out of b; NULL when an allocation failed. */
 char *sv_take(sv_buf_t *b, size_t *len);
 
@@ -59,7 +66,9 @@ typedef struct sv_view {
     size_t st_len;
     size_t raw_off; /* the float32 payload inside st: st + raw_off */
     size_t raw_len;
-    sv_blob_t *json;  /* the JSON form, made by the loop on first use (loop only) */
+    sv_blob_t *json;  /* the JSON form: made by the follower before publishing when
+                         clients asked for JSON lately, else by the loop on first
+                         use (then loop only) */
     char *offsets;    /* "topic/partition=watermark,..." of these weights ("" unknown) */
     char layers[256]; /* the model these weights are of ("784-256-10") */
     char loss[16];
@@ -67,6 +76,14 @@ typedef struct sv_view {
 
 sv_view_t *sv_view_ref(sv_view_t *v);
 void sv_view_unref(sv_view_t *v);
+/* The JSON form of v's weights (json.c): model name, epoch, version,
+ * layers, loss and each tensor's shape and data; NULL on a bad view or no
+ * memory. */
+sv_blob_t *sv_weights_json(const char *model, const sv_view_t *v);
+/* The same with each float written by put (bench/bench_json.c compares
+ * writers). */
+typedef void (*sv_f32_writer_t)(sv_buf_t *b, float x);
+sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writer_t put);
 
 /* ------------------------------------------------------------------------
  * A model followed by the server. The follower writes the fields under
@@ -93,6 +110,7 @@ typedef struct sv_model {
     int present;             /* the store has the model                     */
     int64_t wanted_ms;       /* a client asked for its weights (unix ms)    */
     int64_t stats_wanted_ms; /* ... for its stats                           */
+    int64_t json_wanted_ms;  /* ... for its weights as JSON                 */
     psstore_model_info_t info;
     char error[256]; /* why its weights cannot be read ("" none)    */
     sv_view_t *cur;  /* the latest weights, NULL before the first   */
@@ -144,7 +162,7 @@ struct serve {
     /* metrics */
     fr_metric_t *m_requests, *m_bytes;
     fr_series_t *m_waiting, *m_store_up;
-    fr_metric_t *m_version, *m_published, *m_loads;
+    fr_metric_t *m_version, *m_published, *m_loads, *m_json;
 };
 
 /* Wakes the loop to look at what the follower published (any thread). */

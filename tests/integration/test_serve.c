@@ -275,6 +275,20 @@ static double series_value(const char *name, const char *model)
     return v;
 }
 
+/* The value of name{model="MODEL",by="by"}. */
+static double series_value_by(const char *name, const char *by)
+{
+    size_t len;
+    char *text = fr_metrics_render(metrics, &len);
+    assert_non_null(text);
+    char needle[256];
+    snprintf(needle, sizeof(needle), "\n%s{model=\"%s\",by=\"%s\"} ", name, MODEL, by);
+    const char *p = strstr(text, needle);
+    double v = p != NULL ? strtod(p + strlen(needle), NULL) : 0.0;
+    free(text);
+    return v;
+}
+
 static long rss_kb(void)
 {
     FILE *f = fopen("/proc/self/status", "r");
@@ -409,6 +423,22 @@ static void test_health_models_and_errors(void **state)
     resp_free(&r);
 }
 
+/* The JSON weights of r hold the first layer's 20 weights of w, to the
+ * float. */
+static void expect_json_weights(const resp_t *r, const float *w)
+{
+    const char *data = strstr(r->body, "\"layers.0.weight\":{\"shape\":[4,5],\"data\":[");
+    assert_non_null(data);
+    data = strchr(strchr(data, '[') + 1, '[') + 1;
+    for (int i = 0; i < 20; i++) {
+        char *end;
+        float x = strtof(data, &end);
+        if (end == data || x != w[i])
+            fail_msg("JSON weight %d: %.20s, want %.9g", i, data, (double)w[i]);
+        data = end + 1;
+    }
+}
+
 static void test_weights_equal_the_store_in_every_format(void **state)
 {
     (void)state;
@@ -493,19 +523,8 @@ static void test_weights_equal_the_store_in_every_format(void **state)
     http(&r, "", "/v2/models/" MODEL "/weights?format=json");
     expect(&r, 200, "\"layers.1.bias\":{\"shape\":[3]");
     expect_header(&r, "Content-Type", "application/json");
-    const char *data = strstr(r.body, "\"layers.0.weight\":{\"shape\":[4,5],\"data\":[");
-    assert_non_null(data);
-    data = strchr(data, '[') + 1;
-    data = strchr(data, '[') + 1;
-    for (int i = 0; i < 20; i++) {
-        char *end;
-        float x = strtof(data, &end);
-        assert_true(end != data);
-        assert_true(x == w[i]);
-        data = end + 1;
-    }
+    expect_json_weights(&r, w);
     resp_free(&r);
-
     /* HEAD: the headers GET would send (Content-Length included), no body;
      * the connection stays usable for the next request */
     http(&r, "-I", "/v2/models/" MODEL "/weights");
@@ -539,6 +558,24 @@ static void test_weights_equal_the_store_in_every_format(void **state)
     http(&r, "-H 'If-None-Match: \"1-v1\"'", "/v2/models/" MODEL "/weights");
     assert_int_equal(r.code, 200);
     resp_free(&r);
+
+    /* the JSON request above made the loop encode the JSON; the next versions are
+     * encoded by the follower, before they are published */
+    double by_request = series_value_by("freshet_serve_json_encodes_total", "request");
+    double by_follower = series_value_by("freshet_serve_json_encodes_total", "follower");
+    assert_true(by_request >= 1);
+    int64_t next = push();
+    await_version(next);
+    store_weights(w, &epoch, &version);
+    assert_int_equal(version, next);
+    http(&r, "", "/v2/models/" MODEL "/weights?format=json");
+    char want[96];
+    snprintf(want, sizeof(want), "\"version\":%lld,", (long long)next);
+    expect(&r, 200, want);
+    expect_json_weights(&r, w);
+    resp_free(&r);
+    assert_true(series_value_by("freshet_serve_json_encodes_total", "follower") >= by_follower + 1);
+    assert_true(series_value_by("freshet_serve_json_encodes_total", "request") == by_request);
 }
 
 static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
