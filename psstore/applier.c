@@ -39,6 +39,7 @@
 #define MAX_GROUPS    256      /* worker groups a round-mode applier keeps rounds for */
 #define MEMBERS_MS    500      /* how often the applier reads the members hash        */
 #define LOCAL_WAIT_MS 10       /* longest wait on the in-process channel per look     */
+#define STREAM_NAP_NS 1000000u /* a commit window's nap between empty stream reads    */
 #define LOCAL_ID      SIZE_MAX /* cur_id of a gradient from the in-process channel */
 
 static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
@@ -1682,6 +1683,20 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
     return err;
 }
 
+/* Nonzero when a round closed since the last commit or is ready to: its
+ * workers wait for the commit. */
+static int rounds_waiting(const psstore_applier_t *a)
+{
+    if (!psstore_mode_rounds(a->conf.mode))
+        return 0;
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        int timed_out;
+        if (a->closed[g] > 0 || round_ready(a, &a->rounds[g], &timed_out))
+            return 1;
+    }
+    return 0;
+}
+
 /* Closes every round that is ready (or, with all set, every one holding a
  * gradient: before a request rewrites offsets or weights). */
 static fr_err_t rounds_close(psstore_applier_t *a, int all)
@@ -2441,11 +2456,28 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
         if ((err = read_local_and_stream(a, block_ms)) != FR_OK)
             goto out;
     } else {
-        do {
-            if ((err = read_and_apply(a, block_ms, &nread)) != FR_OK)
+        /* the first read waits up to block_ms for a gradient. The rest of
+         * the commit window reads without blocking and naps here between
+         * empty reads: Redis ends a short BLOCK only at its next hz tick
+         * (100 ms by default), and a lull is the usual case in the round
+         * modes, whose workers wait for the close. A closed or ready round
+         * ends the window at once. */
+        uint64_t window = (uint64_t)a->conf.commit_ms * 1000000ull;
+        if ((err = read_and_apply(a, block_ms, &nread)) != FR_OK)
+            goto out;
+        while (a->active && nread > 0 && window > 0 && !rounds_waiting(a)) {
+            uint64_t elapsed = fr_clock_mono_ns() - start;
+            if (elapsed >= window)
+                break;
+            int more;
+            if ((err = read_and_apply(a, 0, &more)) != FR_OK)
                 goto out;
-        } while (a->active && nread > 0 && a->conf.commit_ms > 0 &&
-                 (fr_clock_mono_ns() - start) < (uint64_t)a->conf.commit_ms * 1000000ull);
+            if (more == 0) {
+                uint64_t nap = window - elapsed < STREAM_NAP_NS ? window - elapsed : STREAM_NAP_NS;
+                struct timespec ts = {0, (long)nap};
+                nanosleep(&ts, NULL);
+            }
+        }
     }
     /* members: removed after member_timeout in every mode; rounds close on
      * a departure or at round_timeout */

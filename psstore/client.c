@@ -31,6 +31,8 @@ struct psstore_client {
     char key_grads[PS_KEY_MAX];
     char key_members[PS_KEY_MAX];
     char key_rounds[PS_KEY_MAX];
+    char key_versions[PS_KEY_MAX];
+    char key_drops[PS_KEY_MAX];
     ps_grad_args_t args; /* XADD arguments, reused by every push */
     uint64_t bytes;      /* payload bytes pulled and pushed      */
     char last_id[64];    /* stream id of the last push           */
@@ -168,6 +170,8 @@ psstore_client_t *psstore_client_new(const char *url, const char *model, size_t 
     ps_key(cl->key_grads, model, "grads");
     ps_key(cl->key_members, model, "members");
     ps_key(cl->key_rounds, model, "rounds");
+    ps_key(cl->key_versions, model, "versions");
+    ps_key(cl->key_drops, model, "drops");
     cl->c = psstore_conn_new(url, CLIENT_TIMEOUT_MS, errstr, size);
     if (cl->c == NULL)
         goto err;
@@ -478,4 +482,26 @@ fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round)
     freeReplyObject(r);
     *round = v;
     return FR_OK;
+}
+
+fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int block_ms,
+                            int64_t *now)
+{
+    /* the newest ids first, then the count: a round closed after these
+     * reads adds an entry to one of the two streams (its version, or its
+     * drops) in the transaction that counts it, and XREAD wakes on it */
+    char ids[2][PSSTORE_STREAM_ID_MAX];
+    fr_err_t err;
+    if ((err = ps_stream_last_id(cl->c, cl->key_versions, ids[0])) != FR_OK ||
+        (err = ps_stream_last_id(cl->c, cl->key_drops, ids[1])) != FR_OK ||
+        (err = psstore_round_read(cl, group, now)) != FR_OK || *now > round)
+        return err;
+    if (block_ms < 1 || block_ms > CLIENT_TIMEOUT_MS / 2)
+        block_ms = block_ms < 1 ? 1 : CLIENT_TIMEOUT_MS / 2;
+    redisReply *r = ps_cmd(cl->c, 0, &err, "XREAD COUNT 1 BLOCK %d STREAMS %s %s %s %s", block_ms,
+                           cl->key_versions, cl->key_drops, ids[0], ids[1]);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    return psstore_round_read(cl, group, now);
 }

@@ -399,6 +399,13 @@ fr_err_t psstore_members_read(psstore_client_t *cl, psstore_member_t **members, 
                               size_t *cap);
 /* The number of rounds the applier has closed for group (0 before any). */
 fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round);
+/* Reads the count into *now and, while it is not past round, waits up to
+ * block_ms (1..1000) for the applier's next transaction that closes a
+ * round or publishes a version (XREAD BLOCK on the versions and drops
+ * streams), then reads it again: no polling. The caller loops until *now
+ * passes round or its own limit. */
+fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int block_ms,
+                            int64_t *now);
 
 /* ------------------------------------------------------------------------
  * The co-located fast path (DESIGN.md "Performance model"): in freshet run

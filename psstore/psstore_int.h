@@ -55,6 +55,9 @@ fr_err_t ps_fail(psstore_conn_t *c, fr_err_t err, const char *fmt, ...) FR_PRINT
 /* Copies a bulk string reply into buf[size] (truncating); "" for any other
  * reply or NULL (model.c). */
 void ps_reply_copy(char *buf, size_t size, const redisReply *r);
+/* The id of the newest entry of the stream at key ("0-0" when none or no
+ * stream) into id[PSSTORE_STREAM_ID_MAX] (status.c). */
+fr_err_t ps_stream_last_id(psstore_conn_t *c, const char *key, char *id);
 
 /* The server's run_id (INFO server), into buf[41]. */
 fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size);

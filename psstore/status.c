@@ -338,8 +338,13 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
 fr_err_t psstore_versions_last_id(psstore_conn_t *c, const char *model, char *id)
 {
     char key[PS_KEY_MAX];
-    fr_err_t err;
     ps_key(key, model, "versions");
+    return ps_stream_last_id(c, key, id);
+}
+
+fr_err_t ps_stream_last_id(psstore_conn_t *c, const char *key, char *id)
+{
+    fr_err_t err;
     redisReply *r = ps_cmd(c, 1, &err, "XREVRANGE %s + - COUNT 1", key);
     if (r == NULL)
         return err;

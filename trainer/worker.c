@@ -14,7 +14,9 @@
  * leaves it on a clean stop. Modes async and adaptive need nothing more of
  * a worker. In sync, backup and groups a worker reads its group's round
  * count before it pulls, and after pushing waits until that count moves
- * (the applier closed the round), at most round_wait_ms. In ssp a worker
+ * (the applier closed the round), at most round_wait_ms: in freshet run on
+ * the in-process channel, otherwise blocked on the store's streams
+ * (psstore_round_wait), never polling. In ssp a worker
  * does not start a step while its clock (gradients pushed) is more than
  * ssp_bound ahead of the slowest live, non-idle member; a newcomer, or a
  * worker back from idle, starts at the current minimum. A straggler factor
@@ -37,10 +39,11 @@
 #include "psstore/psstore.h"
 #include "trainer/trainer.h"
 
-#define NEXT_WAIT_MS 200           /* one wait for a batch, then a look at stop */
-#define PUSH_WAIT_MS 5000          /* backpressure: a push waits this long      */
-#define BEAT_NS      1000000000ull /* heartbeat period                    */
-#define POLL_NS      1000000ull    /* a waiting worker looks again after  */
+#define NEXT_WAIT_MS   200           /* one wait for a batch, then a look at stop */
+#define PUSH_WAIT_MS   5000          /* backpressure: a push waits this long      */
+#define BEAT_NS        1000000000ull /* heartbeat period                    */
+#define POLL_NS        1000000ull    /* a waiting worker looks again after  */
+#define ROUND_BLOCK_MS 100           /* one blocking wait for a round, then a look at stop */
 
 typedef struct worker {
     trainer_pool_t *pool;
@@ -271,12 +274,13 @@ static void round_wait(worker_t *wk, int64_t round, int local)
         if (err != FR_ERR_TIMEOUT)
             break;
     }
+    /* Redis: blocks on the store's streams, ROUND_BLOCK_MS at a time */
     while (!local && !atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
         int64_t now = round;
-        if (psstore_round_read(wk->cl, wk->me.group, &now) != FR_OK || now > round)
+        if (psstore_round_wait(wk->cl, wk->me.group, round, ROUND_BLOCK_MS, &now) != FR_OK ||
+            now > round)
             break;
         beat_due(wk);
-        sleep_poll();
     }
     atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
 }

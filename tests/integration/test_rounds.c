@@ -6,6 +6,7 @@
  * thread, so every assertion is about one known round.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -87,8 +88,11 @@ static void push(psstore_client_t *cl, const char *id, int k, int64_t from, int6
     assert_int_equal(psstore_push(cl, &msg, 5000), FR_OK);
 }
 
-static psstore_applier_t *applier(const char *model, psstore_mode_t mode, int backups,
-                                  int64_t member_timeout_ms, int64_t round_timeout_ms, int linear)
+/* The applier of model in a round mode; commit_ms 0 (one commit per
+ * update) unless given. */
+static psstore_applier_t *applier_commit(const char *model, psstore_mode_t mode, int backups,
+                                         int64_t member_timeout_ms, int64_t round_timeout_ms,
+                                         int linear, int64_t commit_ms)
 {
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);
@@ -102,10 +106,17 @@ static psstore_applier_t *applier(const char *model, psstore_mode_t mode, int ba
     conf.member_timeout_ms = member_timeout_ms;
     conf.round_timeout_ms = round_timeout_ms;
     conf.sync_lr_linear = linear;
+    conf.commit_ms = commit_ms;
     psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     if (a == NULL)
         fail_msg("%s", errstr);
     return a;
+}
+
+static psstore_applier_t *applier(const char *model, psstore_mode_t mode, int backups,
+                                  int64_t member_timeout_ms, int64_t round_timeout_ms, int linear)
+{
+    return applier_commit(model, mode, backups, member_timeout_ms, round_timeout_ms, linear, 0);
 }
 
 /* Polls the applier a few times (each blocks at most 50 ms). */
@@ -150,6 +161,20 @@ static void assert_weights_near(const float *got, const float *want)
     for (int i = 0; i < NPARAMS; i++)
         if (fabsf(got[i] - want[i]) > 1e-6f + 1e-5f * fabsf(want[i]))
             fail_msg("w[%d] = %.8g, expected %.8g", i, got[i], want[i]);
+}
+
+/* The model is at version 1: one round averaged gradients k1 (n1 samples)
+ * and k2 (n2), at scale 1. */
+static void expect_first_round(const char *model, int k1, int64_t n1, int k2, int64_t n2)
+{
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version;
+    read_weights(model, w, &version);
+    assert_int_equal(version, 1);
+    int ks[] = {k1, k2};
+    int64_t ns[] = {n1, n2};
+    expected_average(want, ks, ns, 2, 1.0);
+    assert_weights_near(w, want);
 }
 
 /*
@@ -382,14 +407,7 @@ static void test_a_held_gradient_survives_an_applier_crash(void **state)
         beat(c, "h/6/0", 0, 2 + (fr_clock_mono_ns() - t0) / 100000000ull);
         beat(c, "h/6/1", 0, 2 + (fr_clock_mono_ns() - t0) / 100000000ull);
     }
-    float w[NPARAMS], want[NPARAMS];
-    int64_t version;
-    read_weights(model, w, &version);
-    assert_int_equal(version, 1);
-    int ks[] = {11, 12};
-    int64_t ns[] = {5, 3};
-    expected_average(want, ks, ns, 2, 1.0);
-    assert_weights_near(w, want);
+    expect_first_round(model, 11, 5, 12, 3);
     assert_int_equal(query_int("HGET freshet:{%s}:offsets %s", model, "t/0"), 8);
     int seen[32];
     assert_int_equal(harness_audit_count(&redis, model, "t", 0, "applied", seen, 32), 2);
@@ -486,6 +504,108 @@ static int teardown(void **state)
     return 0;
 }
 
+/*
+ * freshet ps (gradients from the stream, group commits of commit_ms): a
+ * poll that read a round's gradients reads on only for the rest of the
+ * commit window, then closes the round and commits; it does not block for
+ * its whole block_ms on a stream the round's workers have stopped feeding
+ * (they wait for the close). That wait cost every sync round of freshet
+ * train + ps the ps loop's 200 ms.
+ */
+static void test_a_poll_closes_a_round_within_the_commit_window(void **state)
+{
+    (void)state;
+    const char *model = "rcommit";
+    create_model(model);
+    psstore_client_t *a1 = client(model), *a2 = client(model);
+    beat(a1, "h/1/0", 0, 1);
+    beat(a2, "h/1/1", 0, 1);
+    psstore_applier_t *a = applier_commit(model, PSSTORE_MODE_SYNC, 0, 10000, 60000, 0, 20);
+    polls(a, 2);
+    push(a1, "h/1/0", 1, 0, 3, 0);
+    push(a2, "h/1/1", 2, 3, 5, 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    assert_int_equal(psstore_applier_poll(a, 2000), FR_OK);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    expect_first_round(model, 1, 3, 2, 5);
+    fprintf(stderr, "one poll (block 2000 ms, commit_ms 20) closed the round in %.3f s\n", secs);
+    if (secs >= 1.0)
+        fail_msg("the poll took %.3f s: it blocked on the stream after the round's gradients",
+                 secs);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(a1);
+    psstore_client_destroy(a2);
+}
+
+typedef struct round_waiter {
+    psstore_client_t *cl;
+    int64_t round, now;
+    int block_ms;
+    fr_err_t err;
+    double secs;
+} round_waiter_t;
+
+static void *round_waiter_main(void *arg)
+{
+    round_waiter_t *rw = arg;
+    uint64_t t0 = fr_clock_mono_ns();
+    rw->err = psstore_round_wait(rw->cl, 0, rw->round, rw->block_ms, &rw->now);
+    rw->secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    return NULL;
+}
+
+/*
+ * A worker of another process waits for its round through the store
+ * (psstore_round_wait): with nothing happening it blocks for its whole
+ * block_ms and reads the same count (no busy answer); when the applier
+ * closes the round meanwhile it returns at once with the new count; with
+ * the round already closed it does not block.
+ */
+static void test_round_wait_blocks_until_the_round_closes(void **state)
+{
+    (void)state;
+    const char *model = "rwait";
+    create_model(model);
+    psstore_client_t *a1 = client(model);
+    beat(a1, "h/1/0", 0, 1);
+    psstore_applier_t *a = applier(model, PSSTORE_MODE_SYNC, 0, 10000, 60000, 0);
+    polls(a, 2);
+    round_waiter_t rw = {.cl = client(model), .round = 0, .block_ms = 400};
+    round_waiter_main(&rw);
+    assert_int_equal(rw.err, FR_OK);
+    assert_int_equal(rw.now, 0);
+    if (rw.secs < 0.35)
+        fail_msg("nothing closed, yet the wait returned after %.3f s of 0.4", rw.secs);
+    /* the sole member's gradient closes round 0 while the waiter blocks */
+    rw.block_ms = 1000;
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, round_waiter_main, &rw), 0);
+    harness_sleep_ms(150);
+    push(a1, "h/1/0", 1, 0, 3, 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    for (int i = 0; i < 20 && query_int("HGET freshet:{%s}:rounds %s", model, "0") < 1; i++)
+        polls(a, 1);
+    double closed = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(rw.err, FR_OK);
+    assert_int_equal(rw.now, 1);
+    fprintf(stderr,
+            "round wait: returned %.3f s after it began; round closed within %.3f s of "
+            "the push\n",
+            rw.secs, closed);
+    if (rw.secs >= 0.9)
+        fail_msg("the wait ran to its block time (%.3f s): the close did not wake it", rw.secs);
+    /* round 0 is closed: no wait */
+    rw.round = 0;
+    round_waiter_main(&rw);
+    assert_int_equal(rw.err, FR_OK);
+    assert_int_equal(rw.now, 1);
+    assert_true(rw.secs < 0.5);
+    psstore_applier_destroy(a);
+    psstore_client_destroy(rw.cl);
+    psstore_client_destroy(a1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +618,8 @@ int main(void)
         cmocka_unit_test(test_a_held_gradient_survives_an_applier_crash),
         cmocka_unit_test(test_an_overlap_with_a_held_gradient_is_a_duplicate),
         cmocka_unit_test(test_member_entries_parse_and_bad_ones_are_skipped),
+        cmocka_unit_test(test_round_wait_blocks_until_the_round_closes),
+        cmocka_unit_test(test_a_poll_closes_a_round_within_the_commit_window),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

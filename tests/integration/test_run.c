@@ -603,6 +603,67 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
     free(audit);
 }
 
+/* The calls of Redis command cmd since the last CONFIG RESETSTAT. */
+static int64_t redis_calls(const char *cmd)
+{
+    static char out[1 << 16];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "INFO commandstats"), 0);
+    char needle[64];
+    snprintf(needle, sizeof(needle), "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(out, needle);
+    return p != NULL ? strtoll(p + strlen(needle), NULL, 10) : 0;
+}
+
+/*
+ * The round modes across processes: freshet ps applies, one freshet train
+ * with two workers trains through Redis (no in-process channel), in sync
+ * mode. The model learns the stream as freshet run does, and a worker
+ * waiting for its round blocks on the store's streams (XREAD BLOCK)
+ * instead of polling the round count: the round-count reads stay within a
+ * few per round, where a 1 ms poll made about a thousand a second.
+ */
+static void test_train_and_ps_learn_in_sync_mode_without_polling(void **state)
+{
+    (void)state;
+    enum { N = 3000, NPARTS = 3 };
+    const char *model = "tsy", *topic = "tsy1";
+    produce(topic, NPARTS, N);
+    char conf[300], log_ps[300], log_tr[300], out[64];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log_ps, sizeof(log_ps), "%s/%s-ps.log", tmp_dir, model);
+    snprintf(log_tr, sizeof(log_tr), "%s/%s-train.log", tmp_dir, model);
+    write_config_extra(conf, model, topic, 2, "sync", "", 0, "", "sync_lr_scale = linear\n");
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "CONFIG RESETSTAT"), 0);
+    pid_t ps = spawn_role("ps", conf, log_ps);
+    pid_t tr = spawn_role("train", conf, log_tr);
+    uint64_t t0 = fr_clock_mono_ns();
+    wait_watermarks(model, topic, NPARTS, N, log_tr);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    stop_run(tr, log_tr);
+    stop_run(ps, log_ps);
+    int64_t hget = redis_calls("hget"), xread = redis_calls("xread");
+    int64_t version = 0;
+    double loss = store_loss(model, N, &version);
+    char rounds_s[64];
+    assert_int_equal(harness_redis_query(&redis, rounds_s, sizeof(rounds_s),
+                                         "HGET freshet:{%s}:rounds 0", model),
+                     0);
+    int64_t rounds = strtoll(rounds_s, NULL, 10);
+    fr_log(FR_LOG_INFO,
+           "train + ps, sync: mse %.6f after %lld versions, %lld rounds in %.1f s; %lld HGET and "
+           "%lld XREAD calls in all",
+           loss, (long long)version, (long long)rounds, secs, (long long)hget, (long long)xread);
+    assert_true(loss < 1e-3);
+    assert_true(version >= N / 16 / 4);
+    assert_true(rounds >= version);
+    assert_true(xread >= 1);
+    /* the workers' reads of the count (two a wait, a few waits a round)
+     * and every other HGET of the run (offsets, members) */
+    if (hget > 50 * rounds + 2000)
+        fail_msg("%lld HGET calls for %lld rounds: the workers poll", (long long)hget,
+                 (long long)rounds);
+}
+
 /*
  * SIGTERM stops a run within a few seconds even when both the broker and
  * Redis are gone (nothing to commit to, nobody to leave the group with):
@@ -666,6 +727,7 @@ int main(void)
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
         cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
         cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),
+        cmocka_unit_test(test_train_and_ps_learn_in_sync_mode_without_polling),
         cmocka_unit_test(test_sigterm_with_broker_and_redis_gone_exits_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
