@@ -30,9 +30,9 @@ static double ms_per_call(size_t (*fn)(const sv_view_t *), const sv_view_t *v, d
     return (double)(t - t0) * 1e-6 / (double)calls;
 }
 
-static size_t freshet_json(const sv_view_t *v)
+/* The length of an encoded document, which it frees. */
+static size_t done(sv_blob_t *b)
 {
-    sv_blob_t *b = sv_weights_json("bench", v);
     if (b == NULL) {
         fprintf(stderr, "bench_json: encoding failed\n");
         exit(1);
@@ -40,6 +40,11 @@ static size_t freshet_json(const sv_view_t *v)
     size_t len = b->len;
     sv_blob_unref(b);
     return len;
+}
+
+static size_t freshet_json(const sv_view_t *v)
+{
+    return done(sv_weights_json("bench", v));
 }
 
 /* The obvious writer: printf's "%.9g", null when not finite. */
@@ -54,14 +59,7 @@ static void printf_f32(sv_buf_t *b, float x)
 /* The same document, each float by printf. */
 static size_t printf_json(const sv_view_t *v)
 {
-    sv_blob_t *b = sv_weights_json_by("bench", v, printf_f32);
-    if (b == NULL) {
-        fprintf(stderr, "bench_json: encoding failed\n");
-        exit(1);
-    }
-    size_t len = b->len;
-    sv_blob_unref(b);
-    return len;
+    return done(sv_weights_json_by("bench", v, printf_f32));
 }
 
 int main(int argc, char **argv)

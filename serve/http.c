@@ -254,6 +254,8 @@ static sv_blob_t *view_json(struct serve *s, sv_model_t *m, sv_view_t *v)
     return sv_blob_ref(blob);
 }
 
+/* Answers req with view v in format f (v's reference is taken). Under no
+ * lock. layers/loss name the model for the JSON form and the headers. */
 static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
                       enum fmt f)
 {
