@@ -603,6 +603,69 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
     free(audit);
 }
 
+/*
+ * The same in sync mode: two freshet train processes of one worker each
+ * and freshet ps; one trainer is killed with SIGKILL while the other waits
+ * for a round the dead one will never join. The round closes without it
+ * (round_timeout, or its departure after member_timeout), the survivor
+ * goes on and takes over the dead one's partitions, and every position
+ * of every partition ends marked exactly once.
+ */
+static void test_sync_trainers_survive_a_kill(void **state)
+{
+    (void)state;
+    enum { NPARTS = 4, PER = 300, N = NPARTS * PER };
+    const char *model = "tk", *topic = "tk1";
+    char conf[300], log_ps[300], log_a[300], log_b[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log_ps, sizeof(log_ps), "%s/%s-ps.log", tmp_dir, model);
+    snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
+    snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
+    write_config_extra(conf, model, topic, 1, "sync", "", 1, "",
+                       "member_timeout = 3\nround_timeout = 2\n");
+    pid_t ps = spawn_role("ps", conf, log_ps);
+    pid_t a = spawn_role("train", conf, log_a);
+    pid_t b = spawn_role("train", conf, log_b);
+    int waited = 0;
+    while (waited < WAIT_MS && !(harness_file_contains(log_a, "starts at") &&
+                                 harness_file_contains(log_b, "starts at"))) {
+        harness_sleep_ms(100);
+        waited += 100;
+    }
+    if (waited >= WAIT_MS)
+        fail_msg("the two trainers did not both get partitions (%s, %s)", log_a, log_b);
+    harness_sleep_ms(7000); /* the group's rebalance after the second join is over */
+    produce_from(topic, NPARTS, 0, N / 2);
+    wait_watermarks(model, topic, NPARTS, N / 2, log_b);
+    char out[64];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:rounds 0", model), 0);
+    int64_t rounds_at_kill = strtoll(out, NULL, 10);
+    assert_int_equal(kill(a, SIGKILL), 0);
+    assert_true(harness_wait(a, 5000) != -1);
+    produce_from(topic, NPARTS, N / 2, N / 2);
+    wait_watermarks(model, topic, NPARTS, N, log_b);
+    stop_run(b, log_b);
+    stop_run(ps, log_ps);
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:rounds 0", model), 0);
+    int64_t rounds = strtoll(out, NULL, 10);
+    fr_log(FR_LOG_INFO, "sync trainers: %lld rounds before the kill, %lld in all",
+           (long long)rounds_at_kill, (long long)rounds);
+    assert_true(rounds_at_kill >= 1);
+    assert_true(rounds > rounds_at_kill);
+    /* the survivor's first round after the kill waited for the dead one */
+    if (!harness_file_contains(log_ps, "closed after 2000 ms with 1 of 2 members"))
+        fail_msg("no round closed at round_timeout without the killed trainer (see %s)", log_ps);
+    static int seen[PER];
+    for (int p = 0; p < NPARTS; p++) {
+        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
+        for (int pos = 0; pos < PER; pos++)
+            if (seen[pos] != 1)
+                fail_msg("%s/%d position %d marked %d times", topic, p, pos, seen[pos]);
+    }
+}
+
 /* The calls of Redis command cmd since the last CONFIG RESETSTAT. */
 static int64_t redis_calls(const char *cmd)
 {
@@ -728,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
         cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),
         cmocka_unit_test(test_train_and_ps_learn_in_sync_mode_without_polling),
+        cmocka_unit_test(test_sync_trainers_survive_a_kill),
         cmocka_unit_test(test_sigterm_with_broker_and_redis_gone_exits_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
