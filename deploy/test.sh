@@ -3,10 +3,10 @@
 # tests (freshet against PyTorch, Fashion-MNIST accuracy) on a warnings-as-
 # errors build; the unit and integration tests again under AddressSanitizer
 # and UndefinedBehaviorSanitizer; the fuzz targets for a bounded time
-# (FUZZ_SECONDS each, default 30); and the clang-format check.
+# (FUZZ_SECONDS each, default 20); and the clang-format check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fuzz_seconds=${FUZZ_SECONDS:-30}
+fuzz_seconds=${FUZZ_SECONDS:-20}
 jobs=$(nproc)
 
 bash deploy/setup.sh
