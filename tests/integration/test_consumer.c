@@ -125,6 +125,11 @@ typedef struct collected {
     int64_t covered[MAXPART];  /* the highest range end */
     size_t batches, empty;
     char first_reason[MAXPART][32]; /* reason of the first n = 0 batch per partition */
+    /* where a partition restarts when it is assigned again (the store's
+     * watermark; -1: never): a member that held it at an earlier
+     * rebalance of the same join may have queued its records already */
+    int64_t restart_at[MAXPART];
+    int restarts[MAXPART];
 } collected_t;
 
 static collected_t *collected_new(const char *topic, int nparts)
@@ -133,9 +138,22 @@ static collected_t *collected_new(const char *topic, int nparts)
     assert_non_null(col);
     col->topic = topic;
     col->nparts = nparts;
-    for (int p = 0; p < MAXPART; p++)
+    for (int p = 0; p < MAXPART; p++) {
         col->last[p] = -1;
+        col->restart_at[p] = -1;
+    }
     return col;
+}
+
+/* Forgets what partition p delivered: it starts again at the watermark,
+ * and the earlier delivery is what the applier drops as duplicates. */
+static void collected_restart(collected_t *col, int32_t p)
+{
+    col->nranges[p] = 0;
+    col->covered[p] = 0;
+    col->last[p] = -1;
+    memset(col->seen[p], 0, sizeof(col->seen[p]));
+    col->restarts[p]++;
 }
 
 /* Checks one batch against the encoding and records its ranges. */
@@ -149,6 +167,8 @@ static void collect_batch(collected_t *col, const ingest_batch_t *b, size_t batc
         assert_string_equal(rg->topic, col->topic);
         assert_true(rg->partition >= 0 && rg->partition < col->nparts);
         assert_true(rg->from < rg->to && rg->to <= MAXOFF);
+        if (rg->from == col->restart_at[rg->partition] && col->covered[rg->partition] > rg->from)
+            collected_restart(col, rg->partition);
         size_t *nr = &col->nranges[rg->partition];
         assert_true(*nr < MAXOFF);
         col->ranges[rg->partition][*nr][0] = rg->from;
@@ -534,9 +554,17 @@ static void test_group_members_split_partitions_and_restart_from_the_store(void 
     wait_assigned(a, 1);
     ingest_consumer_t *both[2] = {a, b};
     col = collected_new("c5", 2);
+    /* the broker may rebalance twice for one join (a holds partition 0
+     * at the first, and again at the second): a partition delivered
+     * again starts at the store's watermark once more */
+    col->restart_at[0] = 60;
+    col->restart_at[1] = 90;
     collect_from(both, 2, col, end, 16);
     check_partition(col, 0, 60, PER, 70, 80);
     check_partition(col, 1, 90, PER, 0, 0);
+    if (col->restarts[0] + col->restarts[1] > 0)
+        fprintf(stderr, "restarts after b joined: partition 0 %d, partition 1 %d\n",
+                col->restarts[0], col->restarts[1]);
     free(col);
 
     /* b leaves: a gets both again, from the store once more */
@@ -545,6 +573,8 @@ static void test_group_members_split_partitions_and_restart_from_the_store(void 
     ingest_consumer_destroy(b);
     wait_assigned(a, 2);
     col = collected_new("c5", 2);
+    col->restart_at[0] = 60;
+    col->restart_at[1] = 95;
     collect_until(a, col, end, 16);
     check_partition(col, 0, 60, PER, 70, 80);
     check_partition(col, 1, 95, PER, 0, 0);
