@@ -542,25 +542,41 @@ static pid_t spawn_role(const char *role, const char *conf, const char *log)
     return pid;
 }
 
-/*
- * The scale-out roles: two freshet train processes in one consumer group
- * and one freshet ps. Both trainers get partitions; half the stream is
- * trained, one trainer is killed with SIGKILL, the other half is produced:
- * the survivor takes the dead one's partitions and every position of every
- * partition ends marked exactly once (audit mode).
- */
-static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **state)
+/* The rounds the applier of model closed for group 0 (0 before any). */
+static int64_t rounds_of(const char *model)
 {
-    (void)state;
+    char out[64];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:rounds 0", model), 0);
+    return strtoll(out, NULL, 10);
+}
+
+/* What two_trainers_kill_one leaves for the test's own checks. */
+typedef struct kill_run {
+    char log_ps[300];
+    pid_t killed, survivor;
+    int64_t rounds_at_kill; /* rounds closed just before the kill */
+} kill_run_t;
+
+/*
+ * The scale-out roles under a kill: two freshet train processes of
+ * `workers` workers each in one consumer group, and one freshet ps, audit
+ * on. Both trainers get partitions; half the stream (1,200 records over 4
+ * partitions) is trained, one trainer is killed with SIGKILL, the other
+ * half is produced: the survivor takes the dead one's partitions and every
+ * position of every partition ends marked exactly once.
+ */
+static void two_trainers_kill_one(const char *model, const char *topic, int workers,
+                                  const char *mode, const char *trainer_extra, kill_run_t *kr)
+{
     enum { NPARTS = 4, PER = 300, N = NPARTS * PER };
-    const char *model = "tt", *topic = "tt1";
-    char conf[300], log_ps[300], log_a[300], log_b[300];
+    char conf[300], log_a[300], log_b[300];
     snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log_ps, sizeof(log_ps), "%s/%s-ps.log", tmp_dir, model);
+    snprintf(kr->log_ps, sizeof(kr->log_ps), "%s/%s-ps.log", tmp_dir, model);
     snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
     snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
-    write_config(conf, model, topic, 2, "async", "", 1);
-    pid_t ps = spawn_role("ps", conf, log_ps);
+    write_config_extra(conf, model, topic, workers, mode, "", 1, "", trainer_extra);
+    pid_t ps = spawn_role("ps", conf, kr->log_ps);
     pid_t a = spawn_role("train", conf, log_a);
     pid_t b = spawn_role("train", conf, log_b);
     int waited = 0;
@@ -575,12 +591,15 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
     harness_sleep_ms(7000);
     produce_from(topic, NPARTS, 0, N / 2);
     wait_watermarks(model, topic, NPARTS, N / 2, log_b);
+    kr->rounds_at_kill = rounds_of(model);
     assert_int_equal(kill(a, SIGKILL), 0);
     assert_true(harness_wait(a, 5000) != -1);
     produce_from(topic, NPARTS, N / 2, N / 2);
     wait_watermarks(model, topic, NPARTS, N, log_b);
     stop_run(b, log_b);
-    stop_run(ps, log_ps);
+    stop_run(ps, kr->log_ps);
+    kr->killed = a;
+    kr->survivor = b;
     static int seen[PER];
     for (int p = 0; p < NPARTS; p++) {
         assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
@@ -588,82 +607,50 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
             if (seen[pos] != 1)
                 fail_msg("%s/%d position %d marked %d times", topic, p, pos, seen[pos]);
     }
-    /* both trainers trained: the audit names workers of both processes */
+}
+
+/* Async, two workers a trainer: both trainers trained (the audit names
+ * workers of both processes). */
+static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **state)
+{
+    (void)state;
+    const char *model = "tt";
+    kill_run_t kr;
+    two_trainers_kill_one(model, "tt1", 2, "async", "", &kr);
     size_t cap = 4u << 20;
     char *audit = malloc(cap), who[32];
     assert_non_null(audit);
     assert_int_equal(
         harness_redis_query(&redis, audit, cap, "XRANGE freshet:{%s}:audit - +", model), 0);
-    snprintf(who, sizeof(who), "/%d/", (int)a);
+    snprintf(who, sizeof(who), "/%d/", (int)kr.killed);
     if (strstr(audit, who) == NULL)
-        fail_msg("no audit entry of the killed trainer (pid %d)", (int)a);
-    snprintf(who, sizeof(who), "/%d/", (int)b);
+        fail_msg("no audit entry of the killed trainer (pid %d)", (int)kr.killed);
+    snprintf(who, sizeof(who), "/%d/", (int)kr.survivor);
     if (strstr(audit, who) == NULL)
-        fail_msg("no audit entry of the surviving trainer (pid %d)", (int)b);
+        fail_msg("no audit entry of the surviving trainer (pid %d)", (int)kr.survivor);
     free(audit);
 }
 
 /*
- * The same in sync mode: two freshet train processes of one worker each
- * and freshet ps; one trainer is killed with SIGKILL while the other waits
- * for a round the dead one will never join. The round closes without it
- * (round_timeout, or its departure after member_timeout), the survivor
- * goes on and takes over the dead one's partitions, and every position
- * of every partition ends marked exactly once.
+ * Sync, one worker a trainer: the trainer is killed while the other one
+ * waits for a round the dead one will never join. The round closes
+ * without it (round_timeout, or its departure after member_timeout) and
+ * the survivor goes on.
  */
 static void test_sync_trainers_survive_a_kill(void **state)
 {
     (void)state;
-    enum { NPARTS = 4, PER = 300, N = NPARTS * PER };
-    const char *model = "tk", *topic = "tk1";
-    char conf[300], log_ps[300], log_a[300], log_b[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log_ps, sizeof(log_ps), "%s/%s-ps.log", tmp_dir, model);
-    snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
-    snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
-    write_config_extra(conf, model, topic, 1, "sync", "", 1, "",
-                       "member_timeout = 3\nround_timeout = 2\n");
-    pid_t ps = spawn_role("ps", conf, log_ps);
-    pid_t a = spawn_role("train", conf, log_a);
-    pid_t b = spawn_role("train", conf, log_b);
-    int waited = 0;
-    while (waited < WAIT_MS && !(harness_file_contains(log_a, "starts at") &&
-                                 harness_file_contains(log_b, "starts at"))) {
-        harness_sleep_ms(100);
-        waited += 100;
-    }
-    if (waited >= WAIT_MS)
-        fail_msg("the two trainers did not both get partitions (%s, %s)", log_a, log_b);
-    harness_sleep_ms(7000); /* the group's rebalance after the second join is over */
-    produce_from(topic, NPARTS, 0, N / 2);
-    wait_watermarks(model, topic, NPARTS, N / 2, log_b);
-    char out[64];
-    assert_int_equal(
-        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:rounds 0", model), 0);
-    int64_t rounds_at_kill = strtoll(out, NULL, 10);
-    assert_int_equal(kill(a, SIGKILL), 0);
-    assert_true(harness_wait(a, 5000) != -1);
-    produce_from(topic, NPARTS, N / 2, N / 2);
-    wait_watermarks(model, topic, NPARTS, N, log_b);
-    stop_run(b, log_b);
-    stop_run(ps, log_ps);
-    assert_int_equal(
-        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:rounds 0", model), 0);
-    int64_t rounds = strtoll(out, NULL, 10);
+    const char *model = "tk";
+    kill_run_t kr;
+    two_trainers_kill_one(model, "tk1", 1, "sync", "member_timeout = 3\nround_timeout = 2\n", &kr);
+    int64_t rounds = rounds_of(model);
     fr_log(FR_LOG_INFO, "sync trainers: %lld rounds before the kill, %lld in all",
-           (long long)rounds_at_kill, (long long)rounds);
-    assert_true(rounds_at_kill >= 1);
-    assert_true(rounds > rounds_at_kill);
+           (long long)kr.rounds_at_kill, (long long)rounds);
+    assert_true(kr.rounds_at_kill >= 1);
+    assert_true(rounds > kr.rounds_at_kill);
     /* the survivor's first round after the kill waited for the dead one */
-    if (!harness_file_contains(log_ps, "closed after 2000 ms with 1 of 2 members"))
-        fail_msg("no round closed at round_timeout without the killed trainer (see %s)", log_ps);
-    static int seen[PER];
-    for (int p = 0; p < NPARTS; p++) {
-        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
-        for (int pos = 0; pos < PER; pos++)
-            if (seen[pos] != 1)
-                fail_msg("%s/%d position %d marked %d times", topic, p, pos, seen[pos]);
-    }
+    if (!harness_file_contains(kr.log_ps, "closed after 2000 ms with 1 of 2 members"))
+        fail_msg("no round closed at round_timeout without the killed trainer (see %s)", kr.log_ps);
 }
 
 /* The calls of Redis command cmd since the last CONFIG RESETSTAT. */
@@ -707,11 +694,7 @@ static void test_train_and_ps_learn_in_sync_mode_without_polling(void **state)
     int64_t hget = redis_calls("hget"), xread = redis_calls("xread");
     int64_t version = 0;
     double loss = store_loss(model, N, &version);
-    char rounds_s[64];
-    assert_int_equal(harness_redis_query(&redis, rounds_s, sizeof(rounds_s),
-                                         "HGET freshet:{%s}:rounds 0", model),
-                     0);
-    int64_t rounds = strtoll(rounds_s, NULL, 10);
+    int64_t rounds = rounds_of(model);
     fr_log(FR_LOG_INFO,
            "train + ps, sync: mse %.6f after %lld versions, %lld rounds in %.1f s; %lld HGET and "
            "%lld XREAD calls in all",
