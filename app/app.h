@@ -8,6 +8,7 @@
 #ifndef FRESHET_APP_H
 #define FRESHET_APP_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -28,6 +29,11 @@ int app_cmd_ps(int argc, char **argv);      /* svc_ps.c */
 int app_cmd_broker(int argc, char **argv);  /* svc_broker.c */
 int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
 
+/* The service roles' stop: set by SIGINT and SIGTERM once
+ * app_stop_on_signals installed the handlers (svc_ps.c); ignore_sigpipe
+ * also makes a peer's hang-up an error return instead of a signal. */
+extern volatile sig_atomic_t app_stop;
+void app_stop_on_signals(int ignore_sigpipe);
 /* Loads "--config F" and "--set S.K=V" options into cfg, then the
  * environment. Returns 0, -1 after printing --help, or an exit status. */
 int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv,

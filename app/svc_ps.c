@@ -16,12 +16,21 @@
 
 #define CMD "ps"
 
-static volatile int stop_flag;
+volatile sig_atomic_t app_stop;
 
-static void on_signal(int sig)
+static void on_stop_signal(int sig)
 {
     (void)sig;
-    stop_flag = 1;
+    app_stop = 1;
+}
+
+void app_stop_on_signals(int ignore_sigpipe)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (ignore_sigpipe)
+        signal(SIGPIPE, SIG_IGN); /* a client that hangs up is an error return, not a signal */
 }
 
 static void ps_usage(FILE *out)
@@ -214,13 +223,11 @@ int app_cmd_ps(int argc, char **argv)
         rc = APP_EXIT_USAGE;
         goto out;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    app_stop_on_signals(0);
     fr_log(FR_LOG_INFO, "ps: applier of model '%s'", conf.model); /* the URL may hold a password */
     uint64_t last = fr_clock_mono_ns();
     psstore_applier_stats_t prev = {0};
-    while (!stop_flag) {
+    while (!app_stop) {
         fr_err_t err = psstore_applier_poll(a, 200);
         if (err != FR_OK) {
             fr_log(FR_LOG_WARN, "ps: %s", psstore_applier_error(a));
@@ -246,7 +253,7 @@ int app_cmd_ps(int argc, char **argv)
         }
     }
     fr_log(FR_LOG_INFO, "ps: stopping");
-    psstore_applier_run(a, &stop_flag); /* commits and releases the lease */
+    psstore_applier_run(a, &app_stop); /* commits and releases the lease */
 out:
     psstore_applier_destroy(a);
     fr_metrics_destroy(metrics);

@@ -15,7 +15,6 @@
  */
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,14 +29,6 @@
 #define TICK_MS       200           /* the main loop's pace        */
 #define MAX_PROPS     256
 #define STORE_WAIT_MS 2000
-
-static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
 
 static void usage_common(FILE *out, const char *cmd, const char *what)
 {
@@ -406,21 +397,18 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     }
     store =
         psstore_conn_new(fr_config_get(cfg, "redis", "url"), STORE_WAIT_MS, errstr, sizeof(errstr));
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN); /* a client that hangs up is an error return, not a signal */
+    app_stop_on_signals(1);
     if (at.a != NULL)
         at.running = pthread_create(&at.tid, NULL, applier_main, &at) == 0;
     if (http != NULL && serve_start(http, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-        stop_flag = 1;
+        app_stop = 1;
         rc = APP_EXIT_FAILURE;
     }
     if ((at.a != NULL && !at.running) || ingest_consumer_start(src) != FR_OK ||
         trainer_pool_start(pool) != FR_OK) {
         fprintf(stderr, "freshet %s: could not start\n", cmd);
-        stop_flag = 1;
+        app_stop = 1;
         rc = APP_EXIT_FAILURE;
     }
     fr_log(FR_LOG_INFO, "%s: model %s, mode %s, %lld worker(s), topic %s", cmd,
@@ -429,7 +417,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
            fr_config_get(cfg, "ingest", "topic"));
     trainer_pool_stats_t prev = {0};
     uint64_t last = fr_clock_mono_ns();
-    while (!stop_flag) {
+    while (!app_stop) {
         struct timespec ts = {0, TICK_MS * 1000000L};
         nanosleep(&ts, NULL);
         holdout_tick(cmd, &h, store, fr_config_get(cfg, "model", "name"), m.nparams);

@@ -4,7 +4,6 @@
  * its stats, /metrics, health, replay and rollback requests. Stateless:
  * run as many as readers need; each follows the store by itself.
  */
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -13,14 +12,6 @@
 #include "serve/serve.h"
 
 #define CMD "serve"
-
-static volatile int stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
 
 static void serve_usage(FILE *out)
 {
@@ -96,16 +87,13 @@ int app_cmd_serve(int argc, char **argv)
         rc = APP_EXIT_USAGE;
         goto out;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    app_stop_on_signals(1);
     if (serve_start(s, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
         rc = APP_EXIT_FAILURE;
         goto out;
     }
-    while (!stop_flag) {
+    while (!app_stop) {
         struct timespec ts = {0, 50000000L};
         nanosleep(&ts, NULL);
     }
