@@ -50,8 +50,8 @@ int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metr
 int app_cmd_run(int argc, char **argv);   /* svc_run.c */
 int app_cmd_train(int argc, char **argv); /* svc_run.c */
 /* Executes the requests waiting for model name with an applier that only
- * executes requests, when no applier holds the lease (DESIGN.md: the CLI
- * takes the lease itself); FR_OK at once while one does (svc_model.c). */
+ * executes requests, when no applier holds the lease (docs/design.md "One writer and fencing": the
+ * CLI takes the lease itself); FR_OK at once while one does (svc_model.c). */
 fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url,
                               const char *name);
 int app_cmd_replay(int argc, char **argv); /* svc_replay.c */

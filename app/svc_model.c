@@ -1,6 +1,6 @@
 /*
  * svc_model.c - "freshet model create|show|list|delete": a model's lifecycle
- * in the Redis parameter store (DESIGN.md "Redis layout").
+ * in the Redis parameter store (docs/design.md "Redis layout").
  *
  * Exit statuses as for every command: 0 done; 2 bad arguments, a bad name
  * or URL, an unreachable Redis, a model that exists (create) or does not
@@ -476,9 +476,9 @@ static int cmd_list(int argc, char **argv)
 }
 
 /*
- * Has the model's running applier delete it (DESIGN.md: only the lease
- * holder writes a model): appends a delete request and waits for the
- * applier to execute it. Returns the exit status.
+ * Has the model's running applier delete it (docs/design.md "One writer and fencing": only the
+ * lease holder writes a model): appends a delete request and waits for the applier to execute it.
+ * Returns the exit status.
  */
 static int delete_by_applier(const char *cmd, psstore_conn_t *c, const char *name)
 {

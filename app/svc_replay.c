@@ -1,7 +1,7 @@
 /*
  * svc_replay.c - "freshet replay": an operator's rewind of a model's Kafka
  * offsets with the verbs of kafka-consumer-groups --reset-offsets
- * (DESIGN.md "Replay").
+ * (docs/design.md "Replay").
  *
  * A dry run (the default) prints the plan per partition and changes
  * nothing: the store's watermark and, when Kafka is reachable (--config

@@ -2,7 +2,7 @@
  * svc_run.c - the trainer roles: "freshet train" (the Kafka consumer and
  * the workers: run several, on any machines, in one consumer group) and
  * "freshet run" (the same plus the applier, in one process: the
- * single-machine default). DESIGN.md "Data flow", "Training modes".
+ * single-machine default). docs/design.md "Data flow", "Training modes".
  *
  * This release runs modes async and adaptive (the worker never waits);
  * the synchronous modes refuse to start with a clear error.
@@ -339,7 +339,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     int64_t workers = fr_config_get_int(cfg, "trainer", "workers");
     int64_t max_pending = fr_config_get_int(cfg, "psstore", "max_pending");
     if (psstore_mode_rounds(pmode) && max_pending < 2 * workers) {
-        /* DESIGN.md: a round holds its entries in the stream until it
+        /* docs/design.md "Training modes": a round holds its entries in the stream until it
          * closes, so a smaller bound deadlocks on the round's own pushes */
         rc = app_usage_error(cmd,
                              "[psstore] max_pending (%lld) must be at least twice [trainer] "
@@ -377,7 +377,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
         psstore_applier_set_local(at.a, local);
     }
     if (with_applier && fr_config_get(cfg, "serve", "listen")[0] != '\0') {
-        /* DESIGN.md: freshet run is ingest + trainers + applier + serve */
+        /* docs/design.md "Data flow": freshet run is ingest + trainers + applier + serve */
         serve_conf_t sconf;
         if ((rc = app_serve_conf(cmd, cfg, metrics, &sconf)) != 0)
             goto out;

@@ -100,7 +100,7 @@ void fr_clock_deadline(struct timespec *ts, int ms);
  * Memory.
  * ---------------------------------------------------------------------- */
 /* Writes every 4 KiB page of p[0..bytes) once, keeping its contents, so
- * that a hot path never pays the first touch of fresh memory (DESIGN.md
+ * that a hot path never pays the first touch of fresh memory (docs/design.md
  * "Performance model": ~11 us a page on these machines). malloc followed by
  * memset may become calloc and touch nothing; this always touches. */
 void fr_mem_touch(void *p, size_t bytes);
@@ -137,7 +137,7 @@ fr_err_t fr_layers_parse(const char *list, int *dims, int *ndims, char *errstr, 
 /* ------------------------------------------------------------------------
  * Configuration: one INI file, then "--set section.key=value" overrides,
  * then FRESHET_* environment variables for secrets. Every key of
- * DESIGN.md's "Configuration" is known with a type and a default; an unknown
+ * docs/operations.md "Configuration" is known with a type and a default; an unknown
  * key or a bad value is an error naming the file, the line and the key.
  * [kafka] accepts any key and keeps it verbatim, in file order.
  *

@@ -63,7 +63,7 @@ typedef struct conf_key {
 static int check_model_name(const char *value);
 static int check_layers(const char *value);
 
-/* The schema: every key of DESIGN.md's "Configuration" except [kafka], whose
+/* The schema: every key of docs/operations.md "Configuration" except [kafka], whose
  * keys are librdkafka's and pass verbatim. Adding a key is one entry here;
  * the example file, validation and getters follow from it. */
 static const conf_key_t schema[] = {

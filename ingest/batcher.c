@@ -1,7 +1,7 @@
 /*
  * batcher.c - records of any number of partitions in, batches of at most B
- * samples out, each carrying the position intervals it covers (DESIGN.md
- * "Offsets: exactly-once effect on the model", "Positions, not records").
+ * samples out, each carrying the position intervals it covers (docs/design.md
+ * "Offsets", "Positions, not records").
  *
  * Per partition the batcher keeps `next` (the position after the
  * partition's previous batch coverage, or the seek target), `end` (the

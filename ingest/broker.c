@@ -5,7 +5,7 @@
  * ports; it only needs an rd_kafka_t handle to log through, so we make an
  * idle producer handle that never connects anywhere. The limits of the mock
  * (memory only, 5 MiB a partition, no timestamp lookup, ...) are listed in
- * DESIGN.md "The dev broker's limits" and in `freshet broker --help`.
+ * docs/operations.md "The dev broker's limits" and in `freshet broker --help`.
  *
  * Threads: a broker belongs to one thread (the one that created it); the
  * mock cluster's own thread serves the clients.

@@ -1,7 +1,7 @@
 /*
  * consumer.c - the Kafka consumer: a consumer-group member that decodes
  * records into batches and queues them toward the trainers, starting every
- * assigned partition at the store's watermark (DESIGN.md "Data flow",
+ * assigned partition at the store's watermark (docs/design.md "Data flow",
  * "Offsets: exactly-once effect on the model").
  *
  * One poll thread per consumer does everything that touches librdkafka's
@@ -723,7 +723,7 @@ static void replay_read(ingest_consumer_t *c)
 
 /*
  * Resolves the published replay for one partition whose store generation
- * is older (rule: the owner resolves, DESIGN.md "Replay"): FR_OK with
+ * is older (rule: the owner resolves, docs/design.md "Replay"): FR_OK with
  * *target, or *target = -1 when the replay does not move this partition.
  * FR_ERR_KAFKA when Kafka did not answer (tried again at the next tick).
  */

@@ -106,7 +106,7 @@ size_t ingest_encode(ingest_format_t format, const float *x, int features, float
 /* ------------------------------------------------------------------------
  * Batching (batcher.c): records of any number of partitions in, batches of
  * at most B samples out, each carrying per partition the half-open
- * position intervals it covers (DESIGN.md "Positions, not records"):
+ * position intervals it covers (docs/design.md "Positions, not records"):
  * from the position after that partition's previous batch (or the seek
  * target) to the position after its last record, minus the intervals
  * skipped by rule 2. Offset holes and rejected records are covered by the
@@ -198,7 +198,7 @@ fr_err_t ingest_batcher_position(const ingest_batcher_t *bt, const char *topic, 
  * Replay requests (replayspec.c): an operator's rewind with the verbs of
  * kafka-consumer-groups --reset-offsets, kept symbolically in the store
  * (psstore_request_replay) and resolved per partition against Kafka by
- * the consumer that owns it (DESIGN.md "Replay"). Pure: no Kafka, no Redis.
+ * the consumer that owns it (docs/design.md "Replay"). Pure: no Kafka, no Redis.
  * ---------------------------------------------------------------------- */
 typedef enum ingest_replay_kind {
     INGEST_REPLAY_EARLIEST = 0, /* the log start                                   */
@@ -296,7 +296,7 @@ const char *ingest_producer_error(const ingest_producer_t *p);
  * The Kafka consumer (consumer.c): a consumer-group member that decodes
  * records into batches (above) and hands them to the trainers through a
  * bounded queue, starting each assigned partition where the store says
- * (DESIGN.md "Offsets: exactly-once effect on the model").
+ * (docs/design.md "Offsets").
  *
  * Threads: ingest_consumer_start runs one poll thread per consumer. The
  * rebalance callback runs inside rd_kafka_consumer_poll (and

@@ -1,7 +1,7 @@
 /*
  * replayspec.c - replay requests: the verbs of kafka-consumer-groups
  * --reset-offsets turned into a symbolic request, the text form the store
- * keeps and back, and the questions a plan asks of a request (DESIGN.md
+ * keeps and back, and the questions a plan asks of a request (docs/design.md
  * "Replay"). Pure: libc only; no Kafka, no Redis, and no process time zone
  * (dates are converted with our own civil-calendar arithmetic).
  *

@@ -1,7 +1,7 @@
 /*
  * resolver.c - replay resolution against Kafka: the log bounds of a
  * partition, the partitions of a topic, and the offset a replay request
- * means for one partition (DESIGN.md "Replay").
+ * means for one partition (docs/design.md "Replay").
  *
  * A resolver owns one librdkafka consumer handle that belongs to no group:
  * it never subscribes, never assigns, never commits. librdkafka 2.0 refuses

@@ -1,5 +1,5 @@
 /*
- * applier.c - the single writer of a model (DESIGN.md "One writer").
+ * applier.c - the single writer of a model (docs/design.md "One writer and fencing").
  *
  * The applier holds the lease (SET NX PX, renewed by every commit and by a
  * compare-and-expire script when idle), reads gradients from the grads
@@ -79,7 +79,7 @@ typedef struct held {
     size_t cap_topics;
 } held_t;
 
-/* The open round of one group (DESIGN.md "Training modes"). */
+/* The open round of one group (docs/design.md "Training modes"). */
 typedef struct round {
     int open;
     int64_t version;       /* the store's version when it opened          */
@@ -1447,7 +1447,7 @@ static void version_entry(psstore_applier_t *a, const psstore_grad_t *g,
         buf_kv(&a->versions, "ts", "%lld:%lld", (long long)g->ts_min_ms, (long long)g->ts_max_ms);
 }
 
-/* ---- membership and rounds (DESIGN.md "Training modes") ------------------------------ */
+/* ---- membership and rounds (docs/design.md "Training modes") ------------------------------ */
 
 static int member_live(const psstore_applier_t *a, const seen_t *s, uint64_t now)
 {
@@ -1874,7 +1874,7 @@ static fr_err_t decide_mark(psstore_applier_t *a, const psstore_grad_t *g, const
 
 /*
  * Decides and applies one decoded gradient in memory. The order is
- * DESIGN.md's: epoch, rule 1 (duplicates mark nothing), then the
+ * docs/design.md "Offsets": epoch, rule 1 (duplicates mark nothing), then the
  * controller; a gradient the controller drops still marks its positions
  * (its samples were seen and dropped by a named rule).
  */

@@ -1,7 +1,7 @@
 /*
  * client.c - the trainer-facing client of one worker thread: pull the
  * weights when (epoch, version) moved, push gradients into the grads
- * stream with backpressure (DESIGN.md "Redis layout").
+ * stream with backpressure (docs/design.md "Redis layout").
  *
  * A client owns one connection and belongs to one thread. Errors are
  * returned as fr_err_t with the reason in psstore_client_error(); nothing
@@ -432,7 +432,7 @@ const char *psstore_client_last_id(const psstore_client_t *cl)
 }
 
 /* ------------------------------------------------------------------------
- * Membership (DESIGN.md "Membership")
+ * Membership (docs/design.md "Membership")
  * ---------------------------------------------------------------------- */
 fr_err_t psstore_member_beat(psstore_client_t *cl, const psstore_member_t *m)
 {

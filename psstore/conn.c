@@ -1,7 +1,7 @@
 /*
  * conn.c - the parameter store's connection to Redis: URL parsing, connect
  * with AUTH and SELECT, commands with reconnection and backoff, pipelines,
- * the eviction-policy check of DESIGN.md "Resources".
+ * the eviction-policy check of docs/design.md "Failure model".
  *
  * Every error message names the endpoint ("redis 127.0.0.1:6390: Connection
  * refused") and never the password: nothing here prints a URL, only the
@@ -640,7 +640,7 @@ fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size)
 }
 
 /*
- * DESIGN.md "Resources": losing the offsets hash to eviction would re-apply
+ * docs/design.md "Failure model": losing the offsets hash to eviction would re-apply
  * a whole topic, so only noeviction is accepted (the volatile-* policies
  * evict too, starting with the lease). Where CONFIG is refused (disabled,
  * renamed, or not permitted to this ACL user) the policy cannot be known:

@@ -1,6 +1,6 @@
 /*
- * controller.c - the staleness-aware update controller of DESIGN.md
- * ("Staleness and the controller"): non-finite rejection, clipping by global
+ * controller.c - the staleness-aware update controller of docs/design.md
+ * "Staleness and the controller": non-finite rejection, clipping by global
  * L2 norm, the staleness bound, delay compensation (DC-ASGD, constant or
  * adaptive) and the learning-rate policies with linear warm-up.
  *
@@ -454,12 +454,11 @@ static void policy_decide(const psstore_ctl_t *ctl, int64_t version_now, int npu
 }
 
 /*
- * Steps 1-5 for g[n] (n of the controller) in DESIGN.md's order. g is left
- * untouched when it is non-finite; it is clipped (and maybe compensated)
- * in place otherwise, also when it is then dropped for staleness. w_now may
- * be NULL when compensation is off. Fills *d (norm is NaN or +Inf for a
- * non-finite gradient; n_eff, scale, lr_eff are 0 on a drop) and returns its
- * outcome. Cannot fail.
+ * Steps 1-5 for g[n] (n of the controller) in the order of docs/design.md "Staleness and the
+ * controller". g is left untouched when it is non-finite; it is clipped (and maybe compensated) in
+ * place otherwise, also when it is then dropped for staleness. w_now may be NULL when compensation
+ * is off. Fills *d (norm is NaN or +Inf for a non-finite gradient; n_eff, scale, lr_eff are 0 on a
+ * drop) and returns its outcome. Cannot fail.
  */
 psstore_outcome_t psstore_ctl_prepare(psstore_ctl_t *ctl, float *g, int64_t version_now,
                                       int64_t version_read, const float *w_now, int npushers,

@@ -1,5 +1,5 @@
 /*
- * keys.c - the key layout of DESIGN.md "Redis layout": every key of model m
+ * keys.c - the key layout of docs/design.md "Redis layout": every key of model m
  * is "freshet:{m}:<suffix>", so that the hash tag {m} keeps all of them on
  * one Redis Cluster slot and one MULTI/EXEC can cover them.
  *

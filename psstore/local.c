@@ -1,5 +1,5 @@
 /*
- * local.c - the co-located fast path (DESIGN.md "Performance model"): when
+ * local.c - the co-located fast path (docs/design.md "The co-located fast path"): when
  * the applier runs in the same process as the workers (freshet run),
  * gradients and weights pass in memory instead of through Redis.
  *

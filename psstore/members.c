@@ -1,5 +1,5 @@
 /*
- * members.c - training modes and membership (DESIGN.md "Training modes",
+ * members.c - training modes and membership (docs/design.md "Training modes",
  * "Membership"): the mode names, and the text of one worker's entry in
  * freshet:{m}:members.
  *

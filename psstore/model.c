@@ -1,5 +1,5 @@
 /*
- * model.c - a model's lifecycle in Redis (DESIGN.md "Redis layout"):
+ * model.c - a model's lifecycle in Redis (docs/design.md "Redis layout"):
  * create, info, list, delete, a consistent read of the weights, and the
  * store's offsets of one partition for ingest.
  *
@@ -509,7 +509,7 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
 /*
  * Deletes every key of the model in one transaction, as create replaces
  * one: FR_ERR_NOTFOUND without meta, FR_ERR_STATE while an applier holds
- * the lease (DESIGN.md: only the lease holder writes the model).
+ * the lease (docs/design.md "One writer and fencing": only the lease holder writes the model).
  */
 fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name)
 {

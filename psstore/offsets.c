@@ -1,5 +1,5 @@
 /*
- * offsets.c - the interval arithmetic of DESIGN.md "Offsets": per partition
+ * offsets.c - the interval arithmetic of docs/design.md "Offsets": per partition
  * a watermark (every position below it applied or dropped) and the applied
  * half-open spans [from, to) above it, kept sorted, disjoint, non-adjacent
  * and strictly above the watermark. Pure functions over one

@@ -2,7 +2,7 @@
  * psstore.h - the one public header of the parameter store.
  *
  * This release holds the update math: optimizers and the staleness-aware
- * controller of DESIGN.md ("Staleness and the controller"). They are pure
+ * controller of docs/design.md "Staleness and the controller". They are pure
  * functions over float arrays and need no Redis. The Redis-backed store
  * (pull, push, applier, offsets, snapshots) joins this header later.
  *
@@ -47,7 +47,8 @@ void psstore_optim_step(psstore_optim_t optim, float *w, float *state, const flo
 
 /* ------------------------------------------------------------------------
  * The controller: turns one gradient computed on version v into an update
- * of the weights at version V (staleness tau = V - v), in DESIGN.md's order:
+ * of the weights at version V (staleness tau = V - v), in the order of docs/design.md "Staleness
+ * and the controller":
  *   1. reject non-finite gradients;
  *   2. clip by global L2 norm (clip_norm > 0);
  *   3. drop when tau > max_staleness (max_staleness > 0);
@@ -82,7 +83,7 @@ typedef struct psstore_ctl_conf {
     double momentum; /* mu of PSSTORE_OPTIM_MOMENTUM                    */
 } psstore_ctl_conf_t;
 
-/* The defaults of DESIGN.md: lr 0.05, constant, no warm-up, unbounded
+/* The defaults (docs/operations.md "Configuration"): lr 0.05, constant, no warm-up, unbounded
  * staleness, no clipping, no compensation (ring 8, m 0.95), sgd, mu 0.9. */
 void psstore_ctl_conf_init(psstore_ctl_conf_t *conf);
 
@@ -154,7 +155,7 @@ typedef struct psstore_ctl_stats {
 void psstore_ctl_stats(const psstore_ctl_t *ctl, psstore_ctl_stats_t *stats);
 
 /* ========================================================================
- * The Redis-backed store (DESIGN.md "Redis layout"). Everything below
+ * The Redis-backed store (docs/design.md "Redis layout"). Everything below
  * needs hiredis and is left out of FRESHET_CORE_ONLY builds, except the
  * offset interval arithmetic, which is pure.
  * ====================================================================== */
@@ -329,7 +330,7 @@ typedef struct psstore_grad {
 typedef struct psstore_client psstore_client_t;
 
 /* A client of model name with nparams parameters; max_pending bounds the
- * gradients waiting in the stream (DESIGN.md backpressure). NULL with
+ * gradients waiting in the stream (docs/design.md "Staleness and the controller"). NULL with
  * errstr when Redis is unreachable or the model does not exist or has
  * another size. Caller frees with psstore_client_destroy(). */
 psstore_client_t *psstore_client_new(const char *url, const char *model, size_t nparams,
@@ -360,7 +361,7 @@ fr_err_t psstore_grad_waiting(psstore_conn_t *c, const char *model, const char *
 uint64_t psstore_client_bytes(const psstore_client_t *cl);
 
 /* ------------------------------------------------------------------------
- * Training modes and membership (DESIGN.md "Training modes"). Workers
+ * Training modes and membership (docs/design.md "Training modes"). Workers
  * heartbeat into freshet:{m}:members; in the round modes (sync, backup,
  * groups) the applier counts each group's closed rounds in
  * freshet:{m}:rounds, which workers wait on.
@@ -408,7 +409,7 @@ fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int 
                             int64_t *now);
 
 /* ------------------------------------------------------------------------
- * The co-located fast path (DESIGN.md "Performance model"): in freshet run
+ * The co-located fast path (docs/design.md "The co-located fast path"): in freshet run
  * the workers and the applier share a process, and gradients and weights
  * pass in memory. The channel is open while the applier attached to it
  * (psstore_applier_set_local) holds the lease; workers use the Redis path
@@ -457,13 +458,13 @@ typedef struct psstore_rewind {
     int64_t target; /* the new watermark */
 } psstore_rewind_t;
 
-/* Appends the rewrite of a replay (DESIGN.md "Replay"): for each target the
+/* Appends the rewrite of a replay (docs/design.md "Replay"): for each target the
  * applier sets the watermark, clears every applied interval and records
  * generation, so gradients of an older generation for those partitions are
  * dropped (reason "replay") and mark nothing. */
 fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t generation,
                                 const psstore_rewind_t *targets, size_t ntargets, char *id);
-/* An operator's replay (DESIGN.md "Replay"), kept symbolically: spec is
+/* An operator's replay (docs/design.md "Replay"), kept symbolically: spec is
  * ingest's text form of the request (ingest_replay_format), opaque here, of
  * fewer than PSSTORE_REPLAY_SPEC_MAX bytes. The applier publishes it in the
  * model's meta under the next replay generation; the consumers owning the
@@ -589,7 +590,7 @@ fr_err_t psstore_versions_wait(psstore_conn_t *c, const char *const *models, siz
                                char (*ids)[PSSTORE_STREAM_ID_MAX], int block_ms, int *moved);
 
 /* ------------------------------------------------------------------------
- * The applier: the single writer of a model (DESIGN.md "One writer").
+ * The applier: the single writer of a model (docs/design.md "One writer and fencing").
  * Belongs to one thread; psstore_applier_stats may be called from others.
  * ---------------------------------------------------------------------- */
 typedef struct psstore_applier_conf {
@@ -614,7 +615,7 @@ typedef struct psstore_applier_conf {
     fr_metrics_t *metrics;     /* where to export metrics; may be NULL      */
 } psstore_applier_conf_t;
 
-/* DESIGN.md's defaults ([psstore] and [controller]). */
+/* The defaults of [psstore] and [controller] (docs/operations.md "Configuration"). */
 void psstore_applier_conf_init(psstore_applier_conf_t *conf);
 
 typedef struct psstore_applier psstore_applier_t;

@@ -429,7 +429,7 @@ static void stats_series(sv_buf_t *b, const psstore_version_entry_t *ver, size_t
     sv_puts(b, "]");
 }
 
-/* Builds the stats JSON of m (DESIGN.md's /stats; the README lists its
+/* Builds the stats JSON of m (docs/http.md "Stats"; the README lists its
  * fields). */
 static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, stats_scratch_t *x)
 {

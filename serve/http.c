@@ -1,7 +1,7 @@
 /*
  * http.c - the libevent loop of serve: routes, the weights with ETag and
  * long-poll, health, metrics, the dashboard, and the replay and rollback
- * requests (DESIGN.md "Snapshots and publishing").
+ * requests (docs/design.md "Snapshots and publishing").
  *
  * Every read is answered from what the follower published (shared,
  * encoded once): a request costs no Redis read and no copy of the weights

@@ -1,5 +1,5 @@
 /*
- * serve.h - the one public header of the HTTP service (DESIGN.md
+ * serve.h - the one public header of the HTTP service (docs/design.md
  * "Snapshots and publishing"): model metadata in the Open Inference
  * Protocol shape, the latest weights (safetensors, raw float32, JSON) with
  * ETag and long-poll, retained snapshots, the dashboard and its stats,

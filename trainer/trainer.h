@@ -4,7 +4,7 @@
  * (safetensors), the compute backends and a double-precision reference
  * implementation used to check them.
  *
- * Parameter layout (DESIGN.md "Model and backends"): one contiguous float32
+ * Parameter layout (docs/design.md "Model and backends"): one contiguous float32
  * vector; for each layer l = 0..nlayers-1, W_l row-major [dims[l+1] x
  * dims[l]] then b_l [dims[l+1]]. ReLU between layers, none after the last.
  *
@@ -124,7 +124,7 @@ fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, doub
  * builds): W threads, each with its own backend and store client, that
  * take batches from a consumer, pull the weights when the store moved,
  * compute the gradient and push it with the version read and the batch's
- * positions (DESIGN.md "Data flow"). Every worker heartbeats into the
+ * positions (docs/design.md "Data flow"). Every worker heartbeats into the
  * members hash. Modes async and adaptive: a worker never waits for
  * another; sync, backup, groups: after a push it waits until its group's
  * round closes; ssp: it does not start a step while its clock is more than

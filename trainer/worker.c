@@ -1,5 +1,5 @@
 /*
- * worker.c - the trainers' worker loop (DESIGN.md "Data flow"): W threads,
+ * worker.c - the trainers' worker loop (docs/design.md "Data flow"): W threads,
  * each with its own backend, store client and buffers, allocated once.
  * A worker takes a batch from the consumer's queue, pulls the weights when
  * the store holds another (epoch, version) than its local copy (one round
@@ -9,7 +9,7 @@
  * consumer with the stream id of the push (rule 3 needs to know what is
  * outstanding). An n = 0 batch is pushed as positions only.
  *
- * Membership (DESIGN.md "Training modes"): each worker heartbeats once a
+ * Membership (docs/design.md "Training modes"): each worker heartbeats once a
  * second into the members hash (backend, group, SSP clock, idle flag) and
  * leaves it on a clean stop. Modes async and adaptive need nothing more of
  * a worker. In sync, backup and groups a worker reads its group's round
@@ -119,7 +119,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
      * (reason "epoch") without marking its positions */
     int changed = 0;
     /* the in-process channel while this process's applier holds the lease
-     * (DESIGN.md "Performance model"), Redis otherwise */
+     * (docs/design.md "The co-located fast path"), Redis otherwise */
     int local = p->local != NULL &&
                 psstore_local_pull(p->local, wk->w, &wk->epoch, &wk->version, &changed) == FR_OK;
     if (!local &&

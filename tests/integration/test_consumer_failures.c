@@ -40,7 +40,7 @@
 /*
  * The oversize record. The issue asks for 10 MB, but the dev broker keeps
  * at most 5 MiB per partition and drops the oldest record sets beyond that
- * (DESIGN.md "The dev broker's limits"): a 10 MB record is accepted and
+ * (docs/operations.md "The dev broker's limits"): a 10 MB record is accepted and
  * vanishes at once. 4 MiB is the largest round size it keeps next to a few
  * small records, four times the consumer's 1 MiB csv limit.
  */

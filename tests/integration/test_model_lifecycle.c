@@ -1,6 +1,6 @@
 /*
  * test_model_lifecycle.c - a model's life in a real redis-server, through
- * the C API and through the freshet binary: the key layout of DESIGN.md
+ * the C API and through the freshet binary: the key layout of docs/design.md
  * "Redis layout" byte for byte, refusals (existing model, bad names, bad
  * URLs, an unreachable or evicting Redis), show/list/delete, AUTH, SELECT,
  * unix sockets, reconnection, offsets read from hand-written values, and a

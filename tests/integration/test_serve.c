@@ -1,6 +1,6 @@
 /*
  * test_serve.c - the HTTP service against a real redis-server and a real
- * applier, with curl as the client (DESIGN.md "Snapshots and publishing").
+ * applier, with curl as the client (docs/design.md "Snapshots and publishing").
  *
  * The test plays the trainers through the client API: each push is applied
  * by the applier thread, and serve (in this process, on a free port) must

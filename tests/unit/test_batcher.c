@@ -1,7 +1,7 @@
 /*
  * test_batcher.c - unit tests of the batcher (ingest/batcher.c): records
  * in, batches of at most B samples out, each covering position intervals
- * per partition (DESIGN.md "Positions, not records").
+ * per partition (docs/design.md "Positions, not records").
  *
  * Records are csv "label,offset,partition" lines (D = 2, real labels), so
  * every sample says which record it came from. Each record is passed from

@@ -1,6 +1,6 @@
 /*
  * test_offsets.c - unit tests of the offset interval arithmetic
- * (psstore_poff_*, DESIGN.md "Offsets"): marks in and out of order, merges,
+ * (psstore_poff_*, docs/design.md "Offsets"): marks in and out of order, merges,
  * the watermark's advance, every boundary of the overlap test, rewinds, the
  * text form, and a randomized comparison against a bitmap model.
  */

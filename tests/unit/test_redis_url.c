@@ -1,6 +1,6 @@
 /*
  * test_redis_url.c - unit tests of psstore_url_parse: the forms of
- * DESIGN.md's [redis] url, credentials with special characters, IPv6,
+ * [redis] url (docs/operations.md "Configuration"), credentials with special characters, IPv6,
  * unix sockets, the refusal of rediss://, and error messages that never
  * repeat a password.
  */

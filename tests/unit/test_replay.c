@@ -1,6 +1,6 @@
 /*
  * test_replay.c - unit tests of replay requests (ingest/replayspec.c,
- * DESIGN.md "Replay"): every verb and its errors, ISO 8601 dates with
+ * docs/design.md "Replay"): every verb and its errors, ISO 8601 dates with
  * zones and fractions against millisecond values computed independently
  * (Python's datetime), durations, the stored text and its round trip,
  * which partitions a request moves, the plan descriptions, and a parser
