@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The documents a clone needs are in the clone: no tracked file points
 # outside the repository (the brief the project started from is not part of
-# it), every `docs/NAME.md "Section"` a comment or page cites names a file
+# it), every docs/ citation (a file name and a quoted "Section") names a file
 # and a heading that exist, and every relative Markdown link resolves (file,
 # and #anchor where given). The checker is also run on a scratch repository
 # holding one bogus citation of each kind, which it must refuse.
@@ -119,12 +119,14 @@ mk good src/a.c '/* see docs/design.md "Data flow", "Redis layout" and\n * docs/
 expect 0 "valid citations" "$scratch/good"
 mk section src/a.c '/* see docs/design.md\n * "Offsets" */\n'
 expect 1 "a missing section" "$scratch/section" 'cites docs/design.md "Offsets", which has no such heading'
-mk file src/a.c '/* see docs/nowhere.md "Data flow" */\n'
-expect 1 "a missing document" "$scratch/file" "cites docs/nowhere.md, which does not exist"
+# (names that do not exist are spelled in pieces, so that this file cites none)
+nowhere="docs/nowhere"".md" ops="docs/ops"".md"
+mk file src/a.c "/* see $nowhere \"Data flow\" */\n"
+expect 1 "a missing document" "$scratch/file" "cites $nowhere, which does not exist"
 mk outside src/a.sh "# read ..\x2fshared/DESIGN\x2emd\n"
 expect 1 "a path outside the repository" "$scratch/outside" "points outside the repository"
-mk link README.md 'See [the design](docs/design.md#redis-layout) and [ops](docs/ops.md).\n'
-expect 1 "a dead link" "$scratch/link" "links to docs/ops.md, which does not exist"
+mk link README.md "See [the design](docs/design.md#redis-layout) and [ops]($ops).\n"
+expect 1 "a dead link" "$scratch/link" "links to $ops, which does not exist"
 mk anchor README.md 'See [the design](docs/design.md#no-such-part).\n'
 expect 1 "a dead anchor" "$scratch/anchor" "links to docs/design.md#no-such-part, which has no such heading"
 
