@@ -66,7 +66,7 @@ typedef struct worker {
 } worker_t;
 
 struct trainer_pool {
-    trainer_model_t m;
+    model_t m;
     ingest_consumer_t *source;
     worker_t *workers;
     int nworkers;
