@@ -202,6 +202,67 @@ typedef struct psstore_range {
 } psstore_range_t;
 
 /* ------------------------------------------------------------------------
+ * Replay requests (replayspec.c): an operator's rewind with the verbs of
+ * kafka-consumer-groups --reset-offsets, kept symbolically in the store
+ * (psstore_request_replay) and resolved per partition against Kafka by
+ * the consumer that owns it (ingest_resolver_target; docs/design.md
+ * "Replay"). Pure: no Kafka, no Redis.
+ * ---------------------------------------------------------------------- */
+#define PSSTORE_TOPIC_MAX 249 /* Kafka's longest topic name (INGEST_TOPIC_MAX) */
+
+typedef enum psstore_replay_kind {
+    PSSTORE_REPLAY_EARLIEST = 0, /* the log start                                   */
+    PSSTORE_REPLAY_LATEST = 1,   /* the log end                                     */
+    PSSTORE_REPLAY_OFFSET = 2,   /* the listed partitions to the listed offsets     */
+    PSSTORE_REPLAY_DATETIME = 3, /* the first record with timestamp >= at_ms        */
+    PSSTORE_REPLAY_SHIFT = 4,    /* the store's watermark + shift (may be negative) */
+} psstore_replay_kind_t;
+
+#define PSSTORE_REPLAY_MAX_PARTS 1024
+
+typedef struct psstore_replay {
+    psstore_replay_kind_t kind;
+    int64_t at_ms;                     /* DATETIME: unix milliseconds           */
+    int64_t shift;                     /* SHIFT                                  */
+    char topic[PSSTORE_TOPIC_MAX + 1]; /* "" = every topic of the model          */
+    size_t nparts;                     /* OFFSET: the listed partitions ...      */
+    struct {
+        int32_t partition;
+        int64_t offset;
+    } parts[PSSTORE_REPLAY_MAX_PARTS]; /* ... in the order given, each once      */
+} psstore_replay_t;
+
+/* Builds r from one command-line verb and its argument (topic left ""):
+ * "to-earliest" and "to-latest" (arg NULL), "to-offset" "P:O[,P:O...]",
+ * "to-datetime" ISO 8601 "YYYY-MM-DDTHH:MM:SS[.fff][Z|+HH:MM|-HH:MM]" (no
+ * zone: UTC), "by-duration" "PnDTnHnMnS" (any part may be absent, seconds
+ * may have a fraction; the target is now_ms minus the duration), "shift-by"
+ * N (a signed integer). FR_ERR_INVAL with errstr naming the verb and what is
+ * wrong. */
+fr_err_t psstore_replay_from_verb(psstore_replay_t *r, const char *verb, const char *arg,
+                                  int64_t now_ms, char *errstr, size_t size);
+/* The stored text: "earliest", "latest", "offset:P=O,P=O", "datetime:MS" or
+ * "shift:N", followed by " topic=T" when a topic is set. FR_ERR_RANGE when
+ * it does not fit in size bytes, FR_ERR_INVAL for a request the parser
+ * would refuse (times outside the years 0000-9999, a bad topic, an empty
+ * or repeated OFFSET list). */
+fr_err_t psstore_replay_format(const psstore_replay_t *r, char *buf, size_t size);
+/* Parses the stored text (len bytes, need not be NUL-terminated) back into
+ * r. FR_ERR_INVAL with errstr on anything psstore_replay_format would not
+ * write. */
+fr_err_t psstore_replay_parse(psstore_replay_t *r, const char *text, size_t len, char *errstr,
+                              size_t size);
+/* Nonzero when r moves the partition: its topic matches (or r names none)
+ * and, for OFFSET, the partition is listed (*offset then receives its
+ * offset; offset may be NULL). */
+int psstore_replay_applies(const psstore_replay_t *r, const char *topic, int32_t partition,
+                           int64_t *offset);
+/* A one-line description of the target for plans: "earliest", "latest",
+ * "offset 42", "first record at or after 2026-11-29T20:00:00.000Z" or
+ * "watermark - 100". */
+void psstore_replay_describe(const psstore_replay_t *r, int32_t partition, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------
  * Connection. A connection belongs to one thread.
  * ---------------------------------------------------------------------- */
 typedef struct psstore_url {
@@ -465,7 +526,7 @@ typedef struct psstore_rewind {
 fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t generation,
                                 const psstore_rewind_t *targets, size_t ntargets, char *id);
 /* An operator's replay (docs/design.md "Replay"), kept symbolically: spec is
- * ingest's text form of the request (ingest_replay_format), opaque here, of
+ * the text form of the request (psstore_replay_format), opaque to Redis, of
  * fewer than PSSTORE_REPLAY_SPEC_MAX bytes. The applier publishes it in the
  * model's meta under the next replay generation; the consumers owning the
  * partitions resolve it and append the rewrites (psstore_request_rewind). */
