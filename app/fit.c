@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "app/app.h"
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 #include "trainer/trainer.h"
 
 #define CMD "fit"

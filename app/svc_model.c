@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "app/app.h"
+#include "model/model.h"
 #include "psstore/psstore.h"
-#include "trainer/trainer.h"
 
 #define CMD "model"
 /* Connect and command timeout: an unreachable Redis never hangs a command. */

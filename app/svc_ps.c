@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "app/app.h"
+#include "model/model.h"
 #include "psstore/psstore.h"
-#include "trainer/trainer.h"
 
 #define CMD "ps"
 

@@ -23,6 +23,7 @@
 #include "app/app.h"
 #include "ingest/ingest.h"
 #include "psstore/psstore.h"
+#include "trainer/pool.h"
 #include "trainer/trainer.h"
 
 #define PROGRESS_NS   5000000000ull /* a progress line this often */

@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/trainer.h"
+#include "trainer/backend.h"
 
 #define GRAPH_MAX_BATCH  256
 #define CUBLAS_WORKSPACE (4u << 20)

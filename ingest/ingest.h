@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "psstore/psstore.h"
+#include "trainer/pool.h"
 #include "trainer/trainer.h"
 
 #define NEXT_WAIT_MS   200           /* one wait for a batch, then a look at stop */

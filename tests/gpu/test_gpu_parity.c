@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 #include "trainer/trainer.h"
 
 #define ATOL 1e-5

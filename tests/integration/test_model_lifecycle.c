@@ -29,8 +29,8 @@
 #include <hiredis/hiredis.h>
 
 #include "harness.h"
+#include "model/model.h"
 #include "psstore/psstore.h"
-#include "trainer/trainer.h"
 
 /* The shared server of most tests; each test uses its own model names. */
 static harness_redis_t R;
