@@ -66,17 +66,17 @@ int app_cmd_eval(int argc, char **argv)
     if (ingest_format_parse(format_name, &format) != FR_OK)
         return app_usage_error(CMD, "--format must be csv, libsvm, f32 or idx, got '%s'",
                                format_name);
-    trainer_loss_t hint;
-    if (loss_name != NULL && trainer_loss_parse(loss_name, &hint) != FR_OK)
+    model_loss_t hint;
+    if (loss_name != NULL && model_loss_parse(loss_name, &hint) != FR_OK)
         return app_usage_error(CMD, "--loss must be softmax, logistic or mse, got '%s'", loss_name);
 
     char errstr[512];
-    trainer_model_t m;
+    model_t m;
     float *w = NULL;
     ingest_dataset_t ds = {0};
     trainer_backend_t *b = NULL;
     int rc = 0;
-    if (trainer_model_load(weights, loss_name ? &hint : NULL, &m, &w, errstr, sizeof(errstr))) {
+    if (model_load(weights, loss_name ? &hint : NULL, &m, &w, errstr, sizeof(errstr))) {
         fprintf(stderr, "freshet %s: --weights %s\n", CMD, errstr);
         return APP_EXIT_USAGE;
     }
@@ -99,7 +99,7 @@ int app_cmd_eval(int argc, char **argv)
         goto out;
     }
     printf("{\"n\": %zu, \"loss\": %.9g", ds.n, loss / (double)ds.n);
-    if (m.loss != TRAINER_LOSS_MSE)
+    if (m.loss != MODEL_LOSS_MSE)
         printf(", \"accuracy\": %.9g", (double)right / (double)ds.n);
     printf("}\n");
 out:

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "app/app.h"
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 #include "trainer/trainer.h"
 
 #define CMD "fit"
@@ -150,25 +150,25 @@ static int parse_opts(fit_opts_t *o, int argc, char **argv)
  * (which must describe the same model) or seeded He-uniform. Returns 0 or an
  * exit status.
  */
-static int initial_model(const fit_opts_t *o, trainer_model_t *m, float **w)
+static int initial_model(const fit_opts_t *o, model_t *m, float **w)
 {
     char errstr[512];
-    trainer_loss_t loss;
-    if (trainer_loss_parse(o->loss, &loss) != FR_OK)
+    model_loss_t loss;
+    if (model_loss_parse(o->loss, &loss) != FR_OK)
         return app_usage_error(CMD, "--loss must be softmax, logistic or mse, got '%s'", o->loss);
     /* with --init and no --loss, the file's loss decides what --layers may be */
     int check_layers = o->layers != NULL && (o->init == NULL || o->loss_given);
-    if (check_layers && trainer_model_init(m, o->layers, loss, errstr, sizeof(errstr)))
+    if (check_layers && model_init(m, o->layers, loss, errstr, sizeof(errstr)))
         return app_usage_error(CMD, "--layers: %s", errstr);
     if (o->init != NULL) {
-        trainer_model_t fm;
-        if (trainer_model_load(o->init, o->loss_given ? &loss : NULL, &fm, w, errstr,
-                               sizeof(errstr)) != FR_OK) {
+        model_t fm;
+        if (model_load(o->init, o->loss_given ? &loss : NULL, &fm, w, errstr, sizeof(errstr)) !=
+            FR_OK) {
             fprintf(stderr, "freshet %s: --init %s\n", CMD, errstr);
             return APP_EXIT_USAGE;
         }
         char want[256] = "", have[256];
-        trainer_model_layers(&fm, have, sizeof(have));
+        model_layers(&fm, have, sizeof(have));
         if (o->layers != NULL)
             snprintf(want, sizeof(want), "%s", o->layers);
         int layers_differ = o->layers != NULL && strcmp(want, have) != 0;
@@ -176,8 +176,8 @@ static int initial_model(const fit_opts_t *o, trainer_model_t *m, float **w)
             free(*w);
             *w = NULL;
             return app_usage_error(CMD, "--init %s holds a %s %s model, not %s %s", o->init, have,
-                                   trainer_loss_name(fm.loss), layers_differ ? want : have,
-                                   trainer_loss_name(o->loss_given ? loss : fm.loss));
+                                   model_loss_name(fm.loss), layers_differ ? want : have,
+                                   model_loss_name(o->loss_given ? loss : fm.loss));
         }
         *m = fm;
         return 0;
@@ -187,13 +187,13 @@ static int initial_model(const fit_opts_t *o, trainer_model_t *m, float **w)
         fprintf(stderr, "freshet %s: out of memory\n", CMD);
         return APP_EXIT_FAILURE;
     }
-    trainer_params_init(m, *w, (uint64_t)o->seed);
+    model_params_init(m, *w, (uint64_t)o->seed);
     return 0;
 }
 
 typedef struct fit_run {
     const fit_opts_t *o;
-    const trainer_model_t *m;
+    const model_t *m;
     trainer_backend_t *b;
     const ingest_dataset_t *train, *test;
     float *w, *grad, *state, *xb, *yb;
@@ -326,7 +326,7 @@ static int train(fit_run_t *r)
                 return APP_EXIT_FAILURE;
             }
             printf("  test_loss %.6f", loss / (double)r->test->n);
-            if (r->m->loss != TRAINER_LOSS_MSE)
+            if (r->m->loss != MODEL_LOSS_MSE)
                 printf("  test_accuracy %.4f", (double)right / (double)r->test->n);
         }
         printf("\n");
@@ -338,7 +338,7 @@ static int train(fit_run_t *r)
 int app_cmd_fit(int argc, char **argv)
 {
     fit_opts_t o;
-    trainer_model_t m;
+    model_t m;
     ingest_dataset_t train_ds = {0}, test_ds = {0};
     fit_run_t r = {.o = &o, .m = &m};
     char errstr[512];
@@ -387,7 +387,7 @@ int app_cmd_fit(int argc, char **argv)
     char steps[32];
     snprintf(steps, sizeof(steps), "%llu", (unsigned long long)r.steps);
     fr_st_kv_t extra[] = {{"freshet.version", steps}};
-    if (trainer_model_save(o.out, &m, r.w, extra, 1, errstr, sizeof(errstr)) != FR_OK) {
+    if (model_save(o.out, &m, r.w, extra, 1, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
         rc = APP_EXIT_FAILURE;
         goto out;

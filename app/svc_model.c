@@ -15,8 +15,8 @@
 #include <string.h>
 
 #include "app/app.h"
+#include "model/model.h"
 #include "psstore/psstore.h"
-#include "trainer/trainer.h"
 
 #define CMD "model"
 /* Connect and command timeout: an unreachable Redis never hangs a command. */
@@ -235,43 +235,43 @@ static int store_failed(const char *cmd, psstore_conn_t *c, fr_err_t err, const 
  * seeded He-uniform weights. On success *w is malloc'ed [m->nparams], the
  * caller frees. Returns 0 or an exit status after printing why.
  */
-static int initial_weights(const char *cmd, const model_opts_t *o, trainer_model_t *m, float **w)
+static int initial_weights(const char *cmd, const model_opts_t *o, model_t *m, float **w)
 {
     char errstr[512];
-    trainer_loss_t loss = TRAINER_LOSS_SOFTMAX;
-    if (o->loss != NULL && trainer_loss_parse(o->loss, &loss) != FR_OK)
+    model_loss_t loss = MODEL_LOSS_SOFTMAX;
+    if (o->loss != NULL && model_loss_parse(o->loss, &loss) != FR_OK)
         return app_usage_error(cmd, "--loss must be softmax, logistic or mse, got '%s'", o->loss);
     if (o->init == NULL) {
         if (o->layers == NULL)
             return app_usage_error(cmd, "--layers L is required (or --init W to take them from)");
-        if (trainer_model_init(m, o->layers, loss, errstr, sizeof(errstr)) != FR_OK)
+        if (model_init(m, o->layers, loss, errstr, sizeof(errstr)) != FR_OK)
             return app_usage_error(cmd, "--layers: %s", errstr);
         *w = malloc(m->nparams * sizeof(float));
         if (*w == NULL) {
             fprintf(stderr, "freshet %s: out of memory\n", cmd);
             return APP_EXIT_FAILURE;
         }
-        trainer_params_init(m, *w, (uint64_t)o->seed);
+        model_params_init(m, *w, (uint64_t)o->seed);
         return 0;
     }
     if (o->seed_given)
         return app_usage_error(cmd, "--seed draws initial weights; --init gives them already");
-    if (trainer_model_load(o->init, &loss, m, w, errstr, sizeof(errstr)) != FR_OK) {
+    if (model_load(o->init, &loss, m, w, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: --init %s\n", cmd, errstr);
         return APP_EXIT_USAGE;
     }
-    trainer_model_t want;
+    model_t want;
     int rc = 0;
     if (o->loss != NULL && m->loss != loss) {
         rc = app_usage_error(cmd, "--init %s holds a %s model, not --loss %s", o->init,
-                             trainer_loss_name(m->loss), o->loss);
+                             model_loss_name(m->loss), o->loss);
     } else if (o->layers != NULL) {
-        if (trainer_model_init(&want, o->layers, m->loss, errstr, sizeof(errstr)) != FR_OK) {
+        if (model_init(&want, o->layers, m->loss, errstr, sizeof(errstr)) != FR_OK) {
             rc = app_usage_error(cmd, "--layers: %s", errstr);
-        } else if (!trainer_model_equal(&want, m)) {
+        } else if (!model_equal(&want, m)) {
             char a[256], b[256];
-            trainer_model_layers(m, a, sizeof(a));
-            trainer_model_layers(&want, b, sizeof(b));
+            model_layers(m, a, sizeof(a));
+            model_layers(&want, b, sizeof(b));
             rc = app_usage_error(cmd, "--init %s holds a %s model, not --layers %s", o->init, a, b);
         }
     }
@@ -296,7 +296,7 @@ static int cmd_create(int argc, char **argv)
         create_usage, argc, argv, &o);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
-    trainer_model_t m;
+    model_t m;
     float *w = NULL;
     psstore_conn_t *c = NULL;
     if ((rc = initial_weights(cmd, &o, &m, &w)) != 0 || (rc = connect_redis(cmd, o.redis, &c)))
@@ -307,8 +307,8 @@ static int cmd_create(int argc, char **argv)
         goto out;
     }
     char layers[256];
-    trainer_model_layers(&m, layers, sizeof(layers));
-    psstore_model_spec_t spec = {layers, trainer_loss_name(m.loss), m.nparams};
+    model_layers(&m, layers, sizeof(layers));
+    psstore_model_spec_t spec = {layers, model_loss_name(m.loss), m.nparams};
     err = psstore_model_create(c, o.name, &spec, w, o.force);
     if (err != FR_OK) {
         rc = store_failed(cmd, c, err, err == FR_ERR_EXISTS ? " (--force replaces it)" : NULL);
@@ -412,15 +412,15 @@ static int cmd_export(int argc, char **argv)
     if ((rc = connect_redis(cmd, o.redis, &c)) != 0)
         return rc;
     psstore_model_info_t info;
-    trainer_model_t m;
-    trainer_loss_t loss;
+    model_t m;
+    model_loss_t loss;
     char errstr[512];
     float *w = NULL;
     fr_err_t err = psstore_model_info(c, o.name, &info);
     if (err != FR_OK) {
         rc = store_failed(cmd, c, err, NULL);
-    } else if (trainer_loss_parse(info.loss, &loss) != FR_OK ||
-               trainer_model_init(&m, info.layers, loss, errstr, sizeof(errstr)) != FR_OK) {
+    } else if (model_loss_parse(info.loss, &loss) != FR_OK ||
+               model_init(&m, info.layers, loss, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: model %s holds layers '%s' and loss '%s'\n", cmd, o.name,
                 info.layers, info.loss);
         rc = APP_EXIT_FAILURE;
@@ -436,7 +436,7 @@ static int cmd_export(int argc, char **argv)
             snprintf(vbuf, sizeof(vbuf), "%lld", (long long)version);
             snprintf(ebuf, sizeof(ebuf), "%llu", (unsigned long long)epoch);
             const fr_st_kv_t extra[] = {{"freshet.version", vbuf}, {"freshet.epoch", ebuf}};
-            if (trainer_model_save(o.out, &m, w, extra, 2, errstr, sizeof(errstr)) != FR_OK) {
+            if (model_save(o.out, &m, w, extra, 2, errstr, sizeof(errstr)) != FR_OK) {
                 fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
                 rc = APP_EXIT_FAILURE;
             } else {

@@ -11,8 +11,8 @@
 #include <time.h>
 
 #include "app/app.h"
+#include "model/model.h"
 #include "psstore/psstore.h"
-#include "trainer/trainer.h"
 
 #define CMD "ps"
 
@@ -149,11 +149,11 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
     char errstr[512];
     const char *url = fr_config_get(cfg, "redis", "url");
     const char *name = fr_config_get(cfg, "model", "name");
-    trainer_model_t m;
-    trainer_loss_t loss;
-    if (trainer_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
-        trainer_model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr,
-                           sizeof(errstr)) != FR_OK)
+    model_t m;
+    model_loss_t loss;
+    if (model_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
+        model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr, sizeof(errstr)) !=
+            FR_OK)
         return app_usage_error(cmd, "[model]: %s", errstr);
     psstore_conn_t *c = psstore_conn_new(url, 2000, errstr, sizeof(errstr));
     if (c == NULL) {
@@ -164,34 +164,34 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
     psstore_model_info_t info;
     fr_err_t err = psstore_model_info(c, name, &info);
     char layers[256];
-    trainer_model_layers(&m, layers, sizeof(layers));
+    model_layers(&m, layers, sizeof(layers));
     if (err == FR_OK) {
-        if (strcmp(info.layers, layers) != 0 || strcmp(info.loss, trainer_loss_name(loss)) != 0)
+        if (strcmp(info.layers, layers) != 0 || strcmp(info.loss, model_loss_name(loss)) != 0)
             rc = app_usage_error(cmd,
                                  "model '%s' in the store is %s %s, the configuration says %s %s",
-                                 name, info.layers, info.loss, layers, trainer_loss_name(loss));
+                                 name, info.layers, info.loss, layers, model_loss_name(loss));
     } else if (err == FR_ERR_NOTFOUND) {
         float *w = NULL;
         const char *init = fr_config_get(cfg, "model", "init");
         if (init[0] != '\0') {
-            trainer_model_t fm;
-            if (trainer_model_load(init, &loss, &fm, &w, errstr, sizeof(errstr)) != FR_OK ||
-                !trainer_model_equal(&fm, &m)) {
+            model_t fm;
+            if (model_load(init, &loss, &fm, &w, errstr, sizeof(errstr)) != FR_OK ||
+                !model_equal(&fm, &m)) {
                 rc = app_usage_error(cmd, "[model] init %s: %s", init,
                                      w ? "holds another model" : errstr);
             }
         } else if ((w = malloc(m.nparams * sizeof(float))) != NULL) {
-            trainer_params_init(&m, w, (uint64_t)fr_config_get_int(cfg, "model", "seed"));
+            model_params_init(&m, w, (uint64_t)fr_config_get_int(cfg, "model", "seed"));
         }
         if (rc == 0 && w != NULL) {
-            psstore_model_spec_t spec = {layers, trainer_loss_name(loss), m.nparams};
+            psstore_model_spec_t spec = {layers, model_loss_name(loss), m.nparams};
             if (psstore_model_create(c, name, &spec, w, 0) != FR_OK &&
                 psstore_model_info(c, name, &info) != FR_OK) {
                 fprintf(stderr, "freshet %s: %s\n", cmd, psstore_conn_error(c));
                 rc = APP_EXIT_FAILURE;
             } else {
                 fr_log(FR_LOG_INFO, "%s: created model '%s' (%s %s, %zu parameters)", cmd, name,
-                       layers, trainer_loss_name(loss), m.nparams);
+                       layers, model_loss_name(loss), m.nparams);
             }
         }
         free(w);

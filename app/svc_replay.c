@@ -179,7 +179,7 @@ static int plan_add(psstore_conn_t *c, const char *model, const char *topic, int
 }
 
 /* Prints the plan table. */
-static void plan_print(const ingest_replay_t *r, const plan_row_t *rows, size_t n)
+static void plan_print(const psstore_replay_t *r, const plan_row_t *rows, size_t n)
 {
     printf("%-24s %9s %12s %12s %12s  %s\n", "TOPIC", "PARTITION", "WATERMARK", "LOG-START",
            "LOG-END", "TARGET");
@@ -192,10 +192,10 @@ static void plan_print(const ingest_replay_t *r, const plan_row_t *rows, size_t 
             snprintf(lo, sizeof(lo), "%" PRId64, row->lo);
             snprintf(hi, sizeof(hi), "%" PRId64, row->hi);
             snprintf(target, sizeof(target), "%" PRId64, row->target);
-        } else if (!ingest_replay_applies(r, row->topic, row->partition, NULL)) {
+        } else if (!psstore_replay_applies(r, row->topic, row->partition, NULL)) {
             snprintf(target, sizeof(target), "unchanged");
         } else {
-            ingest_replay_describe(r, row->partition, target, sizeof(target));
+            psstore_replay_describe(r, row->partition, target, sizeof(target));
         }
         printf("%-24s %9" PRId32 " %12s %12s %12s  %s\n", row->topic, row->partition, w, lo, hi,
                target);
@@ -208,7 +208,7 @@ static void plan_print(const ingest_replay_t *r, const plan_row_t *rows, size_t 
  * (of --topic when given). Returns 0 or an exit status.
  */
 static int plan_rows(psstore_conn_t *c, const replay_opts_t *o, const char *topic,
-                     ingest_resolver_t *rs, const ingest_replay_t *r, plan_row_t **rows, size_t *n)
+                     ingest_resolver_t *rs, const psstore_replay_t *r, plan_row_t **rows, size_t *n)
 {
     size_t cap = 0;
     *rows = NULL;
@@ -227,7 +227,7 @@ static int plan_rows(psstore_conn_t *c, const replay_opts_t *o, const char *topi
                 return APP_EXIT_FAILURE;
             }
             plan_row_t *row = &(*rows)[*n - 1];
-            if (!ingest_replay_applies(r, topic, row->partition, NULL))
+            if (!psstore_replay_applies(r, topic, row->partition, NULL))
                 continue;
             if (ingest_resolver_target(rs, r, topic, row->partition,
                                        row->found ? row->watermark : -1, KAFKA_TIMEOUT_MS,
@@ -326,7 +326,7 @@ int app_cmd_replay(int argc, char **argv)
                                                   : DEFAULT_REDIS_URL;
     if (o.model == NULL && o.config != NULL)
         o.model = fr_config_get(cfg, "model", "name");
-    ingest_replay_t *r = malloc(sizeof(*r));
+    psstore_replay_t *r = malloc(sizeof(*r));
     char *spec = malloc(PSSTORE_REPLAY_SPEC_MAX);
     psstore_conn_t *c = NULL;
     ingest_resolver_t *rs = NULL;
@@ -345,7 +345,7 @@ int app_cmd_replay(int argc, char **argv)
         rc = app_usage_error(CMD, "--model: %s", errstr);
         goto out;
     }
-    if (ingest_replay_from_verb(r, o.verb, o.arg, fr_clock_unix_ms(), errstr, sizeof(errstr)) !=
+    if (psstore_replay_from_verb(r, o.verb, o.arg, fr_clock_unix_ms(), errstr, sizeof(errstr)) !=
         FR_OK) {
         rc = app_usage_error(CMD, "%s", errstr);
         goto out;
@@ -357,7 +357,7 @@ int app_cmd_replay(int argc, char **argv)
         }
         snprintf(r->topic, sizeof(r->topic), "%s", o.topic);
     }
-    if (ingest_replay_format(r, spec, PSSTORE_REPLAY_SPEC_MAX) != FR_OK) {
+    if (psstore_replay_format(r, spec, PSSTORE_REPLAY_SPEC_MAX) != FR_OK) {
         rc = app_usage_error(CMD, "the request is too long");
         goto out;
     }

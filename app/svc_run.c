@@ -23,6 +23,7 @@
 #include "app/app.h"
 #include "ingest/ingest.h"
 #include "psstore/psstore.h"
+#include "trainer/pool.h"
 #include "trainer/trainer.h"
 
 #define PROGRESS_NS   5000000000ull /* a progress line this often */
@@ -77,7 +78,7 @@ typedef struct holdout {
 } holdout_t;
 
 /* Loads [eval] data when set; returns 0 or an exit status. */
-static int holdout_open(const char *cmd, const fr_config_t *cfg, const trainer_model_t *m,
+static int holdout_open(const char *cmd, const fr_config_t *cfg, const model_t *m,
                         fr_metrics_t *metrics, holdout_t *h)
 {
     memset(h, 0, sizeof(*h));
@@ -175,9 +176,8 @@ static void *applier_main(void *arg)
 
 /* The consumer of [kafka], [ingest], [psstore] gap_timeout; NULL after
  * printing why. props[MAX_PROPS] receives the [kafka] pairs. */
-static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg,
-                                        const trainer_model_t *m, const char *(*props)[2],
-                                        fr_metrics_t *metrics)
+static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg, const model_t *m,
+                                        const char *(*props)[2], fr_metrics_t *metrics)
 {
     char errstr[512];
     size_t nprops = fr_config_kafka_count(cfg);
@@ -219,7 +219,7 @@ static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg,
 }
 
 /* The workers of [trainer]; NULL after printing why. */
-static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const trainer_model_t *m,
+static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const model_t *m,
                                  ingest_consumer_t *source, psstore_local_t *local,
                                  fr_metrics_t *metrics)
 {
@@ -328,8 +328,8 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     serve_t *http = NULL;
     psstore_local_t *local = NULL;
     holdout_t h = {.last = -1};
-    trainer_model_t m;
-    trainer_loss_t loss;
+    model_t m;
+    model_loss_t loss;
     int rc = app_load_config(cmd, cfg, argc, argv, usage);
     if (rc != 0)
         goto out;
@@ -347,9 +347,9 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
                              (long long)max_pending, (long long)workers, mode);
         goto out;
     }
-    if (trainer_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
-        trainer_model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr,
-                           sizeof(errstr)) != FR_OK) {
+    if (model_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
+        model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr, sizeof(errstr)) !=
+            FR_OK) {
         rc = app_usage_error(cmd, "[model]: %s", errstr);
         goto out;
     }

@@ -20,7 +20,7 @@
 
 typedef struct worker {
     pthread_t tid;
-    const trainer_model_t *m;
+    const model_t *m;
     const char *backend;
     int batch, id;
     double seconds;
@@ -33,7 +33,7 @@ static atomic_int ready, go;
 static void *worker_main(void *arg)
 {
     worker_t *wk = arg;
-    const trainer_model_t *m = wk->m;
+    const model_t *m = wk->m;
     char errstr[256];
     size_t nx = (size_t)wk->batch * (size_t)m->dims[0];
     float *w = malloc(m->nparams * sizeof(float)), *g = malloc(m->nparams * sizeof(float));
@@ -48,7 +48,7 @@ static void *worker_main(void *arg)
     }
     fr_rng_t rng;
     fr_rng_seed(&rng, 7 + (uint64_t)wk->id);
-    trainer_params_init(m, w, 42);
+    model_params_init(m, w, 42);
     for (size_t i = 0; i < nx; i++)
         x[i] = (float)fr_rng_uniform(&rng);
     for (int i = 0; i < wk->batch; i++)
@@ -92,9 +92,9 @@ int main(int argc, char **argv)
     int batch = atoi(argv[2]), workers = atoi(argv[3]);
     double seconds = atof(argv[4]);
     char errstr[256];
-    trainer_model_t m;
+    model_t m;
     if (batch < 1 || workers < 1 || workers > 64 || seconds <= 0 ||
-        trainer_model_init(&m, layers, TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)) != FR_OK) {
+        model_init(&m, layers, MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "bench_gpu: bad arguments (%s)\n", errstr);
         return 2;
     }

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 #include "trainer/trainer.h"
 #include "trainer/trainer_int.h"
 
@@ -36,7 +36,7 @@ static double rate(void (*fn)(void *), void *arg, double seconds)
 }
 
 typedef struct bench {
-    trainer_model_t m;
+    model_t m;
     trainer_backend_t *b;
     float *w, *g, *x, *y, *scratch;
     int batch;
@@ -57,7 +57,7 @@ static void step(void *arg)
 static void gemms(void *arg)
 {
     bench_t *s = arg;
-    const trainer_model_t *m = &s->m;
+    const model_t *m = &s->m;
     for (int l = 0; l < m->nlayers; l++) {
         int k = m->dims[l], out = m->dims[l + 1];
         trainer_sgemm(0, 1, s->batch, out, k, 1.0f, s->x, k, s->w + m->w_off[l], k, 0.0f,
@@ -123,7 +123,7 @@ int main(int argc, char **argv)
     double seconds = argc > 3 ? atof(argv[3]) : 2.0;
     char errstr[256];
     if (s.batch < 1 ||
-        trainer_model_init(&s.m, layers, TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)) != FR_OK) {
+        model_init(&s.m, layers, MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "usage: bench_step [LAYERS] [BATCH] [SECONDS]\n");
         return 2;
     }
@@ -141,7 +141,7 @@ int main(int argc, char **argv)
         s.x[i] = (float)fr_rng_uniform(&rng);
     for (int i = 0; i < s.batch; i++)
         s.y[i] = (float)fr_rng_below(&rng, (uint64_t)s.m.dims[s.m.nlayers]);
-    trainer_params_init(&s.m, s.w, 1);
+    model_params_init(&s.m, s.w, 1);
     s.b = trainer_backend_new("cpu", &s.m, s.batch, 0, errstr, sizeof(errstr));
     if (s.b == NULL || trainer_backend_load(s.b, s.w) != FR_OK) {
         fprintf(stderr, "bench_step: %s\n", errstr);

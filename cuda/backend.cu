@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/trainer.h"
+#include "trainer/backend.h"
 
 #define GRAPH_MAX_BATCH  256
 #define CUBLAS_WORKSPACE (4u << 20)
@@ -56,21 +56,21 @@
 #define CK_LAUNCH() CK(cudaGetLastError())
 
 typedef struct cuda_state {
-    const trainer_model_t *m;
+    const model_t *m;
     int max_batch, device;
     cudaStream_t stream;
     cublasHandle_t blas;
-    void *workspace;                    /* cuBLAS workspace (device)                  */
-    float *w, *grad;                    /* device: weights, gradient [nparams]         */
-    float *x, *y;                       /* device: the batch [max_batch x dims[0]], [max_batch] */
-    float *act[TRAINER_MAX_LAYERS + 1]; /* device: act[l] [max_batch x dims[l]], l >= 1 */
-    float *delta[2];                    /* device: ping-pong [max_batch x widest]   */
-    float *loss;                        /* device: per-sample losses [max_batch]    */
-    int *right;                         /* device: per-sample 1 when classified right */
-    int *bad;                           /* device: first sample with a bad label (or INT_MAX) */
-    double *sum;                        /* device: [0] the batch's summed loss      */
-    long long *hits;                    /* device: [0] the samples classified right */
-    float *h_w, *h_grad, *h_x, *h_y;    /* pinned host copies                        */
+    void *workspace;                  /* cuBLAS workspace (device)                  */
+    float *w, *grad;                  /* device: weights, gradient [nparams]         */
+    float *x, *y;                     /* device: the batch [max_batch x dims[0]], [max_batch] */
+    float *act[MODEL_MAX_LAYERS + 1]; /* device: act[l] [max_batch x dims[l]], l >= 1 */
+    float *delta[2];                  /* device: ping-pong [max_batch x widest]   */
+    float *loss;                      /* device: per-sample losses [max_batch]    */
+    int *right;                       /* device: per-sample 1 when classified right */
+    int *bad;                         /* device: first sample with a bad label (or INT_MAX) */
+    double *sum;                      /* device: [0] the batch's summed loss      */
+    long long *hits;                  /* device: [0] the samples classified right */
+    float *h_w, *h_grad, *h_x, *h_y;  /* pinned host copies                        */
     double *h_sum;
     long long *h_hits;
     int *h_bad;
@@ -126,7 +126,7 @@ __global__ void k_loss(float *delta, float *loss, int *right, int *bad, const fl
     const float *zi = z + (size_t)i * c;
     float yi = y[i], inv_n = 1.0f / (float)n;
     right[i] = 0;
-    if (kind == TRAINER_LOSS_SOFTMAX) {
+    if (kind == MODEL_LOSS_SOFTMAX) {
         if (!(yi >= 0.0f && yi < (float)c)) {
             atomicMin(bad, i);
             loss[i] = 0.0f;
@@ -150,7 +150,7 @@ __global__ void k_loss(float *delta, float *loss, int *right, int *bad, const fl
                 e[j] = expf(zi[j] - mx) * scale;
             e[label] -= inv_n;
         }
-    } else if (kind == TRAINER_LOSS_LOGISTIC) {
+    } else if (kind == MODEL_LOSS_LOGISTIC) {
         float v = zi[0];
         loss[i] = fmaxf(v, 0.0f) - v * yi + log1pf(expf(-fabsf(v)));
         right[i] = (v > 0.0f) == (yi >= 0.5f);
@@ -213,7 +213,7 @@ static unsigned blocks(size_t count)
  */
 static fr_err_t enqueue_step(cuda_state_t *st, int n, int gradient, char *errstr, size_t size)
 {
-    const trainer_model_t *m = st->m;
+    const model_t *m = st->m;
     int c = m->dims[m->nlayers];
     const float one = 1.0f, zero = 0.0f;
     CK(cudaMemcpyAsync(st->x, st->h_x, (size_t)n * m->dims[0] * sizeof(float),
@@ -340,7 +340,7 @@ static void cuda_destroy(void *state)
                    st->right,     st->bad, st->delta[0], st->delta[1], st->sum, st->hits};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         cudaFree(dev[i]);
-    for (int l = 1; l <= TRAINER_MAX_LAYERS; l++)
+    for (int l = 1; l <= MODEL_MAX_LAYERS; l++)
         cudaFree(st->act[l]);
     void *host[] = {st->h_w, st->h_grad, st->h_x, st->h_y, st->h_sum, st->h_hits, st->h_bad};
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
@@ -365,7 +365,7 @@ static fr_err_t halloc(void **p, size_t count, char *errstr, size_t size)
 
 static fr_err_t create_buffers(cuda_state_t *st, char *errstr, size_t size)
 {
-    const trainer_model_t *m = st->m;
+    const model_t *m = st->m;
     size_t nb = (size_t)st->max_batch, widest = 0, np = m->nparams;
     for (int l = 1; l <= m->nlayers; l++)
         if ((size_t)m->dims[l] > widest)
@@ -421,8 +421,8 @@ static fr_err_t create_buffers(cuda_state_t *st, char *errstr, size_t size)
     return FR_OK;
 }
 
-static fr_err_t cuda_create(void **state, const trainer_model_t *m, int max_batch, int device,
-                            char *errstr, size_t size)
+static fr_err_t cuda_create(void **state, const model_t *m, int max_batch, int device, char *errstr,
+                            size_t size)
 {
     if (max_batch < 1)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "cuda: max batch must be >= 1");
@@ -463,7 +463,7 @@ static fr_err_t cuda_load(void *state, const float *w, char *errstr, size_t size
 static fr_err_t step(cuda_state_t *st, double *loss_sum, int64_t *correct, float *grad,
                      const float *x, const float *y, int n, char *errstr, size_t size)
 {
-    const trainer_model_t *m = st->m;
+    const model_t *m = st->m;
     if (n < 1 || n > st->max_batch)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "cuda: batch of %d outside 1..%d", n,
                          st->max_batch);
@@ -483,7 +483,7 @@ static fr_err_t step(cuda_state_t *st, double *loss_sum, int64_t *correct, float
     }
     *loss_sum = *st->h_sum;
     if (correct != NULL)
-        *correct = m->loss == TRAINER_LOSS_MSE ? 0 : (int64_t)*st->h_hits;
+        *correct = m->loss == MODEL_LOSS_MSE ? 0 : (int64_t)*st->h_hits;
     if (grad != NULL)
         memcpy(grad, st->h_grad, m->nparams * sizeof(float));
     return FR_OK;

@@ -106,11 +106,11 @@ struct ingest_consumer {
     int paused;
 
     /* replays: poll thread only */
-    int64_t replay_gen;      /* generation of the replay below, 0: none seen   */
-    int replay_ok;           /* it parsed and has a target                     */
-    ingest_replay_t *replay; /* the published replay, parsed                   */
-    char *spec;              /* [PSSTORE_REPLAY_SPEC_MAX] its text, reused     */
-    char rewind_id[64];      /* our rewind request waiting for the applier     */
+    int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
+    int replay_ok;            /* it parsed and has a target                     */
+    psstore_replay_t *replay; /* the published replay, parsed                   */
+    char *spec;               /* [PSSTORE_REPLAY_SPEC_MAX] its text, reused     */
+    char rewind_id[64];       /* our rewind request waiting for the applier     */
 
     /* the queue */
     pthread_mutex_t qlock;
@@ -715,8 +715,8 @@ static void replay_read(ingest_consumer_t *c)
         return;
     char errstr[256];
     c->replay_gen = gen;
-    c->replay_ok = c->spec[0] != '\0' && ingest_replay_parse(c->replay, c->spec, strlen(c->spec),
-                                                             errstr, sizeof(errstr)) == FR_OK;
+    c->replay_ok = c->spec[0] != '\0' && psstore_replay_parse(c->replay, c->spec, strlen(c->spec),
+                                                              errstr, sizeof(errstr)) == FR_OK;
     if (c->spec[0] != '\0' && !c->replay_ok)
         fr_log(FR_LOG_ERROR, "ingest: replay generation %" PRId64 " ignored: %s", gen, errstr);
 }
@@ -732,7 +732,7 @@ static fr_err_t replay_target(ingest_consumer_t *c, int32_t partition, int64_t w
 {
     char errstr[512];
     *target = -1;
-    if (!ingest_replay_applies(c->replay, c->topic, partition, NULL))
+    if (!psstore_replay_applies(c->replay, c->topic, partition, NULL))
         return FR_OK;
     if (c->rs == NULL &&
         (c->rs = ingest_resolver_new(c->bootstrap, (const char *const(*)[2])c->props, c->nprops,

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "psstore/core.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -113,7 +114,7 @@ size_t ingest_encode(ingest_format_t format, const float *x, int features, float
  * batch that follows them; a batch with no samples (n = 0) carries
  * positions only. Pure: no Kafka, no Redis. One thread.
  * ---------------------------------------------------------------------- */
-#define INGEST_TOPIC_MAX 249
+#define INGEST_TOPIC_MAX PSSTORE_TOPIC_MAX /* Kafka's longest topic name: 249 */
 
 typedef struct ingest_range {
     char topic[INGEST_TOPIC_MAX + 1];
@@ -193,64 +194,6 @@ int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t 
  * batch holds nothing of it). FR_ERR_NOTFOUND for a partition not seeked. */
 fr_err_t ingest_batcher_position(const ingest_batcher_t *bt, const char *topic, int32_t partition,
                                  int64_t *next, int64_t *end);
-
-/* ------------------------------------------------------------------------
- * Replay requests (replayspec.c): an operator's rewind with the verbs of
- * kafka-consumer-groups --reset-offsets, kept symbolically in the store
- * (psstore_request_replay) and resolved per partition against Kafka by
- * the consumer that owns it (docs/design.md "Replay"). Pure: no Kafka, no Redis.
- * ---------------------------------------------------------------------- */
-typedef enum ingest_replay_kind {
-    INGEST_REPLAY_EARLIEST = 0, /* the log start                                   */
-    INGEST_REPLAY_LATEST = 1,   /* the log end                                     */
-    INGEST_REPLAY_OFFSET = 2,   /* the listed partitions to the listed offsets     */
-    INGEST_REPLAY_DATETIME = 3, /* the first record with timestamp >= at_ms        */
-    INGEST_REPLAY_SHIFT = 4,    /* the store's watermark + shift (may be negative) */
-} ingest_replay_kind_t;
-
-#define INGEST_REPLAY_MAX_PARTS 1024
-
-typedef struct ingest_replay {
-    ingest_replay_kind_t kind;
-    int64_t at_ms;                    /* DATETIME: unix milliseconds           */
-    int64_t shift;                    /* SHIFT                                  */
-    char topic[INGEST_TOPIC_MAX + 1]; /* "" = every topic of the model          */
-    size_t nparts;                    /* OFFSET: the listed partitions ...      */
-    struct {
-        int32_t partition;
-        int64_t offset;
-    } parts[INGEST_REPLAY_MAX_PARTS]; /* ... in the order given, each once      */
-} ingest_replay_t;
-
-/* Builds r from one command-line verb and its argument (topic left ""):
- * "to-earliest" and "to-latest" (arg NULL), "to-offset" "P:O[,P:O...]",
- * "to-datetime" ISO 8601 "YYYY-MM-DDTHH:MM:SS[.fff][Z|+HH:MM|-HH:MM]" (no
- * zone: UTC), "by-duration" "PnDTnHnMnS" (any part may be absent, seconds
- * may have a fraction; the target is now_ms minus the duration), "shift-by"
- * N (a signed integer). FR_ERR_INVAL with errstr naming the verb and what is
- * wrong. */
-fr_err_t ingest_replay_from_verb(ingest_replay_t *r, const char *verb, const char *arg,
-                                 int64_t now_ms, char *errstr, size_t size);
-/* The stored text: "earliest", "latest", "offset:P=O,P=O", "datetime:MS" or
- * "shift:N", followed by " topic=T" when a topic is set. FR_ERR_RANGE when
- * it does not fit in size bytes, FR_ERR_INVAL for a request the parser
- * would refuse (times outside the years 0000-9999, a bad topic, an empty
- * or repeated OFFSET list). */
-fr_err_t ingest_replay_format(const ingest_replay_t *r, char *buf, size_t size);
-/* Parses the stored text (len bytes, need not be NUL-terminated) back into
- * r. FR_ERR_INVAL with errstr on anything ingest_replay_format would not
- * write. */
-fr_err_t ingest_replay_parse(ingest_replay_t *r, const char *text, size_t len, char *errstr,
-                             size_t size);
-/* Nonzero when r moves the partition: its topic matches (or r names none)
- * and, for OFFSET, the partition is listed (*offset then receives its
- * offset; offset may be NULL). */
-int ingest_replay_applies(const ingest_replay_t *r, const char *topic, int32_t partition,
-                          int64_t *offset);
-/* A one-line description of the target for plans: "earliest", "latest",
- * "offset 42", "first record at or after 2026-11-29T20:00:00.000Z" or
- * "watermark - 100". */
-void ingest_replay_describe(const ingest_replay_t *r, int32_t partition, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------
  * Kafka (librdkafka), for services; not in FRESHET_CORE_ONLY builds.
@@ -407,7 +350,7 @@ fr_err_t ingest_resolver_partitions(ingest_resolver_t *rs, const char *topic, in
  * FR_ERR_INVAL when r does not apply to the partition; FR_ERR_NOTFOUND for
  * an unknown topic or partition; FR_ERR_KAFKA with the resolver's error
  * when Kafka does not answer within timeout_ms. */
-fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const ingest_replay_t *r, const char *topic,
+fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const psstore_replay_t *r, const char *topic,
                                 int32_t partition, int64_t watermark, int timeout_ms,
                                 int64_t *target, int64_t *lo, int64_t *hi);
 

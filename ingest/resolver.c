@@ -400,7 +400,7 @@ static int64_t add_sat(int64_t a, int64_t b)
  * partition does not exist; FR_ERR_KAFKA when Kafka does not answer in
  * time or fails. The error text is in ingest_resolver_error().
  */
-fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const ingest_replay_t *r, const char *topic,
+fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const psstore_replay_t *r, const char *topic,
                                 int32_t partition, int64_t watermark, int timeout_ms,
                                 int64_t *target, int64_t *lo, int64_t *hi)
 {
@@ -410,7 +410,7 @@ fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const ingest_replay_t *r,
     if (r == NULL || topic == NULL || target == NULL || lo == NULL || hi == NULL || timeout_ms < 0)
         return fail(rs, FR_ERR_INVAL, "resolver: bad arguments");
     int64_t listed = 0;
-    if (!ingest_replay_applies(r, topic, partition, &listed))
+    if (!psstore_replay_applies(r, topic, partition, &listed))
         return fail(rs, FR_ERR_INVAL, "replay%s%.*s does not move %s/%" PRId32,
                     r->topic[0] != '\0' ? " of topic " : "",
                     (int)strnlen(r->topic, sizeof(r->topic)), r->topic, topic, partition);
@@ -427,11 +427,11 @@ fr_err_t ingest_resolver_target(ingest_resolver_t *rs, const ingest_replay_t *r,
                     topic, partition, l, h);
 
     switch (r->kind) {
-    case INGEST_REPLAY_EARLIEST: t = l; break;
-    case INGEST_REPLAY_LATEST: t = h; break;
-    case INGEST_REPLAY_OFFSET: t = listed; break;
-    case INGEST_REPLAY_SHIFT: t = add_sat(watermark >= 0 ? watermark : l, r->shift); break;
-    case INGEST_REPLAY_DATETIME:
+    case PSSTORE_REPLAY_EARLIEST: t = l; break;
+    case PSSTORE_REPLAY_LATEST: t = h; break;
+    case PSSTORE_REPLAY_OFFSET: t = listed; break;
+    case PSSTORE_REPLAY_SHIFT: t = add_sat(watermark >= 0 ? watermark : l, r->shift); break;
+    case PSSTORE_REPLAY_DATETIME:
         err = resolve_time(rs, topic, partition, r->at_ms, l, h, deadline, &t);
         if (err != FR_OK)
             return err;

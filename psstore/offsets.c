@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 
 void psstore_poff_init(psstore_partition_offsets_t *po, int64_t watermark)
 {

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 
 /* torch.optim.Adagrad's default eps. */
 #define ADAGRAD_EPS 1e-10f

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/model.h"
 #include "serve/serve_int.h"
-#include "trainer/trainer.h"
 
 #define FOLLOW_BLOCK_MS   100  /* longest XREAD BLOCK: new requests, stop  */
 #define FOLLOW_TIMEOUT_MS 2000 /* Redis connect and command timeout         */
@@ -57,9 +57,9 @@ sv_model_t *sv_model_get(struct serve *s, const char *name, int create)
 /* ---- weights -------------------------------------------------------------- */
 
 /* Encodes w as a view of (epoch, version). NULL on a bad model or no memory. */
-static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const float *w,
-                            uint64_t epoch, int64_t version, int64_t time_ms, const char *offsets,
-                            char *why, size_t whysize)
+static sv_view_t *make_view(const model_t *tm, const char *model, const float *w, uint64_t epoch,
+                            int64_t version, int64_t time_ms, const char *offsets, char *why,
+                            size_t whysize)
 {
     char ver[32], ep[32];
     snprintf(ver, sizeof(ver), "%lld", (long long)version);
@@ -70,8 +70,7 @@ static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const 
                           {"freshet.offsets", offsets != NULL ? offsets : ""}};
     uint8_t *st;
     size_t len;
-    if (trainer_model_encode(tm, w, extra, offsets != NULL ? 4 : 3, &st, &len, why, whysize) !=
-        FR_OK)
+    if (model_encode(tm, w, extra, offsets != NULL ? 4 : 3, &st, &len, why, whysize) != FR_OK)
         return NULL;
     sv_view_t *v = calloc(1, sizeof(*v));
     if (v == NULL) {
@@ -90,8 +89,8 @@ static sv_view_t *make_view(const trainer_model_t *tm, const char *model, const 
     v->epoch = epoch;
     v->version = version;
     v->time_ms = time_ms;
-    trainer_model_layers(tm, v->layers, sizeof(v->layers));
-    snprintf(v->loss, sizeof(v->loss), "%s", trainer_loss_name(tm->loss));
+    model_layers(tm, v->layers, sizeof(v->layers));
+    snprintf(v->loss, sizeof(v->loss), "%s", model_loss_name(tm->loss));
     snprintf(v->etag, sizeof(v->etag), "\"%llu-v%lld\"", (unsigned long long)epoch,
              (long long)version);
     v->st = (char *)st;
@@ -177,11 +176,11 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         return FR_OK;
     }
 
-    trainer_model_t tm;
-    trainer_loss_t loss;
+    model_t tm;
+    model_loss_t loss;
     char why[256] = "";
-    if (trainer_loss_parse(info.loss, &loss) != FR_OK ||
-        trainer_model_init(&tm, info.layers, loss, why, sizeof(why)) != FR_OK) {
+    if (model_loss_parse(info.loss, &loss) != FR_OK ||
+        model_init(&tm, info.layers, loss, why, sizeof(why)) != FR_OK) {
         pthread_mutex_lock(&s->lock);
         char msg[1024];
         snprintf(msg, sizeof(msg), "model '%s' has layers '%s' and loss '%s': %s", m->name,

@@ -27,7 +27,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "ingest/ingest.h"
+#include "psstore/psstore.h"
 #include "serve/serve_int.h"
 
 #define OP_TIMEOUT_MS  1000 /* Redis timeout of replay and rollback     */
@@ -959,13 +959,13 @@ static void h_replay(struct serve *s, struct evhttp_request *req, const char *na
     }
     if (arg != NULL && arg[0] == '\0')
         arg = NULL;
-    ingest_replay_t *r = calloc(1, sizeof(*r));
+    psstore_replay_t *r = calloc(1, sizeof(*r));
     char spec[PSSTORE_REPLAY_SPEC_MAX], errstr[256];
     if (r == NULL) {
         send_error(s, req, 500, "out of memory");
         return;
     }
-    if (ingest_replay_from_verb(r, verb, arg, fr_clock_unix_ms(), errstr, sizeof(errstr)) !=
+    if (psstore_replay_from_verb(r, verb, arg, fr_clock_unix_ms(), errstr, sizeof(errstr)) !=
         FR_OK) {
         free(r);
         send_error(s, req, 400, "%s", errstr);
@@ -979,7 +979,7 @@ static void h_replay(struct serve *s, struct evhttp_request *req, const char *na
         }
         snprintf(r->topic, sizeof(r->topic), "%s", topic);
     }
-    if (ingest_replay_format(r, spec, sizeof(spec)) != FR_OK) {
+    if (psstore_replay_format(r, spec, sizeof(spec)) != FR_OK) {
         free(r);
         send_error(s, req, 400, "not a valid replay request (topic or values out of range)");
         return;
@@ -1012,10 +1012,10 @@ static void h_replay(struct serve *s, struct evhttp_request *req, const char *na
         sv_puts(&b, ",\"dry_run\":true,\"plan\":[");
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
-            if (!ingest_replay_applies(r, parts[i].topic, parts[i].partition, NULL))
+            if (!psstore_replay_applies(r, parts[i].topic, parts[i].partition, NULL))
                 continue;
             char target[160];
-            ingest_replay_describe(r, parts[i].partition, target, sizeof(target));
+            psstore_replay_describe(r, parts[i].partition, target, sizeof(target));
             sv_puts(&b, k++ ? ",{\"topic\":" : "{\"topic\":");
             sv_json_str(&b, parts[i].topic);
             sv_printf(&b,

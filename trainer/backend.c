@@ -79,7 +79,7 @@ static const trainer_backend_ops_t *resolve(const char *name, char *errstr, size
     return ops;
 }
 
-trainer_backend_t *trainer_backend_new(const char *name, const trainer_model_t *m, int max_batch,
+trainer_backend_t *trainer_backend_new(const char *name, const model_t *m, int max_batch,
                                        int device, char *errstr, size_t size)
 {
     const trainer_backend_ops_t *ops = resolve(name, errstr, size);

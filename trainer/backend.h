@@ -7,7 +7,7 @@
  *
  * Shapes: x is row-major [n x dims[0]], y is [n] (class index as a float
  * for softmax, 0..1 for logistic, the target for mse), grad and w are
- * [nparams] in the layout of trainer.h.
+ * [nparams] in the layout of model/model.h.
  *
  * Threads: a backend instance belongs to one thread (one worker). Distinct
  * instances may run concurrently.
@@ -19,12 +19,11 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "model/model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct trainer_model trainer_model_t;
 
 /* The operations a backend implements. Every function returns FR_OK or an
  * error and then fills errstr (size bytes) with a one-line reason. */
@@ -37,8 +36,8 @@ typedef struct trainer_backend_ops {
     /* Creates the state for model m (borrowed for the life of the state),
      * batches of at most max_batch samples, on device (ignored by cpu).
      * All buffers are allocated here, once. */
-    fr_err_t (*create)(void **state, const trainer_model_t *m, int max_batch, int device,
-                       char *errstr, size_t size);
+    fr_err_t (*create)(void **state, const model_t *m, int max_batch, int device, char *errstr,
+                       size_t size);
     void (*destroy)(void *state);
 
     /* Makes w[nparams] the weights of the following calls. A backend may

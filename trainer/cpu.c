@@ -18,12 +18,12 @@
 #include "trainer/trainer_int.h"
 
 typedef struct cpu_state {
-    const trainer_model_t *m;
+    const model_t *m;
     int max_batch;
-    const float *w;                     /* borrowed, see load()         */
-    float *act[TRAINER_MAX_LAYERS + 1]; /* act[l] [max_batch x dims[l]], l >= 1 */
-    float *delta[2];                    /* ping-pong [max_batch x widest] */
-    float *block;                       /* the one allocation behind them */
+    const float *w;                   /* borrowed, see load()         */
+    float *act[MODEL_MAX_LAYERS + 1]; /* act[l] [max_batch x dims[l]], l >= 1 */
+    float *delta[2];                  /* ping-pong [max_batch x widest] */
+    float *block;                     /* the one allocation behind them */
 } cpu_state_t;
 
 static int cpu_available(void)
@@ -35,8 +35,8 @@ static int cpu_available(void)
  * Allocates every buffer in one block and touches it once, so that no page
  * is first touched on the hot path.
  */
-static fr_err_t cpu_create(void **state, const trainer_model_t *m, int max_batch, int device,
-                           char *errstr, size_t size)
+static fr_err_t cpu_create(void **state, const model_t *m, int max_batch, int device, char *errstr,
+                           size_t size)
 {
     if (max_batch < 1)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "cpu: max batch must be >= 1");
@@ -106,7 +106,7 @@ static void bias_relu(float *restrict z, const float *restrict b, int n, int out
 /* Forward pass of n samples; returns the logits [n x dims[L]]. */
 static float *forward(cpu_state_t *st, const float *x, int n)
 {
-    const trainer_model_t *m = st->m;
+    const model_t *m = st->m;
     const float *in = x;
     for (int l = 0; l < m->nlayers; l++) {
         int k = m->dims[l], out = m->dims[l + 1];
@@ -125,8 +125,8 @@ static float *forward(cpu_state_t *st, const float *x, int n)
  * only). Returns the index of the first sample whose class label is not in
  * [0, c) (callers validate labels, so this is defence only), or -1.
  */
-static int output_loss(const trainer_model_t *m, const float *z, const float *y, int n,
-                       float *delta, double *loss_sum, int64_t *correct)
+static int output_loss(const model_t *m, const float *z, const float *y, int n, float *delta,
+                       double *loss_sum, int64_t *correct)
 {
     int c = m->dims[m->nlayers];
     float inv_n = 1.0f / (float)n;
@@ -135,7 +135,7 @@ static int output_loss(const trainer_model_t *m, const float *z, const float *y,
     for (int i = 0; i < n; i++) {
         const float *zi = z + (size_t)i * c;
         float yi = y[i];
-        if (m->loss == TRAINER_LOSS_SOFTMAX) {
+        if (m->loss == MODEL_LOSS_SOFTMAX) {
             if (!(yi >= 0.0f && yi < (float)c))
                 return i;
             int label = (int)yi, arg = 0;
@@ -163,7 +163,7 @@ static int output_loss(const trainer_model_t *m, const float *z, const float *y,
                     e[j] *= scale;
                 e[label] -= inv_n;
             }
-        } else if (m->loss == TRAINER_LOSS_LOGISTIC) {
+        } else if (m->loss == MODEL_LOSS_LOGISTIC) {
             float v = zi[0];
             loss += (double)(fmaxf(v, 0.0f) - v * yi + log1pf(expf(-fabsf(v))));
             right += (v > 0.0f) == (yi >= 0.5f);
@@ -228,7 +228,7 @@ static fr_err_t cpu_gradient(void *state, float *grad, double *loss_sum, const f
                              const float *y, int n, char *errstr, size_t size)
 {
     cpu_state_t *st = state;
-    const trainer_model_t *m = st->m;
+    const model_t *m = st->m;
     float *d = st->delta[0];
     fr_err_t err = forward_loss(st, loss_sum, NULL, d, x, y, n, errstr, size);
     if (err != FR_OK)

@@ -13,11 +13,10 @@
  * Per-sample loss of logits z[c] against label yi, and (when dz is not
  * NULL) its derivative with respect to z, scaled by scale.
  */
-static double ref_loss(const trainer_model_t *m, const double *z, double yi, double *dz,
-                       double scale)
+static double ref_loss(const model_t *m, const double *z, double yi, double *dz, double scale)
 {
     int c = m->dims[m->nlayers];
-    if (m->loss == TRAINER_LOSS_SOFTMAX) {
+    if (m->loss == MODEL_LOSS_SOFTMAX) {
         double mx = z[0], sum = 0.0;
         for (int j = 1; j < c; j++)
             mx = z[j] > mx ? z[j] : mx;
@@ -31,7 +30,7 @@ static double ref_loss(const trainer_model_t *m, const double *z, double yi, dou
         }
         return lse - z[label];
     }
-    if (m->loss == TRAINER_LOSS_LOGISTIC) {
+    if (m->loss == MODEL_LOSS_LOGISTIC) {
         double v = z[0];
         if (dz != NULL)
             dz[0] = (1.0 / (1.0 + exp(-v)) - yi) * scale;
@@ -42,7 +41,7 @@ static double ref_loss(const trainer_model_t *m, const double *z, double yi, dou
     return (z[0] - yi) * (z[0] - yi);
 }
 
-fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, double *loss_sum,
+fr_err_t trainer_reference_gradient(const model_t *m, double *grad, double *loss_sum,
                                     const double *w, const double *x, const double *y, int n)
 {
     int L = m->nlayers;
@@ -54,12 +53,12 @@ fr_err_t trainer_reference_gradient(const trainer_model_t *m, double *grad, doub
     if (act == NULL)
         return FR_ERR_NOMEM;
     double *dact = act + total;
-    size_t off[TRAINER_MAX_LAYERS + 2];
+    size_t off[MODEL_MAX_LAYERS + 2];
     off[0] = 0;
     for (int l = 0; l <= L; l++)
         off[l + 1] = off[l] + (size_t)m->dims[l];
 
-    for (int i = 0; m->loss == TRAINER_LOSS_SOFTMAX && i < n; i++) {
+    for (int i = 0; m->loss == MODEL_LOSS_SOFTMAX && i < n; i++) {
         if (!(y[i] >= 0.0 && y[i] < (double)m->dims[L])) {
             free(act);
             return FR_ERR_RANGE;

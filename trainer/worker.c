@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "psstore/psstore.h"
+#include "trainer/pool.h"
 #include "trainer/trainer.h"
 
 #define NEXT_WAIT_MS   200           /* one wait for a batch, then a look at stop */
@@ -66,7 +67,7 @@ typedef struct worker {
 } worker_t;
 
 struct trainer_pool {
-    trainer_model_t m;
+    model_t m;
     ingest_consumer_t *source;
     worker_t *workers;
     int nworkers;

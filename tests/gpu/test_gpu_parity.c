@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 #include "trainer/trainer.h"
 
 #define ATOL 1e-5
@@ -59,10 +59,10 @@ static void fill(float *p, size_t n, fr_rng_t *rng, double scale)
 static void check_model(const char *layers, const char *lossname, int batch, uint64_t seed)
 {
     char errstr[256];
-    trainer_loss_t loss;
-    trainer_model_t m;
-    if (trainer_loss_parse(lossname, &loss) != FR_OK ||
-        trainer_model_init(&m, layers, loss, errstr, sizeof(errstr)) != FR_OK) {
+    model_loss_t loss;
+    model_t m;
+    if (model_loss_parse(lossname, &loss) != FR_OK ||
+        model_init(&m, layers, loss, errstr, sizeof(errstr)) != FR_OK) {
         printf("FAIL %s %s: %s\n", layers, lossname, errstr);
         failures++;
         return;
@@ -86,13 +86,13 @@ static void check_model(const char *layers, const char *lossname, int batch, uin
     }
     fr_rng_t rng;
     fr_rng_seed(&rng, seed);
-    trainer_params_init(&m, w, seed);
+    model_params_init(&m, w, seed);
     fill(w + m.b_off[0], (size_t)m.dims[1], &rng, 0.1); /* non-zero biases too */
     fill(x, nx, &rng, 1.0);
     for (int i = 0; i < batch; i++)
-        y[i] = loss == TRAINER_LOSS_SOFTMAX    ? (float)fr_rng_below(&rng, (uint64_t)classes)
-               : loss == TRAINER_LOSS_LOGISTIC ? (float)fr_rng_below(&rng, 2)
-                                               : (float)(fr_rng_uniform(&rng) * 4.0 - 2.0);
+        y[i] = loss == MODEL_LOSS_SOFTMAX    ? (float)fr_rng_below(&rng, (uint64_t)classes)
+               : loss == MODEL_LOSS_LOGISTIC ? (float)fr_rng_below(&rng, 2)
+                                             : (float)(fr_rng_uniform(&rng) * 4.0 - 2.0);
     if (trainer_backend_load(cpu, w) != FR_OK || trainer_backend_load(gpu, w) != FR_OK) {
         printf("FAIL %s load: %s %s\n", name, trainer_backend_error(cpu),
                trainer_backend_error(gpu));
@@ -132,7 +132,7 @@ static void check_model(const char *layers, const char *lossname, int batch, uin
     psstore_optim_step(PSSTORE_OPTIM_SGD, wg, NULL, gg, np, 0.1f, 0.0f);
     compare("sgd step", name, batch, wg, wc, np);
     /* a class label out of range is refused, as the CPU refuses it */
-    if (loss == TRAINER_LOSS_SOFTMAX) {
+    if (loss == MODEL_LOSS_SOFTMAX) {
         y[batch - 1] = (float)classes;
         if (trainer_backend_gradient(gpu, gg, &lg, x, y, batch) != FR_ERR_RANGE) {
             printf("FAIL %s: label %d accepted by cuda\n", name, classes);
@@ -154,8 +154,8 @@ out:
 int main(void)
 {
     char errstr[256];
-    trainer_model_t probe;
-    trainer_model_init(&probe, "2-2", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr));
+    model_t probe;
+    model_init(&probe, "2-2", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr));
     trainer_backend_t *b = trainer_backend_new("cuda", &probe, 1, 0, errstr, sizeof(errstr));
     if (b == NULL) {
         printf("skipped: no GPU (%s)\n", errstr);

@@ -29,8 +29,8 @@
 #include <hiredis/hiredis.h>
 
 #include "harness.h"
+#include "model/model.h"
 #include "psstore/psstore.h"
-#include "trainer/trainer.h"
 
 /* The shared server of most tests; each test uses its own model names. */
 static harness_redis_t R;
@@ -91,17 +91,16 @@ static const char *q(const char *fmt, ...)
     return out;
 }
 
-/* The weights a model of layers/loss gets from trainer_params_init(seed);
+/* The weights a model of layers/loss gets from model_params_init(seed);
  * caller frees. */
-static float *seeded_weights(const char *layers, trainer_loss_t loss, uint64_t seed,
-                             trainer_model_t *m)
+static float *seeded_weights(const char *layers, model_loss_t loss, uint64_t seed, model_t *m)
 {
     char errstr[256];
-    if (trainer_model_init(m, layers, loss, errstr, sizeof(errstr)) != FR_OK)
+    if (model_init(m, layers, loss, errstr, sizeof(errstr)) != FR_OK)
         fail_msg("%s", errstr);
     float *w = malloc(m->nparams * sizeof(float));
     assert_non_null(w);
-    trainer_params_init(m, w, seed);
+    model_params_init(m, w, seed);
     return w;
 }
 
@@ -119,8 +118,8 @@ static psstore_conn_t *conn(const char *url)
 static void api_create(psstore_conn_t *c, const char *name, const char *layers, uint64_t seed,
                        int force)
 {
-    trainer_model_t m;
-    float *w = seeded_weights(layers, TRAINER_LOSS_SOFTMAX, seed, &m);
+    model_t m;
+    float *w = seeded_weights(layers, MODEL_LOSS_SOFTMAX, seed, &m);
     psstore_model_spec_t spec = {layers, "softmax", m.nparams};
     fr_err_t err = psstore_model_create(c, name, &spec, w, force);
     if (err != FR_OK)
@@ -226,8 +225,8 @@ static void test_create_lays_out_every_key_as_designed(void **state)
 {
     (void)state;
     psstore_conn_t *c = conn(R.url);
-    trainer_model_t m;
-    float *w = seeded_weights("4-8-3", TRAINER_LOSS_SOFTMAX, 42, &m);
+    model_t m;
+    float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 42, &m);
     psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams};
     int64_t before = (int64_t)time(NULL) * 1000;
     assert_int_equal(psstore_model_create(c, "lay", &spec, w, 0), FR_OK);
@@ -275,8 +274,8 @@ static void test_create_refuses_an_existing_model_unless_forced(void **state)
     char epoch[32];
     snprintf(epoch, sizeof(epoch), "%s", q("HGET freshet:{dup}:meta epoch"));
 
-    trainer_model_t m;
-    float *w = seeded_weights("5-2", TRAINER_LOSS_SOFTMAX, 2, &m);
+    model_t m;
+    float *w = seeded_weights("5-2", MODEL_LOSS_SOFTMAX, 2, &m);
     psstore_model_spec_t spec = {"5-2", "softmax", m.nparams};
     assert_int_equal(psstore_model_create(c, "dup", &spec, w, 0), FR_ERR_EXISTS);
     expect_contains(psstore_conn_error(c), "model 'dup' already exists");
@@ -511,8 +510,8 @@ static void test_weights_read_is_one_consistent_transaction(void **state)
     (void)state;
     psstore_conn_t *c = conn(R.url);
     api_create(c, "torn", "64-64-10", 5, 1);
-    trainer_model_t m;
-    float *want = seeded_weights("64-64-10", TRAINER_LOSS_SOFTMAX, 5, &m);
+    model_t m;
+    float *want = seeded_weights("64-64-10", MODEL_LOSS_SOFTMAX, 5, &m);
     float *w = malloc(m.nparams * sizeof(float));
     uint64_t epoch = 0;
     int64_t version = -1;
@@ -786,8 +785,8 @@ static void test_cli_create_show_and_refusals(void **state)
                      0);
     expect_contains(out, "cli1");
     free(out);
-    trainer_model_t m;
-    float *w = seeded_weights("6-5-3", TRAINER_LOSS_SOFTMAX, 7, &m);
+    model_t m;
+    float *w = seeded_weights("6-5-3", MODEL_LOSS_SOFTMAX, 7, &m);
     redisContext *rc = raw_connect(R.port, 0);
     expect_weights(rc, "cli1", w, m.nparams);
     assert_string_equal(q("HGET freshet:{cli1}:meta layers"), "6-5-3");
@@ -811,8 +810,8 @@ static void test_cli_create_show_and_refusals(void **state)
                      0);
     free(out);
     free(w);
-    trainer_model_t m2;
-    w = seeded_weights("6-1", TRAINER_LOSS_LOGISTIC, 42, &m2);
+    model_t m2;
+    w = seeded_weights("6-1", MODEL_LOSS_LOGISTIC, 42, &m2);
     expect_weights(rc, "cli1", w, m2.nparams);
     assert_string_equal(q("HGET freshet:{cli1}:meta loss"), "logistic");
     assert_string_not_equal(q("HGET freshet:{cli1}:meta epoch"), epoch);
@@ -862,13 +861,13 @@ static void test_cli_create_show_and_refusals(void **state)
 static void test_cli_create_from_an_init_file(void **state)
 {
     (void)state;
-    trainer_model_t m;
-    float *w = seeded_weights("3-4-2", TRAINER_LOSS_SOFTMAX, 99, &m);
+    model_t m;
+    float *w = seeded_weights("3-4-2", MODEL_LOSS_SOFTMAX, 99, &m);
     for (size_t i = 0; i < m.nparams; i++)
         w[i] = (float)i * 0.25f - 1.0f; /* biases too: nothing like a fresh init */
     char path[400], errstr[256];
     snprintf(path, sizeof(path), "%s/init.safetensors", tmpdir);
-    assert_int_equal(trainer_model_save(path, &m, w, NULL, 0, errstr, sizeof(errstr)), FR_OK);
+    assert_int_equal(model_save(path, &m, w, NULL, 0, errstr, sizeof(errstr)), FR_OK);
     char *out;
     assert_int_equal(freshet(&out, 10000, "create", "--redis", R.url, "--name", "fromfile",
                              "--init", path, NULL),
@@ -887,10 +886,10 @@ static void test_cli_create_from_an_init_file(void **state)
         0);
     expect_contains(out, "version 0 of epoch");
     free(out);
-    trainer_model_t mb;
+    model_t mb;
     float *wb = NULL;
-    assert_int_equal(trainer_model_load(back, NULL, &mb, &wb, errstr, sizeof(errstr)), FR_OK);
-    assert_true(trainer_model_equal(&m, &mb));
+    assert_int_equal(model_load(back, NULL, &mb, &wb, errstr, sizeof(errstr)), FR_OK);
+    assert_true(model_equal(&m, &mb));
     assert_memory_equal(wb, w, m.nparams * sizeof(float));
     free(wb);
     assert_int_equal(

@@ -50,27 +50,27 @@ static int64_t ts[NREC];                 /* record timestamps as kcat reads them
  * ---------------------------------------------------------------------- */
 
 /* A request on the heap (~16 KiB) from a verb, failing the test on error. */
-static ingest_replay_t *replay(const char *verb, const char *arg)
+static psstore_replay_t *replay(const char *verb, const char *arg)
 {
     char err[256];
-    ingest_replay_t *r = calloc(1, sizeof(*r));
+    psstore_replay_t *r = calloc(1, sizeof(*r));
     assert_non_null(r);
-    if (ingest_replay_from_verb(r, verb, arg, fr_clock_unix_ms(), err, sizeof(err)) != FR_OK)
+    if (psstore_replay_from_verb(r, verb, arg, fr_clock_unix_ms(), err, sizeof(err)) != FR_OK)
         fail_msg("%s %s: %s", verb, arg != NULL ? arg : "", err);
     return r;
 }
 
 /* A DATETIME request for at_ms. */
-static ingest_replay_t *replay_at(int64_t at_ms)
+static psstore_replay_t *replay_at(int64_t at_ms)
 {
-    ingest_replay_t *r = replay("to-earliest", NULL);
-    r->kind = INGEST_REPLAY_DATETIME;
+    psstore_replay_t *r = replay("to-earliest", NULL);
+    r->kind = PSSTORE_REPLAY_DATETIME;
     r->at_ms = at_ms;
     return r;
 }
 
 /* Resolves r for TOPIC/partition and checks the target and the bounds. */
-static void expect_target(const ingest_replay_t *r, int32_t partition, int64_t watermark,
+static void expect_target(const psstore_replay_t *r, int32_t partition, int64_t watermark,
                           int64_t want, int64_t want_lo, int64_t want_hi, int line)
 {
     int64_t target = -99, lo = -99, hi = -99;
@@ -176,7 +176,7 @@ static void test_dev_broker_answers_minus_one_to_offsets_for_times(void **state)
 static void test_resolver_earliest_and_latest_are_the_log_bounds(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay("to-earliest", NULL);
+    psstore_replay_t *r = replay("to-earliest", NULL);
     EXPECT_P0(r, -1, 0);
     EXPECT_P0(r, 33, 0);
     free(r);
@@ -190,7 +190,7 @@ static void test_resolver_earliest_and_latest_are_the_log_bounds(void **state)
 static void test_resolver_offset_is_clamped_to_the_log(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay("to-offset", "0:17");
+    psstore_replay_t *r = replay("to-offset", "0:17");
     EXPECT_P0(r, -1, 17);
     free(r);
     r = replay("to-offset", "1:3,0:500");
@@ -204,7 +204,7 @@ static void test_resolver_offset_is_clamped_to_the_log(void **state)
 static void test_resolver_shift_counts_from_the_watermark(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay("shift-by", "-20");
+    psstore_replay_t *r = replay("shift-by", "-20");
     EXPECT_P0(r, 10, 0);  /* 10 - 20, clamped to the log start */
     EXPECT_P0(r, 70, 50); /* 70 - 20 */
     free(r);
@@ -224,7 +224,7 @@ static void test_resolver_shift_counts_from_the_watermark(void **state)
 static void test_resolver_datetime_finds_the_first_record_at_or_after(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay_at(mid_ms);
+    psstore_replay_t *r = replay_at(mid_ms);
     uint64_t t0 = fr_clock_mono_ns();
     EXPECT_P0(r, -1, NFIRST);
     double took = (double)(fr_clock_mono_ns() - t0) / 1e6;
@@ -252,8 +252,8 @@ static void test_resolver_datetime_finds_the_first_record_at_or_after(void **sta
     free(r);
     r = replay("to-datetime", iso);
     assert_true(r->at_ms == mid_ms);
-    assert_int_equal(ingest_replay_format(r, text, sizeof(text)), FR_OK);
-    assert_int_equal(ingest_replay_parse(r, text, strlen(text), NULL, 0), FR_OK);
+    assert_int_equal(psstore_replay_format(r, text, sizeof(text)), FR_OK);
+    assert_int_equal(psstore_replay_parse(r, text, strlen(text), NULL, 0), FR_OK);
     EXPECT_P0(r, 3, NFIRST);
     free(r);
 }
@@ -261,7 +261,7 @@ static void test_resolver_datetime_finds_the_first_record_at_or_after(void **sta
 static void test_resolver_datetime_before_everything_is_the_log_start(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay_at(start_ms - 60000);
+    psstore_replay_t *r = replay_at(start_ms - 60000);
     EXPECT_P0(r, -1, 0);
     r->at_ms = ts[0];
     EXPECT_P0(r, -1, 0);
@@ -277,7 +277,7 @@ static void test_resolver_datetime_before_everything_is_the_log_start(void **sta
 static void test_resolver_datetime_in_the_future_is_the_log_end(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay_at(end_ms + 3600 * 1000);
+    psstore_replay_t *r = replay_at(end_ms + 3600 * 1000);
     EXPECT_P0(r, -1, NREC);
     r->at_ms = ts[NREC - 1] + 1;
     EXPECT_P0(r, -1, NREC);
@@ -289,7 +289,7 @@ static void test_resolver_datetime_in_the_future_is_the_log_end(void **state)
 static void test_resolver_empty_partition_resolves_to_0_for_every_verb(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay("to-earliest", NULL);
+    psstore_replay_t *r = replay("to-earliest", NULL);
     EXPECT_P1(r, -1);
     free(r);
     r = replay("to-latest", NULL);
@@ -316,7 +316,7 @@ static void test_resolver_refuses_a_replay_that_does_not_move_the_partition(void
 {
     (void)state;
     int64_t target = -99, lo = -99, hi = -99;
-    ingest_replay_t *r = replay("to-earliest", NULL);
+    psstore_replay_t *r = replay("to-earliest", NULL);
     strcpy(r->topic, "other");
     assert_int_equal(ingest_resolver_target(rs, r, TOPIC, 0, -1, TIMEOUT_MS, &target, &lo, &hi),
                      FR_ERR_INVAL);
@@ -348,7 +348,7 @@ static int64_t ts_of(int i)
 static void test_resolver_datetime_search_matches_a_linear_scan(void **state)
 {
     (void)state;
-    ingest_replay_t *r = replay_at(0);
+    psstore_replay_t *r = replay_at(0);
     for (int64_t at = TS_BASE - 1; at <= ts_of(TS_NREC - 1) + 1; at++) {
         if (at % 10 != 9 && at % 10 != 0 && at % 10 != 1)
             continue;
@@ -375,7 +375,7 @@ static void test_resolver_gives_up_after_timeout_ms_with_brokers_down(void **sta
 {
     (void)state;
     int64_t target = -99, lo = -99, hi = -99;
-    ingest_replay_t *r = replay_at(mid_ms);
+    psstore_replay_t *r = replay_at(mid_ms);
     assert_int_equal(kill(broker.pid, SIGUSR1), 0);
     harness_sleep_ms(300);
     uint64_t t0 = fr_clock_mono_ns();
@@ -411,7 +411,7 @@ static void test_resolver_new_refuses_bad_properties(void **state)
     const char *const grp[][2] = {{"group.id", "freshet.model"}, {"fetch.wait.max.ms", "500"}};
     ingest_resolver_t *other = ingest_resolver_new(broker.bootstrap, grp, 2, err, sizeof(err));
     assert_non_null(other);
-    ingest_replay_t *r = replay_at(mid_ms);
+    psstore_replay_t *r = replay_at(mid_ms);
     int64_t target, lo, hi;
     assert_int_equal(ingest_resolver_target(other, r, TOPIC, 0, -1, TIMEOUT_MS, &target, &lo, &hi),
                      FR_OK);

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "psstore/psstore.h"
+#include "psstore/core.h"
 
 #define RTOL 1e-6
 

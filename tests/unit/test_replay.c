@@ -1,5 +1,5 @@
 /*
- * test_replay.c - unit tests of replay requests (ingest/replayspec.c,
+ * test_replay.c - unit tests of replay requests (psstore/replayspec.c,
  * docs/design.md "Replay"): every verb and its errors, ISO 8601 dates with
  * zones and fractions against millisecond values computed independently
  * (Python's datetime), durations, the stored text and its round trip,
@@ -19,23 +19,23 @@
 #include <cmocka.h>
 
 #include "common/common.h"
-#include "ingest/ingest.h"
+#include "psstore/core.h"
 
 #define NOW_MS 1795982400000LL /* 2026-11-29T20:00:00Z */
 
 /* A request lives on the heap: it is ~16 KiB. */
-static ingest_replay_t *new_replay(void)
+static psstore_replay_t *new_replay(void)
 {
-    ingest_replay_t *r = calloc(1, sizeof(*r));
+    psstore_replay_t *r = calloc(1, sizeof(*r));
     assert_non_null(r);
     return r;
 }
 
 /* Builds r from verb and arg, failing the test with the error on refusal. */
-static void verb_ok(ingest_replay_t *r, const char *verb, const char *arg)
+static void verb_ok(psstore_replay_t *r, const char *verb, const char *arg)
 {
     char err[256] = "";
-    fr_err_t rc = ingest_replay_from_verb(r, verb, arg, NOW_MS, err, sizeof(err));
+    fr_err_t rc = psstore_replay_from_verb(r, verb, arg, NOW_MS, err, sizeof(err));
     if (rc != FR_OK)
         fail_msg("%s '%s' refused: %s", verb, arg != NULL ? arg : "(null)", err);
 }
@@ -44,9 +44,9 @@ static void verb_ok(ingest_replay_t *r, const char *verb, const char *arg)
  * every one of the NULL-terminated needles. */
 static void verb_bad(const char *verb, const char *arg, ...)
 {
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256] = "";
-    fr_err_t rc = ingest_replay_from_verb(r, verb, arg, NOW_MS, err, sizeof(err));
+    fr_err_t rc = psstore_replay_from_verb(r, verb, arg, NOW_MS, err, sizeof(err));
     if (rc != FR_ERR_INVAL)
         fail_msg("%s '%s' gave %d, expected FR_ERR_INVAL", verb, arg != NULL ? arg : "(null)",
                  (int)rc);
@@ -64,30 +64,30 @@ static void verb_bad(const char *verb, const char *arg, ...)
 /* The at_ms of to-datetime arg (which must be accepted). */
 static int64_t datetime_ms(const char *arg)
 {
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     verb_ok(r, "to-datetime", arg);
-    assert_int_equal(r->kind, INGEST_REPLAY_DATETIME);
+    assert_int_equal(r->kind, PSSTORE_REPLAY_DATETIME);
     int64_t at = r->at_ms;
     free(r);
     return at;
 }
 
 /* The stored text of r (which must format). */
-static void format_ok(const ingest_replay_t *r, char *buf, size_t size)
+static void format_ok(const psstore_replay_t *r, char *buf, size_t size)
 {
-    fr_err_t rc = ingest_replay_format(r, buf, size);
+    fr_err_t rc = psstore_replay_format(r, buf, size);
     if (rc != FR_OK)
         fail_msg("format failed: %d", (int)rc);
 }
 
 /* Parses text from a heap copy of exactly its length (no NUL after it). */
-static fr_err_t parse_exact(ingest_replay_t *r, const char *text, size_t len, char *err,
+static fr_err_t parse_exact(psstore_replay_t *r, const char *text, size_t len, char *err,
                             size_t size)
 {
     char *copy = malloc(len > 0 ? len : 1);
     assert_non_null(copy);
     memcpy(copy, text, len);
-    fr_err_t rc = ingest_replay_parse(r, copy, len, err, size);
+    fr_err_t rc = psstore_replay_parse(r, copy, len, err, size);
     free(copy);
     return rc;
 }
@@ -95,7 +95,7 @@ static fr_err_t parse_exact(ingest_replay_t *r, const char *text, size_t len, ch
 /* Checks that the stored text is refused with FR_ERR_INVAL. */
 static void parse_bad(const char *text)
 {
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256] = "";
     if (parse_exact(r, text, strlen(text), err, sizeof(err)) != FR_ERR_INVAL)
         fail_msg("'%s' was accepted", text);
@@ -110,12 +110,12 @@ static void parse_bad(const char *text)
 static void test_replay_earliest_and_latest_take_no_argument(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     verb_ok(r, "to-earliest", NULL);
-    assert_int_equal(r->kind, INGEST_REPLAY_EARLIEST);
+    assert_int_equal(r->kind, PSSTORE_REPLAY_EARLIEST);
     assert_string_equal(r->topic, "");
     verb_ok(r, "to-latest", NULL);
-    assert_int_equal(r->kind, INGEST_REPLAY_LATEST);
+    assert_int_equal(r->kind, PSSTORE_REPLAY_LATEST);
     verb_ok(r, "to-latest", ""); /* an empty argument is no argument */
     verb_bad("to-earliest", "5", "to-earliest", "takes no argument", NULL);
     verb_bad("to-latest", "x", "to-latest", "takes no argument", NULL);
@@ -132,11 +132,11 @@ static void test_replay_unknown_verbs_and_missing_arguments_are_named(void **sta
     verb_bad("to-datetime", "", "to-datetime: needs an argument", NULL);
     verb_bad("by-duration", NULL, "by-duration: needs an argument", NULL);
     verb_bad("shift-by", NULL, "shift-by: needs an argument", NULL);
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[64];
-    assert_int_equal(ingest_replay_from_verb(r, NULL, NULL, NOW_MS, err, sizeof(err)),
+    assert_int_equal(psstore_replay_from_verb(r, NULL, NULL, NOW_MS, err, sizeof(err)),
                      FR_ERR_INVAL);
-    assert_int_equal(ingest_replay_from_verb(NULL, "to-latest", NULL, NOW_MS, NULL, 0),
+    assert_int_equal(psstore_replay_from_verb(NULL, "to-latest", NULL, NOW_MS, NULL, 0),
                      FR_ERR_INVAL);
     free(r);
 }
@@ -144,9 +144,9 @@ static void test_replay_unknown_verbs_and_missing_arguments_are_named(void **sta
 static void test_replay_to_offset_keeps_partitions_in_the_order_given(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     verb_ok(r, "to-offset", "3:17,0:0,12:9223372036854775807");
-    assert_int_equal(r->kind, INGEST_REPLAY_OFFSET);
+    assert_int_equal(r->kind, PSSTORE_REPLAY_OFFSET);
     assert_int_equal(r->nparts, 3);
     assert_int_equal(r->parts[0].partition, 3);
     assert_int_equal(r->parts[0].offset, 17);
@@ -188,15 +188,15 @@ static void test_replay_to_offset_rejects_bad_entries_with_their_text(void **sta
 static void test_replay_to_offset_takes_at_most_max_parts(void **state)
 {
     (void)state;
-    size_t cap = (INGEST_REPLAY_MAX_PARTS + 1) * 16;
+    size_t cap = (PSSTORE_REPLAY_MAX_PARTS + 1) * 16;
     char *list = malloc(cap);
     assert_non_null(list);
     size_t len = 0;
-    for (int i = 0; i < INGEST_REPLAY_MAX_PARTS; i++)
+    for (int i = 0; i < PSSTORE_REPLAY_MAX_PARTS; i++)
         len += (size_t)snprintf(list + len, cap - len, "%s%d:%d", i ? "," : "", i, 2 * i);
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     verb_ok(r, "to-offset", list);
-    assert_int_equal(r->nparts, INGEST_REPLAY_MAX_PARTS);
+    assert_int_equal(r->nparts, PSSTORE_REPLAY_MAX_PARTS);
     assert_int_equal(r->parts[1023].partition, 1023);
     assert_int_equal(r->parts[1023].offset, 2046);
     snprintf(list + len, cap - len, ",5000:1");
@@ -279,7 +279,7 @@ static void test_replay_to_datetime_rejects_what_is_not_a_date(void **state)
 static void test_replay_by_duration_counts_back_from_now(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     static const struct {
         const char *arg;
         int64_t ms;
@@ -300,7 +300,7 @@ static void test_replay_by_duration_counts_back_from_now(void **state)
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         verb_ok(r, "by-duration", cases[i].arg);
-        assert_int_equal(r->kind, INGEST_REPLAY_DATETIME);
+        assert_int_equal(r->kind, PSSTORE_REPLAY_DATETIME);
         if (r->at_ms != NOW_MS - cases[i].ms)
             fail_msg("%s: at %lld, expected %lld", cases[i].arg, (long long)r->at_ms,
                      (long long)(NOW_MS - cases[i].ms));
@@ -326,9 +326,9 @@ static void test_replay_by_duration_rejects_malformed_durations(void **state)
 static void test_replay_shift_by_takes_a_signed_integer(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     verb_ok(r, "shift-by", "-100");
-    assert_int_equal(r->kind, INGEST_REPLAY_SHIFT);
+    assert_int_equal(r->kind, PSSTORE_REPLAY_SHIFT);
     assert_true(r->shift == -100);
     verb_ok(r, "shift-by", "+5");
     assert_true(r->shift == 5);
@@ -355,7 +355,7 @@ static void test_replay_shift_by_takes_a_signed_integer(void **state)
 static void test_replay_format_writes_the_stored_text(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char buf[256];
     verb_ok(r, "to-earliest", NULL);
     format_ok(r, buf, sizeof(buf));
@@ -389,20 +389,20 @@ static void test_replay_format_writes_the_stored_text(void **state)
 static void test_replay_longest_stored_text_is_32006_bytes(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char *buf = malloc(40000);
     assert_non_null(buf);
-    r->kind = INGEST_REPLAY_OFFSET;
-    r->nparts = INGEST_REPLAY_MAX_PARTS;
+    r->kind = PSSTORE_REPLAY_OFFSET;
+    r->nparts = PSSTORE_REPLAY_MAX_PARTS;
     for (size_t i = 0; i < r->nparts; i++) {
         r->parts[i].partition = INT32_MAX - (int32_t)i;
         r->parts[i].offset = INT64_MAX;
     }
-    memset(r->topic, 'z', INGEST_TOPIC_MAX);
+    memset(r->topic, 'z', PSSTORE_TOPIC_MAX);
     format_ok(r, buf, 40000);
     assert_int_equal(strlen(buf), 32006);
-    assert_int_equal(ingest_replay_format(r, buf, 32007), FR_OK);
-    assert_int_equal(ingest_replay_format(r, buf, 32006), FR_ERR_RANGE);
+    assert_int_equal(psstore_replay_format(r, buf, 32007), FR_OK);
+    assert_int_equal(psstore_replay_format(r, buf, 32006), FR_ERR_RANGE);
     free(buf);
     free(r);
 }
@@ -410,50 +410,50 @@ static void test_replay_longest_stored_text_is_32006_bytes(void **state)
 static void test_replay_format_refuses_small_buffers_and_invalid_requests(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char buf[32];
     verb_ok(r, "to-latest", NULL);
     strcpy(r->topic, "rt");
     /* "latest topic=rt" is 15 bytes: 16 fit, 15 do not */
-    assert_int_equal(ingest_replay_format(r, buf, 16), FR_OK);
+    assert_int_equal(psstore_replay_format(r, buf, 16), FR_OK);
     assert_string_equal(buf, "latest topic=rt");
-    assert_int_equal(ingest_replay_format(r, buf, 15), FR_ERR_RANGE);
+    assert_int_equal(psstore_replay_format(r, buf, 15), FR_ERR_RANGE);
     assert_string_equal(buf, "");
-    assert_int_equal(ingest_replay_format(r, NULL, 0), FR_ERR_RANGE);
-    assert_int_equal(ingest_replay_format(r, buf, 1), FR_ERR_RANGE);
+    assert_int_equal(psstore_replay_format(r, NULL, 0), FR_ERR_RANGE);
+    assert_int_equal(psstore_replay_format(r, buf, 1), FR_ERR_RANGE);
 
     /* requests the parser would refuse are not written */
     strcpy(r->topic, "bad topic");
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
     memset(r->topic, 'a', sizeof(r->topic)); /* no NUL */
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
     r->topic[0] = '\0';
-    r->kind = (ingest_replay_kind_t)7;
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
-    r->kind = INGEST_REPLAY_OFFSET;
+    r->kind = (psstore_replay_kind_t)7;
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    r->kind = PSSTORE_REPLAY_OFFSET;
     r->nparts = 0;
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
-    r->nparts = INGEST_REPLAY_MAX_PARTS + 1;
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    r->nparts = PSSTORE_REPLAY_MAX_PARTS + 1;
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
     verb_ok(r, "to-offset", "1:2,3:4");
     r->parts[1].partition = 1;
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
     r->parts[1].partition = -3;
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
     r->parts[1].partition = 3;
     r->parts[1].offset = -1;
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
-    r->kind = INGEST_REPLAY_DATETIME;
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    r->kind = PSSTORE_REPLAY_DATETIME;
     r->at_ms = 253402300800000LL; /* 10000-01-01 */
-    assert_int_equal(ingest_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
-    assert_int_equal(ingest_replay_format(NULL, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(r, buf, sizeof(buf)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_format(NULL, buf, sizeof(buf)), FR_ERR_INVAL);
     free(r);
 }
 
 /* Checks format(parse(text)) == text and that r re-formats to it. */
 static void round_trip(const char *text)
 {
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256] = "", buf[64 * 1024];
     if (parse_exact(r, text, strlen(text), err, sizeof(err)) != FR_OK)
         fail_msg("'%.80s' refused: %s", text, err);
@@ -479,7 +479,7 @@ static void test_replay_format_and_parse_round_trip(void **state)
     round_trip("shift:0 topic=t");
 
     /* random requests: r -> text -> r' -> text', text == text', r' == r */
-    ingest_replay_t *r = new_replay(), *back = new_replay();
+    psstore_replay_t *r = new_replay(), *back = new_replay();
     char *buf = malloc(64 * 1024), *again = malloc(64 * 1024), err[256];
     assert_non_null(buf);
     assert_non_null(again);
@@ -487,15 +487,15 @@ static void test_replay_format_and_parse_round_trip(void **state)
     fr_rng_seed(&rng, 20261129);
     for (int iter = 0; iter < 2000; iter++) {
         memset(r, 0, sizeof(*r));
-        r->kind = (ingest_replay_kind_t)fr_rng_below(&rng, 5);
+        r->kind = (psstore_replay_kind_t)fr_rng_below(&rng, 5);
         r->at_ms = -62167219200000LL + (int64_t)fr_rng_below(&rng, 315569520000000ULL);
         r->shift = (int64_t)fr_rng_next(&rng);
-        r->nparts = 1 + fr_rng_below(&rng, iter % 100 == 0 ? INGEST_REPLAY_MAX_PARTS : 8);
+        r->nparts = 1 + fr_rng_below(&rng, iter % 100 == 0 ? PSSTORE_REPLAY_MAX_PARTS : 8);
         for (size_t i = 0; i < r->nparts; i++) {
             r->parts[i].partition = (int32_t)(i * 7 + fr_rng_below(&rng, 7)); /* distinct */
             r->parts[i].offset = (int64_t)(fr_rng_next(&rng) >> (1 + fr_rng_below(&rng, 63)));
         }
-        size_t tlen = fr_rng_below(&rng, 3) == 0 ? 0 : 1 + fr_rng_below(&rng, INGEST_TOPIC_MAX);
+        size_t tlen = fr_rng_below(&rng, 3) == 0 ? 0 : 1 + fr_rng_below(&rng, PSSTORE_TOPIC_MAX);
         static const char chars[] = "abcXYZ019._-";
         for (size_t i = 0; i < tlen; i++)
             r->topic[i] = chars[fr_rng_below(&rng, sizeof(chars) - 1)];
@@ -508,11 +508,11 @@ static void test_replay_format_and_parse_round_trip(void **state)
         assert_string_equal(again, buf);
         assert_int_equal(back->kind, r->kind);
         assert_string_equal(back->topic, r->topic);
-        if (r->kind == INGEST_REPLAY_DATETIME)
+        if (r->kind == PSSTORE_REPLAY_DATETIME)
             assert_true(back->at_ms == r->at_ms);
-        if (r->kind == INGEST_REPLAY_SHIFT)
+        if (r->kind == PSSTORE_REPLAY_SHIFT)
             assert_true(back->shift == r->shift);
-        if (r->kind == INGEST_REPLAY_OFFSET) {
+        if (r->kind == PSSTORE_REPLAY_OFFSET) {
             assert_int_equal(back->nparts, r->nparts);
             assert_memory_equal(back->parts, r->parts, r->nparts * sizeof(r->parts[0]));
         }
@@ -586,7 +586,7 @@ static void test_replay_parse_accepts_only_what_format_writes(void **state)
     parse_bad(text);
 
     /* an embedded NUL is just a bad byte */
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256];
     assert_int_equal(parse_exact(r, "latest\0", 7, err, sizeof(err)), FR_ERR_INVAL);
     assert_non_null(strstr(err, "'latest?'"));
@@ -595,28 +595,28 @@ static void test_replay_parse_accepts_only_what_format_writes(void **state)
                                  "0",
                                  9, err, sizeof(err)),
                      FR_ERR_INVAL);
-    assert_int_equal(ingest_replay_parse(r, NULL, 0, err, sizeof(err)), FR_ERR_INVAL);
-    assert_int_equal(ingest_replay_parse(r, NULL, 5, NULL, 0), FR_ERR_INVAL);
-    assert_int_equal(ingest_replay_parse(NULL, "latest", 6, NULL, 0), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_parse(r, NULL, 0, err, sizeof(err)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_parse(r, NULL, 5, NULL, 0), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_parse(NULL, "latest", 6, NULL, 0), FR_ERR_INVAL);
     free(r);
 }
 
 static void test_replay_parse_reads_exactly_len_bytes(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256];
     const char text[] = "shift:-20 topic=rtXXXX";
-    assert_int_equal(ingest_replay_parse(r, text, 18, err, sizeof(err)), FR_OK);
-    assert_int_equal(r->kind, INGEST_REPLAY_SHIFT);
+    assert_int_equal(psstore_replay_parse(r, text, 18, err, sizeof(err)), FR_OK);
+    assert_int_equal(r->kind, PSSTORE_REPLAY_SHIFT);
     assert_true(r->shift == -20);
     assert_string_equal(r->topic, "rt");
-    assert_int_equal(ingest_replay_parse(r, text, 9, err, sizeof(err)), FR_OK);
+    assert_int_equal(psstore_replay_parse(r, text, 9, err, sizeof(err)), FR_OK);
     assert_string_equal(r->topic, "");
-    assert_int_equal(ingest_replay_parse(r, text, 8, err, sizeof(err)), FR_OK);
+    assert_int_equal(psstore_replay_parse(r, text, 8, err, sizeof(err)), FR_OK);
     assert_true(r->shift == -2);
-    assert_int_equal(ingest_replay_parse(r, text, 7, err, sizeof(err)), FR_ERR_INVAL);
-    assert_int_equal(ingest_replay_parse(r, text, 17, err, sizeof(err)), FR_OK);
+    assert_int_equal(psstore_replay_parse(r, text, 7, err, sizeof(err)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_parse(r, text, 17, err, sizeof(err)), FR_OK);
     assert_string_equal(r->topic, "r");
     free(r);
 }
@@ -624,17 +624,17 @@ static void test_replay_parse_reads_exactly_len_bytes(void **state)
 static void test_replay_parse_takes_at_most_max_parts(void **state)
 {
     (void)state;
-    size_t cap = 7 + (INGEST_REPLAY_MAX_PARTS + 1) * 12;
+    size_t cap = 7 + (PSSTORE_REPLAY_MAX_PARTS + 1) * 12;
     char *text = malloc(cap);
     assert_non_null(text);
     size_t len = (size_t)snprintf(text, cap, "offset:");
-    for (int i = 0; i < INGEST_REPLAY_MAX_PARTS; i++)
+    for (int i = 0; i < PSSTORE_REPLAY_MAX_PARTS; i++)
         len += (size_t)snprintf(text + len, cap - len, "%s%d=%d", i ? "," : "", i, i);
     round_trip(text);
     snprintf(text + len, cap - len, ",99999=1");
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256];
-    assert_int_equal(ingest_replay_parse(r, text, strlen(text), err, sizeof(err)), FR_ERR_INVAL);
+    assert_int_equal(psstore_replay_parse(r, text, strlen(text), err, sizeof(err)), FR_ERR_INVAL);
     assert_non_null(strstr(err, "too many partitions"));
     free(text);
     free(r);
@@ -655,7 +655,7 @@ static void test_replay_parse_of_garbage_never_crashes(void **state)
                                   "shift:-20 topic=x",
                                   "offset:1=2,3=4,5=6,7=8"};
     static const char alphabet[] = "earliestoffsetdatimshf:=,- topic0123456789.";
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char err[256], out[4096], text[128];
     fr_rng_t rng;
     fr_rng_seed(&rng, 7);
@@ -711,77 +711,77 @@ static void test_replay_parse_of_garbage_never_crashes(void **state)
 static void test_replay_applies_filters_by_topic_and_listed_partition(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     int64_t off = -7;
     verb_ok(r, "to-earliest", NULL);
-    assert_true(ingest_replay_applies(r, "rt", 0, &off));
-    assert_true(ingest_replay_applies(r, "other", 5, NULL));
+    assert_true(psstore_replay_applies(r, "rt", 0, &off));
+    assert_true(psstore_replay_applies(r, "other", 5, NULL));
     assert_true(off == -7); /* only OFFSET writes it */
     strcpy(r->topic, "rt");
-    assert_true(ingest_replay_applies(r, "rt", 3, NULL));
-    assert_false(ingest_replay_applies(r, "rt2", 3, NULL));
-    assert_false(ingest_replay_applies(r, "r", 3, NULL));
-    assert_false(ingest_replay_applies(r, NULL, 3, NULL));
-    assert_false(ingest_replay_applies(r, "rt", -1, NULL));
+    assert_true(psstore_replay_applies(r, "rt", 3, NULL));
+    assert_false(psstore_replay_applies(r, "rt2", 3, NULL));
+    assert_false(psstore_replay_applies(r, "r", 3, NULL));
+    assert_false(psstore_replay_applies(r, NULL, 3, NULL));
+    assert_false(psstore_replay_applies(r, "rt", -1, NULL));
 
     verb_ok(r, "to-offset", "3:17,0:0");
-    assert_true(ingest_replay_applies(r, "any", 3, &off));
+    assert_true(psstore_replay_applies(r, "any", 3, &off));
     assert_true(off == 17);
-    assert_true(ingest_replay_applies(r, "any", 0, &off));
+    assert_true(psstore_replay_applies(r, "any", 0, &off));
     assert_true(off == 0);
-    assert_true(ingest_replay_applies(r, "any", 0, NULL));
+    assert_true(psstore_replay_applies(r, "any", 0, NULL));
     off = -7;
-    assert_false(ingest_replay_applies(r, "any", 1, &off));
+    assert_false(psstore_replay_applies(r, "any", 1, &off));
     assert_true(off == -7);
     strcpy(r->topic, "rt");
-    assert_false(ingest_replay_applies(r, "other", 3, &off));
-    assert_true(ingest_replay_applies(r, "rt", 3, &off));
-    assert_false(ingest_replay_applies(NULL, "rt", 3, &off));
+    assert_false(psstore_replay_applies(r, "other", 3, &off));
+    assert_true(psstore_replay_applies(r, "rt", 3, &off));
+    assert_false(psstore_replay_applies(NULL, "rt", 3, &off));
     free(r);
 }
 
 static void test_replay_describe_reads_as_a_plan(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     char buf[128];
     verb_ok(r, "to-earliest", NULL);
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "earliest");
     verb_ok(r, "to-latest", NULL);
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "latest");
     verb_ok(r, "to-offset", "0:42,1:7");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "offset 42");
-    ingest_replay_describe(r, 2, buf, sizeof(buf));
+    psstore_replay_describe(r, 2, buf, sizeof(buf));
     assert_string_equal(buf, "unchanged (partition 2 not listed)");
     verb_ok(r, "to-datetime", "2026-11-29T21:00:00+01:00");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "first record at or after 2026-11-29T20:00:00.000Z");
     verb_ok(r, "to-datetime", "1969-12-31T23:59:59.999Z");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "first record at or after 1969-12-31T23:59:59.999Z");
     verb_ok(r, "to-datetime", "0000-03-01T00:00:00.007Z");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "first record at or after 0000-03-01T00:00:00.007Z");
     verb_ok(r, "by-duration", "PT1H");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "first record at or after 2026-11-29T19:00:00.000Z");
     verb_ok(r, "shift-by", "-100");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "watermark - 100");
     verb_ok(r, "shift-by", "5");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "watermark + 5");
     verb_ok(r, "shift-by", "-9223372036854775808");
-    ingest_replay_describe(r, 0, buf, sizeof(buf));
+    psstore_replay_describe(r, 0, buf, sizeof(buf));
     assert_string_equal(buf, "watermark - 9223372036854775808");
     /* cut to the buffer, never past it */
     verb_ok(r, "to-earliest", NULL);
-    ingest_replay_describe(r, 0, buf, 4);
+    psstore_replay_describe(r, 0, buf, 4);
     assert_string_equal(buf, "ear");
-    ingest_replay_describe(r, 0, NULL, 0);
+    psstore_replay_describe(r, 0, NULL, 0);
     free(r);
 }
 
@@ -790,7 +790,7 @@ static void test_replay_describe_reads_as_a_plan(void **state)
 static void test_replay_calendar_matches_a_day_counter(void **state)
 {
     (void)state;
-    ingest_replay_t *r = new_replay();
+    psstore_replay_t *r = new_replay();
     /* 1600-01-01 is 135140 days before 1970-01-01 */
     int64_t day = -135140;
     char arg[64], want[96], buf[128];
@@ -804,7 +804,7 @@ static void test_replay_calendar_matches_a_day_counter(void **state)
                 if (r->at_ms != day * 86400000LL + 43200000LL)
                     fail_msg("%s: %lld, expected day %lld", arg, (long long)r->at_ms,
                              (long long)day);
-                ingest_replay_describe(r, 0, buf, sizeof(buf));
+                psstore_replay_describe(r, 0, buf, sizeof(buf));
                 snprintf(want, sizeof(want),
                          "first record at or after %04d-%02d-%02dT12:00:00.000Z", y, m, d);
                 assert_string_equal(buf, want);

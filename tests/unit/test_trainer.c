@@ -23,9 +23,9 @@ static char errstr[512];
 
 static void test_model_parses_layers_and_lays_out_parameters(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(
-        trainer_model_init(&m, "784-256-10", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "784-256-10", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)),
+                     FR_OK);
     assert_int_equal(m.nlayers, 2);
     assert_int_equal(m.dims[0], 784);
     assert_int_equal(m.dims[2], 10);
@@ -35,7 +35,7 @@ static void test_model_parses_layers_and_lays_out_parameters(void **state)
     assert_int_equal(m.b_off[1], 256 * 784 + 256 + 10 * 256);
     assert_int_equal(m.nparams, 203530);
     char buf[64];
-    trainer_model_layers(&m, buf, sizeof(buf));
+    model_layers(&m, buf, sizeof(buf));
     assert_string_equal(buf, "784-256-10");
 }
 
@@ -51,13 +51,12 @@ static void test_model_rejects_bad_layer_lists(void **state)
                                       "784 -10",
                                       "784-2000000",
                                       "1-2-3-4-5-6-7-8-9-10-11-12-13-14-15-16-17"};
-    trainer_model_t m;
+    model_t m;
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        assert_int_equal(
-            trainer_model_init(&m, bad[i], TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-            FR_ERR_INVAL);
+        assert_int_equal(model_init(&m, bad[i], MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)),
+                         FR_ERR_INVAL);
         assert_non_null(strstr(errstr, "model:"));
-        trainer_model_t zero;
+        model_t zero;
         memset(&zero, 0, sizeof(zero));
         assert_memory_equal(&m, &zero, sizeof(m));
     }
@@ -65,15 +64,14 @@ static void test_model_rejects_bad_layer_lists(void **state)
 
 static void test_model_checks_output_width_against_loss(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "5-1", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
+    model_t m;
+    assert_int_equal(model_init(&m, "5-1", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)),
                      FR_ERR_INVAL);
     assert_non_null(strstr(errstr, "at least 2 outputs"));
-    assert_int_equal(trainer_model_init(&m, "5-2", TRAINER_LOSS_LOGISTIC, errstr, sizeof(errstr)),
+    assert_int_equal(model_init(&m, "5-2", MODEL_LOSS_LOGISTIC, errstr, sizeof(errstr)),
                      FR_ERR_INVAL);
     assert_non_null(strstr(errstr, "exactly 1 output"));
-    assert_int_equal(trainer_model_init(&m, "5-3-1", TRAINER_LOSS_MSE, errstr, sizeof(errstr)),
-                     FR_OK);
+    assert_int_equal(model_init(&m, "5-3-1", MODEL_LOSS_MSE, errstr, sizeof(errstr)), FR_OK);
     ingest_schema_t s;
     trainer_model_schema(&m, &s);
     assert_int_equal(s.features, 5);
@@ -82,14 +80,13 @@ static void test_model_checks_output_width_against_loss(void **state)
 
 static void test_init_is_seeded_he_uniform_with_zero_bias(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(
-        trainer_model_init(&m, "50-30-4", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "50-30-4", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     float *a = malloc(m.nparams * sizeof(float)), *b = malloc(m.nparams * sizeof(float));
-    trainer_params_init(&m, a, 7);
-    trainer_params_init(&m, b, 7);
+    model_params_init(&m, a, 7);
+    model_params_init(&m, b, 7);
     assert_memory_equal(a, b, m.nparams * sizeof(float));
-    trainer_params_init(&m, b, 8);
+    model_params_init(&m, b, 8);
     assert_memory_not_equal(a, b, m.nparams * sizeof(float));
     for (int l = 0; l < m.nlayers; l++) {
         float bound = sqrtf(6.0f / (float)m.dims[l]), maxabs = 0;
@@ -134,8 +131,7 @@ static void test_sgemm_matches_plain_loops_for_every_transpose(void **state)
 /* ---- gradients ---------------------------------------------------------- */
 
 /* Random weights, inputs and labels valid for the loss. */
-static void random_problem(const trainer_model_t *m, int n, uint64_t seed, double *w, double *x,
-                           double *y)
+static void random_problem(const model_t *m, int n, uint64_t seed, double *w, double *x, double *y)
 {
     fr_rng_t rng;
     fr_rng_seed(&rng, seed);
@@ -144,9 +140,9 @@ static void random_problem(const trainer_model_t *m, int n, uint64_t seed, doubl
     for (size_t i = 0; i < (size_t)n * m->dims[0]; i++)
         x[i] = 2.0 * fr_rng_uniform(&rng) - 1.0;
     for (int i = 0; i < n; i++) {
-        if (m->loss == TRAINER_LOSS_SOFTMAX)
+        if (m->loss == MODEL_LOSS_SOFTMAX)
             y[i] = (double)fr_rng_below(&rng, (uint64_t)m->dims[m->nlayers]);
-        else if (m->loss == TRAINER_LOSS_LOGISTIC)
+        else if (m->loss == MODEL_LOSS_LOGISTIC)
             y[i] = (double)fr_rng_below(&rng, 2);
         else
             y[i] = 3.0 * fr_rng_uniform(&rng) - 1.5;
@@ -159,10 +155,10 @@ static void random_problem(const trainer_model_t *m, int n, uint64_t seed, doubl
  *     loss, in double precision (h = 1e-6);
  *  2. the CPU backend's float gradient and loss against the reference.
  */
-static void check_gradient(const char *layers, trainer_loss_t loss, int n, uint64_t seed)
+static void check_gradient(const char *layers, model_loss_t loss, int n, uint64_t seed)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, layers, loss, errstr, sizeof(errstr)), FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, layers, loss, errstr, sizeof(errstr)), FR_OK);
     size_t P = m.nparams, X = (size_t)n * m.dims[0];
     double *w = malloc(P * sizeof(double)), *g = malloc(P * sizeof(double));
     double *x = malloc(X * sizeof(double)), *y = malloc((size_t)n * sizeof(double));
@@ -191,7 +187,7 @@ static void check_gradient(const char *layers, trainer_loss_t loss, int n, uint6
         double fd = (lp - lm) / (2 * h) / n;
         if (fabs(g[i] - fd) > 1e-6 + 1e-5 * fabs(fd)) {
             fail_msg("%s %s n=%d: d/dw[%zu] reference %.10g, finite difference %.10g", layers,
-                     trainer_loss_name(loss), n, i, g[i], fd);
+                     model_loss_name(loss), n, i, g[i], fd);
         }
     }
 
@@ -204,7 +200,7 @@ static void check_gradient(const char *layers, trainer_loss_t loss, int n, uint6
     for (size_t i = 0; i < P; i++) {
         if (fabs(gf[i] - g[i]) > 1e-5 + 1e-4 * fabs(g[i]))
             fail_msg("%s %s n=%d: cpu d/dw[%zu] = %.8g, reference %.8g", layers,
-                     trainer_loss_name(loss), n, i, gf[i], g[i]);
+                     model_loss_name(loss), n, i, gf[i], g[i]);
     }
     trainer_backend_destroy(b);
     free(w);
@@ -220,34 +216,33 @@ static void check_gradient(const char *layers, trainer_loss_t loss, int n, uint6
 
 static void test_softmax_gradients_match_finite_differences(void **state)
 {
-    check_gradient("7-5-3", TRAINER_LOSS_SOFTMAX, 9, 1);
-    check_gradient("7-5-3", TRAINER_LOSS_SOFTMAX, 1, 2);
-    check_gradient("11-4", TRAINER_LOSS_SOFTMAX, 5, 3);     /* no hidden layer */
-    check_gradient("6-9-5-4", TRAINER_LOSS_SOFTMAX, 13, 4); /* two hidden layers */
+    check_gradient("7-5-3", MODEL_LOSS_SOFTMAX, 9, 1);
+    check_gradient("7-5-3", MODEL_LOSS_SOFTMAX, 1, 2);
+    check_gradient("11-4", MODEL_LOSS_SOFTMAX, 5, 3);     /* no hidden layer */
+    check_gradient("6-9-5-4", MODEL_LOSS_SOFTMAX, 13, 4); /* two hidden layers */
 }
 
 static void test_logistic_gradients_match_finite_differences(void **state)
 {
-    check_gradient("7-5-1", TRAINER_LOSS_LOGISTIC, 9, 5);
-    check_gradient("7-5-1", TRAINER_LOSS_LOGISTIC, 1, 6);
-    check_gradient("13-1", TRAINER_LOSS_LOGISTIC, 6, 7);
-    check_gradient("3-8-7-1", TRAINER_LOSS_LOGISTIC, 11, 8);
+    check_gradient("7-5-1", MODEL_LOSS_LOGISTIC, 9, 5);
+    check_gradient("7-5-1", MODEL_LOSS_LOGISTIC, 1, 6);
+    check_gradient("13-1", MODEL_LOSS_LOGISTIC, 6, 7);
+    check_gradient("3-8-7-1", MODEL_LOSS_LOGISTIC, 11, 8);
 }
 
 static void test_mse_gradients_match_finite_differences(void **state)
 {
-    check_gradient("7-5-1", TRAINER_LOSS_MSE, 9, 9);
-    check_gradient("7-5-1", TRAINER_LOSS_MSE, 1, 10);
-    check_gradient("4-1", TRAINER_LOSS_MSE, 3, 11);
-    check_gradient("5-6-3-1", TRAINER_LOSS_MSE, 17, 12);
+    check_gradient("7-5-1", MODEL_LOSS_MSE, 9, 9);
+    check_gradient("7-5-1", MODEL_LOSS_MSE, 1, 10);
+    check_gradient("4-1", MODEL_LOSS_MSE, 3, 11);
+    check_gradient("5-6-3-1", MODEL_LOSS_MSE, 17, 12);
 }
 
 /* A hand-computed softmax cross-entropy: logits (1, 2, 3), label 2. */
 static void test_softmax_loss_and_accuracy_match_hand_computation(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "3-3", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "3-3", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     /* identity weights, zero bias: logits = inputs */
     float w[12] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
     float x[6] = {1, 2, 3, 3, 2, 1}, y[2] = {2, 2};
@@ -271,9 +266,8 @@ static void test_softmax_loss_and_accuracy_match_hand_computation(void **state)
 
 static void test_backend_rejects_bad_batches_and_labels(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "2-3", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "2-3", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     float w[9] = {0}, g[9], x[4] = {1, 2, 3, 4}, y[2] = {0, 3};
     trainer_backend_t *b = trainer_backend_new("cpu", &m, 2, 0, errstr, sizeof(errstr));
     assert_non_null(b);
@@ -290,9 +284,8 @@ static void test_backend_rejects_bad_batches_and_labels(void **state)
 
 static void test_backend_names_are_checked(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "2-3", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "2-3", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     assert_null(trainer_backend_new("tpu", &m, 2, 0, errstr, sizeof(errstr)));
     assert_non_null(strstr(errstr, "unknown backend 'tpu'"));
     trainer_backend_t *b = trainer_backend_new("auto", &m, 2, 0, errstr, sizeof(errstr));
@@ -309,9 +302,8 @@ static void test_backend_names_are_checked(void **state)
  * unit sits exactly at 0, so nothing flows back to the first layer. */
 static void test_relu_gradient_is_zero_at_zero(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "3-4-2", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "3-4-2", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     float w[26] = {0}, g[26], x[6] = {1, 2, 3, -1, -2, -3}, y[2] = {0, 1};
     for (int i = 0; i < 8; i++)
         w[m.w_off[1] + i] = 0.5f * (float)(i + 1);
@@ -330,9 +322,8 @@ static void test_relu_gradient_is_zero_at_zero(void **state)
  * controller and the divergence checks see it. */
 static void test_nan_weights_propagate_to_loss_and_gradient(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "2-3-2", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "2-3-2", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     float w[17], g[17], x[2] = {1, 1}, y[1] = {1};
     for (int i = 0; i < 17; i++)
         w[i] = 0.1f * (float)(i % 5) + 0.05f;
@@ -353,11 +344,10 @@ static void test_nan_weights_propagate_to_loss_and_gradient(void **state)
  * gives the one-batch answer. */
 static void test_evaluate_in_chunks_matches_one_batch(void **state)
 {
-    trainer_model_t m;
-    assert_int_equal(trainer_model_init(&m, "5-4-3", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m;
+    assert_int_equal(model_init(&m, "5-4-3", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     float *w = malloc(m.nparams * sizeof(float)), x[50], y[10];
-    trainer_params_init(&m, w, 9);
+    model_params_init(&m, w, 9);
     fr_rng_t rng;
     fr_rng_seed(&rng, 9);
     for (int i = 0; i < 50; i++)
@@ -383,18 +373,17 @@ static void test_evaluate_in_chunks_matches_one_batch(void **state)
 
 static void test_model_file_round_trips_weights_and_metadata(void **state)
 {
-    trainer_model_t m, back;
-    assert_int_equal(trainer_model_init(&m, "6-4-3", TRAINER_LOSS_SOFTMAX, errstr, sizeof(errstr)),
-                     FR_OK);
+    model_t m, back;
+    assert_int_equal(model_init(&m, "6-4-3", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
     float *w = malloc(m.nparams * sizeof(float)), *w2 = NULL;
-    trainer_params_init(&m, w, 5);
+    model_params_init(&m, w, 5);
     for (int i = 0; i < 4; i++)
         w[m.b_off[0] + i] = 0.25f * (float)i;
     const char *path = FRESHET_BINARY_DIR "/test_trainer_model.safetensors";
     fr_st_kv_t extra[] = {{"freshet.version", "17"}};
-    assert_int_equal(trainer_model_save(path, &m, w, extra, 1, errstr, sizeof(errstr)), FR_OK);
-    assert_int_equal(trainer_model_load(path, NULL, &back, &w2, errstr, sizeof(errstr)), FR_OK);
-    assert_true(trainer_model_equal(&m, &back));
+    assert_int_equal(model_save(path, &m, w, extra, 1, errstr, sizeof(errstr)), FR_OK);
+    assert_int_equal(model_load(path, NULL, &back, &w2, errstr, sizeof(errstr)), FR_OK);
+    assert_true(model_equal(&m, &back));
     assert_memory_equal(w, w2, m.nparams * sizeof(float));
     fr_st_file_t *st = fr_st_read_file(path, errstr, sizeof(errstr));
     assert_non_null(st);
@@ -443,14 +432,14 @@ static void test_model_file_without_metadata_takes_layers_from_shapes(void **sta
     };
     const char *path = FRESHET_BINARY_DIR "/test_trainer_torch.safetensors";
     assert_int_equal(fr_st_write_file(path, t, 4, NULL, 0, errstr, sizeof(errstr)), FR_OK);
-    trainer_model_t m;
+    model_t m;
     float *w = NULL;
-    assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
+    assert_int_equal(model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
     assert_non_null(strstr(errstr, "no freshet.loss"));
-    trainer_loss_t hint = TRAINER_LOSS_MSE;
-    assert_int_equal(trainer_model_load(path, &hint, &m, &w, errstr, sizeof(errstr)), FR_OK);
+    model_loss_t hint = MODEL_LOSS_MSE;
+    assert_int_equal(model_load(path, &hint, &m, &w, errstr, sizeof(errstr)), FR_OK);
     char layers[64];
-    trainer_model_layers(&m, layers, sizeof(layers));
+    model_layers(&m, layers, sizeof(layers));
     assert_string_equal(layers, "3-2-1");
     float expect[11] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
     assert_memory_equal(w, expect, sizeof(expect));
@@ -462,7 +451,7 @@ static void test_model_file_rejects_wrong_shapes_dtypes_and_values(void **state)
     const char *path = FRESHET_BINARY_DIR "/test_trainer_bad.safetensors";
     float w1[6] = {0}, b1[3] = {0};
     fr_st_kv_t meta[] = {{"freshet.layers", "3-2"}, {"freshet.loss", "softmax"}};
-    trainer_model_t m;
+    model_t m;
     float *w = NULL;
     /* weight stored as [3, 2] where [2, 3] is due */
     fr_st_tensor_t t[2] = {
@@ -475,14 +464,14 @@ static void test_model_file_rejects_wrong_shapes_dtypes_and_values(void **state)
         {.name = "layers.0.bias", .dtype = "F32", .ndim = 1, .shape = {2}, .data = b1, .nbytes = 8},
     };
     assert_int_equal(fr_st_write_file(path, t, 2, meta, 2, errstr, sizeof(errstr)), FR_OK);
-    assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
+    assert_int_equal(model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
     assert_non_null(strstr(errstr, "layers.0.weight has the wrong shape"));
     assert_null(w);
     /* a missing bias */
     t[0].shape[0] = 2;
     t[0].shape[1] = 3;
     assert_int_equal(fr_st_write_file(path, t, 1, meta, 2, errstr, sizeof(errstr)), FR_OK);
-    assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
+    assert_int_equal(model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
     assert_non_null(strstr(errstr, "1 tensors"));
     /* an F64 bias where F32 is due */
     double b64[2] = {0, 0};
@@ -509,13 +498,12 @@ static void test_model_file_rejects_wrong_shapes_dtypes_and_values(void **state)
     fwrite(w1, 4, 6, f);
     fwrite(b64, 8, 2, f);
     fclose(f);
-    assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
+    assert_int_equal(model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_PARSE);
     assert_non_null(strstr(errstr, "dtype F64, expected F32"));
     /* a NaN weight */
     w1[4] = NAN;
     assert_int_equal(fr_st_write_file(path, t, 2, meta, 2, errstr, sizeof(errstr)), FR_OK);
-    assert_int_equal(trainer_model_load(path, NULL, &m, &w, errstr, sizeof(errstr)),
-                     FR_ERR_NONFINITE);
+    assert_int_equal(model_load(path, NULL, &m, &w, errstr, sizeof(errstr)), FR_ERR_NONFINITE);
     assert_non_null(strstr(errstr, "non-finite"));
     assert_null(w);
 }

@@ -1,28 +1,28 @@
 /*
- * model.c - the model spec, its flat parameter layout and seeded
- * initialisation.
+ * model.c - the model spec, its flat parameter layout, seeded
+ * initialisation and the loss names. Pure: common/ only.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/trainer.h"
+#include "model/model.h"
 
 static const char *const loss_names[] = {"softmax", "logistic", "mse"};
 
-fr_err_t trainer_loss_parse(const char *name, trainer_loss_t *loss)
+fr_err_t model_loss_parse(const char *name, model_loss_t *loss)
 {
     for (int i = 0; i < 3; i++) {
         if (strcmp(name, loss_names[i]) == 0) {
-            *loss = (trainer_loss_t)i;
+            *loss = (model_loss_t)i;
             return FR_OK;
         }
     }
     return FR_ERR_INVAL;
 }
 
-const char *trainer_loss_name(trainer_loss_t loss)
+const char *model_loss_name(model_loss_t loss)
 {
     return (unsigned)loss < 3 ? loss_names[loss] : "unknown";
 }
@@ -32,35 +32,34 @@ const char *trainer_loss_name(trainer_loss_t loss)
  * against the loss, and computes the layout offsets. On error m is left
  * zeroed and errstr says which part of the list is wrong.
  */
-static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
-                           char *errstr, size_t size);
+static fr_err_t model_init_layout(model_t *m, const char *layers, model_loss_t loss, char *errstr,
+                                  size_t size);
 
-fr_err_t trainer_model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
-                            char *errstr, size_t size)
+fr_err_t model_init(model_t *m, const char *layers, model_loss_t loss, char *errstr, size_t size)
 {
-    fr_err_t err = model_init(m, layers, loss, errstr, size);
+    fr_err_t err = model_init_layout(m, layers, loss, errstr, size);
     if (err != FR_OK)
         memset(m, 0, sizeof(*m));
     return err;
 }
 
-static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_t loss,
-                           char *errstr, size_t size)
+static fr_err_t model_init_layout(model_t *m, const char *layers, model_loss_t loss, char *errstr,
+                                  size_t size)
 {
     memset(m, 0, sizeof(*m));
-    if ((unsigned)loss > TRAINER_LOSS_MSE)
+    if ((unsigned)loss > MODEL_LOSS_MSE)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "model: unknown loss %d", (int)loss);
     int ndims;
     fr_err_t err = fr_layers_parse(layers, m->dims, &ndims, errstr, size);
     if (err != FR_OK)
         return err;
     int out = m->dims[ndims - 1];
-    if (loss == TRAINER_LOSS_SOFTMAX && out < 2)
+    if (loss == MODEL_LOSS_SOFTMAX && out < 2)
         return fr_errorf(FR_ERR_INVAL, errstr, size,
                          "model: softmax needs at least 2 outputs, '%s' has %d", layers, out);
-    if (loss != TRAINER_LOSS_SOFTMAX && out != 1)
+    if (loss != MODEL_LOSS_SOFTMAX && out != 1)
         return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "model: %s needs exactly 1 output, '%s' has %d", trainer_loss_name(loss),
+                         "model: %s needs exactly 1 output, '%s' has %d", model_loss_name(loss),
                          layers, out);
     m->nlayers = ndims - 1;
     m->loss = loss;
@@ -70,16 +69,16 @@ static fr_err_t model_init(trainer_model_t *m, const char *layers, trainer_loss_
         off += (size_t)m->dims[l + 1] * (size_t)m->dims[l];
         m->b_off[l] = off;
         off += (size_t)m->dims[l + 1];
-        if (off > TRAINER_MAX_PARAMS) {
+        if (off > MODEL_MAX_PARAMS) {
             return fr_errorf(FR_ERR_INVAL, errstr, size, "model: '%s' has more than %u parameters",
-                             layers, TRAINER_MAX_PARAMS);
+                             layers, MODEL_MAX_PARAMS);
         }
     }
     m->nparams = off;
     return FR_OK;
 }
 
-void trainer_model_layers(const trainer_model_t *m, char *buf, size_t size)
+void model_layers(const model_t *m, char *buf, size_t size)
 {
     size_t off = 0;
     if (size == 0)
@@ -93,7 +92,7 @@ void trainer_model_layers(const trainer_model_t *m, char *buf, size_t size)
     }
 }
 
-int trainer_model_equal(const trainer_model_t *a, const trainer_model_t *b)
+int model_equal(const model_t *a, const model_t *b)
 {
     if (a->nlayers != b->nlayers || a->loss != b->loss)
         return 0;
@@ -103,26 +102,12 @@ int trainer_model_equal(const trainer_model_t *a, const trainer_model_t *b)
     return 1;
 }
 
-void trainer_model_schema(const trainer_model_t *m, ingest_schema_t *schema)
-{
-    memset(schema, 0, sizeof(*schema));
-    schema->features = m->dims[0];
-    switch (m->loss) {
-    case TRAINER_LOSS_SOFTMAX:
-        schema->label = INGEST_LABEL_CLASS;
-        schema->classes = m->dims[m->nlayers];
-        break;
-    case TRAINER_LOSS_LOGISTIC: schema->label = INGEST_LABEL_BINARY; break;
-    case TRAINER_LOSS_MSE: schema->label = INGEST_LABEL_REAL; break;
-    }
-}
-
 /*
  * He-uniform weights (bound sqrt(6 / fan_in), suited to ReLU) and zero
  * biases, drawn in layout order so that the result depends on the seed and
  * the layer list only.
  */
-void trainer_params_init(const trainer_model_t *m, float *w, uint64_t seed)
+void model_params_init(const model_t *m, float *w, uint64_t seed)
 {
     fr_rng_t rng;
     fr_rng_seed(&rng, seed);

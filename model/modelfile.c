@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/trainer.h"
+#include "model/model.h"
 
 #define MAX_META 16
 
@@ -17,8 +17,8 @@
  * Fills tensors[2 * L] (names in names[][32]) pointing into w, and the
  * metadata list: format, freshet.layers, freshet.loss, then extra.
  */
-static size_t describe(const trainer_model_t *m, const float *w, fr_st_tensor_t *tensors,
-                       char (*names)[32], char *layers, size_t layers_size)
+static size_t describe(const model_t *m, const float *w, fr_st_tensor_t *tensors, char (*names)[32],
+                       char *layers, size_t layers_size)
 {
     size_t nt = 0;
     for (int l = 0; l < m->nlayers; l++) {
@@ -36,17 +36,17 @@ static size_t describe(const trainer_model_t *m, const float *w, fr_st_tensor_t 
         tensors[nt].nbytes = (size_t)m->dims[l + 1] * sizeof(float);
         nt++;
     }
-    trainer_model_layers(m, layers, layers_size);
+    model_layers(m, layers, layers_size);
     return nt;
 }
 
-static size_t describe_meta(const trainer_model_t *m, const char *layers, const fr_st_kv_t *extra,
+static size_t describe_meta(const model_t *m, const char *layers, const fr_st_kv_t *extra,
                             size_t nextra, fr_st_kv_t *meta)
 {
     size_t nm = 0;
     meta[nm++] = (fr_st_kv_t){"format", "pt"};
     meta[nm++] = (fr_st_kv_t){"freshet.layers", layers};
-    meta[nm++] = (fr_st_kv_t){"freshet.loss", trainer_loss_name(m->loss)};
+    meta[nm++] = (fr_st_kv_t){"freshet.loss", model_loss_name(m->loss)};
     for (size_t i = 0; i < nextra && nm < MAX_META; i++)
         meta[nm++] = extra[i];
     return nm;
@@ -54,30 +54,30 @@ static size_t describe_meta(const trainer_model_t *m, const char *layers, const 
 
 /* Everything a model file holds, described for the safetensors codec. */
 typedef struct model_desc {
-    fr_st_tensor_t tensors[2 * TRAINER_MAX_LAYERS];
-    char names[2 * TRAINER_MAX_LAYERS][32];
-    char layers[16 * (TRAINER_MAX_LAYERS + 1)];
+    fr_st_tensor_t tensors[2 * MODEL_MAX_LAYERS];
+    char names[2 * MODEL_MAX_LAYERS][32];
+    char layers[16 * (MODEL_MAX_LAYERS + 1)];
     fr_st_kv_t meta[MAX_META];
     size_t nt, nm;
 } model_desc_t;
 
-static void describe_model(model_desc_t *d, const trainer_model_t *m, const float *w,
+static void describe_model(model_desc_t *d, const model_t *m, const float *w,
                            const fr_st_kv_t *extra, size_t nextra)
 {
     d->nt = describe(m, w, d->tensors, d->names, d->layers, sizeof(d->layers));
     d->nm = describe_meta(m, d->layers, extra, nextra, d->meta);
 }
 
-fr_err_t trainer_model_encode(const trainer_model_t *m, const float *w, const fr_st_kv_t *extra,
-                              size_t nextra, uint8_t **out, size_t *len, char *errstr, size_t size)
+fr_err_t model_encode(const model_t *m, const float *w, const fr_st_kv_t *extra, size_t nextra,
+                      uint8_t **out, size_t *len, char *errstr, size_t size)
 {
     model_desc_t d;
     describe_model(&d, m, w, extra, nextra);
     return fr_st_encode(d.tensors, d.nt, d.meta, d.nm, out, len, errstr, size);
 }
 
-fr_err_t trainer_model_save(const char *path, const trainer_model_t *m, const float *w,
-                            const fr_st_kv_t *extra, size_t nextra, char *errstr, size_t size)
+fr_err_t model_save(const char *path, const model_t *m, const float *w, const fr_st_kv_t *extra,
+                    size_t nextra, char *errstr, size_t size)
 {
     model_desc_t d;
     describe_model(&d, m, w, extra, nextra);
@@ -92,7 +92,7 @@ static fr_err_t infer_layers(const fr_st_file_t *st, char *buf, size_t bufsize, 
                              size_t size)
 {
     size_t off = 0;
-    for (int l = 0; l <= TRAINER_MAX_LAYERS; l++) {
+    for (int l = 0; l <= MODEL_MAX_LAYERS; l++) {
         char name[32];
         snprintf(name, sizeof(name), "layers.%d.weight", l);
         const fr_st_tensor_t *t = fr_st_find(st, name);
@@ -143,10 +143,10 @@ static fr_err_t take_tensor(const fr_st_file_t *st, const char *name, int64_t ro
     return FR_OK;
 }
 
-fr_err_t trainer_model_load(const char *path, const trainer_loss_t *loss_hint, trainer_model_t *m,
-                            float **w, char *errstr, size_t size)
+fr_err_t model_load(const char *path, const model_loss_t *loss_hint, model_t *m, float **w,
+                    char *errstr, size_t size)
 {
-    char layers[16 * (TRAINER_MAX_LAYERS + 1)];
+    char layers[16 * (MODEL_MAX_LAYERS + 1)];
     fr_err_t err;
     *w = NULL;
     fr_st_file_t *st = fr_st_read_file(path, errstr, size);
@@ -154,9 +154,9 @@ fr_err_t trainer_model_load(const char *path, const trainer_loss_t *loss_hint, t
         return FR_ERR_PARSE;
     const char *meta_layers = fr_st_meta(st, "freshet.layers");
     const char *meta_loss = fr_st_meta(st, "freshet.loss");
-    trainer_loss_t loss;
+    model_loss_t loss;
     if (meta_loss != NULL) {
-        if (trainer_loss_parse(meta_loss, &loss) != FR_OK) {
+        if (model_loss_parse(meta_loss, &loss) != FR_OK) {
             err = fr_errorf(FR_ERR_PARSE, errstr, size, "%s: unknown freshet.loss '%s'", path,
                             meta_loss);
             goto err;
@@ -173,7 +173,7 @@ fr_err_t trainer_model_load(const char *path, const trainer_loss_t *loss_hint, t
     } else if ((err = infer_layers(st, layers, sizeof(layers), errstr, size)) != FR_OK) {
         goto err;
     }
-    if ((err = trainer_model_init(m, layers, loss, errstr, size)) != FR_OK)
+    if ((err = model_init(m, layers, loss, errstr, size)) != FR_OK)
         goto err;
     if (fr_st_count(st) != 2 * (size_t)m->nlayers) {
         err = fr_errorf(FR_ERR_PARSE, errstr, size, "%s: %zu tensors, a %s model has %d", path,

@@ -7,7 +7,7 @@
  *
  * The stored text comes back from Redis, so its parser trusts nothing: it
  * reads exactly len bytes, accepts only the canonical form that
- * ingest_replay_format writes (no signs, blanks or leading zeros it would
+ * psstore_replay_format writes (no signs, blanks or leading zeros it would
  * not write), so that format(parse(t)) == t for every text it accepts, and
  * it range-checks every number before using it. The command-line verbs are
  * parsed as strictly, with errors that name the verb and quote the bad part.
@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ingest/ingest.h"
+#include "psstore/core.h"
 
 #define MS_PER_DAY  86400000LL
 #define AT_MIN_MS   (-62167219200000LL) /* 0000-01-01T00:00:00.000Z */
@@ -45,11 +45,11 @@ static int is_topic_char(char c)
            c == '_' || c == '-';
 }
 
-/* Nonzero when s[0..n) is a Kafka topic name: 1..INGEST_TOPIC_MAX
+/* Nonzero when s[0..n) is a Kafka topic name: 1..PSSTORE_TOPIC_MAX
  * characters of [A-Za-z0-9._-], and not "." or ".." (Kafka refuses both). */
 static int topic_valid(const char *s, size_t n)
 {
-    if (n < 1 || n > INGEST_TOPIC_MAX)
+    if (n < 1 || n > PSSTORE_TOPIC_MAX)
         return 0;
     if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
         return 0;
@@ -61,7 +61,7 @@ static int topic_valid(const char *s, size_t n)
 }
 
 /* Nonzero when r->topic is "" or a valid NUL-terminated topic name. */
-static int replay_topic_valid(const ingest_replay_t *r)
+static int replay_topic_valid(const psstore_replay_t *r)
 {
     const char *nul = memchr(r->topic, '\0', sizeof(r->topic));
     if (nul == NULL)
@@ -344,7 +344,7 @@ shape:
 }
 
 /* Nonzero when parts[0..n) already lists partition. */
-static int part_listed(const ingest_replay_t *r, size_t n, int32_t partition)
+static int part_listed(const psstore_replay_t *r, size_t n, int32_t partition)
 {
     for (size_t i = 0; i < n; i++) {
         if (r->parts[i].partition == partition)
@@ -355,10 +355,10 @@ static int part_listed(const ingest_replay_t *r, size_t n, int32_t partition)
 
 /*
  * Parses "P:O[,P:O...]" into r->parts: partitions in [0, INT32_MAX],
- * offsets >= 0, each partition once, at most INGEST_REPLAY_MAX_PARTS.
+ * offsets >= 0, each partition once, at most PSSTORE_REPLAY_MAX_PARTS.
  * Returns 0, or FR_ERR_INVAL with errstr quoting the bad entry.
  */
-static fr_err_t parse_offset_list(ingest_replay_t *r, const char *arg, char *errstr, size_t size)
+static fr_err_t parse_offset_list(psstore_replay_t *r, const char *arg, char *errstr, size_t size)
 {
     char ex[EXCERPT_MAX + 8];
     const char *p = arg;
@@ -386,9 +386,9 @@ static fr_err_t parse_offset_list(ingest_replay_t *r, const char *arg, char *err
         if (part_listed(r, r->nparts, (int32_t)part))
             return fr_errorf(FR_ERR_INVAL, errstr, size,
                              "to-offset: partition %" PRId64 " is listed twice", part);
-        if (r->nparts == INGEST_REPLAY_MAX_PARTS)
+        if (r->nparts == PSSTORE_REPLAY_MAX_PARTS)
             return fr_errorf(FR_ERR_INVAL, errstr, size, "to-offset: more than %d partitions",
-                             INGEST_REPLAY_MAX_PARTS);
+                             PSSTORE_REPLAY_MAX_PARTS);
         r->parts[r->nparts].partition = (int32_t)part;
         r->parts[r->nparts].offset = off;
         r->nparts++;
@@ -399,12 +399,12 @@ static fr_err_t parse_offset_list(ingest_replay_t *r, const char *arg, char *err
 }
 
 /*
- * Builds r from a verb and its argument (see ingest.h). r is zeroed first,
+ * Builds r from a verb and its argument (see core.h). r is zeroed first,
  * so its topic is "". Returns FR_OK, or FR_ERR_INVAL with errstr naming
  * the verb and quoting what is wrong; r then holds nothing useful.
  */
-fr_err_t ingest_replay_from_verb(ingest_replay_t *r, const char *verb, const char *arg,
-                                 int64_t now_ms, char *errstr, size_t size)
+fr_err_t psstore_replay_from_verb(psstore_replay_t *r, const char *verb, const char *arg,
+                                  int64_t now_ms, char *errstr, size_t size)
 {
     if (r == NULL || verb == NULL)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "replay: no verb");
@@ -426,14 +426,14 @@ fr_err_t ingest_replay_from_verb(ingest_replay_t *r, const char *verb, const cha
         return fr_errorf(FR_ERR_INVAL, errstr, size, "%s: needs an argument", verb);
 
     if (strcmp(verb, "to-earliest") == 0) {
-        r->kind = INGEST_REPLAY_EARLIEST;
+        r->kind = PSSTORE_REPLAY_EARLIEST;
     } else if (strcmp(verb, "to-latest") == 0) {
-        r->kind = INGEST_REPLAY_LATEST;
+        r->kind = PSSTORE_REPLAY_LATEST;
     } else if (strcmp(verb, "to-offset") == 0) {
-        r->kind = INGEST_REPLAY_OFFSET;
+        r->kind = PSSTORE_REPLAY_OFFSET;
         return parse_offset_list(r, arg, errstr, size);
     } else if (strcmp(verb, "to-datetime") == 0) {
-        r->kind = INGEST_REPLAY_DATETIME;
+        r->kind = PSSTORE_REPLAY_DATETIME;
         return parse_datetime(arg, &r->at_ms, errstr, size);
     } else if (strcmp(verb, "by-duration") == 0) {
         int64_t dur = 0;
@@ -444,7 +444,7 @@ fr_err_t ingest_replay_from_verb(ingest_replay_t *r, const char *verb, const cha
         if (now_ms < AT_MIN_MS + dur || now_ms - dur > AT_MAX_MS)
             return fr_errorf(FR_ERR_INVAL, errstr, size,
                              "by-duration: the target falls outside the years 0000 to 9999");
-        r->kind = INGEST_REPLAY_DATETIME;
+        r->kind = PSSTORE_REPLAY_DATETIME;
         r->at_ms = now_ms - dur;
     } else {
         char ex[EXCERPT_MAX + 8];
@@ -454,7 +454,7 @@ fr_err_t ingest_replay_from_verb(ingest_replay_t *r, const char *verb, const cha
             return fr_errorf(FR_ERR_INVAL, errstr, size, "shift-by: '%s' is not an integer", ex);
         if (rc == -2)
             return fr_errorf(FR_ERR_INVAL, errstr, size, "shift-by: '%s' is out of range", ex);
-        r->kind = INGEST_REPLAY_SHIFT;
+        r->kind = PSSTORE_REPLAY_SHIFT;
     }
     return FR_OK;
 }
@@ -484,22 +484,22 @@ static void FR_PRINTF(2, 3) put(writer_t *w, const char *fmt, ...)
 }
 
 /*
- * Nonzero when r is a request that ingest_replay_parse could read back:
+ * Nonzero when r is a request that psstore_replay_parse could read back:
  * a known kind, at_ms within the years 0000..9999 for DATETIME, 1 to
- * INGEST_REPLAY_MAX_PARTS distinct partitions >= 0 with offsets >= 0 for
+ * PSSTORE_REPLAY_MAX_PARTS distinct partitions >= 0 with offsets >= 0 for
  * OFFSET, and a valid topic or "".
  */
-static int replay_valid(const ingest_replay_t *r)
+static int replay_valid(const psstore_replay_t *r)
 {
     if (!replay_topic_valid(r))
         return 0;
     switch (r->kind) {
-    case INGEST_REPLAY_EARLIEST:
-    case INGEST_REPLAY_LATEST:
-    case INGEST_REPLAY_SHIFT: return 1;
-    case INGEST_REPLAY_DATETIME: return r->at_ms >= AT_MIN_MS && r->at_ms <= AT_MAX_MS;
-    case INGEST_REPLAY_OFFSET:
-        if (r->nparts < 1 || r->nparts > INGEST_REPLAY_MAX_PARTS)
+    case PSSTORE_REPLAY_EARLIEST:
+    case PSSTORE_REPLAY_LATEST:
+    case PSSTORE_REPLAY_SHIFT: return 1;
+    case PSSTORE_REPLAY_DATETIME: return r->at_ms >= AT_MIN_MS && r->at_ms <= AT_MAX_MS;
+    case PSSTORE_REPLAY_OFFSET:
+        if (r->nparts < 1 || r->nparts > PSSTORE_REPLAY_MAX_PARTS)
             return 0;
         for (size_t i = 0; i < r->nparts; i++) {
             if (r->parts[i].partition < 0 || r->parts[i].offset < 0 ||
@@ -512,13 +512,13 @@ static int replay_valid(const ingest_replay_t *r)
 }
 
 /*
- * Writes r's stored text into buf (see ingest.h). Returns FR_OK,
+ * Writes r's stored text into buf (see core.h). Returns FR_OK,
  * FR_ERR_RANGE when it does not fit in size bytes, or FR_ERR_INVAL when r
  * is not a request the parser would accept back (unknown kind, bad topic,
  * an OFFSET list that is empty, too long, negative or repeats a
  * partition). On error buf holds "" (when size > 0).
  */
-fr_err_t ingest_replay_format(const ingest_replay_t *r, char *buf, size_t size)
+fr_err_t psstore_replay_format(const psstore_replay_t *r, char *buf, size_t size)
 {
     if (buf == NULL && size > 0)
         return FR_ERR_INVAL;
@@ -529,11 +529,11 @@ fr_err_t ingest_replay_format(const ingest_replay_t *r, char *buf, size_t size)
         return FR_ERR_INVAL;
     }
     switch (r->kind) {
-    case INGEST_REPLAY_EARLIEST: put(&w, "earliest"); break;
-    case INGEST_REPLAY_LATEST: put(&w, "latest"); break;
-    case INGEST_REPLAY_DATETIME: put(&w, "datetime:%" PRId64, r->at_ms); break;
-    case INGEST_REPLAY_SHIFT: put(&w, "shift:%" PRId64, r->shift); break;
-    case INGEST_REPLAY_OFFSET:
+    case PSSTORE_REPLAY_EARLIEST: put(&w, "earliest"); break;
+    case PSSTORE_REPLAY_LATEST: put(&w, "latest"); break;
+    case PSSTORE_REPLAY_DATETIME: put(&w, "datetime:%" PRId64, r->at_ms); break;
+    case PSSTORE_REPLAY_SHIFT: put(&w, "shift:%" PRId64, r->shift); break;
+    case PSSTORE_REPLAY_OFFSET:
         put(&w, "offset:");
         for (size_t i = 0; i < r->nparts && !w.overflow; i++)
             put(&w, "%s%" PRId32 "=%" PRId64, i > 0 ? "," : "", r->parts[i].partition,
@@ -567,7 +567,7 @@ static int starts(const char *s, size_t n, const char *prefix)
  * Parses the "P=O,P=O" list of a stored OFFSET request (s[0..n)) into r.
  * Returns 0 or -1 with why set to a static reason.
  */
-static int parse_stored_parts(ingest_replay_t *r, const char *s, size_t n, const char **why)
+static int parse_stored_parts(psstore_replay_t *r, const char *s, size_t n, const char **why)
 {
     const char *p = s, *end = s + n;
     r->nparts = 0;
@@ -589,7 +589,7 @@ static int parse_stored_parts(ingest_replay_t *r, const char *s, size_t n, const
             *why = "a partition is listed twice";
             return -1;
         }
-        if (r->nparts == INGEST_REPLAY_MAX_PARTS) {
+        if (r->nparts == PSSTORE_REPLAY_MAX_PARTS) {
             *why = "too many partitions";
             return -1;
         }
@@ -603,13 +603,13 @@ static int parse_stored_parts(ingest_replay_t *r, const char *s, size_t n, const
 }
 
 /*
- * Parses a stored request (see ingest.h): exactly the text
- * ingest_replay_format writes, nothing else. r is zeroed first. Returns
+ * Parses a stored request (see core.h): exactly the text
+ * psstore_replay_format writes, nothing else. r is zeroed first. Returns
  * FR_OK, or FR_ERR_INVAL with errstr saying what is wrong and quoting the
  * start of the text (non-printable bytes shown as '?').
  */
-fr_err_t ingest_replay_parse(ingest_replay_t *r, const char *text, size_t len, char *errstr,
-                             size_t size)
+fr_err_t psstore_replay_parse(psstore_replay_t *r, const char *text, size_t len, char *errstr,
+                              size_t size)
 {
     char ex[EXCERPT_MAX + 8];
     const char *why = "unknown kind";
@@ -633,25 +633,25 @@ fr_err_t ingest_replay_parse(ingest_replay_t *r, const char *text, size_t len, c
 
     int64_t v;
     if (equals(text, body, "earliest")) {
-        r->kind = INGEST_REPLAY_EARLIEST;
+        r->kind = PSSTORE_REPLAY_EARLIEST;
     } else if (equals(text, body, "latest")) {
-        r->kind = INGEST_REPLAY_LATEST;
+        r->kind = PSSTORE_REPLAY_LATEST;
     } else if (starts(text, body, "datetime:")) {
         if (parse_canonical(text + 9, body - 9, &v) != 0 || v < AT_MIN_MS || v > AT_MAX_MS) {
             why = "bad datetime";
             goto err;
         }
-        r->kind = INGEST_REPLAY_DATETIME;
+        r->kind = PSSTORE_REPLAY_DATETIME;
         r->at_ms = v;
     } else if (starts(text, body, "shift:")) {
         if (parse_canonical(text + 6, body - 6, &v) != 0) {
             why = "bad shift";
             goto err;
         }
-        r->kind = INGEST_REPLAY_SHIFT;
+        r->kind = PSSTORE_REPLAY_SHIFT;
         r->shift = v;
     } else if (starts(text, body, "offset:")) {
-        r->kind = INGEST_REPLAY_OFFSET;
+        r->kind = PSSTORE_REPLAY_OFFSET;
         if (parse_stored_parts(r, text + 7, body - 7, &why) != 0)
             goto err;
     } else {
@@ -669,21 +669,21 @@ err:
  * ---------------------------------------------------------------------- */
 
 /*
- * Nonzero when r moves topic/partition (see ingest.h). A request with a
+ * Nonzero when r moves topic/partition (see core.h). A request with a
  * topic matches only that topic; a NULL topic matches only a request with
  * none. For OFFSET, *offset (when offset is not NULL) receives the listed
  * offset; otherwise *offset is left alone.
  */
-int ingest_replay_applies(const ingest_replay_t *r, const char *topic, int32_t partition,
-                          int64_t *offset)
+int psstore_replay_applies(const psstore_replay_t *r, const char *topic, int32_t partition,
+                           int64_t *offset)
 {
     if (r == NULL || partition < 0 || !replay_topic_valid(r))
         return 0;
     if (r->topic[0] != '\0' && (topic == NULL || strcmp(r->topic, topic) != 0))
         return 0;
-    if (r->kind != INGEST_REPLAY_OFFSET)
+    if (r->kind != PSSTORE_REPLAY_OFFSET)
         return 1;
-    size_t n = r->nparts <= INGEST_REPLAY_MAX_PARTS ? r->nparts : INGEST_REPLAY_MAX_PARTS;
+    size_t n = r->nparts <= PSSTORE_REPLAY_MAX_PARTS ? r->nparts : PSSTORE_REPLAY_MAX_PARTS;
     for (size_t i = 0; i < n; i++) {
         if (r->parts[i].partition == partition) {
             if (offset != NULL)
@@ -696,11 +696,11 @@ int ingest_replay_applies(const ingest_replay_t *r, const char *topic, int32_t p
 
 /*
  * Writes a one-line description of r's target for partition into buf
- * (see ingest.h), cut to size. An OFFSET request that does not list the
+ * (see core.h), cut to size. An OFFSET request that does not list the
  * partition reads "unchanged (partition P not listed)"; a shift of zero
  * reads "watermark + 0". Never fails; buf NULL or size 0 writes nothing.
  */
-void ingest_replay_describe(const ingest_replay_t *r, int32_t partition, char *buf, size_t size)
+void psstore_replay_describe(const psstore_replay_t *r, int32_t partition, char *buf, size_t size)
 {
     if (buf == NULL || size == 0)
         return;
@@ -710,21 +710,21 @@ void ingest_replay_describe(const ingest_replay_t *r, int32_t partition, char *b
     }
     int64_t off;
     switch (r->kind) {
-    case INGEST_REPLAY_EARLIEST: snprintf(buf, size, "earliest"); return;
-    case INGEST_REPLAY_LATEST: snprintf(buf, size, "latest"); return;
-    case INGEST_REPLAY_OFFSET:
-        if (ingest_replay_applies(r, r->topic, partition, &off))
+    case PSSTORE_REPLAY_EARLIEST: snprintf(buf, size, "earliest"); return;
+    case PSSTORE_REPLAY_LATEST: snprintf(buf, size, "latest"); return;
+    case PSSTORE_REPLAY_OFFSET:
+        if (psstore_replay_applies(r, r->topic, partition, &off))
             snprintf(buf, size, "offset %" PRId64, off);
         else
             snprintf(buf, size, "unchanged (partition %" PRId32 " not listed)", partition);
         return;
-    case INGEST_REPLAY_SHIFT:
+    case PSSTORE_REPLAY_SHIFT:
         if (r->shift < 0) /* negated as unsigned: INT64_MIN has no positive twin */
             snprintf(buf, size, "watermark - %" PRIu64, -(uint64_t)r->shift);
         else
             snprintf(buf, size, "watermark + %" PRId64, r->shift);
         return;
-    case INGEST_REPLAY_DATETIME: {
+    case PSSTORE_REPLAY_DATETIME: {
         if (r->at_ms < AT_MIN_MS || r->at_ms > AT_MAX_MS) {
             snprintf(buf, size, "first record at or after %" PRId64 " ms", r->at_ms);
             return;
