@@ -11,14 +11,12 @@
 #include <time.h>
 
 #include "app/app.h"
-/* The one place app/ includes a module's private header: the partition
- * count for --partitions-by roundrobin (ingest_producer_partitions) could
- * not be added to ingest.h in this release. */
-#include "ingest/ingest_int.h"
+#include "ingest/ingest.h"
 
 #define CMD "produce"
 
-#define PRODUCE_MAX_PROPS 128
+#define PRODUCE_MAX_PROPS    128
+#define PRODUCE_MAX_FEATURES (1 << 20) /* as --features accepts */
 
 static volatile sig_atomic_t stop_flag;
 
@@ -32,7 +30,7 @@ static void on_signal(int sig)
 static void produce_usage(FILE *out)
 {
     fprintf(out, "usage: freshet produce --bootstrap B --topic T --data F --format F --encode E\n"
-                 "                       --features D [options]\n"
+                 "                       [--features D] [options]\n"
                  "\n"
                  "Loads a data file and sends one Kafka record per sample to topic T, encoded\n"
                  "as --encode, then waits for every delivery and prints\n"
@@ -47,9 +45,9 @@ static void produce_usage(FILE *out)
                  "  --labels F           its labels file (idx format only)\n"
                  "  --format F           csv | libsvm | f32 | idx: how the file is written\n"
                  "  --encode E           csv | libsvm | f32: how records are written\n"
-                 "  --features D         features a sample; required for every format, idx\n"
-                 "                       included (784 for MNIST and Fashion-MNIST: a wrong\n"
-                 "                       value is an error that names the file's shape)\n"
+                 "  --features D         features a sample; required for csv, libsvm and f32.\n"
+                 "                       idx takes it from the images file's header (rows x\n"
+                 "                       cols: 784 for MNIST); given, it must agree\n"
                  "  --rate N             samples per second (default: as fast as possible)\n"
                  "  --loop               send the file again and again, until --limit or\n"
                  "                       SIGINT\n"
@@ -109,7 +107,9 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         case 'y': o->labels = optarg; break;
         case 'f': o->format = optarg; break;
         case 'e': o->encode = optarg; break;
-        case 'D': rc = app_parse_long(CMD, "--features", optarg, 1, 1 << 20, &o->features); break;
+        case 'D':
+            rc = app_parse_long(CMD, "--features", optarg, 1, PRODUCE_MAX_FEATURES, &o->features);
+            break;
         case 'r': rc = app_parse_double(CMD, "--rate", optarg, 1e-3, 1e9, &o->rate); break;
         case 'l': o->loop = 1; break;
         case 'n': rc = app_parse_long(CMD, "--limit", optarg, 1, INT64_MAX, &o->limit); break;
@@ -134,10 +134,43 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         return app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (o->topic == NULL || o->data == NULL || o->format == NULL || o->encode == NULL)
         return app_usage_error(CMD, "--topic, --data, --format and --encode are required");
-    if (o->features == 0)
-        return app_usage_error(CMD, "--features D is required (784 for 28x28 idx images)");
     if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)
         return app_usage_error(CMD, "--partitions-by must be key or roundrobin, got '%s'", o->by);
+    return 0;
+}
+
+/*
+ * Settles --features: csv, libsvm and f32 need it; idx reads it from the
+ * images file's header (rows x cols), and a --features given with idx
+ * must agree with it. Returns 0 or an exit status.
+ */
+static int resolve_features(produce_opts_t *o, ingest_format_t format)
+{
+    if (format != INGEST_FORMAT_IDX) {
+        if (o->features == 0)
+            return app_usage_error(CMD,
+                                   "--features D is required for --format %s (idx takes it "
+                                   "from the images file)",
+                                   o->format);
+        return 0;
+    }
+    if (o->labels == NULL)
+        return app_usage_error(CMD, "--format idx needs --labels FILE for %s", o->data);
+    char errstr[512];
+    int d;
+    if (ingest_idx_features(o->data, &d, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
+        return APP_EXIT_USAGE;
+    }
+    if (d > PRODUCE_MAX_FEATURES)
+        return app_usage_error(CMD, "%s: images of %d features, more than the %d a sample may have",
+                               o->data, d, PRODUCE_MAX_FEATURES);
+    if (o->features != 0 && o->features != d)
+        return app_usage_error(CMD,
+                               "--features %lld disagrees with %s, whose images are %d features "
+                               "(leave --features out to take it from the file)",
+                               o->features, o->data, d);
+    o->features = d;
     return 0;
 }
 
@@ -309,6 +342,8 @@ int app_cmd_produce(int argc, char **argv)
         return app_usage_error(CMD, "--format must be csv, libsvm, f32 or idx, got '%s'", o.format);
     if (ingest_format_parse(o.encode, &r.encode) != FR_OK || r.encode == INGEST_FORMAT_IDX)
         return app_usage_error(CMD, "--encode must be csv, libsvm or f32, got '%s'", o.encode);
+    if ((rc = resolve_features(&o, format)) != 0)
+        return rc;
     if ((cfg = fr_config_new()) == NULL)
         return APP_EXIT_FAILURE;
     if ((rc = collect_props(&o, cfg, props, &nprops, &has_bootstrap)) != 0)

@@ -8,6 +8,7 @@ packages=(
     build-essential cmake pkg-config git   # toolchain
     libopenblas-dev                        # CPU backend (sgemm)
     zlib1g-dev                             # .gz data files
+    libjansson-dev                         # the safetensors header's JSON (reading model files)
     libhiredis-dev                         # the Redis parameter store
     libevent-dev libssl-dev                # the HTTP service (TLS through OpenSSL)
     libjs-chart.js                         # the dashboard's charts, served by freshet

@@ -95,6 +95,11 @@ fr_err_t ingest_dataset_load(ingest_dataset_t *ds, const ingest_schema_t *schema
                              ingest_format_t format, const char *data_path, const char *labels_path,
                              char *errstr, size_t size);
 void ingest_dataset_fini(ingest_dataset_t *ds);
+/* The features a sample of the IDX images file at path (".gz" too) holds,
+ * from its header alone: the product of all but its first dimension (28x28
+ * images: 784) in *features. FR_ERR_IO, FR_ERR_UNSUPPORTED or FR_ERR_PARSE
+ * (not an images file) with errstr. */
+fr_err_t ingest_idx_features(const char *path, int *features, char *errstr, size_t size);
 
 /* Encodes one sample (x[features], y) as a record of format (csv, libsvm
  * or f32) into buf of cap bytes: numbers as "%.9g" (exact for float32),
@@ -234,6 +239,10 @@ fr_err_t ingest_producer_send(ingest_producer_t *p, const char *topic, int32_t p
 fr_err_t ingest_producer_flush(ingest_producer_t *p, int timeout_ms, uint64_t *delivered,
                                uint64_t *failed);
 const char *ingest_producer_error(const ingest_producer_t *p);
+/* The partition count of topic from the cluster's metadata, waiting up to
+ * timeout_ms: > 0, or a negative fr_err_t (FR_ERR_NOTFOUND, FR_ERR_KAFKA,
+ * FR_ERR_TIMEOUT). */
+int ingest_producer_partitions(ingest_producer_t *p, const char *topic, int timeout_ms);
 
 /* ------------------------------------------------------------------------
  * The Kafka consumer (consumer.c): a consumer-group member that decodes

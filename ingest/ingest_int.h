@@ -27,15 +27,6 @@ ingest_reject_t ingest_label_check(const ingest_schema_t *schema, float y);
 size_t ingest_text_limit(const ingest_schema_t *schema);
 
 /*
- * The partition count of topic from the cluster's metadata (producer.c),
- * waiting up to timeout_ms: > 0, or a negative fr_err_t (FR_ERR_NOTFOUND,
- * FR_ERR_KAFKA, FR_ERR_TIMEOUT). Private because ingest.h is frozen for this
- * release; app/svc_produce.c includes this header for it (the one place
- * app/ reaches into a module's _int.h).
- */
-int ingest_producer_partitions(ingest_producer_t *p, const char *topic, int timeout_ms);
-
-/*
  * One ListOffsets question (resolver.c): the offset of topic/partition for
  * ts (a time in ms, -2 for the log start, -1 for the log end) within
  * timeout_ms, through rd_kafka_offsets_for_times, which keeps to its

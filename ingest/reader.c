@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -606,6 +607,40 @@ out:
 }
 
 /*
+ * The features of an images header: the product of all but the first
+ * dimension, with that shape as text in shape ("28x28"). Anything above
+ * 2^32 stays above it (and below 2^64). The header has 2 dimensions or more.
+ */
+static uint64_t idx_image_features(const idx_header_t *h, char *shape, size_t shape_size)
+{
+    size_t used = 0;
+    uint64_t inner = 1;
+
+    shape[0] = '\0';
+    for (int i = 1; i < h->ndims; i++) {
+        if (inner <= UINT32_MAX)
+            inner *= h->dims[i]; /* stays below 2^64; anything above 2^32 cannot match D */
+        if (used < shape_size) {
+            int k = snprintf(shape + used, shape_size - used, "%s%u", i > 1 ? "x" : "",
+                             (unsigned)h->dims[i]);
+            used += k > 0 ? (size_t)k : 0;
+        }
+    }
+    return inner;
+}
+
+/* FR_ERR_PARSE unless an images header has at least 2 dimensions. */
+static fr_err_t idx_check_image_dims(const idx_header_t *h, const char *path, char *errstr,
+                                     size_t size)
+{
+    if (h->ndims < 2)
+        return fr_errorf(FR_ERR_PARSE, errstr, size,
+                         "idx: %s: an images file has at least 2 dimensions, this one has %d", path,
+                         h->ndims);
+    return FR_OK;
+}
+
+/*
  * Checks an images header against the model: at least 2 dimensions, the
  * product of all but the first equal to D ("28x28 = 784 features"), and as
  * many images as labels.
@@ -614,23 +649,11 @@ static fr_err_t idx_check_images(const idx_header_t *h, const char *path, const 
                                  size_t nlabels, int d, char *errstr, size_t size)
 {
     char shape[128];
-    size_t used = 0;
-    uint64_t inner = 1;
+    fr_err_t rc = idx_check_image_dims(h, path, errstr, size);
 
-    if (h->ndims < 2)
-        return fr_errorf(FR_ERR_PARSE, errstr, size,
-                         "idx: %s: an images file has at least 2 dimensions, this one has %d", path,
-                         h->ndims);
-    shape[0] = '\0';
-    for (int i = 1; i < h->ndims; i++) {
-        if (inner <= UINT32_MAX)
-            inner *= h->dims[i]; /* stays below 2^64; anything above 2^32 cannot match D */
-        if (used < sizeof(shape)) {
-            int k = snprintf(shape + used, sizeof(shape) - used, "%s%u", i > 1 ? "x" : "",
-                             (unsigned)h->dims[i]);
-            used += k > 0 ? (size_t)k : 0;
-        }
-    }
+    if (rc != FR_OK)
+        return rc;
+    uint64_t inner = idx_image_features(h, shape, sizeof(shape));
     if (inner != (uint64_t)d)
         return fr_errorf(FR_ERR_PARSE, errstr, size,
                          "idx: images are %s = %llu features, the model expects %d", shape,
@@ -639,6 +662,36 @@ static fr_err_t idx_check_images(const idx_header_t *h, const char *path, const 
         return fr_errorf(FR_ERR_PARSE, errstr, size, "idx: %s has %u images but %s has %zu labels",
                          path, (unsigned)h->dims[0], labels_path, nlabels);
     return FR_OK;
+}
+
+/*
+ * The features a sample of an IDX images file (see ingest.h): its header
+ * only is read. FR_ERR_PARSE for a header that is not one of images or
+ * whose images have no features or more than INT_MAX.
+ */
+fr_err_t ingest_idx_features(const char *path, int *features, char *errstr, size_t size)
+{
+    source_t src;
+    idx_header_t h;
+    char shape[128];
+
+    if (path == NULL || features == NULL)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: no images file given");
+    fr_err_t rc = source_open(&src, path, errstr, size);
+    if (rc != FR_OK)
+        return rc;
+    if ((rc = idx_read_header(&src, &h, errstr, size)) == FR_OK &&
+        (rc = idx_check_image_dims(&h, path, errstr, size)) == FR_OK) {
+        uint64_t inner = idx_image_features(&h, shape, sizeof(shape));
+        if (inner == 0 || inner > INT_MAX)
+            rc = fr_errorf(FR_ERR_PARSE, errstr, size,
+                           "idx: %s: images of %s = %llu features are not supported", path, shape,
+                           (unsigned long long)inner);
+        else
+            *features = (int)inner;
+    }
+    source_close(&src);
+    return rc;
 }
 
 /*

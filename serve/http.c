@@ -1,7 +1,8 @@
 /*
- * http.c - the libevent loop of serve: routes, the weights with ETag and
- * long-poll, health, metrics, the dashboard, and the replay and rollback
- * requests (docs/design.md "Snapshots and publishing").
+ * http.c - the libevent loop of serve: listening (with TLS), connections,
+ * the bearer token, dispatch to the routes (routes.c), the answers with
+ * their metrics, and the waiting clients: long-poll and first reads
+ * (docs/design.md "Snapshots and publishing").
  *
  * Every read is answered from what the follower published (shared,
  * encoded once): a request costs no Redis read and no copy of the weights
@@ -27,48 +28,11 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
-#include "psstore/psstore.h"
 #include "serve/serve_int.h"
 
-#define OP_TIMEOUT_MS  1000 /* Redis timeout of replay and rollback     */
-#define FRESH_WAIT_MS  5000 /* a model's weights or stats being read */
 #define CONN_TIMEOUT_S (SERVE_MAX_WAIT_S + 30)
 #define MAX_HEADERS    16384
 #define CHARTJS_MAX    (8u << 20)
-
-extern const unsigned char serve_dashboard_html[];
-extern const size_t serve_dashboard_html_len;
-
-enum fmt { FMT_SAFETENSORS, FMT_RAW, FMT_JSON };
-
-/* What a waiting client waits for. */
-enum wkind {
-    W_POLL,  /* long-poll: weights other than (epoch, version)            */
-    W_FRESH, /* weights at least (epoch, version) (any when version < 0):
-                the model was not followed, or not read yet              */
-    W_STATS, /* stats newer than stats_seq                                */
-};
-
-struct sv_waiter {
-    sv_waiter_t *prev, *next;
-    struct serve *s;
-    sv_model_t *m;
-    struct evhttp_request *req;
-    struct evhttp_connection *evcon;
-    struct event *timer;
-    struct event *hup; /* the client closed its end while waiting */
-    enum fmt fmt;
-    enum wkind kind;
-    uint64_t epoch; /* the client has (epoch, version) ...          */
-    int64_t version;
-    int any_epoch;      /* ... or version in whatever epoch is current  */
-    uint64_t had_epoch; /* W_FRESH: the weights held at the request     */
-    int64_t had_version;
-    int64_t after; /* W_FRESH: the request's after_version (or -1) */
-    int wait_ms;   /* ... and its wait, counted from t0_ns         */
-    uint64_t t0_ns;
-    uint64_t stats_seq; /* W_STATS: the stats seen */
-};
 
 void serve_conf_init(serve_conf_t *conf)
 {
@@ -156,8 +120,8 @@ static const char *reason_phrase(int code)
     }
 }
 
-static void send_buf(struct serve *s, struct evhttp_request *req, int code, const char *type,
-                     struct evbuffer *body)
+void sv_send_buf(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                 struct evbuffer *body)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     if (type != NULL)
@@ -176,21 +140,18 @@ static void send_buf(struct serve *s, struct evhttp_request *req, int code, cons
     evhttp_send_reply(req, code, reason_phrase(code), body);
 }
 
-static void send_text(struct serve *s, struct evhttp_request *req, int code, const char *type,
-                      const char *text, size_t len)
+void sv_send_text(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                  const char *text, size_t len)
 {
     struct evbuffer *b = evbuffer_new();
     if (b != NULL)
         evbuffer_add(b, text, len);
-    send_buf(s, req, code, type, b);
+    sv_send_buf(s, req, code, type, b);
     if (b != NULL)
         evbuffer_free(b);
 }
 
-/* {"error": "..."} with code. */
-static void send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
-    FR_PRINTF(4, 5);
-static void send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
+void sv_send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -202,7 +163,7 @@ static void send_error(struct serve *s, struct evhttp_request *req, int code, co
     sv_json_str(&b, msg);
     sv_puts(&b, "}\n");
     evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-store");
-    send_text(s, req, code, "application/json", b.p ? b.p : "{}", b.p ? b.len : 2);
+    sv_send_text(s, req, code, "application/json", b.p ? b.p : "{}", b.p ? b.len : 2);
     sv_buf_fini(&b);
 }
 
@@ -216,20 +177,19 @@ static void view_done(const void *data, size_t len, void *arg)
     sv_view_unref(arg);
 }
 
-/* A shared JSON document, referenced, not copied. Takes the reference. */
-static void send_blob(struct serve *s, struct evhttp_request *req, int code, const char *type,
-                      sv_blob_t *blob)
+void sv_send_blob(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                  sv_blob_t *blob)
 {
     struct evbuffer *b = evbuffer_new();
     if (b == NULL || evbuffer_add_reference(b, blob->data, blob->len, blob_done, blob) != 0) {
         sv_blob_unref(blob);
         if (b != NULL)
             evbuffer_free(b);
-        send_error(s, req, 500, "out of memory");
+        sv_send_error(s, req, 500, "out of memory");
         return;
     }
     evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-cache");
-    send_buf(s, req, code, type, b);
+    sv_send_buf(s, req, code, type, b);
     evbuffer_free(b);
 }
 
@@ -256,8 +216,8 @@ static sv_blob_t *view_json(struct serve *s, sv_model_t *m, sv_view_t *v)
 
 /* Answers req with view v in format f (v's reference is taken). Under no
  * lock. layers/loss name the model for the JSON form and the headers. */
-static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
-                      enum fmt f)
+void sv_send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
+                  enum sv_fmt f)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     char num[32];
@@ -280,17 +240,17 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     struct evbuffer *b = evbuffer_new();
     if (b == NULL) {
         sv_view_unref(v);
-        send_error(s, req, 500, "out of memory");
+        sv_send_error(s, req, 500, "out of memory");
         return;
     }
     int rc;
     const char *type = "application/octet-stream";
-    if (f == FMT_JSON) {
+    if (f == SV_FMT_JSON) {
         sv_blob_t *j = view_json(s, m, v);
         sv_view_unref(v);
         if (j == NULL) {
             evbuffer_free(b);
-            send_error(s, req, 500, "encoding the weights as JSON failed");
+            sv_send_error(s, req, 500, "encoding the weights as JSON failed");
             return;
         }
         rc = evbuffer_add_reference(b, j->data, j->len, blob_done, j);
@@ -300,9 +260,9 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     } else {
         char disp[160];
         snprintf(disp, sizeof(disp), "attachment; filename=\"%s-v%lld.%s\"", m->name,
-                 (long long)v->version, f == FMT_RAW ? "f32" : "safetensors");
+                 (long long)v->version, f == SV_FMT_RAW ? "f32" : "safetensors");
         evhttp_add_header(h, "Content-Disposition", disp);
-        if (f == FMT_RAW) {
+        if (f == SV_FMT_RAW) {
             evhttp_add_header(h, "X-Freshet-Dtype", "float32-le");
             rc = evbuffer_add_reference(b, v->st + v->raw_off, v->raw_len, view_done, v);
         } else {
@@ -313,10 +273,10 @@ static void send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m
     }
     if (rc != 0) {
         evbuffer_free(b);
-        send_error(s, req, 500, "out of memory");
+        sv_send_error(s, req, 500, "out of memory");
         return;
     }
-    send_buf(s, req, 200, type, b);
+    sv_send_buf(s, req, 200, type, b);
     evbuffer_free(b);
 }
 
@@ -370,24 +330,20 @@ static int waiter_due(const sv_waiter_t *w, const sv_model_t *m)
 {
     const sv_view_t *cur = m->cur;
     switch (w->kind) {
-    case W_POLL:
+    case SV_W_POLL:
         return cur != NULL &&
                (cur->version != w->version || (!w->any_epoch && cur->epoch != w->epoch));
-    case W_FRESH:
+    case SV_W_FRESH:
         if (!m->present || m->error[0] != '\0')
             return 1; /* answered with the reason */
         /* the version known at the request, or anything read since */
         return cur != NULL &&
                (w->version < 0 || (cur->epoch == w->epoch && cur->version >= w->version) ||
                 cur->epoch != w->had_epoch || cur->version != w->had_version);
-    case W_STATS: return m->stats != NULL && m->stats_seq != w->stats_seq;
+    case SV_W_STATS: return m->stats != NULL && m->stats_seq != w->stats_seq;
     }
     return 1;
 }
-
-static void send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m);
-static void send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
-                         enum fmt f, int64_t after, int wait_ms);
 
 static void answer_waiter(sv_waiter_t *w, int timed_out)
 {
@@ -399,23 +355,23 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
     char error[256];
     snprintf(error, sizeof(error), "%s", m->error);
     pthread_mutex_unlock(&s->lock);
-    enum fmt f = w->fmt;
-    enum wkind kind = w->kind;
+    enum sv_fmt f = w->fmt;
+    enum sv_wkind kind = w->kind;
     int64_t after = w->after;
     int64_t left_ms = (int64_t)w->wait_ms - (int64_t)((fr_clock_mono_ns() - w->t0_ns) / 1000000);
     waiter_finish(w);
     waiter_free(w);
-    if (kind == W_STATS) {
+    if (kind == SV_W_STATS) {
         sv_view_unref(cur);
-        send_stats(s, req, m);
+        sv_send_stats(s, req, m);
         return;
     }
     if (cur == NULL) {
-        send_error(s, req, 503, "weights of model '%s' not available yet%s%s", m->name,
-                   error[0] ? ": " : "", error);
+        sv_send_error(s, req, 503, "weights of model '%s' not available yet%s%s", m->name,
+                      error[0] ? ": " : "", error);
         return;
     }
-    if (timed_out && kind == W_POLL) {
+    if (timed_out && kind == SV_W_POLL) {
         /* nothing newer within wait: 304 with the current ETag */
         struct evkeyvalq *h = evhttp_request_get_output_headers(req);
         evhttp_add_header(h, "ETag", cur->etag);
@@ -428,13 +384,13 @@ static void answer_waiter(sv_waiter_t *w, int timed_out)
         evhttp_send_reply(req, 304, "Not Modified", NULL);
         return;
     }
-    if (kind == W_FRESH) {
+    if (kind == SV_W_FRESH) {
         /* fresh weights now: a long-poll goes on waiting for the rest of
          * its wait when they are still the version it has */
-        send_weights(s, req, m, cur, f, after, left_ms > 0 ? (int)left_ms : 0);
+        sv_send_weights(s, req, m, cur, f, after, left_ms > 0 ? (int)left_ms : 0);
         return;
     }
-    send_view(s, req, m, cur, f);
+    sv_send_view(s, req, m, cur, f);
 }
 
 static void waiter_timeout(evutil_socket_t fd, short what, void *arg)
@@ -452,12 +408,13 @@ static void waiter_hup(evutil_socket_t fd, short what, void *arg)
     evhttp_connection_free(w->evcon);
 }
 
-static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m, enum fmt f,
-                      enum wkind kind, uint64_t epoch, int64_t version, int any_epoch, int wait_ms)
+sv_waiter_t *sv_waiter_add(struct serve *s, struct evhttp_request *req, sv_model_t *m,
+                           enum sv_fmt f, enum sv_wkind kind, uint64_t epoch, int64_t version,
+                           int any_epoch, int wait_ms)
 {
     sv_waiter_t *w = calloc(1, sizeof(*w));
     if (w == NULL)
-        return -1;
+        return NULL;
     w->s = s;
     w->m = m;
     w->req = req;
@@ -471,7 +428,7 @@ static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m
     struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
     if (w->timer == NULL || evtimer_add(w->timer, &tv) != 0) {
         waiter_free(w);
-        return -1;
+        return NULL;
     }
     w->evcon = evhttp_request_get_connection(req);
     if (w->evcon != NULL) {
@@ -481,7 +438,7 @@ static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m
             w->hup = event_new(s->base, fd, EV_CLOSED, waiter_hup, w);
             if (w->hup == NULL || event_add(w->hup, NULL) != 0) {
                 waiter_free(w);
-                return -1;
+                return NULL;
             }
         }
         evhttp_connection_set_closecb(w->evcon, waiter_closed, w);
@@ -492,7 +449,7 @@ static int add_waiter(struct serve *s, struct evhttp_request *req, sv_model_t *m
     m->waiters = w;
     s->waiting++;
     fr_series_set(s->m_waiting, (double)s->waiting);
-    return 0;
+    return w;
 }
 
 /* The follower published: answers the waiters whose wait is over. */
@@ -542,27 +499,13 @@ static int authorized(struct serve *s, struct evhttp_request *req)
 static void deny(struct serve *s, struct evhttp_request *req)
 {
     if (s->token[0] == '\0') {
-        send_error(s, req, 403,
-                   "no token configured: set [serve] token or FRESHET_TOKEN to allow this");
+        sv_send_error(s, req, 403,
+                      "no token configured: set [serve] token or FRESHET_TOKEN to allow this");
         return;
     }
     evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate",
                       "Bearer realm=\"freshet\"");
-    send_error(s, req, 401, "missing or wrong bearer token");
-}
-
-/* Parses a non-negative decimal into *v; -1 when it is not one. */
-static int parse_i64(const char *text, int64_t *v)
-{
-    if (text == NULL || *text == '\0' || *text == '-' || *text == '+')
-        return -1;
-    char *end;
-    errno = 0;
-    long long x = strtoll(text, &end, 10);
-    if (errno != 0 || *end != '\0' || x < 0)
-        return -1;
-    *v = x;
-    return 0;
+    sv_send_error(s, req, 401, "missing or wrong bearer token");
 }
 
 /* The request's parameters: the query string, and for a POST a form body
@@ -600,580 +543,6 @@ static int read_params(struct evhttp_request *req, struct evkeyvalq *params)
     return 0;
 }
 
-/* Reads the model for a request: NULL after answering 404/503. Marks its
- * weights (or stats) wanted. */
-static sv_model_t *find_model(struct serve *s, struct evhttp_request *req, const char *name,
-                              int stats, int *was_followed)
-{
-    pthread_mutex_lock(&s->lock);
-    int listed = 0;
-    for (size_t i = 0; i < s->nnames && !listed; i++)
-        listed = strcmp(s->names[i], name) == 0;
-    sv_model_t *m = sv_model_get(s, name, listed);
-    int known = s->models_ms > 0, up = s->store_up;
-    char why[256];
-    snprintf(why, sizeof(why), "%s", s->store_error);
-    if (m != NULL) {
-        int64_t now = fr_clock_unix_ms();
-        int64_t *mark = stats ? &m->stats_wanted_ms : &m->wanted_ms;
-        if (was_followed != NULL)
-            *was_followed = now - *mark < (stats ? SV_STATS_WANTED_MS : SV_WANTED_MS);
-        *mark = now;
-    }
-    int have = m != NULL && (m->present || m->cur != NULL);
-    pthread_mutex_unlock(&s->lock);
-    if (m != NULL && (have || listed))
-        return m;
-    if (!known && !up) {
-        send_error(s, req, 503, "store unreachable: %s", why[0] ? why : "not connected yet");
-        return NULL;
-    }
-    if (listed) { /* too many models followed */
-        send_error(s, req, 503, "serving at most %d models", s->conf.max_models);
-        return NULL;
-    }
-    send_error(s, req, 404, "no model '%s'", name);
-    return NULL;
-}
-
-/* ---- handlers ----------------------------------------------------------------- */
-
-static void h_models(struct serve *s, struct evhttp_request *req)
-{
-    pthread_mutex_lock(&s->lock);
-    int known = s->models_ms > 0;
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"models\":[");
-    for (size_t i = 0; i < s->nnames; i++) {
-        sv_puts(&b, i ? "," : "");
-        sv_json_str(&b, s->names[i]);
-    }
-    sv_puts(&b, "],\"default\":");
-    if (s->model[0] != '\0')
-        sv_json_str(&b, s->model);
-    else if (s->nnames > 0)
-        sv_json_str(&b, s->names[0]);
-    else
-        sv_puts(&b, "null");
-    sv_puts(&b, "}\n");
-    char why[256];
-    snprintf(why, sizeof(why), "%s", s->store_error);
-    pthread_mutex_unlock(&s->lock);
-    if (!known) {
-        sv_buf_fini(&b);
-        send_error(s, req, 503, "store unreachable: %s", why[0] ? why : "not connected yet");
-        return;
-    }
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-cache");
-    send_text(s, req, 200, "application/json", b.p, b.len);
-    sv_buf_fini(&b);
-}
-
-static void h_model(struct serve *s, struct evhttp_request *req, const char *name)
-{
-    sv_model_t *m = find_model(s, req, name, 0, NULL);
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&s->lock);
-    sv_blob_t *meta = m->present ? sv_blob_ref(m->meta) : NULL;
-    pthread_mutex_unlock(&s->lock);
-    if (meta == NULL) {
-        send_error(s, req, 503, "metadata of model '%s' not read yet", name);
-        return;
-    }
-    send_blob(s, req, 200, "application/json", meta);
-}
-
-static void h_model_ready(struct serve *s, struct evhttp_request *req, const char *name)
-{
-    sv_model_t *m = find_model(s, req, name, 0, NULL);
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&s->lock);
-    int have = m->cur != NULL;
-    char stopped[256];
-    snprintf(stopped, sizeof(stopped), "%s", m->info.stopped);
-    int64_t version = m->cur != NULL ? m->cur->version : -1;
-    pthread_mutex_unlock(&s->lock);
-    if (!have) {
-        send_error(s, req, 503, "model '%s' has no weights loaded yet", name);
-        return;
-    }
-    if (stopped[0] != '\0') {
-        send_error(s, req, 503, "model '%s' stopped by the divergence guard: %s", name, stopped);
-        return;
-    }
-    char body[160];
-    int n = snprintf(body, sizeof(body), "{\"name\":\"%s\",\"ready\":true,\"version\":%lld}\n",
-                     name, (long long)version);
-    send_text(s, req, 200, "application/json", body, (size_t)n);
-}
-
-static int parse_fmt(const char *text, enum fmt *f)
-{
-    if (text == NULL || strcmp(text, "safetensors") == 0)
-        *f = FMT_SAFETENSORS;
-    else if (strcmp(text, "raw") == 0 || strcmp(text, "f32") == 0)
-        *f = FMT_RAW;
-    else if (strcmp(text, "json") == 0)
-        *f = FMT_JSON;
-    else
-        return -1;
-    return 0;
-}
-
-/* Parses an ETag "\"<epoch>-v<version>\"" (quotes optional). */
-static int parse_etag(const char *t, uint64_t *epoch, int64_t *version)
-{
-    unsigned long long e;
-    long long v;
-    char tail;
-    if (t == NULL)
-        return -1;
-    if (*t == 'W' && t[1] == '/')
-        t += 2;
-    if (sscanf(t, "\"%llu-v%lld\"%c", &e, &v, &tail) == 2 ||
-        sscanf(t, "%llu-v%lld%c", &e, &v, &tail) == 2) {
-        *epoch = e;
-        *version = v;
-        return 0;
-    }
-    return -1;
-}
-
-static void h_weights(struct serve *s, struct evhttp_request *req, const char *name,
-                      struct evkeyvalq *params)
-{
-    enum fmt f;
-    if (parse_fmt(evhttp_find_header(params, "format"), &f) != 0) {
-        send_error(s, req, 400, "format must be safetensors, raw or json");
-        return;
-    }
-    const char *after_s = evhttp_find_header(params, "after_version");
-    const char *wait_s = evhttp_find_header(params, "wait");
-    int64_t after = -1, wait = 0;
-    if (after_s != NULL && parse_i64(after_s, &after) != 0) {
-        send_error(s, req, 400, "after_version must be a version number (>= 0)");
-        return;
-    }
-    if (wait_s != NULL && (parse_i64(wait_s, &wait) != 0 || wait > SERVE_MAX_WAIT_S)) {
-        send_error(s, req, 400, "wait must be whole seconds from 0 to %d", SERVE_MAX_WAIT_S);
-        return;
-    }
-    if (wait > 0 && after < 0) {
-        send_error(s, req, 400, "wait needs after_version");
-        return;
-    }
-    int followed = 0;
-    sv_model_t *m = find_model(s, req, name, 0, &followed);
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&s->lock);
-    sv_view_t *cur = sv_view_ref(m->cur);
-    uint64_t known_epoch = m->info.epoch;
-    int64_t known_version = m->present ? m->info.version : -1;
-    pthread_mutex_unlock(&s->lock);
-    /* the weights of a model nobody asked for lately are not kept current:
-     * the follower reads the newest now, and the request waits for them */
-    int stale =
-        cur == NULL || (!followed && (cur->epoch != known_epoch || cur->version < known_version));
-    if (stale) {
-        int64_t want = cur == NULL ? -1 : known_version;
-        uint64_t had_epoch = cur != NULL ? cur->epoch : 0;
-        int64_t had_version = cur != NULL ? cur->version : -1;
-        sv_view_unref(cur);
-        if (add_waiter(s, req, m, f, W_FRESH, known_epoch, want, 1, FRESH_WAIT_MS) != 0) {
-            send_error(s, req, 500, "out of memory");
-            return;
-        }
-        m->waiters->had_epoch = had_epoch; /* add_waiter puts it first */
-        m->waiters->had_version = had_version;
-        m->waiters->after = after;
-        m->waiters->wait_ms = (int)wait * 1000;
-        m->waiters->t0_ns = fr_clock_mono_ns();
-        pthread_cond_broadcast(&s->wake);
-        return;
-    }
-    send_weights(s, req, m, cur, f, after, (int)wait * 1000);
-}
-
-/* Answers a weights request with cur (whose reference it takes), or, for a
- * long-poll (after >= 0) whose client has cur's version, waits up to
- * wait_ms for another. */
-static void send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
-                         enum fmt f, int64_t after, int wait_ms)
-{
-    if (after >= 0) {
-        uint64_t epoch = cur->epoch;
-        int64_t inm_version;
-        int any_epoch = 1;
-        const char *inm =
-            evhttp_find_header(evhttp_request_get_input_headers(req), "If-None-Match");
-        if (parse_etag(inm, &epoch, &inm_version) == 0)
-            any_epoch = 0;
-        int newer = cur->version != after || (!any_epoch && cur->epoch != epoch);
-        if (!newer) {
-            sv_view_unref(cur);
-            if (add_waiter(s, req, m, f, W_POLL, epoch, after, any_epoch, wait_ms) != 0)
-                send_error(s, req, 500, "out of memory");
-            return;
-        }
-        /* a newer one exists: answer it whatever If-None-Match says */
-        evhttp_remove_header(evhttp_request_get_input_headers(req), "If-None-Match");
-    }
-    send_view(s, req, m, cur, f);
-}
-
-static void h_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
-                       const char *vtext, struct evkeyvalq *params)
-{
-    enum fmt f;
-    int64_t version;
-    if (parse_fmt(evhttp_find_header(params, "format"), &f) != 0) {
-        send_error(s, req, 400, "format must be safetensors, raw or json");
-        return;
-    }
-    if (parse_i64(vtext, &version) != 0) {
-        send_error(s, req, 400, "bad version '%s'", vtext);
-        return;
-    }
-    sv_model_t *m = find_model(s, req, name, 0, NULL);
-    if (m == NULL)
-        return;
-    pthread_mutex_lock(&s->lock);
-    sv_view_t *v = NULL;
-    for (size_t i = 0; i < m->nsnaps && v == NULL; i++)
-        if (m->snaps[i]->version == version)
-            v = sv_view_ref(m->snaps[i]);
-    pthread_mutex_unlock(&s->lock);
-    if (v == NULL) {
-        send_error(s, req, 404, "model '%s' retains no snapshot of version %lld in this epoch",
-                   name, (long long)version);
-        return;
-    }
-    send_view(s, req, m, v, f);
-}
-
-/* The stats of m as the follower last built them, or a 503 saying why. */
-static void send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m)
-{
-    pthread_mutex_lock(&s->lock);
-    int up = s->store_up;
-    char why[256];
-    snprintf(why, sizeof(why), "%s", s->store_error);
-    sv_blob_t *stats = sv_blob_ref(m->stats);
-    pthread_mutex_unlock(&s->lock);
-    if (!up) {
-        sv_blob_unref(stats);
-        send_error(s, req, 503, "store unreachable: %s", why);
-        return;
-    }
-    if (stats == NULL) {
-        send_error(s, req, 503, "stats of model '%s' are not read yet", m->name);
-        return;
-    }
-    send_blob(s, req, 200, "application/json", stats);
-}
-
-static void h_stats(struct serve *s, struct evhttp_request *req, const char *name)
-{
-    int followed = 0;
-    sv_model_t *m = find_model(s, req, name, 1, &followed);
-    if (m == NULL)
-        return;
-    /* stats are built while someone asks for them: the first request (or
-     * the first after a pause) waits for a fresh build */
-    pthread_mutex_lock(&s->lock);
-    uint64_t seq = m->stats_seq;
-    int up = s->store_up, have = m->stats != NULL;
-    pthread_mutex_unlock(&s->lock);
-    if ((followed && have) || !up) {
-        send_stats(s, req, m); /* (503 while the store is unreachable) */
-        return;
-    }
-    if (add_waiter(s, req, m, FMT_JSON, W_STATS, 0, 0, 1, FRESH_WAIT_MS) != 0) {
-        send_error(s, req, 500, "out of memory");
-        return;
-    }
-    m->waiters->stats_seq = seq; /* add_waiter puts it first */
-    pthread_cond_broadcast(&s->wake);
-}
-
-/* The loop's own connection for operator requests. */
-static psstore_conn_t *op_conn(struct serve *s, struct evhttp_request *req)
-{
-    pthread_mutex_lock(&s->lock);
-    int up = s->store_up;
-    char why[256];
-    snprintf(why, sizeof(why), "%s", s->store_error);
-    pthread_mutex_unlock(&s->lock);
-    if (!up) {
-        send_error(s, req, 503, "store unreachable: %s", why);
-        return NULL;
-    }
-    if (s->op_conn == NULL) {
-        char errstr[256];
-        s->op_conn = psstore_conn_new(s->redis_url, OP_TIMEOUT_MS, errstr, sizeof(errstr));
-        if (s->op_conn == NULL) {
-            send_error(s, req, 503, "store unreachable: %s", errstr);
-            return NULL;
-        }
-    }
-    return s->op_conn;
-}
-
-static void op_failed(struct serve *s, struct evhttp_request *req)
-{
-    send_error(s, req, 503, "store: %s", psstore_conn_error(s->op_conn));
-    psstore_conn_destroy(s->op_conn);
-    s->op_conn = NULL;
-}
-
-static int parse_bool(const char *t, int *v)
-{
-    if (t == NULL || strcmp(t, "false") == 0 || strcmp(t, "0") == 0 || strcmp(t, "") == 0)
-        *v = 0;
-    else if (strcmp(t, "true") == 0 || strcmp(t, "1") == 0 || strcmp(t, "on") == 0)
-        *v = 1;
-    else
-        return -1;
-    return 0;
-}
-
-static void h_replay(struct serve *s, struct evhttp_request *req, const char *name,
-                     struct evkeyvalq *params)
-{
-    const char *verb = evhttp_find_header(params, "verb");
-    const char *arg = evhttp_find_header(params, "arg");
-    const char *topic = evhttp_find_header(params, "topic");
-    int execute;
-    if (parse_bool(evhttp_find_header(params, "execute"), &execute) != 0) {
-        send_error(s, req, 400, "execute must be true or false");
-        return;
-    }
-    if (verb == NULL) {
-        send_error(s, req, 400,
-                   "verb is required: to-earliest, to-latest, to-offset, to-datetime, "
-                   "by-duration or shift-by");
-        return;
-    }
-    if (arg != NULL && arg[0] == '\0')
-        arg = NULL;
-    psstore_replay_t *r = calloc(1, sizeof(*r));
-    char spec[PSSTORE_REPLAY_SPEC_MAX], errstr[256];
-    if (r == NULL) {
-        send_error(s, req, 500, "out of memory");
-        return;
-    }
-    if (psstore_replay_from_verb(r, verb, arg, fr_clock_unix_ms(), errstr, sizeof(errstr)) !=
-        FR_OK) {
-        free(r);
-        send_error(s, req, 400, "%s", errstr);
-        return;
-    }
-    if (topic != NULL && topic[0] != '\0') {
-        if (strlen(topic) >= sizeof(r->topic)) {
-            free(r);
-            send_error(s, req, 400, "topic too long");
-            return;
-        }
-        snprintf(r->topic, sizeof(r->topic), "%s", topic);
-    }
-    if (psstore_replay_format(r, spec, sizeof(spec)) != FR_OK) {
-        free(r);
-        send_error(s, req, 400, "not a valid replay request (topic or values out of range)");
-        return;
-    }
-    if (find_model(s, req, name, 0, NULL) == NULL) {
-        free(r);
-        return;
-    }
-    psstore_conn_t *c = op_conn(s, req);
-    if (c == NULL) {
-        free(r);
-        return;
-    }
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, name);
-    sv_puts(&b, ",\"request\":");
-    sv_json_str(&b, spec);
-    if (!execute) {
-        /* the plan: each partition the store knows, its watermark and target */
-        psstore_partition_status_t *parts = NULL;
-        size_t n = 0, cap = 0;
-        if (psstore_partitions_read(c, name, &parts, &n, &cap) != FR_OK) {
-            free(r);
-            free(parts);
-            sv_buf_fini(&b);
-            op_failed(s, req);
-            return;
-        }
-        sv_puts(&b, ",\"dry_run\":true,\"plan\":[");
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!psstore_replay_applies(r, parts[i].topic, parts[i].partition, NULL))
-                continue;
-            char target[160];
-            psstore_replay_describe(r, parts[i].partition, target, sizeof(target));
-            sv_puts(&b, k++ ? ",{\"topic\":" : "{\"topic\":");
-            sv_json_str(&b, parts[i].topic);
-            sv_printf(&b,
-                      ",\"partition\":%d,\"watermark\":%lld,\"log_end\":", (int)parts[i].partition,
-                      (long long)parts[i].watermark);
-            if (parts[i].log_end >= 0)
-                sv_printf(&b, "%lld", (long long)parts[i].log_end);
-            else
-                sv_puts(&b, "null");
-            sv_puts(&b, ",\"target\":");
-            sv_json_str(&b, target);
-            sv_puts(&b, "}");
-        }
-        sv_puts(&b, "],\"note\":\"dry run: nothing changed (execute=true stores the request; "
-                    "the owning consumers resolve the targets against Kafka)\"}\n");
-        free(parts);
-        free(r);
-        send_text(s, req, 200, "application/json", b.p, b.len);
-        sv_buf_fini(&b);
-        return;
-    }
-    free(r);
-    char id[64];
-    if (psstore_request_replay(c, name, spec, id) != FR_OK) {
-        sv_buf_fini(&b);
-        op_failed(s, req);
-        return;
-    }
-    fr_log(FR_LOG_INFO, "serve: replay of model '%s' requested over HTTP: %s (request %s)", name,
-           spec, id);
-    sv_puts(&b, ",\"dry_run\":false,\"request_id\":");
-    sv_json_str(&b, id);
-    sv_puts(&b, ",\"note\":\"stored: the applier publishes it under the next replay "
-                "generation\"}\n");
-    send_text(s, req, 202, "application/json", b.p, b.len);
-    sv_buf_fini(&b);
-}
-
-static void h_rollback(struct serve *s, struct evhttp_request *req, const char *name,
-                       struct evkeyvalq *params)
-{
-    int64_t version;
-    if (parse_i64(evhttp_find_header(params, "version"), &version) != 0) {
-        send_error(s, req, 400, "version (a retained snapshot's version) is required");
-        return;
-    }
-    if (find_model(s, req, name, 0, NULL) == NULL)
-        return;
-    psstore_conn_t *c = op_conn(s, req);
-    if (c == NULL)
-        return;
-    psstore_snapshot_info_t list[SV_MAX_SNAPS];
-    size_t n;
-    if (psstore_snapshots_list(c, name, list, SV_MAX_SNAPS, &n) != FR_OK) {
-        op_failed(s, req);
-        return;
-    }
-    int retained = 0;
-    for (size_t i = 0; i < n && !retained; i++)
-        retained = list[i].version == version;
-    if (!retained) {
-        send_error(s, req, 404, "model '%s' retains no snapshot of version %lld", name,
-                   (long long)version);
-        return;
-    }
-    char id[64];
-    if (psstore_request_rollback(c, name, version, id) != FR_OK) {
-        op_failed(s, req);
-        return;
-    }
-    fr_log(FR_LOG_INFO,
-           "serve: rollback of model '%s' to snapshot %lld requested over HTTP "
-           "(request %s)",
-           name, (long long)version, id);
-    char body[256];
-    int len = snprintf(body, sizeof(body),
-                       "{\"model\":\"%s\",\"version\":%lld,\"request_id\":\"%s\",\"note\":"
-                       "\"stored: the applier restores it as a new version of a new epoch\"}\n",
-                       name, (long long)version, id);
-    send_text(s, req, 202, "application/json", body, (size_t)len);
-}
-
-static void h_metrics(struct serve *s, struct evhttp_request *req)
-{
-    size_t len;
-    char *text = fr_metrics_render(s->conf.metrics, &len);
-    if (text == NULL) {
-        send_error(s, req, 500, "out of memory");
-        return;
-    }
-    send_text(s, req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
-    free(text);
-}
-
-/* /readyz: the store answers and the default model is served and running. */
-static void h_ready(struct serve *s, struct evhttp_request *req)
-{
-    pthread_mutex_lock(&s->lock);
-    char why[400] = "";
-    if (!s->store_up) {
-        snprintf(why, sizeof(why), "store unreachable: %s",
-                 s->store_error[0] ? s->store_error : "not connected yet");
-    } else if (s->model[0] != '\0') {
-        sv_model_t *m = sv_model_get(s, s->model, 0);
-        if (m == NULL || !m->present)
-            snprintf(why, sizeof(why), "no model '%s' in the store", s->model);
-        else if (m->info.stopped[0] != '\0')
-            snprintf(why, sizeof(why), "model '%s' stopped by the divergence guard: %s", s->model,
-                     m->info.stopped);
-        else if (m->cur == NULL)
-            snprintf(why, sizeof(why), "model '%s': weights not loaded yet%s%s", s->model,
-                     m->error[0] ? ": " : "", m->error);
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (why[0] != '\0') {
-        send_error(s, req, 503, "%s", why);
-        return;
-    }
-    send_text(s, req, 200, "application/json", "{\"ready\":true}\n", 15);
-}
-
-static void h_dashboard(struct serve *s, struct evhttp_request *req, const char *path)
-{
-    if (strcmp(path, "/dashboard/chart.min.js") == 0) {
-        if (s->chartjs_data == NULL) {
-            send_error(s, req, 404,
-                       "Chart.js not found at %s (Debian: apt-get install "
-                       "libjs-chart.js)",
-                       s->chartjs);
-            return;
-        }
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control",
-                          "public, max-age=86400");
-        struct evbuffer *b = evbuffer_new();
-        if (b != NULL)
-            evbuffer_add_reference(b, s->chartjs_data, s->chartjs_len, NULL, NULL);
-        send_buf(s, req, 200, "text/javascript; charset=utf-8", b);
-        if (b != NULL)
-            evbuffer_free(b);
-        return;
-    }
-    if (strcmp(path, "/dashboard") != 0 && strcmp(path, "/dashboard/") != 0) {
-        send_error(s, req, 404, "no such page");
-        return;
-    }
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Cache-Control", "no-cache");
-    evhttp_add_header(h, "Content-Security-Policy",
-                      "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                      "style-src 'self' 'unsafe-inline'; img-src 'self' data:");
-    struct evbuffer *b = evbuffer_new();
-    if (b != NULL)
-        evbuffer_add_reference(b, serve_dashboard_html, serve_dashboard_html_len, NULL, NULL);
-    send_buf(s, req, 200, "text/html; charset=utf-8", b);
-    if (b != NULL)
-        evbuffer_free(b);
-}
-
 /* Splits "/v2/models/{m}[/rest]" into name[65] and rest; -1 when the
  * name is bad (too long or with characters names cannot have). */
 static int split_model(const char *path, char *name, const char **rest)
@@ -1193,7 +562,49 @@ static int split_model(const char *path, char *name, const char **rest)
 static void method_not_allowed(struct serve *s, struct evhttp_request *req, const char *allow)
 {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allow);
-    send_error(s, req, 405, "method not allowed here (allowed: %s)", allow);
+    sv_send_error(s, req, 405, "method not allowed here (allowed: %s)", allow);
+}
+
+/* Dispatches "/v2/models/{m}[/rest]" (path decoded, trailing slash cut). */
+static void on_model_request(struct serve *s, struct evhttp_request *req, const char *path, int get,
+                             int post, struct evkeyvalq *params)
+{
+    char name[65];
+    const char *rest;
+    if (split_model(path, name, &rest) != 0) {
+        sv_send_error(s, req, 404, "no such model: names match [A-Za-z0-9._-]{1,64}");
+        return;
+    }
+    char vtext[32];
+    if (strcmp(rest, "/replay") == 0 || strcmp(rest, "/rollback") == 0) {
+        if (!post)
+            method_not_allowed(s, req, "POST");
+        else if (!authorized(s, req))
+            deny(s, req);
+        else if (rest[2] == 'e')
+            sv_route_replay(s, req, name, params);
+        else
+            sv_route_rollback(s, req, name, params);
+        return;
+    }
+    if (!get) {
+        method_not_allowed(s, req, "GET, HEAD");
+        return;
+    }
+    if (rest[0] == '\0')
+        sv_route_model(s, req, name);
+    else if (strcmp(rest, "/ready") == 0)
+        sv_route_model_ready(s, req, name);
+    else if (strcmp(rest, "/weights") == 0)
+        sv_route_weights(s, req, name, params);
+    else if (strcmp(rest, "/stats") == 0)
+        sv_route_stats(s, req, name);
+    else if (sscanf(rest, "/versions/%31[^/]", vtext) == 1 &&
+             strlen(rest) == strlen("/versions/") + strlen(vtext) + strlen("/weights") &&
+             strcmp(rest + strlen("/versions/") + strlen(vtext), "/weights") == 0)
+        sv_route_snapshot(s, req, name, vtext, params);
+    else
+        sv_send_error(s, req, 404, "no route %s", path);
 }
 
 static void on_request(struct evhttp_request *req, void *arg)
@@ -1201,20 +612,20 @@ static void on_request(struct evhttp_request *req, void *arg)
     struct serve *s = arg;
     if (atomic_load(&s->stop)) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        send_error(s, req, 503, "server shutting down");
+        sv_send_error(s, req, 503, "server shutting down");
         return;
     }
     const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
     const char *raw = u != NULL ? evhttp_uri_get_path(u) : NULL;
     if (raw == NULL || raw[0] != '/') {
-        send_error(s, req, 400, "bad request target");
+        sv_send_error(s, req, 400, "bad request target");
         return;
     }
     size_t decoded = 0;
     char *path = evhttp_uridecode(raw, 0, &decoded);
     if (path == NULL || strlen(path) != decoded) { /* a %00 would cut the path short */
         free(path);
-        send_error(s, req, 400, "bad request target");
+        sv_send_error(s, req, 400, "bad request target");
         return;
     }
     size_t plen = strlen(path);
@@ -1226,7 +637,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (read_params(req, &params) != 0) {
         evhttp_clear_headers(&params);
         free(path);
-        send_error(s, req, 400, "malformed query string or form body");
+        sv_send_error(s, req, 400, "malformed query string or form body");
         return;
     }
 
@@ -1236,12 +647,12 @@ static void on_request(struct evhttp_request *req, void *arg)
         if (!get)
             method_not_allowed(s, req, "GET, HEAD");
         else if (strcmp(path, "/livez") == 0 || strcmp(path, "/v2/health/live") == 0)
-            send_text(s, req, 200, "application/json", "{\"live\":true}\n", 14);
+            sv_send_text(s, req, 200, "application/json", "{\"live\":true}\n", 14);
         else if (strcmp(path, "/readyz") == 0 || strcmp(path, "/healthz") == 0 ||
                  strcmp(path, "/v2/health/ready") == 0)
-            h_ready(s, req);
+            sv_route_ready(s, req);
         else
-            send_error(s, req, 404, "no route %s", path);
+            sv_send_error(s, req, 404, "no route %s", path);
         goto out;
     }
     int dashboard = strcmp(path, "/dashboard") == 0 || strncmp(path, "/dashboard/", 11) == 0;
@@ -1249,7 +660,7 @@ static void on_request(struct evhttp_request *req, void *arg)
         if (!get)
             method_not_allowed(s, req, "GET, HEAD");
         else
-            h_dashboard(s, req, path);
+            sv_route_dashboard(s, req, path);
         goto out;
     }
     if (s->conf.protect_reads && get && !authorized(s, req)) {
@@ -1260,61 +671,26 @@ static void on_request(struct evhttp_request *req, void *arg)
         if (!get)
             method_not_allowed(s, req, "GET, HEAD");
         else
-            h_metrics(s, req);
+            sv_route_metrics(s, req);
         goto out;
     }
     if (strcmp(path, "/v2/models") == 0) {
         if (!get)
             method_not_allowed(s, req, "GET, HEAD");
         else
-            h_models(s, req);
+            sv_route_models(s, req);
         goto out;
     }
     if (strncmp(path, "/v2/models/", 11) == 0) {
-        char name[65];
-        const char *rest;
-        if (split_model(path, name, &rest) != 0) {
-            send_error(s, req, 404, "no such model: names match [A-Za-z0-9._-]{1,64}");
-            goto out;
-        }
-        char vtext[32];
-        if (strcmp(rest, "/replay") == 0 || strcmp(rest, "/rollback") == 0) {
-            if (!post)
-                method_not_allowed(s, req, "POST");
-            else if (!authorized(s, req))
-                deny(s, req);
-            else if (rest[2] == 'e')
-                h_replay(s, req, name, &params);
-            else
-                h_rollback(s, req, name, &params);
-            goto out;
-        }
-        if (!get) {
-            method_not_allowed(s, req, "GET, HEAD");
-            goto out;
-        }
-        if (rest[0] == '\0')
-            h_model(s, req, name);
-        else if (strcmp(rest, "/ready") == 0)
-            h_model_ready(s, req, name);
-        else if (strcmp(rest, "/weights") == 0)
-            h_weights(s, req, name, &params);
-        else if (strcmp(rest, "/stats") == 0)
-            h_stats(s, req, name);
-        else if (sscanf(rest, "/versions/%31[^/]", vtext) == 1 &&
-                 strlen(rest) == strlen("/versions/") + strlen(vtext) + strlen("/weights") &&
-                 strcmp(rest + strlen("/versions/") + strlen(vtext), "/weights") == 0)
-            h_snapshot(s, req, name, vtext, &params);
-        else
-            send_error(s, req, 404, "no route %s", path);
+        on_model_request(s, req, path, get, post, &params);
         goto out;
     }
     if (strcmp(path, "/") == 0 && get) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Location", "/dashboard");
-        send_text(s, req, 302, "text/plain", "see /dashboard\n", 15);
+        sv_send_text(s, req, 302, "text/plain", "see /dashboard\n", 15);
         goto out;
     }
-    send_error(s, req, 404, "no route %s", path);
+    sv_send_error(s, req, 404, "no route %s", path);
 out:
     evhttp_clear_headers(&params);
     free(path);
@@ -1424,10 +800,48 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
             waiter_finish(w);
             waiter_free(w);
             evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-            send_error(s, req, 503, "server shutting down");
+            sv_send_error(s, req, 503, "server shutting down");
         }
     struct timeval tv = {0, 100000}; /* lets the answers go out */
     event_base_loopexit(s->base, &tv);
+}
+
+/* Registers serve's metrics in s->conf.metrics; -1 (errstr filled) when
+ * the registry refuses one. */
+static int register_metrics(struct serve *s, char *errstr, size_t size)
+{
+    static const char *const route_code[] = {"route", "code"}, *const route[] = {"route"},
+                             *const model[] = {"model"}, *const model_by[] = {"model", "by"};
+    fr_metrics_t *reg = s->conf.metrics;
+    s->m_requests =
+        fr_metrics_counter(reg, "freshet_http_requests_total",
+                           "HTTP requests answered, by route and status", 2, route_code);
+    s->m_bytes = fr_metrics_counter(reg, "freshet_http_response_bytes_total",
+                                    "HTTP response body bytes, by route", 1, route);
+    s->m_waiting = fr_metric_series(fr_metrics_gauge(reg, "freshet_http_longpoll_waiting",
+                                                     "Long-poll clients waiting", 0, NULL),
+                                    NULL);
+    s->m_store_up = fr_metric_series(
+        fr_metrics_gauge(reg, "freshet_serve_store_up",
+                         "1 while serve's last read of the store succeeded", 0, NULL),
+        NULL);
+    s->m_version = fr_metrics_gauge(reg, "freshet_serve_model_version",
+                                    "Version of the weights serve publishes", 1, model);
+    s->m_published = fr_metrics_gauge(reg, "freshet_model_published_timestamp_seconds",
+                                      "Unix time of the newest retained snapshot", 1, model);
+    s->m_loads = fr_metrics_counter(reg, "freshet_serve_weights_reads_total",
+                                    "Weights read from the store by serve", 1, model);
+    s->m_json = fr_metrics_counter(reg, "freshet_serve_json_encodes_total",
+                                   "Weights encoded as JSON, by the follower or for a request "
+                                   "(on the HTTP loop)",
+                                   2, model_by);
+    if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
+        s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
+        s->m_loads == NULL || s->m_json == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
+        return -1;
+    }
+    return 0;
 }
 
 serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
@@ -1518,35 +932,7 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
         return NULL;
     }
 
-    static const char *const route_code[] = {"route", "code"}, *const route[] = {"route"},
-                             *const model[] = {"model"}, *const model_by[] = {"model", "by"};
-    fr_metrics_t *reg = conf->metrics;
-    s->m_requests =
-        fr_metrics_counter(reg, "freshet_http_requests_total",
-                           "HTTP requests answered, by route and status", 2, route_code);
-    s->m_bytes = fr_metrics_counter(reg, "freshet_http_response_bytes_total",
-                                    "HTTP response body bytes, by route", 1, route);
-    s->m_waiting = fr_metric_series(fr_metrics_gauge(reg, "freshet_http_longpoll_waiting",
-                                                     "Long-poll clients waiting", 0, NULL),
-                                    NULL);
-    s->m_store_up = fr_metric_series(
-        fr_metrics_gauge(reg, "freshet_serve_store_up",
-                         "1 while serve's last read of the store succeeded", 0, NULL),
-        NULL);
-    s->m_version = fr_metrics_gauge(reg, "freshet_serve_model_version",
-                                    "Version of the weights serve publishes", 1, model);
-    s->m_published = fr_metrics_gauge(reg, "freshet_model_published_timestamp_seconds",
-                                      "Unix time of the newest retained snapshot", 1, model);
-    s->m_loads = fr_metrics_counter(reg, "freshet_serve_weights_reads_total",
-                                    "Weights read from the store by serve", 1, model);
-    s->m_json = fr_metrics_counter(reg, "freshet_serve_json_encodes_total",
-                                   "Weights encoded as JSON, by the follower or for a request "
-                                   "(on the HTTP loop)",
-                                   2, model_by);
-    if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
-        s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
-        s->m_loads == NULL || s->m_json == NULL) {
-        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
+    if (register_metrics(s, errstr, size) != 0) {
         serve_destroy(s);
         return NULL;
     }

@@ -168,4 +168,95 @@ struct serve {
 /* Wakes the loop to look at what the follower published (any thread). */
 void sv_notify(struct serve *s);
 
+/* ------------------------------------------------------------------------
+ * The HTTP loop (http.c) and the routes it dispatches to (routes.c). All
+ * of it runs on the loop thread.
+ * ---------------------------------------------------------------------- */
+struct evhttp_request;
+struct evhttp_connection;
+struct evbuffer;
+struct evkeyvalq;
+struct event;
+
+/* The forms of a model's weights. */
+enum sv_fmt { SV_FMT_SAFETENSORS, SV_FMT_RAW, SV_FMT_JSON };
+
+/* What a waiting client waits for. */
+enum sv_wkind {
+    SV_W_POLL,  /* long-poll: weights other than (epoch, version)            */
+    SV_W_FRESH, /* weights at least (epoch, version) (any when version < 0):
+                   the model was not followed, or not read yet              */
+    SV_W_STATS, /* stats newer than stats_seq                                */
+};
+
+/* A client waiting on a model, in m->waiters; the loop's own. */
+struct sv_waiter {
+    sv_waiter_t *prev, *next;
+    struct serve *s;
+    sv_model_t *m;
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    struct event *timer;
+    struct event *hup; /* the client closed its end while waiting */
+    enum sv_fmt fmt;
+    enum sv_wkind kind;
+    uint64_t epoch; /* the client has (epoch, version) ...          */
+    int64_t version;
+    int any_epoch;      /* ... or version in whatever epoch is current  */
+    uint64_t had_epoch; /* SV_W_FRESH: the weights held at the request  */
+    int64_t had_version;
+    int64_t after; /* SV_W_FRESH: the request's after_version (or -1) */
+    int wait_ms;   /* ... and its wait, counted from t0_ns         */
+    uint64_t t0_ns;
+    uint64_t stats_seq; /* SV_W_STATS: the stats seen */
+};
+
+/* Answers (http.c). Each counts the answer in the metrics; type may be
+ * NULL; body is borrowed (NULL: an empty body). */
+void sv_send_buf(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                 struct evbuffer *body);
+void sv_send_text(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                  const char *text, size_t len);
+/* {"error": "..."} with code. */
+void sv_send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
+    FR_PRINTF(4, 5);
+/* A shared JSON document, referenced, not copied. Takes the reference. */
+void sv_send_blob(struct serve *s, struct evhttp_request *req, int code, const char *type,
+                  sv_blob_t *blob);
+/* Answers req with view v in format f (v's reference is taken), or 304 when
+ * the client's If-None-Match has it. Under no lock. */
+void sv_send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
+                  enum sv_fmt f);
+/* Makes req wait on m, first in m->waiters, answered when its wait is over
+ * (on_notify) or after wait_ms; the caller fills the fields of its kind.
+ * NULL when out of memory (req is then still the caller's to answer). */
+sv_waiter_t *sv_waiter_add(struct serve *s, struct evhttp_request *req, sv_model_t *m,
+                           enum sv_fmt f, enum sv_wkind kind, uint64_t epoch, int64_t version,
+                           int any_epoch, int wait_ms);
+
+/* Routes (routes.c): each answers req, or hands it to a waiter. name is a
+ * checked model name; params are the query and form parameters. */
+void sv_route_models(struct serve *s, struct evhttp_request *req);
+void sv_route_model(struct serve *s, struct evhttp_request *req, const char *name);
+void sv_route_model_ready(struct serve *s, struct evhttp_request *req, const char *name);
+void sv_route_weights(struct serve *s, struct evhttp_request *req, const char *name,
+                      struct evkeyvalq *params);
+void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
+                       const char *vtext, struct evkeyvalq *params);
+void sv_route_stats(struct serve *s, struct evhttp_request *req, const char *name);
+void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *name,
+                     struct evkeyvalq *params);
+void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *name,
+                       struct evkeyvalq *params);
+void sv_route_metrics(struct serve *s, struct evhttp_request *req);
+void sv_route_ready(struct serve *s, struct evhttp_request *req);
+void sv_route_dashboard(struct serve *s, struct evhttp_request *req, const char *path);
+/* The stats of m as the follower last built them, or a 503 saying why. */
+void sv_send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m);
+/* Answers a weights request with cur (whose reference it takes), or, for a
+ * long-poll (after >= 0) whose client has cur's version, waits up to
+ * wait_ms for another. */
+void sv_send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
+                     enum sv_fmt f, int64_t after, int wait_ms);
+
 #endif

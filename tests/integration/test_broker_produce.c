@@ -358,6 +358,69 @@ static void test_produce_loops_until_the_limit(void **state)
     assert_int_equal(check_text_topic("t6", INGEST_FORMAT_CSV), 60);
 }
 
+/* A file of raw bytes, for the idx test. */
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* idx without --features: 5 images of 2x3 pixels are records of 6 features
+ * (f32: 4 * (6 + 1) = 28 bytes), pixel / 255 and the label; a --features
+ * that disagrees with the header is exit status 2. */
+static void test_produce_idx_takes_the_features_from_the_images_header(void **state)
+{
+    enum { N = 5, ROWS = 2, COLS = 3, DI = ROWS * COLS };
+    unsigned char img[16 + N * DI], lab[8 + N];
+    const unsigned char img_hdr[16] = {0, 0, 8, 3, 0, 0, 0, N, 0, 0, 0, ROWS, 0, 0, 0, COLS};
+    const unsigned char lab_hdr[8] = {0, 0, 8, 1, 0, 0, 0, N};
+    memcpy(img, img_hdr, sizeof(img_hdr));
+    memcpy(lab, lab_hdr, sizeof(lab_hdr));
+    for (int i = 0; i < N * DI; i++)
+        img[16 + i] = (unsigned char)(i * 37 % 256);
+    for (int i = 0; i < N; i++)
+        lab[8 + i] = (unsigned char)(i % 3);
+    char img_path[320], lab_path[320], log[400];
+    snprintf(img_path, sizeof(img_path), "%s/images.idx", tmp_dir);
+    snprintf(lab_path, sizeof(lab_path), "%s/labels.idx", tmp_dir);
+    write_file(img_path, img, sizeof(img));
+    write_file(lab_path, lab, sizeof(lab));
+
+    log_path(log, sizeof(log), "idx_features");
+    assert_int_equal(run_freshet(log, 10000, "produce", "--bootstrap", broker.bootstrap, "--topic",
+                                 "t7", "--data", img_path, "--labels", lab_path, "--format", "idx",
+                                 "--encode", "f32", "--features", "7", NULL),
+                     2);
+    assert_true(harness_file_contains(log, "whose images are 6 features"));
+
+    log_path(log, sizeof(log), "idx");
+    int rc = run_freshet(log, 30000, "produce", "--bootstrap", broker.bootstrap, "--topic", "t7",
+                         "--data", img_path, "--labels", lab_path, "--format", "idx", "--encode",
+                         "f32", NULL);
+    if (rc != 0)
+        dump(log);
+    assert_int_equal(rc, 0);
+    assert_true(harness_file_contains(log, "produced 5 records to t7 (0 failed)"));
+
+    /* one partition, so offset order is file order */
+    size_t len, rec = 4 * (DI + 1);
+    char *out =
+        capture(&len, "kcat -C -b %s -t t7 -p 0 -e -o beginning -q -f '%%s'", broker.bootstrap);
+    assert_int_equal(len, N * rec);
+    ingest_schema_t s = {.features = DI, .label = INGEST_LABEL_REAL};
+    for (int i = 0; i < N; i++) {
+        float x[DI], y;
+        assert_int_equal(ingest_decode(&s, INGEST_FORMAT_F32, out + (size_t)i * rec, rec, x, &y),
+                         INGEST_OK);
+        assert_true(y == (float)(i % 3));
+        for (int j = 0; j < DI; j++)
+            assert_true(x[j] == (float)img[16 + i * DI + j] / 255.0f);
+    }
+    free(out);
+}
+
 /* (f) --help states the dev broker's limits. */
 static void test_broker_help_states_its_limits(void **state)
 {
@@ -403,7 +466,7 @@ static int setup(void **state)
         return -1;
     return harness_broker_start(&broker, FRESHET_BIN,
                                 "--topic t1:4 --topic t2:1 --topic t3:2 --topic t4:2 "
-                                "--topic t5:1 --topic t6:3");
+                                "--topic t5:1 --topic t6:3 --topic t7:1");
 }
 
 static int teardown(void **state)
@@ -423,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_produce_to_nothing_fails_within_the_message_timeout),
         cmocka_unit_test(test_produce_rejects_bad_arguments_with_status_2),
         cmocka_unit_test(test_produce_loops_until_the_limit),
+        cmocka_unit_test(test_produce_idx_takes_the_features_from_the_images_header),
         cmocka_unit_test(test_broker_help_states_its_limits),
         cmocka_unit_test(test_broker_exits_0_on_sigterm),
     };

@@ -71,5 +71,16 @@ if [ -f "$fm/t10k-images-idx3-ubyte.gz" ]; then
 fi
 expect 2 "cannot write into $work/missing" -- "$F" fit --layers 2-2 --data "$work/good.csv" --format csv --out "$work/missing/w"
 expect 0 "wrote" -- "$F" fit --layers 2-2 --batch 65536 --data "$work/good.csv" --format csv --out "$work/w6"
+# produce (a build with the services): idx takes --features from the images
+# header; these fail before any broker is needed
+if "$F" produce --help >/dev/null 2>&1; then
+    # 2 images of 2x3 pixels, and their 2 labels
+    printf '\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x02\x00\x00\x00\x03abcdefghijkl' >"$work/img.idx"
+    printf '\x00\x00\x08\x01\x00\x00\x00\x02\x01\x00' >"$work/lab.idx"
+    expect 0 "idx takes it from the images" -- "$F" produce --help
+    expect 2 "--features D is required for --format csv" -- "$F" produce --bootstrap 127.0.0.1:1 --topic t --data "$work/good.csv" --format csv --encode csv
+    expect 2 "--features 5 disagrees with .*img.idx, whose images are 6 features" -- "$F" produce --bootstrap 127.0.0.1:1 --topic t --data "$work/img.idx" --labels "$work/lab.idx" --format idx --encode f32 --features 5
+    expect 2 "an images file has at least 2 dimensions" -- "$F" produce --bootstrap 127.0.0.1:1 --topic t --data "$work/lab.idx" --labels "$work/lab.idx" --format idx --encode f32
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
