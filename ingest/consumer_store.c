@@ -271,6 +271,147 @@ static void replay_submit(ingest_consumer_t *c, const psstore_rewind_t *targets,
     }
 }
 
+/* ------------------------------------------------------------------------
+ * The store tick. ingest_consumer_store_tick does seven jobs, one function
+ * each, in this order: notice an executed rewind (rewind_executed), read
+ * the published replay (replay_read), then per partition restart a rewound
+ * one (rewind_finish), read its offsets (tick_offsets), resolve its replay
+ * target (tick_replay), note its log end and lag and its advanced
+ * watermark (tick_logend, tick_commit) and apply the gap rule (gap_rule);
+ * tick_send then sends what the partitions gathered.
+ * ---------------------------------------------------------------------- */
+
+/* What one tick gathers over the assigned partitions and sends at its end. */
+typedef struct tick {
+    int final;                                /* at stop: commits only       */
+    int64_t now;                              /* monotonic ms, once per tick */
+    int64_t lag;                              /* summed over the partitions  */
+    rd_kafka_topic_partition_list_t *commits; /* watermarks that advanced    */
+    psstore_rewind_t *targets;                /* [ntargets] replay rewrites  */
+    psstore_logend_t *ends;                   /* [nends] for the lag of serve */
+    size_t ntargets, nends, cap;              /* ntargets, nends <= cap      */
+} tick_t;
+
+/* Nonzero when the applier has executed our rewind request (which is then
+ * forgotten). */
+static int rewind_executed(ingest_consumer_t *c)
+{
+    if (c->rewind_id[0] == '\0' || psstore_request_wait(c->ps, c->model, c->rewind_id, 0) != FR_OK)
+        return 0;
+    c->rewind_id[0] = '\0';
+    return 1;
+}
+
+/* A partition whose rewind the applier executed starts again where the
+ * store now says, and resumes unless the whole assignment is paused. */
+static void rewind_finish(ingest_consumer_t *c, owned_t *o)
+{
+    o->rewinding = 0;
+    restart(c, o);
+    if (!c->paused)
+        ingest_consumer_pause_one(c, o->partition, 0);
+    atomic_fetch_add(&c->rewinds, 1);
+    if (c->m_rewinds != NULL)
+        fr_series_add(c->m_rewinds, 1);
+}
+
+/* Reads one partition's watermark and generation from the store: FR_OK
+ * with *found, or the store's error (logged at debug level). */
+static fr_err_t tick_offsets(ingest_consumer_t *c, const owned_t *o, int64_t *watermark,
+                             int64_t *generation, int *found)
+{
+    psstore_partition_offsets_t po;
+    *found = 0;
+    psstore_poff_init(&po, 0);
+    fr_err_t err = psstore_offsets_read(c->ps, c->model, c->topic, o->partition, &po, found);
+    if (err != FR_OK)
+        fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
+    *watermark = po.watermark;
+    *generation = po.generation;
+    psstore_poff_fini(&po);
+    return err;
+}
+
+/* A replay newer than the partition's generation (gen): its target,
+ * resolved against the watermark w (-1: none in the store), joins the
+ * tick's rewind request. Kafka not answering leaves it for the next tick. */
+static void tick_replay(ingest_consumer_t *c, owned_t *o, int64_t w, int64_t gen, tick_t *tk)
+{
+    if (tk->final || !c->replay_ok || c->rewind_id[0] != '\0' || o->rewinding ||
+        c->replay_gen <= gen || c->replay_gen <= o->replay_seen)
+        return;
+    int64_t target;
+    if (replay_target(c, o->partition, w, &target) != FR_OK)
+        return;
+    o->replay_seen = c->replay_gen;
+    if (target >= 0) {
+        tk->targets[tk->ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
+    }
+}
+
+/* The partition's log end as librdkafka last saw it: its lag behind the
+ * store's watermark w goes to the gauges, the log end to the store. */
+static void tick_logend(ingest_consumer_t *c, const owned_t *o, int64_t w, tick_t *tk)
+{
+    int64_t lo, hi;
+    if (rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) !=
+            RD_KAFKA_RESP_ERR_NO_ERROR ||
+        hi < 0)
+        return;
+    tk->ends[tk->nends++] = (psstore_logend_t){c->topic, o->partition, hi, w};
+    tk->lag += hi > w ? hi - w : 0;
+    if (o->lag != NULL)
+        fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
+}
+
+/* A watermark w above the one last committed joins the tick's commit. */
+static void tick_commit(ingest_consumer_t *c, owned_t *o, int64_t w, tick_t *tk)
+{
+    if (w <= o->committed)
+        return;
+    rd_kafka_topic_partition_list_add(tk->commits, c->topic, o->partition)->offset = w;
+    o->committed = w;
+}
+
+/* Rule 3: a watermark w stuck for gap_timeout that no outstanding batch
+ * holds is read again from the store's position. */
+static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *tk)
+{
+    if (w != o->watermark) {
+        o->watermark = w;
+        o->since = tk->now;
+        return;
+    }
+    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < c->gap_ms ||
+        ingest_consumer_outstanding(c, o->partition, w))
+        return;
+    fr_log(FR_LOG_INFO,
+           "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
+           " ms and held by no outstanding batch: reading again from it",
+           c->topic, o->partition, w, tk->now - o->since);
+    restart(c, o);
+    atomic_fetch_add(&c->gap_seeks, 1);
+    if (c->m_gap != NULL)
+        fr_series_add(c->m_gap, 1);
+}
+
+/* The end of a tick: the summed lag, the log ends (for the lag shown by
+ * processes without Kafka, serve), the rewind request and the commit. */
+static void tick_send(ingest_consumer_t *c, tick_t *tk)
+{
+    atomic_store(&c->lag, tk->lag);
+    if (tk->nends > 0 && !tk->final &&
+        psstore_logend_report(c->ps, c->model, tk->ends, tk->nends) != FR_OK)
+        fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
+    if (tk->ntargets > 0)
+        replay_submit(c, tk->targets, tk->ntargets);
+    if (tk->commits != NULL && tk->commits->cnt > 0) {
+        rd_kafka_resp_err_t kerr = rd_kafka_commit(c->rk, tk->commits, 1);
+        if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+            ingest_consumer_commit_cb(c->rk, kerr, tk->commits, c);
+    }
+}
+
 /*
  * Every COMMIT_EVERY_MS: reads each assigned partition's offsets from the
  * store, commits watermarks that advanced to Kafka (async), updates the lag
@@ -282,99 +423,38 @@ void ingest_consumer_store_tick(ingest_consumer_t *c, int final)
 {
     if (c->nowned == 0 || c->ps == NULL)
         return;
-    int rewound = 0;
-    if (c->rewind_id[0] != '\0' &&
-        psstore_request_wait(c->ps, c->model, c->rewind_id, 0) == FR_OK) {
-        c->rewind_id[0] = '\0';
-        rewound = 1;
-    }
+    int rewound = rewind_executed(c);
     if (c->rewind_id[0] == '\0' && !final)
         replay_read(c);
-    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(c->nowned);
-    psstore_rewind_t *targets = calloc((size_t)c->nowned, sizeof(*targets));
-    psstore_logend_t *ends = calloc((size_t)c->nowned, sizeof(*ends));
-    size_t ntargets = 0, nends = 0;
-    int64_t t = now_ms(), lag = 0;
-    for (int i = 0; i < c->nowned && list != NULL && targets != NULL && ends != NULL; i++) {
+    tick_t tk = {.final = final, .cap = (size_t)c->nowned};
+    tk.commits = rd_kafka_topic_partition_list_new(c->nowned);
+    tk.targets = calloc(tk.cap, sizeof(*tk.targets));
+    tk.ends = calloc(tk.cap, sizeof(*tk.ends));
+    tk.now = now_ms();
+    for (int i = 0; i < c->nowned && tk.commits != NULL && tk.targets != NULL && tk.ends != NULL;
+         i++) {
         owned_t *o = &c->owned[i];
-        if (rewound && o->rewinding) {
-            o->rewinding = 0;
-            restart(c, o);
-            if (!c->paused)
-                ingest_consumer_pause_one(c, o->partition, 0);
-            atomic_fetch_add(&c->rewinds, 1);
-            if (c->m_rewinds != NULL)
-                fr_series_add(c->m_rewinds, 1);
-        }
-        psstore_partition_offsets_t po;
-        int found = 0;
-        psstore_poff_init(&po, 0);
-        if (psstore_offsets_read(c->ps, c->model, c->topic, o->partition, &po, &found) != FR_OK) {
-            fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
-            psstore_poff_fini(&po);
+        int64_t w, gen;
+        int found;
+        if (rewound && o->rewinding)
+            rewind_finish(c, o);
+        if (tick_offsets(c, o, &w, &gen, &found) != FR_OK)
             break;
-        }
-        int64_t w = po.watermark, gen = po.generation;
-        psstore_poff_fini(&po);
-        /* a replay newer than the partition's generation */
-        if (!final && c->replay_ok && c->rewind_id[0] == '\0' && !o->rewinding &&
-            c->replay_gen > gen && c->replay_gen > o->replay_seen) {
-            int64_t target;
-            if (replay_target(c, o->partition, found ? w : -1, &target) == FR_OK) {
-                o->replay_seen = c->replay_gen;
-                if (target >= 0)
-                    targets[ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
-            }
-        }
+        tick_replay(c, o, found ? w : -1, gen, &tk);
         if (o->rewinding)
             continue;
         if (found) {
-            int64_t lo, hi;
-            if (rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
-                    RD_KAFKA_RESP_ERR_NO_ERROR &&
-                hi >= 0) {
-                ends[nends++] = (psstore_logend_t){c->topic, o->partition, hi, w};
-                lag += hi > w ? hi - w : 0;
-                if (o->lag != NULL)
-                    fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
-            }
-            if (w > o->committed) {
-                rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
-                o->committed = w;
-            }
+            tick_logend(c, o, w, &tk);
+            tick_commit(c, o, w, &tk);
         } else {
             w = 0; /* nothing marked yet: a lost first batch must be seen too */
         }
-        /* rule 3: a stuck watermark that no outstanding batch holds */
-        if (w != o->watermark) {
-            o->watermark = w;
-            o->since = t;
-        } else if (!final && c->gap_ms > 0 && t - o->since >= c->gap_ms &&
-                   !ingest_consumer_outstanding(c, o->partition, w)) {
-            fr_log(FR_LOG_INFO,
-                   "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
-                   " ms and held by no outstanding batch: reading again from it",
-                   c->topic, o->partition, w, t - o->since);
-            restart(c, o);
-            atomic_fetch_add(&c->gap_seeks, 1);
-            if (c->m_gap != NULL)
-                fr_series_add(c->m_gap, 1);
-        }
+        gap_rule(c, o, w, &tk);
     }
-    atomic_store(&c->lag, lag);
-    /* the log ends, for the lag shown by processes without Kafka (serve) */
-    if (nends > 0 && !final && psstore_logend_report(c->ps, c->model, ends, nends) != FR_OK)
-        fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
-    free(ends);
-    if (ntargets > 0)
-        replay_submit(c, targets, ntargets);
-    if (list != NULL && list->cnt > 0) {
-        rd_kafka_resp_err_t kerr = rd_kafka_commit(c->rk, list, 1);
-        if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-            ingest_consumer_commit_cb(c->rk, kerr, list, c);
-    }
-    if (list != NULL)
-        rd_kafka_topic_partition_list_destroy(list);
-    free(targets);
+    tick_send(c, &tk);
+    free(tk.ends);
+    if (tk.commits != NULL)
+        rd_kafka_topic_partition_list_destroy(tk.commits);
+    free(tk.targets);
     ingest_consumer_lent_prune(c);
 }
