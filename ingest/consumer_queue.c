@@ -12,6 +12,7 @@
  * Threads: the queue and the lent list are guarded by qlock; qcond wakes a
  * taker, qroom wakes the poll thread waiting for room.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,7 @@ void ingest_consumer_queue_push(ingest_consumer_t *c, ingest_batch_t *batch)
     node->next = NULL;
     node->batch = batch;
     pthread_mutex_lock(&c->qlock);
+    assert((c->qhead == NULL) == (c->qlen == 0));
     batch->seq = ++c->seq;
     if (c->qtail != NULL)
         c->qtail->next = node;
@@ -61,6 +63,7 @@ static size_t queue_len(ingest_consumer_t *c)
  */
 static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
 {
+    assert(c->nlent <= c->caplent);
     if (c->nlent == c->caplent) {
         size_t cap = c->caplent ? 2 * c->caplent : 16;
         lent_t *grown = realloc(c->lent, cap * sizeof(*grown));
@@ -84,6 +87,7 @@ static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
 /* Removes lent entry i (caller holds qlock). */
 static void lent_remove(ingest_consumer_t *c, size_t i)
 {
+    assert(i < c->nlent && c->nlent <= c->caplent);
     free(c->lent[i].ranges);
     c->lent[i] = c->lent[--c->nlent];
 }
@@ -116,6 +120,7 @@ ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
     }
     qnode_t *node = c->qhead;
     if (node != NULL) {
+        assert(c->qlen > 0);
         c->qhead = node->next;
         if (c->qhead == NULL)
             c->qtail = NULL;
