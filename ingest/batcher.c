@@ -57,6 +57,7 @@
  * Threads: one batcher belongs to one thread; the batches it returns may
  * be handed to and destroyed by any thread.
  */
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,6 +327,28 @@ static fr_err_t skip_check(int64_t pos, const int64_t (*skip)[2], size_t nskip)
  * The open batch.
  * ---------------------------------------------------------------------- */
 
+#ifndef NDEBUG
+/* Nonzero when a batch's ranges are as open_finalize promises: each
+ * non-empty, sorted by topic, partition and from, and disjoint within a
+ * partition. For assert() only. */
+static int ranges_ordered(const ingest_batch_t *batch)
+{
+    for (size_t i = 0; i < batch->nranges; i++) {
+        const ingest_range_t *r = &batch->ranges[i];
+        if (r->from >= r->to)
+            return 0;
+        if (i == 0)
+            continue;
+        const ingest_range_t *q = &batch->ranges[i - 1];
+        int c = strcmp(q->topic, r->topic);
+        if (c > 0 || (c == 0 && q->partition > r->partition) ||
+            (c == 0 && q->partition == r->partition && q->to > r->from))
+            return 0;
+    }
+    return 1;
+}
+#endif
+
 /*
  * Finalizes the open batch: its samples are copied into a batch of their
  * own, its ranges are [next, end) minus skips of each held partition
@@ -364,6 +387,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
     }
     bt->nopen = 0;
     bt->n = 0;
+    assert(ranges_ordered(batch));
     return batch;
 }
 

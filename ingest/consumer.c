@@ -2,7 +2,14 @@
  * consumer.c - the Kafka consumer: a consumer-group member that decodes
  * records into batches and queues them toward the trainers, starting every
  * assigned partition at the store's watermark (docs/design.md "Data flow",
- * "Offsets: exactly-once effect on the model").
+ * "Offsets").
+ *
+ * This file holds the consumer's configuration and life cycle, the poll
+ * thread, the rebalance callbacks and what happens to each message. Its
+ * queue, lent list and backpressure are in consumer_queue.c; where a
+ * partition starts, the once-a-second store tick (commits, lag, the gap
+ * rule, replays) in consumer_store.c; the struct they share in
+ * consumer_int.h.
  *
  * One poll thread per consumer does everything that touches librdkafka's
  * consumer handle: rd_kafka_consumer_poll, the rebalance callback (which
@@ -18,20 +25,6 @@
  * queued beyond the capacity rather than dropped (a paused consumer keeps
  * polling, so the group keeps it). The partitions resume once the queue
  * drains below half its capacity.
- *
- * Once a second (store_tick) the poll thread reads each assigned
- * partition's offsets from the store and
- * - commits an advanced watermark to Kafka and sets the lag gauge;
- * - applies rule 3: a watermark that has not advanced for gap_timeout, at
- *   a position no outstanding batch holds (queued, lent to a trainer and
- *   not yet reported done, or pushed and still in the grads stream), is
- *   read again: the partition is seeked back to it with the store's
- *   applied intervals as the skip list;
- * - resolves a replay the applier published (psstore_replay_current) for
- *   every partition whose store generation is older: the targets are
- *   resolved against Kafka (ingest_resolver_target) and sent as one rewind
- *   request; the partitions are paused and dropped from the batcher until
- *   the applier has executed it, then restart where the store now says.
  */
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -43,111 +36,16 @@
 #include <time.h>
 
 #include "common/common.h"
+#include "ingest/consumer_int.h"
 #include "ingest/ingest.h"
 #include "ingest/ingest_int.h"
 #include "psstore/psstore.h"
 
-#define POLL_MS          100  /* one poll waits at most this long       */
-#define COMMIT_EVERY_MS  1000 /* the store's watermarks go to Kafka     */
-#define STORE_TIMEOUT_MS 5000 /* Redis connect and command timeout      */
-#define QUERY_TIMEOUT_MS 5000 /* a ListOffsets question or a seek       */
-#define RETRY_MS         500  /* pause between tries at assignment time */
-#define DLQ_FLUSH_MS     5000 /* dead letters still queued at destroy    */
-#define DLQ_HEADER       "freshet.reason"
-#define GAP_TIMEOUT_MS   10000 /* [psstore] gap_timeout's default          */
-#define PAUSE_AFTER_MS   500   /* a full queue waits this long before pausing */
-#define GAP_IDS_MAX      16    /* stream entries checked per gap decision  */
-
-typedef struct qnode {
-    struct qnode *next;
-    ingest_batch_t *batch;
-} qnode_t;
-
-/* Per assigned partition, the poll thread's bookkeeping. */
-typedef struct owned {
-    int32_t partition;
-    int64_t committed;   /* the last watermark committed to Kafka, -1: none   */
-    int64_t watermark;   /* the store's at the last tick, -1: not read yet     */
-    int64_t since;       /* when it last changed (monotonic ms)                */
-    int64_t replay_seen; /* the newest replay generation considered here       */
-    int rewinding;       /* paused until the applier executes our rewind       */
-    fr_series_t *lag;    /* freshet_kafka_consumergroup_lag{topic,partition}   */
-} owned_t;
-
-/* A batch handed to a trainer, until it is done and its stream entry gone. */
-typedef struct lent {
-    uint64_t seq;
-    ingest_range_t *ranges; /* a copy of the batch's */
-    size_t nranges;
-    char id[64]; /* "" while computing, else the gradient's stream id */
-} lent_t;
-
-struct ingest_consumer {
-    /* configuration (copies) */
-    char *topic, *model, *redis_url, *dlt, *bootstrap;
-    char *(*props)[2]; /* [nprops] key, value: for the resolver */
-    size_t nprops;
-    int linger_ms, start_latest, gap_ms;
-    size_t qcap;
-
-    rd_kafka_t *rk;
-    ingest_batcher_t *bt;   /* poll thread only once started */
-    ingest_producer_t *dlq; /* NULL without a dead-letter topic */
-    psstore_conn_t *ps;     /* poll thread only */
-    ingest_resolver_t *rs;  /* poll thread only; made at the first replay */
-    pthread_t thread;
-    int started, joined;
-    atomic_int stop;
-
-    /* the assignment: poll thread only */
-    rd_kafka_topic_partition_list_t *assigned; /* offsets unused */
-    owned_t *owned;                            /* [nowned] */
-    int nowned;
-    int paused;
-
-    /* replays: poll thread only */
-    int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
-    int replay_ok;            /* it parsed and has a target                     */
-    psstore_replay_t *replay; /* the published replay, parsed                   */
-    char *spec;               /* [PSSTORE_REPLAY_SPEC_MAX] its text, reused     */
-    char rewind_id[64];       /* our rewind request waiting for the applier     */
-
-    /* the queue */
-    pthread_mutex_t qlock;
-    pthread_cond_t qcond;
-    pthread_cond_t qroom; /* a batch was taken: the poll thread may go on */
-    qnode_t *qhead, *qtail;
-    size_t qlen;
-    int finished; /* the poll thread has exited */
-    uint64_t seq; /* numbers batches as they are queued */
-    lent_t *lent; /* [nlent] batches taken and not yet known applied */
-    size_t nlent, caplent;
-
-    /* counters */
-    atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
-        retention_skips;
-    int64_t beyond_logged_ms; /* last "beyond the log end" error (poll thread) */
-    atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
-    atomic_int npaused, nassigned;
-    atomic_int_least64_t lag; /* summed over the assigned partitions, last tick */
-
-    /* metrics (NULL without a registry) */
-    fr_metrics_t *metrics;
-    fr_metric_t *m_lag;
-    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds, *m_retention;
-    fr_series_t *m_rejected[INGEST_REJECT_COUNT];
-};
-
-static int64_t now_ms(void)
-{
-    return (int64_t)(fr_clock_mono_ns() / 1000000u);
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
+#define POLL_MS         100  /* one poll waits at most this long       */
+#define COMMIT_EVERY_MS 1000 /* the store's watermarks go to Kafka     */
+#define DLQ_FLUSH_MS    5000 /* dead letters still queued at destroy    */
+#define DLQ_HEADER      "freshet.reason"
+#define GAP_TIMEOUT_MS  10000 /* [psstore] gap_timeout's default          */
 
 /*
  * librdkafka's log callback. Runs on librdkafka's internal threads: it only
@@ -160,130 +58,6 @@ static void consumer_log_cb(const rd_kafka_t *rk, int level, const char *fac, co
     fr_log(l, "kafka consumer: %s: %s", fac, buf);
 }
 
-/* ------------------------------------------------------------------------
- * The queue.
- * ---------------------------------------------------------------------- */
-
-/*
- * Appends a batch (NULL is ignored) and wakes a waiter. Poll thread. Takes
- * ownership; when out of memory the batch is destroyed and logged, which
- * loses nothing: its positions were never recorded, so the gap rule (or a
- * restart) reads them again.
- */
-static void queue_push(ingest_consumer_t *c, ingest_batch_t *batch)
-{
-    if (batch == NULL)
-        return;
-    qnode_t *node = malloc(sizeof(*node));
-    if (node == NULL) {
-        fr_log(FR_LOG_ERROR, "ingest: out of memory queueing a batch; dropped");
-        ingest_batch_destroy(batch);
-        return;
-    }
-    node->next = NULL;
-    node->batch = batch;
-    pthread_mutex_lock(&c->qlock);
-    batch->seq = ++c->seq;
-    if (c->qtail != NULL)
-        c->qtail->next = node;
-    else
-        c->qhead = node;
-    c->qtail = node;
-    c->qlen++;
-    pthread_cond_signal(&c->qcond);
-    pthread_mutex_unlock(&c->qlock);
-    atomic_fetch_add(&c->batches, 1);
-}
-
-static size_t queue_len(ingest_consumer_t *c)
-{
-    pthread_mutex_lock(&c->qlock);
-    size_t n = c->qlen;
-    pthread_mutex_unlock(&c->qlock);
-    return n;
-}
-
-/*
- * Records a batch handed to a trainer as outstanding (caller holds qlock).
- * Out of memory it goes unrecorded, which costs at most a needless seek
- * back of the gap rule (rule 1 then drops the second copy).
- */
-static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
-{
-    if (c->nlent == c->caplent) {
-        size_t cap = c->caplent ? 2 * c->caplent : 16;
-        lent_t *grown = realloc(c->lent, cap * sizeof(*grown));
-        if (grown == NULL)
-            return;
-        c->lent = grown;
-        c->caplent = cap;
-    }
-    lent_t *l = &c->lent[c->nlent];
-    l->ranges = batch->nranges ? malloc(batch->nranges * sizeof(*l->ranges)) : NULL;
-    if (batch->nranges > 0 && l->ranges == NULL)
-        return;
-    if (batch->nranges > 0)
-        memcpy(l->ranges, batch->ranges, batch->nranges * sizeof(*l->ranges));
-    l->nranges = batch->nranges;
-    l->seq = batch->seq;
-    l->id[0] = '\0';
-    c->nlent++;
-}
-
-/* Removes lent entry i (caller holds qlock). */
-static void lent_remove(ingest_consumer_t *c, size_t i)
-{
-    free(c->lent[i].ranges);
-    c->lent[i] = c->lent[--c->nlent];
-}
-
-void ingest_consumer_done(ingest_consumer_t *c, const ingest_batch_t *batch, const char *stream_id)
-{
-    if (c == NULL || batch == NULL)
-        return;
-    pthread_mutex_lock(&c->qlock);
-    for (size_t i = 0; i < c->nlent; i++) {
-        if (c->lent[i].seq != batch->seq)
-            continue;
-        if (stream_id != NULL && stream_id[0] != '\0')
-            snprintf(c->lent[i].id, sizeof(c->lent[i].id), "%s", stream_id);
-        else
-            lent_remove(c, i);
-        break;
-    }
-    pthread_mutex_unlock(&c->qlock);
-}
-
-ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
-{
-    struct timespec until;
-    fr_clock_deadline(&until, timeout_ms);
-    pthread_mutex_lock(&c->qlock);
-    while (c->qhead == NULL && !c->finished && timeout_ms > 0) {
-        if (pthread_cond_timedwait(&c->qcond, &c->qlock, &until) != 0)
-            break;
-    }
-    qnode_t *node = c->qhead;
-    if (node != NULL) {
-        c->qhead = node->next;
-        if (c->qhead == NULL)
-            c->qtail = NULL;
-        c->qlen--;
-        lend(c, node->batch);
-        pthread_cond_signal(&c->qroom);
-    }
-    pthread_mutex_unlock(&c->qlock);
-    if (node == NULL)
-        return NULL;
-    ingest_batch_t *batch = node->batch;
-    free(node);
-    return batch;
-}
-
-/* ------------------------------------------------------------------------
- * The assignment (poll thread).
- * ---------------------------------------------------------------------- */
-
 /* Observes how long the open batch filled, if one was open. */
 static void fill_done(ingest_consumer_t *c, int64_t *open_since)
 {
@@ -292,128 +66,18 @@ static void fill_done(ingest_consumer_t *c, int64_t *open_since)
     *open_since = -1;
 }
 
-/*
- * Reads a partition's offsets from the store, retrying every RETRY_MS while
- * Redis fails and the consumer is not stopping (a partition must not start
- * anywhere but where the store says). FR_OK with *found, or the last error
- * once stopping.
- */
 /* The consumer's Redis connection gives up reconnecting once it stops. */
-static int consumer_stopping(void *arg)
+int ingest_consumer_stopping(void *arg)
 {
     return atomic_load(&((ingest_consumer_t *)arg)->stop) != 0;
 }
 
-static fr_err_t store_read(ingest_consumer_t *c, const char *topic, int32_t partition,
-                           psstore_partition_offsets_t *po, int *found)
-{
-    int warned = 0;
-    for (;;) {
-        fr_err_t err = FR_ERR_REDIS;
-        if (c->ps == NULL) {
-            char errstr[256];
-            c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
-            if (c->ps != NULL)
-                psstore_conn_set_cancel(c->ps, consumer_stopping, c);
-            if (c->ps == NULL && !warned++)
-                fr_log(FR_LOG_WARN, "ingest: %s (retrying)", errstr);
-        }
-        if (c->ps != NULL) {
-            err = psstore_offsets_read(c->ps, c->model, topic, partition, po, found);
-            if (err == FR_OK)
-                return FR_OK;
-            if (!warned++)
-                fr_log(FR_LOG_WARN, "ingest: offsets of %s/%" PRId32 ": %s (retrying)", topic,
-                       partition, psstore_conn_error(c->ps));
-        }
-        if (atomic_load(&c->stop))
-            return err;
-        sleep_ms(RETRY_MS);
-    }
-}
-
-/* The log start and end of a partition, retrying while Kafka fails and the
- * consumer is not stopping. */
-static fr_err_t log_bounds(ingest_consumer_t *c, const char *topic, int32_t partition, int64_t *lo,
-                           int64_t *hi)
-{
-    for (int tries = 0;; tries++) {
-        rd_kafka_resp_err_t kerr =
-            ingest_list_offset(c->rk, topic, partition, -2, QUERY_TIMEOUT_MS, lo);
-        if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR)
-            kerr = ingest_list_offset(c->rk, topic, partition, -1, QUERY_TIMEOUT_MS, hi);
-        if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR)
-            return FR_OK;
-        if (tries == 0)
-            fr_log(FR_LOG_WARN, "ingest: log bounds of %s/%" PRId32 ": %s (retrying)", topic,
-                   partition, rd_kafka_err2str(kerr));
-        if (atomic_load(&c->stop))
-            return FR_ERR_KAFKA;
-        sleep_ms(RETRY_MS);
-    }
-}
-
-/*
- * Decides where one newly assigned partition starts and seeks the batcher
- * there: the store's watermark with its applied intervals as the skip list
- * (rule 2), or for a partition the store never saw the log start or end,
- * with [0, start) covered by an n = 0 batch of reason "start"; a watermark
- * below the log start (retention) is covered with reason "retention".
- * Returns the Kafka offset to assign, or -1 when stopping before it knew.
- */
-static int64_t partition_start(ingest_consumer_t *c, const char *topic, int32_t partition)
-{
-    psstore_partition_offsets_t po;
-    int found = 0;
-    int64_t lo = 0, hi = 0, start;
-    psstore_poff_init(&po, 0);
-    if (store_read(c, topic, partition, &po, &found) != FR_OK ||
-        log_bounds(c, topic, partition, &lo, &hi) != FR_OK) {
-        psstore_poff_fini(&po);
-        return -1;
-    }
-    const char *reason = NULL;
-    int64_t seek_at = found ? po.watermark : 0;
-    start = found ? po.watermark : (c->start_latest ? hi : lo);
-    if (!found && start > 0)
-        reason = "start";
-    else if (found && lo > start) {
-        reason = "retention";
-        start = lo;
-    }
-    /* the skip list of rule 2: the applied intervals above the watermark */
-    int64_t(*skip)[2] = NULL;
-    size_t nskip = found ? po.nspans : 0;
-    fr_err_t err = FR_ERR_NOMEM;
-    ingest_batch_t *flushed = NULL;
-    if (nskip > 0 && (skip = malloc(nskip * sizeof(*skip))) != NULL) {
-        for (size_t i = 0; i < nskip; i++) {
-            skip[i][0] = po.spans[i].from;
-            skip[i][1] = po.spans[i].to;
-        }
-    }
-    /* without its skip list the partition is not seeked at all (rule 2):
-     * its records are ignored until its next assignment */
-    if (nskip == 0 || skip != NULL)
-        err = ingest_batcher_seek(c->bt, topic, partition, seek_at, (const int64_t(*)[2])skip,
-                                  nskip, found ? po.generation : 0, &flushed);
-    if (err != FR_OK)
-        fr_log(FR_LOG_ERROR, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", topic, partition,
-               seek_at, fr_strerror(err));
-    queue_push(c, flushed);
-    if (err == FR_OK && reason != NULL && start > seek_at)
-        queue_push(c, ingest_batcher_cover(c->bt, topic, partition, start, reason));
-    fr_log(FR_LOG_INFO,
-           "ingest: %s/%" PRId32 " starts at %" PRId64 " (%s, %zu applied interval(s) above)",
-           topic, partition, start, found ? "store" : (c->start_latest ? "latest" : "earliest"),
-           found ? po.nspans : (size_t)0);
-    free(skip);
-    psstore_poff_fini(&po);
-    return start;
-}
+/* ------------------------------------------------------------------------
+ * The assignment (poll thread).
+ * ---------------------------------------------------------------------- */
 
 /* Pauses (pause = 1) or resumes one assigned partition. Poll thread. */
-static void pause_one(ingest_consumer_t *c, int32_t partition, int pause)
+void ingest_consumer_pause_one(ingest_consumer_t *c, int32_t partition, int pause)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
     if (l == NULL)
@@ -429,7 +93,7 @@ static void pause_one(ingest_consumer_t *c, int32_t partition, int pause)
 
 /* Pauses (pause = 1) or resumes the whole assignment (a partition waiting
  * for its rewind stays paused). Poll thread. */
-static void set_paused(ingest_consumer_t *c, int pause)
+void ingest_consumer_set_paused(ingest_consumer_t *c, int pause)
 {
     if (c->assigned != NULL && c->assigned->cnt > 0) {
         rd_kafka_resp_err_t kerr = pause ? rd_kafka_pause_partitions(c->rk, c->assigned)
@@ -441,7 +105,7 @@ static void set_paused(ingest_consumer_t *c, int pause)
     if (!pause)
         for (int i = 0; i < c->nowned; i++)
             if (c->owned[i].rewinding)
-                pause_one(c, c->owned[i].partition, 1);
+                ingest_consumer_pause_one(c, c->owned[i].partition, 1);
     if (pause && !c->paused)
         atomic_fetch_add(&c->pauses, 1);
     c->paused = pause;
@@ -492,7 +156,7 @@ static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
 {
     for (int i = 0; i < parts->cnt; i++) {
         rd_kafka_topic_partition_t *tp = &parts->elems[i];
-        int64_t start = partition_start(c, tp->topic, tp->partition);
+        int64_t start = ingest_consumer_partition_start(c, tp->topic, tp->partition);
         /* stopping before the store answered: read nothing of it */
         tp->offset = start >= 0 ? start : RD_KAFKA_OFFSET_END;
     }
@@ -519,7 +183,7 @@ static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
                                           parts->elems[i].partition);
     owned_rebuild(c);
     if (c->paused)
-        set_paused(c, 1);
+        ingest_consumer_set_paused(c, 1);
 }
 
 /*
@@ -536,7 +200,7 @@ static void on_revoke(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
         if (err != FR_OK)
             fr_log(FR_LOG_ERROR, "ingest: revoke of %s/%" PRId32 ": %s", tp->topic, tp->partition,
                    fr_strerror(err));
-        queue_push(c, flushed);
+        ingest_consumer_queue_push(c, flushed);
     }
     if (coop) {
         rd_kafka_error_t *error = rd_kafka_incremental_unassign(c->rk, parts);
@@ -580,8 +244,8 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
  * librdkafka's offset commit callback. Runs on the poll thread, inside
  * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
  */
-static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                      rd_kafka_topic_partition_list_t *offsets, void *opaque)
+void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                               rd_kafka_topic_partition_list_t *offsets, void *opaque)
 {
     (void)rk;
     ingest_consumer_t *c = opaque;
@@ -597,301 +261,6 @@ static void commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         for (int j = 0; j < c->nowned; j++)
             if (c->owned[j].partition == offsets->elems[i].partition)
                 c->owned[j].committed = -1;
-}
-
-/* Seeks the consumer's fetch position of a partition (librdkafka drops
- * what it had fetched beyond). Poll thread. */
-static void seek_kafka(ingest_consumer_t *c, int32_t partition, int64_t offset)
-{
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    if (l == NULL)
-        return;
-    rd_kafka_topic_partition_list_add(l, c->topic, partition)->offset = offset;
-    rd_kafka_error_t *error = rd_kafka_seek_partitions(c->rk, l, QUERY_TIMEOUT_MS);
-    if (error != NULL) {
-        fr_log(FR_LOG_WARN, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", c->topic,
-               partition, offset, rd_kafka_error_string(error));
-        rd_kafka_error_destroy(error);
-    } else if (l->elems[0].err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        fr_log(FR_LOG_WARN, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", c->topic,
-               partition, offset, rd_kafka_err2str(l->elems[0].err));
-    }
-    rd_kafka_topic_partition_list_destroy(l);
-}
-
-/* Nonzero when one of ranges[n] holds position pos of the partition. */
-static int ranges_hold(const ingest_range_t *ranges, size_t n, const char *topic, int32_t partition,
-                       int64_t pos)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ranges[i].partition == partition && ranges[i].from <= pos && pos < ranges[i].to &&
-            strcmp(ranges[i].topic, topic) == 0)
-            return 1;
-    return 0;
-}
-
-/*
- * Rule 3's test: nonzero when position pos of the partition belongs to an
- * outstanding batch: the open one, a queued one, one a trainer computes,
- * or one whose gradient still waits in the grads stream. A Redis error
- * counts as outstanding (decide at the next tick). Poll thread.
- */
-static int outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos)
-{
-    int64_t next, end;
-    if (ingest_batcher_position(c->bt, c->topic, partition, &next, &end) != FR_OK || end <= pos)
-        return 1; /* nothing read past pos yet: nothing to read again */
-    if (next <= pos)
-        return 1; /* in the open batch */
-    char ids[GAP_IDS_MAX][64];
-    int nids = 0, held = 0;
-    pthread_mutex_lock(&c->qlock);
-    for (const qnode_t *q = c->qhead; q != NULL && !held; q = q->next)
-        held = ranges_hold(q->batch->ranges, q->batch->nranges, c->topic, partition, pos);
-    for (size_t i = 0; i < c->nlent && !held; i++) {
-        const lent_t *l = &c->lent[i];
-        if (!ranges_hold(l->ranges, l->nranges, c->topic, partition, pos))
-            continue;
-        if (l->id[0] == '\0' || nids == GAP_IDS_MAX)
-            held = 1;
-        else
-            memcpy(ids[nids++], l->id, sizeof(l->id));
-    }
-    pthread_mutex_unlock(&c->qlock);
-    for (int i = 0; i < nids && !held; i++) {
-        int waiting = 1;
-        if (psstore_grad_waiting(c->ps, c->model, ids[i], &waiting) != FR_OK || waiting)
-            held = 1;
-    }
-    return held;
-}
-
-/* Forgets lent batches whose positions in this consumer's partitions are
- * all below the store's watermarks now (applied, dropped or re-read), and
- * those of partitions it no longer owns. Poll thread. */
-static void lent_prune(ingest_consumer_t *c)
-{
-    pthread_mutex_lock(&c->qlock);
-    for (size_t i = 0; i < c->nlent;) {
-        const lent_t *l = &c->lent[i];
-        int live = 0;
-        for (size_t r = 0; r < l->nranges && !live; r++) {
-            for (int j = 0; j < c->nowned; j++) {
-                const owned_t *o = &c->owned[j];
-                if (o->partition == l->ranges[r].partition &&
-                    strcmp(l->ranges[r].topic, c->topic) == 0)
-                    live = o->watermark < 0 || l->ranges[r].to > o->watermark;
-            }
-        }
-        if (live)
-            i++;
-        else
-            lent_remove(c, i);
-    }
-    pthread_mutex_unlock(&c->qlock);
-}
-
-/* Starts a partition again where the store says (partition_start) and
- * moves the Kafka fetch position there. Poll thread. */
-static void restart(ingest_consumer_t *c, owned_t *o)
-{
-    int64_t start = partition_start(c, c->topic, o->partition);
-    if (start >= 0)
-        seek_kafka(c, o->partition, start);
-    o->since = now_ms();
-}
-
-/*
- * Reads the replay the applier last published and parses it when it is
- * new. A replay that does not parse is logged once and ignored (its
- * generation still counts as seen). Poll thread.
- */
-static void replay_read(ingest_consumer_t *c)
-{
-    int64_t gen = 0;
-    if (psstore_replay_current(c->ps, c->model, &gen, c->spec, PSSTORE_REPLAY_SPEC_MAX, NULL) !=
-            FR_OK ||
-        gen <= c->replay_gen)
-        return;
-    char errstr[256];
-    c->replay_gen = gen;
-    c->replay_ok = c->spec[0] != '\0' && psstore_replay_parse(c->replay, c->spec, strlen(c->spec),
-                                                              errstr, sizeof(errstr)) == FR_OK;
-    if (c->spec[0] != '\0' && !c->replay_ok)
-        fr_log(FR_LOG_ERROR, "ingest: replay generation %" PRId64 " ignored: %s", gen, errstr);
-}
-
-/*
- * Resolves the published replay for one partition whose store generation
- * is older (rule: the owner resolves, docs/design.md "Replay"): FR_OK with
- * *target, or *target = -1 when the replay does not move this partition.
- * FR_ERR_KAFKA when Kafka did not answer (tried again at the next tick).
- */
-static fr_err_t replay_target(ingest_consumer_t *c, int32_t partition, int64_t watermark,
-                              int64_t *target)
-{
-    char errstr[512];
-    *target = -1;
-    if (!psstore_replay_applies(c->replay, c->topic, partition, NULL))
-        return FR_OK;
-    if (c->rs == NULL &&
-        (c->rs = ingest_resolver_new(c->bootstrap, (const char *const(*)[2])c->props, c->nprops,
-                                     errstr, sizeof(errstr))) == NULL) {
-        fr_log(FR_LOG_ERROR, "ingest: replay: %s", errstr);
-        return FR_ERR_KAFKA;
-    }
-    int64_t lo, hi;
-    fr_err_t err = ingest_resolver_target(c->rs, c->replay, c->topic, partition, watermark,
-                                          QUERY_TIMEOUT_MS, target, &lo, &hi);
-    if (err != FR_OK)
-        fr_log(FR_LOG_WARN,
-               "ingest: replay generation %" PRId64 " of %s/%" PRId32 ": %s (retrying)",
-               c->replay_gen, c->topic, partition, ingest_resolver_error(c->rs));
-    return err;
-}
-
-/*
- * Sends the rewrites of ntargets resolved partitions in one rewind request
- * and holds those partitions (paused, out of the batcher: what was read of
- * them is flushed under the old generation, which the applier drops) until
- * the applier has executed it. Poll thread.
- */
-static void replay_submit(ingest_consumer_t *c, const psstore_rewind_t *targets, size_t ntargets)
-{
-    if (psstore_request_rewind(c->ps, c->model, c->replay_gen, targets, ntargets, c->rewind_id) !=
-        FR_OK) {
-        fr_log(FR_LOG_WARN, "ingest: replay generation %" PRId64 ": %s (retrying)", c->replay_gen,
-               psstore_conn_error(c->ps));
-        c->rewind_id[0] = '\0';
-        for (size_t i = 0; i < ntargets; i++)
-            for (int j = 0; j < c->nowned; j++)
-                if (c->owned[j].partition == targets[i].partition)
-                    c->owned[j].replay_seen = 0;
-        return;
-    }
-    for (size_t i = 0; i < ntargets; i++) {
-        for (int j = 0; j < c->nowned; j++) {
-            owned_t *o = &c->owned[j];
-            if (o->partition != targets[i].partition)
-                continue;
-            ingest_batch_t *flushed = NULL;
-            if (ingest_batcher_revoke(c->bt, c->topic, o->partition, &flushed) == FR_OK)
-                queue_push(c, flushed);
-            pause_one(c, o->partition, 1);
-            o->rewinding = 1;
-            fr_log(FR_LOG_INFO,
-                   "ingest: replay generation %" PRId64 " rewinds %s/%" PRId32 " to %" PRId64,
-                   c->replay_gen, c->topic, o->partition, targets[i].target);
-        }
-    }
-}
-
-/*
- * Every COMMIT_EVERY_MS: reads each assigned partition's offsets from the
- * store, commits watermarks that advanced to Kafka (async), updates the lag
- * gauges, applies the gap rule and carries replays forward (see the top of
- * this file); the final tick, at stop, only commits. A Redis error ends
- * this tick early. Poll thread.
- */
-static void store_tick(ingest_consumer_t *c, int final)
-{
-    if (c->nowned == 0 || c->ps == NULL)
-        return;
-    int rewound = 0;
-    if (c->rewind_id[0] != '\0' &&
-        psstore_request_wait(c->ps, c->model, c->rewind_id, 0) == FR_OK) {
-        c->rewind_id[0] = '\0';
-        rewound = 1;
-    }
-    if (c->rewind_id[0] == '\0' && !final)
-        replay_read(c);
-    rd_kafka_topic_partition_list_t *list = rd_kafka_topic_partition_list_new(c->nowned);
-    psstore_rewind_t *targets = calloc((size_t)c->nowned, sizeof(*targets));
-    psstore_logend_t *ends = calloc((size_t)c->nowned, sizeof(*ends));
-    size_t ntargets = 0, nends = 0;
-    int64_t t = now_ms(), lag = 0;
-    for (int i = 0; i < c->nowned && list != NULL && targets != NULL && ends != NULL; i++) {
-        owned_t *o = &c->owned[i];
-        if (rewound && o->rewinding) {
-            o->rewinding = 0;
-            restart(c, o);
-            if (!c->paused)
-                pause_one(c, o->partition, 0);
-            atomic_fetch_add(&c->rewinds, 1);
-            if (c->m_rewinds != NULL)
-                fr_series_add(c->m_rewinds, 1);
-        }
-        psstore_partition_offsets_t po;
-        int found = 0;
-        psstore_poff_init(&po, 0);
-        if (psstore_offsets_read(c->ps, c->model, c->topic, o->partition, &po, &found) != FR_OK) {
-            fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
-            psstore_poff_fini(&po);
-            break;
-        }
-        int64_t w = po.watermark, gen = po.generation;
-        psstore_poff_fini(&po);
-        /* a replay newer than the partition's generation */
-        if (!final && c->replay_ok && c->rewind_id[0] == '\0' && !o->rewinding &&
-            c->replay_gen > gen && c->replay_gen > o->replay_seen) {
-            int64_t target;
-            if (replay_target(c, o->partition, found ? w : -1, &target) == FR_OK) {
-                o->replay_seen = c->replay_gen;
-                if (target >= 0)
-                    targets[ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
-            }
-        }
-        if (o->rewinding)
-            continue;
-        if (found) {
-            int64_t lo, hi;
-            if (rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
-                    RD_KAFKA_RESP_ERR_NO_ERROR &&
-                hi >= 0) {
-                ends[nends++] = (psstore_logend_t){c->topic, o->partition, hi, w};
-                lag += hi > w ? hi - w : 0;
-                if (o->lag != NULL)
-                    fr_series_set(o->lag, (double)(hi > w ? hi - w : 0));
-            }
-            if (w > o->committed) {
-                rd_kafka_topic_partition_list_add(list, c->topic, o->partition)->offset = w;
-                o->committed = w;
-            }
-        } else {
-            w = 0; /* nothing marked yet: a lost first batch must be seen too */
-        }
-        /* rule 3: a stuck watermark that no outstanding batch holds */
-        if (w != o->watermark) {
-            o->watermark = w;
-            o->since = t;
-        } else if (!final && c->gap_ms > 0 && t - o->since >= c->gap_ms &&
-                   !outstanding(c, o->partition, w)) {
-            fr_log(FR_LOG_INFO,
-                   "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
-                   " ms and held by no outstanding batch: reading again from it",
-                   c->topic, o->partition, w, t - o->since);
-            restart(c, o);
-            atomic_fetch_add(&c->gap_seeks, 1);
-            if (c->m_gap != NULL)
-                fr_series_add(c->m_gap, 1);
-        }
-    }
-    atomic_store(&c->lag, lag);
-    /* the log ends, for the lag shown by processes without Kafka (serve) */
-    if (nends > 0 && !final && psstore_logend_report(c->ps, c->model, ends, nends) != FR_OK)
-        fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
-    free(ends);
-    if (ntargets > 0)
-        replay_submit(c, targets, ntargets);
-    if (list != NULL && list->cnt > 0) {
-        rd_kafka_resp_err_t kerr = rd_kafka_commit(c->rk, list, 1);
-        if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-            commit_cb(c->rk, kerr, list, c);
-    }
-    if (list != NULL)
-        rd_kafka_topic_partition_list_destroy(list);
-    free(targets);
-    lent_prune(c);
 }
 
 /* ------------------------------------------------------------------------
@@ -948,10 +317,10 @@ static void refetch(ingest_consumer_t *c, const char *topic, int32_t partition, 
         }
         kerr = rd_kafka_assign(c->rk, l);
         if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR && c->paused)
-            set_paused(c, 1);
+            ingest_consumer_set_paused(c, 1);
         for (int i = 0; kerr == RD_KAFKA_RESP_ERR_NO_ERROR && i < c->nowned; i++)
             if (c->owned[i].rewinding)
-                pause_one(c, c->owned[i].partition, 1);
+                ingest_consumer_pause_one(c, c->owned[i].partition, 1);
     }
     if (error != NULL || kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
         fr_log(FR_LOG_WARN, "ingest: restarting %s/%" PRId32 " at %" PRId64 ": %s", topic,
@@ -984,7 +353,7 @@ static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t part
         return; /* the next fetch reports it again */
     }
     if (ingest_batcher_holds(c->bt, topic, partition)) {
-        queue_push(c, ingest_batcher_flush(c->bt));
+        ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
         ingest_batcher_position(c->bt, topic, partition, &next, &end);
     }
     int64_t hi = 0;
@@ -1007,7 +376,8 @@ static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t part
                "ingest: %s/%" PRId32 ": retention deleted [%" PRId64 ", %" PRId64
                ") before it was read; marked dropped (reason retention)",
                topic, partition, end, lo);
-        queue_push(c, ingest_batcher_cover(c->bt, topic, partition, lo, "retention"));
+        ingest_consumer_queue_push(c,
+                                   ingest_batcher_cover(c->bt, topic, partition, lo, "retention"));
         atomic_fetch_add(&c->retention_skips, 1);
         if (c->m_retention != NULL)
             fr_series_add(c->m_retention, 1);
@@ -1052,39 +422,8 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
     *dirty = 1;
     if (full != NULL) {
         fill_done(c, open_since);
-        queue_push(c, full);
+        ingest_consumer_queue_push(c, full);
         *dirty = 0;
-    }
-}
-
-/*
- * Backpressure. A full queue first waits up to PAUSE_AFTER_MS for a trainer
- * to take a batch: pausing makes librdkafka drop what it had prefetched for
- * the partitions and fetch it again on resume, which costs far more than a
- * short wait (librdkafka keeps prefetching within queued.max.messages.kbytes
- * meanwhile, and its heartbeats run on its own threads). A queue still full
- * then pauses the assignment, and polling goes on; it resumes once the
- * queue drained below half its capacity. Poll thread.
- */
-static void backpressure(ingest_consumer_t *c)
-{
-    size_t n = queue_len(c);
-    if (!c->paused && n >= c->qcap) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += (long)PAUSE_AFTER_MS * 1000000L;
-        until.tv_sec += until.tv_nsec / 1000000000L;
-        until.tv_nsec %= 1000000000L;
-        pthread_mutex_lock(&c->qlock);
-        while (c->qlen >= c->qcap && !atomic_load(&c->stop))
-            if (pthread_cond_timedwait(&c->qroom, &c->qlock, &until) != 0)
-                break;
-        n = c->qlen;
-        pthread_mutex_unlock(&c->qlock);
-        if (n >= c->qcap)
-            set_paused(c, 1);
-    } else if (c->paused && n * 2 < c->qcap) {
-        set_paused(c, 0);
     }
 }
 
@@ -1105,7 +444,7 @@ static void *poll_main(void *arg)
     if (c->ps == NULL)
         fr_log(FR_LOG_WARN, "ingest: %s (retrying at assignment)", errstr);
     else
-        psstore_conn_set_cancel(c->ps, consumer_stopping, c);
+        psstore_conn_set_cancel(c->ps, ingest_consumer_stopping, c);
     while (!atomic_load(&c->stop)) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS);
         if (m != NULL) {
@@ -1115,17 +454,17 @@ static void *poll_main(void *arg)
         int64_t t = now_ms();
         if (dirty && t - last_record >= c->linger_ms) {
             fill_done(c, &open_since);
-            queue_push(c, ingest_batcher_flush(c->bt));
+            ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
             dirty = 0;
         }
-        backpressure(c);
+        ingest_consumer_backpressure(c);
         if (t >= next_commit) {
-            store_tick(c, 0);
+            ingest_consumer_store_tick(c, 0);
             next_commit = t + COMMIT_EVERY_MS;
         }
     }
-    queue_push(c, ingest_batcher_flush(c->bt));
-    store_tick(c, 1);
+    ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
+    ingest_consumer_store_tick(c, 1);
     rd_kafka_resp_err_t kerr = rd_kafka_consumer_close(c->rk); /* revokes on this thread */
     if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
         fr_log(FR_LOG_WARN, "ingest: consumer close: %s", rd_kafka_err2str(kerr));
@@ -1188,7 +527,7 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
         goto err;
     rd_kafka_conf_set_opaque(kc, c);
     rd_kafka_conf_set_rebalance_cb(kc, rebalance_cb);
-    rd_kafka_conf_set_offset_commit_cb(kc, commit_cb);
+    rd_kafka_conf_set_offset_commit_cb(kc, ingest_consumer_commit_cb);
     rd_kafka_conf_set_log_cb(kc, consumer_log_cb);
     return kc;
 err:
@@ -1237,7 +576,7 @@ static void metrics_init(ingest_consumer_t *c)
         "marked dropped (reason retention).",
         1, topic_label);
     c->m_retention = ret != NULL ? fr_metric_series(ret, tv) : NULL;
-    fr_metric_t *rw = fr_metrics_counter(reg, "freshet_ingest_replay_rewinds_total",
+    fr_metric_t *rw = fr_metrics_counter(reg, "freshet_psstore_replay_rewinds_total",
                                          "Partitions rewound by replay requests.", 1, topic_label);
     c->m_rewinds = rw != NULL ? fr_metric_series(rw, tv) : NULL;
     c->m_lag =
@@ -1391,11 +730,7 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
         /* a started consumer has closed already, within its bound */
         rd_kafka_destroy_flags(c->rk, c->started ? RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE : 0);
     }
-    for (qnode_t *node = c->qhead, *next; node != NULL; node = next) {
-        next = node->next;
-        ingest_batch_destroy(node->batch);
-        free(node);
-    }
+    ingest_consumer_queue_fini(c);
     if (c->dlq != NULL) {
         uint64_t delivered, failed;
         if (ingest_producer_flush(c->dlq, DLQ_FLUSH_MS, &delivered, &failed) != FR_OK)
@@ -1406,11 +741,6 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
     ingest_batcher_destroy(c->bt);
     if (c->rs != NULL)
         ingest_resolver_destroy(c->rs);
-    pthread_mutex_lock(&c->qlock);
-    while (c->nlent > 0)
-        lent_remove(c, c->nlent - 1);
-    pthread_mutex_unlock(&c->qlock);
-    free(c->lent);
     for (size_t i = 0; i < c->nprops; i++) {
         free(c->props[i][0]);
         free(c->props[i][1]);

@@ -1,0 +1,199 @@
+/*
+ * consumer_int.h - private declarations shared by the consumer's three
+ * sources: consumer.c (configuration, life cycle, the poll thread, the
+ * rebalance callbacks, messages), consumer_queue.c (the batch queue, the
+ * lent list and backpressure) and consumer_store.c (where a partition
+ * starts, the once-a-second store tick, the gap rule and replays).
+ *
+ * Not part of the public API. It is separate from ingest_int.h because it
+ * includes librdkafka and pthread, and ingest_int.h is also read by the
+ * compute core's sources (fr_ingest_core), which build without librdkafka.
+ * The functions below carry the ingest_consumer_ prefix like the public
+ * ones; they are the only non-static functions of these three files, and
+ * each says which thread calls it and which lock it needs.
+ */
+#ifndef FRESHET_CONSUMER_INT_H
+#define FRESHET_CONSUMER_INT_H
+
+#include <librdkafka/rdkafka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "common/common.h"
+#include "ingest/ingest.h"
+#include "psstore/psstore.h"
+
+#define STORE_TIMEOUT_MS 5000 /* Redis connect and command timeout      */
+#define QUERY_TIMEOUT_MS 5000 /* a ListOffsets question or a seek       */
+
+typedef struct qnode {
+    struct qnode *next;
+    ingest_batch_t *batch;
+} qnode_t;
+
+/* Per assigned partition, the poll thread's bookkeeping. */
+typedef struct owned {
+    int32_t partition;
+    int64_t committed;   /* the last watermark committed to Kafka, -1: none   */
+    int64_t watermark;   /* the store's at the last tick, -1: not read yet     */
+    int64_t since;       /* when it last changed (monotonic ms)                */
+    int64_t replay_seen; /* the newest replay generation considered here       */
+    int rewinding;       /* paused until the applier executes our rewind       */
+    fr_series_t *lag;    /* freshet_kafka_consumergroup_lag{topic,partition}   */
+} owned_t;
+
+/* A batch handed to a trainer, until it is done and its stream entry gone. */
+typedef struct lent {
+    uint64_t seq;
+    ingest_range_t *ranges; /* a copy of the batch's */
+    size_t nranges;
+    char id[64]; /* "" while computing, else the gradient's stream id */
+} lent_t;
+
+struct ingest_consumer {
+    /* configuration (copies) */
+    char *topic, *model, *redis_url, *dlt, *bootstrap;
+    char *(*props)[2]; /* [nprops] key, value: for the resolver */
+    size_t nprops;
+    int linger_ms, start_latest, gap_ms;
+    size_t qcap;
+
+    rd_kafka_t *rk;
+    ingest_batcher_t *bt;   /* poll thread only once started */
+    ingest_producer_t *dlq; /* NULL without a dead-letter topic */
+    psstore_conn_t *ps;     /* poll thread only */
+    ingest_resolver_t *rs;  /* poll thread only; made at the first replay */
+    pthread_t thread;
+    int started, joined; /* the owner's thread only */
+    atomic_int stop;     /* set by the owner, read by the poll thread */
+
+    /* the assignment: poll thread only */
+    rd_kafka_topic_partition_list_t *assigned; /* offsets unused */
+    owned_t *owned;                            /* [nowned] */
+    int nowned;
+    int paused;
+
+    /* replays: poll thread only */
+    int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
+    int replay_ok;            /* it parsed and has a target                     */
+    psstore_replay_t *replay; /* the published replay, parsed                   */
+    char *spec;               /* [PSSTORE_REPLAY_SPEC_MAX] its text, reused     */
+    char rewind_id[64];       /* our rewind request waiting for the applier     */
+
+    /* the queue, under qlock: qlen counts the nodes from qhead to qtail
+     * (qhead == NULL exactly when qlen == 0); batch seq numbers rise */
+    pthread_mutex_t qlock;
+    pthread_cond_t qcond;
+    pthread_cond_t qroom; /* a batch was taken: the poll thread may go on */
+    qnode_t *qhead, *qtail;
+    size_t qlen;
+    int finished;          /* the poll thread has exited */
+    uint64_t seq;          /* numbers batches as they are queued */
+    lent_t *lent;          /* [nlent] batches taken and not yet known applied */
+    size_t nlent, caplent; /* nlent <= caplent */
+
+    /* counters */
+    atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
+        retention_skips;
+    int64_t beyond_logged_ms; /* last "beyond the log end" error (poll thread) */
+    atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
+    atomic_int npaused, nassigned;
+    atomic_int_least64_t lag; /* summed over the assigned partitions, last tick */
+
+    /* metrics (NULL without a registry) */
+    fr_metrics_t *metrics;
+    fr_metric_t *m_lag;
+    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds, *m_retention;
+    fr_series_t *m_rejected[INGEST_REJECT_COUNT];
+};
+
+/* The monotonic clock in ms. */
+static inline int64_t now_ms(void)
+{
+    return (int64_t)(fr_clock_mono_ns() / 1000000u);
+}
+
+static inline void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------------------
+ * consumer.c
+ * ---------------------------------------------------------------------- */
+
+/* The cancel test of the consumer's Redis connection (arg is the
+ * consumer): nonzero once it stops, so reconnecting gives up. Any thread. */
+int ingest_consumer_stopping(void *arg);
+
+/* Pauses (pause = 1) or resumes one assigned partition. Poll thread. */
+void ingest_consumer_pause_one(ingest_consumer_t *c, int32_t partition, int pause);
+
+/* Pauses (pause = 1) or resumes the whole assignment (a partition waiting
+ * for its rewind stays paused). Poll thread. */
+void ingest_consumer_set_paused(ingest_consumer_t *c, int pause);
+
+/*
+ * librdkafka's offset commit callback, also called by the store tick when
+ * a commit fails at once. Runs on the poll thread, inside
+ * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
+ */
+void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                               rd_kafka_topic_partition_list_t *offsets, void *opaque);
+
+/* ------------------------------------------------------------------------
+ * consumer_queue.c
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Appends a batch (NULL is ignored) and wakes a waiter. Poll thread; takes
+ * qlock. Takes ownership; when out of memory the batch is destroyed and
+ * logged, which loses nothing: its positions were never recorded, so the
+ * gap rule (or a restart) reads them again.
+ */
+void ingest_consumer_queue_push(ingest_consumer_t *c, ingest_batch_t *batch);
+
+/* Frees the batches still queued and the lent list. Owner's thread, once
+ * the poll thread has exited (ingest_consumer_destroy). */
+void ingest_consumer_queue_fini(ingest_consumer_t *c);
+
+/*
+ * Rule 3's test: nonzero when position pos of the partition belongs to an
+ * outstanding batch: the open one, a queued one, one a trainer computes,
+ * or one whose gradient still waits in the grads stream. A Redis error
+ * counts as outstanding (decide at the next tick). Poll thread; takes
+ * qlock.
+ */
+int ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos);
+
+/* Forgets lent batches whose positions in this consumer's partitions are
+ * all below the store's watermarks now (applied, dropped or re-read), and
+ * those of partitions it no longer owns. Poll thread; takes qlock. */
+void ingest_consumer_lent_prune(ingest_consumer_t *c);
+
+/* Backpressure: pauses the assignment when the queue stays full, resumes
+ * it once the queue drained (see consumer_queue.c). Poll thread. */
+void ingest_consumer_backpressure(ingest_consumer_t *c);
+
+/* ------------------------------------------------------------------------
+ * consumer_store.c
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Decides where one newly assigned partition starts and seeks the batcher
+ * there (rule 2, see consumer_store.c). Returns the Kafka offset to assign,
+ * or -1 when stopping before it knew. Poll thread.
+ */
+int64_t ingest_consumer_partition_start(ingest_consumer_t *c, const char *topic, int32_t partition);
+
+/*
+ * Every COMMIT_EVERY_MS: the store's watermarks to Kafka, the lag gauges,
+ * the gap rule and replays (see consumer_store.c); the final tick, at
+ * stop, only commits. Poll thread.
+ */
+void ingest_consumer_store_tick(ingest_consumer_t *c, int final);
+
+#endif /* FRESHET_CONSUMER_INT_H */

@@ -1,0 +1,249 @@
+/*
+ * consumer_queue.c - the consumer's batch queue, its lent list and
+ * backpressure (docs/design.md "Data flow").
+ *
+ * The poll thread appends batches (ingest_consumer_queue_push); the
+ * owner's threads take them (ingest_consumer_next), which records each one
+ * as lent until the trainer reports it done (ingest_consumer_done) and its
+ * gradient has left the grads stream. The lent list is what the gap rule
+ * asks (ingest_consumer_outstanding) before it reads a stuck watermark
+ * again, and the store tick prunes it (ingest_consumer_lent_prune).
+ *
+ * Threads: the queue and the lent list are guarded by qlock; qcond wakes a
+ * taker, qroom wakes the poll thread waiting for room.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ingest/consumer_int.h"
+
+#define PAUSE_AFTER_MS 500 /* a full queue waits this long before pausing */
+#define GAP_IDS_MAX    16  /* stream entries checked per gap decision  */
+
+void ingest_consumer_queue_push(ingest_consumer_t *c, ingest_batch_t *batch)
+{
+    if (batch == NULL)
+        return;
+    qnode_t *node = malloc(sizeof(*node));
+    if (node == NULL) {
+        fr_log(FR_LOG_ERROR, "ingest: out of memory queueing a batch; dropped");
+        ingest_batch_destroy(batch);
+        return;
+    }
+    node->next = NULL;
+    node->batch = batch;
+    pthread_mutex_lock(&c->qlock);
+    assert((c->qhead == NULL) == (c->qlen == 0));
+    batch->seq = ++c->seq;
+    if (c->qtail != NULL)
+        c->qtail->next = node;
+    else
+        c->qhead = node;
+    c->qtail = node;
+    c->qlen++;
+    pthread_cond_signal(&c->qcond);
+    pthread_mutex_unlock(&c->qlock);
+    atomic_fetch_add(&c->batches, 1);
+}
+
+static size_t queue_len(ingest_consumer_t *c)
+{
+    pthread_mutex_lock(&c->qlock);
+    size_t n = c->qlen;
+    pthread_mutex_unlock(&c->qlock);
+    return n;
+}
+
+/*
+ * Records a batch handed to a trainer as outstanding (caller holds qlock).
+ * Out of memory it goes unrecorded, which costs at most a needless seek
+ * back of the gap rule (rule 1 then drops the second copy).
+ */
+static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
+{
+    assert(c->nlent <= c->caplent);
+    if (c->nlent == c->caplent) {
+        size_t cap = c->caplent ? 2 * c->caplent : 16;
+        lent_t *grown = realloc(c->lent, cap * sizeof(*grown));
+        if (grown == NULL)
+            return;
+        c->lent = grown;
+        c->caplent = cap;
+    }
+    lent_t *l = &c->lent[c->nlent];
+    l->ranges = batch->nranges ? malloc(batch->nranges * sizeof(*l->ranges)) : NULL;
+    if (batch->nranges > 0 && l->ranges == NULL)
+        return;
+    if (batch->nranges > 0)
+        memcpy(l->ranges, batch->ranges, batch->nranges * sizeof(*l->ranges));
+    l->nranges = batch->nranges;
+    l->seq = batch->seq;
+    l->id[0] = '\0';
+    c->nlent++;
+}
+
+/* Removes lent entry i (caller holds qlock). */
+static void lent_remove(ingest_consumer_t *c, size_t i)
+{
+    assert(i < c->nlent && c->nlent <= c->caplent);
+    free(c->lent[i].ranges);
+    c->lent[i] = c->lent[--c->nlent];
+}
+
+void ingest_consumer_done(ingest_consumer_t *c, const ingest_batch_t *batch, const char *stream_id)
+{
+    if (c == NULL || batch == NULL)
+        return;
+    pthread_mutex_lock(&c->qlock);
+    for (size_t i = 0; i < c->nlent; i++) {
+        if (c->lent[i].seq != batch->seq)
+            continue;
+        if (stream_id != NULL && stream_id[0] != '\0')
+            snprintf(c->lent[i].id, sizeof(c->lent[i].id), "%s", stream_id);
+        else
+            lent_remove(c, i);
+        break;
+    }
+    pthread_mutex_unlock(&c->qlock);
+}
+
+ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
+{
+    struct timespec until;
+    fr_clock_deadline(&until, timeout_ms);
+    pthread_mutex_lock(&c->qlock);
+    while (c->qhead == NULL && !c->finished && timeout_ms > 0) {
+        if (pthread_cond_timedwait(&c->qcond, &c->qlock, &until) != 0)
+            break;
+    }
+    qnode_t *node = c->qhead;
+    if (node != NULL) {
+        assert(c->qlen > 0);
+        c->qhead = node->next;
+        if (c->qhead == NULL)
+            c->qtail = NULL;
+        c->qlen--;
+        lend(c, node->batch);
+        pthread_cond_signal(&c->qroom);
+    }
+    pthread_mutex_unlock(&c->qlock);
+    if (node == NULL)
+        return NULL;
+    ingest_batch_t *batch = node->batch;
+    free(node);
+    return batch;
+}
+
+void ingest_consumer_queue_fini(ingest_consumer_t *c)
+{
+    for (qnode_t *node = c->qhead, *next; node != NULL; node = next) {
+        next = node->next;
+        ingest_batch_destroy(node->batch);
+        free(node);
+    }
+    c->qhead = c->qtail = NULL;
+    c->qlen = 0;
+    pthread_mutex_lock(&c->qlock);
+    while (c->nlent > 0)
+        lent_remove(c, c->nlent - 1);
+    pthread_mutex_unlock(&c->qlock);
+    free(c->lent);
+    c->lent = NULL;
+    c->caplent = 0;
+}
+
+/* Nonzero when one of ranges[n] holds position pos of the partition. */
+static int ranges_hold(const ingest_range_t *ranges, size_t n, const char *topic, int32_t partition,
+                       int64_t pos)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ranges[i].partition == partition && ranges[i].from <= pos && pos < ranges[i].to &&
+            strcmp(ranges[i].topic, topic) == 0)
+            return 1;
+    return 0;
+}
+
+int ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos)
+{
+    int64_t next, end;
+    if (ingest_batcher_position(c->bt, c->topic, partition, &next, &end) != FR_OK || end <= pos)
+        return 1; /* nothing read past pos yet: nothing to read again */
+    if (next <= pos)
+        return 1; /* in the open batch */
+    char ids[GAP_IDS_MAX][64];
+    int nids = 0, held = 0;
+    pthread_mutex_lock(&c->qlock);
+    for (const qnode_t *q = c->qhead; q != NULL && !held; q = q->next)
+        held = ranges_hold(q->batch->ranges, q->batch->nranges, c->topic, partition, pos);
+    for (size_t i = 0; i < c->nlent && !held; i++) {
+        const lent_t *l = &c->lent[i];
+        if (!ranges_hold(l->ranges, l->nranges, c->topic, partition, pos))
+            continue;
+        if (l->id[0] == '\0' || nids == GAP_IDS_MAX)
+            held = 1;
+        else
+            memcpy(ids[nids++], l->id, sizeof(l->id));
+    }
+    pthread_mutex_unlock(&c->qlock);
+    for (int i = 0; i < nids && !held; i++) {
+        int waiting = 1;
+        if (psstore_grad_waiting(c->ps, c->model, ids[i], &waiting) != FR_OK || waiting)
+            held = 1;
+    }
+    return held;
+}
+
+void ingest_consumer_lent_prune(ingest_consumer_t *c)
+{
+    pthread_mutex_lock(&c->qlock);
+    for (size_t i = 0; i < c->nlent;) {
+        const lent_t *l = &c->lent[i];
+        int live = 0;
+        for (size_t r = 0; r < l->nranges && !live; r++) {
+            for (int j = 0; j < c->nowned; j++) {
+                const owned_t *o = &c->owned[j];
+                if (o->partition == l->ranges[r].partition &&
+                    strcmp(l->ranges[r].topic, c->topic) == 0)
+                    live = o->watermark < 0 || l->ranges[r].to > o->watermark;
+            }
+        }
+        if (live)
+            i++;
+        else
+            lent_remove(c, i);
+    }
+    pthread_mutex_unlock(&c->qlock);
+}
+
+/*
+ * Backpressure. A full queue first waits up to PAUSE_AFTER_MS for a trainer
+ * to take a batch: pausing makes librdkafka drop what it had prefetched for
+ * the partitions and fetch it again on resume, which costs far more than a
+ * short wait (librdkafka keeps prefetching within queued.max.messages.kbytes
+ * meanwhile, and its heartbeats run on its own threads). A queue still full
+ * then pauses the assignment, and polling goes on; it resumes once the
+ * queue drained below half its capacity. Poll thread.
+ */
+void ingest_consumer_backpressure(ingest_consumer_t *c)
+{
+    size_t n = queue_len(c);
+    if (!c->paused && n >= c->qcap) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += (long)PAUSE_AFTER_MS * 1000000L;
+        until.tv_sec += until.tv_nsec / 1000000000L;
+        until.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&c->qlock);
+        while (c->qlen >= c->qcap && !atomic_load(&c->stop))
+            if (pthread_cond_timedwait(&c->qroom, &c->qlock, &until) != 0)
+                break;
+        n = c->qlen;
+        pthread_mutex_unlock(&c->qlock);
+        if (n >= c->qcap)
+            ingest_consumer_set_paused(c, 1);
+    } else if (c->paused && n * 2 < c->qcap) {
+        ingest_consumer_set_paused(c, 0);
+    }
+}
