@@ -647,6 +647,7 @@ static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
     fr_series_add(a->m_bytes, (double)a->msg.payload_bytes);
     return decide(a, &a->msg.g);
 }
+
 /* ---- the loop ------------------------------------------------------------------------ */
 
 /*
