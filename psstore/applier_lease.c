@@ -45,24 +45,20 @@ static fr_err_t guarded_meta_set(psstore_applier_t *a, int *done, const char *f1
     return FR_OK;
 }
 
-/*
- * Loads weights, optimizer state, version, offsets and snapshots from Redis
- * after taking the lease. Starts a new epoch when Redis restarted since the
- * model's epoch was set (its run_id changed): acknowledged writes may have
- * been lost, so a version number may be reissued.
- */
-static fr_err_t load_state(psstore_applier_t *a)
+/* Reads meta: the epoch (none: the model does not exist), the divergence
+ * guard's stop, and the run_id of the Redis that set the epoch into
+ * meta_run[size]. */
+static fr_err_t load_meta(psstore_applier_t *a, char *meta_run, size_t size)
 {
     fr_err_t err;
-    char run_id[64], meta_run[64] = "", epoch_s[32] = "", stopped[256] = "";
-    if ((err = ps_server_run_id(a->c, run_id, sizeof(run_id))) != FR_OK)
-        return err;
+    char epoch_s[32] = "", stopped[256] = "";
+    meta_run[0] = '\0';
     redisReply *r = ps_cmd(a->c, 1, &err, "HMGET %s epoch redis_run_id stopped", a->k_meta);
     if (r == NULL)
         return err;
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 3) {
         ps_reply_str(r->element[0], epoch_s, sizeof(epoch_s));
-        ps_reply_str(r->element[1], meta_run, sizeof(meta_run));
+        ps_reply_str(r->element[1], meta_run, size);
         ps_reply_str(r->element[2], stopped, sizeof(stopped));
     }
     freeReplyObject(r);
@@ -70,8 +66,15 @@ static fr_err_t load_state(psstore_applier_t *a)
         return ps_fail(a->c, FR_ERR_NOTFOUND, "model '%s' does not exist", a->model);
     a->epoch = strtoull(epoch_s, NULL, 10);
     snprintf(a->stopped, sizeof(a->stopped), "%s", stopped);
+    return FR_OK;
+}
 
-    r = ps_cmd(a->c, 1, &err, "GET %s", a->k_w);
+/* Reads the weights (their length is n), the optimizer state and the
+ * version. */
+static fr_err_t load_weights(psstore_applier_t *a)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "GET %s", a->k_w);
     if (r == NULL)
         return err;
     if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len % 4 != 0) {
@@ -109,8 +112,14 @@ static fr_err_t load_state(psstore_applier_t *a)
     ps_reply_str(r, ver, sizeof(ver));
     freeReplyObject(r);
     a->version = a->committed = strtoll(ver, NULL, 10);
+    return FR_OK;
+}
 
-    r = ps_cmd(a->c, 1, &err, "HGETALL %s", a->k_off);
+/* Reads the offsets of every partition and the retained snapshots. */
+static fr_err_t load_offsets(psstore_applier_t *a)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "HGETALL %s", a->k_off);
     if (r == NULL)
         return err;
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
@@ -140,6 +149,45 @@ static fr_err_t load_state(psstore_applier_t *a)
     freeReplyObject(r);
     a->snap_version = a->nsnaps ? a->snaps[a->nsnaps - 1] : a->version;
     a->snap_ns = fr_clock_mono_ns();
+    return FR_OK;
+}
+
+/* Starts a new epoch, written under the lease with run_id, the Redis that
+ * holds it now. */
+static fr_err_t new_epoch(psstore_applier_t *a, const char *run_id)
+{
+    fr_err_t err;
+    uint64_t epoch = ps_random_u64();
+    char epoch_s[32];
+    int done = 0;
+    snprintf(epoch_s, sizeof(epoch_s), "%llu", (unsigned long long)epoch);
+    if ((err = guarded_meta_set(a, &done, "epoch", epoch_s, "redis_run_id", run_id)) != FR_OK)
+        return err;
+    if (!done)
+        return ps_fail(a->c, FR_ERR_STATE, "model '%s': lease lost while taking over", a->model);
+    fr_log(FR_LOG_WARN,
+           "applier %s: Redis run_id changed (restart?): new epoch %llu at version %lld", a->model,
+           (unsigned long long)epoch, (long long)a->version);
+    a->epoch = epoch;
+    psstore_ctl_reset(a->ctl);
+    psstore_ctl_record(a->ctl, a->version, a->w);
+    return FR_OK;
+}
+
+/*
+ * Loads weights, optimizer state, version, offsets and snapshots from Redis
+ * after taking the lease. Starts a new epoch when Redis restarted since the
+ * model's epoch was set (its run_id changed): acknowledged writes may have
+ * been lost, so a version number may be reissued.
+ */
+static fr_err_t load_state(psstore_applier_t *a)
+{
+    fr_err_t err;
+    char run_id[64], meta_run[64];
+    if ((err = ps_server_run_id(a->c, run_id, sizeof(run_id))) != FR_OK ||
+        (err = load_meta(a, meta_run, sizeof(meta_run))) != FR_OK ||
+        (err = load_weights(a)) != FR_OK || (err = load_offsets(a)) != FR_OK)
+        return err;
 
     char errstr[256];
     a->ctl = psstore_ctl_new(&a->conf.ctl, a->n, errstr, sizeof(errstr));
@@ -148,7 +196,7 @@ static fr_err_t load_state(psstore_applier_t *a)
     psstore_ctl_record(a->ctl, a->version, a->w);
 
     /* the group sees every entry ever pushed: created at id 0 */
-    r = ps_cmd(a->c, 1, &err, "XGROUP CREATE %s %s 0 MKSTREAM", a->k_grads, GROUP);
+    redisReply *r = ps_cmd(a->c, 1, &err, "XGROUP CREATE %s %s 0 MKSTREAM", a->k_grads, GROUP);
     if (r == NULL && strstr(psstore_conn_error(a->c), "BUSYGROUP") == NULL)
         return err;
     freeReplyObject(r);
@@ -158,25 +206,8 @@ static fr_err_t load_state(psstore_applier_t *a)
     if ((err = guarded_meta_set(a, &shown, "mode", psstore_mode_name(a->conf.mode), NULL, NULL)) !=
         FR_OK)
         return err;
-    if (strcmp(run_id, meta_run) != 0) {
-        /* Redis restarted (or the model came from elsewhere): a new epoch */
-        uint64_t epoch = ps_random_u64();
-        char epoch_s2[32];
-        int done = 0;
-        snprintf(epoch_s2, sizeof(epoch_s2), "%llu", (unsigned long long)epoch);
-        if ((err = guarded_meta_set(a, &done, "epoch", epoch_s2, "redis_run_id", run_id)) != FR_OK)
-            return err;
-        if (!done)
-            return ps_fail(a->c, FR_ERR_STATE, "model '%s': lease lost while taking over",
-                           a->model);
-        fr_log(FR_LOG_WARN,
-               "applier %s: Redis run_id changed (restart?): new epoch %llu at version %lld",
-               a->model, (unsigned long long)epoch, (long long)a->version);
-        a->epoch = epoch;
-        psstore_ctl_reset(a->ctl);
-        psstore_ctl_record(a->ctl, a->version, a->w);
-    }
-    return FR_OK;
+    /* Redis restarted (or the model came from elsewhere): a new epoch */
+    return strcmp(run_id, meta_run) != 0 ? new_epoch(a, run_id) : FR_OK;
 }
 
 /*
