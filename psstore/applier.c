@@ -24,6 +24,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -883,19 +884,20 @@ static void forget_consumer(psstore_applier_t *a)
             ps_cmd(a->c, 0, &err, "XGROUP DELCONSUMER %s %s %s", a->k_grads, GROUP, a->token));
 }
 
+/* The connection's cancel test: the run's stop flag (an atomic_int). */
 static int stop_set(void *arg)
 {
-    return *(const volatile int *)arg != 0;
+    return atomic_load((const atomic_int *)arg) != 0;
 }
 
-fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop)
+fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
 {
     /* with Redis gone, a stop does not wait out reconnect backoffs: the
      * last commit and the lease release fail at once (the lease expires,
      * unapplied work is read again) */
     psstore_conn_set_cancel(a->c, stop_set, (void *)(uintptr_t)stop);
     int backoff = 10;
-    while (!*stop) {
+    while (!atomic_load(stop)) {
         fr_err_t err = psstore_applier_poll(a, 200);
         if (err == FR_OK) {
             backoff = 10;

@@ -13,6 +13,7 @@
 #define FRESHET_PSSTORE_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/common.h"
@@ -639,8 +640,10 @@ void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l);
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms);
 
 /* Polls until *stop is nonzero, retrying with backoff on Redis errors;
- * commits what it holds and releases the lease before returning. */
-fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop);
+ * commits what it holds and releases the lease before returning. *stop is
+ * set from another thread (or a signal handler): it is read with
+ * atomic_load, and stop must outlive the call. */
+fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop);
 
 /* Why a gradient was not applied; names are the metrics' reason labels. */
 typedef enum psstore_drop {
