@@ -205,16 +205,21 @@ void psstore_applier_conf_init(psstore_applier_conf_t *conf)
 {
     memset(conf, 0, sizeof(*conf));
     psstore_ctl_conf_init(&conf->ctl);
-    conf->lease_ms = 5000;
-    conf->commit_ms = 0;
-    conf->versions_keep = 10000;
-    conf->snapshot_every = 100;
-    conf->snapshot_seconds = 60;
-    conf->snapshot_retain = 10;
-    conf->npushers = 1;
-    conf->mode = PSSTORE_MODE_ASYNC;
-    conf->member_timeout_ms = 10000;
-    conf->round_timeout_ms = 5000;
+    conf->lease_ms = fr_config_default_int("psstore", "lease_ms");
+    conf->commit_ms = 0; /* not [psstore]'s 20: see psstore.h */
+    conf->versions_keep = fr_config_default_int("psstore", "versions_keep");
+    conf->snapshot_every = fr_config_default_int("psstore", "snapshot_every");
+    conf->snapshot_seconds = fr_config_default_double("psstore", "snapshot_seconds");
+    conf->snapshot_retain = fr_config_default_int("psstore", "snapshot_retain");
+    conf->audit = fr_config_default_bool("psstore", "audit");
+    conf->npushers = 1; /* not [trainer] workers: see psstore.h */
+    /* the schema's name parses; were it not to, the zeroed mode is async */
+    psstore_mode_parse(fr_config_default("trainer", "mode"), &conf->mode);
+    conf->backups = (int)fr_config_default_int("trainer", "backups");
+    conf->sync_lr_linear = strcmp(fr_config_default("trainer", "sync_lr_scale"), "linear") == 0;
+    conf->member_timeout_ms =
+        (int64_t)(fr_config_default_double("trainer", "member_timeout") * 1000);
+    conf->round_timeout_ms = (int64_t)(fr_config_default_double("trainer", "round_timeout") * 1000);
 }
 
 psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char *errstr,

@@ -84,8 +84,8 @@ typedef struct psstore_ctl_conf {
     double momentum; /* mu of PSSTORE_OPTIM_MOMENTUM                    */
 } psstore_ctl_conf_t;
 
-/* The defaults (docs/operations.md "Configuration"): lr 0.05, constant, no warm-up, unbounded
- * staleness, no clipping, no compensation (ring 8, m 0.95), sgd, mu 0.9. */
+/* The defaults of [controller] (docs/operations.md "Configuration"), read from
+ * the config schema (fr_config_default), and dc_momentum 0.95, which has no key. */
 void psstore_ctl_conf_init(psstore_ctl_conf_t *conf);
 
 typedef enum psstore_outcome {
@@ -616,7 +616,10 @@ typedef struct psstore_applier_conf {
     fr_metrics_t *metrics;     /* where to export metrics; may be NULL      */
 } psstore_applier_conf_t;
 
-/* The defaults of [psstore] and [controller] (docs/operations.md "Configuration"). */
+/* The defaults of [psstore], [controller] and the round settings of [trainer]
+ * (docs/operations.md "Configuration"), read from the config schema
+ * (fr_config_default), except commit_ms 0 and npushers 1: a library caller
+ * commits every gradient and pushes from one thread unless it says otherwise. */
 void psstore_applier_conf_init(psstore_applier_conf_t *conf);
 
 typedef struct psstore_applier psstore_applier_t;
