@@ -322,6 +322,7 @@ static void snapshot_done(psstore_applier_t *a)
     a->nsnaps -= excess;
     if (a->nsnaps < MAX_SNAPS)
         a->snaps[a->nsnaps++] = a->version;
+    assert(a->nsnaps <= MAX_SNAPS);
     a->snap_version = a->version;
     a->snap_ns = fr_clock_mono_ns();
 }

@@ -7,6 +7,7 @@
  *
  * Thread: the applier's.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -357,6 +358,9 @@ void ps_applier_guard_record(psstore_applier_t *a, int bad)
     a->guard[a->guard_pos] = (uint8_t)bad;
     a->guard_bad += bad;
     a->guard_pos = (a->guard_pos + 1) % GUARD_WINDOW;
+    /* the window counts its bad gradients: at most as many as it holds */
+    assert(bad == 0 || bad == 1);
+    assert(a->guard_bad >= 0 && a->guard_bad <= a->guard_fill && a->guard_fill <= GUARD_WINDOW);
     if (a->guard_bad * 100 > GUARD_MAX_BAD * GUARD_WINDOW && a->stopped[0] == '\0') {
         char reason[128];
         snprintf(reason, sizeof(reason), "%d of the last %d gradients were non-finite",
