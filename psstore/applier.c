@@ -783,6 +783,38 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
     }
 }
 
+/*
+ * The read phase of a poll without the in-process channel. The first read
+ * waits up to block_ms for a gradient. The rest of the commit window reads
+ * without blocking and naps here between empty reads: Redis ends a short
+ * BLOCK only at its next hz tick (100 ms by default), and a lull is the
+ * usual case in the round modes, whose workers wait for the close. A closed
+ * or ready round ends the window at once.
+ */
+static fr_err_t read_stream(psstore_applier_t *a, int block_ms)
+{
+    uint64_t start = fr_clock_mono_ns();
+    uint64_t window = (uint64_t)a->conf.commit_ms * 1000000ull;
+    int nread;
+    fr_err_t err = read_and_apply(a, block_ms, &nread);
+    if (err != FR_OK)
+        return err;
+    while (a->active && nread > 0 && window > 0 && !ps_applier_rounds_waiting(a)) {
+        uint64_t elapsed = fr_clock_mono_ns() - start;
+        if (elapsed >= window)
+            break;
+        int more;
+        if ((err = read_and_apply(a, 0, &more)) != FR_OK)
+            return err;
+        if (more == 0) {
+            uint64_t nap = window - elapsed < STREAM_NAP_NS ? window - elapsed : STREAM_NAP_NS;
+            struct timespec ts = {0, (long)nap};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return FR_OK;
+}
+
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
 {
     fr_err_t err = FR_OK;
@@ -822,35 +854,9 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
         nanosleep(&ts, NULL);
         return FR_OK;
     }
-    uint64_t start = fr_clock_mono_ns();
-    int nread;
-    if (a->local != NULL) {
-        if ((err = read_local_and_stream(a, block_ms)) != FR_OK)
-            goto out;
-    } else {
-        /* the first read waits up to block_ms for a gradient. The rest of
-         * the commit window reads without blocking and naps here between
-         * empty reads: Redis ends a short BLOCK only at its next hz tick
-         * (100 ms by default), and a lull is the usual case in the round
-         * modes, whose workers wait for the close. A closed or ready round
-         * ends the window at once. */
-        uint64_t window = (uint64_t)a->conf.commit_ms * 1000000ull;
-        if ((err = read_and_apply(a, block_ms, &nread)) != FR_OK)
-            goto out;
-        while (a->active && nread > 0 && window > 0 && !ps_applier_rounds_waiting(a)) {
-            uint64_t elapsed = fr_clock_mono_ns() - start;
-            if (elapsed >= window)
-                break;
-            int more;
-            if ((err = read_and_apply(a, 0, &more)) != FR_OK)
-                goto out;
-            if (more == 0) {
-                uint64_t nap = window - elapsed < STREAM_NAP_NS ? window - elapsed : STREAM_NAP_NS;
-                struct timespec ts = {0, (long)nap};
-                nanosleep(&ts, NULL);
-            }
-        }
-    }
+    err = a->local != NULL ? read_local_and_stream(a, block_ms) : read_stream(a, block_ms);
+    if (err != FR_OK)
+        goto out;
     /* members: removed after member_timeout in every mode; rounds close on
      * a departure or at round_timeout */
     if (a->active && fr_clock_mono_ns() - a->members_ns > MEMBERS_MS * 1000000ull &&
