@@ -1,7 +1,7 @@
 /*
  * applier_int.h - what the applier's sources share: its state and the
- * functions one of them defines for the others (docs/design.md "One writer
- * and fencing"). Only psstore/applier*.c include it.
+ * functions one of them defines for the others. Only psstore/applier*.c
+ * include it. The applier: docs/design.md "One writer and fencing".
  *
  *   applier.c           construction, stats, deciding a gradient, the loop
  *   applier_commit.c    the MULTI/EXEC transaction of a commit

@@ -1,9 +1,9 @@
 /*
- * applier_lease.c - the lease and the state behind it (docs/design.md "One
- * writer and fencing", "Epochs"): taking the lease and loading weights,
- * offsets and snapshots, renewing it, fencing when it is lost, the guarded
- * writes to meta, and the divergence guard that stops a model whose
- * gradients go non-finite.
+ * applier_lease.c - the lease and the state behind it: taking the lease
+ * and loading weights, offsets and snapshots, renewing it, fencing when it
+ * is lost, the guarded writes to meta, and the divergence guard that stops
+ * a model whose gradients go non-finite.
+ * See docs/design.md "One writer and fencing" and docs/design.md "Epochs".
  *
  * Thread: the applier's.
  */

@@ -1,9 +1,9 @@
 /*
  * applier_requests.c - the operator requests the applier executes from
- * freshet:{m}:requests (docs/design.md "Replay", "Snapshots and
- * publishing"): rollback to a retained snapshot, a replay's rewind of
- * offsets, publishing a replay, and deleting the model. Each one commits
+ * freshet:{m}:requests: rollback to a retained snapshot, a replay's rewind
+ * of offsets, publishing a replay, and deleting the model. Each one commits
  * with the deletion of its request.
+ * See docs/design.md "Replay" and docs/design.md "Snapshots and publishing".
  *
  * Thread: the applier's.
  */

@@ -1,9 +1,9 @@
 /*
  * applier_rounds.c - membership and the rounds of the round modes
- * (docs/design.md "Membership", "Training modes"): the members hash as the
- * applier last read it, and per worker group the open round that holds
- * gradients until its expected members arrived (or it timed out), then
- * applies their sample-weighted average as one update.
+ * (docs/design.md "Membership" and docs/design.md "Training modes"): the
+ * members hash as the applier last read it, and per worker group the open
+ * round that holds gradients until its expected members arrived (or it
+ * timed out), then applies their sample-weighted average as one update.
  *
  * Thread: the applier's.
  */
