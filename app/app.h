@@ -9,6 +9,7 @@
 #define FRESHET_APP_H
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -32,7 +33,7 @@ int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
 /* The service roles' stop: set by SIGINT and SIGTERM once
  * app_stop_on_signals installed the handlers (svc_ps.c); ignore_sigpipe
  * also makes a peer's hang-up an error return instead of a signal. */
-extern volatile sig_atomic_t app_stop;
+extern atomic_int app_stop;
 void app_stop_on_signals(int ignore_sigpipe);
 /* Loads "--config F" and "--set S.K=V" options into cfg, then the
  * environment. Returns 0, -1 after printing --help, or an exit status. */

@@ -558,7 +558,8 @@ fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *ur
     err = psstore_applier_poll(a, 10);
     if (err != FR_OK)
         fprintf(stderr, "freshet %s: %s\n", cmd, psstore_applier_error(a));
-    volatile int stop = 1;
+    /* already set: the run commits once and releases the lease */
+    atomic_int stop = 1;
     psstore_applier_run(a, &stop); /* releases the lease */
     psstore_applier_destroy(a);
     return err;

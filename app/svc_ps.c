@@ -5,6 +5,7 @@
  */
 #include <getopt.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +17,14 @@
 
 #define CMD "ps"
 
-volatile sig_atomic_t app_stop;
+/* A signal handler may touch an atomic object only when it is lock-free. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "app_stop is set by a signal handler");
+atomic_int app_stop;
 
 static void on_stop_signal(int sig)
 {
     (void)sig;
-    app_stop = 1;
+    atomic_store(&app_stop, 1);
 }
 
 void app_stop_on_signals(int ignore_sigpipe)
@@ -227,7 +230,7 @@ int app_cmd_ps(int argc, char **argv)
     fr_log(FR_LOG_INFO, "ps: applier of model '%s'", conf.model); /* the URL may hold a password */
     uint64_t last = fr_clock_mono_ns();
     psstore_applier_stats_t prev = {0};
-    while (!app_stop) {
+    while (!atomic_load(&app_stop)) {
         fr_err_t err = psstore_applier_poll(a, 200);
         if (err != FR_OK) {
             fr_log(FR_LOG_WARN, "ps: %s", psstore_applier_error(a));

@@ -164,7 +164,7 @@ typedef struct applier_thread {
     pthread_t tid;
     int running;
     psstore_applier_t *a;
-    volatile int stop;
+    atomic_int stop; /* set by the main thread, read by the applier's */
 } applier_thread_t;
 
 static void *applier_main(void *arg)
@@ -402,13 +402,13 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
         at.running = pthread_create(&at.tid, NULL, applier_main, &at) == 0;
     if (http != NULL && serve_start(http, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-        app_stop = 1;
+        atomic_store(&app_stop, 1);
         rc = APP_EXIT_FAILURE;
     }
     if ((at.a != NULL && !at.running) || ingest_consumer_start(src) != FR_OK ||
         trainer_pool_start(pool) != FR_OK) {
         fprintf(stderr, "freshet %s: could not start\n", cmd);
-        app_stop = 1;
+        atomic_store(&app_stop, 1);
         rc = APP_EXIT_FAILURE;
     }
     fr_log(FR_LOG_INFO, "%s: model %s, mode %s, %lld worker(s), topic %s", cmd,
@@ -417,7 +417,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
            fr_config_get(cfg, "ingest", "topic"));
     trainer_pool_stats_t prev = {0};
     uint64_t last = fr_clock_mono_ns();
-    while (!app_stop) {
+    while (!atomic_load(&app_stop)) {
         struct timespec ts = {0, TICK_MS * 1000000L};
         nanosleep(&ts, NULL);
         holdout_tick(cmd, &h, store, fr_config_get(cfg, "model", "name"), m.nparams);
@@ -435,7 +435,7 @@ out:
     ingest_consumer_destroy(src);
     if (at.a != NULL) {
         if (at.running) {
-            at.stop = 1;
+            atomic_store(&at.stop, 1);
             pthread_join(at.tid, NULL);
         }
         psstore_applier_destroy(at.a);

@@ -93,7 +93,7 @@ int app_cmd_serve(int argc, char **argv)
         rc = APP_EXIT_FAILURE;
         goto out;
     }
-    while (!app_stop) {
+    while (!atomic_load(&app_stop)) {
         struct timespec ts = {0, 50000000L};
         nanosleep(&ts, NULL);
     }

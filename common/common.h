@@ -172,6 +172,16 @@ int64_t fr_config_get_int(const fr_config_t *cfg, const char *section, const cha
 double fr_config_get_double(const fr_config_t *cfg, const char *section, const char *key);
 int fr_config_get_bool(const fr_config_t *cfg, const char *section, const char *key);
 
+/* The schema's default of a key, as a new config holds it: the one place
+ * each default is written, so the modules' conf_init functions take theirs
+ * from here. No config is needed and these functions can't fail; like the
+ * accessors above they return NULL or 0 for an unknown key or a key of
+ * another type. */
+const char *fr_config_default(const char *section, const char *key);
+int64_t fr_config_default_int(const char *section, const char *key);
+double fr_config_default_double(const char *section, const char *key);
+int fr_config_default_bool(const char *section, const char *key);
+
 /* The [kafka] properties in the order they were given; key and value are
  * borrowed for the life of cfg. */
 size_t fr_config_kafka_count(const fr_config_t *cfg);

@@ -745,6 +745,40 @@ int fr_config_get_bool(const fr_config_t *cfg, const char *section, const char *
     return cfg->vals[idx].i != 0;
 }
 
+const char *fr_config_default(const char *section, const char *key)
+{
+    int idx = key_index(section, key);
+    return idx >= 0 ? schema[idx].def : NULL;
+}
+
+/* The default of [section] key parsed as fr_config_new() parses it, when
+ * the key is of type type; all zero otherwise. */
+static conf_val_t default_value(const char *section, const char *key, conf_type_t type)
+{
+    conf_val_t v = {NULL, 0, 0.0};
+    int idx = key_index(section, key);
+    if (idx < 0 || schema[idx].type != type)
+        return v;
+    if (parse_value(&schema[idx], schema[idx].def, &v) != 0)
+        return (conf_val_t){NULL, 0, 0.0}; /* an invalid default: fr_config_new() says so */
+    return v;
+}
+
+int64_t fr_config_default_int(const char *section, const char *key)
+{
+    return default_value(section, key, CT_INT).i;
+}
+
+double fr_config_default_double(const char *section, const char *key)
+{
+    return default_value(section, key, CT_DOUBLE).d;
+}
+
+int fr_config_default_bool(const char *section, const char *key)
+{
+    return default_value(section, key, CT_BOOL).i != 0;
+}
+
 size_t fr_config_kafka_count(const fr_config_t *cfg)
 {
     return cfg != NULL ? cfg->nkafka : 0;

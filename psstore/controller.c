@@ -94,17 +94,19 @@ const char *psstore_outcome_name(psstore_outcome_t outcome)
 void psstore_ctl_conf_init(psstore_ctl_conf_t *conf)
 {
     memset(conf, 0, sizeof(*conf));
-    conf->lr = 0.05;
-    conf->policy = PSSTORE_POLICY_CONSTANT;
-    conf->warmup = 0;
-    conf->max_staleness = 0;
-    conf->clip_norm = 0.0;
-    conf->dc_lambda = 0.0;
-    conf->dc_adaptive = 0;
-    conf->dc_momentum = 0.95;
-    conf->dc_ring = 8;
-    conf->optim = PSSTORE_OPTIM_SGD;
-    conf->momentum = 0.9;
+    conf->lr = fr_config_default_double("controller", "lr");
+    /* the schema accepts the names these parsers know; were one not to
+     * parse, the zeroed field is constant, and sgd below */
+    psstore_policy_parse(fr_config_default("controller", "policy"), &conf->policy);
+    conf->warmup = fr_config_default_int("controller", "warmup");
+    conf->max_staleness = fr_config_default_int("controller", "max_staleness");
+    conf->clip_norm = fr_config_default_double("controller", "clip_norm");
+    conf->dc_lambda = fr_config_default_double("controller", "dc_lambda");
+    conf->dc_adaptive = fr_config_default_bool("controller", "dc_adaptive");
+    conf->dc_momentum = 0.95; /* no key: written here only */
+    conf->dc_ring = (int)fr_config_default_int("controller", "dc_ring");
+    psstore_optim_parse(fr_config_default("controller", "optimizer"), &conf->optim);
+    conf->momentum = fr_config_default_double("controller", "momentum");
 }
 
 /*

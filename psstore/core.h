@@ -85,8 +85,8 @@ typedef struct psstore_ctl_conf {
     double momentum; /* mu of PSSTORE_OPTIM_MOMENTUM                    */
 } psstore_ctl_conf_t;
 
-/* The defaults (docs/operations.md "Configuration"): lr 0.05, constant, no warm-up, unbounded
- * staleness, no clipping, no compensation (ring 8, m 0.95), sgd, mu 0.9. */
+/* The defaults of [controller] (docs/operations.md "Configuration"), read from
+ * the config schema (fr_config_default), and dc_momentum 0.95, which has no key. */
 void psstore_ctl_conf_init(psstore_ctl_conf_t *conf);
 
 typedef enum psstore_outcome {

@@ -14,6 +14,7 @@
 #ifndef FRESHET_PSSTORE_H
 #define FRESHET_PSSTORE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -444,7 +445,10 @@ typedef struct psstore_applier_conf {
     fr_metrics_t *metrics;     /* where to export metrics; may be NULL      */
 } psstore_applier_conf_t;
 
-/* The defaults of [psstore] and [controller] (docs/operations.md "Configuration"). */
+/* The defaults of [psstore], [controller] and the round settings of [trainer]
+ * (docs/operations.md "Configuration"), read from the config schema
+ * (fr_config_default), except commit_ms 0 and npushers 1: a library caller
+ * commits every gradient and pushes from one thread unless it says otherwise. */
 void psstore_applier_conf_init(psstore_applier_conf_t *conf);
 
 typedef struct psstore_applier psstore_applier_t;
@@ -468,8 +472,10 @@ void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l);
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms);
 
 /* Polls until *stop is nonzero, retrying with backoff on Redis errors;
- * commits what it holds and releases the lease before returning. */
-fr_err_t psstore_applier_run(psstore_applier_t *a, const volatile int *stop);
+ * commits what it holds and releases the lease before returning. *stop is
+ * set from another thread (or a signal handler): it is read with
+ * atomic_load, and stop must outlive the call. */
+fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop);
 
 /* Why a gradient was not applied; names are the metrics' reason labels. */
 typedef enum psstore_drop {

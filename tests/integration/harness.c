@@ -367,6 +367,7 @@ int harness_applier_start(harness_applier_t *t, const psstore_applier_conf_t *co
 {
     char errstr[512];
     memset(t, 0, sizeof(*t));
+    atomic_init(&t->stop, 0);
     t->a = psstore_applier_new(conf, errstr, sizeof(errstr));
     if (t->a == NULL) {
         fprintf(stderr, "harness: applier: %s\n", errstr);
@@ -384,7 +385,7 @@ void harness_applier_stop(harness_applier_t *t, psstore_applier_stats_t *stats)
 {
     if (t->a == NULL)
         return;
-    t->stop = 1;
+    atomic_store(&t->stop, 1);
     pthread_join(t->tid, NULL);
     if (stats != NULL)
         psstore_applier_stats(t->a, stats);

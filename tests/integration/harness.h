@@ -7,6 +7,7 @@
 #define FRESHET_TEST_HARNESS_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/types.h>
 
 #include "psstore/psstore.h"
@@ -97,7 +98,7 @@ int harness_stack_stop(const char *dir, harness_redis_t *r, harness_broker_t *b)
 typedef struct harness_applier {
     pthread_t tid;
     psstore_applier_t *a;
-    volatile int stop;
+    atomic_int stop;
 } harness_applier_t;
 
 /* Creates the applier of conf and runs psstore_applier_run in a thread.

@@ -983,7 +983,7 @@ static void test_cli_list_and_delete_restore_the_database(void **state)
 typedef struct applier_thread {
     pthread_t tid;
     psstore_applier_t *a;
-    volatile int stop;
+    atomic_int stop;
 } applier_thread_t;
 
 static void *applier_main(void *arg)
@@ -1007,6 +1007,7 @@ static void test_cli_delete_asks_a_running_applier(void **state)
     char errstr[512];
     static applier_thread_t t;
     memset(&t, 0, sizeof(t));
+    atomic_init(&t.stop, 0);
     t.a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     if (t.a == NULL)
         fail_msg("applier: %s", errstr);
@@ -1020,7 +1021,7 @@ static void test_cli_delete_asks_a_running_applier(void **state)
     assert_int_equal(psstore_model_delete(c, "served"), FR_ERR_STATE);
     char *out;
     int rc = freshet(&out, 15000, "delete", "--redis", R.url, "--name", "served", "--yes", NULL);
-    t.stop = 1;
+    atomic_store(&t.stop, 1);
     pthread_join(t.tid, NULL);
     psstore_applier_destroy(t.a);
     if (rc != 0)

@@ -1,0 +1,493 @@
+/*
+ * applier_commit.c - the applier's commit: everything applied or dropped
+ * since the last one, written in ONE MULTI/EXEC transaction guarded by
+ * WATCH lease (docs/design.md "One writer and fencing"): weights, optimizer
+ * state, version, offsets, the versions, drops and audit streams, a due
+ * snapshot, the rounds closed and the XACK/XDEL of the consumed entries.
+ * A nil EXEC means the lease was lost: the state is dropped.
+ *
+ * Thread: the applier's.
+ */
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "psstore/applier_int.h"
+
+/* ---- the transaction builder ------------------------------------------------ */
+
+/*
+ * A MULTI/EXEC transaction under construction. Each command goes to the
+ * connection's pipeline as soon as it is complete (hiredis copies its
+ * arguments, so they need to live only until txn_send). The first error is
+ * kept and every later call does nothing, so the caller checks once, before
+ * EXEC, instead of after every command.
+ */
+typedef struct txn {
+    psstore_conn_t *c;
+    const char **argv; /* the command being built */
+    size_t *lens;
+    int argc, cap;
+    int queued;   /* commands appended: one reply each to read back */
+    fr_err_t err; /* the first error; FR_OK while none */
+} txn_t;
+
+#if defined(__GNUC__)
+#define TXN_SENTINEL __attribute__((sentinel))
+#else
+#define TXN_SENTINEL
+#endif
+
+/* Records err unless an earlier error is recorded already. */
+static void txn_fail(txn_t *t, fr_err_t err)
+{
+    if (t->err == FR_OK)
+        t->err = err;
+}
+
+/* Adds one (binary safe) argument to the command being built. */
+static void txn_arg(txn_t *t, const void *p, size_t len)
+{
+    if (t->err != FR_OK)
+        return;
+    if (t->argc == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 32;
+        const char **av = realloc(t->argv, (size_t)cap * sizeof(*av));
+        if (av != NULL)
+            t->argv = av;
+        size_t *lv = av != NULL ? realloc(t->lens, (size_t)cap * sizeof(*lv)) : NULL;
+        if (lv != NULL)
+            t->lens = lv;
+        if (av == NULL || lv == NULL) {
+            txn_fail(t, ps_fail(t->c, FR_ERR_NOMEM, "applier: out of memory"));
+            return;
+        }
+        t->cap = cap;
+    }
+    t->argv[t->argc] = p;
+    t->lens[t->argc++] = len;
+}
+
+static void txn_str(txn_t *t, const char *s)
+{
+    txn_arg(t, s, strlen(s));
+}
+
+/* Appends the command built so far to the pipeline; the next one starts. */
+static void txn_send(txn_t *t)
+{
+    if (t->err == FR_OK) {
+        t->err = ps_pipeline_append(t->c, t->argc, t->argv, t->lens);
+        if (t->err == FR_OK)
+            t->queued++;
+    }
+    t->argc = 0;
+}
+
+/* One command of string arguments, the last followed by NULL. */
+static void txn_cmd(txn_t *t, const char *arg, ...) TXN_SENTINEL;
+static void txn_cmd(txn_t *t, const char *arg, ...)
+{
+    va_list ap;
+    va_start(ap, arg);
+    for (const char *s = arg; s != NULL; s = va_arg(ap, const char *))
+        txn_str(t, s);
+    va_end(ap);
+    txn_send(t);
+}
+
+/*
+ * Sends EXEC and reads every reply: MULTI's OK, each QUEUED, then EXEC's,
+ * returned through *exec (caller frees): an array, nil when the lease
+ * moved, or NULL when Redis refused the transaction (EXECABORT and the
+ * like: the reason is in the connection's error). Returns the first error
+ * of the builder, or the read's when the connection broke (unknown then
+ * whether EXEC ran).
+ */
+static fr_err_t txn_exec(txn_t *t, redisReply **exec)
+{
+    *exec = NULL;
+    txn_cmd(t, "EXEC", NULL);
+    if (t->err != FR_OK)
+        return t->err;
+    for (int i = 0; i < t->queued; i++) {
+        fr_err_t err;
+        redisReply *r = ps_pipeline_read(t->c, &err);
+        if (r == NULL && t->c->ctx == NULL)
+            return err;
+        if (i == t->queued - 1)
+            *exec = r;
+        else
+            freeReplyObject(r);
+    }
+    return FR_OK;
+}
+
+static void txn_fini(txn_t *t)
+{
+    free(t->argv);
+    free(t->lens);
+}
+
+/* ---- what a commit writes --------------------------------------------------- */
+
+/* Queues XADD key [MAXLEN ~ keep] * f v ... for every entry in b. */
+static void queue_entries(txn_t *t, const char *key, const buf_t *b, long long keep)
+{
+    char keep_s[32];
+    snprintf(keep_s, sizeof(keep_s), "%lld", keep);
+    size_t pos = 0;
+    while (pos < b->len) {
+        txn_str(t, "XADD");
+        txn_str(t, key);
+        if (keep > 0) {
+            txn_str(t, "MAXLEN");
+            txn_str(t, "~");
+            txn_str(t, keep_s);
+        }
+        txn_str(t, "*");
+        while (pos < b->len && b->p[pos] != '\1') {
+            size_t len = strlen(b->p + pos);
+            txn_arg(t, b->p + pos, len);
+            pos += len + 1;
+        }
+        pos++; /* the \1 between entries */
+        txn_send(t);
+    }
+}
+
+/*
+ * Queues the weights, optimizer state and version when they moved, a new
+ * epoch (rollback), the reset of the offsets, the deletion of the request
+ * this commit executes and the replay it publishes.
+ */
+static void queue_state(psstore_applier_t *a, txn_t *t)
+{
+    char num[32];
+    if (a->weights_dirty) {
+        txn_str(t, "SET");
+        txn_str(t, a->k_w);
+        txn_arg(t, a->w, a->n * sizeof(float));
+        txn_send(t);
+        if (a->opt_len > 0) {
+            txn_str(t, "SET");
+            txn_str(t, a->k_opt);
+            txn_arg(t, a->opt, a->opt_len * sizeof(float));
+            txn_send(t);
+        }
+        snprintf(num, sizeof(num), "%lld", (long long)a->version);
+        txn_cmd(t, "SET", a->k_ver, num, NULL);
+    }
+    if (a->new_epoch) {
+        /* a new lineage (rollback) also lifts the divergence guard's stop */
+        snprintf(num, sizeof(num), "%llu", (unsigned long long)a->epoch);
+        txn_cmd(t, "HSET", a->k_meta, "epoch", num, NULL);
+        txn_cmd(t, "HDEL", a->k_meta, "stopped", NULL);
+    }
+    if (a->offsets_reset)
+        txn_cmd(t, "DEL", a->k_off, NULL);
+    if (a->req_id[0] != '\0')
+        txn_cmd(t, "XDEL", a->k_req, a->req_id, NULL);
+    if (a->replay_gen > 0) {
+        /* set together with replay_gen (publish_replay, rollback): a NULL
+         * would end txn_cmd's list early */
+        assert(a->replay_spec != NULL && a->replay_when != NULL);
+        snprintf(num, sizeof(num), "%lld", (long long)a->replay_gen);
+        txn_cmd(t, "HSET", a->k_meta, "replay_generation", num, "replay", a->replay_spec,
+                "replay_requested", a->replay_when, NULL);
+    }
+}
+
+/* Queues one HSET of the offsets of every partition that changed. */
+static void queue_offsets(psstore_applier_t *a, txn_t *t)
+{
+    char **text = calloc(a->nparts ? a->nparts : 1, sizeof(*text));
+    if (text == NULL) {
+        txn_fail(t, ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory"));
+        return;
+    }
+    txn_str(t, "HSET");
+    txn_str(t, a->k_off);
+    for (size_t i = 0; i < a->nparts && t->err == FR_OK; i++) {
+        size_t len;
+        if (!a->parts[i].dirty)
+            continue;
+        if (psstore_poff_format(&a->parts[i].po, &text[i], &len) != FR_OK) {
+            txn_fail(t, ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory"));
+            break;
+        }
+        txn_str(t, a->parts[i].key);
+        txn_arg(t, text[i], len);
+    }
+    txn_send(t);
+    for (size_t i = 0; i < a->nparts; i++)
+        free(text[i]);
+    free(text);
+}
+
+/* Nonzero when a snapshot is due with this commit. */
+static int snapshot_due(const psstore_applier_t *a)
+{
+    if (!a->weights_dirty || a->version <= a->snap_version)
+        return 0;
+    if (a->conf.snapshot_every > 0 && a->version - a->snap_version >= a->conf.snapshot_every)
+        return 1;
+    return a->conf.snapshot_seconds > 0 &&
+           (double)(fr_clock_mono_ns() - a->snap_ns) * 1e-9 >= a->conf.snapshot_seconds;
+}
+
+/* "key=value\n" for every partition: the offsets of a snapshot. */
+static fr_err_t offsets_text(psstore_applier_t *a, buf_t *out)
+{
+    out->len = 0;
+    for (size_t i = 0; i < a->nparts; i++) {
+        char *text;
+        size_t len;
+        if (psstore_poff_format(&a->parts[i].po, &text, &len) != FR_OK)
+            return FR_ERR_NOMEM;
+        int bad = ps_buf_add(out, a->parts[i].key, strlen(a->parts[i].key)) ||
+                  ps_buf_add(out, "=", 1) || ps_buf_add(out, text, len) || ps_buf_add(out, "\n", 1);
+        free(text);
+        if (bad)
+            return FR_ERR_NOMEM;
+    }
+    return FR_OK;
+}
+
+/* The retained snapshots a new one pushes out, oldest first: at most 8 per
+ * commit, so a lowered snapshot_retain trims over several commits. */
+static size_t snapshots_excess(const psstore_applier_t *a)
+{
+    size_t excess = a->nsnaps + 1 > (size_t)a->conf.snapshot_retain
+                        ? a->nsnaps + 1 - (size_t)a->conf.snapshot_retain
+                        : 0;
+    /* snapshot_retain >= 1 (checked by psstore_applier_new) */
+    assert(excess <= a->nsnaps);
+    return excess < 8 ? excess : 8;
+}
+
+/* Queues the snapshot of the current version and the trimming of old ones. */
+static void queue_snapshot(psstore_applier_t *a, txn_t *t)
+{
+    char snap_key[PS_KEY_MAX], epoch[32], version[32], now[32], loss[32], pub[64];
+    buf_t offs = {0};
+    if (offsets_text(a, &offs) != FR_OK) {
+        free(offs.p);
+        txn_fail(t, ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory"));
+        return;
+    }
+    ps_key_shard(snap_key, a->model, "snap", a->version);
+    snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)a->epoch);
+    snprintf(version, sizeof(version), "%lld", (long long)a->version);
+    snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
+    snprintf(loss, sizeof(loss), "%.9g", a->last_loss);
+    txn_str(t, "HSET");
+    txn_str(t, snap_key);
+    txn_str(t, "weights");
+    txn_arg(t, a->w, a->n * sizeof(float));
+    txn_str(t, "opt");
+    txn_arg(t, a->opt, a->opt_len * sizeof(float));
+    txn_str(t, "offsets");
+    txn_arg(t, offs.p ? offs.p : "", offs.len);
+    txn_str(t, "epoch");
+    txn_str(t, epoch);
+    txn_str(t, "version");
+    txn_str(t, version);
+    txn_str(t, "time");
+    txn_str(t, now);
+    txn_str(t, "loss");
+    txn_str(t, loss);
+    txn_send(t);
+    free(offs.p);
+    txn_cmd(t, "ZADD", a->k_snaps, now, version, NULL);
+    size_t excess = snapshots_excess(a);
+    for (size_t i = 0; i < excess; i++) {
+        char old_key[PS_KEY_MAX], old[32];
+        ps_key_shard(old_key, a->model, "snap", a->snaps[i]);
+        snprintf(old, sizeof(old), "%lld", (long long)a->snaps[i]);
+        txn_cmd(t, "DEL", old_key, NULL);
+        txn_cmd(t, "ZREM", a->k_snaps, old, NULL);
+    }
+    snprintf(pub, sizeof(pub), "%llu-v%lld", (unsigned long long)a->epoch, (long long)a->version);
+    txn_cmd(t, "PUBLISH", a->k_pub, pub, NULL);
+}
+
+/* After a committed snapshot: the in-memory list follows the store's. */
+static void snapshot_done(psstore_applier_t *a)
+{
+    size_t excess = snapshots_excess(a);
+    memmove(a->snaps, a->snaps + excess, (a->nsnaps - excess) * sizeof(int64_t));
+    a->nsnaps -= excess;
+    if (a->nsnaps < MAX_SNAPS)
+        a->snaps[a->nsnaps++] = a->version;
+    assert(a->nsnaps <= MAX_SNAPS);
+    a->snap_version = a->version;
+    a->snap_ns = fr_clock_mono_ns();
+}
+
+/* Nonzero when every weight is finite: an OR over the exponent bits, which
+ * the compiler vectorises (a float sum chain would not). */
+static int weights_finite(const psstore_applier_t *a)
+{
+    const uint32_t *bits = (const uint32_t *)a->w;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < a->n; i++)
+        bad |= (uint32_t)((bits[i] & 0x7f800000u) == 0x7f800000u);
+    return bad == 0;
+}
+
+/* Queues HINCRBY rounds of every group whose rounds closed since the last
+ * commit (the workers' round counters). */
+static void queue_rounds(psstore_applier_t *a, txn_t *t)
+{
+    for (int g = 0; g < MAX_GROUPS; g++) {
+        if (a->closed[g] == 0)
+            continue;
+        char field[16], by[32];
+        snprintf(field, sizeof(field), "%d", g);
+        snprintf(by, sizeof(by), "%lld", (long long)a->closed[g]);
+        txn_cmd(t, "HINCRBY", a->k_rounds, field, by, NULL);
+    }
+}
+
+/* Queues XACK and XDEL of the stream entries consumed since the last commit. */
+static void queue_acks(psstore_applier_t *a, txn_t *t)
+{
+    if (a->nids == 0)
+        return;
+    for (int pass = 0; pass < 2; pass++) {
+        txn_str(t, pass == 0 ? "XACK" : "XDEL");
+        txn_str(t, a->k_grads);
+        if (pass == 0)
+            txn_str(t, GROUP);
+        for (size_t pos = 0; pos < a->ids.len; pos += strlen(a->ids.p + pos) + 1)
+            txn_str(t, a->ids.p + pos);
+        txn_send(t);
+    }
+}
+
+/* After EXEC succeeded: the counters, the freshness figures and the state
+ * pending for the next commit start over. */
+static void committed(psstore_applier_t *a, int snap)
+{
+    uint64_t payload = a->weights_dirty ? (a->n + a->opt_len) * sizeof(float) : 0;
+    if (snap)
+        payload += (a->n + a->opt_len) * sizeof(float);
+    pthread_mutex_lock(&a->lock);
+    a->stats.commits++;
+    a->stats.bytes += payload;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_commits, 1);
+    fr_series_add(a->m_bytes, (double)payload);
+    if (snap)
+        snapshot_done(a);
+    for (size_t i = 0; i < a->nparts; i++)
+        a->parts[i].dirty = 0;
+    a->committed = a->version;
+    a->renew_ns = fr_clock_mono_ns();
+    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
+    a->nids = 0;
+    a->weights_dirty = 0;
+    a->new_epoch = a->offsets_reset = 0;
+    a->req_id[0] = '\0';
+    a->replay_gen = 0;
+    memset(a->closed, 0, sizeof(a->closed));
+    if (a->nts_pending > 0) {
+        int64_t now = fr_clock_unix_ms();
+        pthread_mutex_lock(&a->lock);
+        for (size_t i = 0; i < a->nts_pending; i++)
+            a->fresh[a->nfresh++ % FRESH_RING] = now - a->ts_pending[i];
+        pthread_mutex_unlock(&a->lock);
+        for (size_t i = 0; i < a->nts_pending; i++)
+            fr_series_observe(a->m_fresh, (double)(now - a->ts_pending[i]) * 1e-3);
+        a->nts_pending = 0;
+    }
+    fr_series_set(a->m_version, (double)a->committed);
+    ps_applier_stats_update(a);
+}
+
+/* ---- the commit ------------------------------------------------------------- */
+
+/*
+ * Commits everything applied or dropped since the last commit in one
+ * transaction guarded by WATCH lease. A refused transaction (the lease
+ * changed hands) drops the in-memory state; that is not an error.
+ */
+fr_err_t ps_applier_commit(psstore_applier_t *a)
+{
+    int dirty_parts = 0;
+    for (size_t i = 0; i < a->nparts; i++)
+        dirty_parts += a->parts[i].dirty;
+    if (a->nids == 0 && !a->weights_dirty && dirty_parts == 0 && a->audit.len == 0 &&
+        a->req_id[0] == '\0')
+        return FR_OK;
+    if (a->weights_dirty && !weights_finite(a)) {
+        char reason[128];
+        snprintf(reason, sizeof(reason), "weights went non-finite at version %lld",
+                 (long long)a->version);
+        ps_applier_drop_state(a); /* nothing of it is written */
+        ps_applier_stop_model(a, reason);
+        return FR_OK;
+    }
+    int snap = snapshot_due(a), ours;
+    fr_err_t err = ps_applier_watch_lease(a, &ours);
+    if (err != FR_OK)
+        return err;
+    if (!ours) {
+        ps_applier_fenced(a, "before commit");
+        return FR_OK;
+    }
+
+    txn_t t = {.c = a->c};
+    char lease_ms[32];
+    snprintf(lease_ms, sizeof(lease_ms), "%lld", (long long)a->conf.lease_ms);
+    txn_cmd(&t, "MULTI", NULL);
+    queue_state(a, &t);
+    if (dirty_parts > 0)
+        queue_offsets(a, &t);
+    queue_entries(&t, a->k_versions, &a->versions, a->conf.versions_keep);
+    queue_entries(&t, a->k_drops, &a->drops, a->conf.versions_keep);
+    queue_entries(&t, a->k_audit, &a->audit, 0);
+    if (snap)
+        queue_snapshot(a, &t);
+    queue_rounds(a, &t);
+    queue_acks(a, &t);
+    txn_cmd(&t, "PEXPIRE", a->k_lease, lease_ms, NULL);
+    /* the one check: after the first error nothing more was queued */
+    redisReply *exec = NULL;
+    if ((err = t.err) != FR_OK || (err = txn_exec(&t, &exec)) != FR_OK)
+        goto out; /* connection lost: unknown whether EXEC ran; poll reloads */
+
+    if (exec == NULL) {
+        /* EXECABORT and the like: Redis refused the transaction (not the
+         * lease); nothing was written, so reload and report the reason */
+        fr_log(FR_LOG_ERROR, "applier %s: commit refused: %s", a->model, psstore_conn_error(a->c));
+        ps_applier_drop_state(a);
+        err = FR_ERR_REDIS;
+        goto out;
+    }
+    if (exec->type != REDIS_REPLY_ARRAY) {
+        ps_applier_fenced(a, "at EXEC");
+        goto out;
+    }
+    for (size_t i = 0; i < exec->elements; i++) {
+        if (exec->element[i]->type == REDIS_REPLY_ERROR) {
+            /* a command inside failed (Redis does not roll back): the store
+             * may be inconsistent; stop and say so rather than go on */
+            char reason[256];
+            snprintf(reason, sizeof(reason), "a commit failed inside its transaction: %.200s",
+                     exec->element[i]->str);
+            ps_applier_drop_state(a);
+            ps_applier_stop_model(a, reason);
+            err = FR_ERR_REDIS;
+            goto out;
+        }
+    }
+    committed(a, snap);
+out:
+    freeReplyObject(exec);
+    txn_fini(&t);
+    return err;
+}

@@ -1,0 +1,240 @@
+/*
+ * applier_int.h - what the applier's sources share: its state and the
+ * functions one of them defines for the others. Only psstore/applier*.c
+ * include it. The applier: docs/design.md "One writer and fencing".
+ *
+ *   applier.c           construction, stats, deciding a gradient, the loop
+ *   applier_commit.c    the MULTI/EXEC transaction of a commit
+ *   applier_rounds.c    membership and the rounds of the round modes
+ *   applier_requests.c  operator requests: rollback, rewind, replay, delete
+ *   applier_lease.c     the lease, loading the state, fencing, the
+ *                       divergence guard
+ *
+ * Thread: every function here runs on the applier's thread.
+ */
+#ifndef FRESHET_PSSTORE_APPLIER_INT_H
+#define FRESHET_PSSTORE_APPLIER_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "psstore/psstore_int.h"
+
+#define TAU_RING      256 /* applied gradients the staleness percentiles cover */
+#define FRESH_RING    512 /* freshness samples (two per applied batch) kept    */
+#define GROUP         "appliers"
+#define GUARD_WINDOW  100 /* divergence guard: last 100 gradients    */
+#define GUARD_MAX_BAD 5   /* more than 5% non-finite stops the model */
+#define MAX_SNAPS     1024
+#define MAX_GROUPS    256      /* worker groups a round-mode applier keeps rounds for */
+#define LOCAL_ID      SIZE_MAX /* cur_id of a gradient from the in-process channel */
+
+/* One partition's offsets as the applier holds them. */
+typedef struct part {
+    char key[272]; /* "<topic>/<partition>", the offsets hash field */
+    psstore_partition_offsets_t po;
+    int dirty; /* changed since the last commit */
+} part_t;
+
+/* A member as the applier last read it, and when its beat last changed
+ * (on the applier's clock: no two machines' clocks are compared). */
+typedef struct seen {
+    psstore_member_t m;
+    uint64_t changed_ns;
+} seen_t;
+
+/* A gradient held in an open round: what marking, auditing and
+ * acknowledging it at the close needs (its values are in the round's sum). */
+typedef struct held {
+    char id[64];
+    char worker[256];
+    int64_t version, generation, n;
+    double loss_sum;
+    int64_t ts_min_ms, ts_max_ms;
+    psstore_range_t *ranges; /* topics point into topics */
+    size_t nranges, cap_ranges;
+    char *topics;
+    size_t cap_topics;
+} held_t;
+
+/* The open round of one group (docs/design.md "Training modes"). */
+typedef struct round {
+    int open;
+    int64_t version;       /* the store's version when it opened          */
+    uint64_t opened_ns;    /* when its first gradient arrived             */
+    char (*expected)[256]; /* live, non-idle members of the group at open */
+    uint8_t *arrived;
+    size_t nexpected, narrived, cap_expected;
+    held_t *held;
+    size_t nheld, cap_held;
+    double *sum; /* [n]: sample-weighted sum of the held gradients */
+    int64_t nsamples, min_version;
+    double loss_sum;
+} round_t;
+
+/* A growable byte buffer, kept between commits. */
+typedef struct buf {
+    char *p;
+    size_t len, cap;
+} buf_t;
+
+struct psstore_applier {
+    psstore_applier_conf_t conf;
+    char url[512], model[65];
+    char token[96]; /* lease token and consumer name */
+    char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
+    char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
+    char k_drops[PS_KEY_MAX];
+    char k_audit[PS_KEY_MAX], k_snaps[PS_KEY_MAX], k_pub[PS_KEY_MAX], k_req[PS_KEY_MAX];
+    char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX];
+    psstore_conn_t *c;
+    psstore_local_t *local; /* the in-process channel of freshet run, or NULL */
+    uint64_t stream_ns;     /* with it: when the stream was last read ...    */
+    int stream_busy;        /* ... and whether that read found entries       */
+
+    /* state, valid while active */
+    int active;
+    int read_own_pending;  /* after taking over: drain our PEL first */
+    char pending_from[64]; /* ... from after this id                   */
+    unsigned reconnects;   /* c->reconnects when the state was loaded  */
+    uint64_t claim_ns;     /* last sweep for entries stuck elsewhere   */
+    uint64_t epoch;
+    int64_t version, committed;
+    size_t n, opt_len;
+    float *w, *opt, *g;
+    psstore_ctl_t *ctl;
+    part_t *parts;
+    size_t nparts, cap_parts;
+    uint64_t renew_ns;        /* when the lease was last extended */
+    int64_t snaps[MAX_SNAPS]; /* retained snapshot versions, oldest first */
+    size_t nsnaps;
+    int64_t snap_version;
+    uint64_t snap_ns;
+    double last_loss; /* mean loss of the last applied gradient */
+
+    /* pending for the next commit */
+    int new_epoch;           /* write meta.epoch (rollback)          */
+    int offsets_reset;       /* DEL offsets before writing them all  */
+    char req_id[64];         /* a request executed by this commit    */
+    int64_t replay_gen;      /* > 0: publish this replay in meta ... */
+    const char *replay_spec; /* ... with this text (the request's) */
+    const char *replay_when; /* ... requested at (unix ms text)    */
+    buf_t ids;               /* stream ids, NUL separated */
+    size_t nids;
+    buf_t versions; /* versions entries: "field\0value\0..." per entry, \1 between */
+    buf_t drops;    /* drops entries, the same way                   */
+    buf_t audit;
+    int weights_dirty;
+
+    /* membership and rounds */
+    seen_t *seen;
+    size_t nseen, cap_seen;
+    psstore_member_t *mbuf; /* read buffer of the members hash */
+    size_t cap_mbuf;
+    uint64_t members_ns; /* when the members were last read */
+    round_t rounds[MAX_GROUPS];
+    int64_t closed[MAX_GROUPS];       /* rounds closed since the last commit */
+    int64_t local_rounds[MAX_GROUPS]; /* ... since the in-process channel opened */
+    size_t cur_id;                    /* offset in ids of the entry being decided */
+    float *cur_g;                     /* its gradient, writable in place (a slot of
+                                         the in-process channel), or NULL: copy it */
+
+    /* divergence guard */
+    uint8_t guard[GUARD_WINDOW];
+    int guard_pos, guard_fill, guard_bad;
+    char stopped[256];
+
+    ps_grad_msg_t msg;
+    pthread_mutex_t lock; /* guards stats */
+    psstore_applier_stats_t stats;
+
+    fr_series_t *m_applied, *m_dropped[PSSTORE_NDROP], *m_stale, *m_lr, *m_version, *m_loss,
+        *m_bytes, *m_latency, *m_commits, *m_fenced;
+    fr_metric_t *m_epoch;   /* freshet_model_epoch_info{model,epoch} 1 */
+    char shown_epoch[32];   /* the epoch that metric shows as current */
+    int64_t taus[TAU_RING]; /* staleness of the last applied gradients (lock) */
+    uint64_t ntaus;
+    /* freshness: Kafka timestamps of the samples applied since the last
+     * commit (oldest, newest per batch), and after it, the milliseconds
+     * from those timestamps to the commit that made them visible (lock) */
+    int64_t *ts_pending;
+    size_t nts_pending, cap_ts_pending;
+    int64_t fresh[FRESH_RING];
+    uint64_t nfresh;
+    fr_series_t *m_fresh;
+};
+
+/* ---- applier.c ---------------------------------------------------------------- */
+
+/* Appends len bytes of p to b; 0, or -1 when out of memory (b unchanged). */
+int ps_buf_add(buf_t *b, const void *p, size_t len);
+/* Appends "field\0value\0" to b (value formatted, truncated to 511 bytes). */
+int ps_buf_kv(buf_t *b, const char *field, const char *fmt, ...) FR_PRINTF(3, 4);
+/* A random nonzero 64-bit number (/dev/urandom, else the clock and pid). */
+uint64_t ps_random_u64(void);
+/* Publishes active, epoch, version and stopped to the stats and metrics. */
+void ps_applier_stats_update(psstore_applier_t *a);
+/* Counts a drop of reason d and, when g is known, records it for the
+ * drops stream (written with the next commit). */
+void ps_applier_count_drop(psstore_applier_t *a, psstore_drop_t d, const psstore_grad_t *g);
+/* Forgets everything held in memory (lease lost, stop, or a fresh load). */
+void ps_applier_drop_state(psstore_applier_t *a);
+/* The offsets of topic/partition, added (watermark 0) when create is set;
+ * NULL when absent, or out of memory. */
+part_t *ps_applier_find_part(psstore_applier_t *a, const char *topic, int32_t partition,
+                             int create);
+/* Audits g with outcome and marks its positions. */
+fr_err_t ps_applier_decide_mark(psstore_applier_t *a, const psstore_grad_t *g, const char *outcome);
+/* Notes an applied batch's Kafka timestamps for the freshness figures. */
+void ps_applier_note_ts(psstore_applier_t *a, int64_t ts_min, int64_t ts_max);
+/* Records the versions-stream entry of the update just applied. */
+void ps_applier_version_entry(psstore_applier_t *a, const psstore_grad_t *g,
+                              const psstore_decision_t *d);
+
+/* ---- applier_commit.c ---------------------------------------------------------- */
+
+/* Commits everything applied or dropped since the last commit in one
+ * transaction guarded by WATCH lease; a lost lease is not an error. */
+fr_err_t ps_applier_commit(psstore_applier_t *a);
+
+/* ---- applier_rounds.c ---------------------------------------------------------- */
+
+/* Reads the members hash and removes members silent for member_timeout. */
+fr_err_t ps_applier_refresh_members(psstore_applier_t *a);
+/* Nonzero when a round closed since the last commit or is ready to. */
+int ps_applier_rounds_waiting(const psstore_applier_t *a);
+/* Closes every ready round (with all set: every one holding a gradient). */
+fr_err_t ps_applier_rounds_close(psstore_applier_t *a, int all);
+/* Nonzero when stream entry id[len] is held in an open round. */
+int ps_applier_is_held(const psstore_applier_t *a, const char *id, size_t len);
+/* Nonzero when a position of g is covered by a gradient an open round holds. */
+int ps_applier_overlaps_held(const psstore_applier_t *a, const psstore_grad_t *g);
+/* The round modes' part of deciding a gradient with samples. */
+fr_err_t ps_applier_round_take(psstore_applier_t *a, const psstore_grad_t *g);
+
+/* ---- applier_requests.c -------------------------------------------------------- */
+
+/* Executes the requests waiting in freshet:{m}:requests, oldest first. */
+fr_err_t ps_applier_run_requests(psstore_applier_t *a);
+
+/* ---- applier_lease.c ----------------------------------------------------------- */
+
+/* A reply's string (or integer) as a NUL-terminated copy in out[size]. */
+void ps_reply_str(const redisReply *r, char *out, size_t size);
+/* Takes the lease when it is free and loads the state behind it. */
+fr_err_t ps_applier_try_acquire(psstore_applier_t *a);
+/* Claims the entries pending on other consumers for min_idle_ms or more. */
+fr_err_t ps_applier_claim_pending(psstore_applier_t *a, long long min_idle_ms);
+/* Extends the lease when a third of it has passed without a commit. */
+fr_err_t ps_applier_renew(psstore_applier_t *a);
+/* The lease was lost (when: where it was noticed): back to standby. */
+void ps_applier_fenced(psstore_applier_t *a, const char *when);
+/* WATCH lease and GET it; *ours = 0 (UNWATCH sent) when it is not ours. */
+fr_err_t ps_applier_watch_lease(psstore_applier_t *a, int *ours);
+/* Writes meta.stopped = reason under the lease (the divergence guard). */
+void ps_applier_stop_model(psstore_applier_t *a, const char *reason);
+/* Records one gradient in the divergence guard's window (bad: non-finite);
+ * stops the model when too many of the window were. */
+void ps_applier_guard_record(psstore_applier_t *a, int bad);
+
+#endif

@@ -1,0 +1,311 @@
+/*
+ * applier_requests.c - the operator requests the applier executes from
+ * freshet:{m}:requests: rollback to a retained snapshot, a replay's rewind
+ * of offsets, publishing a replay, and deleting the model. Each one commits
+ * with the deletion of its request.
+ * See docs/design.md "Replay" and docs/design.md "Snapshots and publishing".
+ *
+ * Thread: the applier's.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "psstore/applier_int.h"
+
+/*
+ * Parses a snapshot's offsets text ("topic/partition=value\n"...). With
+ * apply set, replaces every partition's offsets with it; without, only
+ * checks it, so a bad snapshot is refused before anything is touched.
+ */
+static fr_err_t snapshot_offsets(psstore_applier_t *a, const char *text, size_t len, int apply)
+{
+    if (apply) {
+        for (size_t i = 0; i < a->nparts; i++)
+            psstore_poff_fini(&a->parts[i].po);
+        a->nparts = 0;
+    }
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *line_end = nl ? nl : end;
+        const char *eq = memchr(p, '=', (size_t)(line_end - p));
+        char key[272], why[128];
+        if (eq == NULL || (size_t)(eq - p) >= sizeof(key))
+            return FR_ERR_PARSE;
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - p), p);
+        char *slash = strrchr(key, '/');
+        if (slash == NULL)
+            return FR_ERR_PARSE;
+        *slash = '\0';
+        psstore_partition_offsets_t check;
+        psstore_poff_init(&check, 0);
+        fr_err_t err =
+            psstore_poff_parse(&check, eq + 1, (size_t)(line_end - eq - 1), why, sizeof(why));
+        if (err == FR_OK && apply) {
+            part_t *part = ps_applier_find_part(a, key, (int32_t)atoi(slash + 1), 1);
+            if (part == NULL) {
+                err = FR_ERR_NOMEM;
+            } else {
+                psstore_poff_fini(&part->po);
+                part->po = check; /* takes it over */
+                part->dirty = 1;
+                psstore_poff_init(&check, 0);
+            }
+        }
+        psstore_poff_fini(&check);
+        if (err != FR_OK)
+            return err;
+        p = nl ? nl + 1 : end;
+    }
+    return FR_OK;
+}
+
+/*
+ * Restores retained snapshot v as version current + 1 of a new epoch, with
+ * its weights, optimizer state and offsets, in one transaction that also
+ * deletes the request. A snapshot that is not retained leaves everything
+ * as it is (the request is deleted and the failure logged).
+ */
+static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
+{
+    fr_err_t err = ps_applier_rounds_close(a, 1);
+    if (err == FR_OK)
+        err = ps_applier_commit(a); /* what was applied before the request */
+    if (err != FR_OK || !a->active)
+        return err;
+    char key[PS_KEY_MAX];
+    ps_key_shard(key, a->model, "snap", v);
+    redisReply *r = ps_cmd(a->c, 1, &err, "HMGET %s weights opt offsets", key);
+    if (r == NULL)
+        return err;
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             r->element[0]->len == a->n * sizeof(float);
+    const redisReply *offs = ok ? r->element[2] : NULL;
+    int offs_ok = ok && (offs->type != REDIS_REPLY_STRING ||
+                         snapshot_offsets(a, offs->str, offs->len, 0) == FR_OK);
+    if (!ok || !offs_ok) {
+        freeReplyObject(r);
+        fr_log(FR_LOG_ERROR, "applier %s: rollback to %lld: %s", a->model, (long long)v,
+               ok ? "the snapshot's offsets are malformed" : "no such retained snapshot");
+        snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+        return ps_applier_commit(a); /* deletes the request, changes nothing else */
+    }
+    memcpy(a->w, r->element[0]->str, a->n * sizeof(float));
+    memset(a->opt, 0, a->opt_len * sizeof(float));
+    if (r->element[1]->type == REDIS_REPLY_STRING &&
+        r->element[1]->len == a->opt_len * sizeof(float))
+        memcpy(a->opt, r->element[1]->str, r->element[1]->len);
+    err = offs->type == REDIS_REPLY_STRING ? snapshot_offsets(a, offs->str, offs->len, 1)
+                                           : snapshot_offsets(a, "", 0, 1);
+    freeReplyObject(r);
+    if (err != FR_OK) {
+        ps_applier_drop_state(a); /* out of memory half way: reload from Redis */
+        return ps_fail(a->c, err, "rollback to %lld: out of memory", (long long)v);
+    }
+    a->epoch = ps_random_u64();
+    a->version++;
+    a->new_epoch = a->offsets_reset = a->weights_dirty = 1;
+    a->stopped[0] = '\0';
+    a->guard_pos = a->guard_fill = a->guard_bad = 0;
+    snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+    psstore_ctl_reset(a->ctl);
+    psstore_ctl_record(a->ctl, a->version, a->w);
+    if (a->versions.len > 0)
+        ps_buf_add(&a->versions, "\1", 1);
+    ps_buf_kv(&a->versions, "version", "%lld", (long long)a->version);
+    ps_buf_kv(&a->versions, "epoch", "%llu", (unsigned long long)a->epoch);
+    ps_buf_kv(&a->versions, "rollback_from", "%lld", (long long)v);
+    ps_buf_kv(&a->versions, "t", "%lld", (long long)fr_clock_unix_ms());
+    fr_log(FR_LOG_INFO, "applier %s: rolled back to snapshot %lld as version %lld of epoch %llu",
+           a->model, (long long)v, (long long)a->version, (unsigned long long)a->epoch);
+    a->snap_version = a->version; /* the restored weights are a snapshot already */
+    /* the restored offsets carry the generations of their time: a published
+     * replay is withdrawn (its generation stays) so that no consumer
+     * resolves it again on top of them */
+    int64_t replay_gen = 0;
+    if (psstore_replay_current(a->c, a->model, &replay_gen, NULL, 0, NULL) == FR_OK &&
+        replay_gen > 0) {
+        a->replay_gen = replay_gen;
+        a->replay_spec = "";
+        a->replay_when = "0";
+    }
+    return ps_applier_commit(a);
+}
+
+/*
+ * A replay's rewrite: for each "topic/partition=target" the watermark moves
+ * to target, every applied interval is cleared and the generation recorded,
+ * in one transaction with the request's deletion.
+ */
+static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const char *targets,
+                               const char *req_id)
+{
+    fr_err_t err = ps_applier_rounds_close(a, 1);
+    if (err == FR_OK)
+        err = ps_applier_commit(a);
+    if (err != FR_OK || !a->active)
+        return err;
+    for (const char *p = targets; *p != '\0';) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *next = comma ? comma + 1 : p + len;
+        char item[300];
+        snprintf(item, sizeof(item), "%.*s", (int)len, p);
+        p = next;
+        char *eq = strrchr(item, '='), *slash = strrchr(item, '/'), *tail = NULL;
+        long long target = eq ? strtoll(eq + 1, &tail, 10) : -1;
+        if (eq == NULL || slash == NULL || slash > eq || *tail != '\0' || target < 0) {
+            fr_log(FR_LOG_WARN, "applier %s: bad rewind target '%s' ignored", a->model, item);
+            continue;
+        }
+        *eq = *slash = '\0';
+        part_t *part = ps_applier_find_part(a, item, (int32_t)atoi(slash + 1), 1);
+        if (part == NULL)
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        if (generation <= part->po.generation) {
+            fr_log(FR_LOG_WARN,
+                   "applier %s: rewind of %s/%s with generation %lld ignored: the partition "
+                   "is at generation %lld already (another owner rewrote it first)",
+                   a->model, item, slash + 1, (long long)generation,
+                   (long long)part->po.generation);
+            continue;
+        }
+        psstore_poff_rewind(&part->po, target);
+        part->po.generation = generation;
+        part->dirty = 1;
+        fr_log(FR_LOG_INFO, "applier %s: replay generation %lld rewinds %s/%s to %lld", a->model,
+               (long long)generation, item, slash + 1, target);
+    }
+    snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+    return ps_applier_commit(a);
+}
+
+/*
+ * An operator's replay: published in meta under the next replay
+ * generation, with the request's text, in one transaction with the
+ * request's deletion. The consumers owning the partitions resolve it and
+ * send the rewrites (rewind_offsets).
+ */
+static fr_err_t publish_replay(psstore_applier_t *a, const char *spec, const char *requested,
+                               const char *req_id)
+{
+    fr_err_t err = ps_applier_rounds_close(a, 1);
+    if (err == FR_OK)
+        err = ps_applier_commit(a);
+    if (err != FR_OK || !a->active)
+        return err;
+    int64_t generation = 0;
+    if ((err = psstore_replay_current(a->c, a->model, &generation, NULL, 0, NULL)) != FR_OK)
+        return err;
+    a->replay_gen = generation + 1;
+    a->replay_spec = spec;
+    a->replay_when = requested;
+    snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
+    err = ps_applier_commit(a);
+    if (err == FR_OK)
+        fr_log(FR_LOG_INFO, "applier %s: replay generation %lld published: %s", a->model,
+               (long long)generation + 1, spec);
+    a->replay_gen = 0; /* the texts belong to the request's reply */
+    return err;
+}
+
+/* Deletes every key of the model (the lease too) under the lease. */
+static fr_err_t delete_model(psstore_applier_t *a)
+{
+    ps_keylist_t kl = {0};
+    fr_err_t err = ps_model_keys(a->c, a->model, &kl);
+    int ours = 0;
+    if (err != FR_OK || (err = ps_applier_watch_lease(a, &ours)) != FR_OK || !ours) {
+        ps_keylist_fini(&kl);
+        if (err == FR_OK)
+            ps_applier_fenced(a, "before delete");
+        return err;
+    }
+    const char *multi[] = {"MULTI"}, *exec_cmd[] = {"EXEC"};
+    size_t queued = 0;
+    if ((err = ps_pipeline_append(a->c, 1, multi, NULL)) == FR_OK)
+        queued++;
+    if (err == FR_OK)
+        err = ps_queue_unlink(a->c, &kl, &queued);
+    if (err == FR_OK && (err = ps_pipeline_append(a->c, 1, exec_cmd, NULL)) == FR_OK)
+        queued++;
+    ps_keylist_fini(&kl);
+    redisReply *exec = NULL;
+    for (size_t i = 0; i < queued && a->c->ctx != NULL; i++) {
+        fr_err_t rerr;
+        redisReply *r = ps_pipeline_read(a->c, &rerr); /* every reply, error replies too */
+        if (i == queued - 1)
+            exec = r;
+        else
+            freeReplyObject(r);
+    }
+    if (err != FR_OK || a->c->ctx == NULL) {
+        freeReplyObject(exec);
+        ps_applier_drop_state(a); /* unknown whether EXEC ran: reload */
+        return err != FR_OK ? err : FR_ERR_REDIS;
+    }
+    int done = exec != NULL && exec->type == REDIS_REPLY_ARRAY;
+    freeReplyObject(exec);
+    if (!done) {
+        ps_applier_fenced(a, "at delete");
+        return FR_OK;
+    }
+    fr_log(FR_LOG_WARN, "applier %s: model deleted on request", a->model);
+    ps_applier_drop_state(a);
+    return FR_OK;
+}
+
+/* Executes the requests waiting in freshet:{m}:requests, oldest first. */
+fr_err_t ps_applier_run_requests(psstore_applier_t *a)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "XRANGE %s - + COUNT 16", a->k_req);
+    if (r == NULL)
+        return err;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && a->active; i++) {
+        const redisReply *e = r->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+            e->element[1]->type != REDIS_REPLY_ARRAY)
+            continue;
+        char id[64], type[32] = "", version[32] = "", generation[32] = "", requested[32] = "";
+        const char *targets = "", *spec = "";
+        ps_reply_str(e->element[0], id, sizeof(id));
+        const redisReply *kv = e->element[1];
+        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
+            if (strcmp(kv->element[f]->str, "type") == 0)
+                ps_reply_str(kv->element[f + 1], type, sizeof(type));
+            else if (strcmp(kv->element[f]->str, "version") == 0)
+                ps_reply_str(kv->element[f + 1], version, sizeof(version));
+            else if (strcmp(kv->element[f]->str, "generation") == 0)
+                ps_reply_str(kv->element[f + 1], generation, sizeof(generation));
+            else if (strcmp(kv->element[f]->str, "targets") == 0 &&
+                     kv->element[f + 1]->type == REDIS_REPLY_STRING)
+                targets = kv->element[f + 1]->str;
+            else if (strcmp(kv->element[f]->str, "spec") == 0 &&
+                     kv->element[f + 1]->type == REDIS_REPLY_STRING)
+                spec = kv->element[f + 1]->str;
+            else if (strcmp(kv->element[f]->str, "requested") == 0)
+                ps_reply_str(kv->element[f + 1], requested, sizeof(requested));
+        }
+        if (strcmp(type, "rollback") == 0 && version[0] != '\0') {
+            err = rollback(a, strtoll(version, NULL, 10), id);
+        } else if (strcmp(type, "rewind") == 0 && generation[0] != '\0') {
+            err = rewind_offsets(a, strtoll(generation, NULL, 10), targets, id);
+        } else if (strcmp(type, "replay") == 0 && spec[0] != '\0') {
+            err = publish_replay(a, spec, requested[0] != '\0' ? requested : "0", id);
+        } else if (strcmp(type, "delete") == 0) {
+            err = delete_model(a);
+        } else {
+            fr_log(FR_LOG_WARN, "applier %s: unknown request '%s' (%s) deleted", a->model, type,
+                   id);
+            snprintf(a->req_id, sizeof(a->req_id), "%s", id);
+            err = ps_applier_commit(a);
+        }
+        if (err != FR_OK)
+            break;
+    }
+    freeReplyObject(r);
+    return err;
+}
