@@ -20,7 +20,7 @@ static const struct {
     {"fit", app_cmd_fit, "train offline from a file and write safetensors weights"},
     {"eval", app_cmd_eval, "score weights on a file: {\"n\", \"loss\", \"accuracy\"}"},
 #ifdef FRESHET_HAVE_SERVICES
-    {"model", app_cmd_model, "create, show, list or delete models in Redis"},
+    {"model", app_cmd_model, "create, show, list, delete, roll back or export models in Redis"},
     {"run", app_cmd_run, "train from Kafka in one process: consumer, workers and applier"},
     {"train", app_cmd_train, "consume from Kafka and push gradients (scale-out trainer role)"},
     {"ps", app_cmd_ps, "run the applier: the single writer of a model in Redis"},

@@ -4,8 +4,9 @@
  * "freshet run" (the same plus the applier, in one process: the
  * single-machine default). docs/design.md "Data flow", "Training modes".
  *
- * This release runs modes async and adaptive (the worker never waits);
- * the synchronous modes refuse to start with a clear error.
+ * Every [trainer] mode runs here: async and adaptive (a worker never
+ * waits), sync, backup and groups (a worker waits for its round to close)
+ * and ssp (a worker waits while it is too far ahead of the slowest).
  *
  * Shutdown on SIGINT or SIGTERM: the consumer stops (its open batch is
  * queued, its partitions revoked, the group left), each worker finishes
@@ -43,7 +44,8 @@ static void usage_common(FILE *out, const char *cmd, const char *what)
             "when the store moved, compute the gradient and push it to [redis] url with\n"
             "the batch's offsets. A model missing from the store is created from [model];\n"
             "one with other layers or loss is refused. [eval] data evaluates the model\n"
-            "every [eval] every versions. Modes: async and adaptive ([trainer] mode).\n"
+            "every [eval] every versions. [trainer] mode: async, adaptive, sync, backup,\n"
+            "groups or ssp (docs/design.md \"Training modes\").\n"
             "A progress line every 5 s; SIGINT or SIGTERM stops it cleanly (exit 0).\n"
             "\n"
             "  --config F           INI configuration (deploy/freshet.conf.example)\n"

@@ -1,8 +1,9 @@
 /*
  * ingest.h - the one public header of the ingest module.
  *
- * This release holds the record codecs and the file readers; the Kafka
- * consumer, batching and the producer join this header later.
+ * The record codecs and the file readers (the compute core, no Kafka),
+ * batching by positions, and the Kafka side: the dev broker, the producer,
+ * the consumer and the replay resolver (librdkafka).
  *
  * Threads: the codec functions are reentrant; a dataset belongs to its
  * owner and may be read by any number of threads once loaded.

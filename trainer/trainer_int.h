@@ -21,7 +21,7 @@ void trainer_sgemm_ref(int transa, int transb, int m, int n, int k, float alpha,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 /* Limits this process's BLAS to one thread unless OPENBLAS_NUM_THREADS is
- * set: workers run one BLAS thread each (docs/design.md "The co-located fast path"). */
+ * set: workers run one BLAS thread each (docs/design.md "Performance model"). */
 void trainer_blas_single_thread(void);
 
 #endif
