@@ -5,6 +5,10 @@
  * and strictly above the watermark. Pure functions over one
  * psstore_partition_offsets_t; no Redis, so this file is part of the compute
  * core (fr_psstore_core). Reading the offsets from Redis lives in model.c.
+ * This file is also the one place that writes and reads the text forms of
+ * partitions, positions and intervals: "topic/partition" keys, "a-b" spans,
+ * the grads stream's "topic:partition:from:to" ranges and the rewind
+ * targets "topic/partition=target" (docs/design.md "Redis layout").
  *
  * Threads: a psstore_partition_offsets_t belongs to one thread at a time;
  * the functions keep no global state.

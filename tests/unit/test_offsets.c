@@ -2,7 +2,9 @@
  * test_offsets.c - unit tests of the offset interval arithmetic
  * (psstore_poff_*, docs/design.md "Offsets"): marks in and out of order, merges,
  * the watermark's advance, every boundary of the overlap test, rewinds, the
- * text form, and a randomized comparison against a bitmap model.
+ * text form, and a randomized comparison against a bitmap model; then the
+ * text forms of offsets.c (keys, spans, ranges, rewind targets): round
+ * trips, rejections, and reads bounded by the given length.
  */
 #include <setjmp.h>
 #include <stdarg.h>
