@@ -249,11 +249,12 @@ static int plan_rows(psstore_conn_t *c, const replay_opts_t *o, const char *topi
     }
     int rc = 0;
     for (size_t i = 0; i < nkeys; i++) {
-        char *slash = strrchr(keys[i], '/');
-        if (rc == 0 && slash != NULL) {
-            *slash = '\0';
-            if ((o->topic == NULL || strcmp(o->topic, keys[i]) == 0) &&
-                plan_add(c, o->model, keys[i], (int32_t)atol(slash + 1), rows, n, &cap) != 0) {
+        char ktopic[PSSTORE_TOPIC_MAX + 1];
+        int32_t partition;
+        if (rc == 0 && psstore_key_parse(keys[i], strlen(keys[i]), ktopic, sizeof(ktopic),
+                                         &partition) == FR_OK) {
+            if ((o->topic == NULL || strcmp(o->topic, ktopic) == 0) &&
+                plan_add(c, o->model, ktopic, partition, rows, n, &cap) != 0) {
                 fprintf(stderr, "freshet %s: %s\n", CMD, psstore_conn_error(c));
                 rc = APP_EXIT_FAILURE;
             }

@@ -112,9 +112,20 @@ void ingest_batch_destroy(ingest_batch_t *batch)
     free(batch);
 }
 
+/* Room for one range's topic: a batch's ranges allocation holds nranges
+ * ranges, then one of these per range, which the range's topic points at. */
+typedef char topic_slot_t[INGEST_TOPIC_MAX + 1];
+
+/* The topic slots of a batch allocated for nranges ranges. */
+static topic_slot_t *batch_topics(ingest_batch_t *batch, size_t nranges)
+{
+    return (topic_slot_t *)(void *)(batch->ranges + nranges);
+}
+
 /*
  * An empty batch with room for cap samples of d features (x and y stay
- * NULL when n is 0) and nranges zeroed ranges. NULL when out of memory.
+ * NULL when n is 0) and nranges zeroed ranges with their topic slots.
+ * NULL when out of memory.
  */
 static ingest_batch_t *batch_alloc(size_t n, size_t cap, size_t d, size_t nranges)
 {
@@ -128,7 +139,7 @@ static ingest_batch_t *batch_alloc(size_t n, size_t cap, size_t d, size_t nrange
             goto err;
     }
     if (nranges > 0) {
-        batch->ranges = calloc(nranges, sizeof(*batch->ranges));
+        batch->ranges = calloc(nranges, sizeof(*batch->ranges) + sizeof(topic_slot_t));
         if (batch->ranges == NULL)
             goto err;
     }
@@ -270,10 +281,11 @@ static int skip_contains(const part_t *p, int64_t offset)
 
 /*
  * The intervals of [from, to) of p outside its skip intervals, in order:
- * returns how many there are and, when out is not NULL, writes them there.
- * Never an empty interval.
+ * returns how many there are and, when out is not NULL, writes them there,
+ * each with its own copy of the topic in topics[k]. Never an empty interval.
  */
-static size_t cover_ranges(const part_t *p, int64_t from, int64_t to, ingest_range_t *out)
+static size_t cover_ranges(const part_t *p, int64_t from, int64_t to, ingest_range_t *out,
+                           topic_slot_t *topics)
 {
     size_t k = 0;
     int64_t cur = from;
@@ -282,7 +294,7 @@ static size_t cover_ranges(const part_t *p, int64_t from, int64_t to, ingest_ran
             break;
         if (p->skip[i][0] > cur) {
             if (out != NULL) {
-                strcpy(out[k].topic, p->topic);
+                out[k].topic = strcpy(topics[k], p->topic);
                 out[k].partition = p->partition;
                 out[k].from = cur;
                 out[k].to = p->skip[i][0];
@@ -294,7 +306,7 @@ static size_t cover_ranges(const part_t *p, int64_t from, int64_t to, ingest_ran
     }
     if (cur < to) {
         if (out != NULL) {
-            strcpy(out[k].topic, p->topic);
+            out[k].topic = strcpy(topics[k], p->topic);
             out[k].partition = p->partition;
             out[k].from = cur;
             out[k].to = to;
@@ -360,7 +372,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
 {
     size_t nranges = 0;
     for (size_t i = 0; i < bt->nopen; i++)
-        nranges += cover_ranges(bt->open[i], bt->open[i]->next, bt->open[i]->end, NULL);
+        nranges += cover_ranges(bt->open[i], bt->open[i]->next, bt->open[i]->end, NULL, NULL);
     ingest_batch_t *batch = batch_alloc(bt->n, bt->cap, bt->d, nranges);
     if (batch == NULL)
         return NULL;
@@ -379,7 +391,8 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
     batch->generation = bt->open[0]->gen;
     for (size_t i = 0; i < bt->nopen; i++) {
         part_t *p = bt->open[i];
-        batch->nranges += cover_ranges(p, p->next, p->end, batch->ranges + batch->nranges);
+        batch->nranges += cover_ranges(p, p->next, p->end, batch->ranges + batch->nranges,
+                                       batch_topics(batch, nranges) + batch->nranges);
         if (p->gen > batch->generation)
             batch->generation = p->gen;
         p->next = p->end;
@@ -623,7 +636,7 @@ ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, in
     part_t *p = part_find(bt, topic, partition);
     if (p == NULL || p->held || to <= p->next)
         return NULL;
-    size_t nranges = cover_ranges(p, p->next, to, NULL);
+    size_t nranges = cover_ranges(p, p->next, to, NULL, NULL);
     if (nranges == 0) {
         p->next = p->end = to;
         return NULL;
@@ -635,7 +648,7 @@ ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, in
         return NULL;
     }
     batch->features = (int)bt->d;
-    batch->nranges = cover_ranges(p, p->next, to, batch->ranges);
+    batch->nranges = cover_ranges(p, p->next, to, batch->ranges, batch_topics(batch, nranges));
     batch->generation = p->gen;
     size_t k = strlen(reason);
     if (k > sizeof(batch->reason) - 1)

@@ -73,11 +73,10 @@ static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
         c->caplent = cap;
     }
     lent_t *l = &c->lent[c->nlent];
-    l->ranges = batch->nranges ? malloc(batch->nranges * sizeof(*l->ranges)) : NULL;
+    /* a deep copy: the trainer destroys the batch, topics included */
+    l->ranges = psstore_ranges_dup(batch->ranges, batch->nranges);
     if (batch->nranges > 0 && l->ranges == NULL)
         return;
-    if (batch->nranges > 0)
-        memcpy(l->ranges, batch->ranges, batch->nranges * sizeof(*l->ranges));
     l->nranges = batch->nranges;
     l->seq = batch->seq;
     l->id[0] = '\0';

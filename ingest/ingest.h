@@ -122,11 +122,10 @@ size_t ingest_encode(ingest_format_t format, const float *x, int features, float
  * ---------------------------------------------------------------------- */
 #define INGEST_TOPIC_MAX PSSTORE_TOPIC_MAX /* Kafka's longest topic name: 249 */
 
-typedef struct ingest_range {
-    char topic[INGEST_TOPIC_MAX + 1];
-    int32_t partition;
-    int64_t from, to; /* [from, to) */
-} ingest_range_t;
+/* One partition's positions [from, to): psstore's range type, so a batch's
+ * ranges go to the store as they are. A batch's topics are held in its
+ * ranges allocation (ingest_batch_destroy frees both). */
+typedef psstore_range_t ingest_range_t;
 
 typedef struct ingest_batch {
     size_t n; /* samples                                            */

@@ -408,7 +408,7 @@ void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
 part_t *ps_applier_find_part(psstore_applier_t *a, const char *topic, int32_t partition, int create)
 {
     char key[272];
-    snprintf(key, sizeof(key), "%s/%d", topic, (int)partition);
+    psstore_key_format(key, sizeof(key), topic, partition);
     for (size_t i = 0; i < a->nparts; i++)
         if (strcmp(a->parts[i].key, key) == 0)
             return &a->parts[i];

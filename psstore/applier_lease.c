@@ -125,13 +125,11 @@ static fr_err_t load_offsets(psstore_applier_t *a)
         return err;
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
         part_t *p = NULL;
-        char key[272];
+        char key[272], topic[PSSTORE_TOPIC_MAX + 1];
+        int32_t partition;
         ps_reply_str(r->element[i], key, sizeof(key));
-        char *slash = strrchr(key, '/');
-        if (slash != NULL) {
-            *slash = '\0';
-            p = ps_applier_find_part(a, key, (int32_t)atoi(slash + 1), 1);
-        }
+        if (psstore_key_parse(key, strlen(key), topic, sizeof(topic), &partition) == FR_OK)
+            p = ps_applier_find_part(a, topic, partition, 1);
         char why[128];
         if (p == NULL || psstore_poff_parse(&p->po, r->element[i + 1]->str, r->element[i + 1]->len,
                                             why, sizeof(why)) != FR_OK) {

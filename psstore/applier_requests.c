@@ -8,6 +8,7 @@
  * Thread: the applier's.
  */
 #include <stdio.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,21 +30,18 @@ static fr_err_t snapshot_offsets(psstore_applier_t *a, const char *text, size_t 
     while (p < end) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *line_end = nl ? nl : end;
-        const char *eq = memchr(p, '=', (size_t)(line_end - p));
-        char key[272], why[128];
-        if (eq == NULL || (size_t)(eq - p) >= sizeof(key))
+        char topic[PSSTORE_TOPIC_MAX + 1], why[128];
+        int32_t partition;
+        size_t voff;
+        if (psstore_keyval_parse(p, (size_t)(line_end - p), topic, sizeof(topic), &partition,
+                                 &voff) != FR_OK)
             return FR_ERR_PARSE;
-        snprintf(key, sizeof(key), "%.*s", (int)(eq - p), p);
-        char *slash = strrchr(key, '/');
-        if (slash == NULL)
-            return FR_ERR_PARSE;
-        *slash = '\0';
         psstore_partition_offsets_t check;
         psstore_poff_init(&check, 0);
         fr_err_t err =
-            psstore_poff_parse(&check, eq + 1, (size_t)(line_end - eq - 1), why, sizeof(why));
+            psstore_poff_parse(&check, p + voff, (size_t)(line_end - p) - voff, why, sizeof(why));
         if (err == FR_OK && apply) {
-            part_t *part = ps_applier_find_part(a, key, (int32_t)atoi(slash + 1), 1);
+            part_t *part = ps_applier_find_part(a, topic, partition, 1);
             if (part == NULL) {
                 err = FR_ERR_NOMEM;
             } else {
@@ -151,32 +149,32 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         const char *next = comma ? comma + 1 : p + len;
-        char item[300];
-        snprintf(item, sizeof(item), "%.*s", (int)len, p);
+        const char *item = p;
         p = next;
-        char *eq = strrchr(item, '='), *slash = strrchr(item, '/'), *tail = NULL;
-        long long target = eq ? strtoll(eq + 1, &tail, 10) : -1;
-        if (eq == NULL || slash == NULL || slash > eq || *tail != '\0' || target < 0) {
-            fr_log(FR_LOG_WARN, "applier %s: bad rewind target '%s' ignored", a->model, item);
+        char topic[PSSTORE_TOPIC_MAX + 1];
+        int32_t partition;
+        int64_t target;
+        if (psstore_target_parse(item, len, topic, sizeof(topic), &partition, &target) != FR_OK) {
+            fr_log(FR_LOG_WARN, "applier %s: bad rewind target '%.*s' ignored", a->model,
+                   (int)(len < 299 ? len : 299), item);
             continue;
         }
-        *eq = *slash = '\0';
-        part_t *part = ps_applier_find_part(a, item, (int32_t)atoi(slash + 1), 1);
+        part_t *part = ps_applier_find_part(a, topic, partition, 1);
         if (part == NULL)
             return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
         if (generation <= part->po.generation) {
             fr_log(FR_LOG_WARN,
-                   "applier %s: rewind of %s/%s with generation %lld ignored: the partition "
-                   "is at generation %lld already (another owner rewrote it first)",
-                   a->model, item, slash + 1, (long long)generation,
+                   "applier %s: rewind of %s/%" PRId32 " with generation %lld ignored: the "
+                   "partition is at generation %lld already (another owner rewrote it first)",
+                   a->model, topic, partition, (long long)generation,
                    (long long)part->po.generation);
             continue;
         }
         psstore_poff_rewind(&part->po, target);
         part->po.generation = generation;
         part->dirty = 1;
-        fr_log(FR_LOG_INFO, "applier %s: replay generation %lld rewinds %s/%s to %lld", a->model,
-               (long long)generation, item, slash + 1, target);
+        fr_log(FR_LOG_INFO, "applier %s: replay generation %lld rewinds %s/%" PRId32 " to %" PRId64,
+               a->model, (long long)generation, topic, partition, target);
     }
     snprintf(a->req_id, sizeof(a->req_id), "%s", req_id);
     return ps_applier_commit(a);

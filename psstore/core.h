@@ -161,9 +161,33 @@ void psstore_ctl_stats(const psstore_ctl_t *ctl, psstore_ctl_stats_t *stats);
  * dropped) and the applied half-open intervals [from, to) above it, kept
  * sorted, disjoint and non-adjacent (adjacent ones merge). Pure functions.
  * ---------------------------------------------------------------------- */
+#define PSSTORE_TOPIC_MAX 249 /* Kafka's longest topic name (INGEST_TOPIC_MAX) */
+
 typedef struct psstore_span {
     int64_t from, to; /* [from, to), from < to */
 } psstore_span_t;
+
+/* One batch's positions [from, to) in one partition (docs/design.md
+ * "Positions, not records"): THE partition interval of freshet, carried by
+ * ingest's batches (ingest_range_t is this type), the grads stream's
+ * messages and the applier. from and to are a psstore_span_t's members in
+ * its order (psstore_range_span). */
+typedef struct psstore_range {
+    const char *topic; /* borrowed from whoever owns the array */
+    int32_t partition;
+    int64_t from, to; /* [from, to) */
+} psstore_range_t;
+
+/* The interval of r as a span. */
+static inline psstore_span_t psstore_range_span(const psstore_range_t *r)
+{
+    return (psstore_span_t){r->from, r->to};
+}
+
+/* A copy of ranges[n] in one allocation that also holds a copy of each
+ * topic, so it outlives the original's owner; the caller frees it with
+ * free(). NULL when n is 0 or out of memory. */
+psstore_range_t *psstore_ranges_dup(const psstore_range_t *ranges, size_t n);
 
 typedef struct psstore_partition_offsets {
     int64_t watermark;
@@ -191,14 +215,101 @@ fr_err_t psstore_poff_parse(psstore_partition_offsets_t *po, const char *text, s
                             char *errstr, size_t size);
 
 /* ------------------------------------------------------------------------
+ * Text forms of partitions, positions and intervals (offsets.c): the one
+ * place that writes and reads them. Formatters write at most size bytes
+ * (NUL included) and return the length of the whole text, as snprintf
+ * does. Parsers take a length (the text need not be NUL-terminated), never
+ * read past it, and accept only what the formatter writes: positions,
+ * partitions and targets are plain decimals (no sign, no spaces).
+ * ---------------------------------------------------------------------- */
+/* "topic/partition" with its NUL: 249 + '/' + 10 digits + 1. */
+#define PSSTORE_KEY_MAX (PSSTORE_TOPIC_MAX + 12)
+
+/* Nonzero when s[len] is a Kafka topic name: 1..249 bytes [A-Za-z0-9._-]. */
+int psstore_topic_ok(const char *s, size_t len);
+
+/* "topic/partition": the field of the offsets and logend hashes, the key
+ * of a snapshot's offsets lines and of a rewind target. */
+int psstore_key_format(char *buf, size_t size, const char *topic, int32_t partition);
+/* Splits the key s[len] at its last '/': a topic of *tlen >= 1 bytes and
+ * a partition of 0..INT32_MAX. FR_ERR_PARSE otherwise. */
+fr_err_t psstore_key_split(const char *s, size_t len, size_t *tlen, int32_t *partition);
+/* As psstore_key_split, copying the topic NUL-terminated to topic[tsize];
+ * FR_ERR_PARSE also when it does not fit. */
+fr_err_t psstore_key_parse(const char *s, size_t len, char *topic, size_t tsize,
+                           int32_t *partition);
+/* qsort order of NUL-terminated keys: by topic bytes, then partition number
+ * (a key that does not split sorts as a topic with partition 0). */
+int psstore_key_cmp(const char *x, const char *y);
+
+/* "a-b": the span [a, b). */
+int psstore_span_format(char *buf, size_t size, psstore_span_t sp);
+/* "a-b,c-d": spans[n], as the offsets text lists them after its ';'. */
+int psstore_spans_format(char *buf, size_t size, const psstore_span_t *spans, size_t n);
+/* Parses s[len] as one span "a-b" with 0 <= a < b. FR_ERR_PARSE otherwise. */
+fr_err_t psstore_span_parse(const char *s, size_t len, psstore_span_t *sp);
+/* Parses the span list at text[start..len) (the offsets text after its
+ * ';'; at least one span) and appends its spans to po: each non-empty and
+ * starting above the end of the one before, the first above po's
+ * watermark. FR_ERR_PARSE with errstr naming the byte of text at fault,
+ * or FR_ERR_NOMEM; po keeps what it had then plus the spans read. */
+fr_err_t psstore_spans_parse(psstore_partition_offsets_t *po, const char *text, size_t len,
+                             size_t start, char *errstr, size_t size);
+
+/* "topic:partition:from:to": one range of the grads stream's ranges field. */
+int psstore_range_format(char *buf, size_t size, const psstore_range_t *r);
+/* "t:p:f:t,t:p:f:t": the whole ranges field of ranges[n]. */
+int psstore_ranges_format(char *buf, size_t size, const psstore_range_t *ranges, size_t n);
+/* What psstore_range_parse found wrong, for its caller's message. */
+typedef enum psstore_range_fault {
+    PSSTORE_RANGE_OK = 0,
+    PSSTORE_RANGE_EMPTY,     /* no bytes at all                            */
+    PSSTORE_RANGE_SHAPE,     /* not four fields separated by ':'           */
+    PSSTORE_RANGE_TOPIC,     /* the topic breaks psstore_topic_ok          */
+    PSSTORE_RANGE_PARTITION, /* the partition is not a decimal 0..INT32_MAX */
+    PSSTORE_RANGE_POSITION,  /* from or to is not a decimal 0..INT64_MAX    */
+    PSSTORE_RANGE_ORDER,     /* from >= to                                 */
+} psstore_range_fault_t;
+/* Parses s[len] as one range into *r, copying its topic NUL-terminated to
+ * topic[tsize] (r->topic then points there; tsize > PSSTORE_TOPIC_MAX
+ * always suffices). *tlen receives the topic's length in s once the shape
+ * is right. r is untouched unless PSSTORE_RANGE_OK is returned, but for
+ * PSSTORE_RANGE_ORDER, which leaves the positions in r->from and r->to. */
+psstore_range_fault_t psstore_range_parse(const char *s, size_t len, psstore_range_t *r,
+                                          char *topic, size_t tsize, size_t *tlen);
+
+/* One partition's replay target, resolved against Kafka by its consumer. */
+typedef struct psstore_rewind {
+    const char *topic;
+    int32_t partition;
+    int64_t target; /* the new watermark */
+} psstore_rewind_t;
+
+/* "topic/partition=target,...": the targets of a rewind request, into a
+ * malloc'ed NUL-terminated text (caller frees *out; *len excludes the
+ * NUL). FR_ERR_INVAL when a target has a negative partition or target, a
+ * topic longer than 249 bytes or holding '/', '=' or ',' (*bad receives its
+ * index); FR_ERR_NOMEM. */
+fr_err_t psstore_targets_format(const psstore_rewind_t *targets, size_t n, char **out, size_t *len,
+                                size_t *bad);
+/* Splits s[len], "topic/partition=value" (a rewind target, or a line of a
+ * snapshot's offsets), at its first '=': the key parses as with
+ * psstore_key_parse into topic[tsize] and *partition, and the value is
+ * s[*voff..len). FR_ERR_PARSE otherwise. */
+fr_err_t psstore_keyval_parse(const char *s, size_t len, char *topic, size_t tsize,
+                              int32_t *partition, size_t *voff);
+/* Parses one target "topic/partition=target" of s[len]. FR_ERR_PARSE
+ * otherwise. */
+fr_err_t psstore_target_parse(const char *s, size_t len, char *topic, size_t tsize,
+                              int32_t *partition, int64_t *target);
+
+/* ------------------------------------------------------------------------
  * Replay requests (replayspec.c): an operator's rewind with the verbs of
  * kafka-consumer-groups --reset-offsets, kept symbolically in the store
  * (psstore_request_replay) and resolved per partition against Kafka by
  * the consumer that owns it (ingest_resolver_target; docs/design.md
  * "Replay"). Pure: no Kafka, no Redis.
  * ---------------------------------------------------------------------- */
-#define PSSTORE_TOPIC_MAX 249 /* Kafka's longest topic name (INGEST_TOPIC_MAX) */
-
 typedef enum psstore_replay_kind {
     PSSTORE_REPLAY_EARLIEST = 0, /* the log start                                   */
     PSSTORE_REPLAY_LATEST = 1,   /* the log end                                     */

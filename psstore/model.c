@@ -838,14 +838,14 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
                               int32_t partition, psstore_partition_offsets_t *po, int *found)
 {
     fr_err_t err;
-    char ep[300], key[PS_KEY_MAX], field[512], why[256];
+    char ep[300], key[PS_KEY_MAX], field[PSSTORE_KEY_MAX], why[256];
     if ((err = check_name(c, model)) != FR_OK)
         return err;
     if (topic == NULL || topic[0] == '\0' || strlen(topic) > 249 || partition < 0)
         return ps_fail(c, FR_ERR_INVAL, "psstore: bad topic or partition");
     ps_endpoint(c, ep, sizeof(ep));
     ps_key(key, model, "offsets");
-    snprintf(field, sizeof(field), "%s/%" PRId32, topic, partition);
+    psstore_key_format(field, sizeof(field), topic, partition);
     *found = 0;
     redisReply *r = ps_cmd(c, 1, &err, "HGET %s %s", key, field);
     if (r == NULL)
@@ -866,14 +866,7 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
 /* Orders "topic/partition" keys by topic, then partition number. */
 static int offsets_key_cmp(const void *a, const void *b)
 {
-    const char *x = *(const char *const *)a, *y = *(const char *const *)b;
-    const char *sx = strrchr(x, '/'), *sy = strrchr(y, '/');
-    size_t lx = sx ? (size_t)(sx - x) : strlen(x), ly = sy ? (size_t)(sy - y) : strlen(y);
-    int c = strncmp(x, y, lx < ly ? lx : ly);
-    if (c != 0 || lx != ly)
-        return c != 0 ? c : (lx < ly ? -1 : 1);
-    long px = sx ? atol(sx + 1) : 0, py = sy ? atol(sy + 1) : 0;
-    return (px > py) - (px < py);
+    return psstore_key_cmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys, size_t *n)

@@ -162,20 +162,6 @@ static int reason_ok(const char *s, size_t len)
     return 1;
 }
 
-/* A Kafka topic name: 1..249 bytes of [A-Za-z0-9._-]. */
-static int topic_ok(const char *s, size_t len)
-{
-    if (len < 1 || len > PS_TOPIC_MAX)
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
-            return 0;
-    }
-    return 1;
-}
-
 /* Nonzero when a and b cover a common position of the same partition. */
 static int ranges_overlap(const psstore_range_t *a, const psstore_range_t *b)
 {
@@ -270,7 +256,7 @@ static fr_err_t encode_check(ps_grad_args_t *args, const psstore_grad_t *g, size
     for (size_t i = 0; i < g->nranges; i++) {
         const psstore_range_t *r = &g->ranges[i];
         size_t tlen = r->topic ? strnlen(r->topic, PS_TOPIC_MAX + 1) : 0;
-        if (!topic_ok(r->topic, tlen))
+        if (!psstore_topic_ok(r->topic, tlen))
             return refuse(args, "range %zu: bad topic (1..249 bytes [A-Za-z0-9._-])", i);
         if (r->partition < 0 || r->from < 0 || r->from >= r->to)
             return refuse(args,
@@ -332,13 +318,9 @@ fr_err_t ps_grad_encode(ps_grad_args_t *args, const char *key, const psstore_gra
     put(args, &off, &voff[F_N], &vlen[F_N], "%" PRId64, g->n);
     put(args, &off, &voff[F_LOSS], &vlen[F_LOSS], "%.17g", g->loss_sum);
     voff[F_RANGES] = off;
-    for (size_t i = 0; i < g->nranges; i++) {
-        const psstore_range_t *r = &g->ranges[i];
-        size_t o, l;
-        put(args, &off, &o, &l, "%s%s:%" PRId32 ":%" PRId64 ":%" PRId64, i ? "," : "", r->topic,
-            r->partition, r->from, r->to);
-    }
-    vlen[F_RANGES] = off - voff[F_RANGES];
+    vlen[F_RANGES] = (size_t)psstore_ranges_format(args->text + off, args->text_cap - off,
+                                                   g->ranges, g->nranges);
+    off += vlen[F_RANGES];
     if (g->ts_max_ms > 0)
         put(args, &off, &voff[F_TS], &vlen[F_TS], "%" PRId64 ":%" PRId64, g->ts_min_ms,
             g->ts_max_ms);
@@ -412,48 +394,35 @@ static fr_err_t msg_reserve(ps_grad_msg_t *m, size_t nranges, size_t topics)
 }
 
 /* Parses one "topic:partition:from:to" segment s[len] (range number i)
- * into *r, copying the topic to m->topics at *toff. */
+ * into *r (psstore_range_parse), copying the topic to m->topics at *toff. */
 static fr_err_t decode_range(ps_grad_msg_t *m, size_t i, const char *s, size_t len, size_t *toff,
                              psstore_range_t *r, char *why, size_t whysize)
 {
     char q[PS_QUOTE + 4];
-    const char *colon[3] = {NULL, NULL, NULL};
-    size_t ncolons = 0;
-    for (size_t k = 0; k < len; k++) {
-        if (s[k] != ':')
-            continue;
-        if (ncolons < 3)
-            colon[ncolons] = s + k;
-        ncolons++;
-    }
-    if (len == 0)
-        return bad(why, whysize, "bad ranges: range %zu is empty", i);
-    if (ncolons != 3)
+    size_t tlen = 0;
+    psstore_range_t v;
+    switch (psstore_range_parse(s, len, &v, m->topics + *toff, m->cap_topics - *toff, &tlen)) {
+    case PSSTORE_RANGE_OK: break;
+    case PSSTORE_RANGE_EMPTY: return bad(why, whysize, "bad ranges: range %zu is empty", i);
+    case PSSTORE_RANGE_SHAPE:
         return bad(why, whysize, "bad ranges: range %zu '%s' is not topic:partition:from:to", i,
                    quote(q, s, len));
-    size_t tlen = (size_t)(colon[0] - s);
-    if (!topic_ok(s, tlen))
+    case PSSTORE_RANGE_TOPIC:
         return bad(why, whysize, "bad ranges: range %zu has a bad topic '%s'", i,
                    quote(q, s, tlen));
-    const char *ps = colon[0] + 1, *fs = colon[1] + 1, *ts = colon[2] + 1;
-    size_t plen = (size_t)(colon[1] - ps), flen = (size_t)(colon[2] - fs);
-    size_t tolen = (size_t)(s + len - ts);
-    uint64_t p, from, to;
-    if (parse_u64(ps, plen, INT32_MAX, &p))
+    case PSSTORE_RANGE_PARTITION: {
+        const char *ps = s + tlen + 1, *pe = memchr(ps, ':', len - tlen - 1);
         return bad(why, whysize, "bad ranges: range %zu has a bad partition '%s'", i,
-                   quote(q, ps, plen));
-    if (parse_u64(fs, flen, INT64_MAX, &from) || parse_u64(ts, tolen, INT64_MAX, &to))
+                   quote(q, ps, (size_t)(pe - ps)));
+    }
+    case PSSTORE_RANGE_POSITION:
         return bad(why, whysize, "bad ranges: range %zu '%s' has a bad position", i,
                    quote(q, s, len));
-    if (from >= to)
-        return bad(why, whysize, "bad ranges: range %zu has from %" PRIu64 " >= to %" PRIu64, i,
-                   from, to);
-    memcpy(m->topics + *toff, s, tlen);
-    m->topics[*toff + tlen] = '\0';
-    r->topic = m->topics + *toff;
-    r->partition = (int32_t)p;
-    r->from = (int64_t)from;
-    r->to = (int64_t)to;
+    case PSSTORE_RANGE_ORDER:
+        return bad(why, whysize, "bad ranges: range %zu has from %" PRId64 " >= to %" PRId64, i,
+                   v.from, v.to);
+    }
+    *r = v;
     *toff += tlen + 1;
     return FR_OK;
 }

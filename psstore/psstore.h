@@ -134,13 +134,6 @@ fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys
 /* ------------------------------------------------------------------------
  * Gradients between processes (the freshet:{m}:grads stream).
  * ---------------------------------------------------------------------- */
-/* One batch's positions in one partition. */
-typedef struct psstore_range {
-    const char *topic; /* borrowed */
-    int32_t partition;
-    int64_t from, to; /* [from, to) */
-} psstore_range_t;
-
 typedef struct psstore_grad {
     uint64_t epoch;     /* epoch of the weights it was computed on      */
     int64_t version;    /* version of those weights                     */
@@ -281,13 +274,6 @@ fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, 
  * stream id of the request goes to id[64]. */
 fr_err_t psstore_request_rollback(psstore_conn_t *c, const char *model, int64_t version, char *id);
 fr_err_t psstore_request_delete(psstore_conn_t *c, const char *model, char *id);
-
-/* One partition's replay target, resolved against Kafka by its consumer. */
-typedef struct psstore_rewind {
-    const char *topic;
-    int32_t partition;
-    int64_t target; /* the new watermark */
-} psstore_rewind_t;
 
 /* Appends the rewrite of a replay (docs/design.md "Replay"): for each target the
  * applier sets the watermark, clears every applied interval and records

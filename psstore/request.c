@@ -51,21 +51,16 @@ fr_err_t psstore_request_rewind(psstore_conn_t *c, const char *model, int64_t ge
         return err;
     if (generation < 1 || ntargets == 0)
         return ps_fail(c, FR_ERR_INVAL, "rewind: a generation >= 1 and at least one target");
-    size_t cap = ntargets * 300, len = 0;
-    char *text = malloc(cap);
-    if (text == NULL)
-        return ps_fail(c, FR_ERR_NOMEM, "rewind: out of memory");
-    for (size_t i = 0; i < ntargets; i++) {
-        const psstore_rewind_t *t = &targets[i];
-        if (t->partition < 0 || t->target < 0 || strlen(t->topic) > 249 ||
-            strpbrk(t->topic, "/=,") != NULL) {
-            free(text);
-            return ps_fail(c, FR_ERR_INVAL, "rewind: bad target %s/%d=%lld", t->topic,
-                           (int)t->partition, (long long)t->target);
-        }
-        len += (size_t)snprintf(text + len, cap - len, "%s%s/%d=%lld", i ? "," : "", t->topic,
-                                (int)t->partition, (long long)t->target);
+    char *text = NULL;
+    size_t len = 0, bad = 0;
+    err = psstore_targets_format(targets, ntargets, &text, &len, &bad);
+    if (err == FR_ERR_INVAL) {
+        const psstore_rewind_t *t = &targets[bad];
+        return ps_fail(c, FR_ERR_INVAL, "rewind: bad target %s/%d=%lld",
+                       t->topic ? t->topic : "(null)", (int)t->partition, (long long)t->target);
     }
+    if (err != FR_OK)
+        return ps_fail(c, FR_ERR_NOMEM, "rewind: out of memory");
     ps_key(key, model, "requests");
     snprintf(gen, sizeof(gen), "%lld", (long long)generation);
     snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());

@@ -193,9 +193,9 @@ fr_err_t psstore_logend_report(psstore_conn_t *c, const char *model, const pssto
     size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         char *f = buf + off;
-        int fl = snprintf(f, 262, "%.249s/%d", ends[i].topic, (int)ends[i].partition);
-        if (fl > 261)
-            fl = 261;
+        int fl = psstore_key_format(f, PSSTORE_KEY_MAX, ends[i].topic, ends[i].partition);
+        if (fl > PSSTORE_KEY_MAX - 1)
+            fl = PSSTORE_KEY_MAX - 1;
         char *v = f + fl + 1;
         int vl = snprintf(v, 64, "%lld %lld %lld", (long long)ends[i].log_end,
                           (long long)ends[i].watermark, (long long)now);
@@ -214,31 +214,6 @@ fr_err_t psstore_logend_report(psstore_conn_t *c, const char *model, const pssto
         return err;
     freeReplyObject(r);
     return FR_OK;
-}
-
-/* Splits "topic/partition" at its last '/'; -1 when it is not one. */
-static int split_key(const char *s, size_t len, char *topic, size_t tsize, int32_t *partition)
-{
-    const char *slash = NULL;
-    for (size_t i = 0; i < len; i++)
-        if (s[i] == '/')
-            slash = s + i;
-    if (slash == NULL || slash == s || (size_t)(slash - s) >= tsize || slash + 1 == s + len)
-        return -1;
-    char *end;
-    char digits[16];
-    size_t dl = (size_t)(s + len - slash - 1);
-    if (dl >= sizeof(digits))
-        return -1;
-    memcpy(digits, slash + 1, dl);
-    digits[dl] = '\0';
-    long p = strtol(digits, &end, 10);
-    if (*end != '\0' || p < 0 || p > INT32_MAX)
-        return -1;
-    memcpy(topic, s, (size_t)(slash - s));
-    topic[slash - s] = '\0';
-    *partition = (int32_t)p;
-    return 0;
 }
 
 static int part_cmp(const void *a, const void *b)
@@ -282,7 +257,7 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
         const redisReply *k = ro->element[2 * i], *v = ro->element[2 * i + 1];
         psstore_partition_status_t *p = &(*parts)[*n];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
-            split_key(k->str, k->len, p->topic, sizeof(p->topic), &p->partition) != 0)
+            psstore_key_parse(k->str, k->len, p->topic, sizeof(p->topic), &p->partition) != 0)
             continue;
         psstore_partition_offsets_t po;
         psstore_poff_init(&po, 0);
@@ -303,7 +278,7 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
         char topic[256];
         int32_t partition;
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
-            split_key(k->str, k->len, topic, sizeof(topic), &partition) != 0)
+            psstore_key_parse(k->str, k->len, topic, sizeof(topic), &partition) != 0)
             continue;
         long long end = -1, w = -1, ms = 0;
         char val[96];

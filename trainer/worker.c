@@ -54,9 +54,7 @@ typedef struct worker {
     trainer_backend_t *be;
     psstore_client_t *cl;
     double slowdown;
-    float *w, *g;            /* [nparams]: the local copy and the gradient */
-    psstore_range_t *ranges; /* grows to the largest batch's ranges */
-    size_t cap_ranges;
+    float *w, *g; /* [nparams]: the local copy and the gradient */
     uint64_t epoch;
     int64_t version;         /* -1 before the first pull */
     psstore_member_t me;     /* this worker's members entry              */
@@ -99,21 +97,11 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
 {
     trainer_pool_t *p = wk->pool;
     fr_err_t err;
-    if (b->nranges > wk->cap_ranges) {
-        psstore_range_t *grown = realloc(wk->ranges, b->nranges * sizeof(*grown));
-        if (grown == NULL)
-            return FR_ERR_NOMEM;
-        wk->ranges = grown;
-        wk->cap_ranges = b->nranges;
-    }
-    for (size_t i = 0; i < b->nranges; i++)
-        wk->ranges[i] = (psstore_range_t){b->ranges[i].topic, b->ranges[i].partition,
-                                          b->ranges[i].from, b->ranges[i].to};
     psstore_grad_t msg = {.generation = b->generation,
                           .worker = wk->id,
                           .n = (int64_t)b->n,
                           .reason = b->n == 0 ? b->reason : NULL,
-                          .ranges = wk->ranges,
+                          .ranges = b->ranges, /* one range type: no copy */
                           .nranges = b->nranges};
     *loss = 0;
     /* an n = 0 batch needs the store's epoch too, or the applier drops it
@@ -497,7 +485,6 @@ void trainer_pool_destroy(trainer_pool_t *p)
         psstore_client_destroy(wk->cl);
         free(wk->w);
         free(wk->g);
-        free(wk->ranges);
         free(wk->peers);
     }
     free(p->workers);

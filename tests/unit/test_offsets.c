@@ -2,7 +2,9 @@
  * test_offsets.c - unit tests of the offset interval arithmetic
  * (psstore_poff_*, docs/design.md "Offsets"): marks in and out of order, merges,
  * the watermark's advance, every boundary of the overlap test, rewinds, the
- * text form, and a randomized comparison against a bitmap model.
+ * text form, and a randomized comparison against a bitmap model; then the
+ * text forms of offsets.c (keys, spans, ranges, rewind targets): round
+ * trips, rejections, and reads bounded by the given length.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -452,6 +454,204 @@ static void test_offsets_generation_round_trips(void **state)
     psstore_poff_fini(&back);
 }
 
+/* ------------------------------------------------------------------------
+ * Text forms: keys, spans, ranges, rewind targets
+ * ---------------------------------------------------------------------- */
+
+/* "topic/partition" splits at its last '/' and round-trips. */
+static void test_text_key_round_trips_and_rejects_bad_keys(void **state)
+{
+    char buf[PSSTORE_KEY_MAX], topic[PSSTORE_TOPIC_MAX + 1];
+    int32_t p = -1;
+    assert_int_equal(psstore_key_format(buf, sizeof(buf), "fashion", 3), 9);
+    assert_string_equal(buf, "fashion/3");
+    assert_int_equal(psstore_key_parse(buf, 9, topic, sizeof(topic), &p), FR_OK);
+    assert_string_equal(topic, "fashion");
+    assert_int_equal(p, 3);
+    assert_int_equal(psstore_key_parse("a/b/2147483647", 14, topic, sizeof(topic), &p), FR_OK);
+    assert_string_equal(topic, "a/b");
+    assert_int_equal(p, INT32_MAX);
+    /* the length bounds the read: "t/12" cut to "t/1" */
+    assert_int_equal(psstore_key_parse("t/12", 3, topic, sizeof(topic), &p), FR_OK);
+    assert_int_equal(p, 1);
+    const char *bad[] = {"t", "/1", "t/", "t/+1", "t/-1", "t/ 1", "t/1x", "t/2147483648", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(psstore_key_parse(bad[i], strlen(bad[i]), topic, sizeof(topic), &p),
+                         FR_ERR_PARSE);
+    assert_int_equal(psstore_key_parse("abc/1", 5, topic, 3, &p), FR_ERR_PARSE);
+    size_t tlen = 0;
+    assert_int_equal(psstore_key_split("ab/7", 4, &tlen, &p), FR_OK);
+    assert_int_equal(tlen, 2);
+    assert_int_equal(p, 7);
+    assert_true(psstore_key_cmp("a/10", "a/9") > 0);
+    assert_true(psstore_key_cmp("a/1", "b/0") < 0);
+    assert_true(psstore_key_cmp("ab/0", "a/5") > 0);
+    assert_int_equal(psstore_key_cmp("x/4", "x/4"), 0);
+}
+
+/* "a-b" and "a-b,c-d" round-trip; the list parser keeps the offsets rules. */
+static void test_text_spans_round_trip_and_reject_bad_lists(void **state)
+{
+    char buf[128];
+    psstore_span_t sp = {0, 0};
+    assert_int_equal(psstore_span_format(buf, sizeof(buf), (psstore_span_t){5, 9}), 3);
+    assert_string_equal(buf, "5-9");
+    assert_int_equal(psstore_span_parse(buf, 3, &sp), FR_OK);
+    assert_int_equal(sp.from, 5);
+    assert_int_equal(sp.to, 9);
+    const char *bad[] = {"", "5", "5-", "-9", "9-5", "5-5", "5-9,", "+5-9", "5-9x"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(psstore_span_parse(bad[i], strlen(bad[i]), &sp), FR_ERR_PARSE);
+    assert_int_equal(psstore_span_parse("5-91", 3, &sp), FR_OK); /* reads 3 bytes only */
+    assert_int_equal(sp.to, 9);
+
+    const psstore_span_t spans[] = {{3, 5}, {7, 8}, {INT64_MAX - 1, INT64_MAX}};
+    int n = psstore_spans_format(buf, sizeof(buf), spans, 3);
+    assert_string_equal(buf, "3-5,7-8,9223372036854775806-9223372036854775807");
+    assert_int_equal(n, (int)strlen(buf));
+    char small[6];
+    assert_int_equal(psstore_spans_format(small, sizeof(small), spans, 3), n);
+    assert_string_equal(small, "3-5,7");
+    assert_int_equal(psstore_spans_format(buf, sizeof(buf), spans, 0), 0);
+    assert_string_equal(buf, "");
+
+    psstore_partition_offsets_t po;
+    psstore_poff_init(&po, 2);
+    char err[128];
+    assert_int_equal(psstore_spans_parse(&po, "x;3-5,7-8", 9, 2, err, sizeof(err)), FR_OK);
+    assert_int_equal(po.nspans, 2);
+    assert_int_equal(po.spans[1].to, 8);
+    psstore_poff_fini(&po);
+    psstore_poff_init(&po, 2);
+    assert_int_equal(psstore_spans_parse(&po, "3-5,5-8", 7, 0, err, sizeof(err)), FR_ERR_PARSE);
+    assert_string_equal(err, "offsets: span 5-8 is empty, unsorted, overlapping, adjacent or not "
+                             "above 5");
+    psstore_poff_fini(&po); /* a failed parse keeps the spans read before the fault */
+    psstore_poff_init(&po, 2);
+    assert_int_equal(psstore_spans_parse(&po, "3-5,", 4, 0, err, sizeof(err)), FR_ERR_PARSE);
+    assert_string_equal(err, "offsets: expected a span FROM-TO at byte 4");
+    psstore_poff_fini(&po);
+    psstore_poff_init(&po, 2);
+    assert_int_equal(psstore_spans_parse(&po, "3-5;", 4, 0, err, sizeof(err)), FR_ERR_PARSE);
+    assert_string_equal(err, "offsets: expected a span end and ',' at byte 3");
+    psstore_poff_fini(&po);
+}
+
+/* "topic:partition:from:to" round-trips and names each fault. */
+static void test_text_ranges_round_trip_and_name_each_fault(void **state)
+{
+    const psstore_range_t in[] = {{"events", 0, 10, 42}, {"a.b-c_D", 3, 0, INT64_MAX}};
+    char buf[256], topic[PSSTORE_TOPIC_MAX + 1];
+    int n = psstore_ranges_format(buf, sizeof(buf), in, 2);
+    assert_string_equal(buf, "events:0:10:42,a.b-c_D:3:0:9223372036854775807");
+    assert_int_equal(n, (int)strlen(buf));
+    assert_int_equal(psstore_range_format(buf, sizeof(buf), &in[1]), 31);
+    psstore_range_t r = {0};
+    size_t tlen = 0;
+    assert_int_equal(psstore_range_parse(buf, 31, &r, topic, sizeof(topic), &tlen),
+                     PSSTORE_RANGE_OK);
+    assert_string_equal(r.topic, "a.b-c_D");
+    assert_ptr_equal(r.topic, topic);
+    assert_int_equal(tlen, 7);
+    assert_int_equal(r.partition, 3);
+    assert_int_equal(r.from, 0);
+    assert_int_equal(r.to, INT64_MAX);
+    psstore_span_t sp = psstore_range_span(&r);
+    assert_int_equal(sp.from, 0);
+    assert_int_equal(sp.to, INT64_MAX);
+    static const struct {
+        const char *text;
+        psstore_range_fault_t fault;
+    } bad[] = {
+        {"", PSSTORE_RANGE_EMPTY},
+        {"t:0:1", PSSTORE_RANGE_SHAPE},
+        {"t:0:1:2:3", PSSTORE_RANGE_SHAPE},
+        {":0:1:2", PSSTORE_RANGE_TOPIC},
+        {"a/b:0:1:2", PSSTORE_RANGE_TOPIC},
+        {"t:-1:1:2", PSSTORE_RANGE_PARTITION},
+        {"t:2147483648:1:2", PSSTORE_RANGE_PARTITION},
+        {"t::1:2", PSSTORE_RANGE_PARTITION},
+        {"t:0:+1:2", PSSTORE_RANGE_POSITION},
+        {"t:0:1:9223372036854775808", PSSTORE_RANGE_POSITION},
+        {"t:0:000000000000000000001:2", PSSTORE_RANGE_POSITION},
+        {"t:0:5:5", PSSTORE_RANGE_ORDER},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        psstore_range_t v = {"untouched", 9, 1, 2};
+        assert_int_equal(
+            psstore_range_parse(bad[i].text, strlen(bad[i].text), &v, topic, sizeof(topic), &tlen),
+            bad[i].fault);
+        assert_string_equal(v.topic, "untouched");
+    }
+    psstore_range_t v;
+    assert_int_equal(psstore_range_parse("t:0:7:3", 7, &v, topic, sizeof(topic), &tlen),
+                     PSSTORE_RANGE_ORDER);
+    assert_int_equal(v.from, 7);
+    assert_int_equal(v.to, 3);
+    char longt[PSSTORE_TOPIC_MAX + 10];
+    memset(longt, 'a', PSSTORE_TOPIC_MAX + 1);
+    memcpy(longt + PSSTORE_TOPIC_MAX + 1, ":0:1:2", 6);
+    assert_int_equal(
+        psstore_range_parse(longt, PSSTORE_TOPIC_MAX + 7, &v, topic, sizeof(topic), &tlen),
+        PSSTORE_RANGE_TOPIC);
+    /* the length bounds the read */
+    assert_int_equal(psstore_range_parse("t:0:1:23", 7, &v, topic, sizeof(topic), &tlen),
+                     PSSTORE_RANGE_OK);
+    assert_int_equal(v.to, 2);
+}
+
+/* A copy of ranges owns its topics. */
+static void test_text_ranges_dup_copies_the_topics(void **state)
+{
+    char t0[] = "abc", t1[] = "de";
+    const psstore_range_t in[] = {{t0, 1, 2, 3}, {t1, 4, 5, 6}};
+    psstore_range_t *dup = psstore_ranges_dup(in, 2);
+    assert_non_null(dup);
+    t0[0] = t1[0] = 'x';
+    assert_string_equal(dup[0].topic, "abc");
+    assert_string_equal(dup[1].topic, "de");
+    assert_int_equal(dup[1].partition, 4);
+    assert_int_equal(dup[1].to, 6);
+    free(dup);
+    assert_null(psstore_ranges_dup(in, 0));
+}
+
+/* "topic/partition=target,..." round-trips and refuses unwritable targets. */
+static void test_text_targets_round_trip_and_reject_bad_items(void **state)
+{
+    const psstore_rewind_t t[] = {{"fashion", 3, 104}, {"a.b", 0, 0}};
+    char *text = NULL;
+    size_t len = 0, bad = 99;
+    assert_int_equal(psstore_targets_format(t, 2, &text, &len, &bad), FR_OK);
+    assert_string_equal(text, "fashion/3=104,a.b/0=0");
+    assert_int_equal(len, strlen(text));
+    char topic[PSSTORE_TOPIC_MAX + 1];
+    int32_t p;
+    int64_t target;
+    assert_int_equal(psstore_target_parse(text, 13, topic, sizeof(topic), &p, &target), FR_OK);
+    assert_string_equal(topic, "fashion");
+    assert_int_equal(p, 3);
+    assert_int_equal(target, 104);
+    free(text);
+    const psstore_rewind_t badt[] = {{"ok", 0, 1}, {"a/b", 0, 1}, {"c", -1, 1}, {"d", 0, -1}};
+    for (size_t i = 1; i < 4; i++) {
+        const psstore_rewind_t pair[] = {badt[0], badt[i]};
+        assert_int_equal(psstore_targets_format(pair, 2, &text, &len, &bad), FR_ERR_INVAL);
+        assert_int_equal(bad, 1);
+    }
+    const char *badi[] = {"t/1", "t/1=", "t=5", "t/x=5", "t/1=-5", "t/1=+5", "t/1=5x", "/1=5"};
+    for (size_t i = 0; i < sizeof(badi) / sizeof(badi[0]); i++)
+        assert_int_equal(
+            psstore_target_parse(badi[i], strlen(badi[i]), topic, sizeof(topic), &p, &target),
+            FR_ERR_PARSE);
+    size_t voff = 0;
+    assert_int_equal(psstore_keyval_parse("t/2=7;9-12@3", 12, topic, sizeof(topic), &p, &voff),
+                     FR_OK);
+    assert_string_equal(topic, "t");
+    assert_int_equal(p, 2);
+    assert_int_equal(voff, 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +669,11 @@ int main(void)
         cmocka_unit_test(test_offsets_format_and_parse_round_trip),
         cmocka_unit_test(test_offsets_parse_rejects_malformed_text),
         cmocka_unit_test(test_offsets_random_marks_match_a_bitmap_model),
+        cmocka_unit_test(test_text_key_round_trips_and_rejects_bad_keys),
+        cmocka_unit_test(test_text_spans_round_trip_and_reject_bad_lists),
+        cmocka_unit_test(test_text_ranges_round_trip_and_name_each_fault),
+        cmocka_unit_test(test_text_ranges_dup_copies_the_topics),
+        cmocka_unit_test(test_text_targets_round_trip_and_reject_bad_items),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
