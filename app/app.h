@@ -8,6 +8,7 @@
 #ifndef FRESHET_APP_H
 #define FRESHET_APP_H
 
+#include <getopt.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -64,6 +65,32 @@ int app_cmd_serve(int argc, char **argv); /* svc_serve.c */
 int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
                    serve_conf_t *conf);
 #endif
+
+/* Where --redis and [redis] url point when nothing else says
+ * (common/config.c has the same default for [redis] url). */
+#define APP_REDIS_URL_DEFAULT "redis://127.0.0.1:6379/0"
+/* $FRESHET_REDIS_URL when set and not empty, else APP_REDIS_URL_DEFAULT. */
+const char *app_redis_url_default(void);
+
+/* One getopt_long pass over a command's argv (opts.c), read as
+ *
+ *     app_opts_begin();
+ *     while (rc == 0 && (c = app_opts_next(CMD, argc, argv, ":h", longopts, NULL,
+ *                                          usage, &rc)) != -1)
+ *         switch (c) { ... the command's own options ... }
+ *     if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
+ *         return rc;
+ *
+ * app_opts_next returns the next option as getopt_long does, except that it
+ * answers those every command answers alike and then returns -1 with *rc
+ * set: -h/--help prints usage on stdout (*rc = -1), a missing value or an
+ * unknown option prints the usage error (*rc = APP_EXIT_USAGE). shortopts
+ * starts with ':' and holds 'h'. app_opts_end returns rc, else the usage
+ * error for an operand left after the options, else 0. */
+void app_opts_begin(void);
+int app_opts_next(const char *cmd, int argc, char **argv, const char *shortopts,
+                  const struct option *longopts, int *idx, void (*usage)(FILE *), int *rc);
+int app_opts_end(const char *cmd, int argc, char **argv, int rc);
 
 /* Prints "freshet CMD: message" and a hint to --help on stderr; returns
  * APP_EXIT_USAGE. */

@@ -42,10 +42,10 @@ int app_cmd_eval(int argc, char **argv)
     };
     const char *weights = NULL, *data = NULL, *labels = NULL, *format_name = NULL;
     const char *loss_name = NULL, *backend = "auto";
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    int c, rc = 0;
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(CMD, argc, argv, ":h", longopts, NULL, eval_usage, &rc)) != -1) {
         switch (c) {
         case 'w': weights = optarg; break;
         case 'd': data = optarg; break;
@@ -53,13 +53,10 @@ int app_cmd_eval(int argc, char **argv)
         case 'f': format_name = optarg; break;
         case 'l': loss_name = optarg; break;
         case 'B': backend = optarg; break;
-        case 'h': eval_usage(stdout); return 0;
-        case ':': return app_usage_error(CMD, "%s needs a value", argv[optind - 1]);
-        default: return app_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc)
-        return app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
+        return rc < 0 ? 0 : rc; /* 0 after --help */
     if (weights == NULL || data == NULL || format_name == NULL)
         return app_usage_error(CMD, "--weights, --data and --format are required");
     ingest_format_t format;
@@ -75,7 +72,6 @@ int app_cmd_eval(int argc, char **argv)
     float *w = NULL;
     ingest_dataset_t ds = {0};
     trainer_backend_t *b = NULL;
-    int rc = 0;
     if (model_load(weights, loss_name ? &hint : NULL, &m, &w, errstr, sizeof(errstr))) {
         fprintf(stderr, "freshet %s: --weights %s\n", CMD, errstr);
         return APP_EXIT_USAGE;

@@ -94,9 +94,9 @@ static int parse_opts(fit_opts_t *o, int argc, char **argv)
                       .momentum = 0.9,
                       .shuffle = 1};
     int c, rc = 0;
-    opterr = 0;
-    optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(CMD, argc, argv, ":h", longopts, NULL, fit_usage, &rc)) != -1) {
         switch (c) {
         case 'L': o->layers = optarg; break;
         case 'l':
@@ -125,15 +125,10 @@ static int parse_opts(fit_opts_t *o, int argc, char **argv)
         case 't': o->test_data = optarg; break;
         case 'T': o->test_labels = optarg; break;
         case 'O': o->out = optarg; break;
-        case 'h': fit_usage(stdout); return -1;
-        case ':': rc = app_usage_error(CMD, "%s needs a value", argv[optind - 1]); break;
-        default: rc = app_usage_error(CMD, "unknown option '%s'", argv[optind - 1]); break;
         }
     }
-    if (rc != 0)
+    if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
         return rc;
-    if (optind < argc)
-        return app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (o->data == NULL)
         return app_usage_error(CMD, "--data FILE is required");
     if (o->format == NULL)

@@ -1,10 +1,7 @@
 /*
- * main.c - the freshet command: dispatch to subcommands, shared option
- * helpers.
+ * main.c - the freshet command: dispatch to subcommands, and the data file
+ * loader fit, eval and the holdout share (option helpers: opts.c).
  */
-#include <errno.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,42 +40,6 @@ static void usage(FILE *out)
             "  %-8s print the version and the compute backends of this build\n\n"
             "'freshet <command> --help' describes a command's options.\n",
             "version");
-}
-
-int app_usage_error(const char *cmd, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "freshet %s: %s\nTry 'freshet %s --help'.\n", cmd, msg, cmd);
-    return APP_EXIT_USAGE;
-}
-
-int app_parse_long(const char *cmd, const char *opt, const char *s, long long min, long long max,
-                   long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
-        return app_usage_error(cmd, "%s expects an integer in %lld..%lld, got '%s'", opt, min, max,
-                               s);
-    *out = v;
-    return 0;
-}
-
-int app_parse_double(const char *cmd, const char *opt, const char *s, double min, double max,
-                     double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !isfinite(v) || v < min || v > max)
-        return app_usage_error(cmd, "%s expects a number in [%g, %g], got '%s'", opt, min, max, s);
-    *out = v;
-    return 0;
 }
 
 int app_load_dataset(const char *cmd, const char *labels_opt, ingest_dataset_t *ds,

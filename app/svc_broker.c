@@ -85,9 +85,9 @@ static int parse_opts(broker_opts_t *o, int argc, char **argv)
     };
     *o = (broker_opts_t){.nbrokers = 1};
     int c, rc = 0;
-    opterr = 0;
-    optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(CMD, argc, argv, ":h", longopts, NULL, broker_usage, &rc)) != -1) {
         switch (c) {
         case 'n': rc = app_parse_long(CMD, "--brokers", optarg, 1, 16, &o->nbrokers); break;
         case 't':
@@ -97,14 +97,9 @@ static int parse_opts(broker_opts_t *o, int argc, char **argv)
                 o->topics[o->ntopics++] = optarg;
             break;
         case 'f': o->bootstrap_file = optarg; break;
-        case 'h': broker_usage(stdout); return -1;
-        case ':': rc = app_usage_error(CMD, "%s needs a value", argv[optind - 1]); break;
-        default: rc = app_usage_error(CMD, "unknown option '%s'", argv[optind - 1]); break;
         }
     }
-    if (rc == 0 && optind < argc)
-        rc = app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    return rc;
+    return app_opts_end(CMD, argc, argv, rc);
 }
 
 /*

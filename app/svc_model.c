@@ -20,8 +20,7 @@
 
 #define CMD "model"
 /* Connect and command timeout: an unreachable Redis never hangs a command. */
-#define MODEL_TIMEOUT_MS  2000
-#define DEFAULT_REDIS_URL "redis://127.0.0.1:6379/0"
+#define MODEL_TIMEOUT_MS 2000
 /* How long delete waits for a running applier to execute its request. */
 #define MODEL_REQUEST_WAIT_MS 10000
 
@@ -47,7 +46,7 @@ typedef struct model_opts {
 
 static const char redis_help[] =
     "  --redis URL          redis://[user:pass@]host[:port][/db] or unix:///path[?db=N]\n"
-    "                       (default $FRESHET_REDIS_URL, else " DEFAULT_REDIS_URL ")\n";
+    "                       (default $FRESHET_REDIS_URL, else " APP_REDIS_URL_DEFAULT ")\n";
 
 static void model_usage(FILE *out)
 {
@@ -154,15 +153,12 @@ static int parse_opts(const char *cmd, unsigned allowed, void (*usage)(FILE *), 
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *env = getenv("FRESHET_REDIS_URL");
-    *o = (model_opts_t){.redis = env != NULL && env[0] != '\0' ? env : DEFAULT_REDIS_URL,
-                        .seed = 42,
-                        .version = -1};
+    *o = (model_opts_t){.redis = app_redis_url_default(), .seed = 42, .version = -1};
     int c, rc = 0;
-    opterr = 0;
-    optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        if (c > 0 && c != 'h' && c != ':' && c != '?' && !(allowed & (unsigned)c))
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(cmd, argc, argv, ":h", longopts, NULL, usage, &rc)) != -1) {
+        if (!(allowed & (unsigned)c))
             return app_usage_error(cmd, "%s does not apply here", argv[optind - 1]);
         switch (c) {
         case OPT_REDIS: o->redis = optarg; break;
@@ -180,15 +176,10 @@ static int parse_opts(const char *cmd, unsigned allowed, void (*usage)(FILE *), 
         case OPT_VERSION:
             rc = app_parse_long(cmd, "--version", optarg, 0, INT64_MAX, &o->version);
             break;
-        case 'h': usage(stdout); return -1;
-        case ':': rc = app_usage_error(cmd, "%s needs a value", argv[optind - 1]); break;
-        default: rc = app_usage_error(cmd, "unknown option '%s'", argv[optind - 1]); break;
         }
     }
-    if (rc != 0)
+    if ((rc = app_opts_end(cmd, argc, argv, rc)) != 0)
         return rc;
-    if (optind < argc)
-        return app_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     if ((allowed & OPT_NAME) && o->name == NULL)
         return app_usage_error(cmd, "--name M is required");
     char errstr[256];

@@ -97,9 +97,9 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
     };
     *o = (produce_opts_t){.by = "key"};
     int c, rc = 0;
-    opterr = 0;
-    optind = 1;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":hX:", longopts, NULL)) != -1) {
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(CMD, argc, argv, ":hX:", longopts, NULL, produce_usage, &rc)) != -1) {
         switch (c) {
         case 'b': o->bootstrap = optarg; break;
         case 't': o->topic = optarg; break;
@@ -123,15 +123,10 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
             else
                 o->xprops[o->nx++] = optarg;
             break;
-        case 'h': produce_usage(stdout); return -1;
-        case ':': rc = app_usage_error(CMD, "%s needs a value", argv[optind - 1]); break;
-        default: rc = app_usage_error(CMD, "unknown option '%s'", argv[optind - 1]); break;
         }
     }
-    if (rc != 0)
+    if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
         return rc;
-    if (optind < argc)
-        return app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (o->topic == NULL || o->data == NULL || o->format == NULL || o->encode == NULL)
         return app_usage_error(CMD, "--topic, --data, --format and --encode are required");
     if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)

@@ -62,10 +62,10 @@ int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv, vo
         {NULL, 0, NULL, 0},
     };
     char errstr[512];
-    int c;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    int c, rc = 0;
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(cmd, argc, argv, ":h", longopts, NULL, usage, &rc)) != -1) {
         switch (c) {
         case 'c':
             if (fr_config_load_file(cfg, optarg, errstr, sizeof(errstr)) != FR_OK) {
@@ -79,13 +79,10 @@ int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv, vo
                 return APP_EXIT_USAGE;
             }
             break;
-        case 'h': usage(stdout); return -1;
-        case ':': return app_usage_error(cmd, "%s needs a value", argv[optind - 1]);
-        default: return app_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc)
-        return app_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if ((rc = app_opts_end(cmd, argc, argv, rc)) != 0)
+        return rc;
     if (fr_config_apply_env(cfg, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
         return APP_EXIT_USAGE;

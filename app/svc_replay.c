@@ -30,7 +30,6 @@
 #define KAFKA_TIMEOUT_MS  10000 /* resolving one partition in a dry run     */
 #define REPLAY_WAIT_MS    10000 /* for the applier to publish the request   */
 #define REPLAY_MAX_PROPS  256
-#define DEFAULT_REDIS_URL "redis://127.0.0.1:6379/0"
 
 enum {
     OPT_REDIS = 1,
@@ -77,7 +76,7 @@ static void replay_usage(FILE *out)
             "                       the plan lists [ingest] topic of --config when Kafka is\n"
             "                       reachable)\n"
             "  --redis URL          redis://... (default [redis] url of --config, else\n"
-            "                       $FRESHET_REDIS_URL, else " DEFAULT_REDIS_URL ")\n"
+            "                       $FRESHET_REDIS_URL, else " APP_REDIS_URL_DEFAULT ")\n"
             "  --config F           a freshet INI file: [redis], [model], [ingest] topic and\n"
             "                       [kafka] properties (resolved targets in the plan)\n"
             "  --bootstrap B        Kafka bootstrap servers (resolved targets in the plan)\n"
@@ -106,10 +105,10 @@ static int parse_opts(int argc, char **argv, replay_opts_t *o)
         {NULL, 0, NULL, 0},
     };
     *o = (replay_opts_t){0};
-    int c, idx;
-    opterr = 0;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, ":h", longopts, &idx)) != -1) {
+    int c, idx, rc = 0;
+    app_opts_begin();
+    while (rc == 0 &&
+           (c = app_opts_next(CMD, argc, argv, ":h", longopts, &idx, replay_usage, &rc)) != -1) {
         switch (c) {
         case OPT_REDIS: o->redis = optarg; break;
         case OPT_MODEL: o->model = optarg; break;
@@ -124,13 +123,10 @@ static int parse_opts(int argc, char **argv, replay_opts_t *o)
             o->verb = longopts[idx].name;
             o->arg = optarg;
             break;
-        case 'h': replay_usage(stdout); return -1;
-        case ':': return app_usage_error(CMD, "%s needs a value", argv[optind - 1]);
-        default: return app_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (optind < argc)
-        return app_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
+        return rc;
     if (o->verb == NULL)
         return app_usage_error(CMD, "a verb is required: --to-earliest, --to-latest, "
                                     "--to-offset, --to-datetime, --by-duration or --shift-by");
@@ -320,11 +316,8 @@ int app_cmd_replay(int argc, char **argv)
         fr_config_destroy(cfg);
         return APP_EXIT_USAGE;
     }
-    const char *env = getenv("FRESHET_REDIS_URL");
     if (o.redis == NULL)
-        o.redis = o.config != NULL                ? fr_config_get(cfg, "redis", "url")
-                  : env != NULL && env[0] != '\0' ? env
-                                                  : DEFAULT_REDIS_URL;
+        o.redis = o.config != NULL ? fr_config_get(cfg, "redis", "url") : app_redis_url_default();
     if (o.model == NULL && o.config != NULL)
         o.model = fr_config_get(cfg, "model", "name");
     psstore_replay_t *r = malloc(sizeof(*r));

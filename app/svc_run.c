@@ -310,144 +310,206 @@ static void progress(const char *cmd, trainer_pool_t *pool, trainer_pool_stats_t
     *prev = st;
 }
 
-/* freshet run (with_applier) and freshet train. */
-static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), int argc, char **argv)
-{
-    fr_config_t *cfg = fr_config_new();
-    fr_metrics_t *metrics = fr_metrics_new();
-    const char *(*props)[2] = calloc(MAX_PROPS, sizeof(*props));
-    if (cfg == NULL || metrics == NULL || props == NULL) {
-        fr_config_destroy(cfg);
-        fr_metrics_destroy(metrics);
-        free(props);
-        return APP_EXIT_FAILURE;
-    }
-    char errstr[512];
-    ingest_consumer_t *src = NULL;
-    trainer_pool_t *pool = NULL;
-    psstore_conn_t *store = NULL;
-    applier_thread_t at = {0};
-    serve_t *http = NULL;
-    psstore_local_t *local = NULL;
-    holdout_t h = {.last = -1};
+/* What one trainer role holds: filled by role_open, released by
+ * role_close whatever was reached. */
+typedef struct role {
+    const char *cmd;
+    fr_config_t *cfg;
+    fr_metrics_t *metrics;
+    const char *(*props)[2];
+    ingest_consumer_t *src;
+    trainer_pool_t *pool;
+    psstore_conn_t *store;
+    applier_thread_t at;
+    serve_t *http;
+    psstore_local_t *local;
+    holdout_t h;
     model_t m;
+} role_t;
+
+/* Checks [trainer] mode against [psstore] max_pending and builds the model
+ * of [model]. Returns 0 or an exit status. */
+static int role_model(role_t *r, int64_t *workers, int64_t *max_pending)
+{
+    char errstr[512];
     model_loss_t loss;
-    int rc = app_load_config(cmd, cfg, argc, argv, usage);
-    if (rc != 0)
-        goto out;
-    const char *mode = fr_config_get(cfg, "trainer", "mode");
+    const char *mode = fr_config_get(r->cfg, "trainer", "mode");
     psstore_mode_t pmode = PSSTORE_MODE_ASYNC;
     psstore_mode_parse(mode, &pmode);
-    int64_t workers = fr_config_get_int(cfg, "trainer", "workers");
-    int64_t max_pending = fr_config_get_int(cfg, "psstore", "max_pending");
-    if (psstore_mode_rounds(pmode) && max_pending < 2 * workers) {
+    *workers = fr_config_get_int(r->cfg, "trainer", "workers");
+    *max_pending = fr_config_get_int(r->cfg, "psstore", "max_pending");
+    if (psstore_mode_rounds(pmode) && *max_pending < 2 * *workers) {
         /* docs/design.md "Training modes": a round holds its entries in the stream until it
          * closes, so a smaller bound deadlocks on the round's own pushes */
-        rc = app_usage_error(cmd,
-                             "[psstore] max_pending (%lld) must be at least twice [trainer] "
-                             "workers (%lld) in mode %s",
-                             (long long)max_pending, (long long)workers, mode);
-        goto out;
+        return app_usage_error(r->cmd,
+                               "[psstore] max_pending (%lld) must be at least twice [trainer] "
+                               "workers (%lld) in mode %s",
+                               (long long)*max_pending, (long long)*workers, mode);
     }
-    if (model_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
-        model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr, sizeof(errstr)) !=
-            FR_OK) {
-        rc = app_usage_error(cmd, "[model]: %s", errstr);
-        goto out;
+    if (model_loss_parse(fr_config_get(r->cfg, "model", "loss"), &loss) != FR_OK ||
+        model_init(&r->m, fr_config_get(r->cfg, "model", "layers"), loss, errstr, sizeof(errstr)) !=
+            FR_OK)
+        return app_usage_error(r->cmd, "[model]: %s", errstr);
+    return 0;
+}
+
+/* freshet run's applier, on its own thread once started, and the
+ * co-located fast path to it. Returns 0 or an exit status. */
+static int role_open_applier(role_t *r, int64_t workers, int64_t max_pending)
+{
+    char errstr[512];
+    psstore_applier_conf_t conf;
+    int rc = app_applier_conf(r->cmd, r->cfg, r->metrics, &conf);
+    if (rc != 0)
+        return rc;
+    if ((r->at.a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+        return APP_EXIT_USAGE;
     }
-    if ((rc = app_ensure_model(cmd, cfg)) != 0)
-        goto out;
-    if ((rc = holdout_open(cmd, cfg, &m, metrics, &h)) != 0)
-        goto out;
-    if (with_applier) {
-        psstore_applier_conf_t conf;
-        if ((rc = app_applier_conf(cmd, cfg, metrics, &conf)) != 0)
-            goto out;
-        if ((at.a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
-            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-            rc = APP_EXIT_USAGE;
-            goto out;
-        }
-        /* the co-located fast path: two queued gradients per worker keep
-         * the applier busy without adding staleness */
-        int64_t slots = 2 * workers < max_pending ? 2 * workers : max_pending;
-        if ((local = psstore_local_new(m.nparams, (size_t)slots, errstr, sizeof(errstr))) == NULL) {
-            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-            rc = APP_EXIT_FAILURE;
-            goto out;
-        }
-        psstore_applier_set_local(at.a, local);
+    /* the co-located fast path: two queued gradients per worker keep
+     * the applier busy without adding staleness */
+    int64_t slots = 2 * workers < max_pending ? 2 * workers : max_pending;
+    if ((r->local = psstore_local_new(r->m.nparams, (size_t)slots, errstr, sizeof(errstr))) ==
+        NULL) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+        return APP_EXIT_FAILURE;
     }
-    if (with_applier && fr_config_get(cfg, "serve", "listen")[0] != '\0') {
-        /* docs/design.md "Data flow": freshet run is ingest + trainers + applier + serve */
-        serve_conf_t sconf;
-        if ((rc = app_serve_conf(cmd, cfg, metrics, &sconf)) != 0)
-            goto out;
-        if ((http = serve_new(&sconf, errstr, sizeof(errstr))) == NULL) {
-            fprintf(stderr,
-                    "freshet %s: %s (set [serve] listen to another address, or empty "
-                    "for no HTTP)\n",
-                    cmd, errstr);
-            rc = APP_EXIT_USAGE;
-            goto out;
-        }
+    psstore_applier_set_local(r->at.a, r->local);
+    return 0;
+}
+
+/* freshet run's HTTP server of [serve], not started yet. Returns 0 or an
+ * exit status. */
+static int role_open_http(role_t *r)
+{
+    char errstr[512];
+    /* docs/design.md "Data flow": freshet run is ingest + trainers + applier + serve */
+    serve_conf_t sconf;
+    int rc = app_serve_conf(r->cmd, r->cfg, r->metrics, &sconf);
+    if (rc != 0)
+        return rc;
+    if ((r->http = serve_new(&sconf, errstr, sizeof(errstr))) == NULL) {
+        fprintf(stderr,
+                "freshet %s: %s (set [serve] listen to another address, or empty "
+                "for no HTTP)\n",
+                r->cmd, errstr);
+        return APP_EXIT_USAGE;
     }
-    if ((src = consumer_open(cmd, cfg, &m, props, metrics)) == NULL ||
-        (pool = pool_open(cmd, cfg, &m, src, local, metrics)) == NULL) {
-        rc = APP_EXIT_USAGE;
-        goto out;
-    }
-    store =
-        psstore_conn_new(fr_config_get(cfg, "redis", "url"), STORE_WAIT_MS, errstr, sizeof(errstr));
+    return 0;
+}
+
+/* Everything the role needs, in the order it needs it; nothing runs yet.
+ * Returns 0, -1 after printing --help, or an exit status. */
+static int role_open(role_t *r, int with_applier, void (*usage)(FILE *), int argc, char **argv)
+{
+    char errstr[512];
+    int64_t workers, max_pending;
+    int rc = app_load_config(r->cmd, r->cfg, argc, argv, usage);
+    if (rc != 0 || (rc = role_model(r, &workers, &max_pending)) != 0 ||
+        (rc = app_ensure_model(r->cmd, r->cfg)) != 0 ||
+        (rc = holdout_open(r->cmd, r->cfg, &r->m, r->metrics, &r->h)) != 0)
+        return rc;
+    if (with_applier && (rc = role_open_applier(r, workers, max_pending)) != 0)
+        return rc;
+    if (with_applier && fr_config_get(r->cfg, "serve", "listen")[0] != '\0' &&
+        (rc = role_open_http(r)) != 0)
+        return rc;
+    if ((r->src = consumer_open(r->cmd, r->cfg, &r->m, r->props, r->metrics)) == NULL ||
+        (r->pool = pool_open(r->cmd, r->cfg, &r->m, r->src, r->local, r->metrics)) == NULL)
+        return APP_EXIT_USAGE;
+    r->store = psstore_conn_new(fr_config_get(r->cfg, "redis", "url"), STORE_WAIT_MS, errstr,
+                                sizeof(errstr));
+    return 0;
+}
+
+/* Starts the applier thread, the HTTP server, the consumer and the
+ * workers; on a failure sets app_stop (what started runs until the role
+ * closes). Returns 0 or APP_EXIT_FAILURE. */
+static int role_start(role_t *r)
+{
+    char errstr[512];
+    int rc = 0;
     app_stop_on_signals(1);
-    if (at.a != NULL)
-        at.running = pthread_create(&at.tid, NULL, applier_main, &at) == 0;
-    if (http != NULL && serve_start(http, errstr, sizeof(errstr)) != FR_OK) {
-        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+    if (r->at.a != NULL)
+        r->at.running = pthread_create(&r->at.tid, NULL, applier_main, &r->at) == 0;
+    if (r->http != NULL && serve_start(r->http, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         atomic_store(&app_stop, 1);
         rc = APP_EXIT_FAILURE;
     }
-    if ((at.a != NULL && !at.running) || ingest_consumer_start(src) != FR_OK ||
-        trainer_pool_start(pool) != FR_OK) {
-        fprintf(stderr, "freshet %s: could not start\n", cmd);
+    if ((r->at.a != NULL && !r->at.running) || ingest_consumer_start(r->src) != FR_OK ||
+        trainer_pool_start(r->pool) != FR_OK) {
+        fprintf(stderr, "freshet %s: could not start\n", r->cmd);
         atomic_store(&app_stop, 1);
         rc = APP_EXIT_FAILURE;
     }
-    fr_log(FR_LOG_INFO, "%s: model %s, mode %s, %lld worker(s), topic %s", cmd,
-           fr_config_get(cfg, "model", "name"), mode,
-           (long long)fr_config_get_int(cfg, "trainer", "workers"),
-           fr_config_get(cfg, "ingest", "topic"));
+    fr_log(FR_LOG_INFO, "%s: model %s, mode %s, %lld worker(s), topic %s", r->cmd,
+           fr_config_get(r->cfg, "model", "name"), fr_config_get(r->cfg, "trainer", "mode"),
+           (long long)fr_config_get_int(r->cfg, "trainer", "workers"),
+           fr_config_get(r->cfg, "ingest", "topic"));
+    return rc;
+}
+
+/* The main thread until SIGINT or SIGTERM: the holdout and a progress
+ * line every PROGRESS_NS. */
+static void role_loop(role_t *r)
+{
     trainer_pool_stats_t prev = {0};
     uint64_t last = fr_clock_mono_ns();
     while (!atomic_load(&app_stop)) {
         struct timespec ts = {0, TICK_MS * 1000000L};
         nanosleep(&ts, NULL);
-        holdout_tick(cmd, &h, store, fr_config_get(cfg, "model", "name"), m.nparams);
+        holdout_tick(r->cmd, &r->h, r->store, fr_config_get(r->cfg, "model", "name"), r->m.nparams);
         uint64_t now = fr_clock_mono_ns();
         if (now - last >= PROGRESS_NS) {
-            progress(cmd, pool, &prev, src, at.a, &h, (double)(now - last) * 1e-9);
+            progress(r->cmd, r->pool, &prev, r->src, r->at.a, &r->h, (double)(now - last) * 1e-9);
             last = now;
         }
     }
-    fr_log(FR_LOG_INFO, "%s: stopping", cmd);
-out:
-    serve_destroy(http);
-    ingest_consumer_stop(src);
-    trainer_pool_destroy(pool);
-    ingest_consumer_destroy(src);
-    if (at.a != NULL) {
-        if (at.running) {
-            atomic_store(&at.stop, 1);
-            pthread_join(at.tid, NULL);
+    fr_log(FR_LOG_INFO, "%s: stopping", r->cmd);
+}
+
+/* Stops and frees what role_open made, HTTP first, the config last. */
+static void role_close(role_t *r)
+{
+    serve_destroy(r->http);
+    ingest_consumer_stop(r->src);
+    trainer_pool_destroy(r->pool);
+    ingest_consumer_destroy(r->src);
+    if (r->at.a != NULL) {
+        if (r->at.running) {
+            atomic_store(&r->at.stop, 1);
+            pthread_join(r->at.tid, NULL);
         }
-        psstore_applier_destroy(at.a);
+        psstore_applier_destroy(r->at.a);
     }
-    psstore_local_destroy(local);
-    psstore_conn_destroy(store);
-    holdout_close(&h);
-    free(props);
-    fr_metrics_destroy(metrics);
-    fr_config_destroy(cfg);
+    psstore_local_destroy(r->local);
+    psstore_conn_destroy(r->store);
+    holdout_close(&r->h);
+    free(r->props);
+    fr_metrics_destroy(r->metrics);
+    fr_config_destroy(r->cfg);
+}
+
+/* freshet run (with_applier) and freshet train. */
+static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), int argc, char **argv)
+{
+    role_t r = {.cmd = cmd, .h = {.last = -1}};
+    r.cfg = fr_config_new();
+    r.metrics = fr_metrics_new();
+    r.props = calloc(MAX_PROPS, sizeof(*r.props));
+    if (r.cfg == NULL || r.metrics == NULL || r.props == NULL) {
+        fr_config_destroy(r.cfg);
+        fr_metrics_destroy(r.metrics);
+        free(r.props);
+        return APP_EXIT_FAILURE;
+    }
+    int rc = role_open(&r, with_applier, usage, argc, argv);
+    if (rc == 0) {
+        rc = role_start(&r);
+        role_loop(&r);
+    }
+    role_close(&r);
     return rc < 0 ? 0 : rc;
 }
 

@@ -192,6 +192,30 @@ void fr_config_kafka_at(const fr_config_t *cfg, size_t i, const char **key, cons
 void fr_config_write_example(FILE *out);
 
 /* ------------------------------------------------------------------------
+ * A growable text buffer (buf.c). Zero-initialise it; the text stays
+ * NUL-terminated. A failed allocation sets failed and every later write is
+ * dropped, so a writer checks once, when it takes the text. One writer per
+ * buffer.
+ * ---------------------------------------------------------------------- */
+typedef struct fr_buf {
+    char *p;
+    size_t len, cap;
+    int failed; /* an allocation failed: the text is incomplete */
+} fr_buf_t;
+
+/* Frees the text; b is empty again. */
+void fr_buf_fini(fr_buf_t *b);
+/* Makes room for n more bytes and the NUL. 0, or -1 with failed set. */
+int fr_buf_reserve(fr_buf_t *b, size_t n);
+void fr_buf_add(fr_buf_t *b, const char *s, size_t len);
+void fr_buf_puts(fr_buf_t *b, const char *s);
+void fr_buf_printf(fr_buf_t *b, const char *fmt, ...) FR_PRINTF(2, 3);
+/* Takes the text (NUL-terminated, also when empty) out of b, which is empty
+ * again; the caller frees it. NULL when an allocation failed (b freed).
+ * len may be NULL. */
+char *fr_buf_take(fr_buf_t *b, size_t *len);
+
+/* ------------------------------------------------------------------------
  * Metrics registry: counters, gauges and histograms with labels, rendered in
  * the Prometheus text exposition format 0.0.4. Everything here is
  * thread-safe. Families and series live as long as the registry.

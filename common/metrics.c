@@ -414,59 +414,19 @@ double fr_series_value(fr_series_t *s)
  * Rendering
  * ---------------------------------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf_t;
-
-/* Makes room for n more bytes plus a NUL; sets oom on failure. */
-static int sbuf_reserve(sbuf_t *b, size_t n)
-{
-    if (b->oom)
-        return -1;
-    if (b->len + n + 1 <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + n + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL) {
-        b->oom = 1;
-        return -1;
-    }
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-static void sbuf_put(sbuf_t *b, const char *s, size_t n)
-{
-    if (sbuf_reserve(b, n) != 0)
-        return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sbuf_puts(sbuf_t *b, const char *s)
-{
-    sbuf_put(b, s, strlen(s));
-}
-
 /* Appends s escaped for HELP (backslash, newline) or, with quotes set, for
  * a label value (also double quote). */
-static void sbuf_escaped(sbuf_t *b, const char *s, int quotes)
+static void buf_escaped(fr_buf_t *b, const char *s, int quotes)
 {
     for (const char *p = s; *p != '\0'; p++) {
         if (*p == '\\')
-            sbuf_put(b, "\\\\", 2);
+            fr_buf_add(b, "\\\\", 2);
         else if (*p == '\n')
-            sbuf_put(b, "\\n", 2);
+            fr_buf_add(b, "\\n", 2);
         else if (quotes && *p == '"')
-            sbuf_put(b, "\\\"", 2);
+            fr_buf_add(b, "\\\"", 2);
         else
-            sbuf_put(b, p, 1);
+            fr_buf_add(b, p, 1);
     }
 }
 
@@ -498,44 +458,44 @@ static void format_number(double v, char *buf, size_t size)
     }
 }
 
-static void sbuf_number(sbuf_t *b, double v)
+static void buf_number(fr_buf_t *b, double v)
 {
     char num[40];
     format_number(v, num, sizeof(num));
-    sbuf_puts(b, num);
+    fr_buf_puts(b, num);
 }
 
 /* Appends "name{l1="v1",...,extra_name="extra_value"} " (no braces when
  * there is no label at all). */
-static void sbuf_sample_head(sbuf_t *b, const fr_metric_t *m, const char *suffix,
-                             const fr_series_t *s, const char *le)
+static void buf_sample_head(fr_buf_t *b, const fr_metric_t *m, const char *suffix,
+                            const fr_series_t *s, const char *le)
 {
-    sbuf_puts(b, m->name);
-    sbuf_puts(b, suffix);
+    fr_buf_puts(b, m->name);
+    fr_buf_puts(b, suffix);
     if (m->nlabels > 0 || le != NULL) {
-        sbuf_put(b, "{", 1);
+        fr_buf_add(b, "{", 1);
         for (size_t i = 0; i < m->nlabels; i++) {
             if (i > 0)
-                sbuf_put(b, ",", 1);
-            sbuf_puts(b, m->labels[i]);
-            sbuf_put(b, "=\"", 2);
-            sbuf_escaped(b, s->values[i], 1);
-            sbuf_put(b, "\"", 1);
+                fr_buf_add(b, ",", 1);
+            fr_buf_puts(b, m->labels[i]);
+            fr_buf_add(b, "=\"", 2);
+            buf_escaped(b, s->values[i], 1);
+            fr_buf_add(b, "\"", 1);
         }
         if (le != NULL) {
-            sbuf_puts(b, m->nlabels > 0 ? ",le=\"" : "le=\"");
-            sbuf_puts(b, le);
-            sbuf_put(b, "\"", 1);
+            fr_buf_puts(b, m->nlabels > 0 ? ",le=\"" : "le=\"");
+            fr_buf_puts(b, le);
+            fr_buf_add(b, "\"", 1);
         }
-        sbuf_put(b, "}", 1);
+        fr_buf_add(b, "}", 1);
     }
-    sbuf_put(b, " ", 1);
+    fr_buf_add(b, " ", 1);
 }
 
 /* Appends a histogram series: cumulative buckets, +Inf, _sum and _count.
  * Each bucket is read once, so the cumulative counts never decrease and
  * _count equals the +Inf bucket even while observations land. */
-static void render_histogram(sbuf_t *b, const fr_metric_t *m, fr_series_t *s)
+static void render_histogram(fr_buf_t *b, const fr_metric_t *m, fr_series_t *s)
 {
     char le[40];
     uint64_t cum = 0;
@@ -545,16 +505,16 @@ static void render_histogram(sbuf_t *b, const fr_metric_t *m, fr_series_t *s)
             format_number(m->bounds[i], le, sizeof(le));
         else
             snprintf(le, sizeof(le), "+Inf");
-        sbuf_sample_head(b, m, "_bucket", s, le);
-        sbuf_number(b, (double)cum);
-        sbuf_put(b, "\n", 1);
+        buf_sample_head(b, m, "_bucket", s, le);
+        buf_number(b, (double)cum);
+        fr_buf_add(b, "\n", 1);
     }
-    sbuf_sample_head(b, m, "_sum", s, NULL);
-    sbuf_number(b, bits_dbl(atomic_load_explicit(&s->bits, memory_order_relaxed)));
-    sbuf_put(b, "\n", 1);
-    sbuf_sample_head(b, m, "_count", s, NULL);
-    sbuf_number(b, (double)cum);
-    sbuf_put(b, "\n", 1);
+    buf_sample_head(b, m, "_sum", s, NULL);
+    buf_number(b, bits_dbl(atomic_load_explicit(&s->bits, memory_order_relaxed)));
+    fr_buf_add(b, "\n", 1);
+    buf_sample_head(b, m, "_count", s, NULL);
+    buf_number(b, (double)cum);
+    fr_buf_add(b, "\n", 1);
 }
 
 /* Renders every family under the registry mutex (series updates continue
@@ -562,41 +522,32 @@ static void render_histogram(sbuf_t *b, const fr_metric_t *m, fr_series_t *s)
 char *fr_metrics_render(fr_metrics_t *reg, size_t *len)
 {
     static const char *const type_names[] = {"counter", "gauge", "histogram"};
-    sbuf_t b = {NULL, 0, 0, 0};
+    fr_buf_t b = {0};
     if (reg == NULL)
         return NULL;
-    sbuf_reserve(&b, 0);
-    if (b.p != NULL)
-        b.p[0] = '\0';
 
     pthread_mutex_lock(&reg->mu);
     for (const fr_metric_t *m = reg->head; m != NULL; m = m->next) {
-        sbuf_puts(&b, "# HELP ");
-        sbuf_puts(&b, m->name);
-        sbuf_put(&b, " ", 1);
-        sbuf_escaped(&b, m->help, 0);
-        sbuf_puts(&b, "\n# TYPE ");
-        sbuf_puts(&b, m->name);
-        sbuf_put(&b, " ", 1);
-        sbuf_puts(&b, type_names[m->type]);
-        sbuf_put(&b, "\n", 1);
+        fr_buf_puts(&b, "# HELP ");
+        fr_buf_puts(&b, m->name);
+        fr_buf_add(&b, " ", 1);
+        buf_escaped(&b, m->help, 0);
+        fr_buf_puts(&b, "\n# TYPE ");
+        fr_buf_puts(&b, m->name);
+        fr_buf_add(&b, " ", 1);
+        fr_buf_puts(&b, type_names[m->type]);
+        fr_buf_add(&b, "\n", 1);
         for (fr_series_t *s = m->head; s != NULL; s = s->next) {
             if (m->type == MT_HISTOGRAM) {
                 render_histogram(&b, m, s);
                 continue;
             }
-            sbuf_sample_head(&b, m, "", s, NULL);
-            sbuf_number(&b, bits_dbl(atomic_load_explicit(&s->bits, memory_order_relaxed)));
-            sbuf_put(&b, "\n", 1);
+            buf_sample_head(&b, m, "", s, NULL);
+            buf_number(&b, bits_dbl(atomic_load_explicit(&s->bits, memory_order_relaxed)));
+            fr_buf_add(&b, "\n", 1);
         }
     }
     pthread_mutex_unlock(&reg->mu);
 
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    if (len != NULL)
-        *len = b.len;
-    return b.p;
+    return fr_buf_take(&b, len);
 }

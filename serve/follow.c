@@ -120,29 +120,34 @@ static void put_view(sv_view_t **slot, sv_view_t *v)
     sv_view_unref(old);
 }
 
-/*
- * Reads the model's info and, when its (epoch, version) moved and
- * refresh_ms has passed since the last read, its weights and any retained
- * snapshot not held yet. Returns FR_ERR_REDIS-class errors only; a model
- * that cannot be encoded is noted in m->error.
- */
-static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m, float **w,
-                              size_t *wcap, int *changed)
+/* Drops m's weights and snapshots: the model left the store. */
+static void model_gone(struct serve *s, sv_model_t *m, int *changed)
 {
-    psstore_model_info_t info;
-    fr_err_t err = psstore_model_info(c, m->name, &info);
+    pthread_mutex_lock(&s->lock);
+    if (m->present || m->cur != NULL) {
+        m->present = 0;
+        put_view(&m->cur, NULL);
+        for (size_t i = 0; i < m->nsnaps; i++)
+            sv_view_unref(m->snaps[i]);
+        m->nsnaps = 0;
+        m->seq++;
+        *changed = 1;
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * Reads m's info into m->info and *info, and sets *load when its weights
+ * are to be read now. Returns FR_ERR_REDIS-class errors only; a model gone
+ * or malformed is handled here (*load stays 0).
+ */
+static fr_err_t refresh_info(struct serve *s, psstore_conn_t *c, sv_model_t *m,
+                             psstore_model_info_t *info, int *changed, int *load)
+{
+    *load = 0;
+    fr_err_t err = psstore_model_info(c, m->name, info);
     if (err == FR_ERR_NOTFOUND) {
-        pthread_mutex_lock(&s->lock);
-        if (m->present || m->cur != NULL) {
-            m->present = 0;
-            put_view(&m->cur, NULL);
-            for (size_t i = 0; i < m->nsnaps; i++)
-                sv_view_unref(m->snaps[i]);
-            m->nsnaps = 0;
-            m->seq++;
-            *changed = 1;
-        }
-        pthread_mutex_unlock(&s->lock);
+        model_gone(s, m, changed);
         m->pending = 0;
         return FR_OK;
     }
@@ -156,8 +161,8 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         return err;
     pthread_mutex_lock(&s->lock);
     int was_present = m->present;
-    int info_moved = memcmp(&m->info, &info, sizeof(info)) != 0;
-    m->info = info;
+    int info_moved = memcmp(&m->info, info, sizeof(*info)) != 0;
+    m->info = *info;
     m->present = 1;
     if (!was_present || info_moved) {
         m->seq++;
@@ -166,7 +171,7 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     /* kept current while asked for; read once in any case (readiness) */
     int wanted = fr_clock_unix_ms() - m->wanted_ms < SV_WANTED_MS || m->cur == NULL;
     sv_view_t *cur = m->cur;
-    int moved = cur == NULL || cur->epoch != info.epoch || cur->version != info.version;
+    int moved = cur == NULL || cur->epoch != info->epoch || cur->version != info->version;
     pthread_mutex_unlock(&s->lock);
     m->pending = 0;
     if (!wanted || !moved)
@@ -175,31 +180,45 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         m->pending = 1; /* read it once refresh_ms has passed */
         return FR_OK;
     }
+    *load = 1;
+    return FR_OK;
+}
 
-    model_t tm;
+/*
+ * Reads m's current weights into *w (grown to the model's size) and
+ * encodes them as *v (caller unrefs), with their JSON while clients ask for
+ * it. Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM; a model that
+ * cannot be read or encoded is noted in m->error and leaves *v NULL.
+ */
+static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *m,
+                                const psstore_model_info_t *info, model_t *tm, float **w,
+                                size_t *wcap, int *changed, sv_view_t **v)
+{
     model_loss_t loss;
     char why[256] = "";
-    if (model_loss_parse(info.loss, &loss) != FR_OK ||
-        model_init(&tm, info.layers, loss, why, sizeof(why)) != FR_OK) {
+    *v = NULL;
+    if (model_loss_parse(info->loss, &loss) != FR_OK ||
+        model_init(tm, info->layers, loss, why, sizeof(why)) != FR_OK) {
         pthread_mutex_lock(&s->lock);
         char msg[1024];
         snprintf(msg, sizeof(msg), "model '%s' has layers '%s' and loss '%s': %s", m->name,
-                 info.layers, info.loss, why[0] ? why : "unknown loss");
+                 info->layers, info->loss, why[0] ? why : "unknown loss");
         pthread_mutex_unlock(&s->lock);
         model_error(s, m, msg, changed);
         return FR_OK;
     }
-    if (tm.nparams > *wcap) {
-        float *p = realloc(*w, tm.nparams * sizeof(float));
+    if (tm->nparams > *wcap) {
+        float *p = realloc(*w, tm->nparams * sizeof(float));
         if (p == NULL)
             return FR_ERR_NOMEM;
         *w = p;
-        *wcap = tm.nparams;
+        *wcap = tm->nparams;
     }
     uint64_t epoch;
     int64_t version;
     char *offsets = NULL;
-    err = psstore_model_weights_offsets(c, m->name, *w, tm.nparams, &epoch, &version, &offsets);
+    fr_err_t err =
+        psstore_model_weights_offsets(c, m->name, *w, tm->nparams, &epoch, &version, &offsets);
     if (err == FR_ERR_NOTFOUND || err == FR_ERR_RANGE || err == FR_ERR_PARSE) {
         model_error(s, m, psstore_conn_error(c), changed);
         return FR_OK;
@@ -207,10 +226,9 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     if (err != FR_OK)
         return err;
     m->loaded_ns = fr_clock_mono_ns();
-    sv_view_t *v =
-        make_view(&tm, m->name, *w, epoch, version, fr_clock_unix_ms(), offsets, why, sizeof(why));
+    *v = make_view(tm, m->name, *w, epoch, version, fr_clock_unix_ms(), offsets, why, sizeof(why));
     free(offsets);
-    if (v == NULL) {
+    if (*v == NULL) {
         char msg[300];
         snprintf(msg, sizeof(msg), "encoding the weights: %.200s", why);
         model_error(s, m, msg, changed);
@@ -221,22 +239,31 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     pthread_mutex_lock(&s->lock);
     int json = fr_clock_unix_ms() - m->json_wanted_ms < SV_WANTED_MS;
     pthread_mutex_unlock(&s->lock);
-    if (json && (v->json = sv_weights_json(m->name, v)) != NULL) {
+    if (json && ((*v)->json = sv_weights_json(m->name, *v)) != NULL) {
         const char *lv[] = {m->name, "follower"};
         fr_series_add(fr_metric_series(s->m_json, lv), 1);
     }
+    return FR_OK;
+}
 
-    /* the retained snapshots of this epoch: each read once, kept until it
-     * leaves the retained set */
+/*
+ * The retained snapshots of epoch into snaps[SV_MAX_SNAPS] (each a
+ * reference the caller owns): each read once, kept until it leaves the
+ * retained set; w is scratch of tm's size. *published is the newest
+ * snapshot's time. Returns FR_ERR_REDIS-class errors, holding no reference.
+ */
+static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t *m,
+                                  const model_t *tm, float *w, uint64_t epoch, sv_view_t **snaps,
+                                  size_t *nsnaps, int64_t *published)
+{
     psstore_snapshot_info_t list[SV_MAX_SNAPS];
     size_t nlist = 0;
-    if ((err = psstore_snapshots_list(c, m->name, list, SV_MAX_SNAPS, &nlist)) != FR_OK) {
-        sv_view_unref(v);
+    char why[256] = "";
+    *nsnaps = 0;
+    *published = 0;
+    fr_err_t err = psstore_snapshots_list(c, m->name, list, SV_MAX_SNAPS, &nlist);
+    if (err != FR_OK)
         return err;
-    }
-    sv_view_t *snaps[SV_MAX_SNAPS];
-    size_t nsnaps = 0;
-    int64_t published = 0;
     for (size_t i = 0; i < nlist; i++) {
         sv_view_t *have = NULL;
         pthread_mutex_lock(&s->lock);
@@ -246,27 +273,34 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         pthread_mutex_unlock(&s->lock);
         if (have == NULL) {
             uint64_t sep;
-            err = psstore_snapshot_weights(c, m->name, list[i].version, *w, tm.nparams, &sep);
+            err = psstore_snapshot_weights(c, m->name, list[i].version, w, tm->nparams, &sep);
             if (err == FR_ERR_NOTFOUND || err == FR_ERR_RANGE)
                 continue; /* trimmed meanwhile */
             if (err != FR_OK) {
-                for (size_t j = 0; j < nsnaps; j++)
+                for (size_t j = 0; j < *nsnaps; j++)
                     sv_view_unref(snaps[j]);
-                sv_view_unref(v);
                 return err;
             }
             if (sep != epoch)
                 continue; /* another lineage: not served */
-            have = make_view(&tm, m->name, *w, sep, list[i].version, list[i].time_ms, NULL, why,
+            have = make_view(tm, m->name, w, sep, list[i].version, list[i].time_ms, NULL, why,
                              sizeof(why));
             if (have == NULL)
                 continue;
         }
-        snaps[nsnaps++] = have;
-        if (list[i].time_ms > published)
-            published = list[i].time_ms;
+        snaps[(*nsnaps)++] = have;
+        if (list[i].time_ms > *published)
+            *published = list[i].time_ms;
     }
+    return FR_OK;
+}
 
+/* Serves v and snaps from now on (their references move into m) and
+ * clears m's error. */
+static void refresh_publish(struct serve *s, sv_model_t *m, sv_view_t *v, sv_view_t **snaps,
+                            size_t nsnaps, int64_t published, int *changed)
+{
+    int64_t version = v->version;
     pthread_mutex_lock(&s->lock);
     put_view(&m->cur, v);
     for (size_t i = 0; i < m->nsnaps; i++)
@@ -278,13 +312,40 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     m->seq++;
     pthread_mutex_unlock(&s->lock);
     *changed = 1;
-    char vs[32];
-    snprintf(vs, sizeof(vs), "%lld", (long long)version);
     const char *lv[] = {m->name};
     fr_series_set(fr_metric_series(s->m_version, lv), (double)version);
     fr_series_add(fr_metric_series(s->m_loads, lv), 1);
     if (published > 0)
         fr_series_set(fr_metric_series(s->m_published, lv), (double)published / 1000.0);
+}
+
+/*
+ * Reads the model's info and, when its (epoch, version) moved and
+ * refresh_ms has passed since the last read, its weights and any retained
+ * snapshot not held yet. Returns FR_ERR_REDIS-class errors only; a model
+ * that cannot be encoded is noted in m->error.
+ */
+static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m, float **w,
+                              size_t *wcap, int *changed)
+{
+    psstore_model_info_t info;
+    int load;
+    fr_err_t err = refresh_info(s, c, m, &info, changed, &load);
+    if (err != FR_OK || !load)
+        return err;
+    model_t tm;
+    sv_view_t *v;
+    if ((err = refresh_weights(s, c, m, &info, &tm, w, wcap, changed, &v)) != FR_OK || v == NULL)
+        return err;
+    sv_view_t *snaps[SV_MAX_SNAPS];
+    size_t nsnaps;
+    int64_t published;
+    err = refresh_snapshots(s, c, m, &tm, *w, v->epoch, snaps, &nsnaps, &published);
+    if (err != FR_OK) {
+        sv_view_unref(v);
+        return err;
+    }
+    refresh_publish(s, m, v, snaps, nsnaps, published, changed);
     return FR_OK;
 }
 
@@ -315,6 +376,7 @@ typedef struct stats_scratch {
     psstore_partition_status_t *parts;
     size_t parts_cap;
     int64_t *taus;
+    size_t nver, ndrops, nevals, nmem, nparts; /* what the last read filled */
 } stats_scratch_t;
 
 static void scratch_fini(stats_scratch_t *x)
@@ -428,9 +490,9 @@ static void stats_series(sv_buf_t *b, const psstore_version_entry_t *ver, size_t
     sv_puts(b, "]");
 }
 
-/* Builds the stats JSON of m (docs/http.md "Stats"; the README lists its
- * fields). */
-static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, stats_scratch_t *x)
+/* Reads the windows the stats look at into x, allocated on first use.
+ * Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
+static fr_err_t stats_read(psstore_conn_t *c, const sv_model_t *m, stats_scratch_t *x)
 {
     if (x->ver == NULL)
         x->ver = malloc(VERSIONS_WINDOW * sizeof(*x->ver));
@@ -442,43 +504,52 @@ static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, s
         x->taus = malloc(VERSIONS_WINDOW * sizeof(*x->taus));
     if (x->ver == NULL || x->drops == NULL || x->evals == NULL || x->taus == NULL)
         return FR_ERR_NOMEM;
-    size_t nver, ndrops, nevals, nmem = 0, nparts = 0;
+    x->nmem = 0;
+    x->nparts = 0;
     fr_err_t err;
-    if ((err = psstore_versions_tail(c, m->name, VERSIONS_WINDOW, x->ver, &nver)) != FR_OK ||
-        (err = psstore_drops_tail(c, m->name, DROPS_WINDOW, x->drops, &ndrops)) != FR_OK ||
-        (err = psstore_evals_tail(c, m->name, EVALS_WINDOW, x->evals, &nevals)) != FR_OK ||
-        (err = psstore_members_list(c, m->name, &x->members, &nmem, &x->members_cap)) != FR_OK ||
-        (err = psstore_partitions_read(c, m->name, &x->parts, &nparts, &x->parts_cap)) != FR_OK)
+    if ((err = psstore_versions_tail(c, m->name, VERSIONS_WINDOW, x->ver, &x->nver)) != FR_OK ||
+        (err = psstore_drops_tail(c, m->name, DROPS_WINDOW, x->drops, &x->ndrops)) != FR_OK ||
+        (err = psstore_evals_tail(c, m->name, EVALS_WINDOW, x->evals, &x->nevals)) != FR_OK ||
+        (err = psstore_members_list(c, m->name, &x->members, &x->nmem, &x->members_cap)) != FR_OK ||
+        (err = psstore_partitions_read(c, m->name, &x->parts, &x->nparts, &x->parts_cap)) != FR_OK)
         return err;
-    int64_t now = fr_clock_unix_ms();
+    return FR_OK;
+}
 
+/* The model's info and snapshots, as the follower holds them; returns the
+ * newest snapshot's time. Takes s->lock. */
+static int64_t stats_model(sv_buf_t *b, struct serve *s, sv_model_t *m, int64_t now)
+{
     pthread_mutex_lock(&s->lock);
     psstore_model_info_t info = m->info;
     int64_t published = m->published_ms;
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, m->name);
-    sv_puts(&b, ",\"store\":\"ok\",\"stopped\":");
-    sv_json_str(&b, info.stopped);
-    sv_printf(&b,
-              ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)info.epoch,
+    sv_puts(b, "{\"model\":");
+    sv_json_str(b, m->name);
+    sv_puts(b, ",\"store\":\"ok\",\"stopped\":");
+    sv_json_str(b, info.stopped);
+    sv_printf(b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)info.epoch,
               (long long)info.version);
-    sv_json_str(&b, info.layers);
-    sv_puts(&b, ",\"loss\":");
-    sv_json_str(&b, info.loss);
-    sv_puts(&b, ",\"mode\":");
-    sv_json_str(&b, info.mode);
-    sv_printf(&b, ",\"time_ms\":%lld,", (long long)now);
-    sv_puts(&b, "\"snapshots\":[");
+    sv_json_str(b, info.layers);
+    sv_puts(b, ",\"loss\":");
+    sv_json_str(b, info.loss);
+    sv_puts(b, ",\"mode\":");
+    sv_json_str(b, info.mode);
+    sv_printf(b, ",\"time_ms\":%lld,", (long long)now);
+    sv_puts(b, "\"snapshots\":[");
     for (size_t i = 0; i < m->nsnaps; i++)
-        sv_printf(&b, "%s{\"version\":%lld,\"time_ms\":%lld}", i ? "," : "",
+        sv_printf(b, "%s{\"version\":%lld,\"time_ms\":%lld}", i ? "," : "",
                   (long long)m->snaps[i]->version, (long long)m->snaps[i]->time_ms);
-    sv_puts(&b, "],");
+    sv_puts(b, "],");
     pthread_mutex_unlock(&s->lock);
+    return published;
+}
 
-    /* staleness over the window */
+/* Staleness over the versions window, throughput over RATE_WINDOW_MS, the
+ * newest lr_eff and train loss. */
+static void stats_staleness(sv_buf_t *b, stats_scratch_t *x, int64_t now)
+{
     uint64_t counts[NBOUNDS + 1] = {0};
-    size_t ntau = 0;
+    size_t ntau = 0, nver = x->nver;
     int64_t rate_samples = 0, rate_versions = 0;
     for (size_t i = 0; i < nver; i++) {
         if (x->ver[i].rollback_from >= 0)
@@ -494,83 +565,125 @@ static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, s
             rate_versions++;
         }
     }
-    sv_puts(&b, "\"staleness\":{\"bounds\":[");
+    sv_puts(b, "\"staleness\":{\"bounds\":[");
     for (size_t k = 0; k < NBOUNDS; k++)
-        sv_printf(&b, "%s%g", k ? "," : "", stale_bounds[k]);
-    sv_puts(&b, "],\"counts\":[");
+        sv_printf(b, "%s%g", k ? "," : "", stale_bounds[k]);
+    sv_puts(b, "],\"counts\":[");
     for (size_t k = 0; k <= NBOUNDS; k++)
-        sv_printf(&b, "%s%llu", k ? "," : "", (unsigned long long)counts[k]);
+        sv_printf(b, "%s%llu", k ? "," : "", (unsigned long long)counts[k]);
     size_t window = ntau;
     int64_t p50 = percentile(x->taus, ntau, 0.5), p99 = percentile(x->taus, ntau, 0.99);
-    sv_printf(&b, "],\"p50\":%lld,\"p99\":%lld,\"window\":%zu},", (long long)p50, (long long)p99,
+    sv_printf(b, "],\"p50\":%lld,\"p99\":%lld,\"window\":%zu},", (long long)p50, (long long)p99,
               window);
-    sv_puts(&b, "\"throughput\":{\"samples_per_s\":");
-    sv_json_num(&b, (double)rate_samples * 1000.0 / RATE_WINDOW_MS);
-    sv_puts(&b, ",\"versions_per_s\":");
-    sv_json_num(&b, (double)rate_versions * 1000.0 / RATE_WINDOW_MS);
-    sv_puts(&b, "},\"lr_eff\":");
-    sv_json_num(&b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].lr_eff : NAN);
-    sv_puts(&b, ",\"train_loss\":");
-    sv_json_num(&b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].loss : NAN);
-    sv_puts(&b, ",");
-    stats_series(&b, x->ver, nver, x->taus);
+    sv_puts(b, "\"throughput\":{\"samples_per_s\":");
+    sv_json_num(b, (double)rate_samples * 1000.0 / RATE_WINDOW_MS);
+    sv_puts(b, ",\"versions_per_s\":");
+    sv_json_num(b, (double)rate_versions * 1000.0 / RATE_WINDOW_MS);
+    sv_puts(b, "},\"lr_eff\":");
+    sv_json_num(b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].lr_eff : NAN);
+    sv_puts(b, ",\"train_loss\":");
+    sv_json_num(b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].loss : NAN);
+}
 
-    sv_puts(&b, ",\"holdout\":[");
+/* The holdout evaluations, oldest first. */
+static void stats_holdout(sv_buf_t *b, const psstore_eval_entry_t *evals, size_t nevals)
+{
+    sv_puts(b, "\"holdout\":[");
     for (size_t i = nevals; i > 0; i--) {
-        const psstore_eval_entry_t *e = &x->evals[i - 1];
-        sv_printf(&b, "%s{\"t\":%lld,\"version\":%lld,\"accuracy\":", i < nevals ? "," : "",
+        const psstore_eval_entry_t *e = &evals[i - 1];
+        sv_printf(b, "%s{\"t\":%lld,\"version\":%lld,\"accuracy\":", i < nevals ? "," : "",
                   (long long)e->t_ms, (long long)e->version);
-        sv_json_num(&b, e->accuracy);
-        sv_puts(&b, ",\"loss\":");
-        sv_json_num(&b, e->loss);
-        sv_puts(&b, "}");
+        sv_json_num(b, e->accuracy);
+        sv_puts(b, ",\"loss\":");
+        sv_json_num(b, e->loss);
+        sv_puts(b, "}");
     }
-    sv_puts(&b, "],\"partitions\":[");
+    sv_puts(b, "]");
+}
+
+/* Each partition's watermark and, where a consumer reported it, its lag. */
+static void stats_partitions(sv_buf_t *b, const psstore_partition_status_t *parts, size_t nparts)
+{
+    sv_puts(b, "\"partitions\":[");
     for (size_t i = 0; i < nparts; i++) {
-        const psstore_partition_status_t *p = &x->parts[i];
-        sv_puts(&b, i ? ",{\"topic\":" : "{\"topic\":");
-        sv_json_str(&b, p->topic);
-        sv_printf(&b, ",\"partition\":%d,\"watermark\":%lld,\"intervals\":%zu,", (int)p->partition,
+        const psstore_partition_status_t *p = &parts[i];
+        sv_puts(b, i ? ",{\"topic\":" : "{\"topic\":");
+        sv_json_str(b, p->topic);
+        sv_printf(b, ",\"partition\":%d,\"watermark\":%lld,\"intervals\":%zu,", (int)p->partition,
                   (long long)p->watermark, p->spans);
         if (p->log_end >= 0)
-            sv_printf(&b, "\"log_end\":%lld,\"lag\":%lld,\"reported_ms\":%lld}",
+            sv_printf(b, "\"log_end\":%lld,\"lag\":%lld,\"reported_ms\":%lld}",
                       (long long)p->log_end, (long long)p->lag, (long long)p->log_end_ms);
         else
-            sv_puts(&b, "\"log_end\":null,\"lag\":null,\"reported_ms\":null}");
+            sv_puts(b, "\"log_end\":null,\"lag\":null,\"reported_ms\":null}");
     }
-    sv_puts(&b, "],");
-    stats_workers(&b, x->members, nmem, x->ver, nver, x->drops, ndrops, now);
+    sv_puts(b, "]");
+}
 
-    sv_puts(&b, ",\"dropped\":{");
+/* The drops window counted by reason; reasons never seen are left out. */
+static void stats_dropped(sv_buf_t *b, const psstore_drop_entry_t *drops, size_t ndrops)
+{
+    sv_puts(b, "\"dropped\":{");
     size_t nreasons = 0;
     for (int d = 0; d < PSSTORE_NDROP; d++) {
         const char *name = psstore_drop_name((psstore_drop_t)d);
         int64_t k = 0;
         for (size_t i = 0; i < ndrops; i++)
-            k += strcmp(x->drops[i].reason, name) == 0;
+            k += strcmp(drops[i].reason, name) == 0;
         if (k > 0)
-            sv_printf(&b, "%s\"%s\":%lld", nreasons++ ? "," : "", name, (long long)k);
+            sv_printf(b, "%s\"%s\":%lld", nreasons++ ? "," : "", name, (long long)k);
     }
-    /* freshness as the applier measures it: ms from the Kafka timestamps of
-     * the oldest and newest sample of each of the last 256 batches to the
-     * update holding them (here: its apply, at most commit_ms before the
-     * commit) */
+    sv_puts(b, "}");
+}
+
+/* Freshness as the applier measures it: ms from the Kafka timestamps of
+ * the oldest and newest sample of each of the last 256 batches to the
+ * update holding them (here: its apply, at most commit_ms before the
+ * commit). taus is scratch of 2 * FRESH_WINDOW. */
+static void stats_freshness(sv_buf_t *b, const psstore_version_entry_t *ver, size_t nver,
+                            int64_t *taus)
+{
     size_t nf = 0;
     for (size_t i = 0; i < nver && i < FRESH_WINDOW; i++) {
-        const psstore_version_entry_t *e = &x->ver[i];
+        const psstore_version_entry_t *e = &ver[i];
         if (e->rollback_from >= 0 || e->ts_min_ms <= 0)
             continue;
-        x->taus[nf++] = e->t_ms > e->ts_min_ms ? e->t_ms - e->ts_min_ms : 0;
-        x->taus[nf++] = e->t_ms > e->ts_max_ms ? e->t_ms - e->ts_max_ms : 0;
+        taus[nf++] = e->t_ms > e->ts_min_ms ? e->t_ms - e->ts_min_ms : 0;
+        taus[nf++] = e->t_ms > e->ts_max_ms ? e->t_ms - e->ts_max_ms : 0;
     }
-    sv_puts(&b, "},\"freshness\":");
+    sv_puts(b, "\"freshness\":");
     if (nf > 0) {
-        int64_t f50 = percentile(x->taus, nf, 0.5), f99 = percentile(x->taus, nf, 0.99);
-        sv_printf(&b, "{\"p50_ms\":%lld,\"p99_ms\":%lld,\"window\":%zu}", (long long)f50,
+        int64_t f50 = percentile(taus, nf, 0.5), f99 = percentile(taus, nf, 0.99);
+        sv_printf(b, "{\"p50_ms\":%lld,\"p99_ms\":%lld,\"window\":%zu}", (long long)f50,
                   (long long)f99, nf / 2);
     } else {
-        sv_puts(&b, "null");
+        sv_puts(b, "null");
     }
+}
+
+/* Builds the stats JSON of m (docs/http.md "Stats"; the README lists its
+ * fields). Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
+static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, stats_scratch_t *x)
+{
+    fr_err_t err = stats_read(c, m, x);
+    if (err != FR_OK)
+        return err;
+    int64_t now = fr_clock_unix_ms();
+    sv_buf_t b = {0};
+    int64_t published = stats_model(&b, s, m, now);
+    stats_staleness(&b, x, now);
+    sv_puts(&b, ",");
+    stats_series(&b, x->ver, x->nver, x->taus);
+    sv_puts(&b, ",");
+    stats_holdout(&b, x->evals, x->nevals);
+    sv_puts(&b, ",");
+    stats_partitions(&b, x->parts, x->nparts);
+    sv_puts(&b, ",");
+    stats_workers(&b, x->members, x->nmem, x->ver, x->nver, x->drops, x->ndrops, now);
+    sv_puts(&b, ",");
+    stats_dropped(&b, x->drops, x->ndrops);
+    sv_puts(&b, ",");
+    stats_freshness(&b, x->ver, x->nver, x->taus);
     sv_puts(&b, ",\"published_ms\":");
     if (published > 0)
         sv_printf(&b, "%lld", (long long)published);
@@ -704,132 +817,173 @@ static fr_err_t read_models(struct serve *s, psstore_conn_t *c)
     return FR_OK;
 }
 
+/* The follower thread's own state: its connection and scratch. */
+typedef struct follower {
+    psstore_conn_t *c;
+    float *w;
+    size_t wcap;
+    stats_scratch_t scratch;
+    uint64_t models_ns, check_ns;
+    const char **names;                 /* [max_models]: the streams to block on */
+    char (*ids)[PSSTORE_STREAM_ID_MAX]; /* [max_models]: their last ids */
+    int *moved;                         /* [max_models]: which of them moved */
+    sv_model_t **ms;                    /* [max_models]: the models of this turn */
+} follower_t;
+
+/*
+ * One model's turn: its info and weights when due (all: the once-a-second
+ * look at every model), its metadata when it changed and its stats while
+ * a dashboard asks. Lowers *next_ms to when its pending weights are due.
+ * Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM.
+ */
+static fr_err_t follow_model(struct serve *s, follower_t *f, sv_model_t *m, int all, int *changed,
+                             int *next_ms)
+{
+    fr_err_t err = FR_OK;
+    pthread_mutex_lock(&s->lock);
+    int64_t now = fr_clock_unix_ms();
+    int wanted = now - m->wanted_ms < SV_WANTED_MS;
+    m->watched = wanted || now - m->stats_wanted_ms < SV_STATS_WANTED_MS;
+    /* a client now waits for weights not kept current so far */
+    int behind = m->present && wanted && m->cur != NULL &&
+                 (m->cur->epoch != m->info.epoch || m->cur->version != m->info.version);
+    pthread_mutex_unlock(&s->lock);
+    /* a model no client asks for is looked at once a second only:
+     * freshet run without HTTP clients costs the store next to
+     * nothing */
+    if (all || (m->pending && m->watched) || behind)
+        err = refresh_model(s, f->c, m, &f->w, &f->wcap, changed);
+    if (err == FR_OK && m->pending) {
+        int64_t left = s->conf.refresh_ms - (int64_t)ms_since(m->loaded_ns);
+        if (left < *next_ms)
+            *next_ms = left < 1 ? 1 : (int)left;
+    }
+    pthread_mutex_lock(&s->lock);
+    int stats_wanted = m->present && fr_clock_unix_ms() - m->stats_wanted_ms < SV_STATS_WANTED_MS;
+    if (m->present && (m->meta == NULL || m->meta_seq != m->seq)) {
+        build_meta(m);
+        m->meta_seq = m->seq;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (err == FR_OK && stats_wanted &&
+        (m->stats_ns == 0 || ms_since(m->stats_ns) >= STATS_EVERY_MS)) {
+        err = build_stats(s, f->c, m, &f->scratch);
+        m->stats_ns = fr_clock_mono_ns();
+        *changed = 1;
+    }
+    return err;
+}
+
+/*
+ * Blocks up to next_ms on the versions streams of the watched models among
+ * f->ms[n] (napping when there is none) and marks those that moved
+ * pending. Returns FR_ERR_REDIS-class errors.
+ */
+static fr_err_t follow_wait(struct serve *s, follower_t *f, size_t n, int next_ms)
+{
+    fr_err_t err;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        sv_model_t *m = f->ms[i];
+        if (!m->present || !m->watched) {
+            snprintf(m->last_id, sizeof(m->last_id), "0-0"); /* newest when back */
+            continue;
+        }
+        if (strcmp(m->last_id, "0-0") == 0 &&
+            (err = psstore_versions_last_id(f->c, m->name, m->last_id)) != FR_OK)
+            return err;
+        f->names[k] = m->name;
+        memcpy(f->ids[k], m->last_id, PSSTORE_STREAM_ID_MAX);
+        f->ms[k++] = m;
+    }
+    if (k == 0) {
+        nap(s, next_ms);
+        return FR_OK;
+    }
+    if ((err = psstore_versions_wait(f->c, f->names, k, f->ids, next_ms, f->moved)) != FR_OK)
+        return err;
+    for (size_t i = 0; i < k; i++) {
+        memcpy(f->ms[i]->last_id, f->ids[i], PSSTORE_STREAM_ID_MAX);
+        if (f->moved[i])
+            f->ms[i]->pending = 1;
+    }
+    return FR_OK;
+}
+
+/* One turn of the follower on a connected store: the list of models when
+ * due, each model, then the wait for the next turn. Returns
+ * FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
+static fr_err_t follow_turn(struct serve *s, follower_t *f)
+{
+    fr_err_t err = FR_OK;
+    if (f->models_ns == 0 || ms_since(f->models_ns) >= MODELS_EVERY_MS) {
+        if ((err = read_models(s, f->c)) != FR_OK)
+            return err;
+        f->models_ns = fr_clock_mono_ns();
+    }
+    /* the models to look at this turn */
+    pthread_mutex_lock(&s->lock);
+    size_t n = s->nmodels;
+    memcpy(f->ms, s->models, n * sizeof(*f->ms));
+    pthread_mutex_unlock(&s->lock);
+    int all = f->check_ns == 0 || ms_since(f->check_ns) >= CHECK_EVERY_MS, changed = 0;
+    if (all)
+        f->check_ns = fr_clock_mono_ns();
+    int next_ms = FOLLOW_BLOCK_MS;
+    for (size_t i = 0; i < n && err == FR_OK; i++)
+        err = follow_model(s, f, f->ms[i], all, &changed, &next_ms);
+    if (err != FR_OK)
+        return err;
+    set_store(s, 1, "");
+    if (changed)
+        sv_notify(s);
+    /* block on the versions streams of the models clients ask for */
+    return follow_wait(s, f, n, next_ms);
+}
+
 void *sv_follow_main(void *arg)
 {
     struct serve *s = arg;
-    psstore_conn_t *c = NULL;
-    float *w = NULL;
-    size_t wcap = 0;
-    stats_scratch_t scratch = {0};
-    uint64_t models_ns = 0, check_ns = 0;
-    const char **names = calloc((size_t)s->conf.max_models, sizeof(*names));
-    char(*ids)[PSSTORE_STREAM_ID_MAX] = calloc((size_t)s->conf.max_models, sizeof(*ids));
-    int *moved = calloc((size_t)s->conf.max_models, sizeof(*moved));
-    sv_model_t **ms = calloc((size_t)s->conf.max_models, sizeof(*ms));
-    if (names == NULL || ids == NULL || moved == NULL || ms == NULL) {
+    follower_t f = {0};
+    f.names = calloc((size_t)s->conf.max_models, sizeof(*f.names));
+    f.ids = calloc((size_t)s->conf.max_models, sizeof(*f.ids));
+    f.moved = calloc((size_t)s->conf.max_models, sizeof(*f.moved));
+    f.ms = calloc((size_t)s->conf.max_models, sizeof(*f.ms));
+    if (f.names == NULL || f.ids == NULL || f.moved == NULL || f.ms == NULL) {
         fr_log(FR_LOG_ERROR, "serve: out of memory");
         goto out;
     }
     while (!atomic_load(&s->stop)) {
         char errstr[256];
-        if (c == NULL) {
-            c = psstore_conn_new(s->redis_url, FOLLOW_TIMEOUT_MS, errstr, sizeof(errstr));
-            if (c == NULL) {
+        if (f.c == NULL) {
+            f.c = psstore_conn_new(s->redis_url, FOLLOW_TIMEOUT_MS, errstr, sizeof(errstr));
+            if (f.c == NULL) {
                 set_store(s, 0, errstr);
                 nap(s, 500);
                 continue;
             }
-            models_ns = check_ns = 0;
+            f.models_ns = f.check_ns = 0;
         }
-        fr_err_t err = FR_OK;
-        if (models_ns == 0 || ms_since(models_ns) >= MODELS_EVERY_MS) {
-            if ((err = read_models(s, c)) != FR_OK)
-                goto fail;
-            models_ns = fr_clock_mono_ns();
-        }
-        /* the models to look at this turn */
-        pthread_mutex_lock(&s->lock);
-        size_t n = s->nmodels;
-        memcpy(ms, s->models, n * sizeof(*ms));
-        pthread_mutex_unlock(&s->lock);
-        int all = check_ns == 0 || ms_since(check_ns) >= CHECK_EVERY_MS, changed = 0;
-        if (all)
-            check_ns = fr_clock_mono_ns();
-        int next_ms = FOLLOW_BLOCK_MS;
-        for (size_t i = 0; i < n && err == FR_OK; i++) {
-            sv_model_t *m = ms[i];
-            pthread_mutex_lock(&s->lock);
-            int64_t now = fr_clock_unix_ms();
-            int wanted = now - m->wanted_ms < SV_WANTED_MS;
-            m->watched = wanted || now - m->stats_wanted_ms < SV_STATS_WANTED_MS;
-            /* a client now waits for weights not kept current so far */
-            int behind = m->present && wanted && m->cur != NULL &&
-                         (m->cur->epoch != m->info.epoch || m->cur->version != m->info.version);
-            pthread_mutex_unlock(&s->lock);
-            /* a model no client asks for is looked at once a second only:
-             * freshet run without HTTP clients costs the store next to
-             * nothing */
-            if (all || (m->pending && m->watched) || behind)
-                err = refresh_model(s, c, m, &w, &wcap, &changed);
-            if (err == FR_OK && m->pending) {
-                int64_t left = s->conf.refresh_ms - (int64_t)ms_since(m->loaded_ns);
-                if (left < next_ms)
-                    next_ms = left < 1 ? 1 : (int)left;
-            }
-            pthread_mutex_lock(&s->lock);
-            int stats_wanted =
-                m->present && fr_clock_unix_ms() - m->stats_wanted_ms < SV_STATS_WANTED_MS;
-            if (m->present && (m->meta == NULL || m->meta_seq != m->seq)) {
-                build_meta(m);
-                m->meta_seq = m->seq;
-            }
-            pthread_mutex_unlock(&s->lock);
-            if (err == FR_OK && stats_wanted &&
-                (m->stats_ns == 0 || ms_since(m->stats_ns) >= STATS_EVERY_MS)) {
-                err = build_stats(s, c, m, &scratch);
-                m->stats_ns = fr_clock_mono_ns();
-                changed = 1;
-            }
-        }
-        if (err != FR_OK)
-            goto fail;
-        set_store(s, 1, "");
-        if (changed)
-            sv_notify(s);
-        /* block on the versions streams of the models clients ask for */
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!ms[i]->present || !ms[i]->watched) {
-                snprintf(ms[i]->last_id, sizeof(ms[i]->last_id), "0-0"); /* newest when back */
-                continue;
-            }
-            if (strcmp(ms[i]->last_id, "0-0") == 0 &&
-                (err = psstore_versions_last_id(c, ms[i]->name, ms[i]->last_id)) != FR_OK)
-                goto fail;
-            names[k] = ms[i]->name;
-            memcpy(ids[k], ms[i]->last_id, PSSTORE_STREAM_ID_MAX);
-            ms[k++] = ms[i];
-        }
-        if (k == 0) {
-            nap(s, next_ms);
+        fr_err_t err = follow_turn(s, &f);
+        if (err == FR_OK)
             continue;
-        }
-        if ((err = psstore_versions_wait(c, names, k, ids, next_ms, moved)) != FR_OK)
-            goto fail;
-        for (size_t i = 0; i < k; i++) {
-            memcpy(ms[i]->last_id, ids[i], PSSTORE_STREAM_ID_MAX);
-            if (moved[i])
-                ms[i]->pending = 1;
-        }
-        continue;
-    fail:
         if (err == FR_ERR_NOMEM) {
             set_store(s, 0, "out of memory");
             nap(s, 500);
             continue;
         }
-        set_store(s, 0, psstore_conn_error(c));
-        psstore_conn_destroy(c);
-        c = NULL;
+        set_store(s, 0, psstore_conn_error(f.c));
+        psstore_conn_destroy(f.c);
+        f.c = NULL;
         nap(s, 500);
     }
 out:
-    psstore_conn_destroy(c);
-    free(w);
-    scratch_fini(&scratch);
-    free(names);
-    free(ids);
-    free(moved);
-    free(ms);
+    psstore_conn_destroy(f.c);
+    free(f.w);
+    scratch_fini(&f.scratch);
+    free(f.names);
+    free(f.ids);
+    free(f.moved);
+    free(f.ms);
     return NULL;
 }

@@ -1,68 +1,14 @@
 /*
- * json.c - a growable text buffer with the JSON pieces serve writes, the
+ * json.c - the JSON pieces serve writes into its text buffer, the
  * reference-counted buffers responses are answered from, and the JSON form
  * of weights.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "serve/serve_int.h"
-
-void sv_buf_fini(sv_buf_t *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof(*b));
-}
-
-static int grow(sv_buf_t *b, size_t more)
-{
-    if (b->failed)
-        return -1;
-    if (b->len + more + 1 <= b->cap)
-        return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL) {
-        b->failed = 1;
-        return -1;
-    }
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-void sv_add(sv_buf_t *b, const char *s, size_t len)
-{
-    if (grow(b, len) != 0)
-        return;
-    memcpy(b->p + b->len, s, len);
-    b->len += len;
-    b->p[b->len] = '\0';
-}
-
-void sv_puts(sv_buf_t *b, const char *s)
-{
-    sv_add(b, s, strlen(s));
-}
-
-void sv_printf(sv_buf_t *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0 || grow(b, (size_t)n) != 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
 
 void sv_json_str(sv_buf_t *b, const char *s)
 {
@@ -186,18 +132,6 @@ void sv_json_f32(sv_buf_t *b, float x)
     char text[SV_F32_TEXT_MAX];
     size_t n = sv_f32_text(x, text);
     sv_add(b, text, n);
-}
-
-char *sv_take(sv_buf_t *b, size_t *len)
-{
-    if (b->failed || grow(b, 0) != 0) {
-        sv_buf_fini(b);
-        return NULL;
-    }
-    char *p = b->p;
-    *len = b->len;
-    memset(b, 0, sizeof(*b));
-    return p;
 }
 
 sv_blob_t *sv_blob_new(char *data, size_t len)

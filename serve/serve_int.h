@@ -12,18 +12,15 @@
 #include "serve/serve.h"
 
 /* ------------------------------------------------------------------------
- * A growable text buffer with JSON helpers (json.c).
+ * A growable text buffer (common's fr_buf_t, under short names) with JSON
+ * helpers (json.c).
  * ---------------------------------------------------------------------- */
-typedef struct sv_buf {
-    char *p;
-    size_t len, cap;
-    int failed; /* an allocation failed: the text is incomplete */
-} sv_buf_t;
-
-void sv_buf_fini(sv_buf_t *b);
-void sv_add(sv_buf_t *b, const char *s, size_t len);
-void sv_puts(sv_buf_t *b, const char *s);
-void sv_printf(sv_buf_t *b, const char *fmt, ...) FR_PRINTF(2, 3);
+typedef fr_buf_t sv_buf_t;
+#define sv_buf_fini fr_buf_fini
+#define sv_add      fr_buf_add
+#define sv_puts     fr_buf_puts
+#define sv_printf   fr_buf_printf
+#define sv_take     fr_buf_take
 /* A JSON string literal of s (quotes included). */
 void sv_json_str(sv_buf_t *b, const char *s);
 /* A JSON number, or null when v is not finite. */
@@ -35,8 +32,6 @@ void sv_json_f32(sv_buf_t *b, float x);
 #define SV_F32_TEXT_MAX 24
 /* The same text into out (NUL-terminated); its length. */
 size_t sv_f32_text(float x, char out[SV_F32_TEXT_MAX]);
-/* Takes the text (NUL-terminated) out of b; NULL when an allocation failed. */
-char *sv_take(sv_buf_t *b, size_t *len);
 
 /* ------------------------------------------------------------------------
  * Shared immutable bytes: encoded weights, stats and metadata JSON. The
