@@ -376,31 +376,32 @@ static int cmp_i64(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
+/* Copies the last min(*count, cap) values of ring under the lock into tmp,
+ * and gives their median and 99th percentile (-1 and -1 when none). */
+static void ring_percentiles(psstore_applier_t *a, const int64_t *ring, const uint64_t *count,
+                             size_t cap, int64_t *tmp, int64_t *p50, int64_t *p99)
+{
+    pthread_mutex_lock(&a->lock);
+    size_t n = *count < cap ? (size_t)*count : cap;
+    memcpy(tmp, ring, n * sizeof(*tmp));
+    pthread_mutex_unlock(&a->lock);
+    *p50 = *p99 = -1;
+    if (n > 0) {
+        qsort(tmp, n, sizeof(*tmp), cmp_i64);
+        *p50 = tmp[(n - 1) / 2];
+        *p99 = tmp[(n - 1) * 99 / 100];
+    }
+}
+
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
 {
-    int64_t taus[TAU_RING];
+    int64_t taus[TAU_RING], fresh[FRESH_RING];
     pthread_mutex_lock(&a->lock);
     *stats = a->stats;
-    size_t n = a->ntaus < TAU_RING ? (size_t)a->ntaus : TAU_RING;
-    memcpy(taus, a->taus, n * sizeof(*taus));
     pthread_mutex_unlock(&a->lock);
-    stats->tau_p50 = stats->tau_p99 = -1;
-    if (n > 0) {
-        qsort(taus, n, sizeof(*taus), cmp_i64);
-        stats->tau_p50 = taus[(n - 1) / 2];
-        stats->tau_p99 = taus[(n - 1) * 99 / 100];
-    }
-    int64_t fresh[FRESH_RING];
-    pthread_mutex_lock(&a->lock);
-    size_t nf = a->nfresh < FRESH_RING ? (size_t)a->nfresh : FRESH_RING;
-    memcpy(fresh, a->fresh, nf * sizeof(*fresh));
-    pthread_mutex_unlock(&a->lock);
-    stats->fresh_p50_ms = stats->fresh_p99_ms = -1;
-    if (nf > 0) {
-        qsort(fresh, nf, sizeof(*fresh), cmp_i64);
-        stats->fresh_p50_ms = fresh[(nf - 1) / 2];
-        stats->fresh_p99_ms = fresh[(nf - 1) * 99 / 100];
-    }
+    ring_percentiles(a, a->taus, &a->ntaus, TAU_RING, taus, &stats->tau_p50, &stats->tau_p99);
+    ring_percentiles(a, a->fresh, &a->nfresh, FRESH_RING, fresh, &stats->fresh_p50_ms,
+                     &stats->fresh_p99_ms);
 }
 
 /* ---- offsets ------------------------------------------------------------------ */
