@@ -103,15 +103,19 @@ static void txn_cmd(txn_t *t, const char *arg, ...)
  * returned through *exec (caller frees): an array, nil when the lease
  * moved, or NULL when Redis refused the transaction (EXECABORT and the
  * like: the reason is in the connection's error). Returns the first error
- * of the builder, or the read's when the connection broke (unknown then
+ * of the builder (having closed the connection, so that nothing it queued
+ * is ever sent), or the read's when the connection broke (unknown then
  * whether EXEC ran).
  */
 static fr_err_t txn_exec(txn_t *t, redisReply **exec)
 {
     *exec = NULL;
     txn_cmd(t, "EXEC", NULL);
-    if (t->err != FR_OK)
+    if (t->err != FR_OK) {
+        /* nothing was sent: the commands queued so far must never be */
+        ps_pipeline_discard(t->c);
         return t->err;
+    }
     for (int i = 0; i < t->queued; i++) {
         fr_err_t err;
         redisReply *r = ps_pipeline_read(t->c, &err);
@@ -457,8 +461,8 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
     txn_cmd(&t, "PEXPIRE", a->k_lease, lease_ms, NULL);
     /* the one check: after the first error nothing more was queued */
     redisReply *exec = NULL;
-    if ((err = t.err) != FR_OK || (err = txn_exec(&t, &exec)) != FR_OK)
-        goto out; /* connection lost: unknown whether EXEC ran; poll reloads */
+    if ((err = txn_exec(&t, &exec)) != FR_OK)
+        goto out; /* unknown whether EXEC ran (or it was never sent): poll reloads */
 
     if (exec == NULL) {
         /* EXECABORT and the like: Redis refused the transaction (not the

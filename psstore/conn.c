@@ -582,6 +582,12 @@ fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, cons
     return FR_OK;
 }
 
+void ps_pipeline_discard(psstore_conn_t *c)
+{
+    redisFree(c->ctx);
+    c->ctx = NULL;
+}
+
 /*
  * Reads the next reply of a pipeline: as ps_cmd_argv's result, but never
  * reconnecting (the pipeline's commands would be lost). A transport failure

@@ -44,6 +44,10 @@ redisReply *ps_cmd(psstore_conn_t *c, int retry, fr_err_t *err, const char *fmt,
  * how to tell it from an error reply (both are FR_ERR_REDIS). */
 fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens);
 redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err);
+/* Abandons a pipeline whose replies will not be read: closes the
+ * connection, so that no appended command is ever sent (the next command
+ * reconnects). */
+void ps_pipeline_discard(psstore_conn_t *c);
 
 /* Writes how errors name the Redis of c: "host:port", "[v6]:port" or the
  * socket path (never a password). */
