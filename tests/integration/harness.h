@@ -127,4 +127,39 @@ int harness_model_weights(const harness_redis_t *r, const char *name, float *w, 
 int harness_audit_count(const harness_redis_t *r, const char *model, const char *topic,
                         int32_t partition, const char *outcome, int *seen, int n);
 
+/* ------------------------------------------------------------------------
+ * An HTTP test client: curl through popen, its headers and body in files
+ * under a temporary folder. The expect functions fail the test (cmocka).
+ * ---------------------------------------------------------------------- */
+typedef struct harness_resp {
+    int code;           /* the HTTP status, 0 when curl got none */
+    char headers[8192]; /* the headers as received (-D) */
+    char *body;         /* the body, '\0'-terminated (never NULL) */
+    size_t len;
+    int exit_status; /* curl's wait status (pclose): 0 when it succeeded */
+} harness_resp_t;
+
+void harness_resp_free(harness_resp_t *r);
+/* The file's contents, '\0'-terminated, its length in *len; NULL when it
+ * cannot be opened. */
+char *harness_read_file(const char *path, size_t *len);
+/* curl -sS [args] http://127.0.0.1:port<path>: status, headers and body,
+ * through the files tmp_dir/h.txt and tmp_dir/b.bin. */
+void harness_http(int port, const char *tmp_dir, harness_resp_t *r, const char *args,
+                  const char *path);
+/* The value of header name (case-insensitive) into out; 0 if present. */
+int harness_resp_header(const harness_resp_t *r, const char *name, char *out, size_t size);
+/* Fails unless the response has header name with the value want. */
+void harness_expect_header(const harness_resp_t *r, const char *name, const char *want);
+/* Fails unless the response has status code and, when needle is not
+ * NULL, a body containing needle. */
+void harness_expect(const harness_resp_t *r, int code, const char *needle);
+/* Asks path on port every sleep_ms until it answers code (tries times at
+ * most); r holds the last answer. */
+void harness_await_code(int port, const char *tmp_dir, harness_resp_t *r, const char *path,
+                        int code, int tries, int sleep_ms);
+/* Sends raw bytes on a new connection to port and reads the answer (the
+ * first size - 1 bytes, until the server closes or 3 s pass) into out. */
+void harness_raw_exchange(int port, const char *bytes, char *out, size_t size);
+
 #endif

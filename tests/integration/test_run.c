@@ -216,41 +216,33 @@ static void check_run_serves(const char *model, const char *log)
         fclose(f);
     if (port <= 0)
         fail_msg("freshet run logged no HTTP port (see %s)", log);
-    char hdr[320], body[320], cmd[1024];
-    snprintf(hdr, sizeof(hdr), "%s/%s.hdr", tmp_dir, model);
-    snprintf(body, sizeof(body), "%s/%s.body", tmp_dir, model);
-    snprintf(cmd, sizeof(cmd),
-             "curl -sf --max-time 5 -D %s -o %s "
-             "'http://127.0.0.1:%d/v2/models/%s/weights?format=raw'",
-             hdr, body, port, model);
+    char path[256];
+    snprintf(path, sizeof(path), "/v2/models/%s/weights?format=raw", model);
     for (int tries = 0; tries < 50; tries++) {
         int64_t version = store_version(model);
-        assert_int_equal(system(cmd), 0);
-        char text[2048] = "";
-        FILE *h = fopen(hdr, "r");
-        assert_non_null(h);
-        size_t n = fread(text, 1, sizeof(text) - 1, h);
-        text[n] = '\0';
-        fclose(h);
-        const char *v = strstr(text, "X-Freshet-Version: ");
+        harness_resp_t r;
+        harness_http(port, tmp_dir, &r, "-f --max-time 5", path);
+        assert_int_equal(r.exit_status, 0);
+        const char *v = strstr(r.headers, "X-Freshet-Version: ");
         if (v == NULL || strtoll(v + 19, NULL, 10) != version) {
+            harness_resp_free(&r);
             harness_sleep_ms(100);
             continue;
         }
-        float got[NPARAMS + 1], want[NPARAMS];
-        FILE *b = fopen(body, "rb");
-        assert_non_null(b);
-        assert_int_equal(fread(got, 1, sizeof(got), b), sizeof(want));
-        fclose(b);
+        float want[NPARAMS];
+        assert_int_equal(r.len, sizeof(want));
         psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
         assert_non_null(c);
         uint64_t epoch;
         int64_t now;
         assert_int_equal(psstore_model_weights(c, model, want, NPARAMS, &epoch, &now), FR_OK);
         psstore_conn_destroy(c);
-        if (now != version)
+        if (now != version) {
+            harness_resp_free(&r);
             continue; /* moved meanwhile */
-        assert_memory_equal(got, want, sizeof(want));
+        }
+        assert_memory_equal(r.body, want, sizeof(want));
+        harness_resp_free(&r);
         return;
     }
     fail_msg("freshet run never served the store's version of %s (see %s)", model, log);

@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -59,142 +58,9 @@ static int pushes;
 
 /* ---- helpers ------------------------------------------------------------- */
 
-typedef struct resp {
-    int code;
-    char headers[8192];
-    char *body;
-    size_t len;
-} resp_t;
-
-static void resp_free(resp_t *r)
+static void http(harness_resp_t *r, const char *args, const char *path)
 {
-    free(r->body);
-    r->body = NULL;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = malloc((size_t)n + 1);
-    assert_non_null(p);
-    *len = fread(p, 1, (size_t)n, f);
-    p[*len] = '\0';
-    fclose(f);
-    return p;
-}
-
-/* curl -sS [args] http://127.0.0.1:port<path>: status, headers and body. */
-static void http_port(int p, resp_t *r, const char *args, const char *path)
-{
-    char hdr[320], body[320], cmd[4096];
-    snprintf(hdr, sizeof(hdr), "%s/h.txt", tmp_dir);
-    snprintf(body, sizeof(body), "%s/b.bin", tmp_dir);
-    snprintf(cmd, sizeof(cmd),
-             "curl -sS --max-time 40 -D %s -o %s -w '%%{http_code}' %s 'http://127.0.0.1:%d%s'",
-             hdr, body, args, p, path);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    char code[16] = "";
-    if (fgets(code, sizeof(code), f) == NULL)
-        code[0] = '\0';
-    pclose(f);
-    memset(r, 0, sizeof(*r));
-    r->code = atoi(code);
-    size_t hl = 0;
-    char *h = read_file(hdr, &hl);
-    if (h != NULL) {
-        snprintf(r->headers, sizeof(r->headers), "%s", h);
-        free(h);
-    }
-    r->body = read_file(body, &r->len);
-    if (r->body == NULL) {
-        r->body = calloc(1, 1);
-        r->len = 0;
-    }
-    unlink(hdr);
-    unlink(body);
-}
-
-static void http(resp_t *r, const char *args, const char *path)
-{
-    http_port(port, r, args, path);
-}
-
-/* The value of header name (case-insensitive) into out; 0 if present. */
-static int header(const resp_t *r, const char *name, char *out, size_t size)
-{
-    size_t n = strlen(name);
-    for (const char *line = r->headers; *line; line = strchr(line, '\n') + 1) {
-        if (strncasecmp(line, name, n) == 0 && line[n] == ':') {
-            const char *v = line + n + 1;
-            while (*v == ' ')
-                v++;
-            size_t len = strcspn(v, "\r\n");
-            snprintf(out, size, "%.*s", (int)len, v);
-            return 0;
-        }
-        if (strchr(line, '\n') == NULL)
-            break;
-    }
-    return -1;
-}
-
-static void expect_header(const resp_t *r, const char *name, const char *want)
-{
-    char got[512];
-    if (header(r, name, got, sizeof(got)) != 0)
-        fail_msg("no %s header in:\n%s", name, r->headers);
-    if (strcmp(got, want) != 0)
-        fail_msg("%s: '%s', expected '%s'", name, got, want);
-}
-
-static void expect(const resp_t *r, int code, const char *needle)
-{
-    if (r->code != code)
-        fail_msg("status %d, expected %d; body: %.*s", r->code, code, (int)r->len, r->body);
-    if (needle != NULL && strstr(r->body, needle) == NULL)
-        fail_msg("body lacks '%s': %.*s", needle, (int)r->len, r->body);
-}
-
-/* Asks path on port p every sleep_ms until it answers code (tries times at
- * most); r holds the last answer. */
-static void await_code(int p, resp_t *r, const char *path, int code, int tries, int sleep_ms)
-{
-    for (int i = 0; i < tries; i++) {
-        http_port(p, r, "--max-time 3", path);
-        if (r->code == code || i == tries - 1)
-            return;
-        resp_free(r);
-        harness_sleep_ms(sleep_ms);
-    }
-}
-
-/* Sends raw bytes on a new connection and reads the answer (the first
- * size - 1 bytes, until the server closes or 3 s pass) into out. */
-static void raw_exchange(const char *bytes, char *out, size_t size)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    size_t len = strlen(bytes);
-    assert_int_equal(write(fd, bytes, len), (ssize_t)len);
-    size_t got = 0;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    while (got + 1 < size && poll(&p, 1, 3000) > 0) {
-        ssize_t n = read(fd, out + got, size - 1 - got);
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    out[got] = '\0';
-    close(fd);
+    harness_http(port, tmp_dir, r, args, path);
 }
 
 static void store_weights(float *w, uint64_t *epoch, int64_t *version)
@@ -245,13 +111,14 @@ static int64_t push(void)
 /* Waits until serve publishes version (ETag of the weights). */
 static void await_version(int64_t version)
 {
-    resp_t r;
+    harness_resp_t r;
     char want[64];
     for (int i = 0; i < 200; i++) {
         http(&r, "", "/v2/models/" MODEL "/weights?format=raw");
-        int ok = r.code == 200 && header(&r, "X-Freshet-Version", want, sizeof(want)) == 0 &&
+        int ok = r.code == 200 &&
+                 harness_resp_header(&r, "X-Freshet-Version", want, sizeof(want)) == 0 &&
                  strtoll(want, NULL, 10) == version;
-        resp_free(&r);
+        harness_resp_free(&r);
         if (ok)
             return;
         harness_sleep_ms(20);
@@ -319,40 +186,40 @@ static void test_conf(serve_conf_t *conf)
 static void test_health_models_and_errors(void **state)
 {
     (void)state;
-    resp_t r;
+    harness_resp_t r;
     http(&r, "", "/livez");
-    expect(&r, 200, "\"live\":true");
-    resp_free(&r);
+    harness_expect(&r, 200, "\"live\":true");
+    harness_resp_free(&r);
     const char *ready[] = {"/readyz", "/healthz", "/v2/health/ready", "/v2/models/" MODEL "/ready"};
     for (size_t i = 0; i < sizeof(ready) / sizeof(ready[0]); i++) {
         http(&r, "", ready[i]);
-        expect(&r, 200, NULL);
-        expect_header(&r, "Content-Type", "application/json");
-        resp_free(&r);
+        harness_expect(&r, 200, NULL);
+        harness_expect_header(&r, "Content-Type", "application/json");
+        harness_resp_free(&r);
     }
     http(&r, "", "/v2/health/live");
-    expect(&r, 200, NULL);
-    resp_free(&r);
+    harness_expect(&r, 200, NULL);
+    harness_resp_free(&r);
 
     http(&r, "", "/v2/models");
-    expect(&r, 200, "\"models\":[\"" MODEL "\"]");
-    expect(&r, 200, "\"default\":\"" MODEL "\"");
-    resp_free(&r);
+    harness_expect(&r, 200, "\"models\":[\"" MODEL "\"]");
+    harness_expect(&r, 200, "\"default\":\"" MODEL "\"");
+    harness_resp_free(&r);
     /* the applier writes its mode into meta when it takes the lease; serve
      * reads meta at least once a second */
     for (int i = 0; i < 30; i++) {
         http(&r, "", "/v2/models/" MODEL);
         if (strstr(r.body, "\"mode\":\"async\"") != NULL)
             break;
-        resp_free(&r);
+        harness_resp_free(&r);
         harness_sleep_ms(100);
     }
-    expect(&r, 200, "\"platform\":\"freshet\"");
-    expect(&r, 200, "\"name\":\"" MODEL "\"");
-    expect(&r, 200, "\"layers\":\"" LAYERS "\",\"loss\":\"softmax\"");
-    expect(&r, 200, "\"shape\":[-1,5]");
-    expect(&r, 200, "\"mode\":\"async\"");
-    resp_free(&r);
+    harness_expect(&r, 200, "\"platform\":\"freshet\"");
+    harness_expect(&r, 200, "\"name\":\"" MODEL "\"");
+    harness_expect(&r, 200, "\"layers\":\"" LAYERS "\",\"loss\":\"softmax\"");
+    harness_expect(&r, 200, "\"shape\":[-1,5]");
+    harness_expect(&r, 200, "\"mode\":\"async\"");
+    harness_resp_free(&r);
 
     /* errors: JSON with the right status, never a crash */
     struct {
@@ -380,10 +247,10 @@ static void test_health_models_and_errors(void **state)
         if (r.code != bad[i].code)
             fail_msg("%s %s: status %d, expected %d: %.*s", bad[i].args, bad[i].path, r.code,
                      bad[i].code, (int)r.len, r.body);
-        expect(&r, bad[i].code, bad[i].needle);
-        expect(&r, bad[i].code, "{\"error\":");
-        expect_header(&r, "Content-Type", "application/json");
-        resp_free(&r);
+        harness_expect(&r, bad[i].code, bad[i].needle);
+        harness_expect(&r, bad[i].code, "{\"error\":");
+        harness_expect_header(&r, "Content-Type", "application/json");
+        harness_resp_free(&r);
     }
     /* malformed HTTP: refused with 400 by the parser or by serve, and the
      * server goes on answering */
@@ -394,7 +261,7 @@ static void test_health_models_and_errors(void **state)
     };
     for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++) {
         char got[1024];
-        raw_exchange(raw[i], got, sizeof(got));
+        harness_raw_exchange(port, raw[i], got, sizeof(got));
         if (strncmp(got, "HTTP/1.1 400 ", 13) != 0)
             fail_msg("request %zu was answered: %.100s", i, got);
     }
@@ -403,11 +270,11 @@ static void test_health_models_and_errors(void **state)
     memset(huge + hl, 'a', 30000);
     snprintf(huge + hl + 30000, sizeof(huge) - (size_t)hl - 30000, "\r\n\r\n");
     char got[1024];
-    raw_exchange(huge, got, sizeof(got));
+    harness_raw_exchange(port, huge, got, sizeof(got));
     assert_int_equal(strncmp(got, "HTTP/1.1 400 ", 13), 0); /* headers over 16 KiB */
     http(&r, "", "/livez");
-    expect(&r, 200, NULL);
-    resp_free(&r);
+    harness_expect(&r, 200, NULL);
+    harness_resp_free(&r);
 
     /* a body over [serve] max_body (4096 here) is refused */
     char args[400], big[320];
@@ -420,12 +287,12 @@ static void test_health_models_and_errors(void **state)
     snprintf(args, sizeof(args), "-H 'Authorization: Bearer " TOKEN "' --data-binary @%s", big);
     http(&r, args, "/v2/models/" MODEL "/rollback");
     assert_int_equal(r.code, 413);
-    resp_free(&r);
+    harness_resp_free(&r);
 }
 
 /* The JSON weights of r hold the first layer's 20 weights of w, to the
  * float. */
-static void expect_json_weights(const resp_t *r, const float *w)
+static void expect_json_weights(const harness_resp_t *r, const float *w)
 {
     const char *data = strstr(r->body, "\"layers.0.weight\":{\"shape\":[4,5],\"data\":[");
     assert_non_null(data);
@@ -453,18 +320,18 @@ static void test_weights_equal_the_store_in_every_format(void **state)
     char etag[64], num[32];
     snprintf(etag, sizeof(etag), "\"%llu-v%lld\"", (unsigned long long)epoch, (long long)version);
 
-    resp_t r;
+    harness_resp_t r;
     char path[320];
     snprintf(path, sizeof(path), "%s/w.safetensors", tmp_dir);
     http(&r, "", "/v2/models/" MODEL "/weights");
-    expect(&r, 200, NULL);
-    expect_header(&r, "ETag", etag);
-    expect_header(&r, "Cache-Control", "no-cache");
-    expect_header(&r, "Content-Type", "application/octet-stream");
+    harness_expect(&r, 200, NULL);
+    harness_expect_header(&r, "ETag", etag);
+    harness_expect_header(&r, "Cache-Control", "no-cache");
+    harness_expect_header(&r, "Content-Type", "application/octet-stream");
     snprintf(num, sizeof(num), "%lld", (long long)version);
-    expect_header(&r, "X-Freshet-Version", num);
+    harness_expect_header(&r, "X-Freshet-Version", num);
     snprintf(num, sizeof(num), "%llu", (unsigned long long)epoch);
-    expect_header(&r, "X-Freshet-Epoch", num);
+    harness_expect_header(&r, "X-Freshet-Epoch", num);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     fwrite(r.body, 1, r.len, f);
@@ -474,12 +341,12 @@ static void test_weights_equal_the_store_in_every_format(void **state)
     char *st = r.body;
     r.body = NULL;
     http(&r, "", "/v2/models/" MODEL "/weights?format=raw");
-    expect(&r, 200, NULL);
+    harness_expect(&r, 200, NULL);
     assert_int_equal(r.len, NPARAMS * sizeof(float));
     assert_memory_equal(r.body, w, NPARAMS * sizeof(float));
     assert_memory_equal(st + st_len - r.len, w, NPARAMS * sizeof(float));
-    expect_header(&r, "ETag", etag);
-    resp_free(&r);
+    harness_expect_header(&r, "ETag", etag);
+    harness_resp_free(&r);
     free(st);
 
     /* numpy reads the file as a client would, and it equals Redis's weights */
@@ -521,19 +388,19 @@ static void test_weights_equal_the_store_in_every_format(void **state)
 
     /* JSON: the same numbers, to the float */
     http(&r, "", "/v2/models/" MODEL "/weights?format=json");
-    expect(&r, 200, "\"layers.1.bias\":{\"shape\":[3]");
-    expect_header(&r, "Content-Type", "application/json");
+    harness_expect(&r, 200, "\"layers.1.bias\":{\"shape\":[3]");
+    harness_expect_header(&r, "Content-Type", "application/json");
     expect_json_weights(&r, w);
-    resp_free(&r);
+    harness_resp_free(&r);
     /* HEAD: the headers GET would send (Content-Length included), no body;
      * the connection stays usable for the next request */
     http(&r, "-I", "/v2/models/" MODEL "/weights");
-    expect(&r, 200, NULL);
+    harness_expect(&r, 200, NULL);
     assert_true(r.len < 1024); /* (curl -I writes the headers as its output) */
     snprintf(num, sizeof(num), "%zu", st_len);
-    expect_header(&r, "Content-Length", num);
-    expect_header(&r, "ETag", etag);
-    resp_free(&r);
+    harness_expect_header(&r, "Content-Length", num);
+    harness_expect_header(&r, "ETag", etag);
+    harness_resp_free(&r);
     char cmd2[512], both[4096];
     snprintf(cmd2, sizeof(cmd2),
              "curl -sS -I 'http://127.0.0.1:%d/v2/models/" MODEL "/weights' --next -sS "
@@ -553,11 +420,11 @@ static void test_weights_equal_the_store_in_every_format(void **state)
     http(&r, args, "/v2/models/" MODEL "/weights");
     assert_int_equal(r.code, 304);
     assert_int_equal(r.len, 0);
-    expect_header(&r, "ETag", etag);
-    resp_free(&r);
+    harness_expect_header(&r, "ETag", etag);
+    harness_resp_free(&r);
     http(&r, "-H 'If-None-Match: \"1-v1\"'", "/v2/models/" MODEL "/weights");
     assert_int_equal(r.code, 200);
-    resp_free(&r);
+    harness_resp_free(&r);
 
     /* the JSON request above made the loop encode the JSON; the next versions are
      * encoded by the follower, before they are published */
@@ -571,9 +438,9 @@ static void test_weights_equal_the_store_in_every_format(void **state)
     http(&r, "", "/v2/models/" MODEL "/weights?format=json");
     char want[96];
     snprintf(want, sizeof(want), "\"version\":%lld,", (long long)next);
-    expect(&r, 200, want);
+    harness_expect(&r, 200, want);
     expect_json_weights(&r, w);
-    resp_free(&r);
+    harness_resp_free(&r);
     assert_true(series_value_by("freshet_serve_json_encodes_total", "follower") >= by_follower + 1);
     assert_true(series_value_by("freshet_serve_json_encodes_total", "request") == by_request);
 }
@@ -584,7 +451,7 @@ static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
     int64_t v = push();
     await_version(v);
     char path[256];
-    resp_t r;
+    harness_resp_t r;
     /* nothing newer within wait=1: 304 after a second */
     snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=1",
              (long long)v);
@@ -593,7 +460,7 @@ static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
     double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
     assert_int_equal(r.code, 304);
     assert_true(secs >= 0.95 && secs < 2.0);
-    resp_free(&r);
+    harness_resp_free(&r);
     /* the same on a server that has not read the weights yet (they are
      * read for the request, W_FRESH): it reads version v, which the client
      * has, and waits the rest of the second */
@@ -605,22 +472,22 @@ static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
         fail_msg("%s", errstr);
     assert_int_equal(serve_start(fresh, errstr, sizeof(errstr)), FR_OK);
     for (int i = 0; i < 100; i++) { /* the list, which reads no weights */
-        http_port(serve_port(fresh), &r, "", "/v2/models");
+        harness_http(serve_port(fresh), tmp_dir, &r, "", "/v2/models");
         int listed = r.code == 200 && strstr(r.body, "\"" MODEL "\"") != NULL;
-        resp_free(&r);
+        harness_resp_free(&r);
         if (listed)
             break;
         harness_sleep_ms(20);
     }
     t0 = fr_clock_mono_ns();
-    http_port(serve_port(fresh), &r, "", path);
+    harness_http(serve_port(fresh), tmp_dir, &r, "", path);
     secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
     char got[64] = "";
-    assert_int_equal(header(&r, "X-Freshet-Version", got, sizeof(got)), 0);
+    assert_int_equal(harness_resp_header(&r, "X-Freshet-Version", got, sizeof(got)), 0);
     if (r.code != 304 || strtoll(got, NULL, 10) != v || secs < 0.95 || secs >= 2.0)
         fail_msg("a first long-poll for the current version: %d, version %s after %.2f s", r.code,
                  got, secs);
-    resp_free(&r);
+    harness_resp_free(&r);
     serve_destroy(fresh);
     /* an older after_version is answered at once */
     snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=20",
@@ -629,7 +496,7 @@ static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
     http(&r, "", path);
     assert_int_equal(r.code, 200);
     assert_true((double)(fr_clock_mono_ns() - t0) * 1e-9 < 1.0);
-    resp_free(&r);
+    harness_resp_free(&r);
     /* a waiting client gets the next version as soon as it exists */
     char cmd[512], out[320];
     snprintf(out, sizeof(out), "%s/lp.txt", tmp_dir);
@@ -647,7 +514,7 @@ static void test_long_poll_times_out_and_wakes_on_a_push(void **state)
     char *h = NULL;
     for (int i = 0; i < 300; i++) {
         free(h);
-        h = read_file(out, &len);
+        h = harness_read_file(out, &len);
         if (h != NULL && strstr(h, "\r\n\r\n") != NULL)
             break;
         harness_sleep_ms(10);
@@ -787,7 +654,7 @@ static void test_snapshots_metadata_and_metrics(void **state)
         p = end;
     }
     assert_int_equal(ns, 3);
-    resp_t r;
+    harness_resp_t r;
     char path[256];
     psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
     assert_non_null(c);
@@ -798,23 +665,23 @@ static void test_snapshots_metadata_and_metrics(void **state)
         snprintf(path, sizeof(path), "/v2/models/" MODEL "/versions/%lld/weights?format=raw",
                  (long long)snaps[i]);
         http(&r, "", path);
-        expect(&r, 200, NULL);
+        harness_expect(&r, 200, NULL);
         assert_int_equal(r.len, sizeof(w));
         assert_memory_equal(r.body, w, sizeof(w));
         char etag[64];
         snprintf(etag, sizeof(etag), "\"%llu-v%lld\"", (unsigned long long)epoch,
                  (long long)snaps[i]);
-        expect_header(&r, "ETag", etag);
-        expect_header(&r, "Cache-Control", "no-cache"); /* the URL has no epoch */
-        resp_free(&r);
+        harness_expect_header(&r, "ETag", etag);
+        harness_expect_header(&r, "Cache-Control", "no-cache"); /* the URL has no epoch */
+        harness_resp_free(&r);
     }
     psstore_conn_destroy(c);
     /* trimmed ones are gone */
     snprintf(path, sizeof(path), "/v2/models/" MODEL "/versions/%lld/weights",
              (long long)snaps[0] - 2);
     http(&r, "", path);
-    expect(&r, 404, "retains no snapshot");
-    resp_free(&r);
+    harness_expect(&r, 404, "retains no snapshot");
+    harness_resp_free(&r);
     /* metadata lists the snapshots and the latest */
     http(&r, "", "/v2/models/" MODEL);
     char versions[128];
@@ -824,20 +691,20 @@ static void test_snapshots_metadata_and_metrics(void **state)
     else
         snprintf(versions, sizeof(versions), "\"versions\":[\"%lld\",\"%lld\",\"%lld\",\"%lld\"]",
                  (long long)snaps[0], (long long)snaps[1], (long long)snaps[2], (long long)v);
-    expect(&r, 200, versions);
-    resp_free(&r);
+    harness_expect(&r, 200, versions);
+    harness_resp_free(&r);
 
     /* /metrics parses with prometheus_client and says what serve publishes */
     char file[320], cmd[2048];
     snprintf(file, sizeof(file), "%s/metrics.txt", tmp_dir);
     http(&r, "", "/metrics");
-    expect(&r, 200, NULL);
-    expect_header(&r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    harness_expect(&r, 200, NULL);
+    harness_expect_header(&r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
     FILE *f = fopen(file, "w");
     assert_non_null(f);
     fwrite(r.body, 1, r.len, f);
     fclose(f);
-    resp_free(&r);
+    harness_resp_free(&r);
     snprintf(
         cmd, sizeof(cmd),
         "/usr/bin/python3 - %s %lld <<'EOF'\n"
@@ -872,7 +739,7 @@ static void test_stats_hold_the_store_s_numbers(void **state)
     psstore_logend_t ends[] = {{"t", 0, 1000, 10 * pushes}};
     assert_int_equal(psstore_logend_report(c, MODEL, ends, 1), FR_OK);
     psstore_conn_destroy(c);
-    resp_t r;
+    harness_resp_t r;
     char want[128];
     snprintf(want, sizeof(want), "\"version\":%lld,", (long long)v);
     int ok = 0;
@@ -881,29 +748,29 @@ static void test_stats_hold_the_store_s_numbers(void **state)
         ok = r.code == 200 && strstr(r.body, want) != NULL &&
              strstr(r.body, "\"accuracy\":0.75") != NULL;
         if (!ok) {
-            resp_free(&r);
+            harness_resp_free(&r);
             harness_sleep_ms(100);
         }
     }
     if (!ok)
         fail_msg("stats never showed version %lld and the evaluation", (long long)v);
-    expect_header(&r, "Content-Type", "application/json");
+    harness_expect_header(&r, "Content-Type", "application/json");
     /* every push so far was applied at staleness 0 by worker h/1/0, with 10
      * samples; t/0 is marked up to 10 * pushes; its log end is 1000 */
     snprintf(want, sizeof(want), "\"counts\":[%d,0,0,0,0,0,0,0,0,0,0,0,0,0]", pushes);
-    expect(&r, 200, want);
-    expect(&r, 200, "\"p50\":0,\"p99\":0");
+    harness_expect(&r, 200, want);
+    harness_expect(&r, 200, "\"p50\":0,\"p99\":0");
     snprintf(want, sizeof(want),
              "{\"topic\":\"t\",\"partition\":0,\"watermark\":%d,\"intervals\":0,\"log_end\":1000,"
              "\"lag\":%d",
              10 * pushes, 1000 - 10 * pushes);
-    expect(&r, 200, want);
+    harness_expect(&r, 200, want);
     snprintf(want, sizeof(want), "{\"id\":\"h/1/0\",\"backend\":null");
-    expect(&r, 200, want);
+    harness_expect(&r, 200, want);
     snprintf(want, sizeof(want), "\"gradients\":%d,\"last_tau\":0,\"dropped\":0", pushes);
-    expect(&r, 200, want);
-    expect(&r, 200, "\"mode\":\"async\"");
-    expect(&r, 200, "\"series\":[{\"t\":");
+    harness_expect(&r, 200, want);
+    harness_expect(&r, 200, "\"mode\":\"async\"");
+    harness_expect(&r, 200, "\"series\":[{\"t\":");
     /* freshness: every batch's samples were 500 and 100 ms old at the push,
      * applied within milliseconds */
     const char *fr = strstr(r.body, "\"freshness\":{\"p50_ms\":");
@@ -915,13 +782,13 @@ static void test_stats_hold_the_store_s_numbers(void **state)
     assert_int_equal(nb, pushes);
     assert_true(p50 >= 100 && p50 < 1000);
     assert_true(p99 >= 500 && p99 < 1500);
-    resp_free(&r);
+    harness_resp_free(&r);
 }
 
 static void test_replay_and_rollback_need_the_token(void **state)
 {
     (void)state;
-    resp_t r;
+    harness_resp_t r;
     const char *posts[][2] = {
         {"-X POST -d verb=to-earliest -d execute=true", "/v2/models/" MODEL "/replay"},
         {"-X POST -d version=2", "/v2/models/" MODEL "/rollback"},
@@ -933,17 +800,17 @@ static void test_replay_and_rollback_need_the_token(void **state)
     for (size_t i = 0; i < 2; i++) {
         char args[256];
         http(&r, posts[i][0], posts[i][1]);
-        expect(&r, 401, "bearer token");
-        expect_header(&r, "WWW-Authenticate", "Bearer realm=\"freshet\"");
-        resp_free(&r);
+        harness_expect(&r, 401, "bearer token");
+        harness_expect_header(&r, "WWW-Authenticate", "Bearer realm=\"freshet\"");
+        harness_resp_free(&r);
         snprintf(args, sizeof(args), "%s -H 'Authorization: Bearer wrong-token'", posts[i][0]);
         http(&r, args, posts[i][1]);
-        expect(&r, 401, "bearer token");
-        resp_free(&r);
+        harness_expect(&r, 401, "bearer token");
+        harness_resp_free(&r);
         snprintf(args, sizeof(args), "%s -H 'Authorization: Bearer " TOKEN "x'", posts[i][0]);
         http(&r, args, posts[i][1]);
-        expect(&r, 401, NULL);
-        resp_free(&r);
+        harness_expect(&r, 401, NULL);
+        harness_resp_free(&r);
     }
     /* nothing changed: no request, same weights, no replay published */
     assert_int_equal(redis_int("XLEN freshet:{%s}:requests", MODEL), 0);
@@ -962,28 +829,28 @@ static void test_replay_and_rollback_need_the_token(void **state)
              "\"plan\":[{\"topic\":\"t\",\"partition\":0,\"watermark\":%d,\"log_end\":1000,"
              "\"target\":\"watermark - 5\"}]",
              10 * pushes);
-    expect(&r, 200, "\"dry_run\":true");
-    expect(&r, 200, want);
-    resp_free(&r);
+    harness_expect(&r, 200, "\"dry_run\":true");
+    harness_expect(&r, 200, want);
+    harness_resp_free(&r);
     assert_int_equal(redis_int("XLEN freshet:{%s}:requests", MODEL), 0);
     http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=to-offset -d arg=x:y",
          "/v2/models/" MODEL "/replay");
-    expect(&r, 400, "to-offset");
-    resp_free(&r);
+    harness_expect(&r, 400, "to-offset");
+    harness_resp_free(&r);
     http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=sideways",
          "/v2/models/" MODEL "/replay");
-    expect(&r, 400, NULL);
-    resp_free(&r);
+    harness_expect(&r, 400, NULL);
+    harness_resp_free(&r);
     http(&r, "-H 'Authorization: Bearer " TOKEN "' -d version=abc",
          "/v2/models/" MODEL "/rollback");
-    expect(&r, 400, "version");
-    resp_free(&r);
+    harness_expect(&r, 400, "version");
+    harness_resp_free(&r);
 
     /* executed: the applier publishes the replay under generation 1 */
     http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=to-earliest -d execute=true",
          "/v2/models/" MODEL "/replay");
-    expect(&r, 202, "\"request_id\":");
-    resp_free(&r);
+    harness_expect(&r, 202, "\"request_id\":");
+    harness_resp_free(&r);
     int64_t gen = -1;
     for (int i = 0; i < 200 && gen != 1; i++) {
         gen = redis_int("HGET freshet:{%s}:meta replay_generation", MODEL);
@@ -1007,8 +874,8 @@ static void test_replay_and_rollback_need_the_token(void **state)
     snprintf(body, sizeof(body), "-H 'Authorization: Bearer " TOKEN "' -d version=%lld",
              (long long)snap);
     http(&r, body, "/v2/models/" MODEL "/rollback");
-    expect(&r, 202, "\"request_id\":");
-    resp_free(&r);
+    harness_expect(&r, 202, "\"request_id\":");
+    harness_resp_free(&r);
     for (int i = 0; i < 200; i++) {
         store_weights(w, &epoch, &v);
         if (epoch != epoch0)
@@ -1022,9 +889,9 @@ static void test_replay_and_rollback_need_the_token(void **state)
     char etag[64];
     snprintf(etag, sizeof(etag), "\"%llu-v%lld\"", (unsigned long long)epoch, (long long)v);
     http(&r, "", "/v2/models/" MODEL "/weights?format=raw");
-    expect_header(&r, "ETag", etag);
+    harness_expect_header(&r, "ETag", etag);
     assert_memory_equal(r.body, ws, sizeof(ws));
-    resp_free(&r);
+    harness_resp_free(&r);
 }
 
 static void test_dashboard_loads_in_chromium_with_data(void **state)
@@ -1032,14 +899,14 @@ static void test_dashboard_loads_in_chromium_with_data(void **state)
     (void)state;
     for (int i = 0; i < 3; i++)
         push();
-    resp_t r;
+    harness_resp_t r;
     http(&r, "", "/dashboard");
-    expect(&r, 200, "<html");
-    expect_header(&r, "Content-Type", "text/html; charset=utf-8");
-    resp_free(&r);
+    harness_expect(&r, 200, "<html");
+    harness_expect_header(&r, "Content-Type", "text/html; charset=utf-8");
+    harness_resp_free(&r);
     http(&r, "", "/dashboard/chart.min.js");
-    expect(&r, 200, "Chart.js");
-    resp_free(&r);
+    harness_expect(&r, 200, "Chart.js");
+    harness_resp_free(&r);
     char cmd[1024];
     snprintf(cmd, sizeof(cmd),
              "mkdir -p artifacts && bash %s/tests/integration/dashboard_check.sh "
@@ -1049,7 +916,7 @@ static void test_dashboard_loads_in_chromium_with_data(void **state)
     if (rc != 0)
         fail_msg("dashboard check failed (status %d)", rc);
     size_t len = 0;
-    char *png = read_file("artifacts/dashboard.png", &len);
+    char *png = harness_read_file("artifacts/dashboard.png", &len);
     assert_non_null(png);
     assert_true(len > 10000 && memcmp(png, "\x89PNG", 4) == 0);
     free(png);
@@ -1085,7 +952,7 @@ static void test_tls_serves_https(void **state)
              cert, out, p);
     assert_int_equal(system(cmd), 0);
     size_t len;
-    char *body = read_file(out, &len);
+    char *body = harness_read_file(out, &len);
     float w[NPARAMS];
     uint64_t epoch;
     int64_t v;
@@ -1094,10 +961,10 @@ static void test_tls_serves_https(void **state)
     assert_memory_equal(body, w, sizeof(w));
     free(body);
     /* plain HTTP on the TLS port gets no answer */
-    resp_t r;
-    http_port(p, &r, "--max-time 2", "/livez");
+    harness_resp_t r;
+    harness_http(p, tmp_dir, &r, "--max-time 2", "/livez");
     assert_int_not_equal(r.code, 200);
-    resp_free(&r);
+    harness_resp_free(&r);
     serve_destroy(tls);
 
     /* a key that does not match is refused at start */
@@ -1116,70 +983,70 @@ static void test_protect_reads_needs_the_token_for_reads(void **state)
     if (p == NULL)
         fail_msg("%s", errstr);
     assert_int_equal(serve_start(p, errstr, sizeof(errstr)), FR_OK);
-    resp_t r;
-    await_code(serve_port(p), &r, "/readyz", 200, 100, 20); /* health stays open */
-    expect(&r, 200, NULL);
-    resp_free(&r);
+    harness_resp_t r;
+    harness_await_code(serve_port(p), tmp_dir, &r, "/readyz", 200, 100, 20); /* health stays open */
+    harness_expect(&r, 200, NULL);
+    harness_resp_free(&r);
     const char *reads[] = {"/v2/models", "/v2/models/" MODEL "/weights", "/metrics",
                            "/v2/models/" MODEL "/stats"};
     for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
-        http_port(serve_port(p), &r, "", reads[i]);
-        expect(&r, 401, "bearer token");
-        resp_free(&r);
-        http_port(serve_port(p), &r, "-H 'Authorization: Bearer " TOKEN "'", reads[i]);
+        harness_http(serve_port(p), tmp_dir, &r, "", reads[i]);
+        harness_expect(&r, 401, "bearer token");
+        harness_resp_free(&r);
+        harness_http(serve_port(p), tmp_dir, &r, "-H 'Authorization: Bearer " TOKEN "'", reads[i]);
         if (r.code != 200 && !(i == 3 && r.code == 503))
             fail_msg("%s with the token: %d", reads[i], r.code);
-        resp_free(&r);
+        harness_resp_free(&r);
     }
-    http_port(serve_port(p), &r, "", "/livez");
-    expect(&r, 200, NULL);
-    resp_free(&r);
+    harness_http(serve_port(p), tmp_dir, &r, "", "/livez");
+    harness_expect(&r, 200, NULL);
+    harness_resp_free(&r);
     serve_destroy(p);
 }
 
 static void test_readiness_follows_the_store_and_the_guard(void **state)
 {
     (void)state;
-    resp_t r;
+    harness_resp_t r;
     /* the divergence guard's stop (written as the applier writes it) */
     char out[64];
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
                                          "HSET freshet:{%s}:meta stopped %s", MODEL,
                                          "loss-not-finite"),
                      0);
-    await_code(port, &r, "/readyz", 503, 100, 20);
-    expect(&r, 503, "stopped by the divergence guard: loss-not-finite");
-    resp_free(&r);
+    harness_await_code(port, tmp_dir, &r, "/readyz", 503, 100, 20);
+    harness_expect(&r, 503, "stopped by the divergence guard: loss-not-finite");
+    harness_resp_free(&r);
     http(&r, "", "/v2/models/" MODEL "/ready");
-    expect(&r, 503, "divergence guard");
-    resp_free(&r);
+    harness_expect(&r, 503, "divergence guard");
+    harness_resp_free(&r);
     assert_int_equal(
         harness_redis_query(&redis, out, sizeof(out), "HDEL freshet:{%s}:meta stopped", MODEL), 0);
-    await_code(port, &r, "/readyz", 200, 100, 20);
-    expect(&r, 200, NULL);
-    resp_free(&r);
+    harness_await_code(port, tmp_dir, &r, "/readyz", 200, 100, 20);
+    harness_expect(&r, 200, NULL);
+    harness_resp_free(&r);
 
     /* Redis gone: not ready, stats 503; the weights held are still served */
     harness_applier_stop(&applier, NULL);
     kill(redis.pid, SIGSTOP); /* accepts connections, answers nothing */
-    await_code(port, &r, "/readyz", 503, 100, 50);
-    expect(&r, 503, "store unreachable");
-    resp_free(&r);
+    harness_await_code(port, tmp_dir, &r, "/readyz", 503, 100, 50);
+    harness_expect(&r, 503, "store unreachable");
+    harness_resp_free(&r);
     http(&r, "--max-time 3", "/v2/models/" MODEL "/stats");
-    expect(&r, 503, "store unreachable");
-    resp_free(&r);
+    harness_expect(&r, 503, "store unreachable");
+    harness_resp_free(&r);
     http(&r, "--max-time 3", "/v2/models/" MODEL "/weights?format=raw");
-    expect(&r, 200, NULL);
+    harness_expect(&r, 200, NULL);
     assert_int_equal(r.len, NPARAMS * sizeof(float));
-    resp_free(&r);
+    harness_resp_free(&r);
     http(&r, "--max-time 3 -H 'Authorization: Bearer " TOKEN "' -d version=1",
          "/v2/models/" MODEL "/rollback");
-    expect(&r, 503, "store unreachable");
-    resp_free(&r);
+    harness_expect(&r, 503, "store unreachable");
+    harness_resp_free(&r);
     kill(redis.pid, SIGCONT);
-    await_code(port, &r, "/readyz", 200, 200, 50);
-    expect(&r, 200, "\"ready\":true");
-    resp_free(&r);
+    harness_await_code(port, tmp_dir, &r, "/readyz", 200, 200, 50);
+    harness_expect(&r, 200, "\"ready\":true");
+    harness_resp_free(&r);
 }
 
 /* ---- fixture ------------------------------------------------------------------ */
@@ -1223,10 +1090,10 @@ static int setup(void **state)
     port = serve_port(srv);
     signal(SIGPIPE, SIG_IGN);
     /* ready once the first weights are read */
-    resp_t r;
-    await_code(port, &r, "/readyz", 200, 250, 20);
+    harness_resp_t r;
+    harness_await_code(port, tmp_dir, &r, "/readyz", 200, 250, 20);
     int code = r.code;
-    resp_free(&r);
+    harness_resp_free(&r);
     if (code == 200)
         return 0;
     fprintf(stderr, "serve never became ready\n");
