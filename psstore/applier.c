@@ -301,6 +301,19 @@ void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l)
     a->local = l;
 }
 
+/* Forgets what the next commit would have written besides the weights:
+ * the consumed ids, the stream entries, the epoch and offsets resets, the
+ * executed request and the replay to publish. */
+void ps_applier_forget_pending(psstore_applier_t *a)
+{
+    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
+    a->nids = 0;
+    a->weights_dirty = 0;
+    a->new_epoch = a->offsets_reset = 0;
+    a->req_id[0] = '\0';
+    a->replay_gen = 0;
+}
+
 /* Forgets everything held in memory (lease lost, stop, or a fresh load). */
 void ps_applier_drop_state(psstore_applier_t *a)
 {
@@ -317,12 +330,7 @@ void ps_applier_drop_state(psstore_applier_t *a)
     for (size_t i = 0; i < a->nparts; i++)
         psstore_poff_fini(&a->parts[i].po);
     a->nparts = 0;
-    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
-    a->nids = 0;
-    a->weights_dirty = 0;
-    a->new_epoch = a->offsets_reset = 0;
-    a->req_id[0] = '\0';
-    a->replay_gen = 0;
+    ps_applier_forget_pending(a);
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->nsnaps = 0;
     a->nts_pending = 0;

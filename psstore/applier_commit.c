@@ -391,12 +391,7 @@ static void committed(psstore_applier_t *a, int snap)
         a->parts[i].dirty = 0;
     a->committed = a->version;
     a->renew_ns = fr_clock_mono_ns();
-    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
-    a->nids = 0;
-    a->weights_dirty = 0;
-    a->new_epoch = a->offsets_reset = 0;
-    a->req_id[0] = '\0';
-    a->replay_gen = 0;
+    ps_applier_forget_pending(a);
     memset(a->closed, 0, sizeof(a->closed));
     if (a->nts_pending > 0) {
         int64_t now = fr_clock_unix_ms();

@@ -179,6 +179,9 @@ void ps_applier_stats_update(psstore_applier_t *a);
 void ps_applier_count_drop(psstore_applier_t *a, psstore_drop_t d, const psstore_grad_t *g);
 /* Forgets everything held in memory (lease lost, stop, or a fresh load). */
 void ps_applier_drop_state(psstore_applier_t *a);
+/* Forgets what the next commit would write besides weights and offsets
+ * (after a commit, or with the whole state). */
+void ps_applier_forget_pending(psstore_applier_t *a);
 /* The offsets of topic/partition, added (watermark 0) when create is set;
  * NULL when absent, or out of memory. */
 part_t *ps_applier_find_part(psstore_applier_t *a, const char *topic, int32_t partition,

@@ -59,6 +59,15 @@ static fr_err_t snapshot_offsets(psstore_applier_t *a, const char *text, size_t 
     return FR_OK;
 }
 
+/* Closes the open rounds and commits what is held, so that a request's
+ * transaction writes nothing else; the caller goes on only while the lease
+ * is still held (a->active). */
+static fr_err_t commit_first(psstore_applier_t *a)
+{
+    fr_err_t err = ps_applier_rounds_close(a, 1);
+    return err == FR_OK ? ps_applier_commit(a) : err;
+}
+
 /*
  * Restores retained snapshot v as version current + 1 of a new epoch, with
  * its weights, optimizer state and offsets, in one transaction that also
@@ -67,9 +76,7 @@ static fr_err_t snapshot_offsets(psstore_applier_t *a, const char *text, size_t 
  */
 static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
 {
-    fr_err_t err = ps_applier_rounds_close(a, 1);
-    if (err == FR_OK)
-        err = ps_applier_commit(a); /* what was applied before the request */
+    fr_err_t err = commit_first(a); /* what was applied before the request */
     if (err != FR_OK || !a->active)
         return err;
     char key[PS_KEY_MAX];
@@ -140,9 +147,7 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
 static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const char *targets,
                                const char *req_id)
 {
-    fr_err_t err = ps_applier_rounds_close(a, 1);
-    if (err == FR_OK)
-        err = ps_applier_commit(a);
+    fr_err_t err = commit_first(a);
     if (err != FR_OK || !a->active)
         return err;
     for (const char *p = targets; *p != '\0';) {
@@ -189,9 +194,7 @@ static fr_err_t rewind_offsets(psstore_applier_t *a, int64_t generation, const c
 static fr_err_t publish_replay(psstore_applier_t *a, const char *spec, const char *requested,
                                const char *req_id)
 {
-    fr_err_t err = ps_applier_rounds_close(a, 1);
-    if (err == FR_OK)
-        err = ps_applier_commit(a);
+    fr_err_t err = commit_first(a);
     if (err != FR_OK || !a->active)
         return err;
     int64_t generation = 0;

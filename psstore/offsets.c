@@ -313,7 +313,11 @@ int psstore_span_format(char *buf, size_t size, psstore_span_t sp)
     return snprintf(buf, size, "%" PRId64 "-%" PRId64, sp.from, sp.to);
 }
 
-int psstore_spans_format(char *buf, size_t size, const psstore_span_t *spans, size_t n)
+/* Writes the n items one(items, i, ...) formats, separated by ',', as
+ * snprintf does: at most size bytes, NUL-terminated when size > 0; returns
+ * the length the whole text needs. */
+static int join_format(char *buf, size_t size, const void *items, size_t n,
+                       int (*one)(char *buf, size_t size, const void *items, size_t i))
 {
     size_t total = 0;
     if (size > 0)
@@ -326,9 +330,19 @@ int psstore_spans_format(char *buf, size_t size, const psstore_span_t *spans, si
             total++;
             off = total < size ? total : size;
         }
-        total += (size_t)psstore_span_format(buf + off, size - off, spans[i]);
+        total += (size_t)one(buf + off, size - off, items, i);
     }
     return (int)total;
+}
+
+static int span_at(char *buf, size_t size, const void *items, size_t i)
+{
+    return psstore_span_format(buf, size, ((const psstore_span_t *)items)[i]);
+}
+
+int psstore_spans_format(char *buf, size_t size, const psstore_span_t *spans, size_t n)
+{
+    return join_format(buf, size, spans, n, span_at);
 }
 
 fr_err_t psstore_span_parse(const char *s, size_t len, psstore_span_t *sp)
@@ -385,22 +399,14 @@ int psstore_range_format(char *buf, size_t size, const psstore_range_t *r)
                     r->from, r->to);
 }
 
+static int range_at(char *buf, size_t size, const void *items, size_t i)
+{
+    return psstore_range_format(buf, size, &((const psstore_range_t *)items)[i]);
+}
+
 int psstore_ranges_format(char *buf, size_t size, const psstore_range_t *ranges, size_t n)
 {
-    size_t total = 0;
-    if (size > 0)
-        buf[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
-        size_t off = total < size ? total : size;
-        if (i > 0) {
-            if (off + 1 < size)
-                buf[off] = ',', buf[off + 1] = '\0';
-            total++;
-            off = total < size ? total : size;
-        }
-        total += (size_t)psstore_range_format(buf + off, size - off, &ranges[i]);
-    }
-    return (int)total;
+    return join_format(buf, size, ranges, n, range_at);
 }
 
 psstore_range_fault_t psstore_range_parse(const char *s, size_t len, psstore_range_t *r,
