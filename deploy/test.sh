@@ -11,8 +11,8 @@ jobs=$(nproc)
 
 bash deploy/setup.sh
 
-echo "== build (warnings are errors)"
-bash deploy/build.sh -DFRESHET_WERROR=ON
+echo "== build (warnings are errors; the benchmarks too, so that they never rot)"
+bash deploy/build.sh -DFRESHET_WERROR=ON -DFRESHET_BENCH=ON
 
 echo "== tests"
 ctest --test-dir build --output-on-failure -j"$jobs"
