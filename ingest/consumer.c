@@ -576,7 +576,7 @@ static void metrics_init(ingest_consumer_t *c)
         "marked dropped (reason retention).",
         1, topic_label);
     c->m_retention = ret != NULL ? fr_metric_series(ret, tv) : NULL;
-    fr_metric_t *rw = fr_metrics_counter(reg, "freshet_psstore_replay_rewinds_total",
+    fr_metric_t *rw = fr_metrics_counter(reg, "freshet_ingest_replay_rewinds_total",
                                          "Partitions rewound by replay requests.", 1, topic_label);
     c->m_rewinds = rw != NULL ? fr_metric_series(rw, tv) : NULL;
     c->m_lag =

@@ -3,8 +3,10 @@
 # outside the repository (the brief the project started from is not part of
 # it), every docs/ citation (a file name and a quoted "Section") names a file
 # and a heading that exist, and every relative Markdown link resolves (file,
-# and #anchor where given). The checker is also run on a scratch repository
-# holding one bogus citation of each kind, which it must refuse.
+# and #anchor where given). Every metric the code registers is in
+# docs/operations.md, and every metric that page names is registered. The
+# checkers also run on scratch repositories holding one bogus reference of
+# each kind, which they must refuse.
 # usage: $0 [FRESHET]   (the binary is not used; ctest passes it to every ref test)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -81,12 +83,28 @@ check_tree() {
     ')
 }
 
+# check_metrics DIR: the metric names in quotes in the C sources outside
+# tests/ and bench/ against the ones docs/operations.md names; prints each
+# one missing on either side; exit status 1 if any.
+check_metrics() {
+    local dir=$1 code docs
+    code=$(cd "$dir" && git grep -ohE '"freshet_[a-z0-9_]+"' -- '*.c' ':!tests' ':!bench' |
+        tr -d '"' | sort -u)
+    docs=$(cd "$dir" && grep -ohE '`freshet_[a-z0-9_]+' docs/operations.md | tr -d '`' | sort -u)
+    local missing extra
+    missing=$(comm -23 <(printf '%s\n' "$code") <(printf '%s\n' "$docs") | sed '/^$/d')
+    extra=$(comm -13 <(printf '%s\n' "$code") <(printf '%s\n' "$docs") | sed '/^$/d')
+    [ -z "$missing" ] || printf 'metric %s is registered but not in docs/operations.md\n' $missing
+    [ -z "$extra" ] || printf 'metric %s is in docs/operations.md but registered nowhere\n' $extra
+    [ -z "$missing$extra" ]
+}
+
 # expect WANT NAME DIR [PATTERN]: WANT 0 for a clean tree, 1 for a broken one
-# whose report must contain PATTERN.
+# whose report must contain PATTERN; CHECKER (default check_tree) checks.
 expect() {
-    local want=$1 name=$2 dir=$3 pattern=${4:-}
+    local want=$1 name=$2 dir=$3 pattern=${4:-} checker=${CHECKER:-check_tree}
     local out status
-    out=$(check_tree "$dir")
+    out=$("$checker" "$dir")
     status=$?
     if [ "$want" -eq 0 ] && [ "$status" -eq 0 ]; then
         passed=$((passed + 1))
@@ -100,6 +118,7 @@ expect() {
 }
 
 expect 0 "the repository" "$root"
+CHECKER=check_metrics expect 0 "the repository's metrics" "$root"
 for doc in docs/design.md docs/operations.md docs/http.md bench/README.md; do
     if [ -f "$root/$doc" ]; then passed=$((passed + 1)); else
         failed=$((failed + 1)); echo "FAIL: $doc is missing"; fi
@@ -120,7 +139,7 @@ expect 0 "valid citations" "$scratch/good"
 mk section src/a.c '/* see docs/design.md\n * "Offsets" */\n'
 expect 1 "a missing section" "$scratch/section" 'cites docs/design.md "Offsets", which has no such heading'
 # (names that do not exist are spelled in pieces, so that this file cites none)
-nowhere="docs/nowhere"".md" ops="docs/ops"".md"
+nowhere="docs/nowhere"".md" ops="docs/ops"".md" opsmd="docs/operations"".md"
 mk file src/a.c "/* see $nowhere \"Data flow\" */\n"
 expect 1 "a missing document" "$scratch/file" "cites $nowhere, which does not exist"
 mk outside src/a.sh "# read ..\x2fshared/DESIGN\x2emd\n"
@@ -129,6 +148,14 @@ mk link README.md "See [the design](docs/design.md#redis-layout) and [ops]($ops)
 expect 1 "a dead link" "$scratch/link" "links to $ops, which does not exist"
 mk anchor README.md 'See [the design](docs/design.md#no-such-part).\n'
 expect 1 "a dead anchor" "$scratch/anchor" "links to docs/design.md#no-such-part, which has no such heading"
+
+mk metric src/m.c 'r = fr_metrics_counter(reg, "freshet_bogus_total", "x");\n'
+mkdir -p "$scratch/metric/docs" && printf '| `freshet_listed_total` | counter |\n' >"$scratch/metric/docs/operations.md"
+git -C "$scratch/metric" add -A
+CHECKER=check_metrics expect 1 "an undocumented metric" "$scratch/metric" \
+    "metric freshet_bogus_total is registered but not in $opsmd"
+CHECKER=check_metrics expect 1 "a documented metric nobody registers" "$scratch/metric" \
+    "metric freshet_listed_total is in $opsmd but registered nowhere"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
