@@ -106,6 +106,13 @@ void fr_clock_deadline(struct timespec *ts, int ms);
 void fr_mem_touch(void *p, size_t bytes);
 
 /* ------------------------------------------------------------------------
+ * Names.
+ * ---------------------------------------------------------------------- */
+/* Nonzero for a character of [A-Za-z0-9._-]: the characters of model
+ * names and of Kafka topic names (each adds its own length rules). */
+int fr_name_char(int c);
+
+/* ------------------------------------------------------------------------
  * Seeded random numbers (xoshiro256** seeded through splitmix64). A
  * generator is a plain struct owned by one thread; the same seed gives the
  * same sequence on every platform.

@@ -216,9 +216,7 @@ static int check_model_name(const char *value)
     if (n < 1 || n > 64)
         return 0;
     for (size_t i = 0; i < n; i++) {
-        char c = value[i];
-        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
+        if (!fr_name_char((unsigned char)value[i]))
             return 0;
     }
     return 1;

@@ -49,12 +49,6 @@ static fr_err_t unexpected(psstore_conn_t *c, const char *cmd)
     return ps_fail(c, FR_ERR_REDIS, "redis %s: unexpected reply to %s", ep, cmd);
 }
 
-static int name_char(char ch)
-{
-    return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ||
-           ch == '.' || ch == '_' || ch == '-';
-}
-
 /*
  * Names become part of every key, between the braces of the hash tag, so a
  * brace, a glob character or a space would break the layout. The message
@@ -71,7 +65,7 @@ fr_err_t psstore_model_name_check(const char *name, char *errstr, size_t size)
                          rule);
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)name[i];
-        if (name_char((char)ch))
+        if (fr_name_char(ch))
             continue;
         if (ch > ' ' && ch < 0x7f)
             return fr_errorf(FR_ERR_INVAL, errstr, size,
@@ -790,7 +784,7 @@ static fr_err_t add_model_name(void *ctx, const char *key, size_t len)
         memcmp(key + len - tl, tail, tl) != 0)
         return FR_OK;
     for (size_t i = hl; i < len - tl; i++) {
-        if (!name_char(key[i]))
+        if (!fr_name_char((unsigned char)key[i]))
             return FR_OK;
     }
     return keylist_add(ctx, key + hl, len - hl - tl);

@@ -251,9 +251,7 @@ int psstore_topic_ok(const char *s, size_t len)
     if (s == NULL || len < 1 || len > PSSTORE_TOPIC_MAX)
         return 0;
     for (size_t i = 0; i < len; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
+        if (!fr_name_char((unsigned char)s[i]))
             return 0;
     }
     return 1;

@@ -39,25 +39,13 @@ static int is_digit(char c)
     return c >= '0' && c <= '9';
 }
 
-static int is_topic_char(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '.' ||
-           c == '_' || c == '-';
-}
-
 /* Nonzero when s[0..n) is a Kafka topic name: 1..PSSTORE_TOPIC_MAX
  * characters of [A-Za-z0-9._-], and not "." or ".." (Kafka refuses both). */
 static int topic_valid(const char *s, size_t n)
 {
-    if (n < 1 || n > PSSTORE_TOPIC_MAX)
-        return 0;
     if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.'))
         return 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!is_topic_char(s[i]))
-            return 0;
-    }
-    return 1;
+    return psstore_topic_ok(s, n);
 }
 
 /* Nonzero when r->topic is "" or a valid NUL-terminated topic name. */
