@@ -128,6 +128,8 @@ int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metr
     if (psstore_mode_parse(fr_config_get(cfg, "trainer", "mode"), &conf->mode) != FR_OK)
         rc = app_usage_error(cmd, "bad [trainer] mode");
     conf->backups = (int)fr_config_get_int(cfg, "trainer", "backups");
+    conf->commit_drained =
+        fr_config_get_int(cfg, "trainer", "in_flight") > 0 && !psstore_mode_rounds(conf->mode);
     conf->sync_lr_linear = strcmp(fr_config_get(cfg, "trainer", "sync_lr_scale"), "linear") == 0;
     conf->member_timeout_ms =
         (int64_t)(fr_config_get_double(cfg, "trainer", "member_timeout") * 1000);

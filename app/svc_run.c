@@ -254,6 +254,7 @@ static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const 
             .groups = (int)fr_config_get_int(cfg, "trainer", "groups"),
             .ssp_bound = fr_config_get_int(cfg, "trainer", "ssp_bound"),
             .idle_ms = fr_config_get_int(cfg, "trainer", "idle_ms"),
+            .in_flight = (int)fr_config_get_int(cfg, "trainer", "in_flight"),
             /* a worker whose gradient missed its round (dropped, or the
              * applier gone) waits no longer than a round can stay open */
             .round_wait_ms =

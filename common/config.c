@@ -118,6 +118,8 @@ static const conf_key_t schema[] = {
           "Seconds a synchronous round waits for its workers."),
     K_INT("trainer", "idle_ms", "2000", 0, NO_MAX,
           "Milliseconds without data before a worker counts as idle."),
+    K_INT("trainer", "in_flight", "1", 0, 16,
+          "Gradients a worker may have pushed and not yet applied when it pulls (0: no bound)."),
 
     K_DBL("controller", "lr", "0.05", 0, HUGE_VAL, CK_MIN_OPEN, "Base learning rate."),
     K_ENUM("controller", "policy", "constant", "constant|inverse|delay|adaptive",

@@ -590,8 +590,8 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         memcpy(gw, g->g, a->n * sizeof(float));
     }
     psstore_decision_t d;
-    psstore_outcome_t out = psstore_ctl_prepare(a->ctl, gw, a->version, g->version, a->w,
-                                                a->conf.npushers > 0 ? a->conf.npushers : 1, &d);
+    psstore_outcome_t out =
+        psstore_ctl_prepare(a->ctl, gw, a->version, g->version, a->w, ps_applier_pushers(a), &d);
     ps_applier_guard_record(a, out == PSSTORE_DROP_NONFINITE);
     if (out != PSSTORE_APPLY) {
         psstore_drop_t why =
@@ -783,7 +783,9 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
         }
         if (err != FR_OK || !a->active)
             return err;
-        if (a->version != before)
+        /* also after drops: a worker waiting for its gradient to be
+         * decided (the in-flight bound) wakes on the publish */
+        if (a->version != before || nlocal > 0)
             ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
         total += nlocal + nstream;
         elapsed = fr_clock_mono_ns() - start;
@@ -798,7 +800,9 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
  * without blocking and naps here between empty reads: Redis ends a short
  * BLOCK only at its next hz tick (100 ms by default), and a lull is the
  * usual case in the round modes, whose workers wait for the close. A closed
- * or ready round ends the window at once.
+ * or ready round ends the window at once, and so does an empty read when
+ * the pushers bound their gradients in flight (commit_drained): each waits
+ * for this commit before its next pull, so nothing more is coming.
  */
 static fr_err_t read_stream(psstore_applier_t *a, int block_ms)
 {
@@ -815,6 +819,8 @@ static fr_err_t read_stream(psstore_applier_t *a, int block_ms)
         int more;
         if ((err = read_and_apply(a, 0, &more)) != FR_OK)
             return err;
+        if (more == 0 && a->conf.commit_drained)
+            break;
         if (more == 0) {
             uint64_t nap = window - elapsed < STREAM_NAP_NS ? window - elapsed : STREAM_NAP_NS;
             struct timespec ts = {0, (long)nap};

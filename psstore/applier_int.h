@@ -204,6 +204,10 @@ fr_err_t ps_applier_commit(psstore_applier_t *a);
 
 /* Reads the members hash and removes members silent for member_timeout. */
 fr_err_t ps_applier_refresh_members(psstore_applier_t *a);
+/* The pushers the delay and adaptive policies count on: the live, non-idle
+ * members last read, or conf.npushers ([trainer] workers) before any is
+ * known. */
+int ps_applier_pushers(const psstore_applier_t *a);
 /* Nonzero when a round closed since the last commit or is ready to. */
 int ps_applier_rounds_waiting(const psstore_applier_t *a);
 /* Closes every ready round (with all set: every one holding a gradient). */

@@ -87,6 +87,16 @@ fr_err_t ps_applier_refresh_members(psstore_applier_t *a)
     return FR_OK;
 }
 
+int ps_applier_pushers(const psstore_applier_t *a)
+{
+    int live = 0;
+    for (size_t i = 0; i < a->nseen; i++)
+        live += !a->seen[i].m.idle;
+    if (live > 0)
+        return live;
+    return a->conf.npushers > 0 ? a->conf.npushers : 1;
+}
+
 /* The group of a gradient's worker: its members entry's (read again when
  * it is not known yet), 0 for a worker that has none. */
 static int worker_group(psstore_applier_t *a, const char *worker)

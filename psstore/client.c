@@ -505,3 +505,43 @@ fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int 
     freeReplyObject(r);
     return psstore_round_read(cl, group, now);
 }
+
+/* Whether the grads stream no longer holds entry id (the applier deletes an
+ * entry in the commit that decides it). */
+static fr_err_t entry_gone(psstore_client_t *cl, const char *id, int *gone)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(cl->c, 0, &err, "XRANGE %s %s %s", cl->key_grads, id, id);
+    if (r == NULL)
+        return err;
+    *gone = r->type == REDIS_REPLY_ARRAY && r->elements == 0;
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms, int *applied)
+{
+    char ids[2][PSSTORE_STREAM_ID_MAX];
+    fr_err_t err;
+    *applied = 0;
+    if (id == NULL || id[0] == '\0') {
+        *applied = 1;
+        return FR_OK;
+    }
+    /* the common case first; then, as psstore_round_wait does, the newest
+     * ids before a second look, so that a commit in between adds an entry
+     * XREAD wakes on */
+    if ((err = entry_gone(cl, id, applied)) != FR_OK || *applied ||
+        (err = ps_stream_last_id(cl->c, cl->key_versions, ids[0])) != FR_OK ||
+        (err = ps_stream_last_id(cl->c, cl->key_drops, ids[1])) != FR_OK ||
+        (err = entry_gone(cl, id, applied)) != FR_OK || *applied)
+        return err;
+    if (block_ms < 1 || block_ms > CLIENT_TIMEOUT_MS / 2)
+        block_ms = block_ms < 1 ? 1 : CLIENT_TIMEOUT_MS / 2;
+    redisReply *r = ps_cmd(cl->c, 0, &err, "XREAD COUNT 1 BLOCK %d STREAMS %s %s %s %s", block_ms,
+                           cl->key_versions, cl->key_drops, ids[0], ids[1]);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    return entry_gone(cl, id, applied);
+}

@@ -436,7 +436,10 @@ static void policy_decide(const psstore_ctl_t *ctl, int64_t version_now, int npu
     case PSSTORE_POLICY_CONSTANT: break;
     case PSSTORE_POLICY_INVERSE: s = 1.0 / (tau > 1.0 ? tau : 1.0); break;
     case PSSTORE_POLICY_ADAPTIVE:
-        if (ctl->win_count >= TAU_MIN_SAMPLES)
+        /* the median staleness seen, but never more than the pushers: what
+         * concurrency explains keeps the full rate, a queue's staleness
+         * (typical or not) is damped as the delay policy would */
+        if (ctl->win_count >= TAU_MIN_SAMPLES && (double)window_p50(ctl) + 1.0 < n)
             n = (double)window_p50(ctl) + 1.0;
         /* fall through */
     case PSSTORE_POLICY_DELAY:

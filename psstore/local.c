@@ -50,6 +50,12 @@ struct psstore_local {
     size_t nslots, head, count, taken; /* FIFO: [head, head + count); the
                                           first `taken` are the applier's */
     uint64_t pushed, pulls;
+    /* in-flight accounting (docs/design.md "Staleness and the controller"):
+     * the i-th push (its ticket, i = pushed after it) has been taken off
+     * the queue when consumed >= i, and its effect is in the published
+     * weights when done >= i */
+    uint64_t consumed, done;
+    uint64_t lost_lo, lost_hi; /* the last close lost tickets (lo, hi] */
     /* rounds closed per group since the channel opened (round modes),
      * published with the weights they produced */
     int64_t rounds[PS_LOCAL_GROUPS];
@@ -158,7 +164,8 @@ static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g
     return FR_OK;
 }
 
-fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms)
+fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
+                            uint64_t *ticket)
 {
     if (g->n > 0 && (g->g == NULL || g->len != l->n))
         return FR_ERR_INVAL;
@@ -180,6 +187,8 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
     if (err == FR_OK) {
         l->count++;
         l->pushed++;
+        if (ticket != NULL)
+            *ticket = l->pushed;
         pthread_cond_signal(&l->work);
     }
     pthread_mutex_unlock(&l->lock);
@@ -205,6 +214,10 @@ void ps_local_close(psstore_local_t *l)
     /* queued gradients are lost: their positions were never recorded */
     l->open = 0;
     l->head = (l->head + l->count) % l->nslots;
+    l->consumed += l->count;
+    l->lost_lo = l->done; /* taken or queued, and not published */
+    l->lost_hi = l->consumed;
+    l->done = l->consumed; /* nobody waits for what is lost */
     l->count = l->taken = 0;
     pthread_cond_broadcast(&l->room);
     pthread_cond_broadcast(&l->moved);
@@ -222,6 +235,9 @@ void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_
     }
     if (l->open && rounds != NULL)
         memcpy(l->rounds, rounds, sizeof(l->rounds));
+    /* every gradient taken so far is decided: applied ones are in these
+     * weights, dropped ones never will be */
+    l->done = l->consumed;
     pthread_cond_broadcast(&l->moved);
     pthread_mutex_unlock(&l->lock);
 }
@@ -257,6 +273,24 @@ fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, 
     return err;
 }
 
+fr_err_t psstore_local_wait_applied(psstore_local_t *l, uint64_t ticket, int timeout_ms)
+{
+    struct timespec until;
+    fr_clock_deadline(&until, timeout_ms);
+    fr_err_t err = FR_OK;
+    pthread_mutex_lock(&l->lock);
+    while (l->open && l->done < ticket) {
+        if (pthread_cond_timedwait(&l->moved, &l->lock, &until) != 0) {
+            err = l->done >= ticket ? FR_OK : FR_ERR_TIMEOUT;
+            break;
+        }
+    }
+    if (ticket > l->lost_lo && ticket <= l->lost_hi)
+        err = FR_ERR_STATE;
+    pthread_mutex_unlock(&l->lock);
+    return err;
+}
+
 size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max, int wait_ms)
 {
     pthread_mutex_lock(&l->lock);
@@ -278,6 +312,7 @@ void ps_local_release(psstore_local_t *l)
     pthread_mutex_lock(&l->lock);
     l->head = (l->head + l->taken) % l->nslots;
     l->count -= l->taken;
+    l->consumed += l->taken;
     l->taken = 0;
     pthread_cond_broadcast(&l->room);
     pthread_mutex_unlock(&l->lock);

@@ -231,6 +231,12 @@ fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round);
  * passes round or its own limit. */
 fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int block_ms,
                             int64_t *now);
+/* The in-flight bound on the stream path (docs/design.md "Staleness and the
+ * controller"): *applied = 1 once the applier has decided the pushed entry
+ * `id` (applied or dropped, and committed: the entry left the grads
+ * stream), else after blocking up to block_ms on the versions and drops
+ * streams *applied = 0 and the caller looks again. */
+fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms, int *applied);
 
 /* ------------------------------------------------------------------------
  * The co-located fast path (docs/design.md "The co-located fast path"): in freshet run
@@ -253,8 +259,16 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
 /* Queues a copy of g for the applier, waiting up to timeout_ms for a free
  * slot (FR_ERR_TIMEOUT); FR_ERR_STATE when the channel is closed (or
  * closes meanwhile): the caller abandons the batch, which the gap rule
- * reads again. */
-fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms);
+ * reads again. *ticket (when not NULL) receives the push's ticket for
+ * psstore_local_wait_applied. */
+fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
+                            uint64_t *ticket);
+/* Waits until the push of `ticket` has been decided by the applier and,
+ * when applied, is in the weights psstore_local_pull returns (the
+ * in-flight bound, docs/design.md "Staleness and the controller"): FR_OK,
+ * FR_ERR_TIMEOUT after timeout_ms, FR_ERR_STATE when the channel closed
+ * first (the gradient was lost). */
+fr_err_t psstore_local_wait_applied(psstore_local_t *l, uint64_t ticket, int timeout_ms);
 /* Round modes: the rounds group closed since the channel opened (as
  * psstore_round_read counts them in Redis), published together with the
  * weights they produced; and a wait until that count passes round
@@ -420,6 +434,9 @@ typedef struct psstore_applier_conf {
     double snapshot_seconds;   /* seconds between snapshots; 0 = never      */
     int64_t snapshot_retain;   /* snapshots kept                            */
     int audit;                 /* append applied/dropped intervals to audit */
+    int commit_drained;        /* end a commit window as soon as the stream has
+                                  nothing to read: its pushers wait for the
+                                  commit ([trainer] in_flight > 0)          */
     int npushers;              /* concurrent pushers for the delay policy   */
     psstore_mode_t mode;       /* rounds in sync, backup and groups         */
     int backups;               /* mode backup: a round closes at members - backups */

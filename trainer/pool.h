@@ -53,6 +53,9 @@ typedef struct trainer_pool_conf {
     int64_t ssp_bound;         /* mode ssp: clocks ahead of the slowest  */
     int64_t idle_ms;           /* waiting this long for data: idle       */
     int64_t round_wait_ms;     /* longest wait for a round to close      */
+    int in_flight;             /* [trainer] in_flight: gradients a worker
+                                  may have pushed and not yet applied before
+                                  it pulls again (0: no bound)           */
     psstore_local_t *local;    /* freshet run's in-process channel, or NULL */
 } trainer_pool_conf_t;
 
@@ -64,7 +67,8 @@ typedef struct trainer_pool_stats {
     double loss_sum;     /* summed training loss of the pushed samples          */
     uint64_t compute_ns; /* summed forward and backward time of the workers */
     uint64_t push_ns;    /* summed push time (backpressure waits included) */
-    uint64_t wait_ns;    /* summed waits for rounds (round modes) and clocks (ssp) */
+    uint64_t wait_ns;    /* summed waits for rounds (round modes), clocks (ssp)
+                            and the in-flight bound                           */
     int64_t version;     /* the newest version a worker computed on             */
     uint64_t epoch;      /* ... and its epoch                                   */
 } trainer_pool_stats_t;

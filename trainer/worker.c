@@ -7,7 +7,10 @@
  * with the (epoch, version) it was computed on, the batch's replay
  * generation and its position intervals, and reports the batch done to the
  * consumer with the stream id of the push (rule 3 needs to know what is
- * outstanding). An n = 0 batch is pushed as positions only.
+ * outstanding). An n = 0 batch is pushed as positions only. Before a pull
+ * a worker waits until no more than [trainer] in_flight - 1 of its pushes
+ * are undecided (docs/design.md "Staleness and the controller"): the queue
+ * before the applier is the staleness, so it is never let grow.
  *
  * Membership (docs/design.md "Training modes"): each worker heartbeats once a
  * second into the members hash (backend, group, SSP clock, idle flag) and
@@ -45,6 +48,14 @@
 #define BEAT_NS        1000000000ull /* heartbeat period                    */
 #define POLL_NS        1000000ull    /* a waiting worker looks again after  */
 #define ROUND_BLOCK_MS 100           /* one blocking wait for a round, then a look at stop */
+#define IN_FLIGHT_MAX  16            /* [trainer] in_flight's upper bound       */
+
+/* A gradient pushed and not yet known to be applied: a channel ticket, or
+ * the stream id of a push through Redis. */
+typedef struct flight {
+    uint64_t ticket; /* 0: a stream push */
+    char id[PSSTORE_STREAM_ID_MAX];
+} flight_t;
 
 typedef struct worker {
     trainer_pool_t *pool;
@@ -62,6 +73,8 @@ typedef struct worker {
     uint64_t want_ns;        /* since when it waits for data (0: has some) */
     psstore_member_t *peers; /* members read buffer (ssp)                */
     size_t cap_peers;
+    flight_t flights[IN_FLIGHT_MAX]; /* FIFO of pushes not yet applied  */
+    int nflights, flight_head;
 } worker_t;
 
 struct trainer_pool {
@@ -74,6 +87,7 @@ struct trainer_pool {
     atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns;
     psstore_mode_t mode;
     int64_t ssp_bound, idle_ms, round_wait_ms;
+    int in_flight;
     psstore_local_t *local;
     atomic_int_least64_t version;
     atomic_uint_least64_t epoch;
@@ -87,6 +101,77 @@ static void sleep_ns(uint64_t ns)
     struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0) {
     }
+}
+
+/* Writes the worker's members entry (a heartbeat). A failure is logged at
+ * debug level only (the pull and push report the outage); the next beat
+ * tries again. */
+static void beat(worker_t *wk)
+{
+    wk->me.beat++;
+    wk->beat_ns = fr_clock_mono_ns();
+    if (psstore_member_beat(wk->cl, &wk->me) != FR_OK)
+        fr_log(FR_LOG_DEBUG, "worker %s: heartbeat: %s", wk->id, psstore_client_error(wk->cl));
+}
+
+static void beat_due(worker_t *wk)
+{
+    if (fr_clock_mono_ns() - wk->beat_ns >= BEAT_NS)
+        beat(wk);
+}
+
+/* Notes a push that is in flight (a ticket of the channel, or a stream id).
+ * Round modes bound it already (a worker waits for its round to close) and
+ * are not tracked. */
+static void flight_add(worker_t *wk, uint64_t ticket, const char *id)
+{
+    trainer_pool_t *p = wk->pool;
+    if (p->in_flight < 1 || psstore_mode_rounds(p->mode))
+        return;
+    if (wk->nflights == IN_FLIGHT_MAX) { /* cannot happen: in_flight <= max */
+        wk->flight_head = (wk->flight_head + 1) % IN_FLIGHT_MAX;
+        wk->nflights--;
+    }
+    flight_t *f = &wk->flights[(wk->flight_head + wk->nflights) % IN_FLIGHT_MAX];
+    f->ticket = ticket;
+    snprintf(f->id, sizeof(f->id), "%s", id != NULL ? id : "");
+    wk->nflights++;
+}
+
+/*
+ * The in-flight bound (docs/design.md "Staleness and the controller"):
+ * before it pulls, a worker with in_flight gradients pushed and not yet
+ * applied waits until the oldest is (on the channel: in the published
+ * weights; through Redis: committed). Its next gradient is then computed
+ * on weights that hold all but in_flight - 1 of its own, and the queue
+ * before the applier never holds more than in_flight per worker: the
+ * staleness that is left comes from the other workers' concurrency. A
+ * wait ends after PUSH_WAIT_MS whatever happened (a lost gradient is read
+ * again by the gap rule), or at a stop.
+ */
+static void flights_wait(worker_t *wk)
+{
+    trainer_pool_t *p = wk->pool;
+    if (wk->nflights < p->in_flight || wk->nflights == 0)
+        return;
+    flight_t *f = &wk->flights[wk->flight_head];
+    uint64_t t0 = fr_clock_mono_ns();
+    uint64_t limit = (uint64_t)PUSH_WAIT_MS * 1000000ull;
+    while (!atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
+        if (f->ticket > 0) {
+            if (p->local == NULL ||
+                psstore_local_wait_applied(p->local, f->ticket, NEXT_WAIT_MS) != FR_ERR_TIMEOUT)
+                break;
+        } else {
+            int applied = 0;
+            if (psstore_applied_wait(wk->cl, f->id, ROUND_BLOCK_MS, &applied) != FR_OK || applied)
+                break;
+        }
+        beat_due(wk);
+    }
+    wk->flight_head = (wk->flight_head + 1) % IN_FLIGHT_MAX;
+    wk->nflights--;
+    atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
 }
 
 /*
@@ -107,6 +192,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     /* an n = 0 batch needs the store's epoch too, or the applier drops it
      * (reason "epoch") without marking its positions */
     int changed = 0;
+    flights_wait(wk);
     /* the in-process channel while this process's applier holds the lease
      * (docs/design.md "The co-located fast path"), Redis otherwise */
     int local = p->local != NULL &&
@@ -160,34 +246,22 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     if (local) {
         /* weights of the channel may be newer than Redis's: a gradient on
          * them goes back the same way, or is abandoned (read again) */
-        err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS);
+        uint64_t ticket = 0;
+        err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
         if (err != FR_OK)
             fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
+        else if (b->n > 0)
+            flight_add(wk, ticket, NULL);
     } else {
         err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
         if (err != FR_OK)
             fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
         *id = psstore_client_last_id(wk->cl);
+        if (err == FR_OK && b->n > 0)
+            flight_add(wk, 0, *id);
     }
     atomic_fetch_add(&p->push_ns, fr_clock_mono_ns() - t1);
     return err;
-}
-
-/* Writes the worker's members entry (a heartbeat). A failure is logged at
- * debug level only (the pull and push report the outage); the next beat
- * tries again. */
-static void beat(worker_t *wk)
-{
-    wk->me.beat++;
-    wk->beat_ns = fr_clock_mono_ns();
-    if (psstore_member_beat(wk->cl, &wk->me) != FR_OK)
-        fr_log(FR_LOG_DEBUG, "worker %s: heartbeat: %s", wk->id, psstore_client_error(wk->cl));
-}
-
-static void beat_due(worker_t *wk)
-{
-    if (fr_clock_mono_ns() - wk->beat_ns >= BEAT_NS)
-        beat(wk);
 }
 
 /* The smallest clock among the other live, non-idle members (members the
@@ -401,6 +475,7 @@ trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, 
     p->ssp_bound = conf->ssp_bound;
     p->idle_ms = conf->idle_ms > 0 ? conf->idle_ms : 2000;
     p->round_wait_ms = conf->round_wait_ms > 0 ? conf->round_wait_ms : 6000;
+    p->in_flight = conf->in_flight < IN_FLIGHT_MAX ? conf->in_flight : IN_FLIGHT_MAX;
     pthread_mutex_init(&p->lock, NULL);
     atomic_init(&p->version, -1);
     char host[64] = "host";

@@ -124,7 +124,7 @@ static void test_gradients_in_memory_are_applied_and_committed(void **state)
     assert_false(psstore_local_open(l));
     assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_ERR_STATE);
     psstore_grad_t msg = grad(g, &range, 1, 0, 4, 0, 0);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_ERR_STATE);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_ERR_STATE);
 
     psstore_applier_t *a = applier(model, l);
     assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
@@ -140,11 +140,17 @@ static void test_gradients_in_memory_are_applied_and_committed(void **state)
     assert_true(epoch == store_epoch);
 
     msg = grad(g, &range, 1, 0, 4, epoch, 0);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    uint64_t t1 = 0, t2 = 0;
+    assert_int_equal(psstore_local_push(l, &msg, 100, &t1), FR_OK);
     msg = grad(g, &range, 2, 4, 4, epoch, 0);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100, &t2), FR_OK);
+    assert_true(t2 == t1 + 1);
+    /* the in-flight bound: a push is not done before the applier decided
+     * it and published the weights holding it */
+    assert_int_equal(psstore_local_wait_applied(l, t1, 30), FR_ERR_TIMEOUT);
     for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 2; i++)
         assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t2, 30), FR_OK);
     int ks[] = {1, 2};
     expected(want, ks, 2);
     store_weights(model, w, &store_epoch, &store_version);
@@ -175,10 +181,13 @@ static void test_gradients_in_memory_are_applied_and_committed(void **state)
     /* the lease lost (here: the applier gone): the channel closes, a queued
      * gradient is dropped unrecorded and pushes are refused */
     msg = grad(g, &range, 4, 12, 4, epoch, 3);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    uint64_t t4 = 0;
+    assert_int_equal(psstore_local_push(l, &msg, 100, &t4), FR_OK);
     psstore_applier_destroy(a);
     assert_false(psstore_local_open(l));
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_ERR_STATE);
+    /* a waiter of a lost gradient is told at once, not after its timeout */
+    assert_int_equal(psstore_local_wait_applied(l, t4, 5000), FR_ERR_STATE);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_ERR_STATE);
     assert_int_equal(query_int("GET freshet:{%s}:ver", model), 3);
     assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 12);
     psstore_local_destroy(l);
@@ -200,16 +209,16 @@ static void test_a_full_channel_pushes_back(void **state)
     assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
     psstore_range_t range;
     psstore_grad_t msg = grad(g, &range, 5, 0, 2, epoch, 0);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_OK);
     msg = grad(g, &range, 6, 2, 2, epoch, 0);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_OK);
     msg = grad(g, &range, 7, 4, 2, epoch, 0);
     uint64_t t0 = fr_clock_mono_ns();
-    assert_int_equal(psstore_local_push(l, &msg, 150), FR_ERR_TIMEOUT);
+    assert_int_equal(psstore_local_push(l, &msg, 150, NULL), FR_ERR_TIMEOUT);
     assert_true(fr_clock_mono_ns() - t0 >= 140000000ull);
     /* the applier frees the slots: the third goes in and all three apply */
     assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_OK);
     for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 3; i++)
         assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
     int ks[] = {5, 6, 7};
@@ -262,12 +271,12 @@ static void test_rounds_are_published_with_their_weights(void **state)
     assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
     psstore_range_t range;
     psstore_grad_t msg = grad(g, &range, 8, 0, 2, epoch, 0);
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_OK);
     assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
     assert_int_equal(psstore_local_round_wait(l, 0, 0, 100), FR_ERR_TIMEOUT);
     msg = grad(g, &range, 9, 2, 2, epoch, 0);
     msg.worker = "h/1/1";
-    assert_int_equal(psstore_local_push(l, &msg, 100), FR_OK);
+    assert_int_equal(psstore_local_push(l, &msg, 100, NULL), FR_OK);
     assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
     assert_int_equal(psstore_local_round_wait(l, 0, 0, 1000), FR_OK);
     assert_int_equal(psstore_local_round(l, 0, &round), FR_OK);

@@ -702,6 +702,73 @@ static void test_train_and_ps_learn_in_sync_mode_without_polling(void **state)
                  (long long)rounds);
 }
 
+/* Staleness of every update in model's versions stream, sorted, into
+ * taus[max]; returns their count. */
+static size_t taus_of(const char *model, int64_t *taus, size_t max)
+{
+    static char out[4 << 20];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "XRANGE freshet:{%s}:versions - +", model),
+        0);
+    size_t n = 0;
+    for (const char *p = out; n < max && (p = strstr(p, "\ntau\n")) != NULL; p += 5)
+        taus[n++] = strtoll(p + 5, NULL, 10);
+    for (size_t i = 1; i < n; i++) /* insertion sort: a few thousand */
+        for (size_t j = i; j > 0 && taus[j - 1] > taus[j]; j--) {
+            int64_t t = taus[j];
+            taus[j] = taus[j - 1];
+            taus[j - 1] = t;
+        }
+    return n;
+}
+
+/*
+ * The in-flight bound (docs/design.md "Staleness and the controller"):
+ * four workers on a model so small that the applier is the bottleneck.
+ * Without the bound the queue before the applier fills (two channel slots
+ * per worker, or max_pending on the stream) and the typical staleness is
+ * the queue's length, 2W - 1 = 7; with one gradient in flight per worker
+ * it is what concurrency makes: p50 <= W - 1 and p99 <= 2W, in freshet run
+ * (the in-process channel) and in train + ps (the Redis stream).
+ */
+static void check_in_flight_bound(const char *model, const char *topic, int stream)
+{
+    enum { N = 8000, NPARTS = 4, W = 4 };
+    produce(topic, NPARTS, N);
+    char conf[300], log_a[300], log_b[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
+    snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
+    write_config_extra(conf, model, topic, W, "async", "", 0, "", "");
+    pid_t ps = stream ? spawn_role("ps", conf, log_b) : 0;
+    pid_t tr = stream ? spawn_role("train", conf, log_a) : spawn_run(conf, log_a);
+    wait_watermarks(model, topic, NPARTS, N, log_a);
+    stop_run(tr, log_a);
+    if (stream)
+        stop_run(ps, log_b);
+    static int64_t taus[N];
+    size_t n = taus_of(model, taus, N);
+    assert_true(n >= N / 16 / 2);
+    int64_t p50 = taus[n / 2], p99 = taus[n * 99 / 100], max = taus[n - 1];
+    fr_log(FR_LOG_INFO, "%s, %d async workers: %zu updates, staleness p50 %lld p99 %lld max %lld",
+           stream ? "train + ps" : "run", W, n, (long long)p50, (long long)p99, (long long)max);
+    if (p50 > W - 1 || p99 > 2 * W)
+        fail_msg("staleness p50 %lld (bound %d), p99 %lld (bound %d)", (long long)p50, W - 1,
+                 (long long)p99, 2 * W);
+}
+
+static void test_in_flight_bounds_staleness_in_run(void **state)
+{
+    (void)state;
+    check_in_flight_bound("ifr", "ifr1", 0);
+}
+
+static void test_in_flight_bounds_staleness_in_train_and_ps(void **state)
+{
+    (void)state;
+    check_in_flight_bound("ifs", "ifs1", 1);
+}
+
 /*
  * SIGTERM stops a run within a few seconds even when both the broker and
  * Redis are gone (nothing to commit to, nobody to leave the group with):
@@ -767,6 +834,8 @@ int main(void)
         cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),
         cmocka_unit_test(test_train_and_ps_learn_in_sync_mode_without_polling),
         cmocka_unit_test(test_sync_trainers_survive_a_kill),
+        cmocka_unit_test(test_in_flight_bounds_staleness_in_run),
+        cmocka_unit_test(test_in_flight_bounds_staleness_in_train_and_ps),
         cmocka_unit_test(test_sigterm_with_broker_and_redis_gone_exits_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -552,8 +552,13 @@ static void test_adaptive_policy_uses_pushers_before_100_samples_then_the_median
     assert_close(d.n_eff, 4.0);
     assert_close(d.scale, 0.5);
     assert_close(d.lr_eff, 0.1);
+    /* ... and never more than the pushers: with one pusher a tau of 2 is
+     * a queue's, damped as the delay policy damps it (1 / 2) */
     d = prepare_tau(ctl, 2, 1);
-    assert_close(d.n_eff, 4.0);
+    assert_close(d.n_eff, 1.0);
+    assert_close(d.lr_eff, 0.1);
+    d = prepare_tau(ctl, 2, 3);
+    assert_close(d.n_eff, 3.0);
     assert_close(d.lr_eff, 0.2);
     psstore_ctl_destroy(ctl);
 
@@ -569,18 +574,43 @@ static void test_adaptive_policy_uses_pushers_before_100_samples_then_the_median
     psstore_ctl_destroy(ctl);
 }
 
+/*
+ * The adaptive rule by hand: n = min(p50(tau) + 1, pushers), s = n /
+ * max(n, tau). A queue makes the typical staleness 7 with 4 pushers: the
+ * median (7) would keep the full rate for it, the cap damps it to 4 / 7;
+ * what concurrency explains (tau 3 with 4 pushers) keeps the full rate.
+ */
+static void test_adaptive_damps_a_queues_typical_staleness(void **state)
+{
+    (void)state;
+    psstore_ctl_t *ctl = adaptive_ctl();
+    for (int i = 0; i < 100; i++)
+        prepare_tau(ctl, 7, 4);
+    psstore_decision_t d = prepare_tau(ctl, 7, 4);
+    assert_close(d.n_eff, 4.0);
+    assert_close(d.scale, 4.0 / 7.0);
+    assert_close(d.lr_eff, 0.2 * 4.0 / 7.0);
+    d = prepare_tau(ctl, 3, 4);
+    assert_close(d.scale, 1.0);
+    /* with 16 pushers the median is below the cap: n = 8 */
+    d = prepare_tau(ctl, 12, 16);
+    assert_close(d.n_eff, 8.0);
+    assert_close(d.lr_eff, 0.2 * 8.0 / 12.0);
+    psstore_ctl_destroy(ctl);
+}
+
 static void test_adaptive_median_is_the_lower_median(void **state)
 {
     (void)state;
     psstore_ctl_t *ctl = adaptive_ctl();
     for (int i = 0; i < 50; i++) {
-        prepare_tau(ctl, 5, 1);
-        prepare_tau(ctl, 1, 1);
+        prepare_tau(ctl, 5, 100);
+        prepare_tau(ctl, 1, 100);
     }
     /* sorted: 50 ones then 50 fives; index (100 - 1) / 2 = 49 is a one */
-    assert_close(prepare_tau(ctl, 5, 1).n_eff, 2.0);
+    assert_close(prepare_tau(ctl, 5, 100).n_eff, 2.0);
     /* now 101 samples, index 50 is a five */
-    assert_close(prepare_tau(ctl, 0, 1).n_eff, 6.0);
+    assert_close(prepare_tau(ctl, 0, 100).n_eff, 6.0);
     psstore_ctl_destroy(ctl);
 }
 
@@ -589,18 +619,18 @@ static void test_adaptive_window_slides_over_the_last_1000_gradients(void **stat
     (void)state;
     psstore_ctl_t *ctl = adaptive_ctl();
     for (int i = 0; i < 1000; i++)
-        prepare_tau(ctl, 3, 1);
+        prepare_tau(ctl, 3, 100);
     for (int i = 0; i < 500; i++) {
-        psstore_decision_t d = prepare_tau(ctl, 9, 1);
+        psstore_decision_t d = prepare_tau(ctl, 9, 100);
         assert_close(d.n_eff, 4.0);
     }
     /* window: 500 threes, 500 nines; index 499 is still a three */
-    assert_close(prepare_tau(ctl, 9, 1).n_eff, 4.0);
+    assert_close(prepare_tau(ctl, 9, 100).n_eff, 4.0);
     /* window: 499 threes, 501 nines; index 499 is a nine */
-    assert_close(prepare_tau(ctl, 9, 1).n_eff, 10.0);
+    assert_close(prepare_tau(ctl, 9, 100).n_eff, 10.0);
     for (int i = 0; i < 1000; i++)
-        prepare_tau(ctl, 2000000, 1); /* beyond max_staleness 50: dropped */
-    assert_close(prepare_tau(ctl, 9, 1).n_eff, 10.0);
+        prepare_tau(ctl, 2000000, 100); /* beyond max_staleness 50: dropped */
+    assert_close(prepare_tau(ctl, 9, 100).n_eff, 10.0);
     psstore_ctl_destroy(ctl);
 }
 
@@ -612,8 +642,8 @@ static void test_adaptive_window_clips_huge_staleness(void **state)
     conf.policy = PSSTORE_POLICY_ADAPTIVE;
     psstore_ctl_t *ctl = ctl_make(&conf, 1);
     for (int i = 0; i < 100; i++)
-        prepare_tau(ctl, INT64_C(1) << 40, 1);
-    psstore_decision_t d = prepare_tau(ctl, 0, 1);
+        prepare_tau(ctl, INT64_C(1) << 40, 1 << 20);
+    psstore_decision_t d = prepare_tau(ctl, 0, 1 << 20);
     assert_close(d.n_eff, 65536.0);
     assert_close(d.scale, 1.0);
     psstore_ctl_destroy(ctl);
@@ -629,7 +659,9 @@ static void test_reset_clears_the_adaptive_window(void **state)
     psstore_ctl_reset(ctl);
     for (int i = 0; i < 100; i++)
         assert_close(prepare_tau(ctl, 9, 6).n_eff, 6.0);
-    assert_close(prepare_tau(ctl, 9, 6).n_eff, 10.0);
+    /* the median (9) + 1 is above the 6 pushers: capped at 6 */
+    assert_close(prepare_tau(ctl, 9, 6).n_eff, 6.0);
+    assert_close(prepare_tau(ctl, 9, 16).n_eff, 10.0);
     psstore_ctl_destroy(ctl);
 }
 
@@ -937,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_inverse_policy_divides_the_rate_by_staleness),
         cmocka_unit_test(test_delay_policy_damps_only_staleness_beyond_the_pushers),
         cmocka_unit_test(test_adaptive_policy_uses_pushers_before_100_samples_then_the_median),
+        cmocka_unit_test(test_adaptive_damps_a_queues_typical_staleness),
         cmocka_unit_test(test_adaptive_median_is_the_lower_median),
         cmocka_unit_test(test_adaptive_window_slides_over_the_last_1000_gradients),
         cmocka_unit_test(test_adaptive_window_clips_huge_staleness),
