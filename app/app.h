@@ -16,6 +16,8 @@
 
 #include "common/common.h"
 #include "ingest/ingest.h"
+#include "model/model.h"
+#include "trainer/trainer.h"
 
 #define APP_EXIT_FAILURE 1
 #define APP_EXIT_USAGE   2
@@ -57,6 +59,34 @@ int app_cmd_train(int argc, char **argv); /* svc_run.c */
 fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url,
                               const char *name);
 int app_cmd_replay(int argc, char **argv); /* svc_replay.c */
+
+/* Samples applied to a model, counted from its versions stream (one entry
+ * per applied update, each with its samples n): run's --samples stop and
+ * compare's progress read it (svc_applied.c). Zero-initialise, then poll:
+ * each poll adds the entries newer than the last one seen. */
+typedef struct app_applied {
+    int64_t version;  /* the newest version counted */
+    int64_t samples;  /* samples of the updates counted */
+    int64_t versions; /* updates counted (rollbacks excluded) */
+} app_applied_t;
+fr_err_t app_applied_poll(psstore_conn_t *c, const char *model, app_applied_t *ap);
+
+int app_cmd_compare(int argc, char **argv); /* svc_compare.c */
+/* What compare scores final weights with: the model, a backend, the [eval]
+ * holdout set and a buffer of m->nparams floats (all borrowed). */
+typedef struct app_holdout {
+    const model_t *m;
+    trainer_backend_t *be;
+    const ingest_dataset_t *ds;
+    float *w;
+} app_holdout_t;
+struct cmp_run;
+/* Fills run r of compare (app/compare.h) from the store (its versions,
+ * evals and drops streams, the last keep entries of each at most, and its
+ * final weights scored on h) and from run's --summary file. 0, or -1 with
+ * r->error (svc_compare_measure.c). */
+int app_compare_measure(psstore_conn_t *c, const app_holdout_t *h, size_t keep, const char *summary,
+                        struct cmp_run *r);
 
 #include "serve/serve.h"
 int app_cmd_serve(int argc, char **argv); /* svc_serve.c */
@@ -102,6 +132,14 @@ int app_parse_long(const char *cmd, const char *opt, const char *s, long long mi
                    long long *out);
 int app_parse_double(const char *cmd, const char *opt, const char *s, double min, double max,
                      double *out);
+
+/* JSON text (jsonw.c): s as a JSON string; v as a number, null when it is
+ * not finite. */
+void app_json_str(FILE *out, const char *s);
+void app_json_num(FILE *out, double v);
+/* The number after the first "key": in text (for JSON whose keys are
+ * unique, as run's summary). 0, or -1 when absent or not a number. */
+int app_json_find_num(const char *text, const char *key, double *v);
 
 /* Loads a data file for the model's schema and reports what was skipped
  * (one warning line per reject reason); labels_opt names the option that

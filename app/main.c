@@ -24,6 +24,8 @@ static const struct {
     {"produce", app_cmd_produce, "load a data file into a Kafka topic, at a given rate"},
     {"broker", app_cmd_broker, "a local Kafka-protocol broker for development and tests"},
     {"replay", app_cmd_replay, "rewind a model's Kafka offsets (dry run unless --execute)"},
+    {"compare", app_cmd_compare,
+     "run freshet run per mode, workers and seed; report accuracy, speed and cost"},
     {"serve", app_cmd_serve,
      "publish weights, snapshots, stats, metrics and the dashboard over HTTP"},
 #endif

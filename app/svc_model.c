@@ -313,38 +313,23 @@ out:
     return rc;
 }
 
-/* Prints s as a JSON string. */
-static void json_string(FILE *out, const char *s)
-{
-    fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(out, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(out, "\\u%04x", *p);
-        else
-            fputc(*p, out);
-    }
-    fputc('"', out);
-}
-
 /* One JSON object on one line; "stopped" only when the guard stopped the
  * applier; the epoch as a string, since JSON numbers lose 64-bit values. */
 static void print_info(FILE *out, const psstore_model_info_t *info)
 {
     fputs("{\"name\":", out);
-    json_string(out, info->name);
+    app_json_str(out, info->name);
     fputs(",\"layers\":", out);
-    json_string(out, info->layers);
+    app_json_str(out, info->layers);
     fputs(",\"loss\":", out);
-    json_string(out, info->loss);
+    app_json_str(out, info->loss);
     fprintf(out,
             ",\"epoch\":\"%" PRIu64 "\",\"version\":%" PRId64 ",\"shards\":%d,\"bytes\":%zu,"
             "\"created_ms\":%" PRId64,
             info->epoch, info->version, info->shards, info->bytes, info->created_ms);
     if (info->stopped[0] != '\0') {
         fputs(",\"stopped\":", out);
-        json_string(out, info->stopped);
+        app_json_str(out, info->stopped);
     }
     fputs(",\"snapshots\":[", out);
     for (size_t i = 0; i < info->nsnaps; i++)

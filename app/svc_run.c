@@ -14,6 +14,7 @@
  * reads them again from the store's watermark), the applier commits what
  * it holds and releases the lease; exit 0.
  */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -27,15 +28,16 @@
 #include "trainer/pool.h"
 #include "trainer/trainer.h"
 
-#define PROGRESS_NS   5000000000ull /* a progress line this often */
-#define TICK_MS       200           /* the main loop's pace        */
-#define MAX_PROPS     256
-#define STORE_WAIT_MS 2000
+#define PROGRESS_NS     5000000000ull /* a progress line this often */
+#define TICK_MS         200           /* the main loop's pace        */
+#define SAMPLES_TICK_MS 10            /* --samples reads the count this often */
+#define MAX_PROPS       256
+#define STORE_WAIT_MS   2000
 
-static void usage_common(FILE *out, const char *cmd, const char *what)
+static void usage_common(FILE *out, const char *cmd, const char *what, const char *extra)
 {
     fprintf(out,
-            "usage: freshet %s --config F [--set section.key=value ...]\n"
+            "usage: freshet %s --config F [--set section.key=value ...]%s\n"
             "\n"
             "%s\n"
             "Samples come from [ingest] topic (librdkafka properties in [kafka], with\n"
@@ -50,15 +52,21 @@ static void usage_common(FILE *out, const char *cmd, const char *what)
             "\n"
             "  --config F           INI configuration (deploy/freshet.conf.example)\n"
             "  --set S.K=V          override one key (repeatable)\n"
+            "%s"
             "  -h, --help           this text\n",
-            cmd, what);
+            cmd, extra[0] != '\0' ? " [--samples N] [--summary F]" : "", what, extra);
 }
 
 static void run_usage(FILE *out)
 {
     usage_common(out, "run",
                  "Trains model [model] name from Kafka in one process: the consumer, the\n"
-                 "workers and the applier (the single writer of the model; see freshet ps).");
+                 "workers and the applier (the single writer of the model; see freshet ps).",
+                 "  --samples N          stop (as on SIGTERM) once the applier applied N samples,\n"
+                 "                       counted from the versions stream (0: never)\n"
+                 "  --summary F          at exit write a JSON summary to F: the workers' samples,\n"
+                 "                       batches, failed, compute_ns, push_ns, wait_ns; the\n"
+                 "                       applier's applied, dropped by reason, rounds, version\n");
 }
 
 static void train_usage(FILE *out)
@@ -66,7 +74,8 @@ static void train_usage(FILE *out)
     usage_common(out, "train",
                  "The trainer role: the consumer and the workers, without the applier (run\n"
                  "freshet ps, or freshet run, somewhere). Several processes share the topic's\n"
-                 "partitions through the consumer group freshet.<model>.");
+                 "partitions through the consumer group freshet.<model>.",
+                 "");
 }
 
 /* The holdout set of [eval] and what evaluating it needs. */
@@ -326,6 +335,12 @@ typedef struct role {
     psstore_local_t *local;
     holdout_t h;
     model_t m;
+    int64_t samples_limit; /* run --samples: stop at this many applied (0: never) */
+    const char *summary;   /* run --summary: the JSON summary's file, or NULL     */
+    app_applied_t applied; /* counted from the versions stream while a limit is set */
+    psstore_conn_t *watch; /* ... by the watcher thread, on this connection      */
+    pthread_t watch_tid;
+    int watching;
 } role_t;
 
 /* Checks [trainer] mode against [psstore] max_pending and builds the model
@@ -451,8 +466,60 @@ static int role_start(role_t *r)
     return rc;
 }
 
-/* The main thread until SIGINT or SIGTERM: the holdout and a progress
- * line every PROGRESS_NS. */
+/* run --samples: a thread of its own (the holdout can hold the main
+ * thread for a while) reads the versions stream every SAMPLES_TICK_MS on
+ * its own connection and sets app_stop, as SIGTERM does, once it counts
+ * samples_limit applied samples. It ends when app_stop is set; its count
+ * is read after the join. */
+static void *samples_main(void *arg)
+{
+    role_t *r = arg;
+    const char *model = fr_config_get(r->cfg, "model", "name");
+    int warned = 0;
+    while (!atomic_load(&app_stop)) {
+        struct timespec ts = {0, SAMPLES_TICK_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        if (app_applied_poll(r->watch, model, &r->applied) != FR_OK) {
+            if (!warned++)
+                fr_log(FR_LOG_WARN, "%s: --samples: %s", r->cmd, psstore_conn_error(r->watch));
+            continue;
+        }
+        if (r->applied.samples >= r->samples_limit && !atomic_exchange(&app_stop, 1))
+            fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld) at version %lld", r->cmd,
+                   (long long)r->applied.samples, (long long)r->samples_limit,
+                   (long long)r->applied.version);
+    }
+    return NULL;
+}
+
+/* Starts the --samples watcher when a limit is set. Returns 0 or
+ * APP_EXIT_FAILURE after printing why. */
+static int samples_start(role_t *r)
+{
+    char errstr[512];
+    if (r->samples_limit <= 0)
+        return 0;
+    r->watch = psstore_conn_new(fr_config_get(r->cfg, "redis", "url"), STORE_WAIT_MS, errstr,
+                                sizeof(errstr));
+    if (r->watch == NULL) {
+        fprintf(stderr, "freshet %s: --samples: %s\n", r->cmd, errstr);
+        return APP_EXIT_FAILURE;
+    }
+    r->watching = pthread_create(&r->watch_tid, NULL, samples_main, r) == 0;
+    return r->watching ? 0 : APP_EXIT_FAILURE;
+}
+
+static void samples_stop(role_t *r)
+{
+    if (r->watching)
+        pthread_join(r->watch_tid, NULL);
+    r->watching = 0;
+    psstore_conn_destroy(r->watch);
+    r->watch = NULL;
+}
+
+/* The main thread until SIGINT or SIGTERM (or --samples): the holdout and
+ * a progress line every PROGRESS_NS. */
 static void role_loop(role_t *r)
 {
     trainer_pool_stats_t prev = {0};
@@ -470,20 +537,28 @@ static void role_loop(role_t *r)
     fr_log(FR_LOG_INFO, "%s: stopping", r->cmd);
 }
 
+/* Stops what runs, HTTP first, then the consumer, the workers and the
+ * applier (which commits what it holds); their counters stay readable. */
+static void role_halt(role_t *r)
+{
+    serve_destroy(r->http);
+    r->http = NULL;
+    ingest_consumer_stop(r->src);
+    trainer_pool_stop(r->pool);
+    if (r->at.a != NULL && r->at.running) {
+        atomic_store(&r->at.stop, 1);
+        pthread_join(r->at.tid, NULL);
+        r->at.running = 0;
+    }
+}
+
 /* Stops and frees what role_open made, HTTP first, the config last. */
 static void role_close(role_t *r)
 {
-    serve_destroy(r->http);
-    ingest_consumer_stop(r->src);
+    role_halt(r);
     trainer_pool_destroy(r->pool);
     ingest_consumer_destroy(r->src);
-    if (r->at.a != NULL) {
-        if (r->at.running) {
-            atomic_store(&r->at.stop, 1);
-            pthread_join(r->at.tid, NULL);
-        }
-        psstore_applier_destroy(r->at.a);
-    }
+    psstore_applier_destroy(r->at.a);
     psstore_local_destroy(r->local);
     psstore_conn_destroy(r->store);
     holdout_close(&r->h);
@@ -492,10 +567,97 @@ static void role_close(role_t *r)
     fr_config_destroy(r->cfg);
 }
 
+/* run --summary: the workers' and the applier's counters as one JSON
+ * object (keys unique, for app_json_find_num). Returns 0 or
+ * APP_EXIT_FAILURE after printing why. */
+static int summary_write(const role_t *r, int stopped_by_samples)
+{
+    trainer_pool_stats_t st = {0};
+    psstore_applier_stats_t as = {0};
+    trainer_pool_stats(r->pool, &st);
+    if (r->at.a != NULL)
+        psstore_applier_stats(r->at.a, &as);
+    FILE *f = fopen(r->summary, "w");
+    if (f == NULL) {
+        fprintf(stderr, "freshet %s: --summary %s: %s\n", r->cmd, r->summary, strerror(errno));
+        return APP_EXIT_FAILURE;
+    }
+    fputs("{\"model\":", f);
+    app_json_str(f, fr_config_get(r->cfg, "model", "name"));
+    fputs(",\"mode\":", f);
+    app_json_str(f, fr_config_get(r->cfg, "trainer", "mode"));
+    fprintf(
+        f,
+        ",\"workers\":%lld,\"samples_limit\":%lld,\"stopped_by\":\"%s\","
+        "\"applied_samples\":%lld,\"trainer\":{\"samples\":%llu,\"batches\":%llu,"
+        "\"failed\":%llu,\"pulls\":%llu,\"compute_ns\":%llu,\"push_ns\":%llu,\"wait_ns\":%llu},",
+        (long long)fr_config_get_int(r->cfg, "trainer", "workers"), (long long)r->samples_limit,
+        stopped_by_samples ? "samples" : "signal", (long long)r->applied.samples,
+        (unsigned long long)st.samples, (unsigned long long)st.batches,
+        (unsigned long long)st.failed, (unsigned long long)st.pulls,
+        (unsigned long long)st.compute_ns, (unsigned long long)st.push_ns,
+        (unsigned long long)st.wait_ns);
+    fprintf(f,
+            "\"applier\":{\"applied\":%llu,\"rounds\":%llu,\"version\":%lld,\"commits\":%llu,"
+            "\"fenced\":%llu,\"dropped\":{",
+            (unsigned long long)as.applied, (unsigned long long)as.rounds, (long long)as.version,
+            (unsigned long long)as.commits, (unsigned long long)as.fenced);
+    for (int d = 0; d < PSSTORE_NDROP; d++)
+        fprintf(f, "%s\"%s\":%llu", d ? "," : "", psstore_drop_name((psstore_drop_t)d),
+                (unsigned long long)as.dropped[d]);
+    fputs("}}}\n", f);
+    if (fclose(f) != 0) {
+        fprintf(stderr, "freshet %s: --summary %s: %s\n", r->cmd, r->summary, strerror(errno));
+        return APP_EXIT_FAILURE;
+    }
+    return 0;
+}
+
+/* Takes run's own options (--samples N, --summary F, also as --opt=value)
+ * out of argv into r, leaving the --config and --set ones in argv (argc
+ * updated) for app_load_config. Returns 0 or an exit status. */
+static int run_opts_take(role_t *r, int *argc, char **argv)
+{
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        int samples = strncmp(a, "--samples", 9) == 0 && (a[9] == '\0' || a[9] == '=');
+        int summary = strncmp(a, "--summary", 9) == 0 && (a[9] == '\0' || a[9] == '=');
+        if (!samples && !summary) {
+            argv[out++] = argv[i];
+            /* the value of --config or --set is never an option of ours */
+            if ((strcmp(a, "--config") == 0 || strcmp(a, "--set") == 0) && i + 1 < *argc)
+                argv[out++] = argv[++i];
+            continue;
+        }
+        if (a[9] == '=')
+            v = a + 10;
+        else if (i + 1 < *argc)
+            v = argv[++i];
+        else
+            return app_usage_error(r->cmd, "%s needs a value", a);
+        long long n;
+        if (summary)
+            r->summary = v;
+        else if (app_parse_long(r->cmd, "--samples", v, 0, INT64_MAX, &n) != 0)
+            return APP_EXIT_USAGE;
+        else
+            r->samples_limit = n;
+    }
+    argv[out] = NULL;
+    *argc = out;
+    return 0;
+}
+
 /* freshet run (with_applier) and freshet train. */
 static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), int argc, char **argv)
 {
     role_t r = {.cmd = cmd, .h = {.last = -1}};
+    if (with_applier) {
+        int rc = run_opts_take(&r, &argc, argv);
+        if (rc != 0)
+            return rc;
+    }
     r.cfg = fr_config_new();
     r.metrics = fr_metrics_new();
     r.props = calloc(MAX_PROPS, sizeof(*r.props));
@@ -508,7 +670,14 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     int rc = role_open(&r, with_applier, usage, argc, argv);
     if (rc == 0) {
         rc = role_start(&r);
+        if (rc == 0 && (rc = samples_start(&r)) != 0)
+            atomic_store(&app_stop, 1);
         role_loop(&r);
+        samples_stop(&r);
+        role_halt(&r);
+        int by_samples = r.samples_limit > 0 && r.applied.samples >= r.samples_limit;
+        if (r.summary != NULL && summary_write(&r, by_samples) != 0 && rc == 0)
+            rc = APP_EXIT_FAILURE;
     }
     role_close(&r);
     return rc < 0 ? 0 : rc;

@@ -35,6 +35,11 @@ expect 0 "freshet eval --weights" -- "$F" eval --help
 expect 0 "backends: cpu" -- "$F" version
 expect 0 "freshet run --config" -- "$F" run --help
 expect 0 "freshet train --config" -- "$F" train --help
+expect 0 "--samples N" -- "$F" run --help
+expect 2 "--samples expects an integer" -- "$F" run --samples x
+expect 0 "freshet compare --config" -- "$F" compare --help
+expect 2 "unknown mode 'fast'" -- "$F" compare --config /dev/null --modes async,fast
+expect 2 "--workers expects an integer in 1..1024, got '-1'" -- "$F" compare --config /dev/null --workers -1
 expect 0 "freshet replay --model" -- "$F" replay --help
 expect 0 "freshet serve --config" -- "$F" serve --help
 expect 2 "listen 'nowhere': expected host:port" -- "$F" serve --set serve.listen=nowhere
