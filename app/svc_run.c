@@ -378,12 +378,15 @@ static int role_open_applier(role_t *r, int64_t workers, int64_t max_pending)
     int rc = app_applier_conf(r->cmd, r->cfg, r->metrics, &conf);
     if (rc != 0)
         return rc;
+    /* --samples: the applier stops taking gradients at the limit, so a
+     * run applies N samples and at most one batch (or round) more */
+    conf.sample_limit = r->samples_limit;
     if ((r->at.a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         return APP_EXIT_USAGE;
     }
-    /* the co-located fast path: two queued gradients per worker keep
-     * the applier busy without adding staleness */
+    /* the co-located fast path: with [trainer] in_flight = 1 a worker
+     * has one gradient queued at most; two slots each serve in_flight 0 */
     int64_t slots = 2 * workers < max_pending ? 2 * workers : max_pending;
     if ((r->local = psstore_local_new(r->m.nparams, (size_t)slots, errstr, sizeof(errstr))) ==
         NULL) {

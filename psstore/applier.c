@@ -608,6 +608,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     ps_applier_note_ts(a, g->ts_min_ms, g->ts_max_ms);
     audit(a, g, "applied");
     ps_applier_version_entry(a, g, &d);
+    a->samples += g->n;
     pthread_mutex_lock(&a->lock);
     a->stats.applied++;
     a->stats.lr_eff = d.lr_eff;
@@ -619,6 +620,17 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     fr_series_set(a->m_loss, a->last_loss);
     fr_series_observe(a->m_latency, (double)(fr_clock_mono_ns() - t0) * 1e-9);
     return mark_ranges(a, g);
+}
+
+int ps_applier_reading(const psstore_applier_t *a)
+{
+    return a->stopped[0] == '\0' &&
+           (a->conf.sample_limit <= 0 || a->samples < a->conf.sample_limit);
+}
+
+int psstore_applier_limit_reached(psstore_applier_t *a)
+{
+    return a->conf.sample_limit > 0 && a->samples >= a->conf.sample_limit;
 }
 
 /* Decodes one stream entry [id, [f, v, ...]] and decides it. */
@@ -716,7 +728,7 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
         if (last->type == REDIS_REPLY_ARRAY && last->elements >= 1)
             ps_reply_str(last->element[0], a->pending_from, sizeof(a->pending_from));
     }
-    for (size_t i = 0; i < n && a->active && a->stopped[0] == '\0'; i++) {
+    for (size_t i = 0; i < n && a->active && ps_applier_reading(a); i++) {
         if ((err = take_entry(a, entries->element[i])) != FR_OK)
             break;
         if (a->conf.commit_ms == 0 && (err = ps_applier_commit(a)) != FR_OK)
@@ -734,7 +746,7 @@ static fr_err_t take_local(psstore_applier_t *a, int wait_ms, int *n)
     const psstore_grad_t *gs[READ_COUNT];
     size_t k = ps_local_take(a->local, gs, READ_COUNT, wait_ms);
     fr_err_t err = FR_OK;
-    for (size_t i = 0; i < k && a->active && a->stopped[0] == '\0'; i++) {
+    for (size_t i = 0; i < k && a->active && ps_applier_reading(a); i++) {
         a->cur_id = LOCAL_ID;
         /* the slot's buffer is the channel's, ours until the release */
         a->cur_g = (float *)gs[i]->g;
@@ -864,7 +876,7 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
         goto out;
     if (a->conf.requests_only)
         return FR_OK;
-    if (a->stopped[0] != '\0') {
+    if (!ps_applier_reading(a)) {
         struct timespec ts = {0, (long)(block_ms < 500 ? block_ms : 500) * 1000000L};
         nanosleep(&ts, NULL);
         return FR_OK;

@@ -80,6 +80,7 @@ typedef struct buf {
 
 struct psstore_applier {
     psstore_applier_conf_t conf;
+    _Atomic int64_t samples; /* applied by this applier (conf.sample_limit) */
     char url[512], model[65];
     char token[96]; /* lease token and consumer name */
     char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
@@ -208,6 +209,9 @@ fr_err_t ps_applier_refresh_members(psstore_applier_t *a);
  * members last read, or conf.npushers ([trainer] workers) before any is
  * known. */
 int ps_applier_pushers(const psstore_applier_t *a);
+/* Whether the applier takes gradients: not stopped by the divergence guard
+ * and below its sample limit. */
+int ps_applier_reading(const psstore_applier_t *a);
 /* Nonzero when a round closed since the last commit or is ready to. */
 int ps_applier_rounds_waiting(const psstore_applier_t *a);
 /* Closes every ready round (with all set: every one holding a gradient). */

@@ -222,6 +222,7 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
         }
         ps_applier_version_entry(a, &sum, &d);
         ps_buf_kv(&a->versions, "k", "%zu", r->nheld);
+        a->samples += r->nsamples;
         pthread_mutex_lock(&a->lock);
         a->stats.applied += r->nheld;
         a->stats.rounds++;

@@ -434,6 +434,8 @@ typedef struct psstore_applier_conf {
     double snapshot_seconds;   /* seconds between snapshots; 0 = never      */
     int64_t snapshot_retain;   /* snapshots kept                            */
     int audit;                 /* append applied/dropped intervals to audit */
+    int64_t sample_limit;      /* stop reading gradients once this many samples
+                                  were applied (0: never; freshet run --samples) */
     int commit_drained;        /* end a commit window as soon as the stream has
                                   nothing to read: its pushers wait for the
                                   commit ([trainer] in_flight > 0)          */
@@ -518,6 +520,10 @@ typedef struct psstore_applier_stats {
 const char *psstore_drop_name(psstore_drop_t d);
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);
+/* Nonzero once conf.sample_limit samples were applied by this applier: it
+ * reads no more gradients (those read with the last one stay unapplied,
+ * as after a stop). */
+int psstore_applier_limit_reached(psstore_applier_t *a);
 
 /* The last Redis error of the applier's connection (one line). */
 const char *psstore_applier_error(const psstore_applier_t *a);
