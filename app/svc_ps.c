@@ -105,7 +105,8 @@ int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_con
     if (psstore_policy_parse(fr_config_get(cfg, "controller", "policy"), &ctl->policy) != FR_OK ||
         psstore_optim_parse(fr_config_get(cfg, "controller", "optimizer"), &ctl->optim) != FR_OK)
         return app_usage_error(cmd, "bad [controller] policy or optimizer");
-    if (strcmp(fr_config_get(cfg, "trainer", "mode"), "adaptive") == 0)
+    const char *mode = fr_config_get(cfg, "trainer", "mode");
+    if (strcmp(mode, "adaptive") == 0 || strcmp(mode, "auto") == 0)
         ctl->policy = PSSTORE_POLICY_ADAPTIVE;
     return 0;
 }

@@ -237,12 +237,13 @@ static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const 
     char errstr[512];
     int workers = (int)fr_config_get_int(cfg, "trainer", "workers");
     double *slowdown = calloc((size_t)workers, sizeof(double));
+    double *slow_s = calloc((size_t)workers, sizeof(double));
     int *devices = calloc((size_t)workers, sizeof(int));
     trainer_pool_t *pool = NULL;
-    if (slowdown == NULL || devices == NULL) {
+    if (slowdown == NULL || slow_s == NULL || devices == NULL) {
         fprintf(stderr, "freshet %s: out of memory\n", cmd);
-    } else if (trainer_slowdown_parse(fr_config_get(cfg, "trainer", "slowdown"), workers, slowdown,
-                                      errstr, sizeof(errstr)) != FR_OK ||
+    } else if (trainer_slowdown_parse_timed(fr_config_get(cfg, "trainer", "slowdown"), workers,
+                                            slowdown, slow_s, errstr, sizeof(errstr)) != FR_OK ||
                trainer_devices_parse(fr_config_get(cfg, "trainer", "devices"), workers, devices,
                                      errstr, sizeof(errstr)) != FR_OK) {
         app_usage_error(cmd, "%s", errstr);
@@ -257,6 +258,7 @@ static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const 
             .max_batch = (int)fr_config_get_int(cfg, "ingest", "batch"),
             .max_pending = fr_config_get_int(cfg, "psstore", "max_pending"),
             .slowdown = slowdown,
+            .slowdown_s = slow_s,
             .source = source,
             .metrics = metrics,
             .local = local,
@@ -273,6 +275,7 @@ static trainer_pool_t *pool_open(const char *cmd, const fr_config_t *cfg, const 
         if ((pool = trainer_pool_new(&conf, errstr, sizeof(errstr))) == NULL)
             fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
     }
+    free(slow_s);
     free(slowdown);
     free(devices);
     return pool;

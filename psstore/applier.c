@@ -275,6 +275,7 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     ps_key(a->k_members, a->model, "members");
     ps_key(a->k_rounds, a->model, "rounds");
     register_metrics(a);
+    ps_auto_init(a);
 
     a->c = psstore_conn_new(a->url, 5000, errstr, size);
     if (a->c == NULL)
@@ -332,6 +333,7 @@ void ps_applier_drop_state(psstore_applier_t *a)
     a->nparts = 0;
     ps_applier_forget_pending(a);
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
+    a->au.shown = 0; /* the next holder writes its phase */
     a->nsnaps = 0;
     a->nts_pending = 0;
     /* held gradients stay pending in the stream: the reload reads them again */
@@ -583,6 +585,11 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     }
     if (psstore_mode_rounds(a->conf.mode))
         return ps_applier_round_take(a, g);
+    if (ps_auto_backup_drop(a, g)) { /* mode auto's backup phase */
+        ps_applier_count_drop(a, PSSTORE_DROPPED_BACKUP, g);
+        audit(a, g, psstore_drop_name(PSSTORE_DROPPED_BACKUP));
+        return mark_ranges(a, g);
+    }
     uint64_t t0 = fr_clock_mono_ns();
     float *gw = a->cur_g; /* the controller works in place */
     if (gw == NULL) {
@@ -608,6 +615,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     ps_applier_note_ts(a, g->ts_min_ms, g->ts_max_ms);
     audit(a, g, "applied");
     ps_applier_version_entry(a, g, &d);
+    ps_auto_note_tau(a, g->worker, d.tau);
     a->samples += g->n;
     pthread_mutex_lock(&a->lock);
     a->stats.applied++;
@@ -891,6 +899,8 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
         goto out;
     if (a->active && psstore_mode_rounds(a->conf.mode) &&
         (err = ps_applier_rounds_close(a, 0)) != FR_OK)
+        goto out;
+    if (a->active && (err = ps_auto_tick(a)) != FR_OK)
         goto out;
     if (a->active)
         err = ps_applier_commit(a);

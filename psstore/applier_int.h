@@ -72,6 +72,29 @@ typedef struct round {
     double loss_sum;
 } round_t;
 
+/* Mode auto (applier_auto.c): a worker's gradients in the current window. */
+#define AUTO_MAX_WORKERS 256
+#define AUTO_MAX_TAUS    4096
+typedef struct auto_worker {
+    char id[128];
+    uint32_t arrivals; /* gradients received this window        */
+    int absent;        /* windows in a row without one           */
+    int straggler;     /* judged a straggler at the last window  */
+} auto_worker_t;
+
+typedef struct auto_state {
+    psstore_phase_t phase;
+    uint64_t window_ns; /* the current window began           */
+    auto_worker_t workers[AUTO_MAX_WORKERS];
+    int nworkers;
+    int64_t taus[AUTO_MAX_TAUS]; /* applied this window, stragglers' aside */
+    size_t ntaus;
+    int calm;          /* windows in a row that called for another phase */
+    uint64_t switches; /* since this applier started        */
+    int shown;         /* meta holds the current phase      */
+    fr_series_t *m_switch[PSSTORE_NPHASE][PSSTORE_NPHASE];
+} auto_state_t;
+
 /* A growable byte buffer, kept between commits. */
 typedef struct buf {
     char *p;
@@ -80,6 +103,7 @@ typedef struct buf {
 
 struct psstore_applier {
     psstore_applier_conf_t conf;
+    auto_state_t au;         /* mode auto */
     _Atomic int64_t samples; /* applied by this applier (conf.sample_limit) */
     char url[512], model[65];
     char token[96]; /* lease token and consumer name */
@@ -212,6 +236,20 @@ int ps_applier_pushers(const psstore_applier_t *a);
 /* Whether the applier takes gradients: not stopped by the divergence guard
  * and below its sample limit. */
 int ps_applier_reading(const psstore_applier_t *a);
+
+/* applier_lease.c: sets up to two meta fields when this applier still
+ * holds the lease (*done = 1); f2 may be NULL. */
+fr_err_t ps_applier_meta_set(psstore_applier_t *a, int *done, const char *f1, const char *v1,
+                             const char *f2, const char *v2);
+
+/* applier_auto.c, mode auto (docs/design.md "Mode auto"): the state and
+ * the switch counters; notes g's arrival and says whether it is a
+ * backup's stale gradient to drop; notes an applied gradient's staleness;
+ * decides the phase once a window and publishes it. */
+void ps_auto_init(psstore_applier_t *a);
+int ps_auto_backup_drop(psstore_applier_t *a, const psstore_grad_t *g);
+void ps_auto_note_tau(psstore_applier_t *a, const char *worker, int64_t tau);
+fr_err_t ps_auto_tick(psstore_applier_t *a);
 /* Nonzero when a round closed since the last commit or is ready to. */
 int ps_applier_rounds_waiting(const psstore_applier_t *a);
 /* Closes every ready round (with all set: every one holding a gradient). */

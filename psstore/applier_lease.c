@@ -30,8 +30,8 @@ void ps_reply_str(const redisReply *r, char *out, size_t size)
  * lease cannot change its successor's epoch or stop its model. Returns
  * FR_OK with *done = 0 when the lease is someone else's.
  */
-static fr_err_t guarded_meta_set(psstore_applier_t *a, int *done, const char *f1, const char *v1,
-                                 const char *f2, const char *v2)
+fr_err_t ps_applier_meta_set(psstore_applier_t *a, int *done, const char *f1, const char *v1,
+                             const char *f2, const char *v2)
 {
     static const char *script = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
                                 "redis.call('HSET', KEYS[2], unpack(ARGV, 2)) return 1 end "
@@ -160,7 +160,7 @@ static fr_err_t new_epoch(psstore_applier_t *a, const char *run_id)
     char epoch_s[32];
     int done = 0;
     snprintf(epoch_s, sizeof(epoch_s), "%llu", (unsigned long long)epoch);
-    if ((err = guarded_meta_set(a, &done, "epoch", epoch_s, "redis_run_id", run_id)) != FR_OK)
+    if ((err = ps_applier_meta_set(a, &done, "epoch", epoch_s, "redis_run_id", run_id)) != FR_OK)
         return err;
     if (!done)
         return ps_fail(a->c, FR_ERR_STATE, "model '%s': lease lost while taking over", a->model);
@@ -202,8 +202,8 @@ static fr_err_t load_state(psstore_applier_t *a)
 
     /* the mode this applier runs, for operators (serve's metadata) */
     int shown = 0;
-    if ((err = guarded_meta_set(a, &shown, "mode", psstore_mode_name(a->conf.mode), NULL, NULL)) !=
-        FR_OK)
+    if ((err = ps_applier_meta_set(a, &shown, "mode", psstore_mode_name(a->conf.mode), NULL,
+                                   NULL)) != FR_OK)
         return err;
     /* Redis restarted (or the model came from elsewhere): a new epoch */
     return strcmp(run_id, meta_run) != 0 ? new_epoch(a, run_id) : FR_OK;
@@ -375,7 +375,7 @@ void ps_applier_stop_model(psstore_applier_t *a, const char *reason)
     if (a->local != NULL)
         ps_local_close(a->local); /* workers wait on the stream's bound */
     int done = 0;
-    if (guarded_meta_set(a, &done, "stopped", reason, NULL, NULL) == FR_OK && !done)
+    if (ps_applier_meta_set(a, &done, "stopped", reason, NULL, NULL) == FR_OK && !done)
         ps_applier_fenced(a, "stopping the model");
     ps_applier_stats_update(a);
 }

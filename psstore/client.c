@@ -545,3 +545,17 @@ fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms
     freeReplyObject(r);
     return entry_gone(cl, id, applied);
 }
+
+fr_err_t psstore_phase_read(psstore_client_t *cl, psstore_phase_t *phase)
+{
+    fr_err_t err;
+    redisReply *r = ps_cmd(cl->c, 0, &err, "HGET %s phase", cl->key_meta);
+    if (r == NULL)
+        return err;
+    char name[16] = "";
+    if (r->type == REDIS_REPLY_STRING)
+        ps_reply_copy(name, sizeof(name), r);
+    freeReplyObject(r);
+    *phase = psstore_phase_parse(name);
+    return FR_OK;
+}

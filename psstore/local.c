@@ -56,6 +56,7 @@ struct psstore_local {
      * weights when done >= i */
     uint64_t consumed, done;
     uint64_t lost_lo, lost_hi; /* the last close lost tickets (lo, hi] */
+    psstore_phase_t phase;     /* mode auto's, as the applier set it     */
     /* rounds closed per group since the channel opened (round modes),
      * published with the weights they produced */
     int64_t rounds[PS_LOCAL_GROUPS];
@@ -289,6 +290,22 @@ fr_err_t psstore_local_wait_applied(psstore_local_t *l, uint64_t ticket, int tim
         err = FR_ERR_STATE;
     pthread_mutex_unlock(&l->lock);
     return err;
+}
+
+void ps_local_set_phase(psstore_local_t *l, psstore_phase_t phase)
+{
+    pthread_mutex_lock(&l->lock);
+    l->phase = phase;
+    pthread_mutex_unlock(&l->lock);
+}
+
+fr_err_t psstore_local_phase(psstore_local_t *l, psstore_phase_t *phase)
+{
+    pthread_mutex_lock(&l->lock);
+    int open = l->open;
+    *phase = l->phase;
+    pthread_mutex_unlock(&l->lock);
+    return open ? FR_OK : FR_ERR_STATE;
 }
 
 size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max, int wait_ms)

@@ -17,7 +17,22 @@
 
 #include "psstore/psstore_int.h"
 
-static const char *const mode_names[] = {"async", "sync", "backup", "groups", "ssp", "adaptive"};
+static const char *const mode_names[] = {"async", "sync",     "backup", "groups",
+                                         "ssp",   "adaptive", "auto"};
+static const char *const phase_names[] = {"async", "backup", "ssp"};
+
+const char *psstore_phase_name(psstore_phase_t phase)
+{
+    return (unsigned)phase < PSSTORE_NPHASE ? phase_names[phase] : "unknown";
+}
+
+psstore_phase_t psstore_phase_parse(const char *name)
+{
+    for (int i = 0; name != NULL && i < PSSTORE_NPHASE; i++)
+        if (strcmp(name, phase_names[i]) == 0)
+            return (psstore_phase_t)i;
+    return PSSTORE_PHASE_ASYNC;
+}
 
 fr_err_t psstore_mode_parse(const char *name, psstore_mode_t *mode)
 {

@@ -613,6 +613,10 @@ static void info_from_meta(psstore_model_info_t *info, const redisReply *meta)
             ps_reply_copy(info->stopped, sizeof(info->stopped), v);
         else if (strcmp(f->str, "mode") == 0)
             ps_reply_copy(info->mode, sizeof(info->mode), v);
+        else if (strcmp(f->str, "phase") == 0)
+            ps_reply_copy(info->phase, sizeof(info->phase), v);
+        else if (strcmp(f->str, "mode_switches") == 0 && reply_int64(v, &x) == 0)
+            info->mode_switches = x;
         else if (strcmp(f->str, "epoch") == 0)
             reply_uint64(v, &info->epoch);
         else if (strcmp(f->str, "shards") == 0 && reply_int64(v, &x) == 0 && x > 0 && x < 1 << 20)

@@ -89,10 +89,12 @@ typedef struct psstore_model_info {
     int shards;
     size_t bytes; /* bytes of weights (shard 0)                   */
     int64_t created_ms;
-    char stopped[256]; /* divergence guard's reason, "" while running */
-    char mode[16];     /* the training mode its applier last ran ("" before any) */
-    size_t nsnaps;     /* retained snapshots ...                        */
-    int64_t snaps[64]; /* ... their versions, oldest first (at most 64) */
+    char stopped[256];     /* divergence guard's reason, "" while running */
+    char mode[16];         /* the training mode its applier last ran ("" before any) */
+    char phase[16];        /* mode auto: its phase (psstore_phase_name), else "" */
+    int64_t mode_switches; /* mode auto: phase switches of the current applier */
+    size_t nsnaps;         /* retained snapshots ...                        */
+    int64_t snaps[64];     /* ... their versions, oldest first (at most 64) */
 } psstore_model_info_t;
 
 /* FR_ERR_NOTFOUND when there is no such model. */
@@ -197,12 +199,27 @@ typedef enum psstore_mode {
     PSSTORE_MODE_GROUPS = 3,   /* a sync round per group, groups asynchronous  */
     PSSTORE_MODE_SSP = 4,      /* async; clocks at most s ahead of the slowest */
     PSSTORE_MODE_ADAPTIVE = 5, /* async with the adaptive policy               */
+    PSSTORE_MODE_AUTO = 6,     /* adaptive, switching to backup or ssp phases  */
 } psstore_mode_t;
 
 fr_err_t psstore_mode_parse(const char *name, psstore_mode_t *mode);
 const char *psstore_mode_name(psstore_mode_t mode);
 /* Nonzero for the modes whose applier averages rounds: sync, backup, groups. */
 int psstore_mode_rounds(psstore_mode_t mode);
+/* Mode auto's phases (docs/design.md "Mode auto"): async (every gradient at
+ * the adaptive rate), backup (a straggler's stale gradients are dropped)
+ * and ssp (workers keep within ssp_bound clocks of the slowest). The
+ * applier publishes the phase in meta (field "phase") and on the
+ * in-process channel. */
+typedef enum psstore_phase {
+    PSSTORE_PHASE_ASYNC = 0,
+    PSSTORE_PHASE_BACKUP = 1,
+    PSSTORE_PHASE_SSP = 2,
+} psstore_phase_t;
+#define PSSTORE_NPHASE 3
+const char *psstore_phase_name(psstore_phase_t phase);
+/* "" and unknown names read as async. */
+psstore_phase_t psstore_phase_parse(const char *name);
 
 /* One worker's entry in freshet:{m}:members. */
 typedef struct psstore_member {
@@ -237,6 +254,9 @@ fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int 
  * stream), else after blocking up to block_ms on the versions and drops
  * streams *applied = 0 and the caller looks again. */
 fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms, int *applied);
+/* Mode auto: the phase the applier holding the lease wrote into meta
+ * (async when none). */
+fr_err_t psstore_phase_read(psstore_client_t *cl, psstore_phase_t *phase);
 
 /* ------------------------------------------------------------------------
  * The co-located fast path (docs/design.md "The co-located fast path"): in freshet run
@@ -269,6 +289,9 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
  * FR_ERR_TIMEOUT after timeout_ms, FR_ERR_STATE when the channel closed
  * first (the gradient was lost). */
 fr_err_t psstore_local_wait_applied(psstore_local_t *l, uint64_t ticket, int timeout_ms);
+/* Mode auto: the phase the attached applier runs (FR_ERR_STATE when the
+ * channel is closed; *phase is then the last one set). */
+fr_err_t psstore_local_phase(psstore_local_t *l, psstore_phase_t *phase);
 /* Round modes: the rounds group closed since the channel opened (as
  * psstore_round_read counts them in Redis), published together with the
  * weights they produced; and a wait until that count passes round

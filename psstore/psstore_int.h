@@ -172,6 +172,8 @@ void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t v
 void ps_local_close(psstore_local_t *l);
 /* Publishes the weights at (epoch, version) when they moved, and the
  * rounds closed per group (rounds[PS_LOCAL_GROUPS], or NULL) with them. */
+/* Mode auto: the phase workers on the channel follow. */
+void ps_local_set_phase(psstore_local_t *l, psstore_phase_t phase);
 void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version,
                       const int64_t *rounds);
 /* Takes up to max queued gradients in FIFO order into out (waiting up to

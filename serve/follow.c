@@ -534,6 +534,9 @@ static int64_t stats_model(sv_buf_t *b, struct serve *s, sv_model_t *m, int64_t 
     sv_json_str(b, info.loss);
     sv_puts(b, ",\"mode\":");
     sv_json_str(b, info.mode);
+    sv_puts(b, ",\"phase\":");
+    sv_json_str(b, info.phase);
+    sv_printf(b, ",\"mode_switches\":%lld", (long long)info.mode_switches);
     sv_printf(b, ",\"time_ms\":%lld,", (long long)now);
     sv_puts(b, "\"snapshots\":[");
     for (size_t i = 0; i < m->nsnaps; i++)

@@ -46,6 +46,8 @@ typedef struct trainer_pool_conf {
     int max_batch;             /* the consumer's batch size              */
     int64_t max_pending;       /* [psstore] max_pending                  */
     const double *slowdown;    /* [workers] factors >= 1, NULL: none     */
+    const double *slowdown_s;  /* [workers] seconds the factor lasts from
+                                  the start (0: always), NULL: always    */
     ingest_consumer_t *source; /* borrowed; batches come from here       */
     fr_metrics_t *metrics;     /* may be NULL                            */
     psstore_mode_t mode;       /* [trainer] mode (async by default)      */

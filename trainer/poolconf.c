@@ -12,8 +12,17 @@
 
 fr_err_t trainer_slowdown_parse(const char *text, int n, double *factors, char *errstr, size_t size)
 {
-    for (int i = 0; i < n; i++)
+    return trainer_slowdown_parse_timed(text, n, factors, NULL, errstr, size);
+}
+
+fr_err_t trainer_slowdown_parse_timed(const char *text, int n, double *factors, double *seconds,
+                                      char *errstr, size_t size)
+{
+    for (int i = 0; i < n; i++) {
         factors[i] = 1.0;
+        if (seconds != NULL)
+            seconds[i] = 0.0;
+    }
     for (const char *p = text != NULL ? text : ""; *p != '\0';) {
         char *end;
         errno = 0;
@@ -25,11 +34,21 @@ fr_err_t trainer_slowdown_parse(const char *text, int n, double *factors, char *
                              p, n - 1);
         const char *f = end + 1;
         double factor = strtod(f, &end);
+        double secs = 0.0;
+        if (end != f && *end == ':') { /* <worker>:<factor>:<seconds> */
+            const char *s = end + 1;
+            secs = strtod(s, &end);
+            if (end == s || errno != 0 || !isfinite(secs) || secs <= 0)
+                return fr_errorf(FR_ERR_INVAL, errstr, size,
+                                 "[trainer] slowdown: '%s': the duration must be seconds > 0", s);
+        }
         if (end == f || errno != 0 || !isfinite(factor) || factor < 1.0 ||
             (*end != ',' && *end != '\0') || (*end == ',' && end[1] == '\0'))
             return fr_errorf(FR_ERR_INVAL, errstr, size,
                              "[trainer] slowdown: '%s': the factor must be a number >= 1", f);
         factors[worker] = factor;
+        if (seconds != NULL)
+            seconds[worker] = secs;
         p = *end == ',' ? end + 1 : end;
     }
     return FR_OK;

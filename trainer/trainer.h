@@ -67,9 +67,13 @@ fr_err_t trainer_reference_gradient(const model_t *m, double *grad, double *loss
  * The worker pool's settings (poolconf.c): pure, so in every build; the
  * pool itself is trainer/pool.h.
  * ---------------------------------------------------------------------- */
-/* Parses "[trainer] slowdown" ("<worker>:<factor>,...", worker in [0, n),
- * factor >= 1) into factors[n] (1 for the others). FR_ERR_INVAL with
- * errstr. */
+/* Parses "[trainer] slowdown" ("<worker>:<factor>[:<seconds>],...", worker
+ * in [0, n), factor >= 1, seconds > 0: slowed for the run's first seconds
+ * only) into factors[n] (1 for the others) and seconds[n] (0: the whole
+ * run; seconds may be NULL). FR_ERR_INVAL with errstr. */
+fr_err_t trainer_slowdown_parse_timed(const char *text, int n, double *factors, double *seconds,
+                                      char *errstr, size_t size);
+/* The same without the durations. */
 fr_err_t trainer_slowdown_parse(const char *text, int n, double *factors, char *errstr,
                                 size_t size);
 /* Parses "[trainer] devices" ("0,0,1"; empty: every worker on device 0)

@@ -65,7 +65,8 @@ typedef struct worker {
     trainer_backend_t *be;
     psstore_client_t *cl;
     double slowdown;
-    float *w, *g; /* [nparams]: the local copy and the gradient */
+    uint64_t slow_until_ns; /* the slowdown ends then (0: never) */
+    float *w, *g;           /* [nparams]: the local copy and the gradient */
     uint64_t epoch;
     int64_t version;         /* -1 before the first pull */
     psstore_member_t me;     /* this worker's members entry              */
@@ -75,6 +76,8 @@ typedef struct worker {
     size_t cap_peers;
     flight_t flights[IN_FLIGHT_MAX]; /* FIFO of pushes not yet applied  */
     int nflights, flight_head;
+    psstore_phase_t phase; /* mode auto: the applier's, as last read */
+    int in_ssp;            /* mode auto: this worker keeps ssp's bound */
 } worker_t;
 
 struct trainer_pool {
@@ -112,6 +115,20 @@ static void beat(worker_t *wk)
     wk->beat_ns = fr_clock_mono_ns();
     if (psstore_member_beat(wk->cl, &wk->me) != FR_OK)
         fr_log(FR_LOG_DEBUG, "worker %s: heartbeat: %s", wk->id, psstore_client_error(wk->cl));
+    /* mode auto through Redis: the phase is read with each beat */
+    if (wk->pool->mode == PSSTORE_MODE_AUTO && !psstore_local_open(wk->pool->local) &&
+        psstore_phase_read(wk->cl, &wk->phase) != FR_OK)
+        fr_log(FR_LOG_DEBUG, "worker %s: phase: %s", wk->id, psstore_client_error(wk->cl));
+}
+
+/* Mode auto: the applier's phase, from the channel when it is open (each
+ * step), else as the last beat read it from meta. */
+static psstore_phase_t phase_now(worker_t *wk)
+{
+    psstore_phase_t ph;
+    if (wk->pool->local != NULL && psstore_local_phase(wk->pool->local, &ph) == FR_OK)
+        wk->phase = ph;
+    return wk->phase;
 }
 
 static void beat_due(worker_t *wk)
@@ -219,7 +236,8 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         atomic_fetch_add(&p->compute_ns, spent);
         if (p->m_step != NULL)
             fr_series_observe(p->m_step, (double)spent * 1e-9);
-        if (wk->slowdown > 1.0)
+        if (wk->slowdown > 1.0 &&
+            (wk->slow_until_ns == 0 || fr_clock_mono_ns() < wk->slow_until_ns))
             sleep_ns((uint64_t)((wk->slowdown - 1.0) * (double)spent));
         msg.g = wk->g;
         msg.len = p->m.nparams;
@@ -264,22 +282,28 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     return err;
 }
 
-/* The smallest clock among the other live, non-idle members (members the
- * applier has not removed), or -1 when there is none. */
-static int64_t slowest_clock(worker_t *wk)
+/* The smallest (or, with want_max, the largest) clock among the other
+ * live, non-idle members (members the applier has not removed), or -1 when
+ * there is none. */
+static int64_t peers_clock(worker_t *wk, int want_max)
 {
     size_t n = 0;
     if (psstore_members_read(wk->cl, &wk->peers, &n, &wk->cap_peers) != FR_OK)
         return -1;
-    int64_t min = -1;
+    int64_t best = -1;
     for (size_t i = 0; i < n; i++) {
         const psstore_member_t *m = &wk->peers[i];
         if (m->idle || strcmp(m->id, wk->id) == 0)
             continue;
-        if (min < 0 || m->clock < min)
-            min = m->clock;
+        if (best < 0 || (want_max ? m->clock > best : m->clock < best))
+            best = m->clock;
     }
-    return min;
+    return best;
+}
+
+static int64_t slowest_clock(worker_t *wk)
+{
+    return peers_clock(wk, 0);
 }
 
 /* ssp: a newcomer, or a worker back from idle, starts at the current
@@ -304,6 +328,8 @@ static void ssp_wait(worker_t *wk)
     trainer_pool_t *p = wk->pool;
     uint64_t t0 = fr_clock_mono_ns();
     while (!atomic_load(&p->stop)) {
+        if (p->mode == PSSTORE_MODE_AUTO && phase_now(wk) != PSSTORE_PHASE_SSP)
+            break; /* auto left its ssp phase meanwhile */
         int64_t min = slowest_clock(wk);
         if (min < 0 || wk->me.clock - min <= p->ssp_bound)
             break;
@@ -311,6 +337,30 @@ static void ssp_wait(worker_t *wk)
         sleep_poll();
     }
     atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
+}
+
+/*
+ * Whether this step keeps ssp's bound: always in mode ssp, in mode auto
+ * while the applier's phase is ssp. Entering that phase a worker moves its
+ * clock up to the fastest member's: the clocks counted every push of the
+ * async phase, and ssp bounds the lead from now on, not a backlog.
+ */
+static int ssp_step(worker_t *wk)
+{
+    trainer_pool_t *p = wk->pool;
+    if (p->mode == PSSTORE_MODE_SSP)
+        return 1;
+    if (p->mode != PSSTORE_MODE_AUTO)
+        return 0;
+    int ssp = phase_now(wk) == PSSTORE_PHASE_SSP;
+    if (ssp && !wk->in_ssp) {
+        int64_t max = peers_clock(wk, 1);
+        if (max > wk->me.clock)
+            wk->me.clock = max;
+        beat(wk);
+    }
+    wk->in_ssp = ssp;
+    return ssp;
 }
 
 /* Round modes: the group's round count, from the in-process channel while
@@ -392,7 +442,8 @@ static void *worker_main(void *arg)
         track_idle(wk, b);
         if (b == NULL)
             continue;
-        if (b->n > 0 && p->mode == PSSTORE_MODE_SSP)
+        int ssp = b->n > 0 && ssp_step(wk);
+        if (ssp)
             ssp_wait(wk);
         /* the round count is read before the pull: a round that closes in
          * between only means the wait below ends at once */
@@ -408,7 +459,7 @@ static void *worker_main(void *arg)
         ingest_consumer_done(p->source, b, err == FR_OK ? id : NULL);
         if (err == FR_OK && b->n > 0) {
             wk->me.clock++;
-            if (p->mode == PSSTORE_MODE_SSP || rounds)
+            if (ssp || rounds)
                 beat(wk); /* ssp: the others wait on this clock */
             if (round >= 0)
                 round_wait(wk, round, local_round);
@@ -487,6 +538,8 @@ trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, 
         wk->index = i;
         wk->version = -1;
         wk->slowdown = conf->slowdown != NULL ? conf->slowdown[i] : 1.0;
+        if (conf->slowdown_s != NULL && conf->slowdown_s[i] > 0)
+            wk->slow_until_ns = fr_clock_mono_ns() + (uint64_t)(conf->slowdown_s[i] * 1e9);
         snprintf(wk->id, sizeof(wk->id), "%s/%d/%d", host, (int)getpid(), i);
         snprintf(wk->me.id, sizeof(wk->me.id), "%s", wk->id);
         wk->me.group = conf->mode == PSSTORE_MODE_GROUPS && conf->groups > 1 ? i % conf->groups : 0;

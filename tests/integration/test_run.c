@@ -770,6 +770,76 @@ static void test_in_flight_bounds_staleness_in_train_and_ps(void **state)
 }
 
 /*
+ * Mode auto on a scripted straggler (docs/design.md "Mode auto"): three
+ * workers on a model heavy enough that a worker slowed 10x pushes about a
+ * tenth of the others' gradients (about ten a second each here); worker 0
+ * is slowed for the first 8 s only (the group join takes 3 of them), and
+ * the topic lasts several seconds more. The applier must switch async -> backup while it straggles
+ * (and drop some of its stale gradients as backup), and back to async once it has cleared, logging
+ * both and counting them in meta.
+ */
+static void test_auto_switches_on_a_scripted_straggler(void **state)
+{
+    (void)state;
+    enum { N = 60000, NPARTS = 3 };
+    const char *model = "aut", *topic = "aut1";
+    produce(topic, NPARTS, N);
+    char conf[300], log[300], out[256];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    write_config_layers(conf, model, "3-1024-1024-1", 0.002, 256, topic, 3, "auto", "0:10:8", 0, "",
+                        "");
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, N, log);
+    /* the last switch back needs AUTO_CALM calm seconds after the slowdown */
+    for (int waited = 0; waited < 15000; waited += 200) {
+        assert_int_equal(
+            harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta phase", model),
+            0);
+        size_t tl = 0;
+        char *text = harness_read_file(log, &tl);
+        int back = text != NULL && strstr(text, "backup -> async") != NULL;
+        free(text);
+        if (back && strcmp(out, "async") == 0)
+            break;
+        harness_sleep_ms(200);
+    }
+    stop_run(pid, log);
+    size_t len = 0;
+    char *text = harness_read_file(log, &len);
+    assert_non_null(text);
+    const char *up = strstr(text, "mode auto: async -> backup");
+    const char *down = up != NULL ? strstr(up, "mode auto: backup -> async") : NULL;
+    if (up == NULL || down == NULL)
+        dump_tail(log);
+    assert_non_null(up);
+    assert_non_null(down);
+    free(text);
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta phase", model), 0);
+    assert_string_equal(out, "async");
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HGET freshet:{%s}:meta mode_switches", model),
+                     0);
+    assert_true(strtoll(out, NULL, 10) >= 2);
+    static char drops[1 << 20];
+    assert_int_equal(
+        harness_redis_query(&redis, drops, sizeof(drops), "XRANGE freshet:{%s}:drops - +", model),
+        0);
+    char host[64] = "host", w0[200];
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(w0, sizeof(w0), "%s/%d/0\nreason\nbackup", host, (int)pid);
+    int backup0 = 0;
+    for (const char *p = drops; (p = strstr(p, w0)) != NULL; p++)
+        backup0++;
+    fr_log(FR_LOG_INFO, "auto: %d of worker 0's gradients dropped as a backup's", backup0);
+    if (backup0 < 1)
+        dump_tail(log);
+    assert_true(backup0 >= 1);
+}
+
+/*
  * SIGTERM stops a run within a few seconds even when both the broker and
  * Redis are gone (nothing to commit to, nobody to leave the group with):
  * reconnect backoffs give up once the run is stopping. The stack is
@@ -836,6 +906,7 @@ int main(void)
         cmocka_unit_test(test_sync_trainers_survive_a_kill),
         cmocka_unit_test(test_in_flight_bounds_staleness_in_run),
         cmocka_unit_test(test_in_flight_bounds_staleness_in_train_and_ps),
+        cmocka_unit_test(test_auto_switches_on_a_scripted_straggler),
         cmocka_unit_test(test_sigterm_with_broker_and_redis_gone_exits_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,190 @@
+/*
+ * applier_auto.c - mode auto (docs/design.md "Mode auto"): the applier
+ * watches each worker's speed and the staleness it applies, one window at a
+ * time, and picks a phase: async (every gradient at the adaptive rate),
+ * backup (a worker much slower than the others becomes a backup worker:
+ * its gradients count only while fresh) or ssp (workers keep within
+ * ssp_bound clocks of the slowest, when staleness grows without a
+ * straggler to blame). It leaves async at once when a window calls for it
+ * and comes back after AUTO_CALM calm windows in a row.
+ *
+ * Every switch is logged, counted (freshet_mode_switches_total{from,to}),
+ * written to meta (fields phase and mode_switches, fenced by the lease)
+ * and published on the in-process channel; workers of other processes
+ * read meta's phase once a second.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "psstore/applier_int.h"
+
+#define AUTO_WINDOW_NS  1000000000ull /* one decision per second          */
+#define AUTO_SLOW_RATIO 3.0 /* a straggler: this many times slower than the others' median */
+#define AUTO_CALM       3   /* calm windows before going back     */
+#define AUTO_MIN_TAUS   20  /* applied gradients a staleness verdict needs */
+
+static int cmp_u32(const void *x, const void *y)
+{
+    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+void ps_auto_init(psstore_applier_t *a)
+{
+    auto_state_t *au = &a->au;
+    fr_metrics_t *reg = a->conf.metrics;
+    memset(au, 0, sizeof(*au));
+    au->window_ns = fr_clock_mono_ns();
+    if (reg == NULL || a->conf.mode != PSSTORE_MODE_AUTO)
+        return;
+    static const char *const labels[] = {"model", "from", "to"};
+    fr_metric_t *m = fr_metrics_counter(reg, "freshet_mode_switches_total",
+                                        "Phase switches of mode auto", 3, labels);
+    for (int f = 0; m != NULL && f < PSSTORE_NPHASE; f++)
+        for (int t = 0; t < PSSTORE_NPHASE; t++) {
+            const char *v[] = {a->model, psstore_phase_name((psstore_phase_t)f),
+                               psstore_phase_name((psstore_phase_t)t)};
+            au->m_switch[f][t] = f != t ? fr_metric_series(m, v) : NULL;
+        }
+}
+
+/* The window's entry of worker id, added when new (NULL when full). */
+static auto_worker_t *worker_of(auto_state_t *au, const char *id)
+{
+    for (int i = 0; i < au->nworkers; i++)
+        if (strcmp(au->workers[i].id, id) == 0)
+            return &au->workers[i];
+    if (au->nworkers == AUTO_MAX_WORKERS)
+        return NULL;
+    auto_worker_t *w = &au->workers[au->nworkers++];
+    memset(w, 0, sizeof(*w));
+    snprintf(w->id, sizeof(w->id), "%s", id);
+    return w;
+}
+
+int ps_auto_backup_drop(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    auto_state_t *au = &a->au;
+    if (a->conf.mode != PSSTORE_MODE_AUTO || g->worker == NULL)
+        return 0;
+    auto_worker_t *w = worker_of(au, g->worker);
+    if (w == NULL)
+        return 0;
+    w->arrivals++;
+    int64_t tau = a->version - g->version;
+    return au->phase == PSSTORE_PHASE_BACKUP && w->straggler && tau > ps_applier_pushers(a);
+}
+
+void ps_auto_note_tau(psstore_applier_t *a, const char *worker, int64_t tau)
+{
+    auto_state_t *au = &a->au;
+    if (a->conf.mode != PSSTORE_MODE_AUTO || au->ntaus == AUTO_MAX_TAUS)
+        return;
+    auto_worker_t *w = worker != NULL ? worker_of(au, worker) : NULL;
+    if (w == NULL || !w->straggler)
+        au->taus[au->ntaus++] = tau;
+}
+
+/*
+ * The phase this window calls for, marking the stragglers: a worker that
+ * pushed AUTO_SLOW_RATIO times fewer gradients than the median of the
+ * others is one (backup); else a staleness p99 above twice the workers
+ * calls for ssp; else async. Workers that pushed nothing this window and
+ * the last are forgotten.
+ */
+static psstore_phase_t window_phase(auto_state_t *au, char *why, size_t size)
+{
+    int n = 0;
+    for (int i = 0; i < au->nworkers;) {
+        auto_worker_t *w = &au->workers[i];
+        w->absent = w->arrivals == 0 ? w->absent + 1 : 0;
+        if (w->absent >= 2) {
+            au->workers[i] = au->workers[--au->nworkers];
+            continue;
+        }
+        n++;
+        i++;
+    }
+    psstore_phase_t phase = PSSTORE_PHASE_ASYNC;
+    snprintf(why, size, "%d workers at even speeds, staleness within bounds", n);
+    for (int i = 0; i < au->nworkers && n >= 2; i++) {
+        auto_worker_t *w = &au->workers[i];
+        uint32_t others[AUTO_MAX_WORKERS];
+        int k = 0;
+        for (int j = 0; j < au->nworkers; j++)
+            if (j != i)
+                others[k++] = au->workers[j].arrivals;
+        qsort(others, (size_t)k, sizeof(others[0]), cmp_u32);
+        double median = (double)others[(k - 1) / 2];
+        w->straggler = (double)w->arrivals * AUTO_SLOW_RATIO < median;
+        if (w->straggler && phase != PSSTORE_PHASE_BACKUP) {
+            phase = PSSTORE_PHASE_BACKUP;
+            snprintf(why, size,
+                     "worker %s pushed %u gradients in a window, the others' median %.0f", w->id,
+                     w->arrivals, median);
+        }
+    }
+    if (phase == PSSTORE_PHASE_ASYNC && au->ntaus >= AUTO_MIN_TAUS && n >= 1) {
+        qsort(au->taus, au->ntaus, sizeof(au->taus[0]), cmp_i64);
+        int64_t p99 = au->taus[au->ntaus * 99 / 100];
+        if (p99 > 2 * (int64_t)n) {
+            phase = PSSTORE_PHASE_SSP;
+            snprintf(why, size, "staleness p99 %lld above twice the %d workers", (long long)p99, n);
+        }
+    }
+    return phase;
+}
+
+/* Makes phase the current one: log, counter, meta, channel. */
+static fr_err_t switch_to(psstore_applier_t *a, psstore_phase_t phase, const char *why)
+{
+    auto_state_t *au = &a->au;
+    psstore_phase_t from = au->phase;
+    au->phase = phase;
+    au->calm = 0;
+    au->switches++;
+    fr_log(FR_LOG_INFO, "applier %s: mode auto: %s -> %s (%s)", a->model, psstore_phase_name(from),
+           psstore_phase_name(phase), why);
+    if (au->m_switch[from][phase] != NULL)
+        fr_series_add(au->m_switch[from][phase], 1);
+    au->shown = 0;
+    return FR_OK;
+}
+
+fr_err_t ps_auto_tick(psstore_applier_t *a)
+{
+    auto_state_t *au = &a->au;
+    if (a->conf.mode != PSSTORE_MODE_AUTO)
+        return FR_OK;
+    uint64_t now = fr_clock_mono_ns();
+    if (now - au->window_ns >= AUTO_WINDOW_NS) {
+        char why[384];
+        psstore_phase_t want = window_phase(au, why, sizeof(why));
+        if (want == au->phase)
+            au->calm = 0;
+        else if (au->phase == PSSTORE_PHASE_ASYNC || ++au->calm >= AUTO_CALM)
+            switch_to(a, want, why);
+        for (int i = 0; i < au->nworkers; i++)
+            au->workers[i].arrivals = 0;
+        au->ntaus = 0;
+        au->window_ns = now;
+    }
+    if (a->local != NULL)
+        ps_local_set_phase(a->local, au->phase);
+    if (au->shown)
+        return FR_OK;
+    char count[32];
+    snprintf(count, sizeof(count), "%llu", (unsigned long long)au->switches);
+    int done = 0;
+    fr_err_t err = ps_applier_meta_set(a, &done, "phase", psstore_phase_name(au->phase),
+                                       "mode_switches", count);
+    au->shown = err == FR_OK && done;
+    return err;
+}
