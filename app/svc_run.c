@@ -62,8 +62,9 @@ static void run_usage(FILE *out)
     usage_common(out, "run",
                  "Trains model [model] name from Kafka in one process: the consumer, the\n"
                  "workers and the applier (the single writer of the model; see freshet ps).",
-                 "  --samples N          stop (as on SIGTERM) once the applier applied N samples,\n"
-                 "                       counted from the versions stream (0: never)\n"
+                 "  --samples N          the applier takes no gradient past N applied samples,\n"
+                 "                       and the run stops (as on SIGTERM) once the versions\n"
+                 "                       stream counts them (0: never)\n"
                  "  --summary F          at exit write a JSON summary to F: the workers' samples,\n"
                  "                       batches, failed, compute_ns, push_ns, wait_ns; the\n"
                  "                       applier's applied, dropped by reason, rounds, version\n");
