@@ -47,7 +47,7 @@ static void usage_common(FILE *out, const char *cmd, const char *what, const cha
             "the batch's offsets. A model missing from the store is created from [model];\n"
             "one with other layers or loss is refused. [eval] data evaluates the model\n"
             "every [eval] every versions. [trainer] mode: async, adaptive, sync, backup,\n"
-            "groups or ssp (docs/design.md \"Training modes\").\n"
+            "groups, ssp or auto (docs/design.md \"Training modes\").\n"
             "A progress line every 5 s; SIGINT or SIGTERM stops it cleanly (exit 0).\n"
             "\n"
             "  --config F           INI configuration (deploy/freshet.conf.example)\n"

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The seed's comparison on Fashion-MNIST, as freshet compare runs it: a
 # redis-server and the dev broker (deploy/stack.sh), the 60,000 training
-# images preloaded twice (120,000 f32 records, 96 partitions, round-robin),
-# 784-256-10 softmax, sgd lr 0.1, batch 64, every other setting at its
-# default, the t10k images as the holdout; then
+# images preloaded 1.5 x SAMPLES / 60,000 times, at least twice (f32
+# records, 48 partitions a copy, round-robin), 784-256-10 softmax, sgd lr
+# 0.1, batch 64, every other setting at its default, the t10k images as the
+# holdout; then
 #   freshet compare --modes MODES --workers WORKERS --straggler 0:10
 #                   --seeds SEEDS --samples SAMPLES --out OUT
-# (defaults: every mode, 2,4,8 workers, 3 seeds, 60,000 samples, OUT
+# (defaults: every mode, 2,4,8 workers, 3 seeds, 120,000 samples, OUT
 # freshet-compare). Prints report.md at the end; OUT keeps report.json,
 # report.md, report.html and each run's log.
 # usage: [MODES=..] [WORKERS=..] [SEEDS=N] [SAMPLES=N] [STRAGGLER=W:F|none]
@@ -23,8 +24,13 @@ bin=$work/freshet
 # shellcheck source=deploy/stack.sh
 . deploy/stack.sh
 trap 'stack_stop "$work"' EXIT
-stack_start "$work" "$bin" fashion:96
-for _ in 1 2; do
+# at least twice, and 1.5 x SAMPLES: runs that drop gradients (backup) read more
+# records; 48 partitions a copy, as the dev broker keeps 5 MiB (1,670 records) a
+# partition and drops older records silently
+copies=$(((${SAMPLES:-120000} * 3 / 2 + 59999) / 60000))
+[ "$copies" -ge 2 ] || copies=2
+stack_start "$work" "$bin" "fashion:$((48 * copies))"
+for _ in $(seq "$copies"); do
     "$bin" produce --bootstrap "$stack_bootstrap" --topic fashion --format idx --encode f32 \
         --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
         --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin >>"$work/produce.log"
@@ -58,5 +64,5 @@ straggler=()
 "$bin" compare --config "$work/compare.conf" \
     --modes "${MODES:-async,adaptive,sync,backup,groups,ssp,auto}" \
     --workers "${WORKERS:-2,4,8}" "${straggler[@]}" --seeds "${SEEDS:-3}" \
-    --samples "${SAMPLES:-60000}" --cleanup --out "$out" ${ARGS:-}
+    --samples "${SAMPLES:-120000}" --cleanup --out "$out" ${ARGS:-}
 cat "$out/report.md"
