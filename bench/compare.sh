@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The seed's comparison on Fashion-MNIST, as freshet compare runs it: a
 # redis-server and the dev broker (deploy/stack.sh), the 60,000 training
-# images preloaded 1.5 x SAMPLES / 60,000 times, at least twice (f32
+# images preloaded 2.5 x SAMPLES / 60,000 times, at least twice (f32
 # records, 48 partitions a copy, round-robin), 784-256-10 softmax, sgd lr
 # 0.1, batch 64, every other setting at its default, the t10k images as the
 # holdout; then
@@ -24,10 +24,10 @@ bin=$work/freshet
 # shellcheck source=deploy/stack.sh
 . deploy/stack.sh
 trap 'stack_stop "$work"' EXIT
-# at least twice, and 1.5 x SAMPLES: runs that drop gradients (backup) read more
-# records; 48 partitions a copy, as the dev broker keeps 5 MiB (1,670 records) a
-# partition and drops older records silently
-copies=$(((${SAMPLES:-120000} * 3 / 2 + 59999) / 60000))
+# at least twice, and 2.5 x SAMPLES: runs that drop gradients read more records
+# (backup at 2 workers with 1 backup drops about half); 48 partitions a copy, as
+# the dev broker keeps 5 MiB (1,670 records) a partition and drops older ones
+copies=$(((${SAMPLES:-120000} * 5 / 2 + 59999) / 60000))
 [ "$copies" -ge 2 ] || copies=2
 stack_start "$work" "$bin" "fashion:$((48 * copies))"
 for _ in $(seq "$copies"); do

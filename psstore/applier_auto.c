@@ -24,9 +24,9 @@
 #define AUTO_CALM       3   /* calm windows before going back     */
 #define AUTO_MIN_TAUS   20  /* applied gradients a staleness verdict needs */
 
-static int cmp_u32(const void *x, const void *y)
+static int cmp_dbl(const void *x, const void *y)
 {
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
+    double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
 }
 
@@ -77,27 +77,43 @@ int ps_auto_backup_drop(psstore_applier_t *a, const psstore_grad_t *g)
     auto_worker_t *w = worker_of(au, g->worker);
     if (w == NULL)
         return 0;
-    w->arrivals++;
     int64_t tau = a->version - g->version;
+    w->arrivals++;
+    w->tau_sum += (double)tau; /* dropped ones too: a backup stays one */
     return au->phase == PSSTORE_PHASE_BACKUP && w->straggler && tau > ps_applier_pushers(a);
 }
 
 void ps_auto_note_tau(psstore_applier_t *a, const char *worker, int64_t tau)
 {
     auto_state_t *au = &a->au;
-    if (a->conf.mode != PSSTORE_MODE_AUTO || au->ntaus == AUTO_MAX_TAUS)
+    if (a->conf.mode != PSSTORE_MODE_AUTO)
         return;
     auto_worker_t *w = worker != NULL ? worker_of(au, worker) : NULL;
-    if (w == NULL || !w->straggler)
+    if ((w == NULL || !w->straggler) && au->ntaus < AUTO_MAX_TAUS)
         au->taus[au->ntaus++] = tau;
+}
+
+/* The median of the others' v[j] (j != i) over the first n entries. */
+static double median_others(const double *v, int n, int i)
+{
+    double o[AUTO_MAX_WORKERS];
+    int k = 0;
+    for (int j = 0; j < n; j++)
+        if (j != i)
+            o[k++] = v[j];
+    qsort(o, (size_t)k, sizeof(o[0]), cmp_dbl);
+    return o[(k - 1) / 2];
 }
 
 /*
  * The phase this window calls for, marking the stragglers: a worker that
  * pushed AUTO_SLOW_RATIO times fewer gradients than the median of the
- * others is one (backup); else a staleness p99 above twice the workers
- * calls for ssp; else async. Workers that pushed nothing this window and
- * the last are forgotten.
+ * others is one, and so is a worker whose gradients were AUTO_SLOW_RATIO
+ * times staler than the others' (plus the worker count: a few versions of
+ * difference are concurrency), which is how a straggler shows when the
+ * others are slowed too (more workers than cores): backup. Else a
+ * staleness p99 above twice the workers calls for ssp; else async.
+ * Workers that pushed nothing this window and the last are forgotten.
  */
 static psstore_phase_t window_phase(auto_state_t *au, char *why, size_t size)
 {
@@ -114,22 +130,30 @@ static psstore_phase_t window_phase(auto_state_t *au, char *why, size_t size)
     }
     psstore_phase_t phase = PSSTORE_PHASE_ASYNC;
     snprintf(why, size, "%d workers at even speeds, staleness within bounds", n);
+    double rate[AUTO_MAX_WORKERS], stale[AUTO_MAX_WORKERS];
+    for (int i = 0; i < au->nworkers; i++) {
+        const auto_worker_t *w = &au->workers[i];
+        rate[i] = (double)w->arrivals;
+        stale[i] = w->arrivals > 0 ? w->tau_sum / (double)w->arrivals : 0.0;
+    }
     for (int i = 0; i < au->nworkers && n >= 2; i++) {
         auto_worker_t *w = &au->workers[i];
-        uint32_t others[AUTO_MAX_WORKERS];
-        int k = 0;
-        for (int j = 0; j < au->nworkers; j++)
-            if (j != i)
-                others[k++] = au->workers[j].arrivals;
-        qsort(others, (size_t)k, sizeof(others[0]), cmp_u32);
-        double median = (double)others[(k - 1) / 2];
-        w->straggler = (double)w->arrivals * AUTO_SLOW_RATIO < median;
-        if (w->straggler && phase != PSSTORE_PHASE_BACKUP) {
-            phase = PSSTORE_PHASE_BACKUP;
+        double r = median_others(rate, au->nworkers, i);
+        double st = median_others(stale, au->nworkers, i);
+        int slow = rate[i] * AUTO_SLOW_RATIO < r;
+        int old = w->arrivals > 0 && stale[i] > AUTO_SLOW_RATIO * st + (double)n;
+        w->straggler = slow || old;
+        if (!w->straggler || phase == PSSTORE_PHASE_BACKUP)
+            continue;
+        phase = PSSTORE_PHASE_BACKUP;
+        if (slow)
             snprintf(why, size,
                      "worker %s pushed %u gradients in a window, the others' median %.0f", w->id,
-                     w->arrivals, median);
-        }
+                     w->arrivals, r);
+        else
+            snprintf(why, size,
+                     "worker %s's gradients were %.1f versions stale on average, the others' %.1f",
+                     w->id, stale[i], st);
     }
     if (phase == PSSTORE_PHASE_ASYNC && au->ntaus >= AUTO_MIN_TAUS && n >= 1) {
         qsort(au->taus, au->ntaus, sizeof(au->taus[0]), cmp_i64);
@@ -171,8 +195,10 @@ fr_err_t ps_auto_tick(psstore_applier_t *a)
             au->calm = 0;
         else if (au->phase == PSSTORE_PHASE_ASYNC || ++au->calm >= AUTO_CALM)
             switch_to(a, want, why);
-        for (int i = 0; i < au->nworkers; i++)
+        for (int i = 0; i < au->nworkers; i++) {
             au->workers[i].arrivals = 0;
+            au->workers[i].tau_sum = 0;
+        }
         au->ntaus = 0;
         au->window_ns = now;
     }

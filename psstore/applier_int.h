@@ -78,6 +78,7 @@ typedef struct round {
 typedef struct auto_worker {
     char id[128];
     uint32_t arrivals; /* gradients received this window        */
+    double tau_sum;    /* their summed staleness at arrival      */
     int absent;        /* windows in a row without one           */
     int straggler;     /* judged a straggler at the last window  */
 } auto_worker_t;
