@@ -484,6 +484,29 @@ fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round)
     return FR_OK;
 }
 
+/* The newest ids of the versions and drops streams: every commit that
+ * applies or drops a gradient, or closes a round, adds to one of them. */
+static fr_err_t last_commit_ids(psstore_client_t *cl, char (*ids)[PSSTORE_STREAM_ID_MAX])
+{
+    fr_err_t err = ps_stream_last_id(cl->c, cl->key_versions, ids[0]);
+    return err != FR_OK ? err : ps_stream_last_id(cl->c, cl->key_drops, ids[1]);
+}
+
+/* Blocks up to block_ms (clamped to half the client's timeout) until either
+ * stream has an entry after ids: a commit happened. */
+static fr_err_t wait_commit(psstore_client_t *cl, char (*ids)[PSSTORE_STREAM_ID_MAX], int block_ms)
+{
+    fr_err_t err;
+    if (block_ms < 1 || block_ms > CLIENT_TIMEOUT_MS / 2)
+        block_ms = block_ms < 1 ? 1 : CLIENT_TIMEOUT_MS / 2;
+    redisReply *r = ps_cmd(cl->c, 0, &err, "XREAD COUNT 1 BLOCK %d STREAMS %s %s %s %s", block_ms,
+                           cl->key_versions, cl->key_drops, ids[0], ids[1]);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    return FR_OK;
+}
+
 fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int block_ms,
                             int64_t *now)
 {
@@ -492,17 +515,10 @@ fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int 
      * drops) in the transaction that counts it, and XREAD wakes on it */
     char ids[2][PSSTORE_STREAM_ID_MAX];
     fr_err_t err;
-    if ((err = ps_stream_last_id(cl->c, cl->key_versions, ids[0])) != FR_OK ||
-        (err = ps_stream_last_id(cl->c, cl->key_drops, ids[1])) != FR_OK ||
-        (err = psstore_round_read(cl, group, now)) != FR_OK || *now > round)
+    if ((err = last_commit_ids(cl, ids)) != FR_OK ||
+        (err = psstore_round_read(cl, group, now)) != FR_OK || *now > round ||
+        (err = wait_commit(cl, ids, block_ms)) != FR_OK)
         return err;
-    if (block_ms < 1 || block_ms > CLIENT_TIMEOUT_MS / 2)
-        block_ms = block_ms < 1 ? 1 : CLIENT_TIMEOUT_MS / 2;
-    redisReply *r = ps_cmd(cl->c, 0, &err, "XREAD COUNT 1 BLOCK %d STREAMS %s %s %s %s", block_ms,
-                           cl->key_versions, cl->key_drops, ids[0], ids[1]);
-    if (r == NULL)
-        return err;
-    freeReplyObject(r);
     return psstore_round_read(cl, group, now);
 }
 
@@ -532,17 +548,9 @@ fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms
      * ids before a second look, so that a commit in between adds an entry
      * XREAD wakes on */
     if ((err = entry_gone(cl, id, applied)) != FR_OK || *applied ||
-        (err = ps_stream_last_id(cl->c, cl->key_versions, ids[0])) != FR_OK ||
-        (err = ps_stream_last_id(cl->c, cl->key_drops, ids[1])) != FR_OK ||
-        (err = entry_gone(cl, id, applied)) != FR_OK || *applied)
+        (err = last_commit_ids(cl, ids)) != FR_OK || (err = entry_gone(cl, id, applied)) != FR_OK ||
+        *applied || (err = wait_commit(cl, ids, block_ms)) != FR_OK)
         return err;
-    if (block_ms < 1 || block_ms > CLIENT_TIMEOUT_MS / 2)
-        block_ms = block_ms < 1 ? 1 : CLIENT_TIMEOUT_MS / 2;
-    redisReply *r = ps_cmd(cl->c, 0, &err, "XREAD COUNT 1 BLOCK %d STREAMS %s %s %s %s", block_ms,
-                           cl->key_versions, cl->key_drops, ids[0], ids[1]);
-    if (r == NULL)
-        return err;
-    freeReplyObject(r);
     return entry_gone(cl, id, applied);
 }
 
