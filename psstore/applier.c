@@ -636,11 +636,6 @@ int ps_applier_reading(const psstore_applier_t *a)
            (a->conf.sample_limit <= 0 || a->samples < a->conf.sample_limit);
 }
 
-int psstore_applier_limit_reached(psstore_applier_t *a)
-{
-    return a->conf.sample_limit > 0 && a->samples >= a->conf.sample_limit;
-}
-
 /* Decodes one stream entry [id, [f, v, ...]] and decides it. */
 static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
 {

@@ -543,10 +543,6 @@ typedef struct psstore_applier_stats {
 const char *psstore_drop_name(psstore_drop_t d);
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);
-/* Nonzero once conf.sample_limit samples were applied by this applier: it
- * reads no more gradients (those read with the last one stay unapplied,
- * as after a stop). */
-int psstore_applier_limit_reached(psstore_applier_t *a);
 
 /* The last Redis error of the applier's connection (one line). */
 const char *psstore_applier_error(const psstore_applier_t *a);
