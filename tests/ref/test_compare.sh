@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # freshet compare against the store it measured: a redis-server and the dev
-# broker on free loopback ports (deploy/stack.sh, stopped by PID), 6,000
+# broker on free loopback ports (deploy/stack.sh, stopped by PID), 16,000
 # Fashion-MNIST samples produced once, then compare with modes async and
-# sync, 2 workers, 1 seed, 3,000 samples per run. Checks report.json
+# sync, 2 workers, 1 seed, 10,000 samples per run (16 partitions: the dev
+# broker keeps 5 MiB of each). Checks report.json
 # against Redis (redis-cli) and the freshet commands, not against itself:
 #   - each run's samples and versions against its versions stream, and its
 #     samples against the positions its offsets hash records;
@@ -27,10 +28,10 @@ work=$(mktemp -d /tmp/freshet-compare-XXXXXX)
 # shellcheck source=deploy/stack.sh
 . "$root/deploy/stack.sh"
 trap 'stack_stop "$work"' EXIT
-stack_start "$work" "$F" fashion:8
+stack_start "$work" "$F" fashion:16
 "$F" produce --bootstrap "$stack_bootstrap" --topic fashion --format idx --encode f32 \
     --data "$fm/train-images-idx3-ubyte.gz" --labels "$fm/train-labels-idx1-ubyte.gz" \
-    --partitions-by roundrobin --limit 6000 >"$work/produce.log"
+    --partitions-by roundrobin --limit 16000 >"$work/produce.log"
 cat >"$work/c.conf" <<EOC
 [model]
 name = cmp
@@ -74,7 +75,7 @@ expect_usage "[eval] data is empty" --config "$work/c.conf" --set eval.data=
 expect_usage "no-such.conf" --config "$work/no-such.conf"
 
 start=$(date +%s)
-"$F" compare --config "$work/c.conf" --modes async,sync --workers 2 --seeds 1 --samples 3000 \
+"$F" compare --config "$work/c.conf" --modes async,sync --workers 2 --seeds 1 --samples 10000 \
     --out "$work/out"
 echo "compare took $(($(date +%s) - start)) s"
 
@@ -112,6 +113,7 @@ def stream(path):
     return out
 
 check("two runs", len(rep["runs"]) == 2, len(rep["runs"]))
+mid = 0  # curve points between the first and the final, over the runs
 for r in rep["runs"]:
     m = r["model"]
     check(m + " measured", r["ok"], r.get("error"))
@@ -144,7 +146,11 @@ for r in rep["runs"]:
     by_v[0] = (0, 0.0)
     evals = {int(e["version"]): float(e["accuracy"]) for e in stream(work + "/" + m + ".evals")}
     curve = r["curve"]
-    check(m + " curve has points", len(curve) >= 3, len(curve))
+    # the evaluation at version 0 and the final weights at least; run's
+    # holdout looks every 200 ms, so a run of half a second may have no
+    # point between them (checked over both runs below)
+    check(m + " curve has its first and final points", len(curve) >= 2, len(curve))
+    mid += len(curve) - 2
     bad = [p for p in curve if by_v.get(p["version"]) != (p["samples"], p["t_s"])]
     check(m + " curve stamped with the versions' samples and time", not bad, bad[:2])
     bad = [p for p in curve[:-1] if abs(evals.get(p["version"], -1) - p["accuracy"]) > 1e-6]
@@ -153,6 +159,7 @@ for r in rep["runs"]:
     first = next((p for p in curve if p["accuracy"] >= rep["target"]), None)
     want = (first["t_s"], first["samples"]) if first else (None, None)
     check(m + " time and samples to target at the first crossing", (r["target_t_s"], r["target_samples"]) == want, ((r["target_t_s"], r["target_samples"]), want))
+check("the curves have points between their first and final", mid >= 1, mid)
 best = max(a["accuracy_mean"] for a in rep["aggregates"])
 check("default target == 0.98 x the best mean", abs(rep["target"] - 0.98 * best) < 1e-9, (rep["target"], best))
 for a in rep["aggregates"]:
