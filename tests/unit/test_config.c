@@ -422,9 +422,10 @@ static void test_config_checks_enum_values(void **state)
     assert_false(set_accepts("model.loss=Softmax"));
     assert_false(set_accepts("model.loss=soft"));
     assert_false(set_accepts("model.loss="));
-    assert_set_error("trainer.mode=fast", FR_ERR_INVAL,
-                     "--set trainer.mode: expected one of async|sync|backup|groups|ssp|adaptive|auto, "
-                     "got 'fast'");
+    assert_set_error(
+        "trainer.mode=fast", FR_ERR_INVAL,
+        "--set trainer.mode: expected one of async|sync|backup|groups|ssp|adaptive|auto, "
+        "got 'fast'");
 }
 
 static void test_config_checks_bool_spellings(void **state)
