@@ -73,6 +73,7 @@ int app_load_dataset(const char *cmd, const char *labels_opt, ingest_dataset_t *
 
 int main(int argc, char **argv)
 {
+    fr_mem_keep();
     if (argc < 2) {
         usage(stderr);
         return APP_EXIT_USAGE;

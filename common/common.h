@@ -105,6 +105,18 @@ void fr_clock_deadline(struct timespec *ts, int ms);
  * memset may become calloc and touch nothing; this always touches. */
 void fr_mem_touch(void *p, size_t bytes);
 
+/* Tells the allocator to keep what it was given: blocks up to 32 MiB come
+ * from the heap instead of their own mmap, and freed memory stays mapped
+ * (trimmed only past 512 MiB free), so that buffers allocated and freed at
+ * a high rate (librdkafka's fetch responses, the consumer's batches, the
+ * dev broker's responses) reuse pages already touched. Measured in
+ * bench/README.md ("Where the time goes"). Call once, first thing in main. */
+void fr_mem_keep(void);
+
+/* Names the calling thread (at most 15 characters are kept), for top -H,
+ * perf and gdb. */
+void fr_thread_name(const char *name);
+
 /* ------------------------------------------------------------------------
  * Names.
  * ---------------------------------------------------------------------- */

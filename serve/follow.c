@@ -947,6 +947,7 @@ static fr_err_t follow_turn(struct serve *s, follower_t *f)
 void *sv_follow_main(void *arg)
 {
     struct serve *s = arg;
+    fr_thread_name("fr-follow");
     follower_t f = {0};
     f.names = calloc((size_t)s->conf.max_models, sizeof(*f.names));
     f.ids = calloc((size_t)s->conf.max_models, sizeof(*f.ids));

@@ -948,6 +948,7 @@ int serve_port(const serve_t *s)
 static void *loop_main(void *arg)
 {
     struct serve *s = arg;
+    fr_thread_name("fr-http");
     event_base_dispatch(s->base);
     return NULL;
 }
