@@ -45,7 +45,8 @@
 #define COMMIT_EVERY_MS 1000 /* the store's watermarks go to Kafka     */
 #define DLQ_FLUSH_MS    5000 /* dead letters still queued at destroy    */
 #define DLQ_HEADER      "freshet.reason"
-#define GAP_TIMEOUT_MS  10000 /* [psstore] gap_timeout's default          */
+#define GAP_TIMEOUT_MS  10000     /* [psstore] gap_timeout's default          */
+#define FETCH_MAX_BYTES "2097152" /* 2 MiB, see consumer_conf            */
 
 /*
  * librdkafka's log callback. Runs on librdkafka's internal threads: it only
@@ -438,6 +439,7 @@ static void *poll_main(void *arg)
 {
     ingest_consumer_t *c = arg;
     int64_t open_since = -1, last_record = 0, next_commit = now_ms() + COMMIT_EVERY_MS;
+    fr_thread_name("fr-consume");
     int dirty = 0;
     char errstr[256];
     c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
@@ -491,8 +493,22 @@ static fr_err_t conf_set(rd_kafka_conf_t *conf, const char *key, const char *val
     return fr_errorf(FR_ERR_INVAL, errstr, size, "kafka property %s: %s", key, kerr);
 }
 
+/* librdkafka refuses a fetch.max.bytes below message.max.bytes: a caller
+ * who raised the latter for large records gets the fetch raised with it. */
+static fr_err_t fetch_fits_messages(rd_kafka_conf_t *kc, char *errstr, size_t size)
+{
+    char fetch[32], msg[32];
+    size_t fl = sizeof(fetch), ml = sizeof(msg);
+    if (rd_kafka_conf_get(kc, "fetch.max.bytes", fetch, &fl) != RD_KAFKA_CONF_OK ||
+        rd_kafka_conf_get(kc, "message.max.bytes", msg, &ml) != RD_KAFKA_CONF_OK ||
+        strtoll(fetch, NULL, 10) >= strtoll(msg, NULL, 10))
+        return FR_OK;
+    return conf_set(kc, "fetch.max.bytes", msg, errstr, size);
+}
+
 /* The consumer's librdkafka configuration, in this order: bootstrap, the
- * defaults (group.id, auto.offset.reset error, fetch.wait.max.ms 20), the
+ * defaults (group.id, auto.offset.reset error, fetch.wait.max.ms 20,
+ * fetch.max.bytes 2 MiB), the
  * caller's properties verbatim, then the two settings the
  * exactly-once effect depends on. NULL with errstr. */
 static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consumer_conf_t *conf,
@@ -517,11 +533,22 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
         /* freshness: a broker that holds a fetch for its whole wait (the
          * dev broker does) would add up to librdkafka's 500 ms to every
          * sample's way into the model; [kafka] may set it back */
-        conf_set(kc, "fetch.wait.max.ms", "20", errstr, size) != FR_OK)
+        conf_set(kc, "fetch.wait.max.ms", "20", errstr, size) != FR_OK ||
+        /* throughput: a fetch response is one allocation of up to
+         * fetch.max.bytes (librdkafka's default 50 MiB); above the
+         * allocator's 32 MiB mmap ceiling every response is mapped fresh
+         * and each of its pages faulted in (~11 us a page here), and a
+         * response that fits the caches is decoded while hot: raw
+         * consumption ran 5x faster at 2 MiB than at 50 MiB
+         * (bench/README.md "Where the time goes"); [kafka] may set it
+         * back, and it is raised to message.max.bytes below */
+        conf_set(kc, "fetch.max.bytes", FETCH_MAX_BYTES, errstr, size) != FR_OK)
         goto err;
     for (size_t i = 0; i < conf->nprops; i++)
         if (conf_set(kc, conf->props[i][0], conf->props[i][1], errstr, size) != FR_OK)
             goto err;
+    if (fetch_fits_messages(kc, errstr, size) != FR_OK)
+        goto err;
     if (conf_set(kc, "enable.auto.offset.store", "false", errstr, size) != FR_OK ||
         conf_set(kc, "enable.auto.commit", "false", errstr, size) != FR_OK)
         goto err;
