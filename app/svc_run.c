@@ -182,6 +182,7 @@ typedef struct applier_thread {
 static void *applier_main(void *arg)
 {
     applier_thread_t *t = arg;
+    fr_thread_name("fr-applier");
     psstore_applier_run(t->a, &t->stop);
     return NULL;
 }
@@ -481,6 +482,7 @@ static int role_start(role_t *r)
 static void *samples_main(void *arg)
 {
     role_t *r = arg;
+    fr_thread_name("fr-samples");
     const char *model = fr_config_get(r->cfg, "model", "name");
     int warned = 0;
     while (!atomic_load(&app_stop)) {
@@ -593,17 +595,18 @@ static int summary_write(const role_t *r, int stopped_by_samples)
     app_json_str(f, fr_config_get(r->cfg, "model", "name"));
     fputs(",\"mode\":", f);
     app_json_str(f, fr_config_get(r->cfg, "trainer", "mode"));
-    fprintf(
-        f,
-        ",\"workers\":%lld,\"samples_limit\":%lld,\"stopped_by\":\"%s\","
-        "\"applied_samples\":%lld,\"trainer\":{\"samples\":%llu,\"batches\":%llu,"
-        "\"failed\":%llu,\"pulls\":%llu,\"compute_ns\":%llu,\"push_ns\":%llu,\"wait_ns\":%llu},",
-        (long long)fr_config_get_int(r->cfg, "trainer", "workers"), (long long)r->samples_limit,
-        stopped_by_samples ? "samples" : "signal", (long long)r->applied.samples,
-        (unsigned long long)st.samples, (unsigned long long)st.batches,
-        (unsigned long long)st.failed, (unsigned long long)st.pulls,
-        (unsigned long long)st.compute_ns, (unsigned long long)st.push_ns,
-        (unsigned long long)st.wait_ns);
+    fprintf(f,
+            ",\"workers\":%lld,\"samples_limit\":%lld,\"stopped_by\":\"%s\","
+            "\"applied_samples\":%lld,\"trainer\":{\"samples\":%llu,\"batches\":%llu,"
+            "\"failed\":%llu,\"pulls\":%llu,\"compute_ns\":%llu,\"push_ns\":%llu,\"wait_ns\":%llu,"
+            "\"pull_ns\":%llu,\"starved_ns\":%llu},",
+            (long long)fr_config_get_int(r->cfg, "trainer", "workers"), (long long)r->samples_limit,
+            stopped_by_samples ? "samples" : "signal", (long long)r->applied.samples,
+            (unsigned long long)st.samples, (unsigned long long)st.batches,
+            (unsigned long long)st.failed, (unsigned long long)st.pulls,
+            (unsigned long long)st.compute_ns, (unsigned long long)st.push_ns,
+            (unsigned long long)st.wait_ns, (unsigned long long)st.pull_ns,
+            (unsigned long long)st.starved_ns);
     fprintf(f,
             "\"applier\":{\"applied\":%llu,\"rounds\":%llu,\"version\":%lld,\"commits\":%llu,"
             "\"fenced\":%llu,\"dropped\":{",

@@ -787,9 +787,15 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
         int nlocal = 0, nstream = 0;
         int64_t before = a->version;
         fr_err_t err = take_local(a, wait_ms, &nlocal);
+        /* published at once, also after drops: a worker waiting for its
+         * gradient to be decided (the in-flight bound) wakes on it, and
+         * should not wait for the stream's round trip below */
+        if (err == FR_OK && a->active && (a->version != before || nlocal > 0))
+            ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
         /* the stream (trainers of other processes) is read every
          * LOCAL_WAIT_MS, and at once again while it delivers */
         uint64_t now = fr_clock_mono_ns();
+        before = a->version;
         if (err == FR_OK && a->active &&
             (a->stream_busy || now - a->stream_ns >= LOCAL_WAIT_MS * 1000000ull)) {
             a->stream_ns = now;
@@ -798,9 +804,7 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
         }
         if (err != FR_OK || !a->active)
             return err;
-        /* also after drops: a worker waiting for its gradient to be
-         * decided (the in-flight bound) wakes on the publish */
-        if (a->version != before || nlocal > 0)
+        if (a->version != before)
             ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
         total += nlocal + nstream;
         elapsed = fr_clock_mono_ns() - start;

@@ -15,8 +15,9 @@
  * applier may hold the lease).
  *
  * Threads: every function may be called from any thread; one mutex guards
- * everything, and gradients are copied in and weights out under it (a
- * copy of a 784-256-10 model takes tens of microseconds).
+ * everything, and weights are copied out under it (a copy of a 784-256-10
+ * model takes tens of microseconds). Gradients are copied in, or with
+ * psstore_local_push_swap (the workers' way) trade buffers with the slot.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -143,8 +144,9 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
     return FR_OK;
 }
 
-/* Copies g's ranges and strings into slot s (under the lock). */
-static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g)
+/* Copies g's ranges and strings into slot s (under the lock), and its
+ * gradient, or with buf (== g->g) swaps the buffers instead. */
+static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g, float **buf)
 {
     if (ps_ranges_copy(g->ranges, g->nranges, &s->ranges, &s->cap_ranges, &s->topics,
                        &s->cap_topics) != FR_OK)
@@ -158,17 +160,25 @@ static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g
     s->msg.g = NULL;
     s->msg.len = 0;
     if (g->n > 0) {
-        memcpy(s->g, g->g, l->n * sizeof(float));
+        if (buf != NULL) {
+            float *mine = s->g;
+            s->g = *buf;
+            *buf = mine;
+        } else {
+            memcpy(s->g, g->g, l->n * sizeof(float));
+        }
         s->msg.g = s->g;
         s->msg.len = l->n;
     }
     return FR_OK;
 }
 
-fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
-                            uint64_t *ticket)
+static fr_err_t push(psstore_local_t *l, const psstore_grad_t *g, float **buf, int timeout_ms,
+                     uint64_t *ticket)
 {
     if (g->n > 0 && (g->g == NULL || g->len != l->n))
+        return FR_ERR_INVAL;
+    if (buf != NULL && g->n > 0 && g->g != *buf)
         return FR_ERR_INVAL;
     struct timespec until;
     fr_clock_deadline(&until, timeout_ms);
@@ -184,7 +194,7 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
         return FR_ERR_STATE;
     }
     slot_t *s = &l->slots[(l->head + l->count) % l->nslots];
-    fr_err_t err = slot_fill(l, s, g);
+    fr_err_t err = slot_fill(l, s, g, g->n > 0 ? buf : NULL);
     if (err == FR_OK) {
         l->count++;
         l->pushed++;
@@ -194,6 +204,20 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
     }
     pthread_mutex_unlock(&l->lock);
     return err;
+}
+
+fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
+                            uint64_t *ticket)
+{
+    return push(l, g, NULL, timeout_ms, ticket);
+}
+
+fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                 int timeout_ms, uint64_t *ticket)
+{
+    if (buf == NULL || *buf == NULL)
+        return FR_ERR_INVAL;
+    return push(l, g, buf, timeout_ms, ticket);
 }
 
 /* ---- the applier's side (psstore_int.h) ---------------------------------------- */

@@ -283,6 +283,14 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
  * psstore_local_wait_applied. */
 fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
                             uint64_t *ticket);
+/* As psstore_local_push, without copying the gradient: g->g must be *buf, a
+ * malloc'ed buffer of nparams floats, and on FR_OK the slot keeps it while
+ * *buf receives the slot's previous buffer (same size, already touched) for
+ * the caller's next gradient. Any other result leaves *buf as it was. The
+ * caller frees whatever *buf holds at the end, as the channel frees its
+ * slots'. It saves a copy of the model (813 KB for 784-256-10) per push. */
+fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                 int timeout_ms, uint64_t *ticket);
 /* Waits until the push of `ticket` has been decided by the applier and,
  * when applied, is in the weights psstore_local_pull returns (the
  * in-flight bound, docs/design.md "Staleness and the controller"): FR_OK,

@@ -71,6 +71,10 @@ typedef struct trainer_pool_stats {
     uint64_t push_ns;    /* summed push time (backpressure waits included) */
     uint64_t wait_ns;    /* summed waits for rounds (round modes), clocks (ssp)
                             and the in-flight bound                           */
+    uint64_t pull_ns;    /* summed weight pulls (and loads into the backend)   */
+    uint64_t starved_ns; /* summed waits for a batch from the consumer after
+                            the first: data arriving slower than the workers
+                            compute                                            */
     int64_t version;     /* the newest version a worker computed on             */
     uint64_t epoch;      /* ... and its epoch                                   */
 } trainer_pool_stats_t;

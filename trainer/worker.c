@@ -87,7 +87,8 @@ struct trainer_pool {
     int nworkers;
     int started;
     atomic_int stop;
-    atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns;
+    atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns, pull_ns,
+        starved_ns;
     psstore_mode_t mode;
     int64_t ssp_bound, idle_ms, round_wait_ms;
     int in_flight;
@@ -210,6 +211,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
      * (reason "epoch") without marking its positions */
     int changed = 0;
     flights_wait(wk);
+    uint64_t tp = fr_clock_mono_ns();
     /* the in-process channel while this process's applier holds the lease
      * (docs/design.md "The co-located fast path"), Redis otherwise */
     int local = p->local != NULL &&
@@ -226,6 +228,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
             return err;
         }
     }
+    atomic_fetch_add(&p->pull_ns, fr_clock_mono_ns() - tp);
     if (b->n > 0) {
         uint64_t t0 = fr_clock_mono_ns();
         if ((err = trainer_backend_gradient(wk->be, wk->g, loss, b->x, b->y, (int)b->n)) != FR_OK) {
@@ -265,7 +268,8 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         /* weights of the channel may be newer than Redis's: a gradient on
          * them goes back the same way, or is abandoned (read again) */
         uint64_t ticket = 0;
-        err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
+        err = b->n > 0 ? psstore_local_push_swap(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket)
+                       : psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
         if (err != FR_OK)
             fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
         else if (b->n > 0)
@@ -431,14 +435,22 @@ static void *worker_main(void *arg)
 {
     worker_t *wk = arg;
     trainer_pool_t *p = wk->pool;
+    char name[16];
+    snprintf(name, sizeof(name), "fr-worker%d", wk->index);
+    fr_thread_name(name);
     psstore_client_set_cancel(wk->cl, pool_stopping, p);
     int rounds = psstore_mode_rounds(p->mode);
+    int fed = 0; /* a batch came */
     if (p->mode == PSSTORE_MODE_SSP)
         ssp_join(wk);
     beat(wk);
     while (!atomic_load(&p->stop)) {
         beat_due(wk);
+        uint64_t tq = fr_clock_mono_ns();
         ingest_batch_t *b = ingest_consumer_next(p->source, NEXT_WAIT_MS);
+        if (fed) /* the wait for the group's first assignment is no starving */
+            atomic_fetch_add(&p->starved_ns, fr_clock_mono_ns() - tq);
+        fed |= b != NULL;
         track_idle(wk, b);
         if (b == NULL)
             continue;
@@ -630,6 +642,8 @@ void trainer_pool_stats(trainer_pool_t *p, trainer_pool_stats_t *st)
     st->compute_ns = atomic_load(&p->compute_ns);
     st->push_ns = atomic_load(&p->push_ns);
     st->wait_ns = atomic_load(&p->wait_ns);
+    st->pull_ns = atomic_load(&p->pull_ns);
+    st->starved_ns = atomic_load(&p->starved_ns);
     st->version = atomic_load(&p->version);
     st->epoch = atomic_load(&p->epoch);
     pthread_mutex_lock(&p->lock);

@@ -193,6 +193,55 @@ static void test_gradients_in_memory_are_applied_and_committed(void **state)
     psstore_local_destroy(l);
 }
 
+/* A swapped push hands the worker's buffer to the channel: the worker
+ * gets a different buffer back, may write it at once, and what the
+ * applier applies is still the gradient as pushed. */
+static void test_a_swapped_push_trades_buffers_and_applies_what_was_pushed(void **state)
+{
+    (void)state;
+    const char *model = "local-swap";
+    create_model(model);
+    psstore_local_t *l = psstore_local_new(NPARAMS, 4, errstr, sizeof(errstr));
+    assert_non_null(l);
+    psstore_applier_t *a = applier(model, l);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    float w[NPARAMS], want[NPARAMS], other[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed = 0;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+
+    float *buf = malloc(NPARAMS * sizeof(float));
+    assert_non_null(buf);
+    psstore_range_t range;
+    psstore_grad_t msg = grad(buf, &range, 1, 0, 4, epoch, 0);
+    /* the gradient must be the buffer offered */
+    msg.g = other;
+    assert_int_equal(psstore_local_push_swap(l, &msg, &buf, 100, NULL), FR_ERR_INVAL);
+    msg.g = buf;
+    float *pushed = buf;
+    uint64_t t1 = 0, t2 = 0;
+    assert_int_equal(psstore_local_push_swap(l, &msg, &buf, 100, &t1), FR_OK);
+    assert_ptr_not_equal(buf, pushed);
+    /* the next gradient is written into the buffer we got back before the
+     * applier ran: the queued one must not change */
+    msg = grad(buf, &range, 2, 4, 4, epoch, 0);
+    assert_int_equal(psstore_local_push_swap(l, &msg, &buf, 100, &t2), FR_OK);
+    for (int i = 0; i < NPARAMS; i++)
+        buf[i] = 1e6f; /* scribbles over the buffer returned by the second push */
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 2; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t2, 1000), FR_OK);
+    int ks[] = {1, 2};
+    expected(want, ks, 2);
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_int_equal(version, 2);
+    assert_near(w, want);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+    free(buf);
+}
+
 static void test_a_full_channel_pushes_back(void **state)
 {
     (void)state;
@@ -316,6 +365,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
+        cmocka_unit_test(test_a_swapped_push_trades_buffers_and_applies_what_was_pushed),
         cmocka_unit_test(test_a_full_channel_pushes_back),
         cmocka_unit_test(test_rounds_are_published_with_their_weights),
     };
