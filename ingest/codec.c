@@ -86,6 +86,35 @@ static const double pow10_double[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,
                                         1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
 /*
+ * The value of the decimal m x 10^e, negated when neg, if it can be had
+ * exactly (the two cases below); 0 when the general parser must decide.
+ */
+static int fast_value(uint64_t m, int e, int neg, float *out)
+{
+    float v;
+    if (m == 0) {
+        v = 0.0f;
+    } else if (m <= (UINT64_C(1) << 24) && e <= 0 && e >= -10) {
+        v = (float)m / pow10_exact[-e];
+    } else {
+        if (m >= (UINT64_C(1) << 53) || e < -22 || e > 22)
+            return 0;
+        double d = e >= 0 ? (double)m * pow10_double[e] : (double)m / pow10_double[-e];
+        if (!(d >= FLT_MIN && d <= FLT_MAX))
+            return 0;
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof(bits));
+        /* 29 bits of the double's fraction fall below a float's: a value of
+         * exactly 1 << 28 there is a midpoint between two floats */
+        if ((bits & ((UINT64_C(1) << 29) - 1)) == (UINT64_C(1) << 28))
+            return 0;
+        v = (float)d;
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+/*
  * The fast path of parse_number(): a decimal ("-12", "0.5", "255.",
  * "1.23456789e-05") whose digits form an integer m with a decimal exponent
  * E. Two exact cases (Clinger's fast path):
@@ -144,27 +173,59 @@ static int parse_fast(const char *p, size_t len, float *out)
         if (eneg)
             e10 = -e10;
     }
-    int e = e10 - (frac < 0 ? 0 : frac);
-    float v;
-    if (m == 0) {
-        v = 0.0f;
-    } else if (m <= (UINT64_C(1) << 24) && e <= 0 && e >= -10) {
-        v = (float)m / pow10_exact[-e];
-    } else {
-        if (m >= (UINT64_C(1) << 53) || e < -22 || e > 22)
-            return 0;
-        double d = e >= 0 ? (double)m * pow10_double[e] : (double)m / pow10_double[-e];
-        if (!(d >= FLT_MIN && d <= FLT_MAX))
-            return 0;
-        uint64_t bits;
-        memcpy(&bits, &d, sizeof(bits));
-        /* 29 bits of the double's fraction fall below a float's: a value of
-         * exactly 1 << 28 there is a midpoint between two floats */
-        if ((bits & ((UINT64_C(1) << 29) - 1)) == (UINT64_C(1) << 28))
-            return 0;
-        v = (float)d;
+    return fast_value(m, e10 - (frac < 0 ? 0 : frac), neg, out);
+}
+
+/*
+ * csv's fused scanner: one pass over the field that starts at p (blanks,
+ * an optional sign, digits with at most one '.', an optional exponent of 1
+ * to 4 digits, blanks) up to its ',' or the record's end, the value made
+ * by fast_value. *next receives the position after the ',', or NULL at the
+ * record's end. Returns 0, having decided nothing, for any other form or
+ * a value fast_value declines: the caller then takes the field the general
+ * way, so the two agree on every input.
+ */
+static int scan_csv_field(const char *p, const char *end, float *out, const char **next)
+{
+    while (p < end && is_blank(*p))
+        p++;
+    int neg = 0;
+    if (p < end && (*p == '-' || *p == '+'))
+        neg = *p++ == '-';
+    uint64_t m = 0;
+    const char *t = p;
+    while (t < end && (unsigned)(*t - '0') < 10u)
+        m = m * 10 + (uint64_t)(*t++ - '0');
+    int digits = (int)(t - p), frac = 0;
+    if (t < end && *t == '.') {
+        const char *f = ++t;
+        while (t < end && (unsigned)(*t - '0') < 10u)
+            m = m * 10 + (uint64_t)(*t++ - '0');
+        frac = (int)(t - f);
     }
-    *out = neg ? -v : v;
+    digits += frac;
+    if (digits == 0 || digits > 19) /* 19 digits cannot overflow m */
+        return 0;
+    int e10 = 0;
+    if (t < end && (*t == 'e' || *t == 'E')) {
+        int eneg = 0, edigits = 0;
+        if (++t < end && (*t == '-' || *t == '+'))
+            eneg = *t++ == '-';
+        for (; t < end && (unsigned)(*t - '0') < 10u; t++) {
+            if (++edigits > 4)
+                return 0;
+            e10 = e10 * 10 + (*t - '0');
+        }
+        if (edigits == 0)
+            return 0;
+        if (eneg)
+            e10 = -e10;
+    }
+    while (t < end && is_blank(*t))
+        t++;
+    if ((t < end && *t != ',') || !fast_value(m, e10 - frac, neg, out))
+        return 0;
+    *next = t < end ? t + 1 : NULL;
     return 1;
 }
 #else
@@ -173,6 +234,15 @@ static int parse_fast(const char *p, size_t len, float *out)
     (void)p;
     (void)len;
     (void)out;
+    return 0;
+}
+
+static int scan_csv_field(const char *p, const char *end, float *out, const char **next)
+{
+    (void)p;
+    (void)end;
+    (void)out;
+    (void)next;
     return 0;
 }
 #endif
@@ -235,17 +305,21 @@ static ingest_reject_t decode_csv(const ingest_schema_t *schema, const char *p, 
     float label = 0.0f;
 
     for (;;) {
-        const char *comma = memchr(p, ',', (size_t)(end - p));
-        const char *fe = comma != NULL ? comma : end;
-        const char *s = p, *e = fe;
+        const char *next;
         float v;
 
-        while (s < e && is_blank(*s))
-            s++;
-        while (e > s && is_blank(e[-1]))
-            e--;
-        if (parse_number(s, (size_t)(e - s), &v) != 0)
-            return INGEST_REJECT_BAD_NUMBER;
+        if (!scan_csv_field(p, end, &v, &next)) {
+            /* any other form: the field as a whole, through strtof */
+            const char *comma = memchr(p, ',', (size_t)(end - p));
+            const char *s = p, *e = comma != NULL ? comma : end;
+            while (s < e && is_blank(*s))
+                s++;
+            while (e > s && is_blank(e[-1]))
+                e--;
+            if (parse_number(s, (size_t)(e - s), &v) != 0)
+                return INGEST_REJECT_BAD_NUMBER;
+            next = comma != NULL ? comma + 1 : NULL;
+        }
         if (!isfinite(v))
             nonfinite = 1;
         if (field == 0)
@@ -253,9 +327,9 @@ static ingest_reject_t decode_csv(const ingest_schema_t *schema, const char *p, 
         else if (field <= d)
             x[field - 1] = v;
         field++;
-        if (comma == NULL)
+        if (next == NULL)
             break;
-        p = comma + 1;
+        p = next;
     }
     if (field - 1 != d)
         return INGEST_REJECT_FEATURE_COUNT;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -328,6 +329,110 @@ static void test_decode_csv_values_equal_strtof_bit_for_bit(void **state)
             fail_msg("\"%s\": got %a,%a expected %a,%a (reason %s)", rec, y, x[0], ra, rb,
                      ingest_reject_name(r));
     }
+}
+
+/* The reference for one csv field: blanks trimmed, then at most 63 bytes
+ * that strtof reads whole, not starting with other white space. Returns 0
+ * with the value, -1 for bad_number. */
+static int ref_field(const char *p, size_t len, float *out)
+{
+    while (len > 0 && (*p == ' ' || *p == '\t'))
+        p++, len--;
+    while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+        len--;
+    if (len == 0 || len > 63 || isspace((unsigned char)p[0]))
+        return -1;
+    char buf[64], *end;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    *out = strtof(buf, &end);
+    return end == buf + len ? 0 : -1;
+}
+
+/* Records of short random fields over an alphabet of number syntax, blanks
+ * and letters strtof knows (inf, nan, hex): the fused csv scanner and its
+ * fallback together decide exactly what the field-by-field reference
+ * decides, reason and bits. */
+static void test_decode_csv_syntax_agrees_with_the_reference(void **state)
+{
+    enum { D = 3 };
+    static const char alphabet[] = "0123456789012345678901234567890123456789..eE+-+- \t\r,xpnaif";
+    ingest_schema_t s = schema_of(D, INGEST_LABEL_REAL, 0);
+    fr_rng_t rng;
+    char rec[160];
+    float x[D], y;
+    fr_rng_seed(&rng, 20261201);
+    int ok = 0;
+    for (int i = 0; i < 400000; i++) {
+        size_t len = 0;
+        if (i % 4 == 0) { /* anything */
+            len = 1 + fr_rng_below(&rng, 40);
+            for (size_t k = 0; k < len; k++)
+                rec[k] = alphabet[fr_rng_below(&rng, sizeof(alphabet) - 1)];
+        } else { /* D + 1 number-like fields, sometimes with one stray byte */
+            for (int f = 0; f <= D; f++) {
+                const char *blank = fr_rng_below(&rng, 6) == 0 ? " " : "";
+                const char *sign = fr_rng_below(&rng, 3) == 0 ? "-" : "";
+                char num[24];
+                unsigned a = (unsigned)fr_rng_below(&rng, 100000);
+                switch (fr_rng_below(&rng, 4)) {
+                case 0: snprintf(num, sizeof(num), "%u", a); break;
+                case 1: snprintf(num, sizeof(num), "%u.%u", a % 1000, a); break;
+                case 2: snprintf(num, sizeof(num), ".%ue-%u", a, a % 12); break;
+                default: snprintf(num, sizeof(num), "%ue+%u", a % 100, a % 40); break;
+                }
+                len += (size_t)snprintf(rec + len, sizeof(rec) - len, "%s%s%s%s%s", f ? "," : "",
+                                        blank, sign, num, blank);
+            }
+            if (fr_rng_below(&rng, 3) == 0) /* one byte replaced */
+                rec[fr_rng_below(&rng, len)] = alphabet[fr_rng_below(&rng, sizeof(alphabet) - 1)];
+        }
+        rec[len] = '\0';
+        /* the reference, field by field */
+        ingest_reject_t want = INGEST_OK;
+        float vals[64];
+        /* the record's line end ("\n", "\r\n" or "\r") is not a field's */
+        char body[160];
+        size_t blen = len;
+        if (blen > 0 && rec[blen - 1] == '\n')
+            blen--;
+        if (blen > 0 && rec[blen - 1] == '\r')
+            blen--;
+        memcpy(body, rec, blen);
+        body[blen] = '\0';
+        size_t nf = 0;
+        int nonfinite = 0;
+        for (const char *p = body;;) {
+            const char *comma = strchr(p, ',');
+            size_t flen = comma != NULL ? (size_t)(comma - p) : strlen(p);
+            if (ref_field(p, flen, &vals[nf]) != 0) {
+                want = INGEST_REJECT_BAD_NUMBER;
+                break;
+            }
+            nonfinite |= !isfinite(vals[nf]);
+            nf++;
+            if (comma == NULL)
+                break;
+            p = comma + 1;
+        }
+        if (want == INGEST_OK && nf != D + 1)
+            want = INGEST_REJECT_FEATURE_COUNT;
+        else if (want == INGEST_OK && nonfinite)
+            want = INGEST_REJECT_NONFINITE;
+        ingest_reject_t got = decode_bytes(&s, INGEST_FORMAT_CSV, rec, len, x, &y);
+        if (got != want)
+            fail_msg("\"%s\": %s, expected %s", rec, ingest_reject_name(got),
+                     ingest_reject_name(want));
+        if (got != INGEST_OK)
+            continue;
+        ok++;
+        if (!same_float(y, vals[0]))
+            fail_msg("\"%s\": label %a, expected %a", rec, y, vals[0]);
+        for (int j = 0; j < D; j++)
+            if (!same_float(x[j], vals[j + 1]))
+                fail_msg("\"%s\": x[%d] %a, expected %a", rec, j, x[j], vals[j + 1]);
+    }
+    assert_true(ok > 100000); /* most number-like records are valid */
 }
 
 /* Decimals as other writers print floats ("%.9g" and friends, exponents),
@@ -737,6 +842,7 @@ int main(void)
         cmocka_unit_test(test_decode_csv_rejects_oversize_records),
         cmocka_unit_test(test_decode_csv_values_equal_strtof_bit_for_bit),
         cmocka_unit_test(test_decode_csv_printed_floats_and_midpoints_equal_strtof),
+        cmocka_unit_test(test_decode_csv_syntax_agrees_with_the_reference),
         cmocka_unit_test(test_decode_libsvm_reads_sparse_features),
         cmocka_unit_test(test_decode_libsvm_allows_zero_features),
         cmocka_unit_test(test_decode_libsvm_rejects_indices_out_of_range),
