@@ -390,6 +390,7 @@ static int cmp_run(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    fr_mem_keep(); /* as freshet's main does */
     int rounds = argc > 1 ? atoi(argv[1]) : 3;
     if (rounds < 1 || rounds > MAX_ROUNDS)
         die("ROUNDS must be 1..9");

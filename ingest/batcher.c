@@ -10,9 +10,12 @@
  * rule 2 and the replay generation. The open batch covers, per partition,
  * [next, end) minus the skip intervals; its ranges are computed only when
  * it is finalized, so taking a record costs one hash lookup, one binary
- * search of the skip list and one decode into preallocated, pre-touched
- * buffers. A finalized batch gets its own x and y (capacity B rows, only n
- * of them written, so the untouched tail costs no page faults) and ranges.
+ * search of the skip list and one decode into preallocated buffers. A
+ * finalized batch takes the open x and y as they are (capacity B rows,
+ * only n of them written), and the open batch continues in new ones: the
+ * decode is the only copy of a sample. The new buffers are fresh
+ * allocations; in freshet's processes (fr_mem_keep) the heap hands back the
+ * pages of batches the trainers freed, so they are warm.
  *
  * Contract decisions where ingest.h is silent or loose:
  *
@@ -86,7 +89,7 @@ struct ingest_batcher {
     ingest_format_t format;
     size_t cap; /* B */
     size_t d;   /* features */
-    float *x;   /* open batch samples [B x d], touched once at creation */
+    float *x;   /* open batch samples [B x d]; handed to each finalized batch */
     float *y;   /* [B] */
     size_t n;   /* samples in the open batch */
     int64_t min_ts, max_ts;
@@ -381,8 +384,13 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
     batch->n = bt->n;
     batch->features = (int)bt->d;
     if (bt->n > 0) {
-        memcpy(batch->x, bt->x, bt->n * bt->d * sizeof(float));
-        memcpy(batch->y, bt->y, bt->n * sizeof(float));
+        /* no copy: the batch takes the open buffers, whose samples were
+         * decoded in place, and the new empty ones become the open batch's */
+        float *x = batch->x, *y = batch->y;
+        batch->x = bt->x;
+        batch->y = bt->y;
+        bt->x = x;
+        bt->y = y;
         batch->min_ts_ms = bt->min_ts;
         batch->max_ts_ms = bt->max_ts;
     } else {
