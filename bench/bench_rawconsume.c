@@ -6,7 +6,7 @@
  * consume side of `min(W x fit, raw consume)` that bench/run_vs_fit.sh
  * measures against the same broker and topic as the run, in the same run.
  *
- * The consumer is configured as freshet's is (fetch.wait.max.ms 20,
+ * The consumer is configured as freshet's is (fetch.wait.max.ms 5,
  * fetch.max.bytes 2 MiB, the same --set properties): the figure is what librdkafka itself delivers
  * under freshet's settings, with nothing of freshet's on top. Partitions
  * are assigned at their log start (no group join), and the clock runs
@@ -87,7 +87,7 @@ int main(int argc, char **argv)
     conf_set(kc, "bootstrap.servers", bootstrap);
     conf_set(kc, "group.id", "bench-rawconsume");
     conf_set(kc, "enable.auto.commit", "false");
-    conf_set(kc, "fetch.wait.max.ms", "20"); /* as freshet's consumer */
+    conf_set(kc, "fetch.wait.max.ms", "5"); /* as freshet's consumer */
     conf_set(kc, "fetch.max.bytes", "2097152");
     for (int i = 0; i < nsets; i++) {
         char kv[512];

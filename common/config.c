@@ -85,8 +85,8 @@ static const conf_key_t schema[] = {
     K_INT("ingest", "batch", "64", 1, 65536, "Samples per batch."),
     K_INT("ingest", "queue", "16", 1, 1 << 20,
           "Batches buffered for the trainers; when full, consumption pauses."),
-    K_INT("ingest", "linger_ms", "200", 0, 600000,
-          "Milliseconds to wait for a full batch before a short one is sent."),
+    K_INT("ingest", "linger_ms", "10", 0, 600000,
+          "Milliseconds a batch may wait for more samples after its first; then it is sent short."),
     K_ENUM("ingest", "start", "earliest", "earliest|latest",
            "Where a partition the store has never seen starts (Kafka's committed offsets are never "
            "used)."),
@@ -139,7 +139,7 @@ static const conf_key_t schema[] = {
 
     K_INT("psstore", "max_pending", "64", 1, NO_MAX,
           "Gradients that may wait in the grads stream; a push waits beyond it (backpressure)."),
-    K_INT("psstore", "commit_ms", "20", 0, NO_MAX,
+    K_INT("psstore", "commit_ms", "10", 0, NO_MAX,
           "Milliseconds to group updates into one commit of the weights to Redis (0: commit "
           "each; readers see a version at most this much later)."),
     K_BOOL("psstore", "audit", "false",

@@ -430,7 +430,7 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
 
 /*
  * The poll thread: polls (which also runs the rebalance and commit
- * callbacks), batches, flushes a partial batch after linger_ms without a
+ * callbacks), batches, flushes a partial batch linger_ms after its first
  * record, applies backpressure and commits the store's watermarks every
  * COMMIT_EVERY_MS. On stop it flushes the open batch, leaves the group
  * (revoking on this thread) and marks the queue finished.
@@ -448,13 +448,20 @@ static void *poll_main(void *arg)
     else
         psstore_conn_set_cancel(c->ps, ingest_consumer_stopping, c);
     while (!atomic_load(&c->stop)) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS);
+        int wait_ms = POLL_MS;
+        if (dirty) { /* wake when the open batch is due */
+            int64_t left = open_since + c->linger_ms - now_ms();
+            wait_ms = left <= 0 ? 0 : left < POLL_MS ? (int)left : POLL_MS;
+        }
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, wait_ms);
         if (m != NULL) {
             on_message(c, m, &open_since, &last_record, &dirty);
             rd_kafka_message_destroy(m);
         }
         int64_t t = now_ms();
-        if (dirty && t - last_record >= c->linger_ms) {
+        /* linger_ms counts from the open batch's first record, as Kafka's
+         * producer counts it: a steady trickle cannot hold a sample longer */
+        if (dirty && t - open_since >= c->linger_ms) {
             fill_done(c, &open_since);
             ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
             dirty = 0;
@@ -507,7 +514,7 @@ static fr_err_t fetch_fits_messages(rd_kafka_conf_t *kc, char *errstr, size_t si
 }
 
 /* The consumer's librdkafka configuration, in this order: bootstrap, the
- * defaults (group.id, auto.offset.reset error, fetch.wait.max.ms 20,
+ * defaults (group.id, auto.offset.reset error, fetch.wait.max.ms 5,
  * fetch.max.bytes 2 MiB), the
  * caller's properties verbatim, then the two settings the
  * exactly-once effect depends on. NULL with errstr. */
@@ -530,10 +537,13 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
         /* every assignment names its offset; this only decides what an
          * out-of-range fetch does: report it (retention_skip) */
         conf_set(kc, "auto.offset.reset", "error", errstr, size) != FR_OK ||
-        /* freshness: a broker that holds a fetch for its whole wait (the
-         * dev broker does) would add up to librdkafka's 500 ms to every
-         * sample's way into the model; [kafka] may set it back */
-        conf_set(kc, "fetch.wait.max.ms", "20", errstr, size) != FR_OK ||
+        /* freshness: a fetch that finds nothing new waits this long
+         * before it answers (the dev broker waits it out even when records
+         * arrive meanwhile), which a sample arriving then waits too;
+         * librdkafka's 500 ms would dominate freshness, 20 still showed
+         * in its p99 (bench/README.md "Where the time goes"); [kafka]
+         * may set it back */
+        conf_set(kc, "fetch.wait.max.ms", "5", errstr, size) != FR_OK ||
         /* throughput: a fetch response is one allocation of up to
          * fetch.max.bytes (librdkafka's default 50 MiB); above the
          * allocator's 32 MiB mmap ceiling every response is mapped fresh

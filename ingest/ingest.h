@@ -273,7 +273,7 @@ typedef struct ingest_consumer_conf {
     ingest_format_t format;        /* csv, libsvm or f32                             */
     int batch;                     /* samples per batch, > 0                         */
     int queue;                     /* queue capacity in batches, > 0                 */
-    int linger_ms;                 /* flush a partial batch after this idle time     */
+    int linger_ms;                 /* flush a batch this long after its first record */
     int start_latest;              /* partitions the store never saw: 0 earliest, 1 latest */
     const char *dead_letter_topic; /* NULL or "": rejected records are only counted  */
     int gap_timeout_ms;            /* rule 3 after this long; 0: 10 s, < 0: never    */

@@ -101,7 +101,7 @@ static void test_config_new_holds_every_default(void **state)
     assert_string_equal(fr_config_get(cfg, "ingest", "format"), "f32");
     assert_int_equal(fr_config_get_int(cfg, "ingest", "batch"), 64);
     assert_int_equal(fr_config_get_int(cfg, "ingest", "queue"), 16);
-    assert_int_equal(fr_config_get_int(cfg, "ingest", "linger_ms"), 200);
+    assert_int_equal(fr_config_get_int(cfg, "ingest", "linger_ms"), 10);
     assert_string_equal(fr_config_get(cfg, "ingest", "start"), "earliest");
     assert_string_equal(fr_config_get(cfg, "redis", "url"), "redis://127.0.0.1:6379/0");
     assert_int_equal(fr_config_get_int(cfg, "trainer", "workers"), 2);
@@ -320,7 +320,7 @@ static void test_config_stops_at_the_first_bad_line(void **state)
     assert_non_null(strstr(errstr, ":3: [ingest] queue: expected an integer in 1..1048576"));
     assert_int_equal(fr_config_get_int(cfg, "ingest", "batch"), 64); /* nothing applied */
     assert_int_equal(fr_config_get_int(cfg, "ingest", "queue"), 16);
-    assert_int_equal(fr_config_get_int(cfg, "ingest", "linger_ms"), 200);
+    assert_int_equal(fr_config_get_int(cfg, "ingest", "linger_ms"), 10);
     fr_config_destroy(cfg);
 }
 
