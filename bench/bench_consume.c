@@ -187,7 +187,12 @@ static rd_kafka_t *raw_new(const char *group)
     if (rd_kafka_conf_set(kc, "bootstrap.servers", bootstrap, kerr, sizeof(kerr)) ||
         rd_kafka_conf_set(kc, "group.id", group, kerr, sizeof(kerr)) ||
         rd_kafka_conf_set(kc, "auto.offset.reset", "earliest", kerr, sizeof(kerr)) ||
-        rd_kafka_conf_set(kc, "enable.auto.commit", "false", kerr, sizeof(kerr)))
+        rd_kafka_conf_set(kc, "enable.auto.commit", "false", kerr, sizeof(kerr)) ||
+        /* the fetch settings freshet's consumer uses (ingest/consumer.c):
+         * librdkafka's 50 MiB fetches made the baseline, not freshet, the
+         * slow side */
+        rd_kafka_conf_set(kc, "fetch.max.bytes", "2097152", kerr, sizeof(kerr)) ||
+        rd_kafka_conf_set(kc, "fetch.wait.max.ms", "5", kerr, sizeof(kerr)))
         die(kerr);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, kc, kerr, sizeof(kerr));
     if (rk == NULL)

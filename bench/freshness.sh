@@ -6,13 +6,16 @@
 # softmax, batch 64, W workers, MODE); the applier measures, per applied
 # batch, the time from the Kafka timestamps of its oldest and newest
 # samples to the commit of its version. Prints the p50 and p99 over the
-# last 256 batches of the run, for each rate, and the throughput reached.
-# usage: bench/freshness.sh [RATES] [SECONDS] [WORKERS] [MODE] [FRESHET]
-#        (defaults: "2000 8000", 20, 2, adaptive, build/freshet)
+# last 256 batches of each run and the throughput reached; ROUNDS rounds
+# alternate the rates, and the summary gives per rate the median of the
+# rounds with their range.
+# usage: [ROUNDS=N] bash bench/freshness.sh [RATES] [SECONDS] [WORKERS] [MODE] [FRESHET]
+#        (defaults: 3 rounds, "1000 4000", 12, 2, adaptive, build/freshet)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rates=${1:-2000 8000}
-seconds=${2:-20}
+rates=${1:-1000 4000}
+seconds=${2:-12}
+rounds=${ROUNDS:-3}
 workers=${3:-2}
 mode=${4:-adaptive}
 bin=$(realpath "${5:-build/freshet}")
@@ -24,7 +27,9 @@ work=$(mktemp -d /tmp/freshet-fresh-XXXXXX)
 trap 'stack_stop "$work"' EXIT
 
 echo "freshness: Fashion-MNIST at a steady rate, 784-256-10, batch 64, $workers workers, $mode"
-printf '  %-10s %12s %14s %14s\n' "rate/s" "trained/s" "p50 (ms)" "p99 (ms)"
+printf '  %-6s %-10s %12s %14s %14s\n' round "rate/s" "trained/s" "p50 (ms)" "p99 (ms)"
+: >"$work/rounds"
+for round in $(seq "$rounds"); do
 for rate in $rates; do
     mkdir -p "$work/$rate"
     stack_start "$work/$rate" "$bin" fashion:48
@@ -73,7 +78,20 @@ EOF
     trained=$(echo "$line" | sed -n 's/.*run: \([0-9]*\) samples\/s.*/\1/p')
     p50=$(echo "$line" | sed -n 's/.*freshness p50 \(-\{0,1\}[0-9]*\) ms.*/\1/p')
     p99=$(echo "$line" | sed -n 's/.*freshness p50 -\{0,1\}[0-9]* ms p99 \(-\{0,1\}[0-9]*\) ms.*/\1/p')
-    printf '  %-10s %12s %14s %14s\n' "$rate" "${trained:-?}" "${p50:-?}" "${p99:-?}"
+    printf '  %-6s %-10s %12s %14s %14s\n' "$round" "$rate" "${trained:-?}" "${p50:-?}" "${p99:-?}"
+    echo "$rate ${trained:-nan} ${p50:-nan} ${p99:-nan}" >>"$work/rounds"
     stack_stop "$work/$rate"
     stack_pids=()
+done
+done
+# per rate: the median of the rounds [lowest, highest]
+med() {
+    awk -v r="$1" -v k="$2" '$1 == r { print $k }' "$work/rounds" | sort -n |
+        awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2;
+              printf "%s [%s, %s]", m, v[1], v[NR] }'
+}
+echo "medians over $rounds round(s):"
+for rate in $rates; do
+    printf '  %-10s trained %s/s, freshness p50 %s ms, p99 %s ms\n' "$rate" "$(med "$rate" 2)" \
+        "$(med "$rate" 3)" "$(med "$rate" 4)"
 done

@@ -2,18 +2,25 @@
 # The cost of Kafka + Redis + asynchrony, measured: Fashion-MNIST streamed
 # once (60,000 f32 records in 48 partitions of the dev broker, preloaded)
 # through freshet run (784-256-10, softmax, sgd lr 0.1, batch 64, W
-# workers in MODE) against freshet fit doing one epoch of the same training
-# on one thread. This machine's speed drifts by tens of percent within a
-# minute, so ROUNDS rounds alternate one fit epoch and one run (a new model
-# each, reading the same preloaded topic from its start), and the figures
-# are the medians. Prints each round, the medians, the ratio of the
-# medians and the test accuracies.
+# workers in MODE) against two baselines measured in the same run: freshet
+# fit doing one epoch of the same training on one thread, and a raw
+# librdkafka consumer (bench_rawconsume) reading the same topic from the
+# same broker. This machine's speed drifts by tens of percent within a
+# minute, so ROUNDS rounds alternate one fit epoch, one raw read and one
+# run (a new model each, reading the same preloaded topic from its start),
+# and the figures are the medians. Prints each round, the medians, run/fit
+# and run against min(W x fit, raw consume), the limit the pipeline could
+# reach if neither side took CPU from the other, and the test accuracies.
+# OpenBLAS's fastest kernel for the CPU is set for both sides (SkylakeX
+# with AVX-512, Haswell with AVX2) unless OPENBLAS_CORETYPE is set already;
+# the kernel is printed.
 # usage: [ROUNDS=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
-#        bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        [RAWCONSUME=path] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
 #        max_pending 64, commit_ms 20; [ingest] queue 16; [serve] listen
-#        127.0.0.1:0, SERVE_LISTEN= for none; KEEP_LOG=F keeps
-#        the last run's log)
+#        127.0.0.1:0, SERVE_LISTEN= for none; RAWCONSUME: the first of
+#        build-bench/bench/bench_rawconsume and build/bench/bench_rawconsume
+#        (cmake -DFRESHET_BENCH=ON); KEEP_LOG=F keeps the last run's log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2}
@@ -22,6 +29,22 @@ bin=$(realpath "${3:-build/freshet}")
 rounds=${ROUNDS:-3}
 fm=/usr/share/datasets/fashion-mnist
 export OPENBLAS_NUM_THREADS=1
+if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+    if grep -qw avx512f /proc/cpuinfo; then
+        export OPENBLAS_CORETYPE=SkylakeX
+    elif grep -qw avx2 /proc/cpuinfo; then
+        export OPENBLAS_CORETYPE=Haswell
+    fi
+fi
+raw_bin=${RAWCONSUME:-}
+for c in build-bench/bench/bench_rawconsume build/bench/bench_rawconsume; do
+    [ -z "$raw_bin" ] && [ -x "$c" ] && raw_bin=$c
+done
+if [ -z "$raw_bin" ] || ! [ -x "$raw_bin" ]; then
+    echo "run_vs_fit.sh: bench_rawconsume not found; build it with" \
+        "cmake -S . -B build-bench -DFRESHET_BENCH=ON && cmake --build build-bench" >&2
+    exit 2
+fi
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 # shellcheck source=deploy/stack.sh
 . deploy/stack.sh
@@ -102,24 +125,41 @@ EOF
     echo "$rate $acc"
 }
 
+# the raw librdkafka consumer over the whole topic; prints records/s
+raw_once() {
+    "$raw_bin" --bootstrap "$bootstrap" --topic fashion |
+        awk '{ for (i = 1; i < NF; i++) if ($i == "records_per_s") print $(i + 1) }'
+}
+
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "run vs fit: Fashion-MNIST once, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
     "freshet run with $workers workers, $mode, Kafka + Redis"
-printf '  %-6s %12s %10s %12s %10s %7s\n' round "run/s" "run acc" "fit/s" "fit acc" ratio
+echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume)"
+printf '  %-6s %10s %8s %10s %8s %10s %8s %10s\n' round "run/s" "run acc" "fit/s" "fit acc" \
+    "raw/s" "run/fit" "run/limit"
 : >"$work/rounds"
 for r in $(seq "$rounds"); do
     read -r fit_rate fit_acc < <(fit_once)
+    raw_rate=$(raw_once)
     read -r run_rate run_acc < <(run_once "bench$r")
-    echo "$run_rate $run_acc $fit_rate $fit_acc" >>"$work/rounds"
-    printf '  %-6s %12s %10s %12s %10s %7s\n' "$r" "$run_rate" "$run_acc" "$fit_rate" "$fit_acc" \
-        "$(awk -v a="$run_rate" -v b="$fit_rate" 'BEGIN { printf "%.2f", a / b }')"
+    echo "$run_rate $run_acc $fit_rate $fit_acc $raw_rate" >>"$work/rounds"
+    printf '  %-6s %10s %8s %10s %8s %10s %8s %10s\n' "$r" "$run_rate" "$run_acc" "$fit_rate" \
+        "$fit_acc" "$raw_rate" \
+        "$(awk -v a="$run_rate" -v b="$fit_rate" 'BEGIN { printf "%.2f", a / b }')" \
+        "$(awk -v a="$run_rate" -v f="$fit_rate" -v w="$workers" -v c="$raw_rate" \
+            'BEGIN { l = w * f; if (c < l) l = c; printf "%.2f", a / l }')"
 done
 run_med=$(awk '{ print $1 }' "$work/rounds" | median)
 fit_med=$(awk '{ print $3 }' "$work/rounds" | median)
+raw_med=$(awk '{ print $5 }' "$work/rounds" | median)
 acc_med=$(awk '{ print $2 }' "$work/rounds" | median)
 fit_acc=$(awk 'NR == 1 { print $4 }' "$work/rounds")
-printf '  median: run %.0f samples/s, fit %.0f samples/s, ratio run/fit %.2f\n' \
-    "$run_med" "$fit_med" "$(awk -v a="$run_med" -v b="$fit_med" 'BEGIN { print a / b }')"
+limit=$(awk -v f="$fit_med" -v w="$workers" -v c="$raw_med" 'BEGIN { l = w * f; if (c < l) l = c; print l }')
+printf '  median: run %.0f samples/s (rounds %s), fit %.0f, raw consume %.0f records/s\n' \
+    "$run_med" "$(awk '{ print $1 }' "$work/rounds" | sort -n | paste -sd- -)" "$fit_med" "$raw_med"
+printf '  ratio run/fit %.2f; run/min(%d x fit, raw) %.2f (limit %.0f)\n' \
+    "$(awk -v a="$run_med" -v b="$fit_med" 'BEGIN { print a / b }')" "$workers" \
+    "$(awk -v a="$run_med" -v b="$limit" 'BEGIN { print a / b }')" "$limit"
 printf '  test accuracy: run median %s, fit %s (difference fit - run %.2f points)\n' \
     "$acc_med" "$fit_acc" "$(awk -v a="$acc_med" -v b="$fit_acc" 'BEGIN { print 100 * (b - a) }')"

@@ -97,7 +97,7 @@ struct trainer_pool {
     atomic_uint_least64_t epoch;
     pthread_mutex_t lock; /* guards loss_sum */
     double loss_sum;
-    fr_series_t *m_samples, *m_failed, *m_step;
+    fr_series_t *m_samples, *m_failed, *m_step, *m_starved;
 };
 
 static void sleep_ns(uint64_t ns)
@@ -448,8 +448,12 @@ static void *worker_main(void *arg)
         beat_due(wk);
         uint64_t tq = fr_clock_mono_ns();
         ingest_batch_t *b = ingest_consumer_next(p->source, NEXT_WAIT_MS);
-        if (fed) /* the wait for the group's first assignment is no starving */
-            atomic_fetch_add(&p->starved_ns, fr_clock_mono_ns() - tq);
+        if (fed) { /* the wait for the group's first assignment is no starving */
+            uint64_t starved = fr_clock_mono_ns() - tq;
+            atomic_fetch_add(&p->starved_ns, starved);
+            if (p->m_starved != NULL)
+                fr_series_add(p->m_starved, (double)starved * 1e-9);
+        }
         fed |= b != NULL;
         track_idle(wk, b);
         if (b == NULL)
@@ -515,6 +519,11 @@ static void metrics_init(trainer_pool_t *p, fr_metrics_t *reg)
                              "Forward and backward pass of one batch.",
                              sizeof(step_bounds) / sizeof(step_bounds[0]), step_bounds, 0, NULL);
     p->m_step = m != NULL ? fr_metric_series(m, NULL) : NULL;
+    m = fr_metrics_counter(reg, "freshet_trainer_data_wait_seconds_total",
+                           "Time the workers waited for a batch from the consumer (after the "
+                           "first): data arriving slower than they compute.",
+                           0, NULL);
+    p->m_starved = m != NULL ? fr_metric_series(m, NULL) : NULL;
 }
 
 trainer_pool_t *trainer_pool_new(const trainer_pool_conf_t *conf, char *errstr, size_t size)
