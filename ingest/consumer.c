@@ -388,7 +388,7 @@ static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t part
 
 /* One message from rd_kafka_consumer_poll (borrowed). Poll thread. */
 static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_t *open_since,
-                       int64_t *last_record, int *dirty)
+                       int *dirty)
 {
     if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL) {
         retention_skip(c, rd_kafka_topic_name(m->rkt), m->partition);
@@ -417,9 +417,8 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
     }
     if (why != INGEST_OK)
         reject(c, m, why);
-    *last_record = now_ms();
     if (*open_since < 0)
-        *open_since = *last_record;
+        *open_since = now_ms();
     *dirty = 1;
     if (full != NULL) {
         fill_done(c, open_since);
@@ -438,7 +437,7 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
 static void *poll_main(void *arg)
 {
     ingest_consumer_t *c = arg;
-    int64_t open_since = -1, last_record = 0, next_commit = now_ms() + COMMIT_EVERY_MS;
+    int64_t open_since = -1, next_commit = now_ms() + COMMIT_EVERY_MS;
     fr_thread_name("fr-consume");
     int dirty = 0;
     char errstr[256];
@@ -455,7 +454,7 @@ static void *poll_main(void *arg)
         }
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, wait_ms);
         if (m != NULL) {
-            on_message(c, m, &open_since, &last_record, &dirty);
+            on_message(c, m, &open_since, &dirty);
             rd_kafka_message_destroy(m);
         }
         int64_t t = now_ms();
