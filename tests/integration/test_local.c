@@ -108,6 +108,18 @@ static void assert_near(const float *got, const float *want)
             fail_msg("w[%d] = %.8g, expected %.8g", i, got[i], want[i]);
 }
 
+/* A new model, a channel of `slots` slots and its applier, polled once so
+ * that it holds the lease and the channel is open. */
+static psstore_local_t *channel_open(const char *model, size_t slots, psstore_applier_t **a)
+{
+    create_model(model);
+    psstore_local_t *l = psstore_local_new(NPARAMS, slots, errstr, sizeof(errstr));
+    assert_non_null(l);
+    *a = applier(model, l);
+    assert_int_equal(psstore_applier_poll(*a, 20), FR_OK);
+    return l;
+}
+
 static void test_gradients_in_memory_are_applied_and_committed(void **state)
 {
     (void)state;
@@ -200,11 +212,8 @@ static void test_a_swapped_push_trades_buffers_and_applies_what_was_pushed(void 
 {
     (void)state;
     const char *model = "local-swap";
-    create_model(model);
-    psstore_local_t *l = psstore_local_new(NPARAMS, 4, errstr, sizeof(errstr));
-    assert_non_null(l);
-    psstore_applier_t *a = applier(model, l);
-    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open(model, 4, &a);
     float w[NPARAMS], want[NPARAMS], other[NPARAMS];
     uint64_t epoch = 0;
     int64_t version = -1;
@@ -246,11 +255,8 @@ static void test_a_full_channel_pushes_back(void **state)
 {
     (void)state;
     const char *model = "full";
-    create_model(model);
-    psstore_local_t *l = psstore_local_new(NPARAMS, 2, errstr, sizeof(errstr));
-    assert_non_null(l);
-    psstore_applier_t *a = applier(model, l);
-    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open(model, 2, &a);
     float w[NPARAMS], g[NPARAMS];
     uint64_t epoch = 0;
     int64_t version = -1;
