@@ -1,6 +1,6 @@
 /*
  * svc_applied.c - samples applied to a model, counted from its versions
- * stream: freshet run --samples stops on it, freshet compare shows it.
+ * stream: freshet compare follows a run with it and scores what it shows.
  * docs/design.md "Redis layout": the applier appends one versions entry per
  * applied update (a round: one for the round) with its samples n.
  *

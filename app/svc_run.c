@@ -30,7 +30,7 @@
 
 #define PROGRESS_NS     5000000000ull /* a progress line this often */
 #define TICK_MS         200           /* the main loop's pace        */
-#define SAMPLES_TICK_MS 10            /* --samples reads the count this often */
+#define SAMPLES_TICK_MS 10            /* --samples checks the applier this often */
 #define MAX_PROPS       256
 #define STORE_WAIT_MS   2000
 
@@ -342,10 +342,6 @@ typedef struct role {
     model_t m;
     int64_t samples_limit; /* run --samples: stop at this many applied (0: never) */
     const char *summary;   /* run --summary: the JSON summary's file, or NULL     */
-    app_applied_t applied; /* counted from the versions stream while a limit is set */
-    psstore_conn_t *watch; /* ... by the watcher thread, on this connection      */
-    pthread_t watch_tid;
-    int watching;
 } role_t;
 
 /* Checks [trainer] mode against [psstore] max_pending and builds the model
@@ -474,70 +470,41 @@ static int role_start(role_t *r)
     return rc;
 }
 
-/* run --samples: a thread of its own (the holdout can hold the main
- * thread for a while) reads the versions stream every SAMPLES_TICK_MS on
- * its own connection and sets app_stop, as SIGTERM does, once it counts
- * samples_limit applied samples. It ends when app_stop is set; its count
- * is read after the join. */
-static void *samples_main(void *arg)
+/* run --samples: whether the applier has applied the limit (it takes no
+ * gradient past it, and commits what it holds when halted); logs it once. */
+static int samples_reached(const role_t *r)
 {
-    role_t *r = arg;
-    fr_thread_name("fr-samples");
-    const char *model = fr_config_get(r->cfg, "model", "name");
-    int warned = 0;
-    while (!atomic_load(&app_stop)) {
-        struct timespec ts = {0, SAMPLES_TICK_MS * 1000000L};
-        nanosleep(&ts, NULL);
-        if (app_applied_poll(r->watch, model, &r->applied) != FR_OK) {
-            if (!warned++)
-                fr_log(FR_LOG_WARN, "%s: --samples: %s", r->cmd, psstore_conn_error(r->watch));
-            continue;
-        }
-        if (r->applied.samples >= r->samples_limit && !atomic_exchange(&app_stop, 1))
-            fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld) at version %lld", r->cmd,
-                   (long long)r->applied.samples, (long long)r->samples_limit,
-                   (long long)r->applied.version);
-    }
-    return NULL;
-}
-
-/* Starts the --samples watcher when a limit is set. Returns 0 or
- * APP_EXIT_FAILURE after printing why. */
-static int samples_start(role_t *r)
-{
-    char errstr[512];
-    if (r->samples_limit <= 0)
+    psstore_applier_stats_t as;
+    if (r->samples_limit <= 0 || r->at.a == NULL)
         return 0;
-    r->watch = psstore_conn_new(fr_config_get(r->cfg, "redis", "url"), STORE_WAIT_MS, errstr,
-                                sizeof(errstr));
-    if (r->watch == NULL) {
-        fprintf(stderr, "freshet %s: --samples: %s\n", r->cmd, errstr);
-        return APP_EXIT_FAILURE;
-    }
-    r->watching = pthread_create(&r->watch_tid, NULL, samples_main, r) == 0;
-    return r->watching ? 0 : APP_EXIT_FAILURE;
+    psstore_applier_stats(r->at.a, &as);
+    if (as.samples < r->samples_limit)
+        return 0;
+    fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld) at version %lld", r->cmd,
+           (long long)as.samples, (long long)r->samples_limit, (long long)as.version);
+    return 1;
 }
 
-static void samples_stop(role_t *r)
-{
-    if (r->watching)
-        pthread_join(r->watch_tid, NULL);
-    r->watching = 0;
-    psstore_conn_destroy(r->watch);
-    r->watch = NULL;
-}
-
-/* The main thread until SIGINT or SIGTERM (or --samples): the holdout and
- * a progress line every PROGRESS_NS. */
+/* The main thread until SIGINT or SIGTERM, or --samples (checked every
+ * SAMPLES_TICK_MS): the holdout every TICK_MS and a progress line every
+ * PROGRESS_NS. */
 static void role_loop(role_t *r)
 {
     trainer_pool_stats_t prev = {0};
-    uint64_t last = fr_clock_mono_ns();
+    uint64_t last = fr_clock_mono_ns(), tick = last;
+    long step_ms = r->samples_limit > 0 ? SAMPLES_TICK_MS : TICK_MS;
     while (!atomic_load(&app_stop)) {
-        struct timespec ts = {0, TICK_MS * 1000000L};
+        struct timespec ts = {0, step_ms * 1000000L};
         nanosleep(&ts, NULL);
-        holdout_tick(r->cmd, &r->h, r->store, fr_config_get(r->cfg, "model", "name"), r->m.nparams);
+        if (samples_reached(r)) {
+            atomic_store(&app_stop, 1);
+            break;
+        }
         uint64_t now = fr_clock_mono_ns();
+        if (now - tick < TICK_MS * 1000000ull)
+            continue;
+        tick = now;
+        holdout_tick(r->cmd, &r->h, r->store, fr_config_get(r->cfg, "model", "name"), r->m.nparams);
         if (now - last >= PROGRESS_NS) {
             progress(r->cmd, r->pool, &prev, r->src, r->at.a, &r->h, (double)(now - last) * 1e-9);
             last = now;
@@ -579,7 +546,7 @@ static void role_close(role_t *r)
 /* run --summary: the workers' and the applier's counters as one JSON
  * object (keys unique, for app_json_find_num). Returns 0 or
  * APP_EXIT_FAILURE after printing why. */
-static int summary_write(const role_t *r, int stopped_by_samples)
+static int summary_write(const role_t *r)
 {
     trainer_pool_stats_t st = {0};
     psstore_applier_stats_t as = {0};
@@ -601,7 +568,8 @@ static int summary_write(const role_t *r, int stopped_by_samples)
             "\"failed\":%llu,\"pulls\":%llu,\"compute_ns\":%llu,\"push_ns\":%llu,\"wait_ns\":%llu,"
             "\"pull_ns\":%llu,\"starved_ns\":%llu},",
             (long long)fr_config_get_int(r->cfg, "trainer", "workers"), (long long)r->samples_limit,
-            stopped_by_samples ? "samples" : "signal", (long long)r->applied.samples,
+            r->samples_limit > 0 && as.samples >= r->samples_limit ? "samples" : "signal",
+            (long long)as.samples,
             (unsigned long long)st.samples, (unsigned long long)st.batches,
             (unsigned long long)st.failed, (unsigned long long)st.pulls,
             (unsigned long long)st.compute_ns, (unsigned long long)st.push_ns,
@@ -680,13 +648,9 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     int rc = role_open(&r, with_applier, usage, argc, argv);
     if (rc == 0) {
         rc = role_start(&r);
-        if (rc == 0 && (rc = samples_start(&r)) != 0)
-            atomic_store(&app_stop, 1);
         role_loop(&r);
-        samples_stop(&r);
         role_halt(&r);
-        int by_samples = r.samples_limit > 0 && r.applied.samples >= r.samples_limit;
-        if (r.summary != NULL && summary_write(&r, by_samples) != 0 && rc == 0)
+        if (r.summary != NULL && summary_write(&r) != 0 && rc == 0)
             rc = APP_EXIT_FAILURE;
     }
     role_close(&r);

@@ -409,6 +409,7 @@ void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
     pthread_mutex_lock(&a->lock);
     *stats = a->stats;
     pthread_mutex_unlock(&a->lock);
+    stats->samples = atomic_load(&a->samples);
     ring_percentiles(a, a->taus, &a->ntaus, TAU_RING, taus, &stats->tau_p50, &stats->tau_p99);
     ring_percentiles(a, a->fresh, &a->nfresh, FRESH_RING, fresh, &stats->fresh_p50_ms,
                      &stats->fresh_p99_ms);

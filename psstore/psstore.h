@@ -532,6 +532,7 @@ typedef struct psstore_applier_stats {
     uint64_t epoch;
     int64_t version;
     uint64_t applied;                /* gradients applied                         */
+    int64_t samples;                 /* samples applied (what conf.sample_limit counts) */
     uint64_t rounds;                 /* rounds closed (sync, backup, groups)      */
     uint64_t dropped[PSSTORE_NDROP]; /* by psstore_drop_t              */
     uint64_t commits;                /* transactions that wrote weights           */

@@ -123,6 +123,12 @@ for r in rep["runs"]:
     n = sum(int(e["n"]) for e in vs)
     check(m + " samples == sum of n in the versions stream", r["samples"] == n, (r["samples"], n))
     check(m + " samples >= --samples", r["samples"] >= rep["samples"], r["samples"])
+    # run --samples stops on the applier's own count: the summary agrees with the store,
+    # and the applier took at most one update past the limit (a batch, or a round of 2)
+    su = json.load(open(work + "/out/runs/" + m + ".summary.json"))
+    check(m + " run stopped by --samples", su["stopped_by"] == "samples", su["stopped_by"])
+    check(m + " summary applied_samples == the versions stream's", su["applied_samples"] == n, (su["applied_samples"], n))
+    check(m + " at most one update past --samples", n - rep["samples"] < 2 * 64, n)
     check(m + " versions == entries of the versions stream", r["versions"] == len(vs), (r["versions"], len(vs)))
     check(m + " final_version == the last entry's version", r["final_version"] == int(vs[-1]["version"]), (r["final_version"], vs[-1]["version"]))
     pos = 0
