@@ -151,6 +151,35 @@ static void tally_say(cmp_verdict_t *v, const char *claim, const tally_t *t, con
          t->where);
 }
 
+/*
+ * Auto's promise in its cell: within CMP_DECISIVE of the most accurate
+ * mode and, where some mode reached the target in every run, reaching it
+ * in every run within 1.2x of the fastest such mode's mean time. 1: held;
+ * -1: did not (decisively less accurate, slower, or short of a target
+ * another mode reached); 0: within noise (more than CMP_DECISIVE below the
+ * best, but by no more than the seeds' sd). A cell where no mode reached
+ * the target every time has no fastest time: accuracy alone decides.
+ */
+static int auto_outcome(const cmp_grid_t *g, const cmp_agg_t *au)
+{
+    const cmp_agg_t *best = au;
+    double fastest = INFINITY;
+    for (size_t i = 0; i < g->naggs; i++) {
+        const cmp_agg_t *a = &g->aggs[i];
+        if (a->workers != au->workers || a->straggler != au->straggler || a->ok == 0)
+            continue;
+        if (a->acc_mean > best->acc_mean)
+            best = a;
+        if (reached_all(a))
+            fastest = fmin(fastest, a->t_target_mean);
+    }
+    if (isfinite(fastest) && (!reached_all(au) || au->t_target_mean > 1.2 * fastest))
+        return -1;
+    if (au->acc_mean >= best->acc_mean - CMP_DECISIVE)
+        return 1;
+    return acc_order(best, au) == 0 ? 0 : -1;
+}
+
 /* Claim 1 (sync ends more accurate), 2 (async wins with a straggler), 5
  * (a hybrid keeps sync's accuracy and is faster), and auto's promise. */
 static void verdict_claims_cell(const cmp_grid_t *g, const cmp_agg_t *c, tally_t *t1, tally_t *t2,
@@ -163,15 +192,6 @@ static void verdict_claims_cell(const cmp_grid_t *g, const cmp_agg_t *c, tally_t
         tally_add(t1, acc_order(sy, as), c);
     if (as != NULL && sy != NULL && c->straggler && reached_all(as) && reached_all(sy))
         tally_add(t2, as->t_target_mean < sy->t_target_mean ? 1 : -1, c);
-    double best = -INFINITY, fastest = INFINITY;
-    for (size_t i = 0; i < g->naggs; i++) {
-        const cmp_agg_t *a = &g->aggs[i];
-        if (a->workers == c->workers && a->straggler == c->straggler && a->ok > 0) {
-            best = fmax(best, a->acc_mean);
-            if (reached_all(a))
-                fastest = fmin(fastest, a->t_target_mean);
-        }
-    }
     if (sy != NULL && reached_all(sy)) {
         int any = -1, seen = 0;
         for (size_t h = 0; h < sizeof(hybrids) / sizeof(hybrids[0]); h++) {
@@ -187,12 +207,7 @@ static void verdict_claims_cell(const cmp_grid_t *g, const cmp_agg_t *c, tally_t
     }
     const cmp_agg_t *au = cell_mode(g, c->workers, c->straggler, "auto");
     if (au != NULL)
-        tally_add(ta,
-                  au->acc_mean >= best - CMP_DECISIVE && reached_all(au) &&
-                          au->t_target_mean <= 1.2 * fastest
-                      ? 1
-                      : -1,
-                  c);
+        tally_add(ta, au->ok > 0 ? auto_outcome(g, au) : -1, c);
 }
 
 void cmp_verdict(const cmp_grid_t *g, cmp_verdict_t *v)

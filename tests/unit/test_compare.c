@@ -2,7 +2,8 @@
  * test_compare.c - the arithmetic of freshet compare (app/compare_stats.c)
  * against hand computations: nearest-rank quantiles, mean and sample
  * standard deviation, the first crossing of a target, curves read between
- * their points, and the aggregates of a mode over its seeds.
+ * their points, the aggregates of a mode over its seeds, and the verdict on
+ * mode auto's promise (app/compare_verdict.c).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -124,6 +125,70 @@ static void test_aggregates_over_seeds_and_speedup(void **state)
     free(g.aggs);
 }
 
+/* The verdict's line on auto for runs[n] (one cell): its status and text. */
+static void auto_verdict(cmp_run_t *runs, size_t n, char *status, char *text)
+{
+    cmp_grid_t g = {.runs = runs, .nruns = n, .target = 0.5};
+    cmp_verdict_t *v = malloc(sizeof(*v));
+    assert_non_null(v);
+    assert_int_equal(cmp_aggregate(&g), 0);
+    cmp_verdict(&g, v);
+    status[0] = text[0] = '\0';
+    for (size_t i = 0; i < v->n; i++)
+        if (strncmp(v->lines[i].question, "auto:", 5) == 0) {
+            strcpy(status, v->lines[i].status);
+            strcpy(text, v->lines[i].text);
+        }
+    free(v);
+    free(g.aggs);
+}
+
+static void test_auto_is_judged_on_half_a_point_and_1_2x_the_fastest(void **state)
+{
+    (void)state;
+    char status[24], text[1024];
+    cmp_run_t runs[4];
+    /* 0.3 points below adaptive, 2.3 s against 2.0 (1.15x): held */
+    run_set(&runs[0], "adaptive", 4, 0.840, 1000, 2.0);
+    run_set(&runs[1], "adaptive", 4, 0.840, 1000, 2.0);
+    run_set(&runs[2], "auto", 4, 0.837, 1000, 2.3);
+    run_set(&runs[3], "auto", 4, 0.837, 1000, 2.3);
+    auto_verdict(runs, 4, status, text);
+    assert_string_equal(status, "held");
+    assert_non_null(strstr(text, "4w: held"));
+    /* 2.5 s is 1.25x the fastest: did not hold, however accurate */
+    runs[2].target_t_s = runs[3].target_t_s = 2.5;
+    runs[2].accuracy = runs[3].accuracy = 0.845;
+    auto_verdict(runs, 4, status, text);
+    assert_string_equal(status, "did not hold");
+    /* one auto run short of a target adaptive reached every time */
+    runs[2].target_t_s = 2.0;
+    runs[3].target_t_s = NAN;
+    auto_verdict(runs, 4, status, text);
+    assert_string_equal(status, "did not hold");
+    /* in time, 1.5 points below with a seed sd of 0.7: decisively less accurate */
+    runs[2].target_t_s = runs[3].target_t_s = 2.0;
+    runs[2].accuracy = 0.820;
+    runs[3].accuracy = 0.830;
+    auto_verdict(runs, 4, status, text);
+    assert_string_equal(status, "did not hold");
+    /* 1.5 points below with a seed sd of 2.1 points: within noise */
+    runs[2].accuracy = 0.810;
+    runs[3].accuracy = 0.840;
+    auto_verdict(runs, 4, status, text);
+    assert_non_null(strstr(text, "4w: within noise"));
+    /* no mode reached the target every time: accuracy alone decides */
+    for (int i = 0; i < 4; i++)
+        runs[i].target_t_s = NAN;
+    runs[0].target_t_s = 2.0; /* adaptive reached it once of twice */
+    runs[2].accuracy = runs[3].accuracy = 0.836;
+    auto_verdict(runs, 4, status, text);
+    assert_string_equal(status, "held");
+    runs[2].accuracy = runs[3].accuracy = 0.830;
+    auto_verdict(runs, 4, status, text);
+    assert_string_equal(status, "did not hold");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -132,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_first_crossing_is_the_first_point_at_or_above),
         cmocka_unit_test(test_curve_is_linear_between_points),
         cmocka_unit_test(test_aggregates_over_seeds_and_speedup),
+        cmocka_unit_test(test_auto_is_judged_on_half_a_point_and_1_2x_the_fastest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
