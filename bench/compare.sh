@@ -25,16 +25,10 @@ bin=$work/freshet
 . deploy/stack.sh
 trap 'stack_stop "$work"' EXIT
 # at least twice, and 2.5 x SAMPLES: runs that drop gradients read more records
-# (backup at 2 workers with 1 backup drops about half); 48 partitions a copy, as
-# the dev broker keeps 5 MiB (1,670 records) a partition and drops older ones
+# (backup at 2 workers with 1 backup drops about half)
 copies=$(((${SAMPLES:-120000} * 5 / 2 + 59999) / 60000))
 [ "$copies" -ge 2 ] || copies=2
-stack_start "$work" "$bin" "fashion:$((48 * copies))"
-for _ in $(seq "$copies"); do
-    "$bin" produce --bootstrap "$stack_bootstrap" --topic fashion --format idx --encode f32 \
-        --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
-        --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin >>"$work/produce.log"
-done
+stack_start_fashion "$work" "$bin" "$copies"
 cat >"$work/compare.conf" <<EOF
 [model]
 name = fashion

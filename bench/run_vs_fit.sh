@@ -50,12 +50,9 @@ work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 . deploy/stack.sh
 trap 'stack_stop "$work"' EXIT
 [ -n "${KEEP_LOG:-}" ] && trap 'cp "$work/run.log" "$KEEP_LOG"; stack_stop "$work"' EXIT
-stack_start "$work" "$bin" fashion:48
+stack_start_fashion "$work" "$bin" 1
 port=$stack_port
 bootstrap=$stack_bootstrap
-"$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
-    --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
-    --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin >"$work/produce.log"
 
 # one epoch of freshet fit; prints "samples/s accuracy"
 fit_once() {

@@ -1,10 +1,15 @@
 # shellcheck shell=bash
-# stack.sh - sourced by deploy/quickstart.sh and bench/run_vs_fit.sh: a
-# redis-server (free loopback port, in the work folder, no persistence) and
-# the dev broker with one topic, and their stop, by PID, in reverse order
-# of start, with everything else the caller added to stack_pids.
+# stack.sh - sourced by deploy/quickstart.sh, the benchmarks and the
+# reference tests: a redis-server (free loopback port, in the work folder,
+# no persistence) and the dev broker with one topic, and their stop, by PID,
+# in reverse order of start, with everything else the caller added to
+# stack_pids.
 #
 #   stack_start WORK BIN TOPIC:PARTITIONS   sets stack_port and stack_bootstrap
+#   stack_start_fashion WORK BIN COPIES     stack_start with topic fashion, and
+#                                           the Fashion-MNIST training set
+#                                           produced into it COPIES times (f32,
+#                                           round-robin, 48 partitions a copy)
 #   stack_pids+=($!)                        a process of the caller's, stopped too
 #   stack_stop WORK                         SIGTERM and wait, last started first;
 #                                           removes WORK
@@ -28,6 +33,19 @@ stack_start() {
         return 1
     fi
     stack_bootstrap=$(cat "$work/bootstrap")
+}
+
+# The dev broker keeps 5 MiB (1,670 f32 records of 784 features) a partition
+# and drops older records, hence 48 partitions for each 60,000-record copy.
+stack_start_fashion() {
+    local work=$1 bin=$2 copies=$3 fm=/usr/share/datasets/fashion-mnist
+    stack_start "$work" "$bin" "fashion:$((48 * copies))" || return 1
+    for _ in $(seq "$copies"); do
+        "$bin" produce --bootstrap "$stack_bootstrap" --topic fashion --format idx --encode f32 \
+            --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
+            --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin \
+            >>"$work/produce.log" || return 1
+    done
 }
 
 stack_stop() {
