@@ -117,6 +117,29 @@ static pid_t spawn_run(const char *conf, const char *log)
     return pid;
 }
 
+enum { PATH_LEN = 300 }; /* the tests' conf and log paths */
+
+/* DIR/M.conf, in the harness's tmp_dir, into conf[PATH_LEN]. */
+static void conf_path(const char *model, char *conf)
+{
+    snprintf(conf, PATH_LEN, "%s/%s.conf", tmp_dir, model);
+}
+
+/* DIR/M<suffix>.log, in the harness's tmp_dir, into log[PATH_LEN]. */
+static void log_path(const char *model, const char *suffix, char *log)
+{
+    snprintf(log, PATH_LEN, "%s/%s%s.log", tmp_dir, model, suffix);
+}
+
+/* Worker n of run pid as the store names it, <host>/<pid>/<n>. */
+static void worker_id(char *out, size_t size, pid_t pid, int n)
+{
+    char host[64] = "host";
+    gethostname(host, sizeof(host) - 1);
+    host[sizeof(host) - 1] = '\0';
+    snprintf(out, size, "%s/%d/%d", host, (int)pid, n);
+}
+
 /* The sum of the store's watermarks of topic/0..nparts-1 (absent: 0). */
 static int64_t watermarks_sum(const char *model, const char *topic, int nparts)
 {
@@ -260,9 +283,9 @@ static void run_mode_learns(const char *mode, const char *model, const char *top
 {
     enum { N = 3000, NPARTS = 3 };
     produce(topic, NPARTS, N);
-    char conf[300], log[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config_extra(conf, model, topic, 2, mode, "", 0, "", trainer_extra);
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, N, log);
@@ -318,13 +341,11 @@ static void test_ssp_learns_the_stream(void **state)
  * members entry; -1 when it has none. */
 static int64_t member_clock(const char *model, pid_t pid, int n)
 {
-    char host[64] = "host", out[256];
-    gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = '\0';
-    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
-                                         "HGET freshet:{%s}:members %s/%d/%d", model, host,
-                                         (int)pid, n),
-                     0);
+    char id[128], out[256];
+    worker_id(id, sizeof(id), pid, n);
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:members %s", model, id),
+        0);
     char backend[16];
     int group, idle;
     long long clock;
@@ -354,9 +375,9 @@ static void straggler_rounds(const char *mode, const char *model, const char *to
 {
     enum { NPARTS = 3 };
     produce(topic, NPARTS, N);
-    char conf[300], log[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config_layers(conf, model, "3-512-512-1", 0.005, 256, topic, 3, mode, "2:10", 0, "",
                         "backups = 1\nround_timeout = 30\n");
     pid_t pid = spawn_run(conf, log);
@@ -400,9 +421,9 @@ static void test_ssp_keeps_every_worker_within_the_bound(void **state)
     enum { N = 12000, NPARTS = 3, S = 1 };
     const char *model = "ssb", *topic = "ssb1";
     produce(topic, NPARTS, N);
-    char conf[300], log[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config_layers(conf, model, "3-512-512-1", 0.005, 256, topic, 2, "ssp", "1:10", 0, "",
                         "ssp_bound = 1\n");
     pid_t pid = spawn_run(conf, log);
@@ -412,12 +433,11 @@ static void test_ssp_keeps_every_worker_within_the_bound(void **state)
     assert_int_equal(
         harness_redis_query(&redis, out, sizeof(out), "XRANGE freshet:{%s}:versions - +", model),
         0);
-    char w0[160], w1[160];
-    char host[64] = "host";
-    gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = '\0';
-    snprintf(w0, sizeof(w0), "\nworker\n%s/%d/0\n", host, (int)pid);
-    snprintf(w1, sizeof(w1), "\nworker\n%s/%d/1\n", host, (int)pid);
+    char id[128], w0[160], w1[160];
+    worker_id(id, sizeof(id), pid, 0);
+    snprintf(w0, sizeof(w0), "\nworker\n%s\n", id);
+    worker_id(id, sizeof(id), pid, 1);
+    snprintf(w1, sizeof(w1), "\nworker\n%s\n", id);
     int64_t c0 = 0, c1 = 0, lead = 0, entries = 0;
     for (const char *p = out; (p = strstr(p, "\nworker\n")) != NULL; p++) {
         if (strncmp(p, w0, strlen(w0)) == 0)
@@ -455,9 +475,9 @@ static void test_kill_and_restart_applies_every_record_once(void **state)
     enum { PER = 5000, NPARTS = 4, HALF = PER * NPARTS / 2 };
     const char *model = "rk", *topic = "rk1";
     produce(topic, NPARTS, HALF);
-    char conf[300], log[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config_layers(conf, model, "3-64-1", 0.02, 16, topic, 3, "async", "0:20,1:20,2:20", 1, "",
                         "");
     pid_t pid = spawn_run(conf, log);
@@ -507,9 +527,9 @@ static void test_start_latest_marks_the_positions_below_the_start(void **state)
     enum { NPARTS = 2, OLD = 100, NEW = 60 };
     const char *model = "rl", *topic = "rl1";
     produce(topic, NPARTS, OLD);
-    char conf[300], log[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config_extra(conf, model, topic, 1, "async", "", 1, "start = latest\n", "");
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, OLD, log);
@@ -545,7 +565,7 @@ static int64_t rounds_of(const char *model)
 
 /* What two_trainers_kill_one leaves for the test's own checks. */
 typedef struct kill_run {
-    char log_ps[300];
+    char log_ps[PATH_LEN];
     pid_t killed, survivor;
     int64_t rounds_at_kill; /* rounds closed just before the kill */
 } kill_run_t;
@@ -562,11 +582,11 @@ static void two_trainers_kill_one(const char *model, const char *topic, int work
                                   const char *mode, const char *trainer_extra, kill_run_t *kr)
 {
     enum { NPARTS = 4, PER = 300, N = NPARTS * PER };
-    char conf[300], log_a[300], log_b[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(kr->log_ps, sizeof(kr->log_ps), "%s/%s-ps.log", tmp_dir, model);
-    snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
-    snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
+    char conf[PATH_LEN], log_a[PATH_LEN], log_b[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "-ps", kr->log_ps);
+    log_path(model, "-a", log_a);
+    log_path(model, "-b", log_b);
     write_config_extra(conf, model, topic, workers, mode, "", 1, "", trainer_extra);
     pid_t ps = spawn_role("ps", conf, kr->log_ps);
     pid_t a = spawn_role("train", conf, log_a);
@@ -670,10 +690,10 @@ static void test_train_and_ps_learn_in_sync_mode_without_polling(void **state)
     enum { N = 3000, NPARTS = 3 };
     const char *model = "tsy", *topic = "tsy1";
     produce(topic, NPARTS, N);
-    char conf[300], log_ps[300], log_tr[300], out[64];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log_ps, sizeof(log_ps), "%s/%s-ps.log", tmp_dir, model);
-    snprintf(log_tr, sizeof(log_tr), "%s/%s-train.log", tmp_dir, model);
+    char conf[PATH_LEN], log_ps[PATH_LEN], log_tr[PATH_LEN], out[64];
+    conf_path(model, conf);
+    log_path(model, "-ps", log_ps);
+    log_path(model, "-train", log_tr);
     write_config_extra(conf, model, topic, 2, "sync", "", 0, "", "sync_lr_scale = linear\n");
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "CONFIG RESETSTAT"), 0);
     pid_t ps = spawn_role("ps", conf, log_ps);
@@ -735,10 +755,10 @@ static void check_in_flight_bound(const char *model, const char *topic, int stre
 {
     enum { N = 8000, NPARTS = 4, W = 4 };
     produce(topic, NPARTS, N);
-    char conf[300], log_a[300], log_b[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log_a, sizeof(log_a), "%s/%s-a.log", tmp_dir, model);
-    snprintf(log_b, sizeof(log_b), "%s/%s-b.log", tmp_dir, model);
+    char conf[PATH_LEN], log_a[PATH_LEN], log_b[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "-a", log_a);
+    log_path(model, "-b", log_b);
     write_config_extra(conf, model, topic, W, "async", "", 0, "", "");
     pid_t ps = stream ? spawn_role("ps", conf, log_b) : 0;
     pid_t tr = stream ? spawn_role("train", conf, log_a) : spawn_run(conf, log_a);
@@ -784,9 +804,9 @@ static void test_auto_switches_on_a_scripted_straggler(void **state)
     enum { N = 60000, NPARTS = 3 };
     const char *model = "aut", *topic = "aut1";
     produce(topic, NPARTS, N);
-    char conf[300], log[300], out[256];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN], out[256];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config_layers(conf, model, "3-1024-1024-1", 0.002, 256, topic, 3, "auto", "0:10:8", 0, "",
                         "");
     pid_t pid = spawn_run(conf, log);
@@ -826,10 +846,9 @@ static void test_auto_switches_on_a_scripted_straggler(void **state)
     assert_int_equal(
         harness_redis_query(&redis, drops, sizeof(drops), "XRANGE freshet:{%s}:drops - +", model),
         0);
-    char host[64] = "host", w0[200];
-    gethostname(host, sizeof(host) - 1);
-    host[sizeof(host) - 1] = '\0';
-    snprintf(w0, sizeof(w0), "%s/%d/0\nreason\nbackup", host, (int)pid);
+    char id[128], w0[200];
+    worker_id(id, sizeof(id), pid, 0);
+    snprintf(w0, sizeof(w0), "%s\nreason\nbackup", id);
     int backup0 = 0;
     for (const char *p = drops; (p = strstr(p, w0)) != NULL; p++)
         backup0++;
@@ -850,9 +869,9 @@ static void test_sigterm_with_broker_and_redis_gone_exits_at_once(void **state)
     (void)state;
     const char *model = "sd", *topic = "sd1";
     produce(topic, 2, 200);
-    char conf[300], log[300];
-    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, sizeof(log), "%s/%s.log", tmp_dir, model);
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
     write_config(conf, model, topic, 2, "async", "", 0);
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, 2, 200, log);
