@@ -25,6 +25,10 @@
  * queued beyond the capacity rather than dropped (a paused consumer keeps
  * polling, so the group keeps it). The partitions resume once the queue
  * drains below half its capacity.
+ *
+ * Fetch wakeups: with librdkafka below 2.1 the poll thread wakes the
+ * fetcher that librdkafka's own prefetch limit stopped (see "Fetch
+ * wakeups" below).
  */
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -45,8 +49,10 @@
 #define COMMIT_EVERY_MS 1000 /* the store's watermarks go to Kafka     */
 #define DLQ_FLUSH_MS    5000 /* dead letters still queued at destroy    */
 #define DLQ_HEADER      "freshet.reason"
-#define GAP_TIMEOUT_MS  10000     /* [psstore] gap_timeout's default          */
-#define FETCH_MAX_BYTES "2097152" /* 2 MiB, see consumer_conf            */
+#define GAP_TIMEOUT_MS  10000      /* [psstore] gap_timeout's default          */
+#define WAKE_TIMEOUT_MS 1000       /* a fetch wakeup's ListOffsets round trip, at most */
+#define RDK_2_1         0x020100ff /* rd_kafka_version() of librdkafka 2.1.0 */
+#define FETCH_MAX_BYTES "2097152"  /* 2 MiB, see consumer_conf            */
 
 /*
  * librdkafka's log callback. Runs on librdkafka's internal threads: it only
@@ -405,6 +411,7 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
     atomic_fetch_add(&c->consumed, 1);
     if (c->m_consumed != NULL)
         fr_series_add(c->m_consumed, 1);
+    c->avg_len = c->avg_len > 0 ? 0.99 * c->avg_len + 0.01 * (double)m->len : (double)m->len;
     fr_err_t err =
         ingest_batcher_add(c->bt, topic, m->partition, m->offset,
                            rd_kafka_message_timestamp(m, NULL), m->payload, m->len, &why, &full);
@@ -425,6 +432,73 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
         ingest_consumer_queue_push(c, full);
         *dirty = 0;
     }
+}
+
+/* ------------------------------------------------------------------------
+ * Fetch wakeups.
+ *
+ * librdkafka stops fetching a partition while the consumer queue holds
+ * queued.min.messages records or queued.max.messages.kbytes of them, and
+ * below 2.1 decides again only when the broker thread next wakes: up to a
+ * second later when nothing else happens on that broker. A backlog read
+ * faster than it is trained fills the queue, the poll thread drains it in
+ * a fraction of that second and the workers starve for the rest: at 192
+ * partitions, half the run's time (bench/README.md "Where the time goes").
+ * 2.1 and later back off fetch.queue.backoff.ms instead, which
+ * consumer_conf sets low. Below 2.1 the poll thread wakes the fetchers
+ * itself once the queue, having come within half a limit, has drained to
+ * a quarter of its high-water mark: a ListOffsets request for the log ends
+ * of the assignment (rd_kafka_offsets_for_times) goes through every
+ * leader's broker thread, which decides its partitions again on its way.
+ * A queue that never nears a limit (a consumer that keeps up) wakes
+ * nothing.
+ * ---------------------------------------------------------------------- */
+
+/* Reads the limits and takes the consumer queue. Before the poll thread. */
+static void fetch_wake_init(ingest_consumer_t *c)
+{
+    char v[32];
+    size_t n = sizeof(v);
+    const rd_kafka_conf_t *kc = rd_kafka_conf(c->rk);
+    c->q_min_msgs = 100000; /* librdkafka's defaults, should a get fail */
+    c->q_max_bytes = 65536.0 * 1024.0;
+    if (rd_kafka_conf_get(kc, "queued.min.messages", v, &n) == RD_KAFKA_CONF_OK)
+        c->q_min_msgs = strtoll(v, NULL, 10);
+    n = sizeof(v);
+    if (rd_kafka_conf_get(kc, "queued.max.messages.kbytes", v, &n) == RD_KAFKA_CONF_OK)
+        c->q_max_bytes = strtod(v, NULL) * 1024.0;
+    c->cq = rd_kafka_queue_get_consumer(c->rk);
+    c->wake = rd_kafka_version() < RDK_2_1 && c->cq != NULL;
+}
+
+/* After each poll: wakes the fetchers when the queue came near a limit
+ * and has drained to a quarter of that. Poll thread. */
+static void fetch_wake_check(ingest_consumer_t *c)
+{
+    if (!c->wake || c->assigned == NULL || c->assigned->cnt == 0)
+        return;
+    size_t q = rd_kafka_queue_length(c->cq);
+    if (q > c->q_high) {
+        c->q_high = q;
+        return;
+    }
+    int near = 2 * (int64_t)c->q_high >= c->q_min_msgs ||
+               2.0 * (double)c->q_high * c->avg_len >= c->q_max_bytes;
+    if (!near || 4 * q > c->q_high)
+        return;
+    c->q_high = q;
+    rd_kafka_topic_partition_list_t *ends = rd_kafka_topic_partition_list_copy(c->assigned);
+    if (ends == NULL)
+        return;
+    for (int i = 0; i < ends->cnt; i++)
+        ends->elems[i].offset = RD_KAFKA_OFFSET_END; /* as a timestamp: the log end */
+    rd_kafka_resp_err_t kerr = rd_kafka_offsets_for_times(c->rk, ends, WAKE_TIMEOUT_MS);
+    rd_kafka_topic_partition_list_destroy(ends);
+    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
+        fr_log(FR_LOG_DEBUG, "ingest: fetch wakeup: %s", rd_kafka_err2str(kerr));
+    atomic_fetch_add(&c->fetch_wakeups, 1);
+    if (c->m_wakeups != NULL)
+        fr_series_add(c->m_wakeups, 1);
 }
 
 /*
@@ -457,6 +531,7 @@ static void *poll_main(void *arg)
             on_message(c, m, &open_since, &dirty);
             rd_kafka_message_destroy(m);
         }
+        fetch_wake_check(c);
         int64_t t = now_ms();
         /* linger_ms counts from the open batch's first record, as Kafka's
          * producer counts it: a steady trickle cannot hold a sample longer */
@@ -514,7 +589,7 @@ static fr_err_t fetch_fits_messages(rd_kafka_conf_t *kc, char *errstr, size_t si
 
 /* The consumer's librdkafka configuration, in this order: bootstrap, the
  * defaults (group.id, auto.offset.reset error, fetch.wait.max.ms 5,
- * fetch.max.bytes 2 MiB), the
+ * fetch.max.bytes 2 MiB, fetch.queue.backoff.ms 10 from librdkafka 2.1), the
  * caller's properties verbatim, then the two settings the
  * exactly-once effect depends on. NULL with errstr. */
 static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consumer_conf_t *conf,
@@ -551,7 +626,11 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
          * consumption ran 5x faster at 2 MiB than at 50 MiB
          * (bench/README.md "Where the time goes"); [kafka] may set it
          * back, and it is raised to message.max.bytes below */
-        conf_set(kc, "fetch.max.bytes", FETCH_MAX_BYTES, errstr, size) != FR_OK)
+        conf_set(kc, "fetch.max.bytes", FETCH_MAX_BYTES, errstr, size) != FR_OK ||
+        /* a fetcher stopped by the prefetch limit looks again this soon
+         * (librdkafka 2.1 and later; "Fetch wakeups" above for older ones) */
+        (rd_kafka_version() >= RDK_2_1 &&
+         conf_set(kc, "fetch.queue.backoff.ms", "10", errstr, size) != FR_OK))
         goto err;
     for (size_t i = 0; i < conf->nprops; i++)
         if (conf_set(kc, conf->props[i][0], conf->props[i][1], errstr, size) != FR_OK)
@@ -612,6 +691,12 @@ static void metrics_init(ingest_consumer_t *c)
         "marked dropped (reason retention).",
         1, topic_label);
     c->m_retention = ret != NULL ? fr_metric_series(ret, tv) : NULL;
+    fr_metric_t *wk = fr_metrics_counter(
+        reg, "freshet_ingest_fetch_wakeups_total",
+        "Times the poll thread woke a fetcher that librdkafka's prefetch limit had stopped "
+        "(librdkafka below 2.1).",
+        1, topic_label);
+    c->m_wakeups = wk != NULL ? fr_metric_series(wk, tv) : NULL;
     fr_metric_t *rw = fr_metrics_counter(reg, "freshet_ingest_replay_rewinds_total",
                                          "Partitions rewound by replay requests.", 1, topic_label);
     c->m_rewinds = rw != NULL ? fr_metric_series(rw, tv) : NULL;
@@ -708,6 +793,7 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
         goto err;
     }
     rd_kafka_poll_set_consumer(c->rk);
+    fetch_wake_init(c);
     metrics_init(c);
     return c;
 err:
@@ -760,6 +846,8 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
     if (c == NULL)
         return;
     ingest_consumer_stop(c);
+    if (c->cq != NULL)
+        rd_kafka_queue_destroy(c->cq);
     if (c->rk != NULL) {
         if (!c->started)
             rd_kafka_consumer_close(c->rk);
@@ -809,6 +897,7 @@ void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
     st->pauses = atomic_load(&c->pauses);
     st->gap_seeks = atomic_load(&c->gap_seeks);
     st->retention_skips = atomic_load(&c->retention_skips);
+    st->fetch_wakeups = atomic_load(&c->fetch_wakeups);
     st->rewinds = atomic_load(&c->rewinds);
     st->paused = atomic_load(&c->npaused);
     st->assigned = atomic_load(&c->nassigned);

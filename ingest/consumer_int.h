@@ -75,6 +75,14 @@ struct ingest_consumer {
     int nowned;
     int paused;
 
+    /* fetch wakeups (consumer.c "Fetch wakeups"): poll thread only */
+    int wake;             /* librdkafka below 2.1: the poll thread wakes its fetcher */
+    rd_kafka_queue_t *cq; /* the consumer queue, whose length is sampled */
+    size_t q_high;        /* its longest since the last wakeup          */
+    int64_t q_min_msgs;   /* librdkafka's queued.min.messages             */
+    double q_max_bytes;   /* its queued.max.messages.kbytes, in bytes     */
+    double avg_len;       /* a record's mean payload, as consumed         */
+
     /* replays: poll thread only */
     int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
     int replay_ok;            /* it parsed and has a target                     */
@@ -96,7 +104,7 @@ struct ingest_consumer {
 
     /* counters */
     atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
-        retention_skips;
+        retention_skips, fetch_wakeups;
     int64_t beyond_logged_ms; /* last "beyond the log end" error (poll thread) */
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
@@ -105,7 +113,7 @@ struct ingest_consumer {
     /* metrics (NULL without a registry) */
     fr_metrics_t *metrics;
     fr_metric_t *m_lag;
-    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds, *m_retention;
+    fr_series_t *m_consumed, *m_paused, *m_fill, *m_gap, *m_rewinds, *m_retention, *m_wakeups;
     fr_series_t *m_rejected[INGEST_REJECT_COUNT];
 };
 

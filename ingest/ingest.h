@@ -290,6 +290,8 @@ typedef struct ingest_consumer_stats {
     uint64_t rewinds;                       /* partitions rewound by replays            */
     uint64_t retention_skips; /* fetches below the log start: records retention deleted
                                  before they were read, marked dropped ("retention") */
+    uint64_t fetch_wakeups;   /* librdkafka below 2.1: times the poll thread woke a fetcher
+                                 stopped by its prefetch limit (consumer.c) */
     int paused;               /* partitions paused now                    */
     int assigned;             /* partitions assigned now                  */
     int64_t lag; /* records between the log ends and the store's watermarks, summed over

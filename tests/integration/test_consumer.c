@@ -259,14 +259,17 @@ static void check_ranges(const collected_t *col, int32_t p, int64_t from, int64_
     assert_int_equal(at, end);
 }
 
-static ingest_consumer_t *consumer_new(const char *topic, const char *model, int batch, int queue,
-                                       int start_latest, const char *dlt, fr_metrics_t *reg)
+/* A started consumer of librdkafka properties props[nprops]. */
+static ingest_consumer_t *consumer_new_props(const char *topic, const char *model, int batch,
+                                             int queue, int start_latest, const char *dlt,
+                                             fr_metrics_t *reg, const char *const (*props)[2],
+                                             size_t nprops)
 {
     char errstr[512];
     ingest_consumer_conf_t conf = {
         .bootstrap = broker.bootstrap,
-        .props = test_props,
-        .nprops = sizeof(test_props) / sizeof(test_props[0]),
+        .props = props,
+        .nprops = nprops,
         .topic = topic,
         .redis_url = redis.url,
         .model = model,
@@ -284,6 +287,14 @@ static ingest_consumer_t *consumer_new(const char *topic, const char *model, int
         fail_msg("ingest_consumer_new: %s", errstr);
     assert_int_equal(ingest_consumer_start(c), FR_OK);
     return c;
+}
+
+/* A started consumer of the tests' properties. */
+static ingest_consumer_t *consumer_new(const char *topic, const char *model, int batch, int queue,
+                                       int start_latest, const char *dlt, fr_metrics_t *reg)
+{
+    return consumer_new_props(topic, model, batch, queue, start_latest, dlt, reg, test_props,
+                              sizeof(test_props) / sizeof(test_props[0]));
 }
 
 /* ------------------------------------------------------------------------
@@ -324,6 +335,7 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
     assert_int_equal(st.rejected[INGEST_REJECT_FEATURE_COUNT], 4);
     assert_int_equal(st.rejected[INGEST_REJECT_NONFINITE], 2);
     assert_int_equal(st.dead_letters, 6);
+    assert_int_equal(st.fetch_wakeups, 0); /* the queue never came near librdkafka's limits */
     char *text = fr_metrics_render(reg, NULL);
     assert_non_null(text);
     assert_non_null(strstr(text, "freshet_ingest_records_consumed_total{topic=\"c1\"} 300"));
@@ -500,6 +512,47 @@ static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
     ingest_consumer_destroy(c);
 }
 
+/*
+ * A backlog beyond librdkafka's prefetch limit (queued.min.messages 20
+ * here, 1,200 records): librdkafka below 2.1 stops fetching at the limit
+ * and looks again only when its broker thread next wakes, up to a second
+ * later, so the poll thread wakes it once it has drained the queue
+ * (consumer.c "Fetch wakeups"). Every record still arrives once, and the
+ * wakeups are counted; the test above, whose queue never nears a limit,
+ * counts none.
+ */
+static void test_a_backlog_beyond_the_prefetch_limit_wakes_the_fetcher(void **state)
+{
+    (void)state;
+    enum { PER = 600 };
+    static const char *const props[][2] = {
+        {"session.timeout.ms", "6000"},
+        {"heartbeat.interval.ms", "500"},
+        {"queued.min.messages", "20"},
+    };
+    produce_good("c7", 0, PER);
+    produce_good("c7", 1, PER);
+    ingest_consumer_t *c = consumer_new_props("c7", "m7", 16, 1000, 0, NULL, NULL, props, 3);
+    collected_t *col = collected_new("c7", 2);
+    int64_t end[2] = {PER, PER};
+    collect_until(c, col, end, 16);
+    for (int p = 0; p < 2; p++) {
+        check_ranges(col, p, 0, PER, 0, 0);
+        for (int o = 0; o < PER; o++)
+            assert_int_equal(col->seen[p][o], 1);
+    }
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(c, &st);
+    assert_int_equal(st.consumed, 2 * PER);
+    fr_log(FR_LOG_INFO, "%llu fetch wakeup(s)", (unsigned long long)st.fetch_wakeups);
+    if (rd_kafka_version() < 0x020100ff)
+        assert_true(st.fetch_wakeups >= 1);
+    else
+        assert_int_equal(st.fetch_wakeups, 0); /* fetch.queue.backoff.ms does it there */
+    free(col);
+    ingest_consumer_destroy(c);
+}
+
 /* Waits until consumer c has `want` partitions assigned. */
 static void wait_assigned(ingest_consumer_t *c, int want)
 {
@@ -641,6 +694,7 @@ int main(void)
         cmocka_unit_test(test_partition_starts_at_the_store_watermark_and_skips_applied_intervals),
         cmocka_unit_test(test_kafka_commits_follow_the_store_watermark),
         cmocka_unit_test(test_full_queue_pauses_partitions_and_loses_nothing),
+        cmocka_unit_test(test_a_backlog_beyond_the_prefetch_limit_wakes_the_fetcher),
         cmocka_unit_test(test_group_members_split_partitions_and_restart_from_the_store),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
