@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The cost of Kafka + Redis + asynchrony, measured: Fashion-MNIST streamed
-# once (60,000 f32 records in 48 partitions of the dev broker, preloaded)
+# once (60,000 f32 records in 48 partitions of the dev broker, preloaded;
+# COPIES=N preloads it N times, 48 partitions a copy, and run reads it all:
+# N epochs, so its accuracy is then not comparable with fit's one)
 # through freshet run (784-256-10, softmax, sgd lr 0.1, batch 64, W
 # workers in MODE) against two baselines measured in the same run: freshet
 # fit doing one epoch of the same training on one thread, and a raw
@@ -14,7 +16,7 @@
 # OpenBLAS's fastest kernel for the CPU is set for both sides (SkylakeX
 # with AVX-512, Haswell with AVX2) unless OPENBLAS_CORETYPE is set already;
 # the kernel is printed.
-# usage: [ROUNDS=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
+# usage: [ROUNDS=N] [COPIES=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
 #        [RAWCONSUME=path] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
 #        max_pending 64, commit_ms 20; [ingest] queue 16; [serve] listen
@@ -27,6 +29,7 @@ workers=${1:-2}
 mode=${2:-adaptive}
 bin=$(realpath "${3:-build/freshet}")
 rounds=${ROUNDS:-3}
+copies=${COPIES:-1}
 fm=/usr/share/datasets/fashion-mnist
 export OPENBLAS_NUM_THREADS=1
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
@@ -50,7 +53,7 @@ work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 . deploy/stack.sh
 trap 'stack_stop "$work"' EXIT
 [ -n "${KEEP_LOG:-}" ] && trap 'cp "$work/run.log" "$KEEP_LOG"; stack_stop "$work"' EXIT
-stack_start_fashion "$work" "$bin" 1
+stack_start_fashion "$work" "$bin" "$copies"
 port=$stack_port
 bootstrap=$stack_bootstrap
 
@@ -106,7 +109,7 @@ EOF
     local pid=$!
     for _ in $(seq 1200); do
         [ "$(redis-cli -p "$port" HVALS "freshet:{$model}:offsets" |
-            awk -F'[;@]' '{ s += $1 } END { print s + 0 }')" -ge 60000 ] && break
+            awk -F'[;@]' '{ s += $1 } END { print s + 0 }')" -ge $((60000 * copies)) ] && break
         sleep 0.5
     done
     kill -TERM "$pid" && wait "$pid"
@@ -130,7 +133,7 @@ raw_once() {
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-echo "run vs fit: Fashion-MNIST once, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
+echo "run vs fit: Fashion-MNIST x $copies, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
     "freshet run with $workers workers, $mode, Kafka + Redis"
 echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume)"
 printf '  %-6s %10s %8s %10s %8s %10s %8s %10s\n' round "run/s" "run acc" "fit/s" "fit acc" \
