@@ -142,6 +142,11 @@ uint64_t fr_rng_below(fr_rng_t *rng, uint64_t n);
 /* Fisher-Yates shuffle of idx[0..n). */
 void fr_rng_shuffle(fr_rng_t *rng, uint32_t *idx, size_t n);
 
+/* FNV-1a of p[0..n) continued from h (FR_FNV1A_SEED to start): a hash for
+ * tables keyed by short strings. */
+#define FR_FNV1A_SEED 0xcbf29ce484222325ull
+uint64_t fr_fnv1a(uint64_t h, const void *p, size_t n);
+
 /* ------------------------------------------------------------------------
  * Layer lists ("784-256-10"), shared by the config schema and the model.
  * ---------------------------------------------------------------------- */

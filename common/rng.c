@@ -1,7 +1,7 @@
 /*
  * rng.c - xoshiro256** (Blackman and Vigna, 2018) seeded through splitmix64,
- * so that any 64-bit seed gives a well mixed state. Written from the
- * published algorithm description.
+ * so that any 64-bit seed gives a well mixed state, and the FNV-1a hash
+ * (Fowler, Noll and Vo). Written from the published algorithm descriptions.
  */
 #include "common/common.h"
 
@@ -63,4 +63,12 @@ void fr_rng_shuffle(fr_rng_t *rng, uint32_t *idx, size_t n)
         idx[i - 1] = idx[j];
         idx[j] = t;
     }
+}
+
+uint64_t fr_fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
 }

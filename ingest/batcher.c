@@ -167,16 +167,12 @@ static int topic_ok(const char *topic)
     return 0;
 }
 
-/* FNV-1a over the topic's bytes, then the partition's. */
+/* FNV-1a over the topic's bytes, then the partition's (low byte first). */
 static uint64_t part_hash(const char *topic, int32_t partition)
 {
-    uint64_t h = 1469598103934665603ULL;
-    for (const unsigned char *s = (const unsigned char *)topic; *s != '\0'; s++)
-        h = (h ^ *s) * 1099511628211ULL;
     uint32_t u = (uint32_t)partition;
-    for (int i = 0; i < 4; i++)
-        h = (h ^ ((u >> (8 * i)) & 0xffu)) * 1099511628211ULL;
-    return h;
+    unsigned char le[4] = {u & 0xffu, (u >> 8) & 0xffu, (u >> 16) & 0xffu, u >> 24};
+    return fr_fnv1a(fr_fnv1a(FR_FNV1A_SEED, topic, strlen(topic)), le, sizeof(le));
 }
 
 /* The partition's state, or NULL when it was never seeked (or revoked). */

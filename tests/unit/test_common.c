@@ -70,6 +70,17 @@ static void test_shuffle_is_a_seeded_permutation(void **state)
     assert_true(moved > 900);
 }
 
+/* FNV-1a 64 against the published test vectors, and continuation: hashing
+ * "foo" then "bar" is hashing "foobar". */
+static void test_fnv1a_matches_the_reference_vectors(void **state)
+{
+    (void)state;
+    assert_true(fr_fnv1a(FR_FNV1A_SEED, "", 0) == 0xcbf29ce484222325ull);
+    assert_true(fr_fnv1a(FR_FNV1A_SEED, "a", 1) == 0xaf63dc4c8601ec8cull);
+    assert_true(fr_fnv1a(FR_FNV1A_SEED, "foobar", 6) == 0x85944171f73967e8ull);
+    assert_true(fr_fnv1a(fr_fnv1a(FR_FNV1A_SEED, "foo", 3), "bar", 3) == 0x85944171f73967e8ull);
+}
+
 static void test_errors_have_descriptions_and_fill_errstr(void **state)
 {
     assert_string_equal(fr_strerror(FR_OK), "success");
@@ -119,6 +130,7 @@ int main(void)
         cmocka_unit_test(test_rng_sequence_is_pinned_to_reference_values),
         cmocka_unit_test(test_rng_uniform_and_below_stay_in_range),
         cmocka_unit_test(test_shuffle_is_a_seeded_permutation),
+        cmocka_unit_test(test_fnv1a_matches_the_reference_vectors),
         cmocka_unit_test(test_errors_have_descriptions_and_fill_errstr),
         cmocka_unit_test(test_log_levels_parse),
         cmocka_unit_test(test_mem_touch_keeps_contents),
