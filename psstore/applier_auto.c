@@ -55,18 +55,42 @@ void ps_auto_init(psstore_applier_t *a)
         }
 }
 
-/* The window's entry of worker id, added when new (NULL when full). */
+/* The index slot of id (as an entry keeps it: at most 127 bytes): its
+ * entry's, or the free one where it would go. */
+static int16_t *index_slot(auto_state_t *au, const char *id)
+{
+    size_t n = strnlen(id, sizeof(au->workers[0].id) - 1);
+    size_t h = (size_t)fr_fnv1a(FR_FNV1A_SEED, id, n) & (AUTO_INDEX - 1);
+    for (;;) {
+        const char *at = au->index[h] != 0 ? au->workers[au->index[h] - 1].id : NULL;
+        if (at == NULL || (strncmp(at, id, n) == 0 && at[n] == '\0'))
+            return &au->index[h];
+        h = (h + 1) & (AUTO_INDEX - 1);
+    }
+}
+
+/* The window's entry of worker id, added when new (NULL when full): one
+ * hash probe per gradient, on the applier's hot path. */
 static auto_worker_t *worker_of(auto_state_t *au, const char *id)
 {
-    for (int i = 0; i < au->nworkers; i++)
-        if (strcmp(au->workers[i].id, id) == 0)
-            return &au->workers[i];
+    int16_t *slot = index_slot(au, id);
+    if (*slot != 0)
+        return &au->workers[*slot - 1];
     if (au->nworkers == AUTO_MAX_WORKERS)
         return NULL;
     auto_worker_t *w = &au->workers[au->nworkers++];
     memset(w, 0, sizeof(*w));
     snprintf(w->id, sizeof(w->id), "%s", id);
+    *slot = (int16_t)au->nworkers;
     return w;
+}
+
+/* Indexes workers[0..nworkers) again, after entries moved. */
+static void index_rebuild(auto_state_t *au)
+{
+    memset(au->index, 0, sizeof(au->index));
+    for (int i = 0; i < au->nworkers; i++)
+        *index_slot(au, au->workers[i].id) = (int16_t)(i + 1);
 }
 
 int ps_auto_backup_drop(psstore_applier_t *a, const psstore_grad_t *g)
@@ -128,6 +152,7 @@ static psstore_phase_t window_phase(auto_state_t *au, char *why, size_t size)
         n++;
         i++;
     }
+    index_rebuild(au);
     psstore_phase_t phase = PSSTORE_PHASE_ASYNC;
     snprintf(why, size, "%d workers at even speeds, staleness within bounds", n);
     double rate[AUTO_MAX_WORKERS], stale[AUTO_MAX_WORKERS];

@@ -74,6 +74,7 @@ typedef struct round {
 
 /* Mode auto (applier_auto.c): a worker's gradients in the current window. */
 #define AUTO_MAX_WORKERS 256
+#define AUTO_INDEX       512 /* slots of the id index: a power of two, twice the workers */
 #define AUTO_MAX_TAUS    4096
 typedef struct auto_worker {
     char id[128];
@@ -88,6 +89,7 @@ typedef struct auto_state {
     uint64_t window_ns; /* the current window began           */
     auto_worker_t workers[AUTO_MAX_WORKERS];
     int nworkers;
+    int16_t index[AUTO_INDEX];   /* by id hash, linear probing: 1 + a workers[] entry, 0 free */
     int64_t taus[AUTO_MAX_TAUS]; /* applied this window, stragglers' aside */
     size_t ntaus;
     int calm;          /* windows in a row that called for another phase */
