@@ -650,6 +650,16 @@ err:
     return NULL;
 }
 
+/* The consumer's series of counter name, labelled by its topic (NULL when
+ * the registry refuses it). */
+static fr_series_t *topic_counter(ingest_consumer_t *c, const char *name, const char *help)
+{
+    static const char *const topic_label[] = {"topic"};
+    const char *tv[1] = {c->topic};
+    fr_metric_t *m = fr_metrics_counter(c->metrics, name, help, 1, topic_label);
+    return m != NULL ? fr_metric_series(m, tv) : NULL;
+}
+
 /* Registers the consumer's metrics when a registry was given. */
 static void metrics_init(ingest_consumer_t *c)
 {
@@ -662,9 +672,7 @@ static void metrics_init(ingest_consumer_t *c)
         return;
     const char *tv[1] = {c->topic};
     c->m_consumed =
-        fr_metric_series(fr_metrics_counter(reg, "freshet_ingest_records_consumed_total",
-                                            "Records received from Kafka.", 1, topic_label),
-                         tv);
+        topic_counter(c, "freshet_ingest_records_consumed_total", "Records received from Kafka.");
     fr_metric_t *rej =
         fr_metrics_counter(reg, "freshet_ingest_records_rejected_total",
                            "Records that could not be decoded, by reason.", 2, reason_label);
@@ -680,26 +688,19 @@ static void metrics_init(ingest_consumer_t *c)
         reg, "freshet_ingest_batch_fill_seconds", "Time from a batch's first record to its flush.",
         sizeof(fill_bounds) / sizeof(fill_bounds[0]), fill_bounds, 1, topic_label);
     c->m_fill = fill != NULL ? fr_metric_series(fill, tv) : NULL;
-    fr_metric_t *gap = fr_metrics_counter(
-        reg, "freshet_ingest_gap_seeks_total",
-        "Seeks back to a watermark stuck for gap_timeout that no outstanding batch held (rule 3).",
-        1, topic_label);
-    c->m_gap = gap != NULL ? fr_metric_series(gap, tv) : NULL;
-    fr_metric_t *ret = fr_metrics_counter(
-        reg, "freshet_ingest_retention_skips_total",
+    c->m_gap = topic_counter(
+        c, "freshet_ingest_gap_seeks_total",
+        "Seeks back to a watermark stuck for gap_timeout that no outstanding batch held (rule 3).");
+    c->m_retention = topic_counter(
+        c, "freshet_ingest_retention_skips_total",
         "Fetches below the log start: records retention deleted before they were read, "
-        "marked dropped (reason retention).",
-        1, topic_label);
-    c->m_retention = ret != NULL ? fr_metric_series(ret, tv) : NULL;
-    fr_metric_t *wk = fr_metrics_counter(
-        reg, "freshet_ingest_fetch_wakeups_total",
+        "marked dropped (reason retention).");
+    c->m_wakeups = topic_counter(
+        c, "freshet_ingest_fetch_wakeups_total",
         "Times the poll thread woke a fetcher that librdkafka's prefetch limit had stopped "
-        "(librdkafka below 2.1).",
-        1, topic_label);
-    c->m_wakeups = wk != NULL ? fr_metric_series(wk, tv) : NULL;
-    fr_metric_t *rw = fr_metrics_counter(reg, "freshet_ingest_replay_rewinds_total",
-                                         "Partitions rewound by replay requests.", 1, topic_label);
-    c->m_rewinds = rw != NULL ? fr_metric_series(rw, tv) : NULL;
+        "(librdkafka below 2.1).");
+    c->m_rewinds = topic_counter(c, "freshet_ingest_replay_rewinds_total",
+                                 "Partitions rewound by replay requests.");
     c->m_lag =
         fr_metrics_gauge(reg, "freshet_kafka_consumergroup_lag",
                          "Records between the log end and the store's watermark.", 2, lag_labels);
