@@ -371,8 +371,9 @@ static run_t freshet_run(const workload_t *w, int round)
         failed = 1;
     }
     if (round == 0)
-        printf(" [freshet: %zu batches, %zu empty, %llu pauses, %d partitions]", batches, empty,
-               (unsigned long long)st.pauses, st.assigned);
+        printf(" [freshet: %zu batches, %zu empty, %llu pauses, %llu fetch wakeups, %d partitions]",
+               batches, empty, (unsigned long long)st.pauses, (unsigned long long)st.fetch_wakeups,
+               st.assigned);
     run_t r = {0};
     r.wall = t_last - t_first;
     if (r.wall > 0) {
