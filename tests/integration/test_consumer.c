@@ -469,6 +469,20 @@ static void test_kafka_commits_follow_the_store_watermark(void **state)
     fr_metrics_destroy(reg);
 }
 
+/* Checks that partition p of col holds exactly the samples [from, end)
+ * minus [gap_from, gap_to), with contiguous ranges. */
+static void check_partition(const collected_t *col, int32_t p, int64_t from, int64_t end,
+                            int64_t gap_from, int64_t gap_to)
+{
+    check_ranges(col, p, from, end, gap_from, gap_to);
+    for (int64_t o = 0; o < end; o++) {
+        int want = o >= from && !(o >= gap_from && o < gap_to);
+        if (col->seen[p][o] != want)
+            fail_msg("partition %d offset %lld seen %d times", (int)p, (long long)o,
+                     col->seen[p][o]);
+    }
+}
+
 /* A queue of one batch that nobody drains pauses the partitions; draining
  * resumes them and every record still arrives once. */
 static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
@@ -501,11 +515,8 @@ static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
     collected_t *col = collected_new("c4", 2);
     int64_t end[2] = {PER, PER};
     collect_until(c, col, end, 4);
-    for (int p = 0; p < 2; p++) {
-        check_ranges(col, p, 0, PER, 0, 0);
-        for (int o = 0; o < PER; o++)
-            assert_int_equal(col->seen[p][o], 1);
-    }
+    for (int p = 0; p < 2; p++)
+        check_partition(col, p, 0, PER, 0, 0);
     ingest_consumer_stats(c, &st);
     assert_true(st.pauses >= 1); /* while drained, a full queue waits for room first */
     free(col);
@@ -518,7 +529,7 @@ static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
  * and looks again only when its broker thread next wakes, up to a second
  * later, so the poll thread wakes it once it has drained the queue
  * (consumer.c "Fetch wakeups"). Every record still arrives once, and the
- * wakeups are counted; the test above, whose queue never nears a limit,
+ * wakeups are counted; the first test, whose queue never nears a limit,
  * counts none.
  */
 static void test_a_backlog_beyond_the_prefetch_limit_wakes_the_fetcher(void **state)
@@ -536,11 +547,8 @@ static void test_a_backlog_beyond_the_prefetch_limit_wakes_the_fetcher(void **st
     collected_t *col = collected_new("c7", 2);
     int64_t end[2] = {PER, PER};
     collect_until(c, col, end, 16);
-    for (int p = 0; p < 2; p++) {
-        check_ranges(col, p, 0, PER, 0, 0);
-        for (int o = 0; o < PER; o++)
-            assert_int_equal(col->seen[p][o], 1);
-    }
+    for (int p = 0; p < 2; p++)
+        check_partition(col, p, 0, PER, 0, 0);
     ingest_consumer_stats_t st;
     ingest_consumer_stats(c, &st);
     assert_int_equal(st.consumed, 2 * PER);
@@ -564,20 +572,6 @@ static void wait_assigned(ingest_consumer_t *c, int want)
         harness_sleep_ms(100);
     }
     fail_msg("assigned %d partitions, expected %d", st.assigned, want);
-}
-
-/* Checks that partition p of col holds exactly the samples [from, end)
- * minus [gap_from, gap_to), with contiguous ranges. */
-static void check_partition(const collected_t *col, int32_t p, int64_t from, int64_t end,
-                            int64_t gap_from, int64_t gap_to)
-{
-    check_ranges(col, p, from, end, gap_from, gap_to);
-    for (int64_t o = 0; o < end; o++) {
-        int want = o >= from && !(o >= gap_from && o < gap_to);
-        if (col->seen[p][o] != want)
-            fail_msg("partition %d offset %lld seen %d times", (int)p, (long long)o,
-                     col->seen[p][o]);
-    }
 }
 
 /* Two consumers in one group split the partitions; each starts its share
