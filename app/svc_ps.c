@@ -125,6 +125,8 @@ int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metr
     conf->snapshot_seconds = fr_config_get_double(cfg, "psstore", "snapshot_seconds");
     conf->snapshot_retain = fr_config_get_int(cfg, "psstore", "snapshot_retain");
     conf->audit = fr_config_get_bool(cfg, "psstore", "audit");
+    conf->wait_replicas = (int)fr_config_get_int(cfg, "redis", "wait_replicas");
+    conf->wait_timeout_ms = fr_config_get_int(cfg, "redis", "wait_timeout_ms");
     conf->npushers = (int)fr_config_get_int(cfg, "trainer", "workers");
     if (psstore_mode_parse(fr_config_get(cfg, "trainer", "mode"), &conf->mode) != FR_OK)
         rc = app_usage_error(cmd, "bad [trainer] mode");

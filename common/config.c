@@ -94,7 +94,13 @@ static const conf_key_t schema[] = {
           "Topic that receives rejected records (empty: they are only counted)."),
 
     K_STR("redis", "url", "redis://127.0.0.1:6379/0",
-          "redis://[user:pass@]host:port/db or unix:///path (FRESHET_REDIS_URL overrides)."),
+          "redis://[user:pass@]host:port/db, unix:///path, or a Redis Cluster's seeds "
+          "redis://host:port,host:port (FRESHET_REDIS_URL overrides)."),
+    K_INT("redis", "wait_replicas", "0", 0, 64,
+          "Replicas each applier commit waits for (WAIT); commits that reach fewer are counted "
+          "(0: no wait)."),
+    K_INT("redis", "wait_timeout_ms", "1000", 1, NO_MAX,
+          "How long a commit waits for wait_replicas replicas."),
 
     K_INT("trainer", "workers", "2", 1, 1024, "Trainer worker threads."),
     K_ENUM("trainer", "backend", "auto", "auto|cpu|cuda",

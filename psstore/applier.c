@@ -197,6 +197,12 @@ static void register_metrics(psstore_applier_t *a)
         fr_metrics_counter(reg, "freshet_applier_fenced_total",
                            "Transactions refused because the lease was lost", 1, model_l),
         mv);
+    a->m_unreplicated = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_applier_commits_unreplicated_total",
+                           "Commits that fewer than [redis] wait_replicas replicas acknowledged "
+                           "within wait_timeout_ms",
+                           1, model_l),
+        mv);
 }
 
 /* ---- construction -------------------------------------------------------------- */
@@ -220,6 +226,8 @@ void psstore_applier_conf_init(psstore_applier_conf_t *conf)
     conf->member_timeout_ms =
         (int64_t)(fr_config_default_double("trainer", "member_timeout") * 1000);
     conf->round_timeout_ms = (int64_t)(fr_config_default_double("trainer", "round_timeout") * 1000);
+    conf->wait_replicas = (int)fr_config_default_int("redis", "wait_replicas");
+    conf->wait_timeout_ms = fr_config_default_int("redis", "wait_timeout_ms");
 }
 
 psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char *errstr,

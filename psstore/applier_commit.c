@@ -407,6 +407,33 @@ static void committed(psstore_applier_t *a, int snap)
     ps_applier_stats_update(a);
 }
 
+/*
+ * [redis] wait_replicas: WAIT until that many replicas hold the commit (on a
+ * cluster, the replicas of the model's master: WAIT goes where the commit
+ * went), and count the commit when fewer did within wait_timeout_ms. A
+ * failed WAIT counts too; the commit itself stands.
+ */
+static void wait_replicas(psstore_applier_t *a)
+{
+    if (a->conf.wait_replicas <= 0)
+        return;
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 0, &err, "WAIT %d %lld", a->conf.wait_replicas,
+                           (long long)a->conf.wait_timeout_ms);
+    long long acked = r != NULL && r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    if (acked >= a->conf.wait_replicas)
+        return;
+    pthread_mutex_lock(&a->lock);
+    uint64_t n = ++a->stats.unreplicated;
+    pthread_mutex_unlock(&a->lock);
+    fr_series_add(a->m_unreplicated, 1);
+    if (n == 1 || n % 1000 == 0)
+        fr_log(FR_LOG_WARN, "applier %s: commit at version %lld reached %lld of %d replicas (%s)",
+               a->model, (long long)a->version, acked < 0 ? 0 : acked, a->conf.wait_replicas,
+               acked < 0 ? psstore_conn_error(a->c) : "WAIT timed out");
+}
+
 /* ---- the commit ------------------------------------------------------------- */
 
 /*
@@ -484,6 +511,7 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
             goto out;
         }
     }
+    wait_replicas(a);
     committed(a, snap);
 out:
     freeReplyObject(exec);

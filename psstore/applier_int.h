@@ -178,9 +178,10 @@ struct psstore_applier {
 
     fr_series_t *m_applied, *m_dropped[PSSTORE_NDROP], *m_stale, *m_lr, *m_version, *m_loss,
         *m_bytes, *m_latency, *m_commits, *m_fenced;
-    fr_metric_t *m_epoch;   /* freshet_model_epoch_info{model,epoch} 1 */
-    char shown_epoch[32];   /* the epoch that metric shows as current */
-    int64_t taus[TAU_RING]; /* staleness of the last applied gradients (lock) */
+    fr_series_t *m_unreplicated; /* commits short of wait_replicas replicas */
+    fr_metric_t *m_epoch;        /* freshet_model_epoch_info{model,epoch} 1 */
+    char shown_epoch[32];        /* the epoch that metric shows as current */
+    int64_t taus[TAU_RING];      /* staleness of the last applied gradients (lock) */
     uint64_t ntaus;
     /* freshness: Kafka timestamps of the samples applied since the last
      * commit (oldest, newest per batch), and after it, the milliseconds

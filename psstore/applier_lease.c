@@ -165,8 +165,9 @@ static fr_err_t new_epoch(psstore_applier_t *a, const char *run_id)
     if (!done)
         return ps_fail(a->c, FR_ERR_STATE, "model '%s': lease lost while taking over", a->model);
     fr_log(FR_LOG_WARN,
-           "applier %s: Redis run_id changed (restart?): new epoch %llu at version %lld", a->model,
-           (unsigned long long)epoch, (long long)a->version);
+           "applier %s: the Redis serving the model changed (restart, fail-over or slot "
+           "migration: its run_id differs): new epoch %llu at version %lld",
+           a->model, (unsigned long long)epoch, (long long)a->version);
     a->epoch = epoch;
     psstore_ctl_reset(a->ctl);
     psstore_ctl_record(a->ctl, a->version, a->w);
@@ -183,7 +184,7 @@ static fr_err_t load_state(psstore_applier_t *a)
 {
     fr_err_t err;
     char run_id[64], meta_run[64];
-    if ((err = ps_server_run_id(a->c, run_id, sizeof(run_id))) != FR_OK ||
+    if ((err = ps_server_run_id(a->c, a->k_meta, run_id, sizeof(run_id))) != FR_OK ||
         (err = load_meta(a, meta_run, sizeof(meta_run))) != FR_OK ||
         (err = load_weights(a)) != FR_OK || (err = load_offsets(a)) != FR_OK)
         return err;

@@ -31,7 +31,7 @@
 /* The first pause of the reconnection backoff; it doubles each try. */
 #define CONN_BACKOFF_FIRST_MS 10
 
-#define URL_FORMS "redis://[user:pass@]host[:port][/db] or unix:///path[?db=N]"
+#define URL_FORMS "redis://[user:pass@]host[:port][,host[:port]...][/db] or unix:///path[?db=N]"
 
 /* ------------------------------------------------------------------------
  * URLs
@@ -183,6 +183,42 @@ static fr_err_t parse_tcp(const char *s, psstore_url_t *u, char *errstr, size_t 
     return FR_OK;
 }
 
+/*
+ * Parses "host[:port],host[:port]...[/db]": the seeds of a Redis Cluster,
+ * or one host. Only the last may carry the database.
+ */
+static fr_err_t parse_hosts(const char *s, psstore_url_t *u, char *errstr, size_t size)
+{
+    char piece[300];
+    for (;;) {
+        const char *comma = strchr(s, ',');
+        size_t n = comma ? (size_t)(comma - s) : strlen(s);
+        if (u->nseeds == PSSTORE_URL_SEEDS_MAX)
+            return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: more than %d hosts",
+                             PSSTORE_URL_SEEDS_MAX);
+        if (n >= sizeof(piece))
+            return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: host name too long");
+        memcpy(piece, s, n);
+        piece[n] = '\0';
+        if (comma != NULL && memchr(piece, '/', n) != NULL)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "redis URL: the database goes after the last host only");
+        u->port = 6379;
+        fr_err_t err = parse_tcp(piece, u, errstr, size);
+        if (err != FR_OK)
+            return err;
+        snprintf(u->seeds[u->nseeds].host, sizeof(u->seeds[0].host), "%s", u->host);
+        u->seeds[u->nseeds].port = u->port;
+        u->nseeds++;
+        if (comma == NULL)
+            break;
+        s = comma + 1;
+    }
+    snprintf(u->host, sizeof(u->host), "%s", u->seeds[0].host);
+    u->port = u->seeds[0].port;
+    return FR_OK;
+}
+
 /* Parses "/path[?db=N]" (what follows "unix://" and the credentials). */
 static fr_err_t parse_unix(const char *s, psstore_url_t *u, char *errstr, size_t size)
 {
@@ -254,7 +290,7 @@ fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size
         err = parse_userinfo(rest, (size_t)(at - rest), u, errstr, size);
     if (err == FR_OK)
         err = is_unix ? parse_unix(at ? at + 1 : rest, u, errstr, size)
-                      : parse_tcp(at ? at + 1 : rest, u, errstr, size);
+                      : parse_hosts(at ? at + 1 : rest, u, errstr, size);
     if (err != FR_OK) {
         explicit_bzero(u->pass, sizeof(u->pass));
         return err;
@@ -266,7 +302,10 @@ fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size
 void ps_endpoint(const psstore_conn_t *c, char *buf, size_t size)
 {
     const psstore_url_t *u = &c->url;
-    if (u->unix_socket)
+    if (c->cl != NULL && c->cl->cur >= 0) {
+        const ps_node_t *nd = &c->cl->nodes[c->cl->cur];
+        snprintf(buf, size, strchr(nd->host, ':') ? "[%s]:%d" : "%s:%d", nd->host, nd->port);
+    } else if (u->unix_socket)
         snprintf(buf, size, "%s", u->path);
     else if (strchr(u->host, ':') != NULL)
         snprintf(buf, size, "[%s]:%d", u->host, u->port);
@@ -310,6 +349,10 @@ static fr_err_t conn_broken(psstore_conn_t *c, int saved_errno)
                 c->ctx->errstr[0] ? c->ctx->errstr : "connection lost");
     redisFree(c->ctx);
     c->ctx = NULL;
+    c->pending = c->ndefer; /* sent commands are lost; held ones were not sent */
+    c->broken = 1;
+    if (c->cl != NULL)
+        c->cl->stale = 1; /* the node may be gone: a fail-over moves its slots */
     return FR_ERR_REDIS;
 }
 
@@ -326,10 +369,11 @@ static redisReply *check_reply(psstore_conn_t *c, redisReply *reply, fr_err_t *e
     }
     char ep[300];
     ps_endpoint(c, ep, sizeof(ep));
-    if (strncmp(reply->str, "MOVED ", 6) == 0 || strncmp(reply->str, "ASK ", 4) == 0)
+    if (c->cl == NULL &&
+        (strncmp(reply->str, "MOVED ", 6) == 0 || strncmp(reply->str, "ASK ", 4) == 0))
         ps_fail(c, FR_ERR_REDIS,
-                "redis %s: model keys live on another Redis Cluster node (%.200s); freshet "
-                "supports one node for now",
+                "redis %s: the key lives on another Redis Cluster node (%.200s), yet this "
+                "node said it was no cluster when freshet connected",
                 ep, reply->str);
     else
         ps_fail(c, FR_ERR_REDIS, "redis %s: %.400s", ep, reply->str);
@@ -399,8 +443,13 @@ static fr_err_t conn_open(psstore_conn_t *c, int *fatal)
         c->ctx = NULL;
     }
     struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
-    c->ctx = c->url.unix_socket ? redisConnectUnixWithTimeout(c->url.path, tv)
-                                : redisConnectWithTimeout(c->url.host, c->url.port, tv);
+    c->pending = c->ndefer;
+    if (c->cl != NULL)
+        c->ctx = redisConnectWithTimeout(c->cl->nodes[c->cl->cur].host,
+                                         c->cl->nodes[c->cl->cur].port, tv);
+    else
+        c->ctx = c->url.unix_socket ? redisConnectUnixWithTimeout(c->url.path, tv)
+                                    : redisConnectWithTimeout(c->url.host, c->url.port, tv);
     if (c->ctx == NULL)
         return ps_fail(c, FR_ERR_REDIS, "redis %s: out of memory", ep);
     if (c->ctx->err)
@@ -432,39 +481,255 @@ static fr_err_t conn_open(psstore_conn_t *c, int *fatal)
     return err;
 }
 
+/* ------------------------------------------------------------------------
+ * Redis Cluster: which node a command goes to (docs/design.md "Redis
+ * Cluster"). c->ctx is always the current node's context; the others wait
+ * in their ps_node_t.
+ * ---------------------------------------------------------------------- */
+
+/* The longest pause between tries while a cluster fails over or migrates. */
+#define CLUSTER_BACKOFF_MAX_MS 500
+/* Redirections one command follows before giving up (a map in flux). */
+#define CLUSTER_REDIRECTS_MAX 16
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Makes node the current one: its context (maybe NULL) becomes c->ctx. */
+static void cl_switch(psstore_conn_t *c, int node)
+{
+    ps_cluster_t *cl = c->cl;
+    if (node == cl->cur)
+        return;
+    if (cl->cur >= 0)
+        cl->nodes[cl->cur].ctx = c->ctx;
+    c->ctx = cl->nodes[node].ctx;
+    cl->nodes[node].ctx = NULL;
+    cl->cur = node;
+    c->pending = c->ndefer;
+}
+
+/*
+ * Reads the slot map with CLUSTER SLOTS from the first node that answers
+ * (the seeds are among the nodes known). Returns FR_OK or FR_ERR_REDIS.
+ */
+static fr_err_t cl_refresh(psstore_conn_t *c)
+{
+    ps_cluster_t *cl = c->cl;
+    int order[PS_NODES_MAX], n = 0;
+    /* nodes with an open connection first (a dead host may take a whole
+     * connect timeout), then the masters of the map, then every other */
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < (int)cl->nnodes; i++) {
+            int seen = 0;
+            for (int j = 0; j < n && !seen; j++)
+                seen = order[j] == i;
+            int open = i == cl->cur ? c->ctx != NULL : cl->nodes[i].ctx != NULL, master = 0;
+            for (int s = 0; s < PS_SLOTS && !master && pass == 1; s++)
+                master = cl->slot_node[s] == i;
+            if (!seen && (pass == 2 || (pass == 0 && open) || (pass == 1 && master)))
+                order[n++] = i;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        cl_switch(c, order[i]);
+        int fatal = 0;
+        if ((c->ctx == NULL || c->ctx->err) && conn_open(c, &fatal) != FR_OK)
+            continue;
+        redisReply *r = redisCommand(c->ctx, "CLUSTER SLOTS");
+        if (r == NULL) {
+            conn_broken(c, errno);
+            continue;
+        }
+        int covered = ps_cluster_load_slots(cl, r, cl->nodes[cl->cur].host);
+        freeReplyObject(r);
+        if (covered > 0)
+            return FR_OK;
+    }
+    return FR_ERR_REDIS; /* c->errstr: the last node's reason */
+}
+
+/*
+ * Makes c->ctx the context of the node for a command: that of slot when
+ * slot >= 0 (which keyless commands then follow), else the pinned node,
+ * else that of the last slot. Reads the map again when it is stale or the
+ * slot has no node. A pipeline in progress never changes node.
+ */
+static fr_err_t cl_route(psstore_conn_t *c, int slot)
+{
+    ps_cluster_t *cl = c->cl;
+    if (slot >= 0)
+        cl->slot = slot;
+    int node = cl->cur;
+    if (slot < 0 && cl->pinned >= 0) {
+        node = cl->pinned;
+    } else if (cl->slot >= 0) {
+        if ((cl->stale || cl->slot_node[cl->slot] < 0) && c->pending == c->ndefer) {
+            int keep = cl->cur;
+            if (cl_refresh(c) != FR_OK)
+                cl_switch(c, keep);
+        }
+        node = cl->slot_node[cl->slot];
+        if (node < 0)
+            return ps_fail(c, FR_ERR_REDIS, "redis cluster: no node serves slot %d", cl->slot);
+    }
+    if (node == cl->cur)
+        return FR_OK;
+    if (c->pending > c->ndefer && c->ctx != NULL)
+        return ps_fail(c, FR_ERR_INVAL,
+                       "redis cluster: one pipeline would span two nodes (slot %d)", cl->slot);
+    cl_switch(c, node);
+    return FR_OK;
+}
+
+/* The kinds of error reply a cluster answers while its map changes. */
+enum cl_answer { CL_FINAL, CL_MOVED, CL_ASK, CL_WAIT };
+
+static enum cl_answer cl_classify(const psstore_conn_t *c, const redisReply *r)
+{
+    if (c->cl == NULL || r->type != REDIS_REPLY_ERROR)
+        return CL_FINAL;
+    if (strncmp(r->str, "MOVED ", 6) == 0)
+        return CL_MOVED;
+    if (strncmp(r->str, "ASK ", 4) == 0)
+        return CL_ASK;
+    if (strncmp(r->str, "TRYAGAIN", 8) == 0 || strncmp(r->str, "CLUSTERDOWN", 11) == 0)
+        return CL_WAIT;
+    return CL_FINAL;
+}
+
+/*
+ * Drops the connection after a redirection met where it cannot be
+ * followed (in a pipeline, or a command that must not be repeated on
+ * another connection): callers see a broken connection, which they handle.
+ */
+static fr_err_t cl_drop(psstore_conn_t *c, const redisReply *r)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    ps_fail(c, FR_ERR_REDIS, "redis %s: %.200s (the cluster's map changed)", ep, r->str);
+    redisFree(c->ctx);
+    c->ctx = NULL;
+    c->pending = 0;
+    c->defer_len = c->ndefer = 0;
+    c->broken = 1;
+    c->cl->stale = 1;
+    return FR_ERR_REDIS;
+}
+
+/*
+ * Follows a MOVED or ASK reply r: the node it names becomes known, and for
+ * MOVED its slot's owner. Returns the node's index, or -1.
+ */
+static int cl_redirect_node(psstore_conn_t *c, const redisReply *r)
+{
+    int ask, slot, port;
+    char host[256];
+    if (ps_cluster_redirect(r->str, r->len, &ask, &slot, host, sizeof(host), &port) != 0)
+        return -1;
+    int node = ps_cluster_node(c->cl, host, strlen(host), port);
+    if (node >= 0 && !ask) {
+        c->cl->slot_node[slot] = (int16_t)node;
+        c->cl->stale = 1; /* other slots moved too, most likely */
+    }
+    return node;
+}
+
+/* ------------------------------------------------------------------------
+ * Reconnecting
+ * ---------------------------------------------------------------------- */
+
 /*
  * Reconnects, retrying after 10, 20, 40 ... ms while the next try still
- * starts within timeout_ms of the first. Logs once when it succeeds.
- * Returns FR_OK or FR_ERR_REDIS with the last reason in c->errstr.
+ * starts within timeout_ms of the first; in a cluster each retry reads the
+ * map again, so a fail-over's new master is found. A connection that had
+ * broken counts in c->reconnects and is logged. Returns FR_OK or
+ * FR_ERR_REDIS with the last reason in c->errstr.
  */
 static fr_err_t conn_reconnect(psstore_conn_t *c)
 {
     uint64_t deadline = fr_clock_mono_ns() + (uint64_t)c->timeout_ms * 1000000u;
     long delay_ms = CONN_BACKOFF_FIRST_MS;
-    for (;;) {
+    for (int attempt = 0;; attempt++) {
         int fatal = 0;
-        fr_err_t err = conn_open(c, &fatal);
+        fr_err_t err = FR_OK;
+        if (c->cl != NULL) {
+            if (attempt > 0)
+                c->cl->stale = 1;
+            err = cl_route(c, -1);
+        }
+        if (err == FR_OK && (c->ctx == NULL || c->ctx->err))
+            err = conn_open(c, &fatal);
         if (err == FR_OK) {
-            char ep[300];
-            ps_endpoint(c, ep, sizeof(ep));
-            fr_log(FR_LOG_INFO, "psstore: reconnected to redis %s", ep);
-            c->reconnects++;
+            if (c->broken) {
+                char ep[300];
+                ps_endpoint(c, ep, sizeof(ep));
+                fr_log(FR_LOG_INFO, "psstore: reconnected to redis %s", ep);
+                c->reconnects++;
+                c->broken = 0;
+            }
             return FR_OK;
         }
         if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline ||
             (c->cancel != NULL && c->cancel(c->cancel_arg)))
             return err;
-        struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
-        delay_ms *= 2;
+        sleep_ms(delay_ms);
+        delay_ms =
+            delay_ms * 2 > CLUSTER_BACKOFF_MAX_MS && c->cl ? CLUSTER_BACKOFF_MAX_MS : delay_ms * 2;
     }
+}
+
+/*
+ * Asks the connected node for its slot map: a Redis Cluster node answers
+ * with one, any other Redis with an error. Makes c a cluster connection
+ * when it is one (the node it is connected to becomes the current node).
+ * Returns FR_OK (either way), or an error when the URL names several hosts
+ * of what is no cluster. (A database other than 0 fails earlier: a
+ * cluster node refuses SELECT.)
+ */
+static fr_err_t detect_cluster(psstore_conn_t *c, const char *host, int port)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    redisReply *r = redisCommand(c->ctx, "CLUSTER SLOTS");
+    if (r == NULL)
+        return conn_broken(c, errno);
+    int is_cluster = r->type == REDIS_REPLY_ARRAY;
+    fr_err_t err = FR_OK;
+    if (!is_cluster && c->url.nseeds > 1)
+        err = ps_fail(c, FR_ERR_INVAL,
+                      "redis %s: the URL names %d hosts, but this Redis is no cluster (%.200s)", ep,
+                      c->url.nseeds, r->type == REDIS_REPLY_ERROR ? r->str : "");
+    if (err != FR_OK || !is_cluster) {
+        freeReplyObject(r);
+        return err;
+    }
+    if ((c->cl = ps_cluster_new()) == NULL) {
+        freeReplyObject(r);
+        return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory");
+    }
+    c->cl->pinned = -1;
+    for (int i = 0; i < c->url.nseeds; i++)
+        ps_cluster_node(c->cl, c->url.seeds[i].host, strlen(c->url.seeds[i].host),
+                        c->url.seeds[i].port);
+    c->cl->cur = ps_cluster_node(c->cl, host, strlen(host), port);
+    if (ps_cluster_load_slots(c->cl, r, host) <= 0) {
+        freeReplyObject(r);
+        return ps_fail(c, FR_ERR_REDIS, "redis %s: the cluster serves no slot yet", ep);
+    }
+    freeReplyObject(r);
+    return FR_OK;
 }
 
 /*
  * Parses url and connects once, without backoff, so that a command line
  * pointed at a dead Redis fails at once; later commands reconnect with
- * backoff. timeout_ms <= 0 means CONN_DEFAULT_TIMEOUT_MS. NULL with errstr
+ * backoff. Of several hosts (a cluster's seeds) the first that answers is
+ * used. timeout_ms <= 0 means CONN_DEFAULT_TIMEOUT_MS. NULL with errstr
  * (naming the endpoint, never the password) on failure.
  */
 psstore_conn_t *psstore_conn_new(const char *url, int timeout_ms, char *errstr, size_t size)
@@ -478,9 +743,21 @@ psstore_conn_t *psstore_conn_new(const char *url, int timeout_ms, char *errstr, 
         return NULL;
     }
     c->timeout_ms = timeout_ms > 0 ? timeout_ms : CONN_DEFAULT_TIMEOUT_MS;
-    int fatal;
-    if (psstore_url_parse(url, &c->url, c->errstr, sizeof(c->errstr)) != FR_OK ||
-        conn_open(c, &fatal) != FR_OK) {
+    int fatal = 0;
+    fr_err_t err = psstore_url_parse(url, &c->url, c->errstr, sizeof(c->errstr));
+    for (int i = 0; err == FR_OK; i++) {
+        if (i > 0) { /* the next seed */
+            snprintf(c->url.host, sizeof(c->url.host), "%s", c->url.seeds[i].host);
+            c->url.port = c->url.seeds[i].port;
+        }
+        err = conn_open(c, &fatal);
+        if (err == FR_OK || fatal || i + 1 >= c->url.nseeds)
+            break;
+        err = FR_OK; /* try the next */
+    }
+    if (err == FR_OK && !c->url.unix_socket)
+        err = detect_cluster(c, c->url.host, c->url.port);
+    if (err != FR_OK) {
         fr_errorf(FR_ERR_REDIS, errstr, size, "%s", c->errstr);
         psstore_conn_destroy(c);
         return NULL;
@@ -493,6 +770,8 @@ void psstore_conn_destroy(psstore_conn_t *c)
     if (c == NULL)
         return;
     redisFree(c->ctx);
+    ps_cluster_free(c->cl);
+    free(c->defer);
     explicit_bzero(&c->url, sizeof(c->url)); /* the password */
     free(c);
 }
@@ -502,24 +781,99 @@ void psstore_conn_destroy(psstore_conn_t *c)
  * ---------------------------------------------------------------------- */
 
 /*
+ * Sends "ASKING" and the command to the current node and reads both
+ * replies, or the command alone when asking is 0. Returns the command's
+ * reply, or NULL when the connection failed (errno as it left it).
+ */
+static redisReply *send_and_read(psstore_conn_t *c, int asking, const char *cmd, size_t len)
+{
+    void *reply = NULL;
+    if (asking && redisAppendCommand(c->ctx, "ASKING") != REDIS_OK)
+        return NULL;
+    if (redisAppendFormattedCommand(c->ctx, cmd, len) != REDIS_OK)
+        return NULL;
+    if (asking) {
+        if (redisGetReply(c->ctx, &reply) != REDIS_OK || reply == NULL)
+            return NULL;
+        freeReplyObject(reply); /* +OK; an error would show in the command's reply */
+        reply = NULL;
+    }
+    if (redisGetReply(c->ctx, &reply) != REDIS_OK)
+        return NULL;
+    return reply;
+}
+
+/*
  * Sends a formatted command and reads its reply. A missing or broken
  * context is reconnected first; a command that fails on the wire is sent
- * again once after a reconnect when retry is set. Returns the reply (caller
- * frees) or NULL with *err and c->errstr.
+ * again once after a reconnect when retry is set. In a cluster the command
+ * goes to its key's node, and when retry is set MOVED and ASK are followed
+ * and TRYAGAIN and CLUSTERDOWN retried with backoff within the timeout (the
+ * command did not run); without retry any of them drops the connection
+ * (a WATCH would not follow the command elsewhere). Returns the reply
+ * (caller frees) or NULL with *err and c->errstr.
  */
 static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, size_t len,
                                  fr_err_t *err)
 {
-    for (int attempt = 0;; attempt++) {
+    int slot = c->cl != NULL ? ps_resp_slot(cmd, len) : -1;
+    uint64_t deadline = fr_clock_mono_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    long delay_ms = CONN_BACKOFF_FIRST_MS;
+    int asking = 0, redirects = 0;
+    for (int sent = 0;;) {
+        if (c->cl != NULL && !asking && (*err = cl_route(c, slot)) != FR_OK) {
+            if (*err != FR_ERR_REDIS ||
+                fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)
+                return NULL;
+            c->cl->stale = 1;
+            sleep_ms(delay_ms);
+            delay_ms =
+                delay_ms * 2 > CLUSTER_BACKOFF_MAX_MS ? CLUSTER_BACKOFF_MAX_MS : delay_ms * 2;
+            continue;
+        }
         if ((c->ctx == NULL || c->ctx->err) && (*err = conn_reconnect(c)) != FR_OK)
             return NULL;
-        void *reply = NULL;
-        if (redisAppendFormattedCommand(c->ctx, cmd, len) == REDIS_OK &&
-            redisGetReply(c->ctx, &reply) == REDIS_OK && reply != NULL)
+        int from = c->cl != NULL ? c->cl->cur : -1;
+        redisReply *reply = send_and_read(c, asking, cmd, len);
+        asking = 0;
+        if (reply == NULL) {
+            *err = conn_broken(c, errno);
+            if (!retry || sent++ > 0)
+                return NULL;
+            continue;
+        }
+        enum cl_answer kind = cl_classify(c, reply);
+        if (kind == CL_FINAL)
             return check_reply(c, reply, err);
-        *err = conn_broken(c, errno);
-        if (!retry || attempt > 0)
+        if (!retry) {
+            /* the caller's context (a WATCH) lives on this connection:
+             * another try might go to another node without it */
+            *err = cl_drop(c, reply);
+            freeReplyObject(reply);
             return NULL;
+        }
+        if (kind == CL_WAIT) {
+            c->cl->stale = 1;
+            if (fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)
+                return check_reply(c, reply, err);
+            freeReplyObject(reply);
+            sleep_ms(delay_ms);
+            delay_ms =
+                delay_ms * 2 > CLUSTER_BACKOFF_MAX_MS ? CLUSTER_BACKOFF_MAX_MS : delay_ms * 2;
+            continue;
+        }
+        int node = cl_redirect_node(c, reply);
+        if (node < 0 || ++redirects > CLUSTER_REDIRECTS_MAX)
+            return check_reply(c, reply, err);
+        freeReplyObject(reply);
+        if (kind == CL_ASK) {
+            cl_switch(c, node); /* this command only: the map still names the old node */
+            asking = 1;
+        } else if (node != from) {
+            /* the slot's data now lives elsewhere: whoever built state on
+             * this connection reloads it, as after a reconnect */
+            c->reconnects++;
+        }
     }
 }
 
@@ -564,21 +918,73 @@ redisReply *ps_cmd(psstore_conn_t *c, int retry, fr_err_t *err, const char *fmt,
 }
 
 /*
+ * Holds a keyless command that opens a cluster pipeline (MULTI, before the
+ * WATCHed or written keys): the node is not known yet.
+ */
+static fr_err_t defer_command(psstore_conn_t *c, int argc, const char **argv, const size_t *lens)
+{
+    char *cmd = NULL;
+    int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    if (len < 0)
+        return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory formatting a command");
+    if (c->defer_len + (size_t)len > c->defer_cap) {
+        size_t cap = (c->defer_len + (size_t)len) * 2;
+        char *p = realloc(c->defer, cap);
+        if (p == NULL) {
+            redisFreeCommand(cmd);
+            return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
+        }
+        c->defer = p;
+        c->defer_cap = cap;
+    }
+    memcpy(c->defer + c->defer_len, cmd, (size_t)len);
+    c->defer_len += (size_t)len;
+    redisFreeCommand(cmd);
+    c->ndefer++;
+    c->pending++;
+    return FR_OK;
+}
+
+/*
+ * Readies c->ctx for the pipeline's next command (slot: its key's, or -1):
+ * routes it, (re)connects, and sends along the commands held back until a
+ * key named the node.
+ */
+static fr_err_t pipeline_ready(psstore_conn_t *c, int slot)
+{
+    fr_err_t err;
+    if (c->cl != NULL && (err = cl_route(c, slot)) != FR_OK)
+        return err;
+    if ((c->ctx == NULL || c->ctx->err) && (err = conn_reconnect(c)) != FR_OK)
+        return err;
+    if (c->ndefer > 0) {
+        if (redisAppendFormattedCommand(c->ctx, c->defer, c->defer_len) != REDIS_OK)
+            return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
+        c->defer_len = c->ndefer = 0;
+    }
+    return FR_OK;
+}
+
+/*
  * Queues one command. Nothing is sent until ps_pipeline_read, so a missing
- * context is (re)connected here, before the first command of a pipeline.
- * The caller reads exactly one reply per appended command, also after an
- * error reply (the connection stays in step); after a broken connection
- * every further read fails at once.
+ * context is (re)connected here, before the first command of a pipeline;
+ * in a cluster the first command's key chooses the node, and a later one
+ * whose key lives on another node is refused. The caller reads exactly
+ * one reply per appended command, also after an error reply (the
+ * connection stays in step); after a broken connection every further read
+ * fails at once.
  */
 fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens)
 {
-    if (c->ctx == NULL || c->ctx->err) {
-        fr_err_t err = conn_reconnect(c);
-        if (err != FR_OK)
-            return err;
-    }
+    fr_err_t err;
+    int slot = c->cl != NULL ? ps_argv_slot(argc, argv, lens) : -1;
+    if (c->cl != NULL && slot < 0 && c->pending == c->ndefer)
+        return defer_command(c, argc, argv, lens);
+    if ((err = pipeline_ready(c, slot)) != FR_OK)
+        return err;
     if (redisAppendCommandArgv(c->ctx, argc, argv, lens) != REDIS_OK)
         return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
+    c->pending++;
     return FR_OK;
 }
 
@@ -586,19 +992,31 @@ void ps_pipeline_discard(psstore_conn_t *c)
 {
     redisFree(c->ctx);
     c->ctx = NULL;
+    c->pending = 0;
+    c->defer_len = c->ndefer = 0;
+    c->broken = 1;
 }
 
 /*
  * Reads the next reply of a pipeline: as ps_cmd_argv's result, but never
  * reconnecting (the pipeline's commands would be lost). A transport failure
  * leaves c->ctx NULL, which is how callers tell it from an error reply:
- * both are FR_ERR_REDIS.
+ * both are FR_ERR_REDIS. In a cluster, a redirection or TRYAGAIN or
+ * CLUSTERDOWN inside a pipeline drops the connection the same way (a
+ * transaction met by one is aborted by Redis, EXECABORT): the caller
+ * starts over and the next command finds the node.
  */
 redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err)
 {
     fr_err_t local;
     if (err == NULL)
         err = &local;
+    if (c->ndefer > 0 && (*err = pipeline_ready(c, -1)) != FR_OK) {
+        /* a pipeline of keyless commands only (to the last key's node)
+         * that cannot be sent: it is over */
+        c->pending = c->defer_len = c->ndefer = 0;
+        return NULL;
+    }
     if (c->ctx == NULL || c->ctx->err) {
         *err = FR_ERR_REDIS; /* c->errstr holds why the pipeline broke */
         return NULL;
@@ -608,16 +1026,62 @@ redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err)
         *err = conn_broken(c, errno);
         return NULL;
     }
+    if (c->pending > 0)
+        c->pending--;
+    if (cl_classify(c, reply) != CL_FINAL) {
+        *err = cl_drop(c, reply);
+        freeReplyObject(reply);
+        return NULL;
+    }
     return check_reply(c, reply, err);
+}
+
+/* ------------------------------------------------------------------------
+ * Routing keyless commands
+ * ---------------------------------------------------------------------- */
+void ps_conn_route_key(psstore_conn_t *c, const char *key)
+{
+    if (c->cl != NULL)
+        c->cl->slot = psstore_key_slot(key, strlen(key));
+}
+
+int ps_conn_masters(psstore_conn_t *c)
+{
+    if (c->cl == NULL)
+        return 1;
+    if (c->cl->stale && c->pending == c->ndefer) {
+        int keep = c->cl->cur;
+        if (cl_refresh(c) != FR_OK)
+            cl_switch(c, keep);
+    }
+    int masters[PS_NODES_MAX];
+    return ps_cluster_masters(c->cl, masters, PS_NODES_MAX);
+}
+
+fr_err_t ps_conn_pin(psstore_conn_t *c, int i)
+{
+    if (c->cl == NULL)
+        return FR_OK;
+    if (i < 0) {
+        c->cl->pinned = -1;
+        return FR_OK;
+    }
+    int masters[PS_NODES_MAX];
+    int n = ps_cluster_masters(c->cl, masters, PS_NODES_MAX);
+    if (i >= n)
+        return ps_fail(c, FR_ERR_REDIS, "redis cluster: the map changed while listing nodes");
+    c->cl->pinned = masters[i];
+    return FR_OK;
 }
 
 /* ------------------------------------------------------------------------
  * Server facts
  * ---------------------------------------------------------------------- */
 /* The run_id line of INFO server (40 hex digits), into buf[size]. */
-fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size)
+fr_err_t ps_server_run_id(psstore_conn_t *c, const char *key, char *buf, size_t size)
 {
     fr_err_t err;
+    ps_conn_route_key(c, key);
     redisReply *r = ps_cmd(c, 1, &err, "INFO server");
     if (r == NULL)
         return err;
@@ -645,20 +1109,14 @@ fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size)
     return FR_OK;
 }
 
-/*
- * docs/design.md "Failure model": losing the offsets hash to eviction would re-apply
- * a whole topic, so only noeviction is accepted (the volatile-* policies
- * evict too, starting with the lease). Where CONFIG is refused (disabled,
- * renamed, or not permitted to this ACL user) the policy cannot be known:
- * a warning, once per process, and FR_OK.
- */
-fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
+/* The maxmemory-policy check of one node (the current one). */
+static fr_err_t check_policy_node(psstore_conn_t *c)
 {
     static atomic_int warned;
-    char ep[300];
-    ps_endpoint(c, ep, sizeof(ep));
     fr_err_t err;
     redisReply *r = ps_cmd(c, 1, &err, "CONFIG GET maxmemory-policy");
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
     if (r == NULL && c->ctx == NULL)
         return err; /* the connection failed: c->errstr says why */
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
@@ -681,8 +1139,32 @@ fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
     return err;
 }
 
+/*
+ * docs/design.md "Failure model": losing the offsets hash to eviction would re-apply
+ * a whole topic, so only noeviction is accepted (the volatile-* policies
+ * evict too, starting with the lease); in a cluster on every master. Where
+ * CONFIG is refused (disabled, renamed, or not permitted to this ACL user)
+ * the policy cannot be known: a warning, once per process, and FR_OK.
+ */
+fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
+{
+    int n = ps_conn_masters(c);
+    fr_err_t err = FR_OK;
+    for (int i = 0; i < n && err == FR_OK; i++) {
+        if ((err = ps_conn_pin(c, i)) == FR_OK)
+            err = check_policy_node(c);
+    }
+    ps_conn_pin(c, -1);
+    return err;
+}
+
 void psstore_conn_set_cancel(psstore_conn_t *c, psstore_cancel_fn fn, void *arg)
 {
     c->cancel = fn;
     c->cancel_arg = arg;
+}
+
+int psstore_conn_is_cluster(const psstore_conn_t *c)
+{
+    return c->cl != NULL;
 }

@@ -292,8 +292,7 @@ static redisReply *pipeline_finish(psstore_conn_t *c, size_t n, fr_err_t *err)
  */
 static void conn_drop(psstore_conn_t *c)
 {
-    redisFree(c->ctx);
-    c->ctx = NULL;
+    ps_pipeline_discard(c);
 }
 
 /* Drops a WATCH after a refusal, so the connection can be reused. A failure
@@ -466,8 +465,10 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
     if ((err = check_name(c, name)) != FR_OK || (err = check_spec(c, spec, w)) != FR_OK)
         return err;
     uint64_t epoch;
+    char meta[PS_KEY_MAX];
+    ps_key(meta, name, "meta");
     if ((err = random_epoch(c, &epoch)) != FR_OK ||
-        (err = ps_server_run_id(c, run_id, sizeof(run_id))) != FR_OK)
+        (err = ps_server_run_id(c, meta, run_id, sizeof(run_id))) != FR_OK)
         return err;
     ps_endpoint(c, ep, sizeof(ep));
 
@@ -804,7 +805,13 @@ static int cmp_str(const void *a, const void *b)
 fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count)
 {
     ps_keylist_t kl = {0};
-    fr_err_t err = scan_all(c, 1, "freshet:*:meta", add_model_name, &kl);
+    fr_err_t err = FR_OK;
+    int nodes = ps_conn_masters(c); /* a cluster: every master holds some models */
+    for (int i = 0; i < nodes && err == FR_OK; i++) {
+        if ((err = ps_conn_pin(c, i)) == FR_OK)
+            err = scan_all(c, 1, "freshet:*:meta", add_model_name, &kl);
+    }
+    ps_conn_pin(c, -1);
     if (err != FR_OK) {
         ps_keylist_fini(&kl);
         return err;

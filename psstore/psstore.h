@@ -28,28 +28,48 @@ extern "C" {
 /* ------------------------------------------------------------------------
  * Connection. A connection belongs to one thread.
  * ---------------------------------------------------------------------- */
+#define PSSTORE_URL_SEEDS_MAX 16
+
 typedef struct psstore_url {
     int unix_socket; /* 1 for unix:///path                              */
-    char host[256];
-    int port;       /* default 6379                                    */
+    char host[256];  /* the first host (seeds[0])                       */
+    int port;        /* default 6379                                    */
+    int nseeds;      /* hosts listed, 1..PSSTORE_URL_SEEDS_MAX (TCP):
+                        more than one names a Redis Cluster            */
+    struct {
+        char host[256];
+        int port;
+    } seeds[PSSTORE_URL_SEEDS_MAX];
     char path[256]; /* unix socket path                                */
     int db;         /* default 0                                       */
     char user[128]; /* ACL user (may be empty)                         */
     char pass[256]; /* password (may be empty)                         */
 } psstore_url_t;
 
-/* Parses redis://[user:pass@]host[:port][/db] and unix:///path[?db=N].
- * rediss:// is refused (hiredis 0.14 has no TLS: use a TLS proxy). */
+/* Parses redis://[user:pass@]host[:port][,host[:port]...][/db] and
+ * unix:///path[?db=N]. rediss:// is refused (hiredis 0.14 has no TLS: use
+ * a TLS proxy). */
 fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size_t size);
+
+/* Redis Cluster's key slot (0..16383): CRC16 (XMODEM) of the key's hash
+ * tag, the text between its first '{' and the next '}' when not empty,
+ * else of the whole key. */
+int psstore_key_slot(const char *key, size_t len);
+uint16_t psstore_crc16(const void *p, size_t n);
 
 typedef struct psstore_conn psstore_conn_t;
 
 /* Connects (AUTH and SELECT as the URL says) with timeout_ms for the
  * connect and every command. NULL with errstr ("redis 127.0.0.1:6379:
  * Connection refused") when Redis cannot be reached. Caller frees with
- * psstore_conn_destroy(). */
+ * psstore_conn_destroy(). A URL that names a Redis Cluster node (or
+ * several hosts) gives a cluster connection: commands go to the node of
+ * their key's slot, following MOVED and ASK and riding out a fail-over
+ * (docs/design.md "Redis Cluster"). */
 psstore_conn_t *psstore_conn_new(const char *url, int timeout_ms, char *errstr, size_t size);
 void psstore_conn_destroy(psstore_conn_t *c);
+/* Nonzero when c talks to a Redis Cluster. */
+int psstore_conn_is_cluster(const psstore_conn_t *c);
 /* The last error of this connection. */
 const char *psstore_conn_error(const psstore_conn_t *c);
 /* Refuses (FR_ERR_UNSUPPORTED) a Redis whose maxmemory-policy evicts keys;
@@ -476,6 +496,9 @@ typedef struct psstore_applier_conf {
     int sync_lr_linear;        /* rounds: lr times the gradients averaged   */
     int64_t member_timeout_ms; /* silence before a member is removed      */
     int64_t round_timeout_ms;  /* a round closes with whoever arrived      */
+    int wait_replicas;         /* WAIT for this many replicas after each commit
+                                  ([redis] wait_replicas; 0: none)          */
+    int64_t wait_timeout_ms;   /* ... for at most this long                 */
     int requests_only;         /* execute requests only, leave gradients waiting
                                   (the CLI acting while no applier runs)      */
     fr_metrics_t *metrics;     /* where to export metrics; may be NULL      */
@@ -537,6 +560,8 @@ typedef struct psstore_applier_stats {
     uint64_t dropped[PSSTORE_NDROP]; /* by psstore_drop_t              */
     uint64_t commits;                /* transactions that wrote weights           */
     uint64_t fenced;                 /* transactions refused: lease lost          */
+    uint64_t unreplicated;           /* commits fewer than wait_replicas replicas
+                                        acknowledged within wait_timeout_ms       */
     uint64_t bytes;                  /* payload bytes read and written            */
     char stopped[256];               /* divergence guard reason, "" if running    */
     double lr_eff;                   /* of the last applied gradient              */

@@ -12,8 +12,67 @@
 /* ------------------------------------------------------------------------
  * Connection (conn.c). One psstore_conn_t per thread, as hiredis wants.
  * ---------------------------------------------------------------------- */
+/* ------------------------------------------------------------------------
+ * Redis Cluster (cluster.c): slots, the slot map, redirections. conn.c
+ * routes with it (docs/design.md "Redis Cluster").
+ * ---------------------------------------------------------------------- */
+#define PS_SLOTS     16384
+#define PS_NODES_MAX 1024
+
+typedef struct ps_node {
+    char host[256];
+    int port;
+    redisContext *ctx; /* kept open between commands; NULL for the current
+                          node, whose context is psstore_conn.ctx       */
+} ps_node_t;
+
+typedef struct ps_cluster {
+    ps_node_t *nodes; /* every node ever named: seeds, map, redirections */
+    size_t nnodes, cap;
+    int16_t *slot_node; /* [PS_SLOTS]: index into nodes, -1 when unknown */
+    int cur;            /* the node psstore_conn.ctx is connected to     */
+    int slot;           /* the slot keyless commands follow (MULTI, EXEC,
+                           SCAN, INFO): the last key's, or -1            */
+    int pinned;         /* >= 0: keyless commands go to this node        */
+    int stale;          /* a redirection said the map is out of date     */
+} ps_cluster_t;
+
+ps_cluster_t *ps_cluster_new(void);
+void ps_cluster_free(ps_cluster_t *cl);
+/* The index of node host:port, added when new; -1 when it cannot be. */
+int ps_cluster_node(ps_cluster_t *cl, const char *host, size_t hostlen, int port);
+/* Replaces the slot map with a CLUSTER SLOTS reply (asked_host stands for
+ * an empty address). Returns the number of slots covered, or -1 when the
+ * reply is not one (the map is then unchanged). */
+int ps_cluster_load_slots(ps_cluster_t *cl, const redisReply *r, const char *asked_host);
+/* Parses "MOVED <slot> <host>:<port>" or "ASK ..." (*ask set for ASK);
+ * 0, or -1 when msg is neither. */
+int ps_cluster_redirect(const char *msg, size_t len, int *ask, int *slot, char *host,
+                        size_t hostsize, int *port);
+/* The nodes that serve at least one slot, into out[max]; their number. */
+int ps_cluster_masters(const ps_cluster_t *cl, int *out, int max);
+/* The slot of a command's key (its first argument after the name that
+ * starts with "freshet:"), or -1 when it has none (MULTI, EXEC, SCAN,
+ * INFO...). From argv (lens NULL: C strings) or a formatted command. */
+int ps_argv_slot(int argc, const char **argv, const size_t *lens);
+int ps_resp_slot(const char *cmd, size_t len);
+
+/* ------------------------------------------------------------------------
+ * Connection (conn.c). One psstore_conn_t per thread, as hiredis wants.
+ * To a single Redis, or to a Redis Cluster (cl not NULL): then every
+ * command goes to the node serving its key's slot, keyless ones to the
+ * node of the last key (or the pinned node).
+ * ---------------------------------------------------------------------- */
 struct psstore_conn {
     redisContext *ctx; /* NULL while disconnected                       */
+    ps_cluster_t *cl;  /* NULL: a single Redis                          */
+    size_t pending;    /* pipelined commands whose reply is not read    */
+    char *defer;       /* a cluster pipeline's leading keyless commands
+                          (MULTI...), formatted, held until a key says
+                          which node the pipeline goes to               */
+    size_t defer_len, defer_cap, ndefer;
+    int broken; /* the connection broke (or was dropped): the next
+                   connect counts in reconnects                  */
     psstore_url_t url;
     int timeout_ms;           /* connect and command timeout                    */
     unsigned reconnects;      /* successful reconnects: state built on this
@@ -63,8 +122,17 @@ void ps_reply_copy(char *buf, size_t size, const redisReply *r);
  * stream) into id[PSSTORE_STREAM_ID_MAX] (status.c). */
 fr_err_t ps_stream_last_id(psstore_conn_t *c, const char *key, char *id);
 
-/* The server's run_id (INFO server), into buf[41]. */
-fr_err_t ps_server_run_id(psstore_conn_t *c, char *buf, size_t size);
+/* The run_id (INFO server) of the server that holds key, into buf[41]. */
+fr_err_t ps_server_run_id(psstore_conn_t *c, const char *key, char *buf, size_t size);
+
+/* Sends keyless commands (SCAN, CONFIG) to the node serving key's slot
+ * (a no-op on a single Redis). */
+void ps_conn_route_key(psstore_conn_t *c, const char *key);
+/* The nodes serving slots (1 on a single Redis), and pinning keyless
+ * commands to node i of them (i < 0: unpin). ps_conn_pin fails when the
+ * node cannot be reached. */
+int ps_conn_masters(psstore_conn_t *c);
+fr_err_t ps_conn_pin(psstore_conn_t *c, int i);
 
 /* ------------------------------------------------------------------------
  * Keys (keys.c): every key of model m shares the hash tag {m}.

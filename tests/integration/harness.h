@@ -38,6 +38,38 @@ void harness_redis_stop(harness_redis_t *r);
  * arrays joined by '\n'). Returns 0, or -1 on a connection error. */
 int harness_redis_query(const harness_redis_t *r, char *out, size_t size, const char *fmt, ...);
 
+/* ------------------------------------------------------------------------
+ * A real Redis Cluster: masters x (1 + replicas) redis-server processes
+ * with --cluster-enabled on free ports, joined by redis-cli --cluster
+ * create, with cluster-node-timeout 2000 ms.
+ * ---------------------------------------------------------------------- */
+#define HARNESS_CLUSTER_MAX 9
+
+typedef struct harness_cluster {
+    harness_redis_t node[HARNESS_CLUSTER_MAX];
+    int n;
+    char url[600]; /* redis://127.0.0.1:<port>,... : every node a seed */
+} harness_cluster_t;
+
+/* Starts and joins the cluster and waits until every node reports
+ * cluster_state:ok. Returns 0 or -1 (message on stderr; nothing left
+ * running). */
+int harness_cluster_start(harness_cluster_t *cl, int masters, int replicas);
+/* Stops every node by PID and removes their directories. */
+void harness_cluster_stop(harness_cluster_t *cl);
+/* The index of the running master that serves key's slot, or -1. */
+int harness_cluster_owner(const harness_cluster_t *cl, const char *key);
+/* The 40-hex node id of node i into id[41]; 0 or -1. */
+int harness_cluster_node_id(const harness_cluster_t *cl, int i, char *id);
+/* Waits up to timeout_ms until every running node reports
+ * cluster_state:ok, every replica's link to its master is up and a master
+ * serves key; 0 or -1 (each node's view and log on stderr). */
+int harness_cluster_wait_ok(const harness_cluster_t *cl, const char *key, int timeout_ms);
+/* Moves key's slot from its master to node `to` while clients run:
+ * IMPORTING/MIGRATING, MIGRATE of its keys one at a time (pause_ms between
+ * keys), then SETSLOT NODE on every node. 0 or -1. */
+int harness_cluster_migrate(const harness_cluster_t *cl, const char *key, int to, int pause_ms);
+
 /* Forks and execs argv with stdout and stderr appended to log_path.
  * Returns the child's pid or -1. */
 pid_t harness_spawn(char *const argv[], const char *log_path);

@@ -692,87 +692,6 @@ static void test_commands_reconnect_after_a_redis_restart(void **state)
     harness_redis_stop(&R_restart);
 }
 
-/* A fake cluster node: answers PING, then redirects every command. */
-typedef struct fake_node {
-    int listen_fd;
-    const char *redirect; /* "-MOVED ...\r\n" */
-} fake_node_t;
-
-/* The number of complete RESP commands (arrays of bulk strings) in buf. */
-static int count_commands(const char *buf, size_t len)
-{
-    int n = 0;
-    size_t i = 0;
-    while (i < len && buf[i] == '*') {
-        long args = strtol(buf + i + 1, NULL, 10);
-        const char *p = memchr(buf + i, '\n', len - i);
-        if (p == NULL)
-            break;
-        i = (size_t)(p - buf) + 1;
-        for (long a = 0; a < args && i < len; a++) {
-            long blen = strtol(buf + i + 1, NULL, 10);
-            p = memchr(buf + i, '\n', len - i);
-            if (p == NULL)
-                return n;
-            i = (size_t)(p - buf) + 1 + (size_t)blen + 2;
-        }
-        n++;
-    }
-    return n;
-}
-
-static void *fake_node_main(void *arg)
-{
-    fake_node_t *f = arg;
-    int fd = accept(f->listen_fd, NULL, NULL);
-    char buf[8192];
-    ssize_t got;
-    for (int seen = 0; fd >= 0 && (got = read(fd, buf, sizeof(buf))) > 0;) {
-        for (int k = count_commands(buf, (size_t)got); k > 0; k--, seen++) {
-            const char *reply = seen == 0 ? "+PONG\r\n" : f->redirect;
-            if (write(fd, reply, strlen(reply)) < 0)
-                break;
-        }
-    }
-    if (fd >= 0)
-        close(fd);
-    return NULL;
-}
-
-static void test_cluster_redirections_are_explained(void **state)
-{
-    (void)state;
-    const char *redirects[] = {"-MOVED 3999 10.0.0.2:7001\r\n", "-ASK 3999 10.0.0.3:7002\r\n"};
-    for (int i = 0; i < 2; i++) {
-        int lfd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t len = sizeof(sa);
-        assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-        assert_int_equal(listen(lfd, 1), 0);
-        assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
-        fake_node_t f = {lfd, redirects[i]};
-        pthread_t th;
-        assert_int_equal(pthread_create(&th, NULL, fake_node_main, &f), 0);
-        char url[100], want[300];
-        snprintf(url, sizeof(url), "redis://127.0.0.1:%d", ntohs(sa.sin_port));
-        psstore_conn_t *c = conn(url);
-        psstore_model_info_t info;
-        assert_int_equal(psstore_model_info(c, "m", &info), FR_ERR_REDIS);
-        assert_non_null(strstr(psstore_conn_error(c), "Cluster"));
-        char **names;
-        size_t n;
-        assert_int_equal(psstore_model_list(c, &names, &n), FR_ERR_REDIS);
-        snprintf(want, sizeof(want),
-                 "redis 127.0.0.1:%d: model keys live on another Redis Cluster node (%.*s); "
-                 "freshet supports one node for now",
-                 ntohs(sa.sin_port), (int)strlen(redirects[i]) - 3, redirects[i] + 1);
-        assert_string_equal(psstore_conn_error(c), want);
-        psstore_conn_destroy(c);
-        pthread_join(th, NULL);
-        close(lfd);
-    }
-}
-
 /* ------------------------------------------------------------------------
  * Through the freshet binary
  * ---------------------------------------------------------------------- */
@@ -1157,7 +1076,6 @@ int main(void)
         cmocka_unit_test(test_policy_check_refuses_an_evicting_redis),
         cmocka_unit_test(test_auth_select_and_unix_sockets),
         cmocka_unit_test(test_commands_reconnect_after_a_redis_restart),
-        cmocka_unit_test(test_cluster_redirections_are_explained),
         cmocka_unit_test(test_cli_create_show_and_refusals),
         cmocka_unit_test(test_cli_create_from_an_init_file),
         cmocka_unit_test(test_cli_list_and_delete_restore_the_database),

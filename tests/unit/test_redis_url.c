@@ -1,8 +1,8 @@
 /*
  * test_redis_url.c - unit tests of psstore_url_parse: the forms of
  * [redis] url (docs/operations.md "Configuration"), credentials with special characters, IPv6,
- * unix sockets, the refusal of rediss://, and error messages that never
- * repeat a password.
+ * unix sockets, a Redis Cluster's seeds, the refusal of rediss://, error
+ * messages that never repeat a password; and Redis Cluster's key slots.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -169,6 +169,56 @@ static void test_url_unix_sockets(void **state)
     parse_bad(longpath, FR_ERR_INVAL, "longer than", NULL);
 }
 
+/* A Redis Cluster's seeds: hosts separated by commas, each with its
+ * port; credentials for all before them, the database after the last. */
+static void test_url_several_hosts_name_a_cluster(void **state)
+{
+    (void)state;
+    psstore_url_t u = parse_ok("redis://:pw@10.0.0.1:7000,10.0.0.2,[::1]:7002");
+    assert_int_equal(u.nseeds, 3);
+    assert_string_equal(u.seeds[0].host, "10.0.0.1");
+    assert_int_equal(u.seeds[0].port, 7000);
+    assert_string_equal(u.seeds[1].host, "10.0.0.2");
+    assert_int_equal(u.seeds[1].port, 6379);
+    assert_string_equal(u.seeds[2].host, "::1");
+    assert_int_equal(u.seeds[2].port, 7002);
+    assert_string_equal(u.host, "10.0.0.1"); /* the first host is the one tried first */
+    assert_int_equal(u.port, 7000);
+    assert_string_equal(u.pass, "pw");
+    u = parse_ok("redis://h1:1,h2:2/0");
+    assert_int_equal(u.nseeds, 2);
+    assert_int_equal(u.seeds[1].port, 2);
+    u = parse_ok("redis://h");
+    assert_int_equal(u.nseeds, 1);
+    parse_bad("redis://h1/0,h2", FR_ERR_INVAL, "after the last host", NULL);
+    parse_bad("redis://h1,,h2", FR_ERR_INVAL, "no host", NULL);
+    parse_bad("redis://h1,", FR_ERR_INVAL, "no host", NULL);
+    parse_bad("redis://h1,h2:0", FR_ERR_INVAL, "1..65535", NULL);
+    char many[400] = "redis://";
+    for (int i = 0; i < PSSTORE_URL_SEEDS_MAX + 1; i++)
+        snprintf(many + strlen(many), sizeof(many) - strlen(many), "%sh%d", i ? "," : "", i);
+    parse_bad(many, FR_ERR_INVAL, "more than 16 hosts", NULL);
+}
+
+/* Redis Cluster's CRC16 (XMODEM) and key slots: the check value of the
+ * CRC catalogue, and slots as `CLUSTER KEYSLOT` gives them (test_cluster
+ * compares many more against a real server). */
+static void test_key_slots(void **state)
+{
+    (void)state;
+    assert_int_equal(psstore_crc16("123456789", 9), 0x31c3);
+    assert_int_equal(psstore_crc16("", 0), 0);
+    assert_int_equal(psstore_key_slot("foo", 3), 12182);
+    assert_int_equal(psstore_key_slot("bar", 3), 5061);
+    /* the hash tag: only what is between the first { and the next } */
+    assert_int_equal(psstore_key_slot("{foo}x", 6), 12182);
+    assert_int_equal(psstore_key_slot("freshet:{foo}:w:0", 17), 12182);
+    assert_int_equal(psstore_key_slot("a{foo}{bar}", 11), 12182);
+    /* an empty or unclosed tag: the whole key */
+    assert_int_equal(psstore_key_slot("{}foo", 5), psstore_crc16("{}foo", 5) & 16383);
+    assert_int_equal(psstore_key_slot("{foo", 4), psstore_crc16("{foo", 4) & 16383);
+}
+
 static void test_url_rediss_is_refused_with_a_pointer_to_a_proxy(void **state)
 {
     (void)state;
@@ -263,6 +313,8 @@ int main(void)
         cmocka_unit_test(test_url_other_schemes_and_garbage_are_refused_clearly),
         cmocka_unit_test(test_url_long_credentials_are_refused),
         cmocka_unit_test(test_url_errors_reach_conn_new),
+        cmocka_unit_test(test_url_several_hosts_name_a_cluster),
+        cmocka_unit_test(test_key_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,600 @@
+/*
+ * test_cluster.c - the parameter store on a real Redis Cluster: 3 masters
+ * and 3 replicas (redis-server --cluster-enabled, joined by redis-cli
+ * --cluster create) started by the harness, and the dev broker.
+ *
+ * The connection routes every command to the master of its key's slot
+ * (docs/design.md "Redis Cluster"): the slots must be Redis's own, models
+ * spread over the masters must all be found, a half-migrated slot must be
+ * read through ASK, [redis] wait_replicas must count the commits no
+ * replica acknowledged, and `freshet run` must apply every Kafka position
+ * exactly once through a master's SIGKILL (its replica takes over) and
+ * through a migration of the model's slot while it trains.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "harness.h"
+#include "ingest/ingest.h"
+#include "psstore/psstore.h"
+
+#define D       3
+#define WAIT_MS 120000
+#define NPARTS  4
+#define PER     2500 /* records a partition */
+
+static harness_cluster_t cluster;
+static harness_broker_t broker;
+static char tmp_dir[256];
+static char errstr[512];
+
+static psstore_conn_t *conn_to(const char *url)
+{
+    psstore_conn_t *c = psstore_conn_new(url, 5000, errstr, sizeof(errstr));
+    if (c == NULL)
+        fail_msg("%s", errstr);
+    return c;
+}
+
+/* A running master other than node `not`, or -1. */
+static int other_master(int not )
+{
+    for (int i = 0; i < cluster.n; i++) {
+        char role[64];
+        if (i != not &&cluster.node[i].pid > 0 &&
+            harness_redis_query(&cluster.node[i], role, sizeof(role), "ROLE") == 0 &&
+            strncmp(role, "master", 6) == 0)
+            return i;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------
+ * The connection
+ * ---------------------------------------------------------------------- */
+
+/* psstore_key_slot against CLUSTER KEYSLOT for keys with and without hash
+ * tags, the empty tag and nested braces among them. */
+static void test_slots_agree_with_redis(void **state)
+{
+    (void)state;
+    const char *forms[] = {
+        "freshet:{m%d}:meta", "plain%d", "{}x%d", "a{b%d}c{d}", "x{%d", "}%d{", "{{%d}}",
+        "freshet:{m}:w:%d"};
+    for (size_t f = 0; f < sizeof(forms) / sizeof(forms[0]); f++) {
+        for (int i = 0; i < 40; i++) {
+            char key[64], out[64];
+            snprintf(key, sizeof(key), forms[f], i);
+            assert_int_equal(
+                harness_redis_query(&cluster.node[0], out, sizeof(out), "CLUSTER KEYSLOT %s", key),
+                0);
+            if (psstore_key_slot(key, strlen(key)) != atoi(out))
+                fail_msg("slot of '%s': %d, redis says %s", key, psstore_key_slot(key, strlen(key)),
+                         out);
+        }
+    }
+}
+
+/*
+ * Through a connection seeded with one node only, models land on the
+ * master of their slot (checked on that server), all of them are listed
+ * although they live on three masters, and their weights read back.
+ */
+static void test_models_spread_over_the_masters_and_are_all_found(void **state)
+{
+    (void)state;
+    enum { MODELS = 12, N = 13 };
+    char seed[64];
+    snprintf(seed, sizeof(seed), "redis://127.0.0.1:%d", cluster.node[cluster.n - 1].port);
+    psstore_conn_t *c = conn_to(seed);
+    assert_int_equal(psstore_conn_is_cluster(c), 1);
+    int on_master[HARNESS_CLUSTER_MAX] = {0};
+    for (int m = 0; m < MODELS; m++) {
+        char name[32], key[96], out[64];
+        snprintf(name, sizeof(name), "spread%d", m);
+        float w[N];
+        harness_gradient(w, N, 100 + (uint64_t)m);
+        psstore_model_spec_t spec = {"3-3-1", "mse", N};
+        if (psstore_model_create(c, name, &spec, w, 1) != FR_OK)
+            fail_msg("create %s: %s", name, psstore_conn_error(c));
+        snprintf(key, sizeof(key), "freshet:{%s}:meta", name);
+        int owner = harness_cluster_owner(&cluster, key);
+        assert_true(owner >= 0);
+        assert_int_equal(
+            harness_redis_query(&cluster.node[owner], out, sizeof(out), "EXISTS %s", key), 0);
+        assert_string_equal(out, "1");
+        on_master[owner]++;
+        float back[N];
+        uint64_t epoch;
+        int64_t version;
+        assert_int_equal(psstore_model_weights(c, name, back, N, &epoch, &version), FR_OK);
+        assert_memory_equal(back, w, sizeof(w));
+        assert_int_equal(version, 0);
+    }
+    int masters = 0;
+    for (int i = 0; i < cluster.n; i++)
+        masters += on_master[i] > 0;
+    assert_true(masters >= 2); /* 12 names over 3 masters: never all on one */
+    char **names;
+    size_t n;
+    assert_int_equal(psstore_model_list(c, &names, &n), FR_OK);
+    int found = 0;
+    for (size_t i = 0; i < n; i++) {
+        found += strncmp(names[i], "spread", 6) == 0;
+        free(names[i]);
+    }
+    free(names);
+    assert_int_equal(found, MODELS);
+    psstore_conn_destroy(c);
+}
+
+/*
+ * A slot half-way through a migration: the offsets hash already moved to
+ * the target, the rest still on the source. A read of the offsets is
+ * answered ASK by the source and followed; once the slot is the target's,
+ * the same connection follows MOVED. Nothing is read wrong either way.
+ */
+static void test_reads_follow_ask_and_moved_during_a_migration(void **state)
+{
+    (void)state;
+    const char *model = "migr";
+    psstore_conn_t *c = conn_to(cluster.url);
+    float w[4] = {1, 2, 3, 4};
+    psstore_model_spec_t spec = {"3-1", "mse", 4};
+    assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
+    char meta[64], offsets[64], out[256], src_id[41], dst_id[41], cmd[200];
+    snprintf(meta, sizeof(meta), "freshet:{%s}:meta", model);
+    snprintf(offsets, sizeof(offsets), "freshet:{%s}:offsets", model);
+    int from = harness_cluster_owner(&cluster, meta), to = other_master(from);
+    assert_true(from >= 0 && to >= 0);
+    assert_int_equal(harness_redis_query(&cluster.node[from], out, sizeof(out),
+                                         "HSET %s t/0 17 t/1 5;8-9", offsets),
+                     0);
+    assert_int_equal(harness_cluster_node_id(&cluster, from, src_id), 0);
+    assert_int_equal(harness_cluster_node_id(&cluster, to, dst_id), 0);
+    int slot = psstore_key_slot(meta, strlen(meta));
+    snprintf(cmd, sizeof(cmd), "CLUSTER SETSLOT %d IMPORTING %s", slot, src_id);
+    harness_redis_query(&cluster.node[to], out, sizeof(out), cmd);
+    assert_string_equal(out, "OK");
+    snprintf(cmd, sizeof(cmd), "CLUSTER SETSLOT %d MIGRATING %s", slot, dst_id);
+    harness_redis_query(&cluster.node[from], out, sizeof(out), cmd);
+    assert_string_equal(out, "OK");
+    snprintf(cmd, sizeof(cmd), "MIGRATE 127.0.0.1 %d %s 0 5000", cluster.node[to].port, offsets);
+    harness_redis_query(&cluster.node[from], out, sizeof(out), cmd);
+    assert_string_equal(out, "OK");
+
+    psstore_partition_offsets_t po;
+    int found = 0;
+    psstore_poff_init(&po, 0);
+    assert_int_equal(psstore_offsets_read(c, model, "t", 1, &po, &found), FR_OK); /* ASK */
+    assert_int_equal(found, 1);
+    assert_int_equal(po.watermark, 5);
+    assert_int_equal(po.nspans, 1);
+    assert_int_equal(po.spans[0].from, 8);
+    assert_int_equal(po.spans[0].to, 9);
+    /* a transaction over the half-moved slot is refused (ASK inside
+     * MULTI aborts it) and reported as a broken connection: callers retry */
+    psstore_model_info_t info;
+    assert_int_equal(psstore_model_info(c, model, &info), FR_ERR_REDIS);
+    assert_non_null(strstr(psstore_conn_error(c), "the cluster's map changed"));
+
+    assert_int_equal(harness_cluster_migrate(&cluster, meta, to, 0), 0);
+    assert_int_equal(psstore_offsets_read(c, model, "t", 0, &po, &found), FR_OK); /* MOVED */
+    assert_int_equal(found, 1);
+    assert_int_equal(po.watermark, 17);
+    float back[4];
+    uint64_t epoch;
+    int64_t version;
+    assert_int_equal(psstore_model_weights(c, model, back, 4, &epoch, &version), FR_OK);
+    assert_memory_equal(back, w, sizeof(w));
+    assert_int_equal(psstore_model_info(c, model, &info), FR_OK);
+    assert_int_equal(info.bytes, sizeof(w));
+    psstore_poff_fini(&po);
+    psstore_conn_destroy(c);
+}
+
+/* A URL naming several hosts of what is no cluster is refused, naming
+ * the host; so is a database other than 0 on a cluster (by Redis). Of
+ * several seeds the first that answers is used. */
+static void test_a_cluster_url_is_checked(void **state)
+{
+    (void)state;
+    harness_redis_t single;
+    assert_int_equal(harness_redis_start(&single, NULL), 0);
+    char url[200];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d,127.0.0.1:%d", single.port,
+             cluster.node[0].port);
+    assert_null(psstore_conn_new(url, 2000, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "this Redis is no cluster"));
+    psstore_conn_t *c = conn_to(single.url);
+    assert_int_equal(psstore_conn_is_cluster(c), 0);
+    psstore_conn_destroy(c);
+    /* a seed that is down: the next one answers */
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d,127.0.0.1:%d", harness_free_port(),
+             cluster.node[1].port);
+    c = conn_to(url);
+    assert_int_equal(psstore_conn_is_cluster(c), 1);
+    psstore_conn_destroy(c);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/2", cluster.node[0].port);
+    assert_null(psstore_conn_new(url, 2000, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "SELECT is not allowed in cluster mode"));
+    harness_redis_stop(&single);
+}
+
+/* Pushes gradients k in [from, to) of model (positions k of t/0) and
+ * waits until the applier a has applied them all. */
+static void push_and_apply(psstore_client_t *cl, psstore_applier_t *a, int from, int to)
+{
+    float w[4], g[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed;
+    for (int k = from; k < to; k++) {
+        assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+        psstore_range_t range = {"t", 0, k, k + 1};
+        psstore_grad_t msg = {.epoch = epoch,
+                              .version = version,
+                              .worker = "test/1/0",
+                              .n = 1,
+                              .loss_sum = 1,
+                              .ranges = &range,
+                              .nranges = 1,
+                              .g = g,
+                              .len = 4};
+        assert_int_equal(psstore_push(cl, &msg, 10000), FR_OK);
+    }
+    psstore_applier_stats_t st;
+    for (int waited = 0; waited < 20000; waited += 10) {
+        psstore_applier_stats(a, &st);
+        if (st.version >= to)
+            return;
+        harness_sleep_ms(10);
+    }
+    fail_msg("the applier reached version %lld, not %d", (long long)st.version, to);
+}
+
+/*
+ * [redis] wait_replicas = 1: with the replica of the model's master up,
+ * every commit reaches it; with the replica stopped, every commit waits
+ * wait_timeout_ms and is counted unreplicated, one for one.
+ */
+static void test_wait_replicas_counts_commits_no_replica_holds(void **state)
+{
+    (void)state;
+    const char *model = "waitr";
+    psstore_conn_t *c = conn_to(cluster.url);
+    float w[4] = {0};
+    psstore_model_spec_t spec = {"3-1", "mse", 4};
+    assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
+    psstore_conn_destroy(c);
+    char meta[64], role[256];
+    snprintf(meta, sizeof(meta), "freshet:{%s}:meta", model);
+    int master = harness_cluster_owner(&cluster, meta), replica = -1;
+    for (int i = 0; i < cluster.n && replica < 0; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "slave\n127.0.0.1\n%d\n", cluster.node[master].port);
+        if (harness_redis_query(&cluster.node[i], role, sizeof(role), "ROLE") == 0 &&
+            strncmp(role, want, strlen(want)) == 0)
+            replica = i;
+    }
+    assert_true(master >= 0 && replica >= 0);
+
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = cluster.url;
+    conf.model = model;
+    conf.wait_replicas = 1;
+    conf.wait_timeout_ms = 200;
+    harness_applier_t ap;
+    assert_int_equal(harness_applier_start(&ap, &conf), 0);
+    psstore_client_t *cl = psstore_client_new(cluster.url, model, 4, 16, errstr, sizeof(errstr));
+    assert_non_null(cl);
+    push_and_apply(cl, ap.a, 0, 5);
+    psstore_applier_stats_t st;
+    psstore_applier_stats(ap.a, &st);
+    assert_true(st.commits >= 5);
+    assert_int_equal(st.unreplicated, 0);
+
+    assert_int_equal(kill(cluster.node[replica].pid, SIGSTOP), 0);
+    uint64_t commits_before = st.commits;
+    push_and_apply(cl, ap.a, 5, 8);
+    psstore_applier_stats(ap.a, &st);
+    assert_int_equal(kill(cluster.node[replica].pid, SIGCONT), 0);
+    assert_true(st.commits - commits_before >= 3);
+    assert_int_equal(st.unreplicated, st.commits - commits_before);
+    psstore_client_destroy(cl);
+    harness_applier_stop(&ap, NULL);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, meta, 30000), 0);
+}
+
+/* ------------------------------------------------------------------------
+ * freshet run on the cluster
+ * ---------------------------------------------------------------------- */
+
+/* Sample k: y = 0.5 x0 - 0.3 x1 + 0.2 x2 + 0.1, x uniform in [-1, 1]^3. */
+static void produce(const char *topic, int n)
+{
+    ingest_producer_t *p = ingest_producer_new(broker.bootstrap, NULL, 0, errstr, sizeof(errstr));
+    assert_non_null(p);
+    for (int k = 0; k < n; k++) {
+        fr_rng_t rng;
+        fr_rng_seed(&rng, 9000 + (uint64_t)k);
+        float v[D + 1];
+        for (int i = 0; i < D; i++)
+            v[1 + i] = (float)(2.0 * fr_rng_uniform(&rng) - 1.0);
+        v[0] = 0.5f * v[1] - 0.3f * v[2] + 0.2f * v[3] + 0.1f;
+        assert_int_equal(
+            ingest_producer_send(p, topic, k % NPARTS, NULL, 0, v, sizeof(v), NULL, NULL), FR_OK);
+    }
+    uint64_t delivered = 0, failed = 0;
+    assert_int_equal(ingest_producer_flush(p, 10000, &delivered, &failed), FR_OK);
+    assert_int_equal(delivered, (uint64_t)n);
+    ingest_producer_destroy(p);
+}
+
+static pid_t spawn_run(const char *model, const char *topic, char *log)
+{
+    char conf[300];
+    snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(log, 300, "%s/%s.log", tmp_dir, model);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = %s\nlayers = 3-64-1\nloss = mse\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = %s\nformat = f32\nbatch = 16\nlinger_ms = 100\n"
+            "[redis]\nurl = %s\n"
+            "[serve]\nlisten = 127.0.0.1:0\n"
+            "[trainer]\nworkers = 3\nmode = async\nbackend = cpu\nslowdown = 0:20,1:20,2:20\n"
+            "[controller]\nlr = 0.02\n"
+            "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = 6\naudit = true\n",
+            model, broker.bootstrap, topic, cluster.url);
+    assert_int_equal(fclose(f), 0);
+    char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    return pid;
+}
+
+/* The key "freshet:{model}:<suffix>" into key[96]. */
+static void model_key(char *key, const char *model, const char *suffix)
+{
+    snprintf(key, 96, "freshet:{%s}:%s", model, suffix);
+}
+
+/* The sum of the watermarks of topic/0..NPARTS-1 on the model's master
+ * (-1 while no master serves it). */
+static int64_t watermarks_sum(const char *model, const char *topic)
+{
+    char key[96];
+    model_key(key, model, "offsets");
+    int owner = harness_cluster_owner(&cluster, key);
+    if (owner < 0)
+        return -1;
+    int64_t sum = 0;
+    for (int p = 0; p < NPARTS; p++) {
+        char out[128];
+        if (harness_redis_query(&cluster.node[owner], out, sizeof(out), "HGET %s %s/%d", key, topic,
+                                p) != 0)
+            return -1;
+        sum += strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+    }
+    return sum;
+}
+
+static int64_t store_version(const char *model)
+{
+    char key[96], out[64];
+    model_key(key, model, "ver");
+    int owner = harness_cluster_owner(&cluster, key);
+    if (owner < 0 ||
+        harness_redis_query(&cluster.node[owner], out, sizeof(out), "GET %s", key) != 0)
+        return -1;
+    return strtoll(out, NULL, 10);
+}
+
+/* Fails the test with the end of the run's log. */
+static void fail_with_log(const char *log, const char *what)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "tail -c 3000 '%s' >&2", log);
+    if (system(cmd) != 0)
+        fprintf(stderr, "(no log at %s)\n", log);
+    fail_msg("%s", what);
+}
+
+static void wait_version(const char *model, int64_t at, const char *log)
+{
+    for (int waited = 0; waited < WAIT_MS && store_version(model) < at; waited += 20)
+        harness_sleep_ms(20);
+    if (store_version(model) < at)
+        fail_with_log(log, "the run did not reach its version");
+}
+
+/* The HTTP port freshet run logged, or 0. */
+static int logged_port(const char *log)
+{
+    static const char marker[] = "serve: listening on 127.0.0.1:0 (port ";
+    int port = 0;
+    FILE *f = fopen(log, "r");
+    char line[512];
+    while (f != NULL && port == 0 && fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, marker);
+        if (p != NULL)
+            port = atoi(p + strlen(marker));
+    }
+    if (f != NULL)
+        fclose(f);
+    return port;
+}
+
+/* The run's HTTP service serves the store's version and weights (read
+ * through a cluster connection), byte for byte, once it caught up. */
+static void check_served(const char *model, const char *log)
+{
+    enum { NP = 3 * 64 + 64 + 64 + 1 };
+    int port = logged_port(log);
+    if (port <= 0)
+        fail_with_log(log, "freshet run logged no HTTP port");
+    char path[128];
+    snprintf(path, sizeof(path), "/v2/models/%s/weights?format=raw", model);
+    psstore_conn_t *c = conn_to(cluster.url);
+    for (int tries = 0; tries < 100; tries++) {
+        static float want[NP];
+        uint64_t epoch;
+        int64_t version;
+        assert_int_equal(psstore_model_weights(c, model, want, NP, &epoch, &version), FR_OK);
+        harness_resp_t r;
+        harness_http(port, tmp_dir, &r, "-f --max-time 5", path);
+        const char *v = strstr(r.headers, "X-Freshet-Version: ");
+        int same = r.exit_status == 0 && v != NULL && strtoll(v + 19, NULL, 10) == version &&
+                   r.len == sizeof(want) && memcmp(r.body, want, sizeof(want)) == 0;
+        harness_resp_free(&r);
+        if (same) {
+            psstore_conn_destroy(c);
+            return;
+        }
+        harness_sleep_ms(100);
+    }
+    psstore_conn_destroy(c);
+    fail_with_log(log, "freshet run never served the store's version");
+}
+
+/* Waits until every record is marked, checks that the run serves the
+ * store's weights, stops it, and checks that the audit on the model's
+ * master marks every position exactly once. */
+static void finish_and_audit(pid_t pid, const char *model, const char *topic, const char *log)
+{
+    int waited = 0;
+    while (waited < WAIT_MS && watermarks_sum(model, topic) < NPARTS * PER) {
+        harness_sleep_ms(100);
+        waited += 100;
+    }
+    if (watermarks_sum(model, topic) < NPARTS * PER)
+        fail_with_log(log, "the watermarks did not reach the log ends");
+    check_served(model, log);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = harness_wait(pid, 20000);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    char key[96];
+    model_key(key, model, "audit");
+    int owner = harness_cluster_owner(&cluster, key);
+    assert_true(owner >= 0);
+    static int seen[PER];
+    for (int p = 0; p < NPARTS; p++) {
+        assert_true(harness_audit_count(&cluster.node[owner], model, topic, p, NULL, seen, PER) >
+                    0);
+        for (int pos = 0; pos < PER; pos++)
+            if (seen[pos] != 1)
+                fail_msg("%s/%d position %d marked %d times (see %s)", topic, p, pos, seen[pos],
+                         log);
+    }
+}
+
+/* Fills the topic, starts `freshet run` and returns once it has applied
+ * 40 gradients: the model's meta key into key[96], its log path into log. */
+static pid_t start_run(const char *model, const char *topic, char *log, char *key)
+{
+    produce(topic, NPARTS * PER);
+    pid_t pid = spawn_run(model, topic, log);
+    wait_version(model, 40, log);
+    model_key(key, model, "meta");
+    return pid;
+}
+
+/*
+ * SIGKILL of the master that serves the model while `freshet run` trains:
+ * its replica is promoted (cluster-node-timeout 2 s), the connections
+ * find it through CLUSTER SLOTS, the applier reloads (a new epoch: the
+ * replica may lack acknowledged writes) and the gap rule re-reads what was
+ * lost. Every position ends applied exactly once.
+ */
+static void test_run_survives_the_kill_of_its_master(void **state)
+{
+    (void)state;
+    const char *model = "ckill", *topic = "ck1";
+    char log[300], key[96];
+    pid_t pid = start_run(model, topic, log, key);
+    int victim = harness_cluster_owner(&cluster, key);
+    assert_true(victim >= 0);
+    int64_t at_kill = store_version(model);
+    harness_redis_kill(&cluster.node[victim], SIGKILL);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+    int promoted = harness_cluster_owner(&cluster, key);
+    assert_true(promoted >= 0 && promoted != victim);
+    finish_and_audit(pid, model, topic, log);
+    fr_log(FR_LOG_INFO,
+           "master %d killed at version %lld; replica %d promoted; every position of "
+           "%d applied once",
+           victim, (long long)at_kill, promoted, NPARTS * PER);
+    /* the killed master comes back as a replica of the promoted one */
+    assert_int_equal(harness_redis_restart(&cluster.node[victim]), 0);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+}
+
+/* The model's slot migrates key by key to another master while `freshet
+ * run` trains: ASK, TRYAGAIN and MOVED are met and followed; every
+ * position ends applied exactly once. */
+static void test_run_survives_a_migration_of_its_slot(void **state)
+{
+    (void)state;
+    const char *model = "cmig", *topic = "cm1";
+    char log[300], key[96];
+    pid_t pid = start_run(model, topic, log, key);
+    int from = harness_cluster_owner(&cluster, key), to = other_master(from);
+    assert_true(from >= 0 && to >= 0);
+    int64_t at = store_version(model);
+    assert_int_equal(harness_cluster_migrate(&cluster, key, to, 20), 0);
+    finish_and_audit(pid, model, topic, log);
+    fr_log(FR_LOG_INFO,
+           "slot of %s moved from node %d to %d at version %lld; every position of "
+           "%d applied once",
+           model, from, to, (long long)at, NPARTS * PER);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (harness_tmpdir(tmp_dir, "cluster") != 0 || harness_cluster_start(&cluster, 3, 1) != 0)
+        return -1;
+    return harness_broker_start(&broker, FRESHET_BIN, "--topic ck1:4 --topic cm1:4");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (broker.pid > 0)
+        harness_broker_stop(&broker);
+    harness_cluster_stop(&cluster);
+    harness_kill_children();
+    return harness_rmdir(tmp_dir);
+}
+
+int main(void)
+{
+    /* TEST_FILTER=pattern runs the matching tests only (while debugging) */
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slots_agree_with_redis),
+        cmocka_unit_test(test_models_spread_over_the_masters_and_are_all_found),
+        cmocka_unit_test(test_reads_follow_ask_and_moved_during_a_migration),
+        cmocka_unit_test(test_a_cluster_url_is_checked),
+        cmocka_unit_test(test_wait_replicas_counts_commits_no_replica_holds),
+        cmocka_unit_test(test_run_survives_the_kill_of_its_master),
+        cmocka_unit_test(test_run_survives_a_migration_of_its_slot),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
