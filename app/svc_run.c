@@ -475,11 +475,10 @@ static int role_start(role_t *r)
 static int samples_reached(const role_t *r)
 {
     psstore_applier_stats_t as;
-    if (r->samples_limit <= 0 || r->at.a == NULL)
+    if (r->samples_limit <= 0 || r->at.a == NULL ||
+        psstore_applier_samples(r->at.a) < r->samples_limit)
         return 0;
     psstore_applier_stats(r->at.a, &as);
-    if (as.samples < r->samples_limit)
-        return 0;
     fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld) at version %lld", r->cmd,
            (long long)as.samples, (long long)r->samples_limit, (long long)as.version);
     return 1;

@@ -411,6 +411,11 @@ static void ring_percentiles(psstore_applier_t *a, const int64_t *ring, const ui
     }
 }
 
+int64_t psstore_applier_samples(psstore_applier_t *a)
+{
+    return atomic_load(&a->samples);
+}
+
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats)
 {
     int64_t taus[TAU_RING], fresh[FRESH_RING];

@@ -577,6 +577,9 @@ typedef struct psstore_applier_stats {
 const char *psstore_drop_name(psstore_drop_t d);
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);
+/* stats.samples alone, without the lock and the percentiles: cheap enough
+ * to poll every few milliseconds (freshet run --samples). Any thread. */
+int64_t psstore_applier_samples(psstore_applier_t *a);
 
 /* The last Redis error of the applier's connection (one line). */
 const char *psstore_applier_error(const psstore_applier_t *a);
