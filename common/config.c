@@ -99,8 +99,9 @@ static const conf_key_t schema[] = {
     K_INT("redis", "wait_replicas", "0", 0, 64,
           "Replicas each applier commit waits for (WAIT); commits that reach fewer are counted "
           "(0: no wait)."),
-    K_INT("redis", "wait_timeout_ms", "1000", 1, NO_MAX,
-          "How long a commit waits for wait_replicas replicas."),
+    K_INT("redis", "wait_timeout_ms", "1000", 1, 4000,
+          "How long a commit waits for wait_replicas replicas (below the applier's 5 s command "
+          "timeout)."),
 
     K_INT("trainer", "workers", "2", 1, 1024, "Trainer worker threads."),
     K_ENUM("trainer", "backend", "auto", "auto|cpu|cuda",

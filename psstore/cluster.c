@@ -166,17 +166,27 @@ int ps_cluster_node(ps_cluster_t *cl, const char *host, size_t hostlen, int port
     return (int)cl->nnodes++;
 }
 
+/* slots_node's answer for a node whose address the cluster does not know */
+#define UNKNOWN_ENDPOINT (-2)
+
 /*
- * Reads one node of a CLUSTER SLOTS range: [ip, port, id, ...]. An empty ip
- * means the node that answered (asked_host).
+ * Reads one node of a CLUSTER SLOTS range: [endpoint, port, id, ...]. An
+ * empty endpoint means the node that answered (asked_host); "?" or nil, an
+ * endpoint the cluster does not know (cluster-preferred-endpoint-type):
+ * UNKNOWN_ENDPOINT. -1 when it is no node entry.
  */
 static int slots_node(ps_cluster_t *cl, const redisReply *e, const char *asked_host)
 {
     if (e->type != REDIS_REPLY_ARRAY || e->elements < 2 ||
-        e->element[0]->type != REDIS_REPLY_STRING || e->element[1]->type != REDIS_REPLY_INTEGER)
+        e->element[1]->type != REDIS_REPLY_INTEGER)
         return -1;
     const redisReply *ip = e->element[0];
-    if (ip->len == 0 || (ip->len == 1 && ip->str[0] == '?'))
+    if (ip->type == REDIS_REPLY_NIL ||
+        (ip->type == REDIS_REPLY_STRING && ip->len == 1 && ip->str[0] == '?'))
+        return UNKNOWN_ENDPOINT;
+    if (ip->type != REDIS_REPLY_STRING)
+        return -1;
+    if (ip->len == 0)
         return ps_cluster_node(cl, asked_host, strlen(asked_host), (int)e->element[1]->integer);
     return ps_cluster_node(cl, ip->str, ip->len, (int)e->element[1]->integer);
 }
@@ -201,10 +211,12 @@ int ps_cluster_load_slots(ps_cluster_t *cl, const redisReply *r, const char *ask
         }
         long long from = range->element[0]->integer, to = range->element[1]->integer;
         int node = slots_node(cl, range->element[2], asked_host);
-        if (from < 0 || to >= PS_SLOTS || from > to || node < 0) {
+        if (from < 0 || to >= PS_SLOTS || from > to || node == -1) {
             free(map);
             return -1;
         }
+        if (node == UNKNOWN_ENDPOINT)
+            continue; /* its slots stay without a node: routing to them fails */
         for (long long s = from; s <= to; s++)
             map[s] = (int16_t)node;
         covered += (int)(to - from + 1);

@@ -350,6 +350,7 @@ static fr_err_t conn_broken(psstore_conn_t *c, int saved_errno)
     redisFree(c->ctx);
     c->ctx = NULL;
     c->pending = c->ndefer; /* sent commands are lost; held ones were not sent */
+    c->watching = 0;
     c->broken = 1;
     if (c->cl != NULL)
         c->cl->stale = 1; /* the node may be gone: a fail-over moves its slots */
@@ -444,6 +445,7 @@ static fr_err_t conn_open(psstore_conn_t *c, int *fatal)
     }
     struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
     c->pending = c->ndefer;
+    c->watching = 0;
     if (c->cl != NULL)
         c->ctx = redisConnectWithTimeout(c->cl->nodes[c->cl->cur].host,
                                          c->cl->nodes[c->cl->cur].port, tv);
@@ -535,18 +537,29 @@ static fr_err_t cl_refresh(psstore_conn_t *c)
                 order[n++] = i;
         }
     }
-    for (int i = 0; i < n; i++) {
+    /* at most one timeout for the whole search, however many nodes are
+     * down; a failure on another node than the current one is no break of
+     * the current connection (c->broken) */
+    uint64_t deadline = fr_clock_mono_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    int home = cl->cur, home_broken = c->broken;
+    for (int i = 0; i < n && (i == 0 || fr_clock_mono_ns() < deadline); i++) {
         cl_switch(c, order[i]);
         int fatal = 0;
+        redisReply *r = NULL;
         if ((c->ctx == NULL || c->ctx->err) && conn_open(c, &fatal) != FR_OK)
-            continue;
-        redisReply *r = redisCommand(c->ctx, "CLUSTER SLOTS");
-        if (r == NULL) {
+            r = NULL;
+        else if ((r = redisCommand(c->ctx, "CLUSTER SLOTS")) == NULL)
             conn_broken(c, errno);
-            continue;
+        int covered = -1;
+        if (r != NULL) {
+            char asked[sizeof(cl->nodes[0].host)]; /* loading may move cl->nodes */
+            memcpy(asked, cl->nodes[cl->cur].host, sizeof(asked));
+            covered = ps_cluster_load_slots(cl, r, asked);
+            freeReplyObject(r);
         }
-        int covered = ps_cluster_load_slots(cl, r, cl->nodes[cl->cur].host);
-        freeReplyObject(r);
+        if (order[i] == home)
+            home_broken = c->broken;
+        c->broken = home_broken;
         if (covered > 0)
             return FR_OK;
     }
@@ -564,6 +577,9 @@ static fr_err_t cl_route(psstore_conn_t *c, int slot)
     ps_cluster_t *cl = c->cl;
     if (slot >= 0)
         cl->slot = slot;
+    if (c->watching && c->ctx != NULL)
+        return FR_OK; /* a WATCH holds this connection: a slot that moved meanwhile
+                         answers MOVED, which drops it */
     int node = cl->cur;
     if (slot < 0 && cl->pinned >= 0) {
         node = cl->pinned;
@@ -583,6 +599,13 @@ static fr_err_t cl_route(psstore_conn_t *c, int slot)
         return ps_fail(c, FR_ERR_INVAL,
                        "redis cluster: one pipeline would span two nodes (slot %d)", cl->slot);
     cl_switch(c, node);
+    if (c->broken && c->ctx != NULL && !c->ctx->err) {
+        /* the connection broke and the slot is now served by another node
+         * whose connection was open already: that is a reconnect too (a
+         * fail-over may have lost writes), for whoever built state */
+        c->reconnects++;
+        c->broken = 0;
+    }
     return FR_OK;
 }
 
@@ -616,6 +639,7 @@ static fr_err_t cl_drop(psstore_conn_t *c, const redisReply *r)
     c->ctx = NULL;
     c->pending = 0;
     c->defer_len = c->ndefer = 0;
+    c->watching = 0;
     c->broken = 1;
     c->cl->stale = 1;
     return FR_ERR_REDIS;
@@ -780,6 +804,30 @@ void psstore_conn_destroy(psstore_conn_t *c)
  * Commands
  * ---------------------------------------------------------------------- */
 
+/* Follows WATCH, EXEC, DISCARD and UNWATCH (the command name, name[len])
+ * in c->watching. */
+static void note_watch(psstore_conn_t *c, const char *name, size_t len)
+{
+    if (len == 5 && strncasecmp(name, "WATCH", 5) == 0)
+        c->watching = 1;
+    else if ((len == 4 && strncasecmp(name, "EXEC", 4) == 0) ||
+             (len == 7 &&
+              (strncasecmp(name, "DISCARD", 7) == 0 || strncasecmp(name, "UNWATCH", 7) == 0)))
+        c->watching = 0;
+}
+
+/* note_watch for a formatted command ("*N\r\n$L\r\nNAME\r\n..."). */
+static void note_watch_resp(psstore_conn_t *c, const char *cmd, size_t len)
+{
+    const char *p = memchr(cmd, '\n', len);
+    if (p == NULL || (size_t)(p + 1 - cmd) >= len || p[1] != '$')
+        return;
+    size_t n = (size_t)strtoul(p + 2, NULL, 10);
+    const char *name = memchr(p + 1, '\n', len - (size_t)(p + 1 - cmd));
+    if (name != NULL && (size_t)(name + 1 - cmd) + n <= len)
+        note_watch(c, name + 1, n);
+}
+
 /*
  * Sends "ASKING" and the command to the current node and reads both
  * replies, or the command alone when asking is 0. Returns the command's
@@ -843,8 +891,11 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
             continue;
         }
         enum cl_answer kind = cl_classify(c, reply);
-        if (kind == CL_FINAL)
+        if (kind == CL_FINAL) {
+            if (c->cl != NULL)
+                note_watch_resp(c, cmd, len);
             return check_reply(c, reply, err);
+        }
         if (!retry) {
             /* the caller's context (a WATCH) lives on this connection:
              * another try might go to another node without it */
@@ -866,8 +917,14 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
         if (node < 0 || ++redirects > CLUSTER_REDIRECTS_MAX)
             return check_reply(c, reply, err);
         freeReplyObject(reply);
+        c->watching = 0; /* a command that may be repeated is in no WATCH */
         if (kind == CL_ASK) {
-            cl_switch(c, node); /* this command only: the map still names the old node */
+            /* this command only: the map still names the old node, so the
+             * target is opened here, not through routing */
+            cl_switch(c, node);
+            int fatal = 0;
+            if ((c->ctx == NULL || c->ctx->err) && (*err = conn_open(c, &fatal)) != FR_OK)
+                return NULL;
             asking = 1;
         } else if (node != from) {
             /* the slot's data now lives elsewhere: whoever built state on
@@ -980,11 +1037,21 @@ fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, cons
     int slot = c->cl != NULL ? ps_argv_slot(argc, argv, lens) : -1;
     if (c->cl != NULL && slot < 0 && c->pending == c->ndefer)
         return defer_command(c, argc, argv, lens);
-    if ((err = pipeline_ready(c, slot)) != FR_OK)
+    if ((err = pipeline_ready(c, slot)) != FR_OK) {
+        if (c->cl != NULL) {
+            /* held-back commands (MULTI) must not go out later on their own */
+            char why[sizeof(c->errstr)];
+            memcpy(why, c->errstr, sizeof(why));
+            ps_pipeline_discard(c);
+            memcpy(c->errstr, why, sizeof(why));
+        }
         return err;
+    }
     if (redisAppendCommandArgv(c->ctx, argc, argv, lens) != REDIS_OK)
         return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
     c->pending++;
+    if (c->cl != NULL)
+        note_watch(c, argv[0], lens ? lens[0] : strlen(argv[0]));
     return FR_OK;
 }
 
@@ -994,6 +1061,7 @@ void ps_pipeline_discard(psstore_conn_t *c)
     c->ctx = NULL;
     c->pending = 0;
     c->defer_len = c->ndefer = 0;
+    c->watching = 0;
     c->broken = 1;
 }
 

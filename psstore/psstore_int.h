@@ -71,8 +71,10 @@ struct psstore_conn {
                           (MULTI...), formatted, held until a key says
                           which node the pipeline goes to               */
     size_t defer_len, defer_cap, ndefer;
-    int broken; /* the connection broke (or was dropped): the next
-                   connect counts in reconnects                  */
+    int watching; /* a WATCH was sent and no EXEC, DISCARD or UNWATCH
+                     since: the connection must not change node */
+    int broken;   /* the connection broke (or was dropped): the next
+                     connect counts in reconnects                  */
     psstore_url_t url;
     int timeout_ms;           /* connect and command timeout                    */
     unsigned reconnects;      /* successful reconnects: state built on this

@@ -9,11 +9,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "psstore/psstore.h"
+#include "psstore/psstore_int.h"
 
 /* Parses url and fails the test unless it succeeds. */
 static psstore_url_t parse_ok(const char *url)
@@ -219,6 +221,107 @@ static void test_key_slots(void **state)
     assert_int_equal(psstore_key_slot("{foo", 4), psstore_crc16("{foo", 4) & 16383);
 }
 
+/* Reply builders for the slot map test: hiredis's reply tree by hand. */
+static redisReply *r_int(long long v)
+{
+    redisReply *r = calloc(1, sizeof(*r));
+    r->type = REDIS_REPLY_INTEGER;
+    r->integer = v;
+    return r;
+}
+
+static redisReply *r_str(const char *s)
+{
+    redisReply *r = calloc(1, sizeof(*r));
+    r->type = s ? REDIS_REPLY_STRING : REDIS_REPLY_NIL;
+    r->str = s ? strdup(s) : NULL;
+    r->len = s ? strlen(s) : 0;
+    return r;
+}
+
+static redisReply *r_arr(size_t n, ...)
+{
+    redisReply *r = calloc(1, sizeof(*r));
+    r->type = REDIS_REPLY_ARRAY;
+    r->elements = n;
+    r->element = calloc(n, sizeof(*r->element));
+    va_list ap;
+    va_start(ap, n);
+    for (size_t i = 0; i < n; i++)
+        r->element[i] = va_arg(ap, redisReply *);
+    va_end(ap);
+    return r;
+}
+
+/* CLUSTER SLOTS as Redis 7 answers it: ranges of [from, to, master,
+ * replicas...]; an empty endpoint is the node asked, "?" or nil one the
+ * cluster does not know (its slots stay without a node); MOVED and ASK
+ * name host:port, IPv6 included. */
+static void test_cluster_slot_map_and_redirections(void **state)
+{
+    (void)state;
+    ps_cluster_t *cl = ps_cluster_new();
+    assert_non_null(cl);
+    redisReply *slots =
+        r_arr(4,
+              r_arr(4, r_int(0), r_int(5460), r_arr(3, r_str("10.0.0.1"), r_int(7000), r_str("a")),
+                    r_arr(3, r_str("10.0.0.4"), r_int(7003), r_str("d"))),
+              r_arr(3, r_int(5461), r_int(10922), r_arr(3, r_str(""), r_int(7001), r_str("b"))),
+              r_arr(3, r_int(10923), r_int(16000), r_arr(3, r_str("?"), r_int(7002), r_str("c"))),
+              r_arr(3, r_int(16001), r_int(16383), r_arr(3, r_str(NULL), r_int(7002), r_str("c"))));
+    assert_int_equal(ps_cluster_load_slots(cl, slots, "10.0.0.9"), 10923);
+    int a = cl->slot_node[0], b = cl->slot_node[5461];
+    assert_true(a >= 0 && b >= 0 && a != b);
+    assert_int_equal(cl->slot_node[5460], a);
+    assert_string_equal(cl->nodes[a].host, "10.0.0.1");
+    assert_int_equal(cl->nodes[a].port, 7000);
+    assert_string_equal(cl->nodes[b].host, "10.0.0.9"); /* the node asked */
+    assert_int_equal(cl->nodes[b].port, 7001);
+    assert_int_equal(cl->slot_node[10923], -1);
+    assert_int_equal(cl->slot_node[16383], -1);
+    int masters[8];
+    assert_int_equal(ps_cluster_masters(cl, masters, 8), 2);
+    /* a reply that is no map leaves the map as it was */
+    redisReply *bad = r_arr(1, r_arr(3, r_int(0), r_int(99999), r_arr(2, r_str("h"), r_int(1))));
+    assert_int_equal(ps_cluster_load_slots(cl, bad, "h"), -1);
+    assert_int_equal(cl->slot_node[0], a);
+    freeReplyObject(slots);
+    freeReplyObject(bad);
+
+    int ask, slot, port;
+    char host[256];
+    const char *moved = "MOVED 3999 127.0.0.1:6381";
+    assert_int_equal(
+        ps_cluster_redirect(moved, strlen(moved), &ask, &slot, host, sizeof(host), &port), 0);
+    assert_int_equal(ask, 0);
+    assert_int_equal(slot, 3999);
+    assert_string_equal(host, "127.0.0.1");
+    assert_int_equal(port, 6381);
+    const char *asking = "ASK 16383 fe80::1:7000";
+    assert_int_equal(
+        ps_cluster_redirect(asking, strlen(asking), &ask, &slot, host, sizeof(host), &port), 0);
+    assert_int_equal(ask, 1);
+    assert_string_equal(host, "fe80::1");
+    assert_int_equal(port, 7000);
+    const char *bads[] = {"MOVED 16384 h:1", "MOVED x h:1", "ASK 1 h", "ASK 1 h:0", "ERR x"};
+    for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++)
+        assert_int_equal(
+            ps_cluster_redirect(bads[i], strlen(bads[i]), &ask, &slot, host, sizeof(host), &port),
+            -1);
+    /* the key of a command: the first argument after the name that starts
+     * with freshet:, never SCAN's pattern */
+    const char *set[] = {"SET", "freshet:{foo}:ver", "1"};
+    const char *scan[] = {"SCAN", "0", "MATCH", "freshet:\\{foo\\}:*"};
+    const char *multi[] = {"MULTI"};
+    assert_int_equal(ps_argv_slot(3, set, NULL), 12182);
+    assert_int_equal(ps_argv_slot(4, scan, NULL), -1);
+    assert_int_equal(ps_argv_slot(1, multi, NULL), -1);
+    const char resp[] = "*3\r\n$3\r\nSET\r\n$17\r\nfreshet:{foo}:ver\r\n$1\r\n1\r\n";
+    assert_int_equal(ps_resp_slot(resp, sizeof(resp) - 1), 12182);
+    assert_int_equal(ps_resp_slot(resp, 20), -1); /* cut short */
+    ps_cluster_free(cl);
+}
+
 static void test_url_rediss_is_refused_with_a_pointer_to_a_proxy(void **state)
 {
     (void)state;
@@ -315,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_url_errors_reach_conn_new),
         cmocka_unit_test(test_url_several_hosts_name_a_cluster),
         cmocka_unit_test(test_key_slots),
+        cmocka_unit_test(test_cluster_slot_map_and_redirections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
