@@ -16,8 +16,11 @@
 # OpenBLAS's fastest kernel for the CPU is set for both sides (SkylakeX
 # with AVX-512, Haswell with AVX2) unless OPENBLAS_CORETYPE is set already;
 # the kernel is printed.
+# REDIS=cluster runs freshet against a Redis Cluster (3 masters, a replica
+# each) instead of one redis-server. Each run's staleness p50/p99 comes from
+# its versions stream.
 # usage: [ROUNDS=N] [COPIES=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
-#        [RAWCONSUME=path] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        [RAWCONSUME=path] [REDIS=single|cluster] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
 #        max_pending 64, commit_ms 20; [ingest] queue 16; [serve] listen
 #        127.0.0.1:0, SERVE_LISTEN= for none; RAWCONSUME: the first of
@@ -54,8 +57,15 @@ work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 trap 'stack_stop "$work"' EXIT
 [ -n "${KEEP_LOG:-}" ] && trap 'cp "$work/run.log" "$KEEP_LOG"; stack_stop "$work"' EXIT
 stack_start_fashion "$work" "$bin" "$copies"
-port=$stack_port
 bootstrap=$stack_bootstrap
+if [ "${REDIS:-single}" = cluster ]; then
+    stack_start_cluster "$work"
+    redis_url=$stack_cluster_url
+    rcli=(redis-cli -c -p "$stack_cluster_port") # -c: follows MOVED to the model's master
+else
+    redis_url=redis://127.0.0.1:$stack_port/0
+    rcli=(redis-cli -p "$stack_port")
+fi
 
 # one epoch of freshet fit; prints "samples/s accuracy"
 fit_once() {
@@ -91,7 +101,7 @@ format = f32
 batch = 64
 queue = ${QUEUE:-16}
 [redis]
-url = redis://127.0.0.1:$port/0
+url = $redis_url
 [serve]
 listen = ${SERVE_LISTEN-127.0.0.1:0}
 [trainer]
@@ -108,21 +118,26 @@ EOF
     "$bin" run --config "$work/run.conf" >"$work/run.log" 2>&1 &
     local pid=$!
     for _ in $(seq 1200); do
-        [ "$(redis-cli -p "$port" HVALS "freshet:{$model}:offsets" |
+        [ "$("${rcli[@]}" HVALS "freshet:{$model}:offsets" |
             awk -F'[;@]' '{ s += $1 } END { print s + 0 }')" -ge $((60000 * copies)) ] && break
         sleep 0.5
     done
     kill -TERM "$pid" && wait "$pid"
-    "$bin" model export --redis "redis://127.0.0.1:$port/0" --name "$model" \
+    "$bin" model export --redis "$redis_url" --name "$model" \
         --out "$work/run.safetensors" >/dev/null
     local acc rate
     acc=$("$bin" eval --weights "$work/run.safetensors" --format idx 2>/dev/null \
         --data "$fm/t10k-images-idx3-ubyte.gz" --labels "$fm/t10k-labels-idx1-ubyte.gz" |
         sed 's/.*"accuracy": *\([0-9.]*\).*/\1/')
-    rate=$(redis-cli -p "$port" XRANGE "freshet:{$model}:versions" - + |
-        awk 'prev == "n" { n = $1 } prev == "t" { if (t0 == "") { t0 = $1; n0 = n } t1 = $1; s += n }
-             { prev = $1 } END { if (t1 > t0) printf "%.0f", (s - n0) * 1000 / (t1 - t0); else print 0 }')
-    echo "$rate $acc"
+    "${rcli[@]}" XRANGE "freshet:{$model}:versions" - + >"$work/versions.txt"
+    rate=$(awk 'prev == "n" { n = $1 } prev == "t" { if (t0 == "") { t0 = $1; n0 = n } t1 = $1; s += n }
+             { prev = $1 } END { if (t1 > t0) printf "%.0f", (s - n0) * 1000 / (t1 - t0); else print 0 }' \
+        "$work/versions.txt")
+    # staleness of every update (field tau), p50/p99
+    tau=$(awk 'prev == "tau" { print $1 } { prev = $1 }' "$work/versions.txt" | sort -n |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else
+             printf "%d/%d", v[int((NR - 1) * 0.5) + 1], v[int((NR - 1) * 0.99) + 1] }')
+    echo "$rate $acc $tau"
 }
 
 # the raw librdkafka consumer over the whole topic; prints records/s
@@ -134,21 +149,21 @@ raw_once() {
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "run vs fit: Fashion-MNIST x $copies, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
-    "freshet run with $workers workers, $mode, Kafka + Redis"
+    "freshet run with $workers workers, $mode, Kafka + Redis (${REDIS:-single})"
 echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume)"
-printf '  %-6s %10s %8s %10s %8s %10s %8s %10s\n' round "run/s" "run acc" "fit/s" "fit acc" \
-    "raw/s" "run/fit" "run/limit"
+printf '  %-6s %10s %8s %10s %8s %10s %8s %10s %9s\n' round "run/s" "run acc" "fit/s" "fit acc" \
+    "raw/s" "run/fit" "run/limit" "tau 50/99"
 : >"$work/rounds"
 for r in $(seq "$rounds"); do
     read -r fit_rate fit_acc < <(fit_once)
     raw_rate=$(raw_once)
-    read -r run_rate run_acc < <(run_once "bench$r")
-    echo "$run_rate $run_acc $fit_rate $fit_acc $raw_rate" >>"$work/rounds"
-    printf '  %-6s %10s %8s %10s %8s %10s %8s %10s\n' "$r" "$run_rate" "$run_acc" "$fit_rate" \
+    read -r run_rate run_acc run_tau < <(run_once "bench$r")
+    echo "$run_rate $run_acc $fit_rate $fit_acc $raw_rate $run_tau" >>"$work/rounds"
+    printf '  %-6s %10s %8s %10s %8s %10s %8s %10s %9s\n' "$r" "$run_rate" "$run_acc" "$fit_rate" \
         "$fit_acc" "$raw_rate" \
         "$(awk -v a="$run_rate" -v b="$fit_rate" 'BEGIN { printf "%.2f", a / b }')" \
         "$(awk -v a="$run_rate" -v f="$fit_rate" -v w="$workers" -v c="$raw_rate" \
-            'BEGIN { l = w * f; if (c < l) l = c; printf "%.2f", a / l }')"
+            'BEGIN { l = w * f; if (c < l) l = c; printf "%.2f", a / l }')" "$run_tau"
 done
 run_med=$(awk '{ print $1 }' "$work/rounds" | median)
 fit_med=$(awk '{ print $3 }' "$work/rounds" | median)
@@ -161,5 +176,6 @@ printf '  median: run %.0f samples/s (rounds %s), fit %.0f, raw consume %.0f rec
 printf '  ratio run/fit %.2f; run/min(%d x fit, raw) %.2f (limit %.0f)\n' \
     "$(awk -v a="$run_med" -v b="$fit_med" 'BEGIN { print a / b }')" "$workers" \
     "$(awk -v a="$run_med" -v b="$limit" 'BEGIN { print a / b }')" "$limit"
+printf '  staleness p50/p99 of each run (versions): %s\n' "$(awk '{ print $6 }' "$work/rounds" | paste -sd' ' -)"
 printf '  test accuracy: run median %s, fit %s (difference fit - run %.2f points)\n' \
     "$acc_med" "$fit_acc" "$(awk -v a="$acc_med" -v b="$fit_acc" 'BEGIN { print 100 * (b - a) }')"

@@ -10,6 +10,10 @@
 #                                           the Fashion-MNIST training set
 #                                           produced into it COPIES times (f32,
 #                                           round-robin, 48 partitions a copy)
+#   stack_start_cluster WORK                a Redis Cluster beside: 3 masters with a
+#                                           replica each on free loopback ports;
+#                                           sets stack_cluster_url (every node a
+#                                           seed) and stack_cluster_port (one node)
 #   stack_pids+=($!)                        a process of the caller's, stopped too
 #   stack_stop WORK                         SIGTERM and wait, last started first;
 #                                           removes WORK
@@ -18,7 +22,7 @@ stack_pids=()
 
 stack_start() {
     local work=$1 bin=$2 topic=$3
-    stack_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    stack_port=$(stack_free_port)
     redis-server --port "$stack_port" --bind 127.0.0.1 --dir "$work" --save "" \
         --appendonly no >"$work/redis.log" 2>&1 &
     stack_pids+=($!)
@@ -33,6 +37,51 @@ stack_start() {
         return 1
     fi
     stack_bootstrap=$(cat "$work/bootstrap")
+}
+
+stack_free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+stack_start_cluster() {
+    local work=$1 i port ports=() seeds=() ok
+    for i in 0 1 2 3 4 5; do
+        port=$(stack_free_port)
+        mkdir -p "$work/cluster$i"
+        # the bus port is not port + 10000, which may pass 65535
+        redis-server --port "$port" --bind 127.0.0.1 --dir "$work/cluster$i" --save "" \
+            --appendonly no --cluster-enabled yes --cluster-config-file nodes.conf \
+            --cluster-node-timeout 2000 --cluster-port "$(stack_free_port)" \
+            --repl-diskless-sync-delay 0 >"$work/cluster$i.log" 2>&1 &
+        stack_pids+=($!)
+        ports+=("$port")
+        seeds+=("127.0.0.1:$port")
+    done
+    for port in "${ports[@]}"; do
+        for _ in $(seq 100); do
+            redis-cli -p "$port" ping >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+    done
+    redis-cli --cluster create "${seeds[@]}" --cluster-replicas 1 --cluster-yes \
+        >"$work/cluster-create.log" 2>&1 || {
+        echo "stack: redis-cli --cluster create failed (see $work/cluster-create.log)" >&2
+        return 1
+    }
+    for _ in $(seq 200); do
+        ok=1
+        for port in "${ports[@]}"; do
+            redis-cli -p "$port" cluster info | grep -q cluster_state:ok || ok=0
+            if redis-cli -p "$port" info replication | grep -q role:slave; then
+                redis-cli -p "$port" info replication | grep -q master_link_status:up || ok=0
+            fi
+        done
+        [ "$ok" = 1 ] && break
+        sleep 0.1
+    done
+    [ "$ok" = 1 ] || { echo "stack: the Redis Cluster did not come up (see $work)" >&2; return 1; }
+    # shellcheck disable=SC2034 # both are the caller's
+    stack_cluster_url="redis://$(IFS=,; echo "${seeds[*]}")" stack_cluster_port=${ports[0]}
 }
 
 # The dev broker keeps 5 MiB (1,670 f32 records of 784 features) a partition
