@@ -334,7 +334,11 @@ static void print_info(FILE *out, const psstore_model_info_t *info)
     fputs(",\"snapshots\":[", out);
     for (size_t i = 0; i < info->nsnaps; i++)
         fprintf(out, "%s%" PRId64, i ? "," : "", info->snaps[i]);
-    fputs("]}\n", out);
+    fputs("],\"redis\":", out);
+    app_json_str(out, info->node);
+    if (info->slot >= 0)
+        fprintf(out, ",\"slot\":%d", info->slot);
+    fputs("}\n", out);
 }
 
 /* "model show": psstore_model_info as JSON on stdout. */

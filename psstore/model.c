@@ -651,6 +651,7 @@ fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_i
     redisReply *r = read_tx(c, 4, argcs, argvs, &err);
     if (r == NULL)
         return err;
+    ps_endpoint(c, ep, sizeof(ep)); /* on a cluster, the model's master */
     const redisReply *m = r->element[0], *v = r->element[1], *len = r->element[2],
                      *sn = r->element[3];
     int64_t version, bytes;
@@ -670,6 +671,8 @@ fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_i
                 info->nsnaps++;
         }
         qsort(info->snaps, info->nsnaps, sizeof(info->snaps[0]), cmp_int64);
+        snprintf(info->node, sizeof(info->node), "%s", ep);
+        info->slot = psstore_conn_is_cluster(c) ? psstore_key_slot(meta, strlen(meta)) : -1;
     }
     freeReplyObject(r);
     return err;

@@ -115,6 +115,9 @@ typedef struct psstore_model_info {
     int64_t mode_switches; /* mode auto: phase switches of the current applier */
     size_t nsnaps;         /* retained snapshots ...                        */
     int64_t snaps[64];     /* ... their versions, oldest first (at most 64) */
+    char node[300];        /* the Redis that answered: on a cluster, the master
+                              serving the model ("host:port", or a socket) */
+    int slot;              /* the model's Redis Cluster slot; -1 on one Redis */
 } psstore_model_info_t;
 
 /* FR_ERR_NOTFOUND when there is no such model. */

@@ -121,6 +121,15 @@ static void test_models_spread_over_the_masters_and_are_all_found(void **state)
         assert_int_equal(psstore_model_weights(c, name, back, N, &epoch, &version), FR_OK);
         assert_memory_equal(back, w, sizeof(w));
         assert_int_equal(version, 0);
+        /* where it lives, as model show says it */
+        psstore_model_info_t info;
+        assert_int_equal(psstore_model_info(c, name, &info), FR_OK);
+        char node[64];
+        snprintf(node, sizeof(node), "127.0.0.1:%d", cluster.node[owner].port);
+        assert_string_equal(info.node, node);
+        assert_int_equal(
+            harness_redis_query(&cluster.node[0], out, sizeof(out), "CLUSTER KEYSLOT %s", key), 0);
+        assert_int_equal(info.slot, atoi(out));
     }
     int masters = 0;
     for (int i = 0; i < cluster.n; i++)

@@ -754,6 +754,8 @@ static void test_cli_create_show_and_refusals(void **state)
     expect_contains(out, want);
     expect_contains(out, "\"created_ms\":");
     expect_contains(out, "\"snapshots\":[3,9]");
+    snprintf(want, sizeof(want), "\"redis\":\"127.0.0.1:%d\"}", R.port);
+    expect_contains(out, want); /* one Redis: no slot */
     assert_null(strstr(out, "stopped"));
     free(out);
     q("HSET freshet:{cli1}:meta stopped non-finite\"gradients\"");
