@@ -352,11 +352,13 @@ static void produce(const char *topic, int n)
     ingest_producer_destroy(p);
 }
 
-static pid_t spawn_run(const char *model, const char *topic, char *log)
+/* Starts `freshet ROLE` (run, train or ps) of model on topic, against
+ * the cluster; its log path into log[300]. */
+static pid_t spawn_role(const char *model, const char *topic, const char *role, char *log)
 {
     char conf[300];
     snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, 300, "%s/%s.log", tmp_dir, model);
+    snprintf(log, 300, "%s/%s-%s.log", tmp_dir, model, role);
     FILE *f = fopen(conf, "w");
     assert_non_null(f);
     fprintf(f,
@@ -371,7 +373,7 @@ static pid_t spawn_run(const char *model, const char *topic, char *log)
             "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = 6\naudit = true\n",
             model, broker.bootstrap, topic, cluster.url);
     assert_int_equal(fclose(f), 0);
-    char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
+    char *argv[] = {FRESHET_BIN, (char *)role, "--config", conf, NULL};
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
@@ -481,10 +483,12 @@ static void check_served(const char *model, const char *log)
     fail_with_log(log, "freshet run never served the store's version");
 }
 
-/* Waits until every record is marked, checks that the run serves the
- * store's weights, stops it, and checks that the audit on the model's
- * master marks every position exactly once. */
-static void finish_and_audit(pid_t pid, const char *model, const char *topic, const char *log)
+/* Waits until every record is marked, checks that a lone `freshet run`
+ * serves the store's weights, stops the processes pids[npids] (SIGTERM,
+ * exit 0), and checks that the audit on the model's master marks every
+ * position exactly once; log is the one shown on failure. */
+static void finish_and_audit(const pid_t *pids, int npids, const char *model, const char *topic,
+                             const char *log)
 {
     int waited = 0;
     while (waited < WAIT_MS && watermarks_sum(model, topic) < NPARTS * PER) {
@@ -493,10 +497,13 @@ static void finish_and_audit(pid_t pid, const char *model, const char *topic, co
     }
     if (watermarks_sum(model, topic) < NPARTS * PER)
         fail_with_log(log, "the watermarks did not reach the log ends");
-    check_served(model, log);
-    assert_int_equal(kill(pid, SIGTERM), 0);
-    int status = harness_wait(pid, 20000);
-    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (npids == 1)
+        check_served(model, log); /* freshet run: its HTTP service */
+    for (int i = 0; i < npids; i++) {
+        assert_int_equal(kill(pids[i], SIGTERM), 0);
+        int status = harness_wait(pids[i], 20000);
+        assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
     char key[96];
     model_key(key, model, "audit");
     int owner = harness_cluster_owner(&cluster, key);
@@ -517,7 +524,7 @@ static void finish_and_audit(pid_t pid, const char *model, const char *topic, co
 static pid_t start_run(const char *model, const char *topic, char *log, char *key)
 {
     produce(topic, NPARTS * PER);
-    pid_t pid = spawn_run(model, topic, log);
+    pid_t pid = spawn_role(model, topic, "run", log);
     wait_version(model, 40, log);
     model_key(key, model, "meta");
     return pid;
@@ -543,12 +550,44 @@ static void test_run_survives_the_kill_of_its_master(void **state)
     assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
     int promoted = harness_cluster_owner(&cluster, key);
     assert_true(promoted >= 0 && promoted != victim);
-    finish_and_audit(pid, model, topic, log);
+    finish_and_audit(&pid, 1, model, topic, log);
     fr_log(FR_LOG_INFO,
            "master %d killed at version %lld; replica %d promoted; every position of "
            "%d applied once",
            victim, (long long)at_kill, promoted, NPARTS * PER);
     /* the killed master comes back as a replica of the promoted one */
+    assert_int_equal(harness_redis_restart(&cluster.node[victim]), 0);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+}
+
+/*
+ * The same kill with the roles apart: `freshet ps` (the applier, reading
+ * the grads stream) and `freshet train` (consumer and workers pushing to
+ * it) in two processes. The stream, its consumer group and the pending
+ * entries live on the killed master too; the new master has what its
+ * replica had, and the gap rule re-reads the rest.
+ */
+static void test_train_and_ps_survive_the_kill_of_their_master(void **state)
+{
+    (void)state;
+    const char *model = "ctp", *topic = "ct1";
+    produce(topic, NPARTS * PER);
+    char ps_log[300], train_log[300], key[96];
+    pid_t pids[2];
+    pids[1] = spawn_role(model, topic, "ps", ps_log);
+    pids[0] = spawn_role(model, topic, "train", train_log);
+    wait_version(model, 40, ps_log);
+    model_key(key, model, "meta");
+    int victim = harness_cluster_owner(&cluster, key);
+    assert_true(victim >= 0);
+    int64_t at_kill = store_version(model);
+    harness_redis_kill(&cluster.node[victim], SIGKILL);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+    finish_and_audit(pids, 2, model, topic, ps_log);
+    fr_log(FR_LOG_INFO,
+           "train + ps: master %d killed at version %lld; every position of %d "
+           "applied once",
+           victim, (long long)at_kill, NPARTS * PER);
     assert_int_equal(harness_redis_restart(&cluster.node[victim]), 0);
     assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
 }
@@ -566,7 +605,7 @@ static void test_run_survives_a_migration_of_its_slot(void **state)
     assert_true(from >= 0 && to >= 0);
     int64_t at = store_version(model);
     assert_int_equal(harness_cluster_migrate(&cluster, key, to, 20), 0);
-    finish_and_audit(pid, model, topic, log);
+    finish_and_audit(&pid, 1, model, topic, log);
     fr_log(FR_LOG_INFO,
            "slot of %s moved from node %d to %d at version %lld; every position of "
            "%d applied once",
@@ -578,7 +617,7 @@ static int setup(void **state)
     (void)state;
     if (harness_tmpdir(tmp_dir, "cluster") != 0 || harness_cluster_start(&cluster, 3, 1) != 0)
         return -1;
-    return harness_broker_start(&broker, FRESHET_BIN, "--topic ck1:4 --topic cm1:4");
+    return harness_broker_start(&broker, FRESHET_BIN, "--topic ck1:4 --topic cm1:4 --topic ct1:4");
 }
 
 static int teardown(void **state)
@@ -604,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_wait_replicas_counts_commits_no_replica_holds),
         cmocka_unit_test(test_run_survives_the_kill_of_its_master),
         cmocka_unit_test(test_run_survives_a_migration_of_its_slot),
+        cmocka_unit_test(test_train_and_ps_survive_the_kill_of_their_master),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
