@@ -9,10 +9,12 @@
 # test set, and the HTTP service on --listen (default 127.0.0.1:8080):
 # the dashboard at /dashboard, the weights at /v2/models/fashion/weights.
 # Replay and rollback take the token it prints. Ctrl-C (or --duration S)
-# stops everything it started, by PID.
+# stops everything it started, by PID. --cluster keeps the model on a local
+# Redis Cluster instead (3 masters with a replica each, free ports): try
+# killing the master that serves it (freshet model show names it).
 #
 # usage: bash deploy/quickstart.sh [--duration S] [--rate N] [--workers W]
-#        [--listen HOST:PORT] [--no-setup]
+#        [--listen HOST:PORT] [--cluster] [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,7 @@ rate=1000
 workers=2
 listen=127.0.0.1:8080
 setup=1
+cluster=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift 2 ;;
@@ -28,7 +31,8 @@ while [ $# -gt 0 ]; do
     --workers) workers=$2; shift 2 ;;
     --listen) listen=$2; shift 2 ;;
     --no-setup) setup=0; shift ;;
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cluster) cluster=1; shift ;;
+    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -47,9 +51,13 @@ work=$(mktemp -d /tmp/freshet-quickstart-XXXXXX)
 trap 'stack_stop "$work"' EXIT
 trap 'exit 130' INT TERM
 stack_start "$work" "$bin" fashion:48
-port=$stack_port
 bootstrap=$stack_bootstrap
-echo "quickstart: redis on 127.0.0.1:$port, dev broker at $bootstrap, work dir $work"
+redis_url=redis://127.0.0.1:$stack_port/0
+if [ "$cluster" = 1 ]; then
+    stack_start_cluster "$work"
+    redis_url=$stack_cluster_url
+fi
+echo "quickstart: redis at $redis_url; dev broker at $bootstrap; work dir $work"
 
 "$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
     --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
@@ -69,7 +77,7 @@ topic = fashion
 format = f32
 batch = 64
 [redis]
-url = redis://127.0.0.1:$port/0
+url = $redis_url
 [trainer]
 workers = $workers
 mode = adaptive
