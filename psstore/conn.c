@@ -1113,33 +1113,24 @@ void ps_conn_route_key(psstore_conn_t *c, const char *key)
         c->cl->slot = psstore_key_slot(key, strlen(key));
 }
 
-int ps_conn_masters(psstore_conn_t *c)
+int ps_conn_masters(psstore_conn_t *c, int *nodes, int max)
 {
-    if (c->cl == NULL)
+    if (c->cl == NULL) {
+        nodes[0] = -1; /* the one Redis */
         return 1;
+    }
     if (c->cl->stale && c->pending == c->ndefer) {
         int keep = c->cl->cur;
         if (cl_refresh(c) != FR_OK)
             cl_switch(c, keep);
     }
-    int masters[PS_NODES_MAX];
-    return ps_cluster_masters(c->cl, masters, PS_NODES_MAX);
+    return ps_cluster_masters(c->cl, nodes, max);
 }
 
-fr_err_t ps_conn_pin(psstore_conn_t *c, int i)
+void ps_conn_pin(psstore_conn_t *c, int node)
 {
-    if (c->cl == NULL)
-        return FR_OK;
-    if (i < 0) {
-        c->cl->pinned = -1;
-        return FR_OK;
-    }
-    int masters[PS_NODES_MAX];
-    int n = ps_cluster_masters(c->cl, masters, PS_NODES_MAX);
-    if (i >= n)
-        return ps_fail(c, FR_ERR_REDIS, "redis cluster: the map changed while listing nodes");
-    c->cl->pinned = masters[i];
-    return FR_OK;
+    if (c->cl != NULL)
+        c->cl->pinned = node;
 }
 
 /* ------------------------------------------------------------------------
@@ -1216,11 +1207,12 @@ static fr_err_t check_policy_node(psstore_conn_t *c)
  */
 fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
 {
-    int n = ps_conn_masters(c);
+    int nodes[PS_NODES_MAX];
+    int n = ps_conn_masters(c, nodes, PS_NODES_MAX);
     fr_err_t err = FR_OK;
     for (int i = 0; i < n && err == FR_OK; i++) {
-        if ((err = ps_conn_pin(c, i)) == FR_OK)
-            err = check_policy_node(c);
+        ps_conn_pin(c, nodes[i]);
+        err = check_policy_node(c);
     }
     ps_conn_pin(c, -1);
     return err;

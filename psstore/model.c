@@ -809,10 +809,11 @@ fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count)
 {
     ps_keylist_t kl = {0};
     fr_err_t err = FR_OK;
-    int nodes = ps_conn_masters(c); /* a cluster: every master holds some models */
-    for (int i = 0; i < nodes && err == FR_OK; i++) {
-        if ((err = ps_conn_pin(c, i)) == FR_OK)
-            err = scan_all(c, 1, "freshet:*:meta", add_model_name, &kl);
+    int nodes[PS_NODES_MAX]; /* a cluster: every master holds some models */
+    int n = ps_conn_masters(c, nodes, PS_NODES_MAX);
+    for (int i = 0; i < n && err == FR_OK; i++) {
+        ps_conn_pin(c, nodes[i]);
+        err = scan_all(c, 1, "freshet:*:meta", add_model_name, &kl);
     }
     ps_conn_pin(c, -1);
     if (err != FR_OK) {

@@ -130,11 +130,11 @@ fr_err_t ps_server_run_id(psstore_conn_t *c, const char *key, char *buf, size_t 
 /* Sends keyless commands (SCAN, CONFIG) to the node serving key's slot
  * (a no-op on a single Redis). */
 void ps_conn_route_key(psstore_conn_t *c, const char *key);
-/* The nodes serving slots (1 on a single Redis), and pinning keyless
- * commands to node i of them (i < 0: unpin). ps_conn_pin fails when the
- * node cannot be reached. */
-int ps_conn_masters(psstore_conn_t *c);
-fr_err_t ps_conn_pin(psstore_conn_t *c, int i);
+/* The nodes serving slots into nodes[max] (the map read again when
+ * stale), and their number; a single Redis is one node, -1. ps_conn_pin
+ * sends keyless commands to one of them until ps_conn_pin(c, -1). */
+int ps_conn_masters(psstore_conn_t *c, int *nodes, int max);
+void ps_conn_pin(psstore_conn_t *c, int node);
 
 /* ------------------------------------------------------------------------
  * Keys (keys.c): every key of model m shares the hash tag {m}.
