@@ -426,6 +426,18 @@ static void fail_with_log(const char *log, const char *what)
     fail_msg("%s", what);
 }
 
+/* The model's epoch (meta.epoch on its master) into out[32]; "" when no
+ * master serves it. */
+static void store_epoch(const char *model, char *out)
+{
+    char key[96];
+    model_key(key, model, "meta");
+    int owner = harness_cluster_owner(&cluster, key);
+    out[0] = '\0';
+    if (owner >= 0)
+        harness_redis_query(&cluster.node[owner], out, 32, "HGET %s epoch", key);
+}
+
 static void wait_version(const char *model, int64_t at, const char *log)
 {
     for (int waited = 0; waited < WAIT_MS && store_version(model) < at; waited += 20)
@@ -546,11 +558,17 @@ static void test_run_survives_the_kill_of_its_master(void **state)
     int victim = harness_cluster_owner(&cluster, key);
     assert_true(victim >= 0);
     int64_t at_kill = store_version(model);
+    char epoch[32], epoch_after[32];
+    store_epoch(model, epoch);
     harness_redis_kill(&cluster.node[victim], SIGKILL);
     assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
     int promoted = harness_cluster_owner(&cluster, key);
     assert_true(promoted >= 0 && promoted != victim);
     finish_and_audit(&pid, 1, model, topic, log);
+    /* the applier reloaded from the promoted replica under a new epoch */
+    store_epoch(model, epoch_after);
+    assert_true(epoch[0] != '\0' && epoch_after[0] != '\0');
+    assert_string_not_equal(epoch, epoch_after);
     fr_log(FR_LOG_INFO,
            "master %d killed at version %lld; replica %d promoted; every position of "
            "%d applied once",
@@ -604,8 +622,14 @@ static void test_run_survives_a_migration_of_its_slot(void **state)
     int from = harness_cluster_owner(&cluster, key), to = other_master(from);
     assert_true(from >= 0 && to >= 0);
     int64_t at = store_version(model);
+    char epoch[32], epoch_after[32];
+    store_epoch(model, epoch);
     assert_int_equal(harness_cluster_migrate(&cluster, key, to, 20), 0);
     finish_and_audit(&pid, 1, model, topic, log);
+    /* a migration too reads as "the serving Redis changed": a new epoch */
+    store_epoch(model, epoch_after);
+    assert_true(epoch[0] != '\0' && epoch_after[0] != '\0');
+    assert_string_not_equal(epoch, epoch_after);
     fr_log(FR_LOG_INFO,
            "slot of %s moved from node %d to %d at version %lld; every position of "
            "%d applied once",
