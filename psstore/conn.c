@@ -494,6 +494,13 @@ static fr_err_t conn_open(psstore_conn_t *c, int *fatal)
 /* Redirections one command follows before giving up (a map in flux). */
 #define CLUSTER_REDIRECTS_MAX 16
 
+/* The next pause of a cluster backoff: doubled, at most
+ * CLUSTER_BACKOFF_MAX_MS. */
+static long next_delay(long ms)
+{
+    return ms * 2 > CLUSTER_BACKOFF_MAX_MS ? CLUSTER_BACKOFF_MAX_MS : ms * 2;
+}
+
 static void sleep_ms(long ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -635,12 +642,7 @@ static fr_err_t cl_drop(psstore_conn_t *c, const redisReply *r)
     char ep[300];
     ps_endpoint(c, ep, sizeof(ep));
     ps_fail(c, FR_ERR_REDIS, "redis %s: %.200s (the cluster's map changed)", ep, r->str);
-    redisFree(c->ctx);
-    c->ctx = NULL;
-    c->pending = 0;
-    c->defer_len = c->ndefer = 0;
-    c->watching = 0;
-    c->broken = 1;
+    ps_pipeline_discard(c);
     c->cl->stale = 1;
     return FR_ERR_REDIS;
 }
@@ -702,8 +704,7 @@ static fr_err_t conn_reconnect(psstore_conn_t *c)
             (c->cancel != NULL && c->cancel(c->cancel_arg)))
             return err;
         sleep_ms(delay_ms);
-        delay_ms =
-            delay_ms * 2 > CLUSTER_BACKOFF_MAX_MS && c->cl ? CLUSTER_BACKOFF_MAX_MS : delay_ms * 2;
+        delay_ms = c->cl != NULL ? next_delay(delay_ms) : delay_ms * 2;
     }
 }
 
@@ -875,8 +876,7 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
                 return NULL;
             c->cl->stale = 1;
             sleep_ms(delay_ms);
-            delay_ms =
-                delay_ms * 2 > CLUSTER_BACKOFF_MAX_MS ? CLUSTER_BACKOFF_MAX_MS : delay_ms * 2;
+            delay_ms = next_delay(delay_ms);
             continue;
         }
         if ((c->ctx == NULL || c->ctx->err) && (*err = conn_reconnect(c)) != FR_OK)
@@ -909,8 +909,7 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
                 return check_reply(c, reply, err);
             freeReplyObject(reply);
             sleep_ms(delay_ms);
-            delay_ms =
-                delay_ms * 2 > CLUSTER_BACKOFF_MAX_MS ? CLUSTER_BACKOFF_MAX_MS : delay_ms * 2;
+            delay_ms = next_delay(delay_ms);
             continue;
         }
         int node = cl_redirect_node(c, reply);

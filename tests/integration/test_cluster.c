@@ -438,6 +438,36 @@ static void store_epoch(const char *model, char *out)
         harness_redis_query(&cluster.node[owner], out, 32, "HGET %s epoch", key);
 }
 
+/* Fails unless the model's epoch now differs from `before` (both read). */
+static void assert_new_epoch(const char *model, const char *before)
+{
+    char now[32];
+    store_epoch(model, now);
+    assert_true(before[0] != '\0' && now[0] != '\0');
+    assert_string_not_equal(before, now);
+}
+
+/* SIGKILLs the master serving key and waits until a replica serves it;
+ * returns the killed node. */
+static int kill_master(const char *key)
+{
+    int victim = harness_cluster_owner(&cluster, key);
+    assert_true(victim >= 0);
+    harness_redis_kill(&cluster.node[victim], SIGKILL);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+    int promoted = harness_cluster_owner(&cluster, key);
+    assert_true(promoted >= 0 && promoted != victim);
+    return victim;
+}
+
+/* Restarts a killed master: it comes back as a replica of the promoted
+ * one, and the cluster is whole again for the next test. */
+static void revive(int node, const char *key)
+{
+    assert_int_equal(harness_redis_restart(&cluster.node[node]), 0);
+    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+}
+
 static void wait_version(const char *model, int64_t at, const char *log)
 {
     for (int waited = 0; waited < WAIT_MS && store_version(model) < at; waited += 20)
@@ -555,27 +585,18 @@ static void test_run_survives_the_kill_of_its_master(void **state)
     const char *model = "ckill", *topic = "ck1";
     char log[300], key[96];
     pid_t pid = start_run(model, topic, log, key);
-    int victim = harness_cluster_owner(&cluster, key);
-    assert_true(victim >= 0);
     int64_t at_kill = store_version(model);
-    char epoch[32], epoch_after[32];
+    char epoch[32];
     store_epoch(model, epoch);
-    harness_redis_kill(&cluster.node[victim], SIGKILL);
-    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
-    int promoted = harness_cluster_owner(&cluster, key);
-    assert_true(promoted >= 0 && promoted != victim);
+    int victim = kill_master(key);
     finish_and_audit(&pid, 1, model, topic, log);
     /* the applier reloaded from the promoted replica under a new epoch */
-    store_epoch(model, epoch_after);
-    assert_true(epoch[0] != '\0' && epoch_after[0] != '\0');
-    assert_string_not_equal(epoch, epoch_after);
+    assert_new_epoch(model, epoch);
     fr_log(FR_LOG_INFO,
            "master %d killed at version %lld; replica %d promoted; every position of "
            "%d applied once",
-           victim, (long long)at_kill, promoted, NPARTS * PER);
-    /* the killed master comes back as a replica of the promoted one */
-    assert_int_equal(harness_redis_restart(&cluster.node[victim]), 0);
-    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+           victim, (long long)at_kill, harness_cluster_owner(&cluster, key), NPARTS * PER);
+    revive(victim, key);
 }
 
 /*
@@ -596,18 +617,14 @@ static void test_train_and_ps_survive_the_kill_of_their_master(void **state)
     pids[0] = spawn_role(model, topic, "train", train_log);
     wait_version(model, 40, ps_log);
     model_key(key, model, "meta");
-    int victim = harness_cluster_owner(&cluster, key);
-    assert_true(victim >= 0);
     int64_t at_kill = store_version(model);
-    harness_redis_kill(&cluster.node[victim], SIGKILL);
-    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+    int victim = kill_master(key);
     finish_and_audit(pids, 2, model, topic, ps_log);
     fr_log(FR_LOG_INFO,
            "train + ps: master %d killed at version %lld; every position of %d "
            "applied once",
            victim, (long long)at_kill, NPARTS * PER);
-    assert_int_equal(harness_redis_restart(&cluster.node[victim]), 0);
-    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+    revive(victim, key);
 }
 
 /* The model's slot migrates key by key to another master while `freshet
@@ -622,14 +639,12 @@ static void test_run_survives_a_migration_of_its_slot(void **state)
     int from = harness_cluster_owner(&cluster, key), to = other_master(from);
     assert_true(from >= 0 && to >= 0);
     int64_t at = store_version(model);
-    char epoch[32], epoch_after[32];
+    char epoch[32];
     store_epoch(model, epoch);
     assert_int_equal(harness_cluster_migrate(&cluster, key, to, 20), 0);
     finish_and_audit(&pid, 1, model, topic, log);
     /* a migration too reads as "the serving Redis changed": a new epoch */
-    store_epoch(model, epoch_after);
-    assert_true(epoch[0] != '\0' && epoch_after[0] != '\0');
-    assert_string_not_equal(epoch, epoch_after);
+    assert_new_epoch(model, epoch);
     fr_log(FR_LOG_INFO,
            "slot of %s moved from node %d to %d at version %lld; every position of "
            "%d applied once",
