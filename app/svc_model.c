@@ -36,11 +36,12 @@ enum {
     OPT_YES = 1 << 7,
     OPT_VERSION = 1 << 8,
     OPT_OUT = 1 << 9,
+    OPT_SHARDS = 1 << 10,
 };
 
 typedef struct model_opts {
     const char *redis, *name, *layers, *loss, *init, *out;
-    long long seed, version;
+    long long seed, version, shards;
     int seed_given, force, yes;
 } model_opts_t;
 
@@ -83,6 +84,9 @@ static void create_usage(FILE *out)
             "  --loss X             softmax | logistic | mse (default softmax, or --init's)\n"
             "  --init W             initial weights from a safetensors file\n"
             "  --seed S             seed of the He-uniform initial weights (default 42)\n"
+            "  --shards S           cut the weights into S shards, each with its own\n"
+            "                       applier, on its own Redis Cluster slot (default 1;\n"
+            "                       1..64, at row boundaries, balanced by bytes)\n"
             "  --force              replace an existing model of that name (all its keys)\n"
             "  -h, --help           this text\n",
             redis_help);
@@ -95,7 +99,9 @@ static void show_usage(FILE *out)
             "\n"
             "Prints one JSON object: name, layers, loss, epoch (a string: 64 bits),\n"
             "version, shards, bytes, created_ms, stopped (only when the divergence guard\n"
-            "stopped the applier) and snapshots (retained versions, oldest first).\n"
+            "stopped the applier) and snapshots (retained versions, oldest first). A\n"
+            "sharded model adds bounds (shard k holds floats bounds[k]..bounds[k+1]) and\n"
+            "shard_versions; its version and epoch are the sums of its shards'.\n"
             "\n"
             "%s"
             "  --name M             the model's name\n"
@@ -150,10 +156,11 @@ static int parse_opts(const char *cmd, unsigned allowed, void (*usage)(FILE *), 
         {"yes", no_argument, NULL, OPT_YES},
         {"version", required_argument, NULL, OPT_VERSION},
         {"out", required_argument, NULL, OPT_OUT},
+        {"shards", required_argument, NULL, OPT_SHARDS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    *o = (model_opts_t){.redis = app_redis_url_default(), .seed = 42, .version = -1};
+    *o = (model_opts_t){.redis = app_redis_url_default(), .seed = 42, .version = -1, .shards = 1};
     int c, rc = 0;
     app_opts_begin();
     while (rc == 0 &&
@@ -173,6 +180,9 @@ static int parse_opts(const char *cmd, unsigned allowed, void (*usage)(FILE *), 
             break;
         case OPT_FORCE: o->force = 1; break;
         case OPT_YES: o->yes = 1; break;
+        case OPT_SHARDS:
+            rc = app_parse_long(cmd, "--shards", optarg, 1, PSSTORE_SHARDS_MAX, &o->shards);
+            break;
         case OPT_VERSION:
             rc = app_parse_long(cmd, "--version", optarg, 0, INT64_MAX, &o->version);
             break;
@@ -282,9 +292,10 @@ static int cmd_create(int argc, char **argv)
 {
     static const char cmd[] = CMD " create";
     model_opts_t o;
-    int rc = parse_opts(
-        cmd, OPT_REDIS | OPT_NAME | OPT_LAYERS | OPT_LOSS | OPT_INIT | OPT_SEED | OPT_FORCE,
-        create_usage, argc, argv, &o);
+    int rc = parse_opts(cmd,
+                        OPT_REDIS | OPT_NAME | OPT_LAYERS | OPT_LOSS | OPT_INIT | OPT_SEED |
+                            OPT_FORCE | OPT_SHARDS,
+                        create_usage, argc, argv, &o);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
     model_t m;
@@ -299,14 +310,14 @@ static int cmd_create(int argc, char **argv)
     }
     char layers[256];
     model_layers(&m, layers, sizeof(layers));
-    psstore_model_spec_t spec = {layers, model_loss_name(m.loss), m.nparams};
+    psstore_model_spec_t spec = {layers, model_loss_name(m.loss), m.nparams, (int)o.shards};
     err = psstore_model_create(c, o.name, &spec, w, o.force);
     if (err != FR_OK) {
         rc = store_failed(cmd, c, err, err == FR_ERR_EXISTS ? " (--force replaces it)" : NULL);
         goto out;
     }
-    printf("created model %s: %s %s, %zu parameters, version 0\n", o.name, layers, spec.loss,
-           m.nparams);
+    printf("created model %s: %s %s, %zu parameters, %d shard%s, version 0\n", o.name, layers,
+           spec.loss, m.nparams, spec.shards, spec.shards == 1 ? "" : "s");
 out:
     psstore_conn_destroy(c);
     free(w);
@@ -327,6 +338,15 @@ static void print_info(FILE *out, const psstore_model_info_t *info)
             ",\"epoch\":\"%" PRIu64 "\",\"version\":%" PRId64 ",\"shards\":%d,\"bytes\":%zu,"
             "\"created_ms\":%" PRId64,
             info->epoch, info->version, info->shards, info->bytes, info->created_ms);
+    if (info->shards > 1) { /* each shard's range of floats and version */
+        fputs(",\"bounds\":[", out);
+        for (int k = 0; k <= info->shards; k++)
+            fprintf(out, "%s%zu", k ? "," : "", info->bounds[k]);
+        fputs("],\"shard_versions\":[", out);
+        for (int k = 0; k < info->shards; k++)
+            fprintf(out, "%s%" PRId64, k ? "," : "", info->shard_versions[k]);
+        fputc(']', out);
+    }
     if (info->stopped[0] != '\0') {
         fputs(",\"stopped\":", out);
         app_json_str(out, info->stopped);
@@ -518,30 +538,39 @@ static void rollback_usage(FILE *out)
             redis_help);
 }
 
+/* Executes the model's waiting requests here when no applier runs: per
+ * shard of a sharded model, each shard whose lease is free. */
 fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url, const char *name)
 {
     int held = 1;
-    fr_err_t err = psstore_lease_held(c, name, &held);
-    if (err != FR_OK || held)
+    psstore_model_info_t info;
+    fr_err_t err = psstore_model_info(c, name, &info);
+    if (err == FR_OK && info.shards == 1)
+        err = psstore_lease_held(c, name, &held);
+    if (err != FR_OK || (info.shards == 1 && held))
         return err;
     char errstr[512];
-    psstore_applier_conf_t conf;
-    psstore_applier_conf_init(&conf);
-    conf.url = url;
-    conf.model = name;
-    conf.requests_only = 1;
-    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
-    if (a == NULL) {
-        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-        return FR_ERR_STATE;
+    for (int k = 0; k < info.shards && err == FR_OK; k++) {
+        psstore_applier_conf_t conf;
+        psstore_applier_conf_init(&conf);
+        conf.url = url;
+        conf.model = name;
+        conf.shard = k;
+        conf.requests_only = 1;
+        psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+        if (a == NULL) {
+            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+            return FR_ERR_STATE;
+        }
+        /* a standby (the shard's applier runs) returns at once: it executes them */
+        err = psstore_applier_poll(a, 10);
+        if (err != FR_OK)
+            fprintf(stderr, "freshet %s: %s\n", cmd, psstore_applier_error(a));
+        /* already set: the run commits once and releases the lease */
+        atomic_int stop = 1;
+        psstore_applier_run(a, &stop); /* releases the lease */
+        psstore_applier_destroy(a);
     }
-    err = psstore_applier_poll(a, 10);
-    if (err != FR_OK)
-        fprintf(stderr, "freshet %s: %s\n", cmd, psstore_applier_error(a));
-    /* already set: the run commits once and releases the lease */
-    atomic_int stop = 1;
-    psstore_applier_run(a, &stop); /* releases the lease */
-    psstore_applier_destroy(a);
     return err;
 }
 

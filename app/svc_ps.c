@@ -4,6 +4,7 @@
  * snapshots, until SIGINT or SIGTERM.
  */
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -47,8 +48,15 @@ static void ps_usage(FILE *out)
                  "on SIGINT or SIGTERM after committing what it holds. A model missing from the\n"
                  "store is created from [model] (layers, loss, seed, init).\n"
                  "\n"
+                 "\n"
+                 "A sharded model ([psstore] shards, model create --shards) has an applier per\n"
+                 "shard, each the fenced writer of its shard; this process runs the shards of\n"
+                 "--shards (all by default) on a thread each, so shards can be spread over\n"
+                 "processes and machines (ps --shards 0-1 here, ps --shards 2-3 there).\n"
+                 "\n"
                  "  --config F           INI configuration (deploy/freshet.conf.example)\n"
                  "  --set S.K=V          override one key (repeatable)\n"
+                 "  --shards LIST        the shards to run, e.g. 0-1 or 0,2 (default all)\n"
                  "  -h, --help           this text\n");
 }
 
@@ -189,14 +197,15 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
             model_params_init(&m, w, (uint64_t)fr_config_get_int(cfg, "model", "seed"));
         }
         if (rc == 0 && w != NULL) {
-            psstore_model_spec_t spec = {layers, model_loss_name(loss), m.nparams};
+            psstore_model_spec_t spec = {layers, model_loss_name(loss), m.nparams,
+                                         (int)fr_config_get_int(cfg, "psstore", "shards")};
             if (psstore_model_create(c, name, &spec, w, 0) != FR_OK &&
                 psstore_model_info(c, name, &info) != FR_OK) {
                 fprintf(stderr, "freshet %s: %s\n", cmd, psstore_conn_error(c));
                 rc = APP_EXIT_FAILURE;
             } else {
-                fr_log(FR_LOG_INFO, "%s: created model '%s' (%s %s, %zu parameters)", cmd, name,
-                       layers, model_loss_name(loss), m.nparams);
+                fr_log(FR_LOG_INFO, "%s: created model '%s' (%s %s, %zu parameters, %d shards)",
+                       cmd, name, layers, model_loss_name(loss), m.nparams, spec.shards);
             }
         }
         free(w);
@@ -208,12 +217,104 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
     return rc;
 }
 
+/* Takes "--shards LIST" (or --shards=LIST) out of argv into *list. */
+static void shards_opt_take(int *argc, char **argv, const char **list)
+{
+    int out = 1;
+    for (int i = 1; i < *argc; i++) {
+        if (strcmp(argv[i], "--shards") == 0 && i + 1 < *argc) {
+            *list = argv[++i];
+            continue;
+        }
+        if (strncmp(argv[i], "--shards=", 9) == 0) {
+            *list = argv[i] + 9;
+            continue;
+        }
+        argv[out++] = argv[i];
+    }
+    *argc = out;
+    argv[out] = NULL;
+}
+
+typedef struct shard_thread {
+    pthread_t tid;
+    int running;
+    psstore_applier_t *a;
+} shard_thread_t;
+
+static void *shard_main(void *arg)
+{
+    shard_thread_t *t = arg;
+    fr_thread_name("fr-applier");
+    psstore_applier_run(t->a, &app_stop); /* commits and releases its lease at the stop */
+    return NULL;
+}
+
+/*
+ * A sharded model's appliers (docs/design.md "Shards"): one per listed shard,
+ * each on its own thread until SIGINT or SIGTERM, with a line per shard
+ * every 5 s. Returns 0 or an exit status.
+ */
+static int run_shards(psstore_applier_conf_t *conf, int S, uint64_t mask)
+{
+    char errstr[512];
+    shard_thread_t t[PSSTORE_SHARDS_MAX] = {0};
+    int rc = 0;
+    app_stop_on_signals(0);
+    for (int k = 0; k < S && rc == 0; k++) {
+        if (!(mask & (1ull << k)))
+            continue;
+        conf->shard = k;
+        if ((t[k].a = psstore_applier_new(conf, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr, "freshet %s: shard %d: %s\n", CMD, k, errstr);
+            rc = APP_EXIT_USAGE;
+        } else {
+            t[k].running = pthread_create(&t[k].tid, NULL, shard_main, &t[k]) == 0;
+            if (!t[k].running)
+                rc = APP_EXIT_FAILURE;
+        }
+    }
+    if (rc != 0)
+        atomic_store(&app_stop, 1);
+    else
+        fr_log(FR_LOG_INFO, "ps: appliers of model '%s', shards %s of %d", conf->model,
+               mask == (S == 64 ? ~0ull : (1ull << S) - 1) ? "all" : "listed", S);
+    uint64_t last = fr_clock_mono_ns();
+    while (!atomic_load(&app_stop)) {
+        struct timespec ts = {0, 200000000L};
+        nanosleep(&ts, NULL);
+        uint64_t now = fr_clock_mono_ns();
+        if (now - last < 5000000000ull)
+            continue;
+        last = now;
+        for (int k = 0; k < S; k++) {
+            if (t[k].a == NULL)
+                continue;
+            psstore_applier_stats_t st;
+            psstore_applier_stats(t[k].a, &st);
+            fr_log(FR_LOG_INFO, "ps: shard %d %s version %lld, applied %llu, fenced %llu%s%s", k,
+                   st.active ? "active" : "standby", (long long)st.version,
+                   (unsigned long long)st.applied, (unsigned long long)st.fenced,
+                   st.stopped[0] ? ", stopped: " : "", st.stopped);
+        }
+    }
+    fr_log(FR_LOG_INFO, "ps: stopping");
+    for (int k = 0; k < S; k++) {
+        if (t[k].running)
+            pthread_join(t[k].tid, NULL);
+        psstore_applier_destroy(t[k].a);
+    }
+    return rc;
+}
+
 int app_cmd_ps(int argc, char **argv)
 {
     fr_config_t *cfg = fr_config_new();
     if (cfg == NULL)
         return APP_EXIT_FAILURE;
     char errstr[512];
+    const char *shards = NULL;
+    shards_opt_take(&argc, argv, &shards);
     int rc = app_load_config(CMD, cfg, argc, argv, ps_usage);
     psstore_applier_t *a = NULL;
     fr_metrics_t *metrics = fr_metrics_new();
@@ -222,6 +323,25 @@ int app_cmd_ps(int argc, char **argv)
     psstore_applier_conf_t conf;
     if ((rc = app_applier_conf(CMD, cfg, metrics, &conf)) != 0)
         goto out;
+    psstore_conn_t *c = psstore_conn_new(conf.url, 2000, errstr, sizeof(errstr));
+    psstore_model_info_t info;
+    if (c == NULL || psstore_model_info(c, conf.model, &info) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", CMD, c != NULL ? psstore_conn_error(c) : errstr);
+        psstore_conn_destroy(c);
+        rc = APP_EXIT_USAGE;
+        goto out;
+    }
+    psstore_conn_destroy(c);
+    uint64_t mask = info.shards >= 64 ? ~0ull : (1ull << info.shards) - 1;
+    if (shards != NULL &&
+        psstore_shard_list_parse(shards, info.shards, &mask, errstr, sizeof(errstr)) != FR_OK) {
+        rc = app_usage_error(CMD, "--%s (model '%s' has %d)", errstr, conf.model, info.shards);
+        goto out;
+    }
+    if (info.shards > 1) {
+        rc = run_shards(&conf, info.shards, mask);
+        goto out;
+    }
     a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     if (a == NULL) {
         fprintf(stderr, "freshet %s: %s\n", CMD, errstr);

@@ -335,7 +335,8 @@ typedef struct role {
     ingest_consumer_t *src;
     trainer_pool_t *pool;
     psstore_conn_t *store;
-    applier_thread_t at;
+    applier_thread_t at[PSSTORE_SHARDS_MAX]; /* one applier per shard (docs/design.md "Shards") */
+    int nat;
     serve_t *http;
     psstore_local_t *local;
     holdout_t h;
@@ -382,19 +383,36 @@ static int role_open_applier(role_t *r, int64_t workers, int64_t max_pending)
     /* --samples: the applier stops taking gradients at the limit, so a
      * run applies N samples and at most one batch (or round) more */
     conf.sample_limit = r->samples_limit;
-    if ((r->at.a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
-        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+    psstore_conn_t *c = psstore_conn_new(fr_config_get(r->cfg, "redis", "url"), STORE_WAIT_MS,
+                                         errstr, sizeof(errstr));
+    psstore_model_info_t info;
+    if (c == NULL || psstore_model_info(c, conf.model, &info) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, c != NULL ? psstore_conn_error(c) : errstr);
+        psstore_conn_destroy(c);
         return APP_EXIT_USAGE;
+    }
+    psstore_conn_destroy(c);
+    /* a sharded model: one applier per shard, each on its own thread */
+    for (r->nat = 0; r->nat < info.shards; r->nat++) {
+        conf.shard = r->nat;
+        if ((r->at[r->nat].a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+            return APP_EXIT_USAGE;
+        }
     }
     /* the co-located fast path: with [trainer] in_flight = 1 a worker
      * has one gradient queued at most; two slots each serve in_flight 0 */
     int64_t slots = 2 * workers < max_pending ? 2 * workers : max_pending;
-    if ((r->local = psstore_local_new(r->m.nparams, (size_t)slots, errstr, sizeof(errstr))) ==
-        NULL) {
+    r->local = info.shards > 1
+                   ? psstore_local_new_shards(info.bounds, info.shards, (size_t)slots, errstr,
+                                              sizeof(errstr))
+                   : psstore_local_new(r->m.nparams, (size_t)slots, errstr, sizeof(errstr));
+    if (r->local == NULL) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         return APP_EXIT_FAILURE;
     }
-    psstore_applier_set_local(r->at.a, r->local);
+    for (int k = 0; k < r->nat; k++)
+        psstore_applier_set_local(r->at[k].a, r->local);
     return 0;
 }
 
@@ -450,14 +468,17 @@ static int role_start(role_t *r)
     char errstr[512];
     int rc = 0;
     app_stop_on_signals(1);
-    if (r->at.a != NULL)
-        r->at.running = pthread_create(&r->at.tid, NULL, applier_main, &r->at) == 0;
+    int appliers_up = 1;
+    for (int k = 0; k < r->nat; k++) {
+        r->at[k].running = pthread_create(&r->at[k].tid, NULL, applier_main, &r->at[k]) == 0;
+        appliers_up &= r->at[k].running;
+    }
     if (r->http != NULL && serve_start(r->http, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         atomic_store(&app_stop, 1);
         rc = APP_EXIT_FAILURE;
     }
-    if ((r->at.a != NULL && !r->at.running) || ingest_consumer_start(r->src) != FR_OK ||
+    if (!appliers_up || ingest_consumer_start(r->src) != FR_OK ||
         trainer_pool_start(r->pool) != FR_OK) {
         fprintf(stderr, "freshet %s: could not start\n", r->cmd);
         atomic_store(&app_stop, 1);
@@ -470,15 +491,37 @@ static int role_start(role_t *r)
     return rc;
 }
 
+/* The appliers' counters: shard 0's, with the version the sum of the
+ * shards' (the model's version) and the samples the least of theirs (a
+ * sample counts once every shard applied it). Zeros without an applier. */
+static void role_applier_stats(const role_t *r, psstore_applier_stats_t *as)
+{
+    memset(as, 0, sizeof(*as));
+    for (int k = 0; k < r->nat; k++) {
+        psstore_applier_stats_t sh;
+        psstore_applier_stats(r->at[k].a, &sh);
+        if (k == 0) {
+            *as = sh;
+            continue;
+        }
+        as->version += sh.version;
+        as->commits += sh.commits;
+        as->fenced += sh.fenced;
+        as->samples = sh.samples < as->samples ? sh.samples : as->samples;
+    }
+}
+
 /* run --samples: whether the applier has applied the limit (it takes no
  * gradient past it, and commits what it holds when halted); logs it once. */
 static int samples_reached(const role_t *r)
 {
     psstore_applier_stats_t as;
-    if (r->samples_limit <= 0 || r->at.a == NULL ||
-        psstore_applier_samples(r->at.a) < r->samples_limit)
+    if (r->samples_limit <= 0 || r->nat == 0)
         return 0;
-    psstore_applier_stats(r->at.a, &as);
+    for (int k = 0; k < r->nat; k++) /* a sample is applied once every shard applied it */
+        if (psstore_applier_samples(r->at[k].a) < r->samples_limit)
+            return 0;
+    role_applier_stats(r, &as);
     fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld) at version %lld", r->cmd,
            (long long)as.samples, (long long)r->samples_limit, (long long)as.version);
     return 1;
@@ -505,7 +548,8 @@ static void role_loop(role_t *r)
         tick = now;
         holdout_tick(r->cmd, &r->h, r->store, fr_config_get(r->cfg, "model", "name"), r->m.nparams);
         if (now - last >= PROGRESS_NS) {
-            progress(r->cmd, r->pool, &prev, r->src, r->at.a, &r->h, (double)(now - last) * 1e-9);
+            progress(r->cmd, r->pool, &prev, r->src, r->at[0].a, &r->h,
+                     (double)(now - last) * 1e-9);
             last = now;
         }
     }
@@ -520,10 +564,13 @@ static void role_halt(role_t *r)
     r->http = NULL;
     ingest_consumer_stop(r->src);
     trainer_pool_stop(r->pool);
-    if (r->at.a != NULL && r->at.running) {
-        atomic_store(&r->at.stop, 1);
-        pthread_join(r->at.tid, NULL);
-        r->at.running = 0;
+    for (int k = 0; k < r->nat; k++)
+        atomic_store(&r->at[k].stop, 1);
+    for (int k = 0; k < r->nat; k++) {
+        if (r->at[k].running) {
+            pthread_join(r->at[k].tid, NULL);
+            r->at[k].running = 0;
+        }
     }
 }
 
@@ -533,7 +580,8 @@ static void role_close(role_t *r)
     role_halt(r);
     trainer_pool_destroy(r->pool);
     ingest_consumer_destroy(r->src);
-    psstore_applier_destroy(r->at.a);
+    for (int k = 0; k < r->nat; k++)
+        psstore_applier_destroy(r->at[k].a);
     psstore_local_destroy(r->local);
     psstore_conn_destroy(r->store);
     holdout_close(&r->h);
@@ -550,8 +598,7 @@ static int summary_write(const role_t *r)
     trainer_pool_stats_t st = {0};
     psstore_applier_stats_t as = {0};
     trainer_pool_stats(r->pool, &st);
-    if (r->at.a != NULL)
-        psstore_applier_stats(r->at.a, &as);
+    role_applier_stats(r, &as);
     FILE *f = fopen(r->summary, "w");
     if (f == NULL) {
         fprintf(stderr, "freshet %s: --summary %s: %s\n", r->cmd, r->summary, strerror(errno));

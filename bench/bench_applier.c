@@ -8,13 +8,17 @@
  *             (size bytes) and commits the weights (size bytes) in its own
  *             transaction (commit_ms = 0, sgd), the same 2 x size bytes.
  * Prints updates/s, MB/s and the ratio of the applier's byte rate to the
- * baseline's. Starts its own redis-server on a free port; with --cluster
+ * baseline's, for S = 1, 2 and 4 shards (docs/design.md "Shards"): S
+ * appliers, each on its own thread, each committing its slice; an update
+ * counts once every shard applied it, and "vs S=1" is its rate against
+ * one shard's in the same run. Starts its own redis-server on a free port; with --cluster
  * also a Redis Cluster (3 masters, 1 replica each) and measures the same
  * through a cluster connection, the baseline on the model's master.
  *
  * usage: bench_applier [SECONDS [--cluster]]   (default 3 s per measurement)
  */
 #include <hiredis/hiredis.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,8 +71,33 @@ static double baseline(const harness_redis_t *r, const char *key, size_t size, d
     return rate;
 }
 
-/* Updates per second of an applier draining count queued gradients. */
-static double applier(const char *url, size_t nparams, int count)
+/* One shard's applier, draining on a thread of its own. */
+typedef struct drain {
+    psstore_applier_t *a;
+    int count;
+    uint64_t t0;
+    double secs;     /* until it had applied count */
+    int64_t version; /* reached */
+    pthread_t tid;
+} drain_t;
+
+static void *drain_main(void *arg)
+{
+    drain_t *d = arg;
+    psstore_applier_stats_t st;
+    do {
+        psstore_applier_poll(d->a, 100);
+        psstore_applier_stats(d->a, &st);
+    } while (st.version < d->count && seconds_since(d->t0) < 300);
+    d->secs = seconds_since(d->t0);
+    d->version = st.version;
+    return NULL;
+}
+
+/* Updates per second of S appliers (one per shard, each on its own
+ * thread) draining count queued gradients of a model of `layers`: an
+ * update is done once every shard applied it. */
+static double applier(const char *url, const char *layers, size_t nparams, int S, int count)
 {
     char errstr[512], name[32];
     snprintf(name, sizeof(name), "bench%zu", nparams);
@@ -76,7 +105,7 @@ static double applier(const char *url, size_t nparams, int count)
     float *w = calloc(nparams, sizeof(float)), *g = malloc(nparams * sizeof(float));
     for (size_t i = 0; i < nparams; i++)
         g[i] = 1e-3f * (float)(i % 13);
-    psstore_model_spec_t spec = {"x", "mse", nparams};
+    psstore_model_spec_t spec = {layers, "mse", nparams, S};
     if (c == NULL || psstore_model_create(c, name, &spec, w, 1) != FR_OK) {
         fprintf(stderr, "bench_applier: %s\n", c ? psstore_conn_error(c) : errstr);
         exit(1);
@@ -86,7 +115,10 @@ static double applier(const char *url, size_t nparams, int count)
     uint64_t epoch = 0;
     int64_t version = -1;
     int changed;
-    psstore_pull(cl, w, &epoch, &version, &changed);
+    if (cl == NULL || psstore_pull(cl, w, &epoch, &version, &changed) != FR_OK) {
+        fprintf(stderr, "bench_applier: %s\n", cl ? psstore_client_error(cl) : errstr);
+        exit(1);
+    }
     for (int k = 0; k < count; k++) {
         psstore_range_t range = {"bench", 0, k, k + 1};
         psstore_grad_t msg = {.epoch = epoch,
@@ -110,38 +142,50 @@ static double applier(const char *url, size_t nparams, int count)
     conf.ctl.lr = 1e-3;
     conf.snapshot_every = 0;
     conf.snapshot_seconds = 0;
-    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
-    if (a == NULL) {
-        fprintf(stderr, "bench_applier: %s\n", errstr);
-        exit(1);
+    drain_t d[PSSTORE_SHARDS_MAX];
+    for (int k = 0; k < S; k++) {
+        conf.shard = k;
+        d[k] = (drain_t){.count = count};
+        if ((d[k].a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr, "bench_applier: %s\n", errstr);
+            exit(1);
+        }
+        psstore_applier_poll(d[k].a, 1); /* takes the lease and loads the state */
     }
-    psstore_applier_poll(a, 1); /* takes the lease and loads the state */
-    psstore_applier_stats_t st;
     uint64_t t0 = fr_clock_mono_ns();
-    do {
-        psstore_applier_poll(a, 100);
-        psstore_applier_stats(a, &st);
-    } while (st.version < count && seconds_since(t0) < 300);
-    double rate = (double)st.version / seconds_since(t0);
-    if (st.version != count) {
-        fprintf(stderr, "bench_applier: applied %lld of %d\n", (long long)st.version, count);
-        exit(1);
+    for (int k = 0; k < S; k++) {
+        d[k].t0 = t0;
+        pthread_create(&d[k].tid, NULL, drain_main, &d[k]);
     }
-    psstore_applier_destroy(a);
+    double secs = 0;
+    for (int k = 0; k < S; k++) {
+        pthread_join(d[k].tid, NULL);
+        if (d[k].version != count) {
+            fprintf(stderr, "bench_applier: shard %d applied %lld of %d\n", k,
+                    (long long)d[k].version, count);
+            exit(1);
+        }
+        secs = d[k].secs > secs ? d[k].secs : secs;
+        psstore_applier_destroy(d[k].a);
+    }
     psstore_client_destroy(cl);
     psstore_model_delete(c, name);
     psstore_conn_destroy(c);
     free(w);
     free(g);
-    return rate;
+    return (double)count / secs;
 }
 
-/* One row per size: raw SET+GET on the server that holds the model
- * against the applier, through url. */
+/* One row per size and shard count: raw SET+GET of the whole model on the
+ * server that holds it (shard 0's, on a cluster) against S appliers,
+ * through url. */
 static void measure(const char *what, const char *url, const harness_cluster_t *cl,
                     const harness_redis_t *single, double secs)
 {
-    static const size_t sizes[] = {200000, 2000000};
+    /* 1000-200 and 1000-2000: 200,200 and 2,002,000 floats, 200 and 2000 rows */
+    static const char *const layers[] = {"1000-200", "1000-2000"};
+    static const size_t sizes[] = {200200, 2002000};
+    static const int shards[] = {1, 2, 4};
     for (size_t i = 0; i < 2; i++) {
         size_t bytes = sizes[i] * sizeof(float);
         char key[64];
@@ -155,12 +199,17 @@ static void measure(const char *what, const char *url, const harness_cluster_t *
             }
             r = &cl->node[owner];
         }
-        double base = baseline(r, key, bytes, secs);
-        int count = (int)(base * secs * 0.8) + 10;
-        double upd = applier(url, sizes[i], count);
-        double base_mb = base * 2.0 * (double)bytes / 1e6, upd_mb = upd * 2.0 * (double)bytes / 1e6;
-        printf("  %-8s %-10zu %14.1f %12.0f %14.1f %12.0f %7.2f\n", what, sizes[i], base, base_mb,
-               upd, upd_mb, upd_mb / base_mb);
+        double base = baseline(r, key, bytes, secs), one = 0;
+        for (size_t j = 0; j < sizeof(shards) / sizeof(shards[0]); j++) {
+            int count = (int)(base * secs * 0.8) + 10;
+            double upd = applier(url, layers[i], sizes[i], shards[j], count);
+            if (shards[j] == 1)
+                one = upd;
+            double base_mb = base * 2.0 * (double)bytes / 1e6,
+                   upd_mb = upd * 2.0 * (double)bytes / 1e6;
+            printf("  %-8s %-10zu %2d %14.1f %12.0f %14.1f %12.0f %7.2f %7.2f\n", what, sizes[i],
+                   shards[j], base, base_mb, upd, upd_mb, upd_mb / base_mb, upd / one);
+        }
     }
 }
 
@@ -171,9 +220,10 @@ int main(int argc, char **argv)
     harness_redis_t r;
     if (harness_redis_start(&r, NULL) != 0)
         return 1;
-    printf("bench_applier: one applier, sgd, commit per update, redis-server on loopback\n");
-    printf("  %-8s %-10s %14s %12s %14s %12s %7s\n", "redis", "params", "SET+GET pairs/s", "MB/s",
-           "applier upd/s", "MB/s", "ratio");
+    printf("bench_applier: S appliers (one per shard, a thread each), sgd, commit per update, "
+           "redis-server on loopback\n");
+    printf("  %-8s %-10s %2s %14s %12s %14s %12s %7s %7s\n", "redis", "params", "S",
+           "SET+GET pairs/s", "MB/s", "applier upd/s", "MB/s", "ratio", "vs S=1");
     measure("single", r.url, NULL, &r, secs);
     harness_redis_stop(&r);
     if (with_cluster) {

@@ -259,14 +259,39 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     }
     a->conf = *conf;
     snprintf(a->url, sizeof(a->url), "%s", conf->url);
+    snprintf(a->name, sizeof(a->name), "%s", conf->model);
     snprintf(a->model, sizeof(a->model), "%s", conf->model);
     a->conf.url = a->url;
-    a->conf.model = a->model;
+    a->conf.model = a->name;
     pthread_mutex_init(&a->lock, NULL);
     char host[64] = "host";
     gethostname(host, sizeof(host) - 1);
     snprintf(a->token, sizeof(a->token), "%.60s/%d/%016llx", host, (int)getpid(),
              (unsigned long long)ps_random_u64());
+    a->c = psstore_conn_new(a->url, 5000, errstr, size);
+    if (a->c == NULL)
+        goto err;
+    if (psstore_conn_check_policy(a->c) != FR_OK) {
+        fr_errorf(FR_ERR_UNSUPPORTED, errstr, size, "%s", psstore_conn_error(a->c));
+        goto err;
+    }
+    psstore_model_info_t info;
+    fr_err_t e = psstore_model_info(a->c, a->name, &info);
+    if (e != FR_OK) {
+        fr_errorf(e, errstr, size, "%s", psstore_conn_error(a->c));
+        goto err;
+    }
+    a->nshards = info.shards;
+    if (info.shards > 1) {
+        if (conf->shard < 0 || conf->shard >= info.shards) {
+            fr_errorf(FR_ERR_INVAL, errstr, size,
+                      "applier: model '%s' has %d shards; shard %d is not one of them", a->name,
+                      info.shards, conf->shard);
+            goto err;
+        }
+        a->shard = conf->shard;
+        ps_shard_tag(a->model, a->name, a->shard, info.shards);
+    }
     ps_key(a->k_lease, a->model, "lease");
     ps_key(a->k_meta, a->model, "meta");
     ps_key(a->k_ver, a->model, "ver");
@@ -280,24 +305,10 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     ps_key(a->k_snaps, a->model, "snaps");
     ps_key(a->k_pub, a->model, "published");
     ps_key(a->k_req, a->model, "requests");
-    ps_key(a->k_members, a->model, "members");
+    ps_key(a->k_members, a->name, "members"); /* the model's: one membership */
     ps_key(a->k_rounds, a->model, "rounds");
     register_metrics(a);
     ps_auto_init(a);
-
-    a->c = psstore_conn_new(a->url, 5000, errstr, size);
-    if (a->c == NULL)
-        goto err;
-    if (psstore_conn_check_policy(a->c) != FR_OK) {
-        fr_errorf(FR_ERR_UNSUPPORTED, errstr, size, "%s", psstore_conn_error(a->c));
-        goto err;
-    }
-    psstore_model_info_t info;
-    fr_err_t e = psstore_model_info(a->c, a->model, &info);
-    if (e != FR_OK) {
-        fr_errorf(e, errstr, size, "%s", psstore_conn_error(a->c));
-        goto err;
-    }
     ps_applier_stats_update(a);
     return a;
 err:
@@ -307,7 +318,7 @@ err:
 
 void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l)
 {
-    a->local = l;
+    a->local = ps_local_shard(l, a->shard); /* a sharded channel: this shard's */
 }
 
 /* Forgets what the next commit would have written besides the weights:
@@ -343,6 +354,7 @@ void ps_applier_drop_state(psstore_applier_t *a)
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->au.shown = 0; /* the next holder writes its phase */
     a->nsnaps = 0;
+    a->snap_req = 0; /* the request is still in the stream: read again */
     a->nts_pending = 0;
     /* held gradients stay pending in the stream: the reload reads them again */
     for (int g = 0; g < MAX_GROUPS; g++) {
@@ -597,6 +609,14 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         audit(a, g, g->reason ? g->reason : "empty");
         return mark_ranges(a, g);
     }
+    if (psstore_mode_rounds(a->conf.mode) && !isfinite(g->norm)) {
+        /* a slice of a non-finite gradient, finite on this shard: every
+         * shard drops it, as the unsharded round would its whole */
+        ps_applier_guard_record(a, 1);
+        ps_applier_count_drop(a, PSSTORE_DROPPED_NONFINITE, g);
+        audit(a, g, psstore_drop_name(PSSTORE_DROPPED_NONFINITE));
+        return mark_ranges(a, g);
+    }
     if (psstore_mode_rounds(a->conf.mode))
         return ps_applier_round_take(a, g);
     if (ps_auto_backup_drop(a, g)) { /* mode auto's backup phase */
@@ -611,8 +631,8 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         memcpy(gw, g->g, a->n * sizeof(float));
     }
     psstore_decision_t d;
-    psstore_outcome_t out =
-        psstore_ctl_prepare(a->ctl, gw, a->version, g->version, a->w, ps_applier_pushers(a), &d);
+    psstore_outcome_t out = psstore_ctl_prepare_whole(a->ctl, gw, a->version, g->version, a->w,
+                                                      ps_applier_pushers(a), g->norm, &d);
     ps_applier_guard_record(a, out == PSSTORE_DROP_NONFINITE);
     if (out != PSSTORE_APPLY) {
         psstore_drop_t why =

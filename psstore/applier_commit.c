@@ -234,6 +234,8 @@ static void queue_offsets(psstore_applier_t *a, txn_t *t)
 /* Nonzero when a snapshot is due with this commit. */
 static int snapshot_due(const psstore_applier_t *a)
 {
+    if (a->nshards > 1 && a->shard > 0) /* snapshots are shard 0's to schedule */
+        return a->snap_req > 0;
     if (!a->weights_dirty || a->version <= a->snap_version)
         return 0;
     if (a->conf.snapshot_every > 0 && a->version - a->snap_version >= a->conf.snapshot_every)
@@ -272,17 +274,26 @@ static size_t snapshots_excess(const psstore_applier_t *a)
     return excess < 8 ? excess : 8;
 }
 
+/* The id of the snapshot this commit takes: the version, or for shards
+ * 1..S-1 of a sharded model the id shard 0 asked for (docs/design.md
+ * "Shards": snapshots are coordinated under shard 0's version). */
+static int64_t snapshot_id(const psstore_applier_t *a)
+{
+    return a->nshards > 1 && a->shard > 0 ? a->snap_req : a->version;
+}
+
 /* Queues the snapshot of the current version and the trimming of old ones. */
 static void queue_snapshot(psstore_applier_t *a, txn_t *t)
 {
-    char snap_key[PS_KEY_MAX], epoch[32], version[32], now[32], loss[32], pub[64];
+    char snap_key[PS_KEY_MAX], epoch[32], version[32], now[32], loss[32], pub[64], id[32];
     buf_t offs = {0};
     if (offsets_text(a, &offs) != FR_OK) {
         free(offs.p);
         txn_fail(t, ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory"));
         return;
     }
-    ps_key_shard(snap_key, a->model, "snap", a->version);
+    ps_key_shard(snap_key, a->model, "snap", snapshot_id(a));
+    snprintf(id, sizeof(id), "%lld", (long long)snapshot_id(a));
     snprintf(epoch, sizeof(epoch), "%llu", (unsigned long long)a->epoch);
     snprintf(version, sizeof(version), "%lld", (long long)a->version);
     snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
@@ -305,7 +316,7 @@ static void queue_snapshot(psstore_applier_t *a, txn_t *t)
     txn_str(t, loss);
     txn_send(t);
     free(offs.p);
-    txn_cmd(t, "ZADD", a->k_snaps, now, version, NULL);
+    txn_cmd(t, "ZADD", a->k_snaps, now, id, NULL);
     size_t excess = snapshots_excess(a);
     for (size_t i = 0; i < excess; i++) {
         char old_key[PS_KEY_MAX], old[32];
@@ -325,10 +336,37 @@ static void snapshot_done(psstore_applier_t *a)
     memmove(a->snaps, a->snaps + excess, (a->nsnaps - excess) * sizeof(int64_t));
     a->nsnaps -= excess;
     if (a->nsnaps < MAX_SNAPS)
-        a->snaps[a->nsnaps++] = a->version;
+        a->snaps[a->nsnaps++] = snapshot_id(a);
     assert(a->nsnaps <= MAX_SNAPS);
     a->snap_version = a->version;
     a->snap_ns = fr_clock_mono_ns();
+    a->snap_req = 0;
+}
+
+/*
+ * Shard 0 of a sharded model after a committed snapshot: asks shards
+ * 1..S-1 to take theirs under the same id at their next commit (a
+ * "snapshot" request each). Outside the transaction, which cannot reach
+ * other slots: a crash in between leaves the id on fewer shards, and
+ * rollback refuses an id some shard lacks.
+ */
+static void snapshot_fan_out(psstore_applier_t *a, int64_t id)
+{
+    char v[32], now[32];
+    snprintf(v, sizeof(v), "%lld", (long long)id);
+    snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
+    for (int k = 1; k < a->nshards; k++) {
+        char tag[PS_TAG_MAX], key[PS_KEY_MAX];
+        fr_err_t err;
+        ps_shard_tag(tag, a->name, k, a->nshards);
+        ps_key(key, tag, "requests");
+        redisReply *r =
+            ps_cmd(a->c, 1, &err, "XADD %s * type snapshot version %s requested %s", key, v, now);
+        if (r == NULL)
+            fr_log(FR_LOG_WARN, "applier %s: snapshot %s not asked of shard %d: %s", a->model, v, k,
+                   psstore_conn_error(a->c));
+        freeReplyObject(r);
+    }
 }
 
 /* Nonzero when every weight is finite: an OR over the exponent bits, which
@@ -512,7 +550,10 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
         }
     }
     wait_replicas(a);
+    int64_t snap_id = snapshot_id(a);
     committed(a, snap);
+    if (snap && a->nshards > 1 && a->shard == 0)
+        snapshot_fan_out(a, snap_id);
 out:
     freeReplyObject(exec);
     txn_fini(&t);

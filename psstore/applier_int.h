@@ -108,8 +108,12 @@ struct psstore_applier {
     psstore_applier_conf_t conf;
     auto_state_t au;         /* mode auto */
     _Atomic int64_t samples; /* applied by this applier (conf.sample_limit) */
-    char url[512], model[65];
-    char token[96]; /* lease token and consumer name */
+    char url[512];
+    char model[PS_TAG_MAX]; /* the tag of its keys: the model's name, or
+                               "<model>/s<k>" for shard k of a sharded one */
+    char name[65];          /* the model's name                        */
+    int shard, nshards;     /* shard k of S (0 of 1 unsharded)           */
+    char token[96];         /* lease token and consumer name */
     char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
     char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
     char k_drops[PS_KEY_MAX];
@@ -138,6 +142,8 @@ struct psstore_applier {
     size_t nsnaps;
     int64_t snap_version;
     uint64_t snap_ns;
+    int64_t snap_req; /* shards 1..S-1: shard 0's snapshot id to take at the
+                         next commit (a "snapshot" request); 0 none      */
     double last_loss; /* mean loss of the last applied gradient */
 
     /* pending for the next commit */
@@ -199,8 +205,6 @@ struct psstore_applier {
 int ps_buf_add(buf_t *b, const void *p, size_t len);
 /* Appends "field\0value\0" to b (value formatted, truncated to 511 bytes). */
 int ps_buf_kv(buf_t *b, const char *field, const char *fmt, ...) FR_PRINTF(3, 4);
-/* A random nonzero 64-bit number (/dev/urandom, else the clock and pid). */
-uint64_t ps_random_u64(void);
 /* Publishes active, epoch, version and stopped to the stats and metrics. */
 void ps_applier_stats_update(psstore_applier_t *a);
 /* Counts a drop of reason d and, when g is known, records it for the

@@ -254,6 +254,9 @@ static fr_err_t delete_model(psstore_applier_t *a)
         return FR_OK;
     }
     fr_log(FR_LOG_WARN, "applier %s: model deleted on request", a->model);
+    if (a->nshards > 1 && a->shard == 0 && ps_unlink_tag(a->c, a->name) != FR_OK)
+        fr_log(FR_LOG_WARN, "applier %s: deleting the model's own keys: %s", a->model,
+               psstore_conn_error(a->c));
     ps_applier_drop_state(a);
     return FR_OK;
 }
@@ -298,6 +301,14 @@ fr_err_t ps_applier_run_requests(psstore_applier_t *a)
             err = publish_replay(a, spec, requested[0] != '\0' ? requested : "0", id);
         } else if (strcmp(type, "delete") == 0) {
             err = delete_model(a);
+        } else if (strcmp(type, "snapshot") == 0 && version[0] != '\0' && a->shard > 0) {
+            /* shard 0 took snapshot `version`: this shard's, under the same
+             * id, in the commit that deletes the request */
+            if ((err = commit_first(a)) == FR_OK && a->active) {
+                a->snap_req = strtoll(version, NULL, 10);
+                snprintf(a->req_id, sizeof(a->req_id), "%s", id);
+                err = ps_applier_commit(a);
+            }
         } else {
             fr_log(FR_LOG_WARN, "applier %s: unknown request '%s' (%s) deleted", a->model, type,
                    id);

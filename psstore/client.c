@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,12 @@ struct psstore_client {
     ps_grad_args_t args; /* XADD arguments, reused by every push */
     uint64_t bytes;      /* payload bytes pulled and pushed      */
     char last_id[64];    /* stream id of the last push           */
+    /* a sharded model (docs/design.md "Shards"): a client per shard, each
+     * pulling and pushing its slice under its shard's tag; this one keeps
+     * the model's membership */
+    int nsub;
+    psstore_client_t *sub[PSSTORE_SHARDS_MAX];
+    psstore_shard_at_t at; /* each shard's (epoch, version) of the last pull */
 };
 
 /* Writes how errors name the Redis of c: "host:port" or the socket path. */
@@ -136,10 +143,40 @@ static fr_err_t client_check_model(psstore_client_t *cl)
     return FR_OK;
 }
 
+/* A client of the keys under tag (a model's name, or a shard's tag) with
+ * nparams floats, connected; its model is not checked yet. */
+static psstore_client_t *client_open(const char *url, const char *tag, size_t nparams,
+                                     int64_t max_pending, char *errstr, size_t size)
+{
+    psstore_client_t *cl = calloc(1, sizeof(*cl));
+    if (cl == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "psstore client: out of memory");
+        return NULL;
+    }
+    snprintf(cl->model, sizeof(cl->model), "%s", tag);
+    cl->nparams = nparams;
+    cl->max_pending = max_pending;
+    ps_key(cl->key_meta, tag, "meta");
+    ps_key(cl->key_ver, tag, "ver");
+    ps_key_shard(cl->key_w, tag, "w", 0);
+    ps_key(cl->key_grads, tag, "grads");
+    ps_key(cl->key_members, tag, "members");
+    ps_key(cl->key_rounds, tag, "rounds");
+    ps_key(cl->key_versions, tag, "versions");
+    ps_key(cl->key_drops, tag, "drops");
+    cl->c = psstore_conn_new(url, CLIENT_TIMEOUT_MS, errstr, size);
+    if (cl->c == NULL) {
+        free(cl);
+        return NULL;
+    }
+    return cl;
+}
+
 /*
  * Connects to url and checks that model exists with nparams parameters.
  * NULL with errstr on a bad argument, an unreachable Redis, a missing model
  * or a model of another size. Caller frees with psstore_client_destroy().
+ * A sharded model gets a client per shard besides this one.
  */
 psstore_client_t *psstore_client_new(const char *url, const char *model, size_t nparams,
                                      int64_t max_pending, char *errstr, size_t size)
@@ -156,29 +193,37 @@ psstore_client_t *psstore_client_new(const char *url, const char *model, size_t 
                   nparams, max_pending);
         return NULL;
     }
-    psstore_client_t *cl = calloc(1, sizeof(*cl));
-    if (cl == NULL) {
-        fr_errorf(FR_ERR_NOMEM, errstr, size, "psstore client: out of memory");
+    psstore_client_t *cl = client_open(url, model, nparams, max_pending, errstr, size);
+    if (cl == NULL)
         return NULL;
-    }
-    snprintf(cl->model, sizeof(cl->model), "%s", model);
-    cl->nparams = nparams;
-    cl->max_pending = max_pending;
-    ps_key(cl->key_meta, model, "meta");
-    ps_key(cl->key_ver, model, "ver");
-    ps_key_shard(cl->key_w, model, "w", 0);
-    ps_key(cl->key_grads, model, "grads");
-    ps_key(cl->key_members, model, "members");
-    ps_key(cl->key_rounds, model, "rounds");
-    ps_key(cl->key_versions, model, "versions");
-    ps_key(cl->key_drops, model, "drops");
-    cl->c = psstore_conn_new(url, CLIENT_TIMEOUT_MS, errstr, size);
-    if (cl->c == NULL)
-        goto err;
-    if (client_check_model(cl) != FR_OK) {
+    int S = 1;
+    fr_err_t err = ps_model_layout(cl->c, model, &S, cl->at.bounds);
+    if (err == FR_ERR_NOTFOUND)
+        err = no_model(cl);
+    if (err == FR_OK && S == 1)
+        err = client_check_model(cl);
+    if (err == FR_OK && S > 1 && cl->at.bounds[S] != nparams)
+        err = ps_fail(cl->c, FR_ERR_RANGE,
+                      "model '%s' has %zu parameters in the store, this worker expects %zu", model,
+                      cl->at.bounds[S], nparams);
+    if (err != FR_OK) {
         fr_errorf(FR_ERR_INVAL, errstr, size, "%s", psstore_conn_error(cl->c));
         goto err;
     }
+    for (int k = 0; k < S && S > 1; k++) {
+        char tag[PS_TAG_MAX];
+        ps_shard_tag(tag, model, k, S);
+        size_t len = cl->at.bounds[k + 1] - cl->at.bounds[k];
+        cl->sub[k] = client_open(url, tag, len, max_pending, errstr, size);
+        if (cl->sub[k] == NULL)
+            goto err;
+        cl->nsub = k + 1;
+        if (client_check_model(cl->sub[k]) != FR_OK) {
+            fr_errorf(FR_ERR_INVAL, errstr, size, "%s", psstore_conn_error(cl->sub[k]->c));
+            goto err;
+        }
+    }
+    cl->at.n = S > 1 ? S : 0;
     return cl;
 err:
     psstore_client_destroy(cl);
@@ -189,6 +234,8 @@ void psstore_client_destroy(psstore_client_t *cl)
 {
     if (cl == NULL)
         return;
+    for (int k = 0; k < cl->nsub; k++)
+        psstore_client_destroy(cl->sub[k]);
     psstore_conn_destroy(cl->c);
     ps_grad_args_fini(&cl->args);
     free(cl);
@@ -197,6 +244,19 @@ void psstore_client_destroy(psstore_client_t *cl)
 void psstore_client_set_cancel(psstore_client_t *cl, psstore_cancel_fn fn, void *arg)
 {
     psstore_conn_set_cancel(cl->c, fn, arg);
+    for (int k = 0; k < cl->nsub; k++)
+        psstore_conn_set_cancel(cl->sub[k]->c, fn, arg);
+}
+
+psstore_shard_at_t *psstore_client_at(psstore_client_t *cl)
+{
+    return cl != NULL && cl->nsub > 0 ? &cl->at : NULL;
+}
+
+/* A shard client's failure, reported on the model's client. */
+static fr_err_t sub_failed(psstore_client_t *cl, int k, fr_err_t err)
+{
+    return ps_fail(cl->c, err, "shard %d: %s", k, psstore_conn_error(cl->sub[k]->c));
 }
 
 const char *psstore_client_error(const psstore_client_t *cl)
@@ -206,7 +266,12 @@ const char *psstore_client_error(const psstore_client_t *cl)
 
 uint64_t psstore_client_bytes(const psstore_client_t *cl)
 {
-    return cl != NULL ? cl->bytes : 0;
+    if (cl == NULL)
+        return 0;
+    uint64_t sum = cl->bytes;
+    for (int k = 0; k < cl->nsub; k++)
+        sum += cl->sub[k]->bytes;
+    return sum;
 }
 
 /* ------------------------------------------------------------------------
@@ -333,12 +398,37 @@ out:
  * (they are safe to repeat). On error w, *epoch and *version are left as
  * they were and *changed is 0.
  */
+/* A sharded model: each shard's slice when that shard moved since
+ * cl->at; *epoch and *version receive the sums. */
+static fr_err_t pull_shards(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
+                            int *changed)
+{
+    psstore_shard_at_t *at = &cl->at;
+    at->epoch = 0;
+    at->version = 0;
+    for (int k = 0; k < cl->nsub; k++) {
+        int ch = 0;
+        fr_err_t err =
+            psstore_pull(cl->sub[k], w + at->bounds[k], &at->epochs[k], &at->versions[k], &ch);
+        if (err != FR_OK)
+            return sub_failed(cl, k, err);
+        *changed |= ch;
+        at->epoch += at->epochs[k];
+        at->version += at->versions[k];
+    }
+    *epoch = at->epoch;
+    *version = at->version;
+    return FR_OK;
+}
+
 fr_err_t psstore_pull(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
                       int *changed)
 {
     if (cl == NULL || w == NULL || epoch == NULL || version == NULL || changed == NULL)
         return cl ? ps_fail(cl->c, FR_ERR_INVAL, "psstore_pull: NULL argument") : FR_ERR_INVAL;
     *changed = 0;
+    if (cl->nsub > 0)
+        return pull_shards(cl, w, epoch, version, changed);
     fr_err_t err = FR_OK;
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t e = 0;
@@ -400,6 +490,33 @@ static fr_err_t wait_for_room(psstore_client_t *cl, int timeout_ms)
  * reconnect, so a broken connection is FR_ERR_REDIS and the entry may or
  * may not have been added (the applier drops a duplicate by its offsets).
  */
+/*
+ * A sharded model (docs/design.md "Shards"): each shard gets its slice,
+ * with the (epoch, version) of that shard the gradient was computed on
+ * and the whole gradient's L2 norm, so that every shard rejects a
+ * non-finite gradient and clips alike. The slices go out one after
+ * another; a failure leaves the earlier shards holding theirs, and the
+ * gap rule reads the batch again (those shards drop it as a duplicate).
+ */
+static fr_err_t push_shards(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms)
+{
+    const psstore_shard_at_t *at = g->at != NULL ? g->at : &cl->at;
+    if (at->n != cl->nsub)
+        return ps_fail(cl->c, FR_ERR_INVAL, "push: the gradient names %d shards, the model %d",
+                       at->n, cl->nsub);
+    double norm = ps_grad_norm(g);
+    for (int k = 0; k < cl->nsub; k++) {
+        psstore_grad_t slice;
+        ps_grad_slice(g, at, k, norm, &slice);
+        fr_err_t err = psstore_push(cl->sub[k], &slice, timeout_ms);
+        if (err != FR_OK)
+            return sub_failed(cl, k, err);
+    }
+    /* the in-flight bound waits on the last shard's entry */
+    memcpy(cl->last_id, cl->sub[cl->nsub - 1]->last_id, sizeof(cl->last_id));
+    return FR_OK;
+}
+
 fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms)
 {
     if (cl == NULL || g == NULL)
@@ -408,6 +525,8 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
         return ps_fail(cl->c, FR_ERR_INVAL,
                        "push: gradient of %zu floats, model '%s' has %zu parameters", g->len,
                        cl->model, cl->nparams);
+    if (cl->nsub > 0)
+        return push_shards(cl, g, timeout_ms);
     fr_err_t err = ps_grad_encode(&cl->args, cl->key_grads, g);
     if (err == FR_ERR_INVAL)
         return ps_fail(cl->c, err, "push: %s", cl->args.text ? cl->args.text : "bad gradient");
@@ -467,6 +586,17 @@ fr_err_t psstore_members_read(psstore_client_t *cl, psstore_member_t **members, 
 fr_err_t psstore_round_read(psstore_client_t *cl, int group, int64_t *round)
 {
     fr_err_t err;
+    if (cl->nsub > 0) { /* rounds close per shard: a worker waits for all */
+        int64_t least = INT64_MAX;
+        for (int k = 0; k < cl->nsub; k++) {
+            int64_t r = 0;
+            if ((err = psstore_round_read(cl->sub[k], group, &r)) != FR_OK)
+                return sub_failed(cl, k, err);
+            least = r < least ? r : least;
+        }
+        *round = least;
+        return FR_OK;
+    }
     redisReply *r = ps_cmd(cl->c, 1, &err, "HGET %s %d", cl->key_rounds, group);
     if (r == NULL)
         return err;
@@ -515,6 +645,15 @@ fr_err_t psstore_round_wait(psstore_client_t *cl, int group, int64_t round, int 
      * drops) in the transaction that counts it, and XREAD wakes on it */
     char ids[2][PSSTORE_STREAM_ID_MAX];
     fr_err_t err;
+    for (int k = 0; k < cl->nsub; k++) {
+        /* the first shard that has not closed round yet is the one to wait on */
+        if ((err = psstore_round_wait(cl->sub[k], group, round, block_ms, now)) != FR_OK)
+            return sub_failed(cl, k, err);
+        if (*now <= round)
+            return FR_OK;
+    }
+    if (cl->nsub > 0)
+        return psstore_round_read(cl, group, now);
     if ((err = last_commit_ids(cl, ids)) != FR_OK ||
         (err = psstore_round_read(cl, group, now)) != FR_OK || *now > round ||
         (err = wait_commit(cl, ids, block_ms)) != FR_OK)
@@ -544,6 +683,8 @@ fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms
         *applied = 1;
         return FR_OK;
     }
+    if (cl->nsub > 0) /* the id is the last shard's entry (push_shards) */
+        return psstore_applied_wait(cl->sub[cl->nsub - 1], id, block_ms, applied);
     /* the common case first; then, as psstore_round_wait does, the newest
      * ids before a second look, so that a commit in between adds an entry
      * XREAD wakes on */
@@ -557,6 +698,8 @@ fr_err_t psstore_applied_wait(psstore_client_t *cl, const char *id, int block_ms
 fr_err_t psstore_phase_read(psstore_client_t *cl, psstore_phase_t *phase)
 {
     fr_err_t err;
+    if (cl->nsub > 0) /* every shard's applier runs the same mode; shard 0's phase */
+        cl = cl->sub[0];
     redisReply *r = ps_cmd(cl->c, 0, &err, "HGET %s phase", cl->key_meta);
     if (r == NULL)
         return err;

@@ -469,6 +469,13 @@ psstore_outcome_t psstore_ctl_prepare(psstore_ctl_t *ctl, float *g, int64_t vers
                                       int64_t version_read, const float *w_now, int npushers,
                                       psstore_decision_t *d)
 {
+    return psstore_ctl_prepare_whole(ctl, g, version_now, version_read, w_now, npushers, 0, d);
+}
+
+psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_t version_now,
+                                            int64_t version_read, const float *w_now, int npushers,
+                                            double whole_norm, psstore_decision_t *d)
+{
     const psstore_ctl_conf_t *conf = &ctl->conf;
 
     memset(d, 0, sizeof(*d));
@@ -481,6 +488,10 @@ psstore_outcome_t psstore_ctl_prepare(psstore_ctl_t *ctl, float *g, int64_t vers
 
     double sq = sum_squares(g, ctl->n);
     d->norm = sqrt(sq);
+    if (whole_norm != 0 && isfinite(sq)) { /* a shard's slice: decide on the whole */
+        d->norm = whole_norm;
+        sq = whole_norm * whole_norm;
+    }
     if (!isfinite(sq)) {
         d->outcome = PSSTORE_DROP_NONFINITE;
         ctl->stats.dropped_nonfinite++;

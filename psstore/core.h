@@ -138,6 +138,15 @@ psstore_outcome_t psstore_ctl_prepare(psstore_ctl_t *ctl, float *g, int64_t vers
                                       int64_t version_read, const float *w_now, int npushers,
                                       psstore_decision_t *d);
 
+/* As psstore_ctl_prepare for g, a shard's slice of a gradient whose whole
+ * L2 norm is whole_norm (NaN or infinite when the gradient was not
+ * finite; 0: the slice's own, as psstore_ctl_prepare): rejection and
+ * clipping follow the whole gradient, so every shard decides alike
+ * (docs/design.md "Shards"). */
+psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_t version_now,
+                                            int64_t version_read, const float *w_now, int npushers,
+                                            double whole_norm, psstore_decision_t *d);
+
 /* Step 6: the optimizer step w -= ... with d->lr_eff; state has
  * psstore_optim_state_len() floats. Does nothing unless d->outcome is
  * PSSTORE_APPLY. */
@@ -363,6 +372,33 @@ int psstore_replay_applies(const psstore_replay_t *r, const char *topic, int32_t
  * "offset 42", "first record at or after 2026-11-29T20:00:00.000Z" or
  * "watermark - 100". */
 void psstore_replay_describe(const psstore_replay_t *r, int32_t partition, char *buf, size_t size);
+
+/* ------------------------------------------------------------------------
+ * Shards (docs/design.md "Shards"): a model's flat vector cut into S
+ * contiguous ranges, shard k holding [bounds[k], bounds[k + 1]).
+ * ---------------------------------------------------------------------- */
+#define PSSTORE_SHARDS_MAX 64
+
+/* Cuts the nparams floats of an MLP with these layers ("784-256-10", the
+ * layout of model/model.h) into S ranges at row boundaries of the weight
+ * matrices (or where a bias vector starts or ends), each cut at the
+ * candidate nearest to k * nparams / S: balanced by bytes as far as rows
+ * allow. bounds[S + 1] receives 0 = bounds[0] < ... < bounds[S] = nparams.
+ * FR_ERR_INVAL with errstr when S is outside 1..PSSTORE_SHARDS_MAX, the
+ * layers do not parse or do not hold nparams floats, or the model has
+ * fewer cut points than shards. */
+fr_err_t psstore_shard_bounds(const char *layers, size_t nparams, int S, size_t *bounds,
+                              char *errstr, size_t size);
+/* Parses "0,1000,2000" (S + 1 increasing numbers from 0) into bounds; *S
+ * receives the number of shards. FR_ERR_PARSE otherwise. */
+fr_err_t psstore_shard_bounds_parse(const char *text, size_t len, size_t *bounds, int *S);
+/* Writes bounds[S + 1] as "0,1000,2000" into buf; the length written. */
+int psstore_shard_bounds_format(char *buf, size_t size, const size_t *bounds, int S);
+/* Parses "0-3", "2" or "0,2-3" into a mask of the shards of S listed
+ * (bit k for shard k). FR_ERR_INVAL with errstr on anything else or a
+ * shard outside 0..S-1 (S <= 0: any below PSSTORE_SHARDS_MAX). */
+fr_err_t psstore_shard_list_parse(const char *text, int S, uint64_t *mask, char *errstr,
+                                  size_t size);
 
 #ifdef __cplusplus
 }

@@ -20,3 +20,11 @@ void ps_key_shard(char *key, const char *model, const char *what, long long k)
 {
     snprintf(key, PS_KEY_MAX, "freshet:{%s}:%s:%lld", model, what, k);
 }
+
+void ps_shard_tag(char *tag, const char *model, int k, int S)
+{
+    if (S <= 1)
+        snprintf(tag, PS_TAG_MAX, "%s", model);
+    else
+        snprintf(tag, PS_TAG_MAX, "%s/s%d", model, k);
+}

@@ -19,6 +19,7 @@
  * model takes tens of microseconds). Gradients are copied in, or with
  * psstore_local_push_swap (the workers' way) trade buffers with the slot.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +63,16 @@ struct psstore_local {
      * published with the weights they produced */
     int64_t rounds[PS_LOCAL_GROUPS];
     pthread_cond_t moved; /* weights or rounds were published, or it closed */
+    /* a sharded model (docs/design.md "Shards"): a channel per shard, each
+     * attached to its shard's applier; this one only fans out. A push's
+     * ticket here maps to its tickets on the shards (ring). */
+    int nsub;
+    psstore_local_t *sub[PSSTORE_SHARDS_MAX];
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    uint64_t (*ring)[PSSTORE_SHARDS_MAX]; /* [LOCAL_RING] */
 };
+
+#define LOCAL_RING 4096 /* pushes whose shard tickets are remembered */
 
 psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, size_t size)
 {
@@ -97,10 +107,48 @@ psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, s
     return l;
 }
 
+psstore_local_t *psstore_local_new_shards(const size_t *bounds, int S, size_t slots, char *errstr,
+                                          size_t size)
+{
+    if (S < 2 || S > PSSTORE_SHARDS_MAX)
+        return psstore_local_new(S == 1 ? bounds[1] : 0, slots, errstr, size);
+    psstore_local_t *l = calloc(1, sizeof(*l));
+    if (l == NULL || (l->ring = calloc(LOCAL_RING, sizeof(*l->ring))) == NULL) {
+        free(l);
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "local path: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->room, NULL);
+    pthread_cond_init(&l->work, NULL);
+    pthread_cond_init(&l->moved, NULL);
+    l->n = bounds[S];
+    memcpy(l->bounds, bounds, (size_t)(S + 1) * sizeof(*bounds));
+    for (int k = 0; k < S; k++) {
+        if ((l->sub[k] = psstore_local_new(bounds[k + 1] - bounds[k], slots, errstr, size)) ==
+            NULL) {
+            psstore_local_destroy(l);
+            return NULL;
+        }
+        l->nsub = k + 1;
+    }
+    return l;
+}
+
+psstore_local_t *ps_local_shard(psstore_local_t *l, int shard)
+{
+    if (l == NULL || l->nsub == 0)
+        return l;
+    return shard >= 0 && shard < l->nsub ? l->sub[shard] : NULL;
+}
+
 void psstore_local_destroy(psstore_local_t *l)
 {
     if (l == NULL)
         return;
+    for (int k = 0; k < l->nsub; k++)
+        psstore_local_destroy(l->sub[k]);
+    free(l->ring);
     for (size_t i = 0; i < l->nslots; i++) {
         free(l->slots[i].g);
         free(l->slots[i].ranges);
@@ -119,15 +167,45 @@ int psstore_local_open(psstore_local_t *l)
 {
     if (l == NULL)
         return 0;
+    if (l->nsub > 0) {
+        for (int k = 0; k < l->nsub; k++)
+            if (!psstore_local_open(l->sub[k]))
+                return 0;
+        return 1;
+    }
     pthread_mutex_lock(&l->lock);
     int open = l->open;
     pthread_mutex_unlock(&l->lock);
     return open;
 }
 
+fr_err_t psstore_local_pull_at(psstore_local_t *l, float *w, psstore_shard_at_t *at, int *changed)
+{
+    if (l->nsub == 0 || at == NULL || at->n != l->nsub)
+        return FR_ERR_INVAL;
+    *changed = 0;
+    uint64_t esum = 0;
+    int64_t vsum = 0;
+    for (int k = 0; k < l->nsub; k++) {
+        int ch = 0;
+        fr_err_t err =
+            psstore_local_pull(l->sub[k], w + l->bounds[k], &at->epochs[k], &at->versions[k], &ch);
+        if (err != FR_OK)
+            return err;
+        *changed |= ch;
+        esum += at->epochs[k];
+        vsum += at->versions[k];
+    }
+    at->epoch = esum;
+    at->version = vsum;
+    return FR_OK;
+}
+
 fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64_t *version,
                             int *changed)
 {
+    if (l->nsub > 0)
+        return FR_ERR_INVAL; /* sharded: psstore_local_pull_at */
     pthread_mutex_lock(&l->lock);
     if (!l->open) {
         pthread_mutex_unlock(&l->lock);
@@ -157,6 +235,7 @@ static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g
     s->msg.worker = s->worker;
     s->msg.reason = g->reason ? s->reason : NULL;
     s->msg.ranges = s->ranges;
+    s->msg.at = NULL;
     s->msg.g = NULL;
     s->msg.len = 0;
     if (g->n > 0) {
@@ -206,9 +285,41 @@ static fr_err_t push(psstore_local_t *l, const psstore_grad_t *g, float **buf, i
     return err;
 }
 
+/*
+ * A sharded channel: each shard's channel gets a copy of its slice, with
+ * that shard's (epoch, version) from g->at and the whole gradient's norm.
+ * The ticket returned stands for the shards' tickets (ring). A shard that
+ * refuses leaves the earlier ones holding their slices: the gap rule reads
+ * the batch again and those shards drop it as a duplicate.
+ */
+static fr_err_t push_shards(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
+                            uint64_t *ticket)
+{
+    if (g->at == NULL || g->at->n != l->nsub || (g->n > 0 && (g->g == NULL || g->len != l->n)))
+        return FR_ERR_INVAL;
+    double norm = ps_grad_norm(g);
+    uint64_t tickets[PSSTORE_SHARDS_MAX];
+    for (int k = 0; k < l->nsub; k++) {
+        psstore_grad_t slice;
+        ps_grad_slice(g, g->at, k, norm, &slice);
+        fr_err_t err = push(l->sub[k], &slice, NULL, timeout_ms, &tickets[k]);
+        if (err != FR_OK)
+            return err;
+    }
+    pthread_mutex_lock(&l->lock);
+    uint64_t t = ++l->pushed;
+    memcpy(l->ring[t % LOCAL_RING], tickets, (size_t)l->nsub * sizeof(tickets[0]));
+    pthread_mutex_unlock(&l->lock);
+    if (ticket != NULL)
+        *ticket = t;
+    return FR_OK;
+}
+
 fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
                             uint64_t *ticket)
 {
+    if (l->nsub > 0)
+        return push_shards(l, g, timeout_ms, ticket);
     return push(l, g, NULL, timeout_ms, ticket);
 }
 
@@ -217,6 +328,8 @@ fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, fl
 {
     if (buf == NULL || *buf == NULL)
         return FR_ERR_INVAL;
+    if (l->nsub > 0) /* slices are copied: *buf stays the caller's */
+        return push_shards(l, g, timeout_ms, ticket);
     return push(l, g, buf, timeout_ms, ticket);
 }
 
@@ -271,6 +384,18 @@ fr_err_t psstore_local_round(psstore_local_t *l, int group, int64_t *round)
 {
     if (group < 0 || group >= PS_LOCAL_GROUPS)
         return FR_ERR_INVAL;
+    if (l->nsub > 0) { /* rounds close per shard: the least of them */
+        int64_t least = INT64_MAX;
+        for (int k = 0; k < l->nsub; k++) {
+            int64_t r = 0;
+            fr_err_t err = psstore_local_round(l->sub[k], group, &r);
+            if (err != FR_OK)
+                return err;
+            least = r < least ? r : least;
+        }
+        *round = least;
+        return FR_OK;
+    }
     pthread_mutex_lock(&l->lock);
     int open = l->open;
     *round = l->rounds[group];
@@ -282,6 +407,16 @@ fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, 
 {
     if (group < 0 || group >= PS_LOCAL_GROUPS)
         return FR_ERR_INVAL;
+    if (l->nsub > 0) { /* every shard past round; one timeout for all */
+        uint64_t t0 = fr_clock_mono_ns();
+        for (int k = 0; k < l->nsub; k++) {
+            int left = timeout_ms - (int)((fr_clock_mono_ns() - t0) / 1000000u);
+            fr_err_t err = psstore_local_round_wait(l->sub[k], group, round, left > 0 ? left : 0);
+            if (err != FR_OK)
+                return err;
+        }
+        return FR_OK;
+    }
     struct timespec until;
     fr_clock_deadline(&until, timeout_ms);
     fr_err_t err = FR_OK;
@@ -300,6 +435,23 @@ fr_err_t psstore_local_round_wait(psstore_local_t *l, int group, int64_t round, 
 
 fr_err_t psstore_local_wait_applied(psstore_local_t *l, uint64_t ticket, int timeout_ms)
 {
+    if (l->nsub > 0) { /* decided on every shard */
+        uint64_t tickets[PSSTORE_SHARDS_MAX];
+        pthread_mutex_lock(&l->lock);
+        int known = ticket <= l->pushed && l->pushed - ticket < LOCAL_RING;
+        memcpy(tickets, l->ring[ticket % LOCAL_RING], (size_t)l->nsub * sizeof(tickets[0]));
+        pthread_mutex_unlock(&l->lock);
+        if (!known)
+            return FR_OK; /* long decided, or never pushed here */
+        uint64_t t0 = fr_clock_mono_ns();
+        for (int k = 0; k < l->nsub; k++) {
+            int left = timeout_ms - (int)((fr_clock_mono_ns() - t0) / 1000000u);
+            fr_err_t err = psstore_local_wait_applied(l->sub[k], tickets[k], left > 0 ? left : 0);
+            if (err != FR_OK)
+                return err;
+        }
+        return FR_OK;
+    }
     struct timespec until;
     fr_clock_deadline(&until, timeout_ms);
     fr_err_t err = FR_OK;
@@ -325,6 +477,8 @@ void ps_local_set_phase(psstore_local_t *l, psstore_phase_t phase)
 
 fr_err_t psstore_local_phase(psstore_local_t *l, psstore_phase_t *phase)
 {
+    if (l->nsub > 0)
+        l = l->sub[0]; /* every shard runs the same mode; shard 0's phase */
     pthread_mutex_lock(&l->lock);
     int open = l->open;
     *phase = l->phase;

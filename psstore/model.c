@@ -338,6 +338,112 @@ static fr_err_t watch_model(psstore_conn_t *c, const char *name, int *exists, in
 }
 
 /* ------------------------------------------------------------------------
+ * Shards (docs/design.md "Shards")
+ * ---------------------------------------------------------------------- */
+fr_err_t ps_model_layout(psstore_conn_t *c, const char *model, int *S, size_t *bounds)
+{
+    char meta[PS_KEY_MAX];
+    fr_err_t err;
+    ps_key(meta, model, "meta");
+    redisReply *r = ps_cmd(c, 1, &err, "HMGET %s layers shards bounds", meta);
+    if (r == NULL)
+        return err;
+    *S = 1;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
+        r->element[0]->type != REDIS_REPLY_STRING) {
+        err = ps_fail(c, FR_ERR_NOTFOUND, "no model '%s'", model);
+    } else if (r->element[1]->type == REDIS_REPLY_STRING && strcmp(r->element[1]->str, "1") != 0) {
+        int n = 0;
+        const redisReply *b = r->element[2];
+        if (b->type != REDIS_REPLY_STRING ||
+            psstore_shard_bounds_parse(b->str, b->len, bounds, &n) != FR_OK ||
+            n != atoi(r->element[1]->str))
+            err = ps_fail(c, FR_ERR_PARSE, "model '%s': bad shards or bounds in its meta", model);
+        else
+            *S = n;
+    }
+    freeReplyObject(r);
+    return err;
+}
+
+fr_err_t ps_read_tag(psstore_conn_t *c, const char *model, char *tag)
+{
+    int S = 1;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    fr_err_t err = ps_model_layout(c, model, &S, bounds);
+    if (err != FR_OK && err != FR_ERR_NOTFOUND)
+        return err;
+    ps_shard_tag(tag, model, 0, S);
+    return FR_OK;
+}
+
+/* Unlinks every key of tag (its fixed keys and what SCAN finds under it).
+ * The EXISTS first routes the keyless SCAN to the tag's node on a cluster. */
+fr_err_t ps_unlink_tag(psstore_conn_t *c, const char *tag)
+{
+    char meta[PS_KEY_MAX];
+    fr_err_t err;
+    ps_key(meta, tag, "meta");
+    redisReply *r = ps_cmd(c, 1, &err, "EXISTS %s", meta);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    ps_keylist_t kl = {0};
+    size_t queued = 0;
+    err = ps_model_keys(c, tag, &kl);
+    if (err == FR_OK)
+        err = ps_queue_unlink(c, &kl, &queued);
+    ps_keylist_fini(&kl);
+    if (err != FR_OK) {
+        ps_pipeline_discard(c);
+        return err;
+    }
+    for (size_t i = 0; i < queued; i++) {
+        r = ps_pipeline_read(c, &err);
+        freeReplyObject(r);
+        if (r == NULL && c->ctx == NULL)
+            return err;
+    }
+    return err;
+}
+
+/* FR_ERR_STATE naming the shard when an applier holds the lease of one of
+ * the S shards of model name (S = 1: the model's own lease). */
+static fr_err_t shards_unleased(psstore_conn_t *c, const char *name, int S, const char *doing)
+{
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX], lease[PS_KEY_MAX];
+        fr_err_t err;
+        ps_shard_tag(tag, name, k, S);
+        ps_key(lease, tag, "lease");
+        redisReply *r = ps_cmd(c, 1, &err, "EXISTS %s", lease);
+        if (r == NULL)
+            return err;
+        int held = r->type == REDIS_REPLY_INTEGER && r->integer > 0;
+        freeReplyObject(r);
+        if (held)
+            return ps_fail(c, FR_ERR_STATE,
+                           "model '%s' has a running applier (the lease of shard %d of %d is "
+                           "held); stop it before %s the model",
+                           name, k, S, doing);
+    }
+    return FR_OK;
+}
+
+/* Unlinks the keys of shards 0..S-1 of name (S > 1). */
+static fr_err_t unlink_shards(psstore_conn_t *c, const char *name, int S)
+{
+    for (int k = 0; k < S && S > 1; k++) {
+        char tag[PS_TAG_MAX];
+        ps_shard_tag(tag, name, k, S);
+        fr_err_t err = ps_unlink_tag(c, tag);
+        if (err != FR_OK)
+            return err;
+    }
+    return FR_OK;
+}
+
+/* ------------------------------------------------------------------------
  * Create and delete
  * ---------------------------------------------------------------------- */
 
@@ -388,29 +494,36 @@ static fr_err_t check_spec(psstore_conn_t *c, const psstore_model_spec_t *spec, 
 }
 
 /*
- * Queues MULTI, the unlinking of kl, the new model's keys and EXEC. The
- * weights go out as they lie in memory (%b), with no copy of our own.
+ * Queues MULTI, the unlinking of kl, the new keys of tag and EXEC: meta
+ * (the fields of fields[nfields], then created, epoch and redis_run_id),
+ * ver 0, w:0 = w[n] and an empty opt:0. For a model of one shard tag is
+ * the model; for shard k of a sharded model, the shard's tag. The weights
+ * go out as they lie in memory (%b), with no copy of our own.
  */
-static fr_err_t queue_create(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
-                             const float *w, const char *run_id, uint64_t epoch,
-                             const ps_keylist_t *kl, size_t *queued)
+static fr_err_t queue_create(psstore_conn_t *c, const char *tag, const char *const *fields,
+                             int nfields, const float *w, size_t n, const char *run_id,
+                             uint64_t epoch, const ps_keylist_t *kl, size_t *queued)
 {
     char meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], opt[PS_KEY_MAX];
     char created[32], epoch_s[32];
-    ps_key(meta, name, "meta");
-    ps_key(ver, name, "ver");
-    ps_key_shard(wkey, name, "w", 0);
-    ps_key_shard(opt, name, "opt", 0);
+    ps_key(meta, tag, "meta");
+    ps_key(ver, tag, "ver");
+    ps_key_shard(wkey, tag, "w", 0);
+    ps_key_shard(opt, tag, "opt", 0);
     snprintf(created, sizeof(created), "%" PRId64, fr_clock_unix_ms());
     snprintf(epoch_s, sizeof(epoch_s), "%" PRIu64, epoch);
 
     const char *multi[] = {"MULTI"};
-    const char *hset[] = {"HSET",         meta,  "layers",  spec->layers, "loss",  spec->loss,
-                          "shards",       "1",   "created", created,      "epoch", epoch_s,
-                          "redis_run_id", run_id};
+    const char *hset[16] = {"HSET", meta};
+    int nh = 2;
+    for (int i = 0; i < nfields && nh < 10; i++)
+        hset[nh++] = fields[i];
+    const char *tail[] = {"created", created, "epoch", epoch_s, "redis_run_id", run_id};
+    for (size_t i = 0; i < sizeof(tail) / sizeof(tail[0]); i++)
+        hset[nh++] = tail[i];
     const char *set_ver[] = {"SET", ver, "0"};
     const char *set_w[] = {"SET", wkey, (const char *)w};
-    size_t set_w_lens[] = {3, strlen(wkey), spec->nparams * sizeof(float)};
+    size_t set_w_lens[] = {3, strlen(wkey), n * sizeof(float)};
     const char *set_opt[] = {"SET", opt, ""};
     const char *exec[] = {"EXEC"};
 
@@ -418,9 +531,9 @@ static fr_err_t queue_create(psstore_conn_t *c, const char *name, const psstore_
     if (err != FR_OK)
         return err;
     ++*queued;
-    if ((err = ps_queue_unlink(c, kl, queued)) != FR_OK)
+    if (kl != NULL && (err = ps_queue_unlink(c, kl, queued)) != FR_OK)
         return err;
-    const int argcs[] = {14, 3, 3, 3, 1};
+    const int argcs[] = {nh, 3, 3, 3, 1};
     const char **argvs[] = {hset, set_ver, set_w, set_opt, exec};
     const size_t *lens[] = {NULL, NULL, set_w_lens, NULL, NULL};
     for (int i = 0; i < 5; i++) {
@@ -457,6 +570,65 @@ static fr_err_t finish_tx(psstore_conn_t *c, fr_err_t err, size_t queued)
  * records), write meta, ver, w:0 and opt:0, EXEC. A nil EXEC (a watched key
  * changed) starts over, up to MODEL_TX_TRIES times.
  */
+/*
+ * A sharded model (docs/design.md "Shards"): its shards live in S slots, so
+ * no one transaction covers them. The old model's keys go first, model
+ * meta first of all (the model then no longer exists for anyone), then
+ * each shard is written in a transaction of its own (its meta with its own
+ * epoch and its range, ver 0, its slice of w), and the model's meta
+ * (layers, loss, shards, bounds) last: the model exists once every shard
+ * does. An interrupted create leaves no meta, and the next create --force
+ * clears what it wrote.
+ */
+static fr_err_t create_sharded(psstore_conn_t *c, const char *name,
+                               const psstore_model_spec_t *spec, const float *w, int force,
+                               int old_S, int exists)
+{
+    int S = spec->shards;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    char ep[300], text[PSSTORE_SHARDS_MAX * 21 + 1], created[32], shards_s[16];
+    fr_err_t err;
+    if (psstore_shard_bounds(spec->layers, spec->nparams, S, bounds, c->errstr,
+                             sizeof(c->errstr)) != FR_OK)
+        return FR_ERR_INVAL;
+    ps_endpoint(c, ep, sizeof(ep));
+    if (exists && !force)
+        return ps_fail(c, FR_ERR_EXISTS, "redis %s: model '%s' already exists", ep, name);
+    if (exists && (err = shards_unleased(c, name, old_S, "replacing")) != FR_OK)
+        return err;
+    if ((err = ps_unlink_tag(c, name)) != FR_OK || (err = unlink_shards(c, name, old_S)) != FR_OK ||
+        (old_S != S && (err = unlink_shards(c, name, S)) != FR_OK))
+        return err;
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX], meta[PS_KEY_MAX], run_id[64], ks[16], lo[24], hi[24];
+        uint64_t epoch;
+        ps_shard_tag(tag, name, k, S);
+        ps_key(meta, tag, "meta");
+        snprintf(ks, sizeof(ks), "%d", k);
+        snprintf(lo, sizeof(lo), "%zu", bounds[k]);
+        snprintf(hi, sizeof(hi), "%zu", bounds[k + 1]);
+        if ((err = random_epoch(c, &epoch)) != FR_OK ||
+            (err = ps_server_run_id(c, meta, run_id, sizeof(run_id))) != FR_OK)
+            return err;
+        const char *fields[] = {"shard", ks, "lo", lo, "hi", hi};
+        size_t queued = 0;
+        err = queue_create(c, tag, fields, 6, w + bounds[k], bounds[k + 1] - bounds[k], run_id,
+                           epoch, NULL, &queued);
+        if ((err = finish_tx(c, err, queued)) != FR_OK)
+            return err;
+    }
+    char meta[PS_KEY_MAX];
+    ps_key(meta, name, "meta");
+    psstore_shard_bounds_format(text, sizeof(text), bounds, S);
+    snprintf(created, sizeof(created), "%" PRId64, fr_clock_unix_ms());
+    snprintf(shards_s, sizeof(shards_s), "%d", S);
+    const char *hset[] = {"HSET",   meta,     "layers", spec->layers, "loss",    spec->loss,
+                          "shards", shards_s, "bounds", text,         "created", created};
+    redisReply *r = ps_cmd_argv(c, 1, 12, hset, NULL, &err);
+    freeReplyObject(r);
+    return err;
+}
+
 fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
                               const float *w, int force)
 {
@@ -464,6 +636,20 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
     char ep[300], run_id[64];
     if ((err = check_name(c, name)) != FR_OK || (err = check_spec(c, spec, w)) != FR_OK)
         return err;
+    int old_S = 1;
+    size_t old_bounds[PSSTORE_SHARDS_MAX + 1];
+    err = ps_model_layout(c, name, &old_S, old_bounds);
+    if (err != FR_OK && err != FR_ERR_NOTFOUND)
+        return err;
+    int had = err == FR_OK;
+    if (spec->shards > 1)
+        return create_sharded(c, name, spec, w, force, old_S, had);
+    if (had && force && old_S > 1) {
+        /* one shard replacing S: the old shards' keys go first */
+        if ((err = shards_unleased(c, name, old_S, "replacing")) != FR_OK ||
+            (err = unlink_shards(c, name, old_S)) != FR_OK)
+            return err;
+    }
     uint64_t epoch;
     char meta[PS_KEY_MAX];
     ps_key(meta, name, "meta");
@@ -490,8 +676,9 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
         ps_keylist_t kl = {0};
         size_t queued = 0;
         err = ps_model_keys(c, name, &kl);
+        const char *fields[] = {"layers", spec->layers, "loss", spec->loss, "shards", "1"};
         if (err == FR_OK)
-            err = queue_create(c, name, spec, w, run_id, epoch, &kl, &queued);
+            err = queue_create(c, name, fields, 6, w, spec->nparams, run_id, epoch, &kl, &queued);
         ps_keylist_fini(&kl);
         if ((err = finish_tx(c, err, queued)) != FR_ERR_STATE)
             return err;
@@ -512,6 +699,17 @@ fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name)
     char ep[300];
     if ((err = check_name(c, name)) != FR_OK)
         return err;
+    int S = 1;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    err = ps_model_layout(c, name, &S, bounds);
+    if (err != FR_OK && err != FR_ERR_NOTFOUND)
+        return err;
+    if (S > 1) {
+        /* the shards first, the model's own keys (meta) in the transaction below */
+        if ((err = shards_unleased(c, name, S, "deleting")) != FR_OK ||
+            (err = unlink_shards(c, name, S)) != FR_OK)
+            return err;
+    }
     ps_endpoint(c, ep, sizeof(ep));
     for (int tries = 0; tries < MODEL_TX_TRIES; tries++) {
         int exists, leased;
@@ -633,12 +831,10 @@ static void info_from_meta(psstore_model_info_t *info, const redisReply *meta)
  * taken (score), so score order is version order; the versions are sorted
  * all the same. FR_ERR_NOTFOUND without meta.
  */
-fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_info_t *info)
+static fr_err_t info_one(psstore_conn_t *c, const char *name, psstore_model_info_t *info)
 {
     fr_err_t err;
     char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], snaps[PS_KEY_MAX];
-    if ((err = check_name(c, name)) != FR_OK)
-        return err;
     ps_endpoint(c, ep, sizeof(ep));
     ps_key(meta, name, "meta");
     ps_key(ver, name, "ver");
@@ -654,10 +850,14 @@ fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_i
     ps_endpoint(c, ep, sizeof(ep)); /* on a cluster, the model's master */
     const redisReply *m = r->element[0], *v = r->element[1], *len = r->element[2],
                      *sn = r->element[3];
-    int64_t version, bytes;
+    int64_t version = 0, bytes = 0;
+    psstore_model_info_t probe = {.shards = 1};
+    if (m->type == REDIS_REPLY_ARRAY)
+        info_from_meta(&probe, m);
     if (m->type != REDIS_REPLY_ARRAY || m->elements == 0) {
         err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, name);
-    } else if (reply_int64(v, &version) != 0 || reply_int64(len, &bytes) != 0) {
+    } else if (probe.shards == 1 &&
+               (reply_int64(v, &version) != 0 || reply_int64(len, &bytes) != 0)) {
         err = ps_fail(c, FR_ERR_PARSE, "redis %s: model '%s' has no valid ver", ep, name);
     } else {
         memset(info, 0, sizeof(*info));
@@ -676,6 +876,53 @@ fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_i
     }
     freeReplyObject(r);
     return err;
+}
+
+/*
+ * A sharded model's info adds up its shards' (docs/design.md "Shards"):
+ * the version and epoch are the sums of theirs (the version then changes
+ * whenever a shard's does), bytes the whole vector's; the mode, phase and
+ * snapshots are shard 0's (snapshots are coordinated: every shard takes
+ * shard 0's), the guard's reason the first stopped shard's.
+ */
+fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_info_t *info)
+{
+    fr_err_t err;
+    if ((err = check_name(c, name)) != FR_OK || (err = info_one(c, name, info)) != FR_OK)
+        return err;
+    info->shard_versions[0] = info->version;
+    info->bounds[0] = 0;
+    info->bounds[1] = info->bytes / sizeof(float);
+    if (info->shards <= 1)
+        return FR_OK;
+    int S = 1;
+    if ((err = ps_model_layout(c, name, &S, info->bounds)) != FR_OK)
+        return err;
+    info->shards = S;
+    info->epoch = 0;
+    info->version = 0;
+    info->bytes = 0;
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX];
+        psstore_model_info_t sh;
+        ps_shard_tag(tag, name, k, S);
+        if ((err = info_one(c, tag, &sh)) != FR_OK)
+            return ps_fail(c, err, "model '%s', shard %d: %s", name, k, psstore_conn_error(c));
+        info->epoch += sh.epoch;
+        info->version += sh.version;
+        info->shard_versions[k] = sh.version;
+        info->bytes += sh.bytes;
+        if (info->stopped[0] == '\0' && sh.stopped[0] != '\0')
+            snprintf(info->stopped, sizeof(info->stopped), "shard %d: %.200s", k, sh.stopped);
+        if (k == 0) {
+            memcpy(info->mode, sh.mode, sizeof(info->mode));
+            memcpy(info->phase, sh.phase, sizeof(info->phase));
+            info->mode_switches = sh.mode_switches;
+            info->nsnaps = sh.nsnaps;
+            memcpy(info->snaps, sh.snaps, sizeof(info->snaps));
+        }
+    }
+    return FR_OK;
 }
 
 /* Reads the weights, their epoch and version in one transaction (see
@@ -704,15 +951,13 @@ static char *watermarks_text(const redisReply *o)
 
 /* Weights, epoch and version in one transaction; with offsets != NULL also
  * the watermark of every partition, as "topic/partition=watermark,...". */
-static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
-                             uint64_t *epoch, int64_t *version, char **offsets)
+static fr_err_t read_one(psstore_conn_t *c, const char *name, float *w, size_t n, uint64_t *epoch,
+                         int64_t *version, char **offsets)
 {
     fr_err_t err;
     char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], off[PS_KEY_MAX];
     if (offsets != NULL)
         *offsets = NULL;
-    if ((err = check_name(c, name)) != FR_OK)
-        return err;
     ps_endpoint(c, ep, sizeof(ep));
     ps_key(meta, name, "meta");
     ps_key(ver, name, "ver");
@@ -752,6 +997,126 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
     return err;
 }
 
+/* Folds one shard's "t/p=w,..." into *merged, the lowest watermark of each
+ * partition over the shards so far (a partition a shard lacks counts 0:
+ * none of its positions is applied on that shard). first: merged is the
+ * first shard's list. NULL when out of memory (merged is then freed). */
+static char *watermarks_min(char *merged, const char *shard, int first)
+{
+    if (first)
+        return strdup(shard);
+    size_t cap = strlen(merged) + strlen(shard) + 2, len = 0;
+    char *out = malloc(cap * 2), *copy = strdup(merged);
+    if (out == NULL || copy == NULL) {
+        free(out);
+        free(copy);
+        free(merged);
+        return NULL;
+    }
+    out[0] = '\0';
+    /* every partition of merged: min with the shard's (0 when it lacks it) */
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strrchr(tok, '=');
+        if (eq == NULL)
+            continue;
+        long long wm = atoll(eq + 1), other = 0;
+        size_t klen = (size_t)(eq - tok);
+        for (const char *p = shard; *p != '\0';) {
+            const char *end = strchr(p, ','), *peq = strchr(p, '=');
+            if (end == NULL)
+                end = p + strlen(p);
+            if (peq != NULL && peq < end && (size_t)(peq - p) == klen && memcmp(p, tok, klen) == 0)
+                other = atoll(peq + 1);
+            p = *end ? end + 1 : end;
+        }
+        len += (size_t)snprintf(out + len, cap * 2 - len, "%s%.*s=%lld", len ? "," : "", (int)klen,
+                                tok, wm < other ? wm : other);
+    }
+    /* partitions only the shard has: 0 on the others */
+    for (const char *p = shard; *p != '\0';) {
+        const char *end = strchr(p, ','), *peq = strchr(p, '=');
+        if (end == NULL)
+            end = p + strlen(p);
+        if (peq != NULL && peq < end) {
+            size_t klen = (size_t)(peq - p);
+            int seen = 0;
+            for (const char *q = merged; *q != '\0' && !seen;) {
+                const char *qe = strchr(q, ','), *qeq = strchr(q, '=');
+                if (qe == NULL)
+                    qe = q + strlen(q);
+                seen =
+                    qeq != NULL && qeq < qe && (size_t)(qeq - q) == klen && memcmp(q, p, klen) == 0;
+                q = *qe ? qe + 1 : qe;
+            }
+            if (!seen && len + klen + 8 < cap * 2)
+                len += (size_t)snprintf(out + len, cap * 2 - len, "%s%.*s=0", len ? "," : "",
+                                        (int)klen, p);
+        }
+        p = *end ? end + 1 : end;
+    }
+    free(copy);
+    free(merged);
+    return out;
+}
+
+/*
+ * The weights of model name: one transaction for a model of one shard; for
+ * a sharded one (docs/design.md "Shards"), one per shard, assembled, with
+ * the sums of the shards' epochs and versions and the lowest watermark of
+ * every partition over the shards. The shards are read one after another,
+ * so the vector may mix a shard read before and one read after some
+ * update: each slice is one shard's consistent state at one instant.
+ */
+static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
+                             uint64_t *epoch, int64_t *version, char **offsets)
+{
+    fr_err_t err;
+    if (offsets != NULL)
+        *offsets = NULL;
+    if ((err = check_name(c, name)) != FR_OK)
+        return err;
+    int S = 1;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    if ((err = ps_model_layout(c, name, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
+        return err;
+    if (S == 1)
+        return read_one(c, name, w, n, epoch, version, offsets);
+    if (bounds[S] != n)
+        return ps_fail(c, FR_ERR_RANGE, "model '%s' holds %zu floats of weights, expected %zu",
+                       name, bounds[S], n);
+    uint64_t esum = 0;
+    int64_t vsum = 0;
+    char *merged = NULL;
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX], *text = NULL;
+        uint64_t e = 0;
+        int64_t v = 0;
+        ps_shard_tag(tag, name, k, S);
+        err = read_one(c, tag, w + bounds[k], bounds[k + 1] - bounds[k], &e, &v,
+                       offsets != NULL ? &text : NULL);
+        if (err != FR_OK) {
+            free(merged);
+            return ps_fail(c, err, "model '%s', shard %d: %s", name, k, psstore_conn_error(c));
+        }
+        esum += e;
+        vsum += v;
+        if (offsets != NULL) {
+            merged = watermarks_min(merged, text, k == 0);
+            free(text);
+            if (merged == NULL)
+                return ps_fail(c, FR_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (epoch != NULL)
+        *epoch = esum;
+    if (version != NULL)
+        *version = vsum;
+    if (offsets != NULL)
+        *offsets = merged;
+    return FR_OK;
+}
+
 fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
                                uint64_t *epoch, int64_t *version)
 {
@@ -764,12 +1129,35 @@ fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, floa
     return read_weights(c, name, w, n, epoch, version, offsets);
 }
 
+static fr_err_t version_one(psstore_conn_t *c, const char *name, int64_t *version);
+
+/* A sharded model's version is the sum of its shards'. */
 fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version)
 {
     fr_err_t err;
-    char key[PS_KEY_MAX];
     if ((err = check_name(c, name)) != FR_OK)
         return err;
+    int S = 1;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    if ((err = ps_model_layout(c, name, &S, bounds)) != FR_OK)
+        return err;
+    int64_t sum = 0;
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX];
+        int64_t v = 0;
+        ps_shard_tag(tag, name, k, S);
+        if ((err = version_one(c, tag, &v)) != FR_OK)
+            return err;
+        sum += v;
+    }
+    *version = sum;
+    return FR_OK;
+}
+
+static fr_err_t version_one(psstore_conn_t *c, const char *name, int64_t *version)
+{
+    fr_err_t err;
+    char key[PS_KEY_MAX];
     ps_key(key, name, "ver");
     redisReply *r = ps_cmd(c, 1, &err, "GET %s", key);
     if (r == NULL)
@@ -843,15 +1231,65 @@ fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count)
  * naming the partition: the store is the source of truth and guessing
  * would skip or repeat records.
  */
+static fr_err_t offsets_one(psstore_conn_t *c, const char *model, const char *topic,
+                            int32_t partition, psstore_partition_offsets_t *po, int *found);
+
+/*
+ * A sharded model (docs/design.md "Shards"): a position counts as applied
+ * when every shard applied it, so a partition starts at the lowest
+ * watermark over the shards, and the intervals to skip above it are those
+ * of the shard with that watermark (the first such shard): a batch read
+ * again is then made only of positions that shard lacks, so that shard
+ * applies it whatever the others hold, and every re-read makes progress.
+ * (Skipping what every shard applied instead would let a batch overlap
+ * each shard's applied positions in part, and every shard drop it.) A
+ * shard that never saw the partition has applied nothing of it; *found
+ * when any shard saw it; the generation is the newest of the shards'.
+ */
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found)
 {
     fr_err_t err;
-    char ep[300], key[PS_KEY_MAX], field[PSSTORE_KEY_MAX], why[256];
     if ((err = check_name(c, model)) != FR_OK)
         return err;
     if (topic == NULL || topic[0] == '\0' || strlen(topic) > 249 || partition < 0)
         return ps_fail(c, FR_ERR_INVAL, "psstore: bad topic or partition");
+    int S = 1;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    if ((err = ps_model_layout(c, model, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
+        return err;
+    if (S == 1)
+        return offsets_one(c, model, topic, partition, po, found);
+    *found = 0;
+    int64_t generation = 0;
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX];
+        int f = 0;
+        psstore_partition_offsets_t sh;
+        psstore_poff_init(&sh, 0);
+        ps_shard_tag(tag, model, k, S);
+        if ((err = offsets_one(c, tag, topic, partition, &sh, &f)) == FR_OK &&
+            (k == 0 || sh.watermark < po->watermark)) {
+            psstore_partition_offsets_t keep = *po; /* the lowest so far: swap in sh */
+            *po = sh;
+            sh = keep;
+        }
+        generation = sh.generation > generation ? sh.generation : generation;
+        psstore_poff_fini(&sh);
+        if (err != FR_OK)
+            return err;
+        *found |= f;
+    }
+    if (generation > po->generation)
+        po->generation = generation;
+    return FR_OK;
+}
+
+static fr_err_t offsets_one(psstore_conn_t *c, const char *model, const char *topic,
+                            int32_t partition, psstore_partition_offsets_t *po, int *found)
+{
+    fr_err_t err;
+    char ep[300], key[PS_KEY_MAX], field[PSSTORE_KEY_MAX], why[256];
     ps_endpoint(c, ep, sizeof(ep));
     ps_key(key, model, "offsets");
     psstore_key_format(field, sizeof(field), topic, partition);
@@ -878,14 +1316,69 @@ static int offsets_key_cmp(const void *a, const void *b)
     return psstore_key_cmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+static fr_err_t offsets_keys_one(psstore_conn_t *c, const char *model, char ***keys, size_t *n);
+
+/* A sharded model: the union of its shards' partitions, sorted, once each. */
 fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys, size_t *n)
+{
+    fr_err_t err;
+    *keys = NULL;
+    *n = 0;
+    if ((err = check_name(c, model)) != FR_OK)
+        return err;
+    int S = 1;
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    if ((err = ps_model_layout(c, model, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
+        return err;
+    if (S == 1)
+        return offsets_keys_one(c, model, keys, n);
+    char **all = NULL;
+    size_t nall = 0;
+    for (int k = 0; k < S; k++) {
+        char tag[PS_TAG_MAX], **part = NULL;
+        size_t np = 0;
+        ps_shard_tag(tag, model, k, S);
+        if ((err = offsets_keys_one(c, tag, &part, &np)) != FR_OK)
+            break;
+        char **grown = realloc(all, (nall + np + 1) * sizeof(*all));
+        if (grown == NULL) {
+            for (size_t i = 0; i < np; i++)
+                free(part[i]);
+            free(part);
+            err = ps_fail(c, FR_ERR_NOMEM, "psstore: out of memory");
+            break;
+        }
+        all = grown;
+        memcpy(all + nall, part, np * sizeof(*part));
+        nall += np;
+        free(part);
+    }
+    if (err != FR_OK) {
+        for (size_t i = 0; i < nall; i++)
+            free(all[i]);
+        free(all);
+        return err;
+    }
+    if (nall > 1)
+        qsort(all, nall, sizeof(*all), offsets_key_cmp);
+    size_t out = 0;
+    for (size_t i = 0; i < nall; i++) {
+        if (out > 0 && strcmp(all[out - 1], all[i]) == 0)
+            free(all[i]);
+        else
+            all[out++] = all[i];
+    }
+    *keys = all;
+    *n = out;
+    return FR_OK;
+}
+
+static fr_err_t offsets_keys_one(psstore_conn_t *c, const char *model, char ***keys, size_t *n)
 {
     fr_err_t err;
     char key[PS_KEY_MAX];
     *keys = NULL;
     *n = 0;
-    if ((err = check_name(c, model)) != FR_OK)
-        return err;
     ps_key(key, model, "offsets");
     redisReply *r = ps_cmd(c, 1, &err, "HKEYS %s", key);
     if (r == NULL)

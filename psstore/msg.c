@@ -35,12 +35,25 @@
 #define PS_QUOTE       40  /* bytes of a bad value quoted in a reason        */
 
 /* The fields of a message, in the order the encoder writes them. */
-enum { F_EPOCH, F_VER, F_GEN, F_WORKER, F_N, F_LOSS, F_REASON, F_RANGES, F_TS, F_G, F_COUNT };
+enum {
+    F_EPOCH,
+    F_VER,
+    F_GEN,
+    F_WORKER,
+    F_N,
+    F_LOSS,
+    F_REASON,
+    F_RANGES,
+    F_TS,
+    F_NORM,
+    F_G,
+    F_COUNT
+};
 
 static const char *const field_names[F_COUNT] = {
     [F_EPOCH] = "epoch", [F_VER] = "ver",   [F_GEN] = "gen",       [F_WORKER] = "worker",
     [F_N] = "n",         [F_LOSS] = "loss", [F_REASON] = "reason", [F_RANGES] = "ranges",
-    [F_TS] = "ts",       [F_G] = "g",
+    [F_TS] = "ts",       [F_NORM] = "norm", [F_G] = "g",
 };
 
 /* ------------------------------------------------------------------------
@@ -252,7 +265,11 @@ static fr_err_t encode_check(ps_grad_args_t *args, const psstore_grad_t *g, size
         return refuse(args, "n = 0 with a gradient of %zu floats", g->len);
     if (g->nranges == 0 || g->ranges == NULL)
         return refuse(args, "no ranges: every batch covers positions");
-    size_t need = 6 * PS_NUM_TEXT + PS_LOSS_MAX;
+    if (g->n > 0 && !(g->norm >= 0) && !isnan(g->norm))
+        return refuse(args, "norm %g is negative", g->norm);
+    if (g->n == 0 && g->norm != 0)
+        return refuse(args, "n = 0 with a gradient norm");
+    size_t need = 6 * PS_NUM_TEXT + 2 * PS_LOSS_MAX;
     for (size_t i = 0; i < g->nranges; i++) {
         const psstore_range_t *r = &g->ranges[i];
         size_t tlen = r->topic ? strnlen(r->topic, PS_TOPIC_MAX + 1) : 0;
@@ -324,6 +341,8 @@ fr_err_t ps_grad_encode(ps_grad_args_t *args, const char *key, const psstore_gra
     if (g->ts_max_ms > 0)
         put(args, &off, &voff[F_TS], &vlen[F_TS], "%" PRId64 ":%" PRId64, g->ts_min_ms,
             g->ts_max_ms);
+    if (g->norm != 0) /* NaN included: a slice of a non-finite gradient */
+        put(args, &off, &voff[F_NORM], &vlen[F_NORM], "%.17g", g->norm);
 
     int argc = 0;
 #define ARG(p, l)      (args->argv[argc] = (p), args->lens[argc] = (l), argc++)
@@ -342,6 +361,8 @@ fr_err_t ps_grad_encode(ps_grad_args_t *args, const char *key, const psstore_gra
     FIELD(F_RANGES, args->text + voff[F_RANGES], vlen[F_RANGES]);
     if (g->ts_max_ms > 0)
         FIELD(F_TS, args->text + voff[F_TS], vlen[F_TS]);
+    if (g->norm != 0)
+        FIELD(F_NORM, args->text + voff[F_NORM], vlen[F_NORM]);
     if (g->n > 0)
         FIELD(F_G, (const char *)g->g, g->len * sizeof(float));
 #undef FIELD
@@ -543,6 +564,17 @@ static fr_err_t decode_scalars(ps_grad_msg_t *m, psstore_grad_t *g, const int id
     if (idx[F_TS] >= 0 && parse_ts(VAL(F_TS), &g->ts_min_ms, &g->ts_max_ms) != 0)
         return bad(why, whysize, "bad ts '%s' (min:max unix ms, 0 < min <= max)",
                    quote(q, VAL(F_TS)));
+    g->norm = 0;
+    if (idx[F_NORM] >= 0) {
+        /* the whole gradient's norm, carried by a shard's slice: NaN or
+         * infinite when the gradient was not finite */
+        rc = parse_loss(VAL(F_NORM), &g->norm);
+        if (rc == -2)
+            g->norm = NAN;
+        else if (rc != 0 || g->norm < 0 || g->n == 0)
+            return bad(why, whysize, "bad norm '%s' (>= 0, nan or inf, with n > 0)",
+                       quote(q, VAL(F_NORM)));
+    }
 #undef VAL
     return FR_OK;
 }
@@ -665,4 +697,31 @@ fr_err_t ps_ranges_copy(const psstore_range_t *ranges, size_t n, psstore_range_t
         t += len;
     }
     return FR_OK;
+}
+
+/* ------------------------------------------------------------------------
+ * Slices of a sharded model's gradient (docs/design.md "Shards")
+ * ---------------------------------------------------------------------- */
+double ps_grad_norm(const psstore_grad_t *g)
+{
+    if (g->n <= 0 || g->g == NULL)
+        return 0;
+    double sq = 0;
+    for (size_t i = 0; i < g->len; i++)
+        sq += (double)g->g[i] * g->g[i];
+    return isfinite(sq) ? sqrt(sq) : NAN;
+}
+
+void ps_grad_slice(const psstore_grad_t *g, const psstore_shard_at_t *at, int k, double norm,
+                   psstore_grad_t *slice)
+{
+    *slice = *g;
+    slice->epoch = at->epochs[k];
+    slice->version = at->versions[k];
+    slice->at = NULL;
+    if (g->n > 0) {
+        slice->g = g->g + at->bounds[k];
+        slice->len = at->bounds[k + 1] - at->bounds[k];
+        slice->norm = norm;
+    }
 }

@@ -91,6 +91,7 @@ typedef struct psstore_model_spec {
     const char *layers; /* "784-256-10", validated by the caller      */
     const char *loss;   /* "softmax", ...                             */
     size_t nparams;     /* floats in the weights                      */
+    int shards;         /* 0 or 1: one shard; up to PSSTORE_SHARDS_MAX */
 } psstore_model_spec_t;
 
 /* Creates model name with weights w[nparams] as version 0 of a fresh
@@ -107,7 +108,7 @@ typedef struct psstore_model_info {
     uint64_t epoch;
     int64_t version;
     int shards;
-    size_t bytes; /* bytes of weights (shard 0)                   */
+    size_t bytes; /* bytes of weights (all shards)                */
     int64_t created_ms;
     char stopped[256];     /* divergence guard's reason, "" while running */
     char mode[16];         /* the training mode its applier last ran ("" before any) */
@@ -118,6 +119,10 @@ typedef struct psstore_model_info {
     char node[300];        /* the Redis that answered: on a cluster, the master
                               serving the model ("host:port", or a socket) */
     int slot;              /* the model's Redis Cluster slot; -1 on one Redis */
+    /* shards (docs/design.md "Shards"): version and epoch above are the sums
+     * of the shards' */
+    int64_t shard_versions[PSSTORE_SHARDS_MAX];
+    size_t bounds[PSSTORE_SHARDS_MAX + 1]; /* shard k: floats [bounds[k], bounds[k + 1]) */
 } psstore_model_info_t;
 
 /* FR_ERR_NOTFOUND when there is no such model. */
@@ -169,11 +174,32 @@ typedef struct psstore_grad {
     const char *reason; /* n = 0: why ("decode", "retention"); else NULL */
     const psstore_range_t *ranges;
     size_t nranges;
-    const float *g;               /* gradient of the batch-mean loss, len floats  */
-    size_t len;                   /* 0 when n = 0                                 */
-    int64_t ts_min_ms, ts_max_ms; /* Kafka timestamps of its oldest and newest
-                                     samples (unix ms); 0 when unknown    */
+    const float *g;                    /* gradient of the batch-mean loss, len floats  */
+    size_t len;                        /* 0 when n = 0                                 */
+    int64_t ts_min_ms, ts_max_ms;      /* Kafka timestamps of its oldest and newest
+                                          samples (unix ms); 0 when unknown    */
+    double norm;                       /* a shard's slice: the L2 norm of the whole gradient
+                                          (NaN when it was not finite), so that every shard
+                                          clips and rejects alike; 0: the slice's own norm   */
+    const struct psstore_shard_at *at; /* a sharded model: the (epoch, version)
+                                          of each shard it was computed on
+                                          (psstore_client_at); NULL: the
+                                          client's last pull, or epoch and
+                                          version for one shard            */
 } psstore_grad_t;
+
+/* A sharded model as a worker holds it (docs/design.md "Shards"): the
+ * (epoch, version) of each shard its weights were pulled at, and the
+ * model's (epoch, version) they add up to (sums: the version changes
+ * whenever a shard's does, and equals the shard's at S = 1). */
+typedef struct psstore_shard_at {
+    int n; /* shards; 0 for a model of one shard */
+    uint64_t epoch;
+    int64_t version;
+    uint64_t epochs[PSSTORE_SHARDS_MAX];
+    int64_t versions[PSSTORE_SHARDS_MAX];
+    size_t bounds[PSSTORE_SHARDS_MAX + 1]; /* shard k: [bounds[k], bounds[k + 1]) */
+} psstore_shard_at_t;
 
 /* The trainer-facing client of one worker thread. */
 typedef struct psstore_client psstore_client_t;
@@ -195,6 +221,11 @@ void psstore_client_set_cancel(psstore_client_t *cl, psstore_cancel_fn fn, void 
  * read in one transaction, never a torn mix. */
 fr_err_t psstore_pull(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
                       int *changed);
+
+/* A sharded model: each shard's (epoch, version) of the weights the last
+ * pull left in the caller's buffer (psstore_pull and psstore_local_pull_at
+ * keep it), for the gradient's `at`; NULL for a model of one shard. */
+psstore_shard_at_t *psstore_client_at(psstore_client_t *cl);
 
 /* Appends g to the grads stream, first waiting while more than max_pending
  * entries wait to be applied (up to timeout_ms; FR_ERR_TIMEOUT after). */
@@ -293,12 +324,23 @@ typedef struct psstore_local psstore_local_t;
 /* A channel for nparams-float models with `slots` queued gradients at
  * most (the backpressure bound of the in-memory path). */
 psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, size_t size);
+/* A channel for a sharded model (docs/design.md "Shards"): one channel per
+ * shard of bounds[S + 1], each attached to its shard's applier (S = 1: as
+ * psstore_local_new). Pushes fan the slices out with each shard's
+ * (epoch, version) from the gradient's `at`; pulls go through
+ * psstore_local_pull_at; rounds and the in-flight wait cover every shard. */
+psstore_local_t *psstore_local_new_shards(const size_t *bounds, int S, size_t slots, char *errstr,
+                                          size_t size);
 void psstore_local_destroy(psstore_local_t *l);
 /* Nonzero while the attached applier holds the lease and takes gradients. */
 int psstore_local_open(psstore_local_t *l);
 /* As psstore_pull, from the applier's memory; FR_ERR_STATE when closed. */
 fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64_t *version,
                             int *changed);
+/* A sharded channel: as psstore_local_pull, each shard's slice when that
+ * shard moved since at (FR_ERR_STATE when any shard's channel is closed;
+ * the slices pulled so far stay consistent with at). */
+fr_err_t psstore_local_pull_at(psstore_local_t *l, float *w, psstore_shard_at_t *at, int *changed);
 /* Queues a copy of g for the applier, waiting up to timeout_ms for a free
  * slot (FR_ERR_TIMEOUT); FR_ERR_STATE when the channel is closed (or
  * closes meanwhile): the caller abandons the batch, which the gap rule
@@ -480,6 +522,8 @@ fr_err_t psstore_versions_wait(psstore_conn_t *c, const char *const *models, siz
 typedef struct psstore_applier_conf {
     const char *url;
     const char *model;
+    int shard; /* a sharded model: the shard this applier writes (0..S-1;
+                  docs/design.md "Shards"); ignored for a model of one */
     psstore_ctl_conf_t ctl;
     int64_t lease_ms;          /* lease time-to-live                        */
     int64_t commit_ms;         /* group commit window; 0 = every gradient   */

@@ -145,6 +145,26 @@ void ps_key(char *key, const char *model, const char *suffix);
 /* "freshet:{m}:w:<k>", "opt:<k>", "snap:<v>" */
 void ps_key_shard(char *key, const char *model, const char *what, long long k);
 
+/* Shards (docs/design.md "Shards"): the keys of shard k of a model of S > 1
+ * shards carry the tag "m/s<k>" ('/' is not allowed in model names, so no
+ * model's tag is a shard's); S = 1 keeps the model's own tag. Every
+ * per-shard key (ver, w:0, opt:0, offsets, grads, lease, versions, snaps,
+ * snap:<v>, audit, rounds, drops, requests and a meta of the shard's own)
+ * is ps_key(tag, ...), so one shard's transaction stays in one slot. */
+/* A random nonzero 64-bit number (/dev/urandom, else the clock and pid). */
+uint64_t ps_random_u64(void);
+
+#define PS_TAG_MAX 80
+void ps_shard_tag(char *tag, const char *model, int k, int S);
+/* The model's shards and their bounds, from its meta (fields shards and
+ * bounds): *S = 1 (bounds untouched) for a model of one shard.
+ * FR_ERR_NOTFOUND without meta, FR_ERR_PARSE for bounds that do not
+ * parse. */
+fr_err_t ps_model_layout(psstore_conn_t *c, const char *model, int *S, size_t *bounds);
+/* The tag status reads go to: the model's for S = 1, shard 0's otherwise
+ * (its versions, drops and snapshots stand for the model's). */
+fr_err_t ps_read_tag(psstore_conn_t *c, const char *model, char *tag);
+
 /* ------------------------------------------------------------------------
  * Every key of a model (model.c), for create --force, delete and the
  * applier's delete request.
@@ -159,6 +179,9 @@ void ps_keylist_fini(ps_keylist_t *kl);
  * finds under its hash tag (snapshots, shards), without retrying a lost
  * connection (callers WATCH next). */
 fr_err_t ps_model_keys(psstore_conn_t *c, const char *name, ps_keylist_t *kl);
+/* Unlinks every key under tag (its fixed keys and what SCAN finds),
+ * outside any transaction: a shard's, or a sharded model's own keys. */
+fr_err_t ps_unlink_tag(psstore_conn_t *c, const char *tag);
 /* Pipelines UNLINK of every key of kl in batches; adds the commands queued
  * to *queued. */
 fr_err_t ps_queue_unlink(psstore_conn_t *c, const ps_keylist_t *kl, size_t *queued);
@@ -214,6 +237,13 @@ fr_err_t ps_grad_decode(ps_grad_msg_t *m, size_t nfields, const char *const *fie
                         const size_t *flens, const char *const *vals, const size_t *vlens,
                         size_t nparams, char *why, size_t whysize);
 void ps_grad_msg_fini(ps_grad_msg_t *m);
+/* A sharded model: the L2 norm of g's whole gradient (NaN when it is not
+ * finite; 0 for an n = 0 batch), and shard k's slice of g with that
+ * shard's (epoch, version) from at and the whole norm. The slice points
+ * into g. */
+double ps_grad_norm(const psstore_grad_t *g);
+void ps_grad_slice(const psstore_grad_t *g, const psstore_shard_at_t *at, int k, double norm,
+                   psstore_grad_t *slice);
 /* Copies ranges[n] into *dst (grown, *cap its capacity) and their topics
  * into *topics (grown, *tcap): the copies point into *topics. FR_ERR_NOMEM
  * leaves what was there. */
@@ -236,6 +266,9 @@ fr_err_t ps_members_read(psstore_conn_t *c, const char *key, psstore_member_t **
 /* ------------------------------------------------------------------------
  * The applier's side of the in-process channel (local.c).
  * ---------------------------------------------------------------------- */
+/* The channel of shard `shard` of a sharded channel (l itself when l is
+ * not sharded; NULL for a shard it does not have). */
+psstore_local_t *ps_local_shard(psstore_local_t *l, int shard);
 /* Opens the channel with the weights at (epoch, version). */
 void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version);
 /* Closes it; queued gradients are dropped (never recorded: read again). */

@@ -45,10 +45,13 @@ static fr_err_t read_tail(psstore_conn_t *c, const char *model, const char *what
                           void (*take)(const redisReply *kv, void *out, size_t k), void *out,
                           size_t *n)
 {
-    char key[PS_KEY_MAX];
+    char key[PS_KEY_MAX], tag[PS_TAG_MAX];
     fr_err_t err;
     *n = 0;
-    ps_key(key, model, what);
+    /* a sharded model's versions and drops: shard 0's (docs/design.md "Shards") */
+    if (strcmp(what, "evals") != 0 && (err = ps_read_tag(c, model, tag)) != FR_OK)
+        return err;
+    ps_key(key, strcmp(what, "evals") != 0 ? tag : model, what);
     redisReply *r = ps_cmd(c, 1, &err, "XREVRANGE %s + - COUNT %lld", key, (long long)max);
     if (r == NULL)
         return err;
@@ -142,10 +145,12 @@ fr_err_t psstore_evals_tail(psstore_conn_t *c, const char *model, size_t max,
 fr_err_t psstore_snapshots_list(psstore_conn_t *c, const char *model, psstore_snapshot_info_t *out,
                                 size_t max, size_t *n)
 {
-    char key[PS_KEY_MAX];
+    char key[PS_KEY_MAX], tag[PS_TAG_MAX];
     fr_err_t err;
     *n = 0;
-    ps_key(key, model, "snaps");
+    if ((err = ps_read_tag(c, model, tag)) != FR_OK) /* sharded: shard 0 names them */
+        return err;
+    ps_key(key, tag, "snaps");
     redisReply *r = ps_cmd(c, 1, &err, "ZRANGE %s 0 -1 WITHSCORES", key);
     if (r == NULL)
         return err;
@@ -228,10 +233,13 @@ static int part_cmp(const void *a, const void *b)
 fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
                                  psstore_partition_status_t **parts, size_t *n, size_t *cap)
 {
-    char k_off[PS_KEY_MAX], k_end[PS_KEY_MAX];
-    ps_key(k_off, model, "offsets");
-    ps_key(k_end, model, "logend");
+    char k_off[PS_KEY_MAX], k_end[PS_KEY_MAX], tag[PS_TAG_MAX];
     fr_err_t err;
+    if ((err = ps_read_tag(c, model, tag)) != FR_OK)
+        return err;
+    int sharded = strcmp(tag, model) != 0;
+    ps_key(k_off, tag, "offsets");
+    ps_key(k_end, model, "logend");
     redisReply *ro = ps_cmd(c, 1, &err, "HGETALL %s", k_off);
     if (ro == NULL)
         return err;
@@ -267,6 +275,16 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
         }
         p->watermark = po.watermark;
         p->spans = po.nspans;
+        psstore_poff_fini(&po);
+        /* sharded: shard 0 lists the partitions; their offsets are what the
+         * consumer starts from (the lowest watermark over the shards) */
+        int found = 0;
+        psstore_poff_init(&po, 0);
+        if (sharded &&
+            psstore_offsets_read(c, model, p->topic, p->partition, &po, &found) == FR_OK) {
+            p->watermark = po.watermark;
+            p->spans = po.nspans;
+        }
         psstore_poff_fini(&po);
         p->log_end = p->lag = -1;
         p->log_end_ms = 0;
@@ -312,8 +330,11 @@ fr_err_t psstore_partitions_read(psstore_conn_t *c, const char *model,
 
 fr_err_t psstore_versions_last_id(psstore_conn_t *c, const char *model, char *id)
 {
-    char key[PS_KEY_MAX];
-    ps_key(key, model, "versions");
+    char key[PS_KEY_MAX], tag[PS_TAG_MAX];
+    fr_err_t err = ps_read_tag(c, model, tag); /* sharded: shard 0's stream */
+    if (err != FR_OK)
+        return err;
+    ps_key(key, tag, "versions");
     return ps_stream_last_id(c, key, id);
 }
 
@@ -353,7 +374,16 @@ fr_err_t psstore_versions_wait(psstore_conn_t *c, const char *const *models, siz
     argv[4] = block;
     argv[5] = "STREAMS";
     for (size_t i = 0; i < n; i++) {
-        ps_key(keys[i], models[i], "versions");
+        /* a sharded model wakes on shard 0's versions: in every mode each
+         * gradient moves every shard, shard 0 with the others */
+        char tag[PS_TAG_MAX];
+        fr_err_t terr = ps_read_tag(c, models[i], tag);
+        if (terr != FR_OK) {
+            free(argv);
+            free(keys);
+            return terr;
+        }
+        ps_key(keys[i], tag, "versions");
         argv[6 + i] = keys[i];
         argv[6 + n + i] = ids[i];
         moved[i] = 0;

@@ -214,8 +214,15 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     uint64_t tp = fr_clock_mono_ns();
     /* the in-process channel while this process's applier holds the lease
      * (docs/design.md "The co-located fast path"), Redis otherwise */
-    int local = p->local != NULL &&
-                psstore_local_pull(p->local, wk->w, &wk->epoch, &wk->version, &changed) == FR_OK;
+    psstore_shard_at_t *at = psstore_client_at(wk->cl); /* a sharded model's shards */
+    int local =
+        p->local != NULL && (at != NULL ? psstore_local_pull_at(p->local, wk->w, at, &changed)
+                                        : psstore_local_pull(p->local, wk->w, &wk->epoch,
+                                                             &wk->version, &changed)) == FR_OK;
+    if (local && at != NULL) {
+        wk->epoch = at->epoch;
+        wk->version = at->version;
+    }
     if (!local &&
         (err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
         fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_client_error(wk->cl));
@@ -262,6 +269,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     }
     msg.epoch = wk->epoch;
     msg.version = wk->version < 0 ? 0 : wk->version;
+    msg.at = at; /* a sharded model: each shard's (epoch, version) */
     uint64_t t1 = fr_clock_mono_ns();
     *id = NULL;
     if (local) {

@@ -105,7 +105,7 @@ static void test_models_spread_over_the_masters_and_are_all_found(void **state)
         snprintf(name, sizeof(name), "spread%d", m);
         float w[N];
         harness_gradient(w, N, 100 + (uint64_t)m);
-        psstore_model_spec_t spec = {"3-3-1", "mse", N};
+        psstore_model_spec_t spec = {"3-3-1", "mse", N, 1};
         if (psstore_model_create(c, name, &spec, w, 1) != FR_OK)
             fail_msg("create %s: %s", name, psstore_conn_error(c));
         snprintf(key, sizeof(key), "freshet:{%s}:meta", name);
@@ -160,7 +160,7 @@ static void test_reads_follow_ask_and_moved_during_a_migration(void **state)
     const char *model = "migr";
     psstore_conn_t *c = conn_to(cluster.url);
     float w[4] = {1, 2, 3, 4};
-    psstore_model_spec_t spec = {"3-1", "mse", 4};
+    psstore_model_spec_t spec = {"3-1", "mse", 4, 1};
     assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
     char meta[64], offsets[64], out[256], src_id[41], dst_id[41], cmd[200];
     snprintf(meta, sizeof(meta), "freshet:{%s}:meta", model);
@@ -284,7 +284,7 @@ static void test_wait_replicas_counts_commits_no_replica_holds(void **state)
     const char *model = "waitr";
     psstore_conn_t *c = conn_to(cluster.url);
     float w[4] = {0};
-    psstore_model_spec_t spec = {"3-1", "mse", 4};
+    psstore_model_spec_t spec = {"3-1", "mse", 4, 1};
     assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
     psstore_conn_destroy(c);
     char meta[64], role[256];
@@ -353,12 +353,15 @@ static void produce(const char *topic, int n)
 }
 
 /* Starts `freshet ROLE` (run, train or ps) of model on topic, against
- * the cluster; its log path into log[300]. */
-static pid_t spawn_role(const char *model, const char *topic, const char *role, char *log)
+ * the cluster, creating the model with `shards` shards when it is missing;
+ * opt (or NULL) is one more argument ("--shards=0-1") and names the log,
+ * whose path goes into log[300]. */
+static pid_t spawn_role_with(const char *model, const char *topic, const char *role, int shards,
+                             const char *opt, char *log)
 {
     char conf[300];
     snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
-    snprintf(log, 300, "%s/%s-%s.log", tmp_dir, model, role);
+    snprintf(log, 300, "%s/%s-%s%s.log", tmp_dir, model, role, opt != NULL ? opt + 9 : "");
     FILE *f = fopen(conf, "w");
     assert_non_null(f);
     fprintf(f,
@@ -370,13 +373,19 @@ static pid_t spawn_role(const char *model, const char *topic, const char *role, 
             "[serve]\nlisten = 127.0.0.1:0\n"
             "[trainer]\nworkers = 3\nmode = async\nbackend = cpu\nslowdown = 0:20,1:20,2:20\n"
             "[controller]\nlr = 0.02\n"
-            "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = 6\naudit = true\n",
-            model, broker.bootstrap, topic, cluster.url);
+            "[psstore]\nlease_ms = 2000\ngap_timeout = 3\nmax_pending = 6\naudit = true\n"
+            "shards = %d\n",
+            model, broker.bootstrap, topic, cluster.url, shards);
     assert_int_equal(fclose(f), 0);
-    char *argv[] = {FRESHET_BIN, (char *)role, "--config", conf, NULL};
+    char *argv[] = {FRESHET_BIN, (char *)role, "--config", conf, (char *)opt, NULL};
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     return pid;
+}
+
+static pid_t spawn_role(const char *model, const char *topic, const char *role, char *log)
+{
+    return spawn_role_with(model, topic, role, 1, NULL, log);
 }
 
 /* The key "freshet:{model}:<suffix>" into key[96]. */
@@ -416,13 +425,26 @@ static int64_t store_version(const char *model)
     return strtoll(out, NULL, 10);
 }
 
-/* Fails the test with the end of the run's log. */
+/* Fails the test with the end of the run's log, and of the other logs of
+ * its model ("<model>-<role>...log" beside it). */
 static void fail_with_log(const char *log, const char *what)
 {
     char cmd[400];
     snprintf(cmd, sizeof(cmd), "tail -c 3000 '%s' >&2", log);
     if (system(cmd) != 0)
         fprintf(stderr, "(no log at %s)\n", log);
+    const char *base = strrchr(log, '/'), *dash = strchr(base != NULL ? base : log, '-');
+    if (dash != NULL) {
+        snprintf(cmd, sizeof(cmd), "tail -n 12 %.*s-*.log >&2", (int)(dash - log), log);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no other logs)\n");
+    }
+    if (getenv("KEEP_LOGS") != NULL) { /* KEEP_LOGS=dir: every log kept there (debugging) */
+        snprintf(cmd, sizeof(cmd), "mkdir -p '%s' && cp %s/*.log '%s'/", getenv("KEEP_LOGS"),
+                 tmp_dir, getenv("KEEP_LOGS"));
+        if (system(cmd) != 0)
+            fprintf(stderr, "(logs not kept)\n");
+    }
     fail_msg("%s", what);
 }
 
@@ -466,14 +488,68 @@ static void revive(int node, const char *key)
 {
     assert_int_equal(harness_redis_restart(&cluster.node[node]), 0);
     assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
+    /* until it has taken the cluster's word that it is a replica now: for a
+     * moment after its restart it still believes it serves its old slots
+     * (empty), and a client that asks it first would find no model there */
+    for (int waited = 0; waited < 30000; waited += 100) {
+        char out[4096];
+        if (harness_redis_query(&cluster.node[node], out, sizeof(out), "INFO replication") == 0 &&
+            strstr(out, "role:slave") != NULL && strstr(out, "master_link_status:up") != NULL)
+            return;
+        harness_sleep_ms(100);
+    }
+    fail_msg("node %d did not rejoin as a replica", node);
+}
+
+/* Shard k's tag of a model of S shards ("m/s<k>"; the model for S = 1). */
+static void shard_tag(char *tag, const char *model, int k, int S)
+{
+    if (S <= 1)
+        snprintf(tag, 80, "%s", model);
+    else
+        snprintf(tag, 80, "%s/s%d", model, k);
+}
+
+/* The model's version: the sum of its shards' (-1 while one is unserved). */
+static int64_t model_version(const char *model, int S)
+{
+    int64_t sum = 0;
+    for (int k = 0; k < S; k++) {
+        char tag[80];
+        shard_tag(tag, model, k, S);
+        int64_t v = store_version(tag);
+        if (v < 0)
+            return -1;
+        sum += v;
+    }
+    return sum;
+}
+
+/* The least over the shards of the sum of their watermarks: every position
+ * below is applied on every shard. */
+static int64_t shards_watermarks(const char *model, int S, const char *topic)
+{
+    int64_t least = INT64_MAX;
+    for (int k = 0; k < S; k++) {
+        char tag[80];
+        shard_tag(tag, model, k, S);
+        int64_t w = watermarks_sum(tag, topic);
+        least = w < least ? w : least;
+    }
+    return least;
+}
+
+static void wait_shards_version(const char *model, int S, int64_t at, const char *log)
+{
+    for (int waited = 0; waited < WAIT_MS && model_version(model, S) < at; waited += 20)
+        harness_sleep_ms(20);
+    if (model_version(model, S) < at)
+        fail_with_log(log, "the run did not reach its version");
 }
 
 static void wait_version(const char *model, int64_t at, const char *log)
 {
-    for (int waited = 0; waited < WAIT_MS && store_version(model) < at; waited += 20)
-        harness_sleep_ms(20);
-    if (store_version(model) < at)
-        fail_with_log(log, "the run did not reach its version");
+    wait_shards_version(model, 1, at, log);
 }
 
 /* The HTTP port freshet run logged, or 0. */
@@ -529,36 +605,52 @@ static void check_served(const char *model, const char *log)
  * serves the store's weights, stops the processes pids[npids] (SIGTERM,
  * exit 0), and checks that the audit on the model's master marks every
  * position exactly once; log is the one shown on failure. */
-static void finish_and_audit(const pid_t *pids, int npids, const char *model, const char *topic,
-                             const char *log)
+static void finish_and_audit_shards(const pid_t *pids, int npids, const char *model, int S,
+                                    const char *topic, const char *log)
 {
     int waited = 0;
-    while (waited < WAIT_MS && watermarks_sum(model, topic) < NPARTS * PER) {
+    while (waited < WAIT_MS && shards_watermarks(model, S, topic) < NPARTS * PER) {
         harness_sleep_ms(100);
         waited += 100;
     }
-    if (watermarks_sum(model, topic) < NPARTS * PER)
+    if (shards_watermarks(model, S, topic) < NPARTS * PER)
         fail_with_log(log, "the watermarks did not reach the log ends");
     if (npids == 1)
         check_served(model, log); /* freshet run: its HTTP service */
     for (int i = 0; i < npids; i++) {
         assert_int_equal(kill(pids[i], SIGTERM), 0);
         int status = harness_wait(pids[i], 20000);
-        assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            char cmd[400];
+            snprintf(cmd, sizeof(cmd), "tail -n 5 %s/%s-*.log >&2", tmp_dir, model);
+            if (system(cmd) != 0)
+                fprintf(stderr, "(no logs)\n");
+            fail_msg("process %d of %d did not exit 0 on SIGTERM (status %d, see %s)", i + 1, npids,
+                     status, log);
+        }
     }
-    char key[96];
-    model_key(key, model, "audit");
-    int owner = harness_cluster_owner(&cluster, key);
-    assert_true(owner >= 0);
-    static int seen[PER];
-    for (int p = 0; p < NPARTS; p++) {
-        assert_true(harness_audit_count(&cluster.node[owner], model, topic, p, NULL, seen, PER) >
-                    0);
-        for (int pos = 0; pos < PER; pos++)
-            if (seen[pos] != 1)
-                fail_msg("%s/%d position %d marked %d times (see %s)", topic, p, pos, seen[pos],
-                         log);
+    for (int k = 0; k < S; k++) { /* exactly once on every shard */
+        char key[96], tag[80];
+        shard_tag(tag, model, k, S);
+        model_key(key, tag, "audit");
+        int owner = harness_cluster_owner(&cluster, key);
+        assert_true(owner >= 0);
+        static int seen[PER];
+        for (int p = 0; p < NPARTS; p++) {
+            assert_true(harness_audit_count(&cluster.node[owner], tag, topic, p, NULL, seen, PER) >
+                        0);
+            for (int pos = 0; pos < PER; pos++)
+                if (seen[pos] != 1)
+                    fail_msg("shard %d: %s/%d position %d marked %d times (see %s)", k, topic, p,
+                             pos, seen[pos], log);
+        }
     }
+}
+
+static void finish_and_audit(const pid_t *pids, int npids, const char *model, const char *topic,
+                             const char *log)
+{
+    finish_and_audit_shards(pids, npids, model, 1, topic, log);
 }
 
 /* Fills the topic, starts `freshet run` and returns once it has applied
@@ -651,12 +743,147 @@ static void test_run_survives_a_migration_of_its_slot(void **state)
            model, from, to, (long long)at, NPARTS * PER);
 }
 
+/* ------------------------------------------------------------------------
+ * A sharded model on the cluster (docs/design.md "Shards")
+ * ---------------------------------------------------------------------- */
+#define SHARDS 4
+
+/* The mean squared error of the store's model (3-64-1, ReLU) on the
+ * topic's samples: shards assembled by psstore_model_weights. */
+static double store_mse(const char *model)
+{
+    enum { H = 64, NP = 3 * H + H + H + 1 };
+    static float w[NP];
+    psstore_conn_t *c = conn_to(cluster.url);
+    uint64_t epoch;
+    int64_t version;
+    assert_int_equal(psstore_model_weights(c, model, w, NP, &epoch, &version), FR_OK);
+    psstore_conn_destroy(c);
+    const float *w1 = w, *b1 = w + 3 * H, *w2 = b1 + H, *b2 = w2 + H;
+    double sum = 0;
+    for (int k = 0; k < 2000; k++) {
+        fr_rng_t rng;
+        fr_rng_seed(&rng, 9000 + (uint64_t)k);
+        double x[D];
+        for (int i = 0; i < D; i++)
+            x[i] = (float)(2.0 * fr_rng_uniform(&rng) - 1.0);
+        double y = 0.5 * x[0] - 0.3 * x[1] + 0.2 * x[2] + 0.1, out = b2[0];
+        for (int j = 0; j < H; j++) {
+            double h = b1[j] + w1[3 * j] * x[0] + w1[3 * j + 1] * x[1] + w1[3 * j + 2] * x[2];
+            out += h > 0 ? w2[j] * h : 0;
+        }
+        sum += (out - y) * (out - y);
+    }
+    return sum / 2000;
+}
+
+/* The epoch of each shard into epochs[S][32]. */
+static void shard_epochs(const char *model, int S, char (*epochs)[32])
+{
+    for (int k = 0; k < S; k++) {
+        char tag[80];
+        shard_tag(tag, model, k, S);
+        store_epoch(tag, epochs[k]);
+    }
+}
+
+/*
+ * `freshet run` of a model of four shards on the cluster: the shards spread
+ * over the masters, one applier thread each. A master is SIGKILLed while it
+ * trains: the shards it served start new epochs on the promoted replica
+ * and get their lost range again through the gap rule, while the others
+ * keep theirs. The run learns, serves the assembled weights, and every
+ * position ends applied exactly once on every shard.
+ */
+static void test_sharded_run_survives_the_kill_of_a_master(void **state)
+{
+    (void)state;
+    const char *model = "cshard", *topic = "cs1";
+    char log[300], key[96], tag[80];
+    produce(topic, NPARTS * PER);
+    pid_t pid = spawn_role_with(model, topic, "run", SHARDS, NULL, log);
+    wait_shards_version(model, SHARDS, 40 * SHARDS, log);
+    psstore_conn_t *c = conn_to(cluster.url);
+    psstore_model_info_t info;
+    assert_int_equal(psstore_model_info(c, model, &info), FR_OK);
+    psstore_conn_destroy(c);
+    assert_int_equal(info.shards, SHARDS);
+    /* 3-64-1 cut at rows, balanced by bytes: 0, 81, 159, 256, 321 */
+    const size_t want[] = {0, 81, 159, 256, 321};
+    assert_memory_equal(info.bounds, want, sizeof(want));
+    int owners[SHARDS], masters_used = 0;
+    for (int k = 0; k < SHARDS; k++) {
+        shard_tag(tag, model, k, SHARDS);
+        model_key(key, tag, "meta");
+        owners[k] = harness_cluster_owner(&cluster, key);
+        int seen_before = 0;
+        for (int j = 0; j < k; j++)
+            seen_before |= owners[j] == owners[k];
+        masters_used += !seen_before;
+    }
+    assert_true(masters_used >= 2); /* the shards' tags spread over the masters */
+    char before[SHARDS][32], after[SHARDS][32];
+    shard_epochs(model, SHARDS, before);
+    shard_tag(tag, model, 1, SHARDS);
+    model_key(key, tag, "meta");
+    int victim = kill_master(key);
+    finish_and_audit_shards(&pid, 1, model, SHARDS, topic, log);
+    shard_epochs(model, SHARDS, after);
+    for (int k = 0; k < SHARDS; k++) {
+        /* a new epoch exactly where the killed master served the shard */
+        if (owners[k] == victim)
+            assert_string_not_equal(before[k], after[k]);
+        else
+            assert_string_equal(before[k], after[k]);
+    }
+    double mse = store_mse(model);
+    fr_log(FR_LOG_INFO,
+           "4 shards on %d masters: master %d killed; every position of %d applied once on every "
+           "shard; mse %.5f",
+           masters_used, victim, NPARTS * PER, mse);
+    assert_true(mse < 0.01);
+    revive(victim, key);
+}
+
+/*
+ * The shards' appliers in two `freshet ps` processes (--shards 0-1 and
+ * --shards 2-3) fed by two `freshet train`: the first ps is SIGKILLed while
+ * they train, and a new one for shards 0-1 takes their leases over when
+ * they lapse. Every position ends applied exactly once on every shard.
+ */
+static void test_ps_shards_in_two_processes_survive_a_kill(void **state)
+{
+    (void)state;
+    const char *model = "cps", *topic = "cp1";
+    char logs[5][300];
+    produce(topic, NPARTS * PER);
+    pid_t ps_a = spawn_role_with(model, topic, "ps", SHARDS, "--shards=0-1", logs[0]);
+    wait_shards_version(model, SHARDS, 0, logs[0]); /* created */
+    pid_t ps_b = spawn_role_with(model, topic, "ps", SHARDS, "--shards=2-3", logs[1]);
+    pid_t t1 = spawn_role_with(model, topic, "train", SHARDS, NULL, logs[2]);
+    pid_t t2 = spawn_role_with(model, topic, "train", SHARDS, "--set=ingest.batch=16", logs[3]);
+    wait_shards_version(model, SHARDS, 40 * SHARDS, logs[0]);
+    int64_t at_kill = model_version(model, SHARDS);
+    assert_int_equal(kill(ps_a, SIGKILL), 0);
+    harness_wait(ps_a, 5000);
+    pid_t ps_c = spawn_role_with(model, topic, "ps", SHARDS, "--shards=0-1", logs[4]);
+    pid_t pids[] = {t1, t2, ps_b, ps_c};
+    finish_and_audit_shards(pids, 4, model, SHARDS, topic, logs[4]);
+    fr_log(FR_LOG_INFO,
+           "ps --shards 0-1 killed at version %lld and replaced; every position of %d applied "
+           "once on every shard; mse %.5f",
+           (long long)at_kill, NPARTS * PER, store_mse(model));
+    assert_true(store_mse(model) < 0.01);
+}
+
 static int setup(void **state)
 {
     (void)state;
     if (harness_tmpdir(tmp_dir, "cluster") != 0 || harness_cluster_start(&cluster, 3, 1) != 0)
         return -1;
-    return harness_broker_start(&broker, FRESHET_BIN, "--topic ck1:4 --topic cm1:4 --topic ct1:4");
+    return harness_broker_start(&broker, FRESHET_BIN,
+                                "--topic ck1:4 --topic cm1:4 --topic ct1:4 --topic cs1:4 "
+                                "--topic cp1:4");
 }
 
 static int teardown(void **state)
@@ -683,6 +910,8 @@ int main(void)
         cmocka_unit_test(test_run_survives_the_kill_of_its_master),
         cmocka_unit_test(test_run_survives_a_migration_of_its_slot),
         cmocka_unit_test(test_train_and_ps_survive_the_kill_of_their_master),
+        cmocka_unit_test(test_sharded_run_survives_the_kill_of_a_master),
+        cmocka_unit_test(test_ps_shards_in_two_processes_survive_a_kill),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

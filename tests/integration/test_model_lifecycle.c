@@ -120,7 +120,7 @@ static void api_create(psstore_conn_t *c, const char *name, const char *layers, 
 {
     model_t m;
     float *w = seeded_weights(layers, MODEL_LOSS_SOFTMAX, seed, &m);
-    psstore_model_spec_t spec = {layers, "softmax", m.nparams};
+    psstore_model_spec_t spec = {layers, "softmax", m.nparams, 1};
     fr_err_t err = psstore_model_create(c, name, &spec, w, force);
     if (err != FR_OK)
         fail_msg("create %s: %s", name, psstore_conn_error(c));
@@ -227,7 +227,7 @@ static void test_create_lays_out_every_key_as_designed(void **state)
     psstore_conn_t *c = conn(R.url);
     model_t m;
     float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 42, &m);
-    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams};
+    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 1};
     int64_t before = (int64_t)time(NULL) * 1000;
     assert_int_equal(psstore_model_create(c, "lay", &spec, w, 0), FR_OK);
 
@@ -276,7 +276,7 @@ static void test_create_refuses_an_existing_model_unless_forced(void **state)
 
     model_t m;
     float *w = seeded_weights("5-2", MODEL_LOSS_SOFTMAX, 2, &m);
-    psstore_model_spec_t spec = {"5-2", "softmax", m.nparams};
+    psstore_model_spec_t spec = {"5-2", "softmax", m.nparams, 1};
     assert_int_equal(psstore_model_create(c, "dup", &spec, w, 0), FR_ERR_EXISTS);
     expect_contains(psstore_conn_error(c), "model 'dup' already exists");
     assert_string_equal(q("HGET freshet:{dup}:meta epoch"), epoch); /* untouched */
@@ -320,7 +320,7 @@ static void test_create_and_delete_refuse_bad_names(void **state)
     long_name[65] = '\0';
     const char *bad[] = {"a b", "{x}", long_name, "", "a/b", "x*", "caf\xc3\xa9", "a\nb"};
     float w[6] = {0};
-    psstore_model_spec_t spec = {"2-2", "softmax", 6};
+    psstore_model_spec_t spec = {"2-2", "softmax", 6, 1};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char errstr[256] = "";
         assert_int_equal(psstore_model_name_check(bad[i], errstr, sizeof(errstr)), FR_ERR_INVAL);

@@ -265,6 +265,51 @@ static void test_round_trip_keeps_every_field(void **state)
     assert_null(args.text);
 }
 
+/* A shard's slice carries the whole gradient's norm ("norm"), NaN for a
+ * gradient that was not finite; an unsharded one carries none. */
+static void test_round_trip_of_a_slice_carries_the_whole_norm(void **state)
+{
+    (void)state;
+    const double norms[] = {0.0, 3.25, 1e-30, 7e300, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof(norms) / sizeof(norms[0]); i++) {
+        psstore_grad_t g = sample_grad();
+        g.norm = norms[i];
+        ps_grad_args_t args = {0};
+        assert_int_equal(ps_grad_encode(&args, "k", &g), FR_OK);
+        entry_t e;
+        entry_from_args(&e, &args);
+        assert_int_equal(entry_find(&e, "norm") >= 0, norms[i] != 0);
+        ps_grad_msg_t m = {0};
+        char why[256] = "";
+        assert_int_equal(decode(&m, &e, NPARAMS, why, sizeof(why)), FR_OK);
+        assert_same_grad(&g, &m.g);
+        if (isnan(norms[i]) || isinf(norms[i]))
+            assert_true(isnan(m.g.norm)); /* not finite: rejected alike by every shard */
+        else
+            assert_true(m.g.norm == norms[i]);
+        ps_grad_msg_fini(&m);
+        entry_free(&e);
+        ps_grad_args_fini(&args);
+    }
+    /* a negative norm is refused by the encoder and the decoder */
+    psstore_grad_t g = sample_grad();
+    g.norm = -1;
+    ps_grad_args_t args = {0};
+    assert_int_equal(ps_grad_encode(&args, "k", &g), FR_ERR_INVAL);
+    ps_grad_args_fini(&args);
+    entry_t e;
+    sample_entry(&e);
+    entry_add(&e, "norm", "-2", 2);
+    expect_bad(&e, "bad norm '-2'");
+    entry_set(&e, "norm", "x1");
+    expect_bad(&e, "bad norm");
+    entry_free(&e);
+    empty_entry(&e);
+    entry_add(&e, "norm", "1", 1);
+    expect_bad(&e, "bad norm");
+    entry_free(&e);
+}
+
 static void test_round_trip_of_an_empty_batch_with_reason(void **state)
 {
     (void)state;
@@ -867,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_keeps_every_field),
         cmocka_unit_test(test_round_trip_of_an_empty_batch_with_reason),
         cmocka_unit_test(test_round_trip_of_extreme_values),
+        cmocka_unit_test(test_round_trip_of_a_slice_carries_the_whole_norm),
         cmocka_unit_test(test_encode_refuses_inconsistent_messages),
         cmocka_unit_test(test_decode_refuses_an_unknown_field),
         cmocka_unit_test(test_decode_refuses_a_missing_field),

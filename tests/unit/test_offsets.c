@@ -652,6 +652,85 @@ static void test_text_targets_round_trip_and_reject_bad_items(void **state)
     assert_int_equal(voff, 4);
 }
 
+/* ------------------------------------------------------------------------
+ * Shards: the cut of the vector, its text and shard lists
+ * ---------------------------------------------------------------------- */
+static void test_shard_bounds_cut_at_rows_balanced_by_bytes(void **state)
+{
+    (void)state;
+    size_t b[PSSTORE_SHARDS_MAX + 1];
+    char err[256];
+    /* 784-256-10: W1 rows of 784 floats up to 200,704, b1 to 200,960, W2
+     * rows of 256 to 203,520, b2 to 203,530 */
+    assert_int_equal(psstore_shard_bounds("784-256-10", 203530, 2, b, err, sizeof(err)), FR_OK);
+    assert_true(b[0] == 0 && b[2] == 203530);
+    assert_true(b[1] == 101920); /* row 130 of W1: 130 * 784, the nearest to 101,765 */
+    assert_int_equal(psstore_shard_bounds("784-256-10", 203530, 4, b, err, sizeof(err)), FR_OK);
+    const size_t four[] = {0, 50960, 101920, 152880, 203530}; /* rows 65, 130, 195 */
+    assert_memory_equal(b, four, sizeof(four));
+    for (int k = 0; k < 4; k++) /* each within a row (784 floats) of a quarter */
+        assert_true(labs((long)(b[k + 1] - b[k]) - 203530 / 4) <= 784);
+    /* 3-64-1: the cut falls at a row start or at b1's start or end */
+    assert_int_equal(psstore_shard_bounds("3-64-1", 321, 4, b, err, sizeof(err)), FR_OK);
+    const size_t small[] = {0, 81, 159, 256, 321};
+    assert_memory_equal(b, small, sizeof(small));
+    /* one shard: the whole vector */
+    assert_int_equal(psstore_shard_bounds("3-64-1", 321, 1, b, err, sizeof(err)), FR_OK);
+    assert_true(b[0] == 0 && b[1] == 321);
+    /* as many shards as cut points + 1, and no more */
+    assert_int_equal(psstore_shard_bounds("3-1", 4, 2, b, err, sizeof(err)), FR_OK);
+    assert_true(b[1] == 3);
+    assert_int_equal(psstore_shard_bounds("3-1", 4, 3, b, err, sizeof(err)), FR_ERR_INVAL);
+    assert_non_null(strstr(err, "fewer than the 2"));
+    assert_int_equal(psstore_shard_bounds("3-64-1", 320, 2, b, err, sizeof(err)), FR_ERR_INVAL);
+    assert_non_null(strstr(err, "do not hold 320"));
+    assert_int_equal(psstore_shard_bounds("3-64-1", 321, 0, b, err, sizeof(err)), FR_ERR_INVAL);
+    assert_int_equal(psstore_shard_bounds("3-64-1", 321, 65, b, err, sizeof(err)), FR_ERR_INVAL);
+}
+
+static void test_shard_bounds_text_round_trips(void **state)
+{
+    (void)state;
+    const size_t b[] = {0, 81, 159, 256, 321};
+    char text[128];
+    assert_int_equal(psstore_shard_bounds_format(text, sizeof(text), b, 4), 16);
+    assert_string_equal(text, "0,81,159,256,321");
+    size_t back[PSSTORE_SHARDS_MAX + 1];
+    int S = 0;
+    assert_int_equal(psstore_shard_bounds_parse(text, strlen(text), back, &S), FR_OK);
+    assert_int_equal(S, 4);
+    assert_memory_equal(back, b, sizeof(b));
+    const char *bad[] = {"", "0", "1,5", "0,5,5", "0,5,3", "0,,5", "0,5,", "0,x", "0;5"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(psstore_shard_bounds_parse(bad[i], strlen(bad[i]), back, &S),
+                         FR_ERR_PARSE);
+}
+
+static void test_shard_lists_parse_ranges_and_refuse_others(void **state)
+{
+    (void)state;
+    uint64_t mask = 0;
+    char err[256];
+    assert_int_equal(psstore_shard_list_parse("0-3", 4, &mask, err, sizeof(err)), FR_OK);
+    assert_true(mask == 0xf);
+    assert_int_equal(psstore_shard_list_parse("2-3", 4, &mask, err, sizeof(err)), FR_OK);
+    assert_true(mask == 0xc);
+    assert_int_equal(psstore_shard_list_parse("0,2", 4, &mask, err, sizeof(err)), FR_OK);
+    assert_true(mask == 0x5);
+    assert_int_equal(psstore_shard_list_parse("1", 2, &mask, err, sizeof(err)), FR_OK);
+    assert_true(mask == 0x2);
+    assert_int_equal(psstore_shard_list_parse("63", 0, &mask, err, sizeof(err)), FR_OK);
+    assert_true(mask == 1ull << 63);
+    assert_int_equal(psstore_shard_list_parse("0-4", 4, &mask, err, sizeof(err)), FR_ERR_INVAL);
+    assert_non_null(strstr(err, "not within 0-3"));
+    const char *bad[] = {"", "a", "1-", "-1", "3-1", "0,", "0,,1", "1 2"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(psstore_shard_list_parse(bad[i], 4, &mask, err, sizeof(err)),
+                         FR_ERR_INVAL);
+        assert_true(mask == 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -674,6 +753,9 @@ int main(void)
         cmocka_unit_test(test_text_ranges_round_trip_and_name_each_fault),
         cmocka_unit_test(test_text_ranges_dup_copies_the_topics),
         cmocka_unit_test(test_text_targets_round_trip_and_reject_bad_items),
+        cmocka_unit_test(test_shard_bounds_cut_at_rows_balanced_by_bytes),
+        cmocka_unit_test(test_shard_bounds_text_round_trips),
+        cmocka_unit_test(test_shard_lists_parse_ranges_and_refuse_others),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

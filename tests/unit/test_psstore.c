@@ -337,6 +337,37 @@ static void test_nonfinite_gradients_are_dropped_untouched(void **state)
     psstore_ctl_destroy(ctl);
 }
 
+/* A shard's slice: rejection and clipping follow the whole gradient's norm. */
+static void test_a_slice_is_clipped_and_rejected_by_the_whole_norm(void **state)
+{
+    (void)state;
+    psstore_ctl_conf_t conf;
+    psstore_ctl_conf_init(&conf);
+    conf.clip_norm = 2.0;
+    psstore_ctl_t *ctl = ctl_make(&conf, 2);
+    psstore_decision_t d;
+    float g[2] = {0.6f, 0.8f}; /* its own norm 1 <= 2, the whole's 8: scaled by 1/4 */
+    assert_int_equal(psstore_ctl_prepare_whole(ctl, g, 0, 0, NULL, 1, 8.0, &d), PSSTORE_APPLY);
+    assert_close(d.norm, 8.0);
+    assert_int_equal(d.clipped, 1);
+    assert_close(g[0], 0.15);
+    assert_close(g[1], 0.2);
+    float h[2] = {3.0f, 4.0f}; /* own norm 5 > 2, the whole's 1.5: untouched */
+    assert_int_equal(psstore_ctl_prepare_whole(ctl, h, 0, 0, NULL, 1, 1.5, &d), PSSTORE_APPLY);
+    assert_int_equal(d.clipped, 0);
+    assert_true(h[0] == 3.0f && h[1] == 4.0f);
+    float f[2] = {1.0f, 1.0f}; /* finite here, NaN elsewhere: dropped untouched */
+    assert_int_equal(psstore_ctl_prepare_whole(ctl, f, 3, 1, NULL, 1, NAN, &d),
+                     PSSTORE_DROP_NONFINITE);
+    assert_int_equal(d.tau, 2);
+    assert_true(f[0] == 1.0f && f[1] == 1.0f);
+    float z[2] = {3.0f, 4.0f}; /* 0: the slice's own norm, as psstore_ctl_prepare */
+    assert_int_equal(psstore_ctl_prepare_whole(ctl, z, 0, 0, NULL, 1, 0, &d), PSSTORE_APPLY);
+    assert_close(d.norm, 5.0);
+    assert_int_equal(d.clipped, 1);
+    psstore_ctl_destroy(ctl);
+}
+
 static void test_clipping_scales_only_gradients_with_norm_above_c(void **state)
 {
     (void)state;
@@ -962,6 +993,7 @@ int main(void)
         cmocka_unit_test(test_destroy_of_null_is_a_noop),
         cmocka_unit_test(test_nonfinite_gradients_are_dropped_untouched),
         cmocka_unit_test(test_clipping_scales_only_gradients_with_norm_above_c),
+        cmocka_unit_test(test_a_slice_is_clipped_and_rejected_by_the_whole_norm),
         cmocka_unit_test(test_norm_and_finiteness_cover_every_element_of_odd_sizes),
         cmocka_unit_test(test_max_staleness_drops_tau_above_and_applies_tau_at_the_bound),
         cmocka_unit_test(test_negative_staleness_is_treated_as_fresh),
