@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1065,6 +1066,329 @@ static void test_cli_help_and_usage_errors(void **state)
     assert_string_equal(q("EXISTS freshet:{x}:meta"), "0");
 }
 
+/* ------------------------------------------------------------------------
+ * Sharded models (docs/design.md "Shards")
+ * ---------------------------------------------------------------------- */
+
+/* The number of keys matching pattern in the database of rc. */
+static size_t count_keys(redisContext *rc, const char *pattern)
+{
+    redisReply *r = raw(rc, "KEYS %s", pattern);
+    size_t n = r->elements;
+    freeReplyObject(r);
+    return n;
+}
+
+/* Create lays out each shard under its own tag with its slice; info, list,
+ * weights, offsets, requests, leases and delete see the model whole. */
+static void test_sharded_model_layout_reads_and_delete(void **state)
+{
+    (void)state;
+    char url[400];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/6", R.port);
+    psstore_conn_t *c = conn(url);
+    redisContext *rc = raw_connect(R.port, 6);
+    model_t m;
+    float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 5, &m); /* 67 floats */
+    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 3};
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 0), FR_OK);
+    /* meta of the model, and each shard's keys under {sh/s<k>} */
+    redisReply *r = raw(rc, "HMGET freshet:{sh}:meta shards bounds layers");
+    assert_string_equal(r->element[0]->str, "3");
+    assert_string_equal(r->element[1]->str, "0,24,48,67"); /* row starts nearest thirds */
+    assert_string_equal(r->element[2]->str, "4-8-3");
+    freeReplyObject(r);
+    const size_t b[] = {0, 24, 48, 67};
+    for (int k = 0; k < 3; k++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "sh/s%d", k);
+        expect_weights(rc, tag, w + b[k], b[k + 1] - b[k]);
+        r = raw(rc, "HMGET freshet:{%s}:meta lo hi epoch", tag);
+        assert_int_equal(atoi(r->element[0]->str), (int)b[k]);
+        assert_int_equal(atoi(r->element[1]->str), (int)b[k + 1]);
+        assert_int_equal(r->element[2]->type, REDIS_REPLY_STRING);
+        freeReplyObject(r);
+    }
+    assert_int_equal(count_keys(rc, "freshet:{sh}:w:0"), 0);
+    char **names;
+    size_t n;
+    assert_int_equal(psstore_model_list(c, &names, &n), FR_OK);
+    assert_int_equal(n, 1); /* the shards' metas are not models */
+    assert_string_equal(names[0], "sh");
+    free(names[0]);
+    free(names);
+
+    /* info and version add up the shards'; the weights come back whole */
+    freeReplyObject(raw(rc, "SET freshet:{sh/s0}:ver 5"));
+    freeReplyObject(raw(rc, "SET freshet:{sh/s1}:ver 7"));
+    freeReplyObject(raw(rc, "SET freshet:{sh/s2}:ver 9"));
+    psstore_model_info_t info;
+    assert_int_equal(psstore_model_info(c, "sh", &info), FR_OK);
+    assert_int_equal(info.shards, 3);
+    assert_int_equal(info.version, 21);
+    assert_int_equal(info.shard_versions[1], 7);
+    assert_memory_equal(info.bounds, b, sizeof(b));
+    assert_int_equal(info.bytes, 67 * sizeof(float));
+    int64_t version = 0;
+    assert_int_equal(psstore_model_version(c, "sh", &version), FR_OK);
+    assert_int_equal(version, 21);
+    float back[67];
+    uint64_t epoch = 0;
+    char *offs = NULL;
+    /* offsets: t/0 seen by every shard, t/1 by shard 1 only */
+    freeReplyObject(raw(rc, "HSET freshet:{sh/s0}:offsets t/0 10;12-14"));
+    freeReplyObject(raw(rc, "HSET freshet:{sh/s1}:offsets t/0 8;9-11@2 t/1 4"));
+    freeReplyObject(raw(rc, "HSET freshet:{sh/s2}:offsets t/0 15"));
+    assert_int_equal(psstore_model_weights_offsets(c, "sh", back, 67, &epoch, &version, &offs),
+                     FR_OK);
+    assert_memory_equal(back, w, sizeof(back));
+    assert_int_equal(version, 21);
+    assert_string_equal(offs, "t/0=8,t/1=0"); /* the lowest watermark of each partition */
+    free(offs);
+    assert_int_equal(psstore_model_weights(c, "sh", back, 66, &epoch, &version), FR_ERR_RANGE);
+    /* the consumer starts at the lowest watermark and skips that shard's
+     * intervals, with the newest generation */
+    psstore_partition_offsets_t po;
+    int found = 0;
+    psstore_poff_init(&po, 0);
+    assert_int_equal(psstore_offsets_read(c, "sh", "t", 0, &po, &found), FR_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(po.watermark, 8);
+    assert_int_equal(po.nspans, 1);
+    assert_true(po.spans[0].from == 9 && po.spans[0].to == 11);
+    assert_int_equal(po.generation, 2);
+    assert_int_equal(psstore_offsets_read(c, "sh", "t", 1, &po, &found), FR_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(po.watermark, 0); /* shards 0 and 2 applied nothing of t/1 */
+    assert_int_equal(po.nspans, 0);
+    psstore_poff_fini(&po);
+    char **keys;
+    assert_int_equal(psstore_offsets_keys(c, "sh", &keys, &n), FR_OK);
+    assert_int_equal(n, 2);
+    assert_string_equal(keys[0], "t/0");
+    assert_string_equal(keys[1], "t/1");
+    free(keys[0]);
+    free(keys[1]);
+    free(keys);
+
+    /* a request reaches every shard under one token, and waits for all */
+    char id[64];
+    assert_int_equal(psstore_request_delete(c, "sh", id), FR_OK);
+    assert_true(strncmp(id, "t:", 2) == 0);
+    for (int k = 0; k < 3; k++) {
+        r = raw(rc, "XRANGE freshet:{sh/s%d}:requests - +", k);
+        assert_int_equal(r->elements, 1);
+        const redisReply *kv = r->element[0]->element[1];
+        int has_token = 0;
+        for (size_t f = 0; f + 1 < kv->elements; f += 2)
+            has_token |= strcmp(kv->element[f]->str, "token") == 0 &&
+                         strcmp(kv->element[f + 1]->str, id + 2) == 0;
+        assert_true(has_token);
+        freeReplyObject(r);
+    }
+    assert_int_equal(psstore_request_wait(c, "sh", id, 60), FR_ERR_TIMEOUT);
+    freeReplyObject(raw(rc, "DEL freshet:{sh/s0}:requests freshet:{sh/s2}:requests"));
+    assert_int_equal(psstore_request_wait(c, "sh", id, 60), FR_ERR_TIMEOUT); /* shard 1 */
+    freeReplyObject(raw(rc, "DEL freshet:{sh/s1}:requests"));
+    assert_int_equal(psstore_request_wait(c, "sh", id, 60), FR_OK);
+    /* rollback needs every shard to hold the snapshot */
+    assert_int_equal(psstore_request_rollback(c, "sh", 3, id), FR_ERR_NOTFOUND);
+    expect_contains(psstore_conn_error(c), "shard 0 retains no snapshot 3");
+
+    /* a lease held on any shard: held, and delete and replace are refused */
+    int held = 0;
+    assert_int_equal(psstore_lease_held(c, "sh", &held), FR_OK);
+    assert_int_equal(held, 0);
+    freeReplyObject(raw(rc, "SET freshet:{sh/s2}:lease someone PX 60000"));
+    assert_int_equal(psstore_lease_held(c, "sh", &held), FR_OK);
+    assert_int_equal(held, 1);
+    assert_int_equal(psstore_model_delete(c, "sh"), FR_ERR_STATE);
+    expect_contains(psstore_conn_error(c), "shard 2 of 3");
+    spec.shards = 2;
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 1), FR_ERR_STATE);
+    freeReplyObject(raw(rc, "DEL freshet:{sh/s2}:lease"));
+
+    /* replacing: 3 shards by 2 (no key of shard 2 is left), then by 1 */
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 0), FR_ERR_EXISTS);
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 1), FR_OK);
+    assert_int_equal(count_keys(rc, "freshet:{sh/s2}:*"), 0);
+    assert_int_equal(psstore_model_info(c, "sh", &info), FR_OK);
+    assert_int_equal(info.shards, 2);
+    assert_int_equal(info.version, 0);
+    spec.shards = 1;
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 1), FR_OK);
+    assert_int_equal(count_keys(rc, "freshet:{sh/s*"), 0);
+    expect_weights(rc, "sh", w, 67);
+    spec.shards = 4;
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 1), FR_OK);
+    assert_int_equal(psstore_model_delete(c, "sh"), FR_OK);
+    r = raw(rc, "DBSIZE");
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    /* a cut the layers cannot give */
+    spec.shards = 64;
+    assert_int_equal(psstore_model_create(c, "sh", &spec, w, 0), FR_ERR_INVAL);
+    expect_contains(psstore_conn_error(c), "cut points");
+    free(w);
+    redisFree(rc);
+    psstore_conn_destroy(c);
+}
+
+/* Pushes gradient k (seeded) of positions [k, k + 1) through cl. */
+static void push_one(psstore_client_t *cl, size_t n, int k, float poison)
+{
+    float g[67];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed = 0;
+    float w[67];
+    assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
+    harness_gradient(g, n, 100 + (uint64_t)k);
+    g[0] = g[0] * poison;
+    psstore_range_t range = {"t", 0, k, k + 1};
+    psstore_grad_t msg = {.epoch = epoch,
+                          .version = version,
+                          .worker = "test/1/0",
+                          .n = 1,
+                          .loss_sum = 0.5,
+                          .ranges = &range,
+                          .nranges = 1,
+                          .g = g,
+                          .len = n};
+    assert_int_equal(psstore_push(cl, &msg, 5000), FR_OK);
+}
+
+/* Waits until the model's version reaches at. */
+static void wait_model_version(psstore_conn_t *c, const char *model, int64_t at)
+{
+    int64_t v = -1;
+    for (int waited = 0; waited < 20000 && v < at; waited += 10) {
+        assert_int_equal(psstore_model_version(c, model, &v), FR_OK);
+        harness_sleep_ms(10);
+    }
+    assert_true(v >= at);
+}
+
+/* The snapshot ids shard k retains, oldest first, into ids; their count. */
+static size_t shard_snaps(redisContext *rc, const char *model, int k, int64_t *ids, size_t max)
+{
+    redisReply *r = raw(rc, "ZRANGE freshet:{%s/s%d}:snaps 0 -1", model, k);
+    size_t n = 0;
+    for (size_t i = 0; i < r->elements && n < max; i++)
+        ids[n++] = strtoll(r->element[i]->str, NULL, 10);
+    freeReplyObject(r);
+    return n;
+}
+
+/* Two shards' appliers: a non-finite gradient is dropped by both (one
+ * slice of it is finite); snapshots are taken by shard 0 and followed by
+ * shard 1 under the same ids; a rollback restores both from one id. */
+static void test_sharded_appliers_decide_snapshot_and_roll_back_alike(void **state)
+{
+    (void)state;
+    char url[400], errstr[512];
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d/7", R.port);
+    psstore_conn_t *c = conn(url);
+    redisContext *rc = raw_connect(R.port, 7);
+    model_t m;
+    float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 6, &m);
+    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 2}; /* 0..32, 32..67 */
+    assert_int_equal(psstore_model_create(c, "sn", &spec, w, 0), FR_OK);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = url;
+    conf.model = "sn";
+    conf.snapshot_every = 3;
+    conf.snapshot_seconds = 0;
+    conf.audit = 1;
+    harness_applier_t ap[2];
+    for (int k = 0; k < 2; k++) {
+        conf.shard = k;
+        assert_int_equal(harness_applier_start(&ap[k], &conf), 0);
+    }
+    conf.shard = 2; /* not a shard of it */
+    assert_null(psstore_applier_new(&conf, errstr, sizeof(errstr)));
+    expect_contains(errstr, "has 2 shards; shard 2 is not one of them");
+    psstore_client_t *cl = psstore_client_new(url, "sn", m.nparams, 64, errstr, sizeof(errstr));
+    assert_non_null(cl);
+    for (int k = 0; k < 4; k++)
+        push_one(cl, m.nparams, k, 1.0f);
+    /* NaN in shard 0's slice: shard 1's slice is finite, and dropped all the same */
+    push_one(cl, m.nparams, 4, NAN);
+    for (int k = 5; k < 10; k++)
+        push_one(cl, m.nparams, k, 1.0f);
+    wait_model_version(c, "sn", 2 * 9);
+    redisReply *r = raw(rc, "XRANGE freshet:{sn/s1}:drops - +");
+    assert_int_equal(r->elements, 1);
+    const redisReply *kv = r->element[0]->element[1];
+    int nonfinite = 0;
+    for (size_t f = 0; f + 1 < kv->elements; f += 2)
+        nonfinite |= strcmp(kv->element[f]->str, "reason") == 0 &&
+                     strcmp(kv->element[f + 1]->str, "nonfinite") == 0;
+    assert_true(nonfinite);
+    freeReplyObject(r);
+    /* shard 0 took snapshots at its versions 3, 6, 9; shard 1 follows */
+    int64_t ids0[16], ids1[16];
+    size_t n0 = shard_snaps(rc, "sn", 0, ids0, 16), n1 = 0;
+    for (int waited = 0; waited < 10000; waited += 10) {
+        if ((n1 = shard_snaps(rc, "sn", 1, ids1, 16)) == n0)
+            break;
+        harness_sleep_ms(10);
+    }
+    assert_int_equal(n0, 3);
+    assert_int_equal(ids0[0], 3);
+    assert_int_equal(ids0[2], 9);
+    assert_int_equal(n1, n0);
+    assert_memory_equal(ids1, ids0, n0 * sizeof(int64_t));
+    float snap6[67], now[67];
+    uint64_t epoch = 0;
+    int64_t version = 0;
+    assert_int_equal(psstore_snapshot_weights(c, "sn", 6, snap6, m.nparams, &epoch), FR_OK);
+    r = raw(rc, "HGET freshet:{sn/s1}:snap:6 weights");
+    assert_int_equal(r->len, 35 * sizeof(float));
+    assert_memory_equal(r->str, snap6 + 32, r->len);
+    freeReplyObject(r);
+    /* rollback to 6: both shards restored, each under a new epoch */
+    psstore_model_info_t before, after;
+    assert_int_equal(psstore_model_info(c, "sn", &before), FR_OK);
+    char id[64];
+    assert_int_equal(psstore_request_rollback(c, "sn", 6, id), FR_OK);
+    assert_int_equal(psstore_request_wait(c, "sn", id, 10000), FR_OK);
+    assert_int_equal(psstore_model_info(c, "sn", &after), FR_OK);
+    assert_int_equal(after.shard_versions[0], before.shard_versions[0] + 1);
+    assert_int_equal(after.shard_versions[1], before.shard_versions[1] + 1);
+    assert_true(after.epoch != before.epoch);
+    assert_int_equal(psstore_model_weights(c, "sn", now, m.nparams, &epoch, &version), FR_OK);
+    assert_memory_equal(now, snap6, sizeof(now));
+    /* each shard's offsets are its own part's (each part was taken at that
+     * shard's next commit: shard 0's at position 6, the other's maybe later) */
+    for (int k = 0; k < 2; k++) {
+        r = raw(rc, "HGET freshet:{sn/s%d}:offsets t/0", k);
+        redisReply *sr = raw(rc, "HGET freshet:{sn/s%d}:snap:6 offsets", k);
+        char want[64];
+        snprintf(want, sizeof(want), "t/0=%s\n", r->str);
+        assert_string_equal(sr->str, want);
+        if (k == 0)
+            assert_string_equal(r->str, "7"); /* gradients 0..6, 4 dropped: version 6 */
+        freeReplyObject(sr);
+        freeReplyObject(r);
+    }
+    /* an id one shard lacks is refused before anything is asked */
+    freeReplyObject(raw(rc, "DEL freshet:{sn/s1}:snap:3"));
+    assert_int_equal(psstore_request_rollback(c, "sn", 3, id), FR_ERR_NOTFOUND);
+    expect_contains(psstore_conn_error(c), "shard 1 retains no snapshot 3");
+    psstore_client_destroy(cl);
+    for (int k = 0; k < 2; k++)
+        harness_applier_stop(&ap[k], NULL);
+    assert_int_equal(psstore_model_delete(c, "sn"), FR_OK);
+    r = raw(rc, "DBSIZE");
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    free(w);
+    redisFree(rc);
+    psstore_conn_destroy(c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1085,6 +1409,8 @@ int main(void)
         cmocka_unit_test(test_cli_refuses_bad_names),
         cmocka_unit_test(test_cli_bad_urls_and_unreachable_redis_fail_fast),
         cmocka_unit_test(test_cli_help_and_usage_errors),
+        cmocka_unit_test(test_sharded_model_layout_reads_and_delete),
+        cmocka_unit_test(test_sharded_appliers_decide_snapshot_and_roll_back_alike),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
