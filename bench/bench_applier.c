@@ -19,6 +19,7 @@
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,8 @@ static void *drain_main(void *arg)
     } while (st.version < d->count && seconds_since(d->t0) < 300);
     d->secs = seconds_since(d->t0);
     d->version = st.version;
+    atomic_int stop = 1;
+    psstore_applier_run(d->a, &stop); /* releases the lease: the model is replaced next */
     return NULL;
 }
 

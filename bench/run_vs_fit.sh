@@ -17,10 +17,11 @@
 # with AVX-512, Haswell with AVX2) unless OPENBLAS_CORETYPE is set already;
 # the kernel is printed.
 # REDIS=cluster runs freshet against a Redis Cluster (3 masters, a replica
-# each) instead of one redis-server. Each run's staleness p50/p99 comes from
-# its versions stream.
+# each) instead of one redis-server. SHARDS=S cuts the model into S shards
+# (docs/design.md "Shards"), an applier each; the rate and staleness are then
+# shard 0's. Each run's staleness p50/p99 comes from its versions stream.
 # usage: [ROUNDS=N] [COPIES=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
-#        [RAWCONSUME=path] [REDIS=single|cluster] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        [RAWCONSUME=path] [REDIS=single|cluster] [SHARDS=S] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
 #        max_pending 64, commit_ms 20; [ingest] queue 16; [serve] listen
 #        127.0.0.1:0, SERVE_LISTEN= for none; RAWCONSUME: the first of
@@ -33,6 +34,7 @@ mode=${2:-adaptive}
 bin=$(realpath "${3:-build/freshet}")
 rounds=${ROUNDS:-3}
 copies=${COPIES:-1}
+shards=${SHARDS:-1}
 fm=/usr/share/datasets/fashion-mnist
 export OPENBLAS_NUM_THREADS=1
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
@@ -113,13 +115,19 @@ sync_lr_scale = ${SYNC_LR_SCALE:-none}
 lr = 0.1
 [psstore]
 max_pending = ${MAX_PENDING:-64}
+shards = $shards
 ${COMMIT_MS:+commit_ms = $COMMIT_MS}
 EOF
     "$bin" run --config "$work/run.conf" >"$work/run.log" 2>&1 &
     local pid=$!
+    # the shards' tags ({M} for one shard); done once every shard's watermarks cover the topic
+    local tags=("$model") least
+    [ "$shards" -gt 1 ] && mapfile -t tags < <(seq 0 $((shards - 1)) | sed "s|^|$model/s|")
     for _ in $(seq 1200); do
-        [ "$("${rcli[@]}" HVALS "freshet:{$model}:offsets" |
-            awk -F'[;@]' '{ s += $1 } END { print s + 0 }')" -ge $((60000 * copies)) ] && break
+        least=$(for t in "${tags[@]}"; do
+            "${rcli[@]}" HVALS "freshet:{$t}:offsets" | awk -F'[;@]' '{ s += $1 } END { print s + 0 }'
+        done | sort -n | head -1)
+        [ "$least" -ge $((60000 * copies)) ] && break
         sleep 0.5
     done
     kill -TERM "$pid" && wait "$pid"
@@ -129,7 +137,7 @@ EOF
     acc=$("$bin" eval --weights "$work/run.safetensors" --format idx 2>/dev/null \
         --data "$fm/t10k-images-idx3-ubyte.gz" --labels "$fm/t10k-labels-idx1-ubyte.gz" |
         sed 's/.*"accuracy": *\([0-9.]*\).*/\1/')
-    "${rcli[@]}" XRANGE "freshet:{$model}:versions" - + >"$work/versions.txt"
+    "${rcli[@]}" XRANGE "freshet:{${tags[0]}}:versions" - + >"$work/versions.txt"
     rate=$(awk 'prev == "n" { n = $1 } prev == "t" { if (t0 == "") { t0 = $1; n0 = n } t1 = $1; s += n }
              { prev = $1 } END { if (t1 > t0) printf "%.0f", (s - n0) * 1000 / (t1 - t0); else print 0 }' \
         "$work/versions.txt")
@@ -149,7 +157,7 @@ raw_once() {
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "run vs fit: Fashion-MNIST x $copies, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
-    "freshet run with $workers workers, $mode, Kafka + Redis (${REDIS:-single})"
+    "freshet run with $workers workers, $mode, Kafka + Redis (${REDIS:-single}), $shards shard(s)"
 echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume)"
 printf '  %-6s %10s %8s %10s %8s %10s %8s %10s %9s\n' round "run/s" "run acc" "fit/s" "fit acc" \
     "raw/s" "run/fit" "run/limit" "tau 50/99"

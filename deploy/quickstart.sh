@@ -12,9 +12,11 @@
 # stops everything it started, by PID. --cluster keeps the model on a local
 # Redis Cluster instead (3 masters with a replica each, free ports): try
 # killing the master that serves it (freshet model show names it).
+# --shards S cuts the model into S shards, an applier each (with
+# --cluster, spread over the masters).
 #
 # usage: bash deploy/quickstart.sh [--duration S] [--rate N] [--workers W]
-#        [--listen HOST:PORT] [--cluster] [--no-setup]
+#        [--listen HOST:PORT] [--cluster] [--shards S] [--no-setup]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,7 @@ workers=2
 listen=127.0.0.1:8080
 setup=1
 cluster=0
+shards=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --duration) duration=$2; shift 2 ;;
@@ -32,7 +35,8 @@ while [ $# -gt 0 ]; do
     --listen) listen=$2; shift 2 ;;
     --no-setup) setup=0; shift ;;
     --cluster) cluster=1; shift ;;
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --shards) shards=$2; shift 2 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "quickstart: unknown option $1 (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -83,6 +87,8 @@ workers = $workers
 mode = adaptive
 [controller]
 lr = 0.1
+[psstore]
+shards = $shards
 [serve]
 listen = $listen
 [eval]

@@ -1069,7 +1069,8 @@ static char *watermarks_min(char *merged, const char *shard, int first)
  * update: each slice is one shard's consistent state at one instant.
  */
 static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
-                             uint64_t *epoch, int64_t *version, char **offsets)
+                             uint64_t *epoch, int64_t *version, char **offsets,
+                             int64_t *shard_versions, int *nshards)
 {
     fr_err_t err;
     if (offsets != NULL)
@@ -1080,8 +1081,14 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
     size_t bounds[PSSTORE_SHARDS_MAX + 1];
     if ((err = ps_model_layout(c, name, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
         return err;
-    if (S == 1)
-        return read_one(c, name, w, n, epoch, version, offsets);
+    if (nshards != NULL)
+        *nshards = S;
+    if (S == 1) {
+        err = read_one(c, name, w, n, epoch, version, offsets);
+        if (err == FR_OK && shard_versions != NULL && version != NULL)
+            shard_versions[0] = *version;
+        return err;
+    }
     if (bounds[S] != n)
         return ps_fail(c, FR_ERR_RANGE, "model '%s' holds %zu floats of weights, expected %zu",
                        name, bounds[S], n);
@@ -1101,6 +1108,8 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
         }
         esum += e;
         vsum += v;
+        if (shard_versions != NULL)
+            shard_versions[k] = v;
         if (offsets != NULL) {
             merged = watermarks_min(merged, text, k == 0);
             free(text);
@@ -1120,13 +1129,20 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
 fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
                                uint64_t *epoch, int64_t *version)
 {
-    return read_weights(c, name, w, n, epoch, version, NULL);
+    return read_weights(c, name, w, n, epoch, version, NULL, NULL, NULL);
 }
 
 fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, float *w, size_t n,
                                        uint64_t *epoch, int64_t *version, char **offsets)
 {
-    return read_weights(c, name, w, n, epoch, version, offsets);
+    return read_weights(c, name, w, n, epoch, version, offsets, NULL, NULL);
+}
+
+fr_err_t psstore_model_weights_shards(psstore_conn_t *c, const char *name, float *w, size_t n,
+                                      uint64_t *epoch, int64_t *version, char **offsets,
+                                      int64_t *shard_versions, int *nshards)
+{
+    return read_weights(c, name, w, n, epoch, version, offsets, shard_versions, nshards);
 }
 
 static fr_err_t version_one(psstore_conn_t *c, const char *name, int64_t *version);

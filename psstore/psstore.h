@@ -139,6 +139,12 @@ fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name);
  * frees; "" when none). */
 fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, float *w, size_t n,
                                        uint64_t *epoch, int64_t *version, char **offsets);
+/* psstore_model_weights_offsets with, for a sharded model (docs/design.md
+ * "Shards"), each shard's version as read: shard_versions[PSSTORE_SHARDS_MAX]
+ * and *nshards (1 for a model of one shard, whose version it then holds). */
+fr_err_t psstore_model_weights_shards(psstore_conn_t *c, const char *name, float *w, size_t n,
+                                      uint64_t *epoch, int64_t *version, char **offsets,
+                                      int64_t *shard_versions, int *nshards);
 /* The model's current version alone (one GET): a cheap test of whether
  * the weights moved. FR_ERR_NOTFOUND when there is no such model. */
 fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version);

@@ -215,10 +215,11 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
         *wcap = tm->nparams;
     }
     uint64_t epoch;
-    int64_t version;
+    int64_t version, shard_versions[PSSTORE_SHARDS_MAX];
+    int nshards = 1;
     char *offsets = NULL;
-    fr_err_t err =
-        psstore_model_weights_offsets(c, m->name, *w, tm->nparams, &epoch, &version, &offsets);
+    fr_err_t err = psstore_model_weights_shards(c, m->name, *w, tm->nparams, &epoch, &version,
+                                                &offsets, shard_versions, &nshards);
     if (err == FR_ERR_NOTFOUND || err == FR_ERR_RANGE || err == FR_ERR_PARSE) {
         model_error(s, m, psstore_conn_error(c), changed);
         return FR_OK;
@@ -228,6 +229,9 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
     m->loaded_ns = fr_clock_mono_ns();
     *v = make_view(tm, m->name, *w, epoch, version, fr_clock_unix_ms(), offsets, why, sizeof(why));
     free(offsets);
+    for (int k = 0, len = 0; *v != NULL && nshards > 1 && k < nshards; k++)
+        len += snprintf((*v)->shard_versions + len, sizeof((*v)->shard_versions) - (size_t)len,
+                        "%s%lld", k ? "," : "", (long long)shard_versions[k]);
     if (*v == NULL) {
         char msg[300];
         snprintf(msg, sizeof(msg), "encoding the weights: %.200s", why);

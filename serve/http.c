@@ -226,6 +226,8 @@ void sv_send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv
     evhttp_add_header(h, "X-Freshet-Version", num);
     snprintf(num, sizeof(num), "%llu", (unsigned long long)v->epoch);
     evhttp_add_header(h, "X-Freshet-Epoch", num);
+    if (v->shard_versions[0] != '\0') /* a sharded model: the version is their sum */
+        evhttp_add_header(h, "X-Freshet-Shard-Versions", v->shard_versions);
     evhttp_add_header(h, "X-Freshet-Layers", v->layers);
     /* latest moves; a snapshot's URL has no epoch, so a recreated model may
      * reuse it: both are revalidated with the ETag, which has the epoch */

@@ -67,6 +67,8 @@ typedef struct sv_view {
     char *offsets;    /* "topic/partition=watermark,..." of these weights ("" unknown) */
     char layers[256]; /* the model these weights are of ("784-256-10") */
     char loss[16];
+    char shard_versions[PSSTORE_SHARDS_MAX * 21]; /* a sharded model: "5,7,9" (its
+                                                     shards' versions); "" else */
 } sv_view_t;
 
 sv_view_t *sv_view_ref(sv_view_t *v);

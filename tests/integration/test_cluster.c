@@ -571,7 +571,7 @@ static int logged_port(const char *log)
 
 /* The run's HTTP service serves the store's version and weights (read
  * through a cluster connection), byte for byte, once it caught up. */
-static void check_served(const char *model, const char *log)
+static void check_served(const char *model, int S, const char *log)
 {
     enum { NP = 3 * 64 + 64 + 64 + 1 };
     int port = logged_port(log);
@@ -590,6 +590,21 @@ static void check_served(const char *model, const char *log)
         const char *v = strstr(r.headers, "X-Freshet-Version: ");
         int same = r.exit_status == 0 && v != NULL && strtoll(v + 19, NULL, 10) == version &&
                    r.len == sizeof(want) && memcmp(r.body, want, sizeof(want)) == 0;
+        /* a sharded model: each shard's version, adding up to the model's */
+        const char *sv = strstr(r.headers, "X-Freshet-Shard-Versions: ");
+        if (same && S > 1) {
+            int64_t sum = 0;
+            int count = 0;
+            for (const char *p = sv != NULL ? sv + 26 : NULL; p != NULL; count++) {
+                sum += strtoll(p, (char **)&p, 10);
+                p = *p == ',' ? p + 1 : NULL;
+            }
+            assert_non_null(sv);
+            assert_int_equal(count, S);
+            assert_int_equal(sum, version);
+        }
+        if (same && S == 1)
+            assert_null(sv);
         harness_resp_free(&r);
         if (same) {
             psstore_conn_destroy(c);
@@ -616,7 +631,7 @@ static void finish_and_audit_shards(const pid_t *pids, int npids, const char *mo
     if (shards_watermarks(model, S, topic) < NPARTS * PER)
         fail_with_log(log, "the watermarks did not reach the log ends");
     if (npids == 1)
-        check_served(model, log); /* freshet run: its HTTP service */
+        check_served(model, S, log); /* freshet run: its HTTP service */
     for (int i = 0; i < npids; i++) {
         assert_int_equal(kill(pids[i], SIGTERM), 0);
         int status = harness_wait(pids[i], 20000);

@@ -301,6 +301,59 @@ static void run_mode_learns(const char *mode, const char *model, const char *top
     assert_true(harness_file_contains(log, "run: stopping"));
 }
 
+/*
+ * The same with the model in two shards (docs/design.md "Shards"): two
+ * appliers in the run, each shard learning its slice; a round mode closes
+ * its rounds per shard over the same members. The mean squared error of
+ * the assembled model falls below 1e-3, and every record is applied on
+ * both shards.
+ */
+static void run_sharded_mode_learns(const char *mode, const char *model, const char *topic,
+                                    const char *trainer_extra)
+{
+    enum { N = 3000, NPARTS = 3 };
+    produce(topic, NPARTS, N);
+    char conf[PATH_LEN], log[PATH_LEN], tag[2][80];
+    conf_path(model, conf);
+    log_path(model, "", log);
+    write_config_extra(conf, model, topic, 2, mode, "", 0, "", trainer_extra);
+    FILE *f = fopen(conf, "a"); /* the last section is [psstore] */
+    assert_non_null(f);
+    fputs("shards = 2\n", f);
+    assert_int_equal(fclose(f), 0);
+    pid_t pid = spawn_run(conf, log);
+    for (int k = 0; k < 2; k++) {
+        snprintf(tag[k], sizeof(tag[k]), "%s/s%d", model, k);
+        wait_watermarks(tag[k], topic, NPARTS, N, log);
+    }
+    stop_run(pid, log);
+    int64_t version = 0;
+    double loss = store_loss(model, N, &version);
+    int64_t v0 = store_version(tag[0]), v1 = store_version(tag[1]);
+    fr_log(FR_LOG_INFO, "mode %s, 2 shards: mse %.6f after %lld + %lld versions", mode, loss,
+           (long long)v0, (long long)v1);
+    psstore_mode_t m = PSSTORE_MODE_ASYNC;
+    assert_int_equal(psstore_mode_parse(mode, &m), FR_OK);
+    assert_int_equal(version, v0 + v1); /* the model's version: the sum of its shards' */
+    for (int64_t v = v0, k = 0; k < 2; v = v1, k++)
+        assert_true(v >= (psstore_mode_rounds(m) ? N / 16 / 4 : N / 16));
+    assert_true(loss < 1e-3);
+    assert_true(harness_file_contains(log, "applier "
+                                           "rsh"));
+}
+
+static void test_adaptive_learns_the_stream_in_two_shards(void **state)
+{
+    (void)state;
+    run_sharded_mode_learns("adaptive", "rsha", "rsha1", "");
+}
+
+static void test_sync_learns_the_stream_in_two_shards(void **state)
+{
+    (void)state;
+    run_sharded_mode_learns("sync", "rshs", "rshs1", "sync_lr_scale = linear\n");
+}
+
 static void test_async_learns_the_stream(void **state)
 {
     (void)state;
@@ -922,6 +975,8 @@ int main(void)
         cmocka_unit_test(test_backup_learns_the_stream),
         cmocka_unit_test(test_groups_learn_the_stream),
         cmocka_unit_test(test_ssp_learns_the_stream),
+        cmocka_unit_test(test_adaptive_learns_the_stream_in_two_shards),
+        cmocka_unit_test(test_sync_learns_the_stream_in_two_shards),
         cmocka_unit_test(test_backup_does_not_wait_for_a_straggler_and_sync_does),
         cmocka_unit_test(test_ssp_keeps_every_worker_within_the_bound),
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
