@@ -480,10 +480,13 @@ static int cmd_list(int argc, char **argv)
  * lease holder writes a model): appends a delete request and waits for the applier to execute it.
  * Returns the exit status.
  */
-static int delete_by_applier(const char *cmd, psstore_conn_t *c, const char *name)
+static int delete_by_applier(const char *cmd, psstore_conn_t *c, const char *url, const char *name)
 {
     char id[64];
     fr_err_t err = psstore_request_delete(c, name, id);
+    /* a sharded model: shards without a running applier delete their part here */
+    if (err == FR_OK && app_execute_requests(cmd, c, url, name) != FR_OK)
+        return APP_EXIT_FAILURE;
     if (err == FR_OK)
         err = psstore_request_wait(c, name, id, MODEL_REQUEST_WAIT_MS);
     if (err != FR_OK)
@@ -511,7 +514,7 @@ static int cmd_delete(int argc, char **argv)
     int held = 0;
     fr_err_t err = psstore_model_delete(c, o.name);
     if (err == FR_ERR_STATE && psstore_lease_held(c, o.name, &held) == FR_OK && held)
-        rc = delete_by_applier(cmd, c, o.name);
+        rc = delete_by_applier(cmd, c, o.redis, o.name);
     else if (err != FR_OK)
         rc = store_failed(cmd, c, err, NULL);
     else

@@ -81,7 +81,8 @@ typedef struct part {
     int64_t (*skip)[2]; /* [nskip] sorted disjoint [from, to), all >= the seek target      */
     size_t nskip;
     int64_t gen;
-    int held; /* listed in bt->open */
+    int64_t skipped; /* after the last record skipped as applied since the seek (0: none) */
+    int held;        /* listed in bt->open */
 } part_t;
 
 struct ingest_batcher {
@@ -525,6 +526,7 @@ fr_err_t ingest_batcher_seek(ingest_batcher_t *bt, const char *topic, int32_t pa
     p->nskip = nskip;
     p->next = pos;
     p->end = pos;
+    p->skipped = 0;
     p->gen = gen;
     return FR_OK;
 nomem:
@@ -575,8 +577,13 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
     part_t *p = part_find(bt, topic, partition);
     if (p == NULL)
         return FR_ERR_STATE;
-    if (offset < p->end || skip_contains(p, offset))
-        return FR_OK; /* a redelivery, or applied already (rule 2) */
+    if (offset < p->end)
+        return FR_OK; /* a redelivery */
+    if (skip_contains(p, offset)) {
+        if (offset + 1 > p->skipped)
+            p->skipped = offset + 1;
+        return FR_OK; /* applied already (rule 2) */
+    }
 
     ingest_reject_t r =
         ingest_decode(&bt->schema, bt->format, rec, len, bt->x + bt->n * bt->d, bt->y + bt->n);
@@ -671,15 +678,34 @@ int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t 
     return p != NULL && p->held;
 }
 
+/* A seeked partition's state, or NULL with *err (FR_ERR_INVAL for a bad
+ * topic, FR_ERR_NOTFOUND for a partition not seeked). */
+static const part_t *part_lookup(const ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                 fr_err_t *err)
+{
+    const part_t *p = bt != NULL && topic_ok(topic) ? part_find(bt, topic, partition) : NULL;
+    *err = p != NULL ? FR_OK : bt == NULL || !topic_ok(topic) ? FR_ERR_INVAL : FR_ERR_NOTFOUND;
+    return p;
+}
+
+fr_err_t ingest_batcher_skipped(const ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                int64_t *skipped)
+{
+    fr_err_t err;
+    const part_t *p = part_lookup(bt, topic, partition, &err);
+    if (p != NULL)
+        *skipped = p->skipped;
+    return err;
+}
+
 fr_err_t ingest_batcher_position(const ingest_batcher_t *bt, const char *topic, int32_t partition,
                                  int64_t *next, int64_t *end)
 {
-    if (bt == NULL || !topic_ok(topic))
-        return FR_ERR_INVAL;
-    const part_t *p = part_find(bt, topic, partition);
-    if (p == NULL)
-        return FR_ERR_NOTFOUND;
-    *next = p->next;
-    *end = p->end;
-    return FR_OK;
+    fr_err_t err;
+    const part_t *p = part_lookup(bt, topic, partition, &err);
+    if (p != NULL) {
+        *next = p->next;
+        *end = p->end;
+    }
+    return err;
 }

@@ -199,6 +199,10 @@ int ingest_batcher_holds(const ingest_batcher_t *bt, const char *topic, int32_t 
  * batch holds nothing of it). FR_ERR_NOTFOUND for a partition not seeked. */
 fr_err_t ingest_batcher_position(const ingest_batcher_t *bt, const char *topic, int32_t partition,
                                  int64_t *next, int64_t *end);
+/* The position after the last record of the partition skipped as applied
+ * (its skip list) since its seek, 0 when none. */
+fr_err_t ingest_batcher_skipped(const ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                int64_t *skipped);
 
 /* ------------------------------------------------------------------------
  * Kafka (librdkafka), for services; not in FRESHET_CORE_ONLY builds.

@@ -275,22 +275,24 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
         fr_errorf(FR_ERR_UNSUPPORTED, errstr, size, "%s", psstore_conn_error(a->c));
         goto err;
     }
-    psstore_model_info_t info;
-    fr_err_t e = psstore_model_info(a->c, a->name, &info);
+    /* the model's layout only: a shard's applier needs no other shard's node */
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    int S = 1;
+    fr_err_t e = ps_model_layout(a->c, a->name, &S, bounds);
     if (e != FR_OK) {
         fr_errorf(e, errstr, size, "%s", psstore_conn_error(a->c));
         goto err;
     }
-    a->nshards = info.shards;
-    if (info.shards > 1) {
-        if (conf->shard < 0 || conf->shard >= info.shards) {
+    a->nshards = S;
+    if (S > 1) {
+        if (conf->shard < 0 || conf->shard >= S) {
             fr_errorf(FR_ERR_INVAL, errstr, size,
-                      "applier: model '%s' has %d shards; shard %d is not one of them", a->name,
-                      info.shards, conf->shard);
+                      "applier: model '%s' has %d shards; shard %d is not one of them", a->name, S,
+                      conf->shard);
             goto err;
         }
         a->shard = conf->shard;
-        ps_shard_tag(a->model, a->name, a->shard, info.shards);
+        ps_shard_tag(a->model, a->name, a->shard, S);
     }
     ps_key(a->k_lease, a->model, "lease");
     ps_key(a->k_meta, a->model, "meta");

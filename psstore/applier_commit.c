@@ -285,6 +285,15 @@ static int64_t snapshot_id(const psstore_applier_t *a)
 /* Queues the snapshot of the current version and the trimming of old ones. */
 static void queue_snapshot(psstore_applier_t *a, txn_t *t)
 {
+    /* an id taken again (shard 0's versions repeat after it lost writes):
+     * the new part replaces the old, whose trimming would delete it */
+    for (size_t i = 0; i < a->nsnaps; i++) {
+        if (a->snaps[i] == snapshot_id(a)) {
+            memmove(a->snaps + i, a->snaps + i + 1, (a->nsnaps - i - 1) * sizeof(a->snaps[0]));
+            a->nsnaps--;
+            break;
+        }
+    }
     char snap_key[PS_KEY_MAX], epoch[32], version[32], now[32], loss[32], pub[64], id[32];
     buf_t offs = {0};
     if (offsets_text(a, &offs) != FR_OK) {

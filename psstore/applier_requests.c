@@ -212,6 +212,26 @@ static fr_err_t publish_replay(psstore_applier_t *a, const char *spec, const cha
     return err;
 }
 
+/* A sharded model's delete: nonzero once no shard's meta is left, so the
+ * shard that deletes last removes the model's own keys (meta among them):
+ * until then the model stays, and with it what the other shards need to
+ * run their part of the request. */
+static int last_shard_gone(psstore_applier_t *a)
+{
+    for (int k = 0; k < a->nshards; k++) {
+        char tag[PS_TAG_MAX], meta[PS_KEY_MAX];
+        fr_err_t err;
+        ps_shard_tag(tag, a->name, k, a->nshards);
+        ps_key(meta, tag, "meta");
+        redisReply *r = ps_cmd(a->c, 1, &err, "EXISTS %s", meta);
+        int exists = r == NULL || r->type != REDIS_REPLY_INTEGER || r->integer > 0;
+        freeReplyObject(r);
+        if (exists)
+            return 0;
+    }
+    return 1;
+}
+
 /* Deletes every key of the model (the lease too) under the lease. */
 static fr_err_t delete_model(psstore_applier_t *a)
 {
@@ -254,7 +274,7 @@ static fr_err_t delete_model(psstore_applier_t *a)
         return FR_OK;
     }
     fr_log(FR_LOG_WARN, "applier %s: model deleted on request", a->model);
-    if (a->nshards > 1 && a->shard == 0 && ps_unlink_tag(a->c, a->name) != FR_OK)
+    if (a->nshards > 1 && last_shard_gone(a) && ps_unlink_tag(a->c, a->name) != FR_OK)
         fr_log(FR_LOG_WARN, "applier %s: deleting the model's own keys: %s", a->model,
                psstore_conn_error(a->c));
     ps_applier_drop_state(a);

@@ -425,9 +425,12 @@ fr_err_t ps_applier_round_take(psstore_applier_t *a, const psstore_grad_t *g)
         ps_applier_count_drop(a, PSSTORE_DROPPED_NONFINITE, g);
         return ps_applier_decide_mark(a, g, "nonfinite");
     }
-    double c = a->conf.ctl.clip_norm;
-    if (c > 0 && sqrt(norm2) > c) {
-        float scale = (float)(c / sqrt(norm2));
+    /* a shard's slice is clipped by the whole gradient's norm, as every
+     * shard does; the round's average then needs no clip of its own (an
+     * average of vectors of norm <= c has norm <= c, and so its slices) */
+    double c = a->conf.ctl.clip_norm, norm = g->norm != 0 ? g->norm : sqrt(norm2);
+    if (c > 0 && norm > c) {
+        float scale = (float)(c / norm);
         for (size_t j = 0; j < a->n; j++)
             gw[j] *= scale;
     }

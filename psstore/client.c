@@ -410,12 +410,16 @@ static fr_err_t pull_shards(psstore_client_t *cl, float *w, uint64_t *epoch, int
         int ch = 0;
         fr_err_t err =
             psstore_pull(cl->sub[k], w + at->bounds[k], &at->epochs[k], &at->versions[k], &ch);
-        if (err != FR_OK)
+        if (err != FR_OK) {
+            at->torn |= *changed;
             return sub_failed(cl, k, err);
+        }
         *changed |= ch;
         at->epoch += at->epochs[k];
         at->version += at->versions[k];
     }
+    *changed |= at->torn;
+    at->torn = 0;
     *epoch = at->epoch;
     *version = at->version;
     return FR_OK;

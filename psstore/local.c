@@ -190,14 +190,18 @@ fr_err_t psstore_local_pull_at(psstore_local_t *l, float *w, psstore_shard_at_t 
         int ch = 0;
         fr_err_t err =
             psstore_local_pull(l->sub[k], w + l->bounds[k], &at->epochs[k], &at->versions[k], &ch);
-        if (err != FR_OK)
+        if (err != FR_OK) {
+            at->torn |= *changed; /* the slices copied so far: loaded at the next pull */
             return err;
+        }
         *changed |= ch;
         esum += at->epochs[k];
         vsum += at->versions[k];
     }
     at->epoch = esum;
     at->version = vsum;
+    *changed |= at->torn;
+    at->torn = 0;
     return FR_OK;
 }
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "psstore/psstore_int.h"
@@ -351,7 +352,9 @@ fr_err_t ps_model_layout(psstore_conn_t *c, const char *model, int *S, size_t *b
     *S = 1;
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[0]->type != REDIS_REPLY_STRING) {
-        err = ps_fail(c, FR_ERR_NOTFOUND, "no model '%s'", model);
+        char ep[300];
+        ps_endpoint(c, ep, sizeof(ep));
+        err = ps_fail(c, FR_ERR_NOTFOUND, "redis %s: no model '%s'", ep, model);
     } else if (r->element[1]->type == REDIS_REPLY_STRING && strcmp(r->element[1]->str, "1") != 0) {
         int n = 0;
         const redisReply *b = r->element[2];
@@ -428,6 +431,31 @@ static fr_err_t shards_unleased(psstore_conn_t *c, const char *name, int S, cons
                            name, k, S, doing);
     }
     return FR_OK;
+}
+
+/* Unlinks every shard key of name that any master holds, whatever shard
+ * count wrote it (an interrupted create's leftovers too): SCAN of each
+ * master for "freshet:{name/s*", then one UNLINK per key, routed by its
+ * slot. */
+static fr_err_t unlink_stale_shards(psstore_conn_t *c, const char *name)
+{
+    char pattern[PS_KEY_MAX];
+    snprintf(pattern, sizeof(pattern), "freshet:\\{%s/s*", name);
+    ps_keylist_t kl = {0};
+    fr_err_t err = FR_OK;
+    int nodes[PS_NODES_MAX];
+    int n = ps_conn_masters(c, nodes, PS_NODES_MAX);
+    for (int i = 0; i < n && err == FR_OK; i++) {
+        ps_conn_pin(c, nodes[i]);
+        err = scan_all(c, 1, pattern, add_to_keylist, &kl);
+    }
+    ps_conn_pin(c, -1);
+    for (size_t i = 0; i < kl.n && err == FR_OK; i++) {
+        const char *argv[] = {"UNLINK", kl.keys[i]};
+        freeReplyObject(ps_cmd_argv(c, 1, 2, argv, NULL, &err));
+    }
+    ps_keylist_fini(&kl);
+    return err;
 }
 
 /* Unlinks the keys of shards 0..S-1 of name (S > 1). */
@@ -580,13 +608,16 @@ static fr_err_t finish_tx(psstore_conn_t *c, fr_err_t err, size_t queued)
  * does. An interrupted create leaves no meta, and the next create --force
  * clears what it wrote.
  */
+static fr_err_t write_shards(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
+                             const float *w, int S, const size_t *bounds, int exists, int old_S);
+
 static fr_err_t create_sharded(psstore_conn_t *c, const char *name,
                                const psstore_model_spec_t *spec, const float *w, int force,
                                int old_S, int exists)
 {
     int S = spec->shards;
     size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    char ep[300], text[PSSTORE_SHARDS_MAX * 21 + 1], created[32], shards_s[16];
+    char ep[300];
     fr_err_t err;
     if (psstore_shard_bounds(spec->layers, spec->nparams, S, bounds, c->errstr,
                              sizeof(c->errstr)) != FR_OK)
@@ -594,10 +625,57 @@ static fr_err_t create_sharded(psstore_conn_t *c, const char *name,
     ps_endpoint(c, ep, sizeof(ep));
     if (exists && !force)
         return ps_fail(c, FR_ERR_EXISTS, "redis %s: model '%s' already exists", ep, name);
+    /* one creator at a time: the shards are written in several transactions,
+     * and a second creator's clearing would remove the first one's shards
+     * (several `freshet train` starting at once on a missing model). The
+     * lock's tag is no model's and no shard's. */
+    char lock[PS_KEY_MAX], token[32];
+    snprintf(lock, sizeof(lock), "freshet:{%s/create}:lock", name);
+    snprintf(token, sizeof(token), "%016llx", (unsigned long long)ps_random_u64());
+    redisReply *r = ps_cmd(c, 1, &err, "SET %s %s NX PX 30000", lock, token);
+    if (r == NULL)
+        return err;
+    int mine = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (!mine) {
+        int other_S = 1;
+        size_t other[PSSTORE_SHARDS_MAX + 1];
+        for (int waited = 0; waited < 15000; waited += 50) { /* its model appears, or not */
+            if (ps_model_layout(c, name, &other_S, other) == FR_OK)
+                return ps_fail(c, FR_ERR_EXISTS,
+                               "redis %s: model '%s' was created meanwhile by another process", ep,
+                               name);
+            struct timespec ts = {0, 50000000L};
+            nanosleep(&ts, NULL);
+        }
+        return ps_fail(c, FR_ERR_STATE,
+                       "redis %s: model '%s' is being created by another process; try again", ep,
+                       name);
+    }
+    /* under the lock, look again: another creator may have finished first */
+    size_t now_bounds[PSSTORE_SHARDS_MAX + 1];
+    err = ps_model_layout(c, name, &old_S, now_bounds);
+    exists = err == FR_OK;
+    if (err == FR_ERR_NOTFOUND || (err == FR_OK && force))
+        err = write_shards(c, name, spec, w, S, bounds, exists, old_S);
+    else if (err == FR_OK)
+        err = ps_fail(c, FR_ERR_EXISTS, "redis %s: model '%s' already exists", ep, name);
+    /* the lock goes whatever happened (compare-and-delete: ours only) */
+    static const char unlock[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then return "
+                                 "redis.call('DEL', KEYS[1]) end return 0";
+    freeReplyObject(ps_cmd(c, 1, NULL, "EVAL %s 1 %s %s", unlock, lock, token));
+    return err;
+}
+
+/* create_sharded's writes, under its lock. */
+static fr_err_t write_shards(psstore_conn_t *c, const char *name, const psstore_model_spec_t *spec,
+                             const float *w, int S, const size_t *bounds, int exists, int old_S)
+{
+    char text[PSSTORE_SHARDS_MAX * 21 + 1], created[32], shards_s[16];
+    fr_err_t err;
     if (exists && (err = shards_unleased(c, name, old_S, "replacing")) != FR_OK)
         return err;
-    if ((err = ps_unlink_tag(c, name)) != FR_OK || (err = unlink_shards(c, name, old_S)) != FR_OK ||
-        (old_S != S && (err = unlink_shards(c, name, S)) != FR_OK))
+    if ((err = ps_unlink_tag(c, name)) != FR_OK || (err = unlink_stale_shards(c, name)) != FR_OK)
         return err;
     for (int k = 0; k < S; k++) {
         char tag[PS_TAG_MAX], meta[PS_KEY_MAX], run_id[64], ks[16], lo[24], hi[24];
@@ -647,7 +725,7 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
     if (had && force && old_S > 1) {
         /* one shard replacing S: the old shards' keys go first */
         if ((err = shards_unleased(c, name, old_S, "replacing")) != FR_OK ||
-            (err = unlink_shards(c, name, old_S)) != FR_OK)
+            (err = unlink_stale_shards(c, name)) != FR_OK)
             return err;
     }
     uint64_t epoch;
@@ -705,10 +783,12 @@ fr_err_t psstore_model_delete(psstore_conn_t *c, const char *name)
     if (err != FR_OK && err != FR_ERR_NOTFOUND)
         return err;
     if (S > 1) {
-        /* the shards first, the model's own keys (meta) in the transaction below */
+        /* the model's own keys first (meta: the model is gone for everyone),
+         * then each shard's; shards cannot be in one transaction */
         if ((err = shards_unleased(c, name, S, "deleting")) != FR_OK ||
-            (err = unlink_shards(c, name, S)) != FR_OK)
+            (err = ps_unlink_tag(c, name)) != FR_OK)
             return err;
+        return unlink_shards(c, name, S);
     }
     ps_endpoint(c, ep, sizeof(ep));
     for (int tries = 0; tries < MODEL_TX_TRIES; tries++) {
@@ -1260,7 +1340,12 @@ static fr_err_t offsets_one(psstore_conn_t *c, const char *model, const char *to
  * (Skipping what every shard applied instead would let a batch overlap
  * each shard's applied positions in part, and every shard drop it.) A
  * shard that never saw the partition has applied nothing of it; *found
- * when any shard saw it; the generation is the newest of the shards'.
+ * when any shard saw it. The generation is the oldest of the shards': a
+ * replay's rewrite that some shard has not executed (a request that
+ * reached only some shards, a write lost in a fail-over) is then sent
+ * again by its consumer, and the shards that have it ignore it; meanwhile
+ * they drop the batches of the older generation, read again once every
+ * shard is at the newer one.
  */
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found)
@@ -1277,27 +1362,26 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
     if (S == 1)
         return offsets_one(c, model, topic, partition, po, found);
     *found = 0;
-    int64_t generation = 0;
+    int64_t generation = INT64_MAX;
     for (int k = 0; k < S; k++) {
         char tag[PS_TAG_MAX];
         int f = 0;
         psstore_partition_offsets_t sh;
         psstore_poff_init(&sh, 0);
         ps_shard_tag(tag, model, k, S);
-        if ((err = offsets_one(c, tag, topic, partition, &sh, &f)) == FR_OK &&
-            (k == 0 || sh.watermark < po->watermark)) {
+        err = offsets_one(c, tag, topic, partition, &sh, &f);
+        generation = sh.generation < generation ? sh.generation : generation;
+        if (err == FR_OK && (k == 0 || sh.watermark < po->watermark)) {
             psstore_partition_offsets_t keep = *po; /* the lowest so far: swap in sh */
             *po = sh;
             sh = keep;
         }
-        generation = sh.generation > generation ? sh.generation : generation;
         psstore_poff_fini(&sh);
         if (err != FR_OK)
             return err;
         *found |= f;
     }
-    if (generation > po->generation)
-        po->generation = generation;
+    po->generation = generation; /* a rewrite some shard lacks is sent again */
     return FR_OK;
 }
 

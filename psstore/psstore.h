@@ -145,8 +145,9 @@ fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, floa
 fr_err_t psstore_model_weights_shards(psstore_conn_t *c, const char *name, float *w, size_t n,
                                       uint64_t *epoch, int64_t *version, char **offsets,
                                       int64_t *shard_versions, int *nshards);
-/* The model's current version alone (one GET): a cheap test of whether
- * the weights moved. FR_ERR_NOTFOUND when there is no such model. */
+/* The model's current version alone (its layout, then a GET per shard):
+ * a cheap test of whether the weights moved; a sharded model's is the sum
+ * of its shards'. FR_ERR_NOTFOUND when there is no such model. */
 fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version);
 /* Reads the weights of model name (n floats) with their epoch and version
  * in one transaction, never a torn mix. FR_ERR_RANGE when the stored
@@ -205,6 +206,8 @@ typedef struct psstore_shard_at {
     uint64_t epochs[PSSTORE_SHARDS_MAX];
     int64_t versions[PSSTORE_SHARDS_MAX];
     size_t bounds[PSSTORE_SHARDS_MAX + 1]; /* shard k: [bounds[k], bounds[k + 1]) */
+    int torn;                              /* a pull failed after copying some slices: the next pull
+                                              reports a change, so the backend loads them */
 } psstore_shard_at_t;
 
 /* The trainer-facing client of one worker thread. */

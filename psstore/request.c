@@ -8,7 +8,7 @@
 
 #include "psstore/psstore_int.h"
 
-#define TOKEN_PREFIX "t:" /* a sharded model's request id: "t:<token>" */
+#define TOKEN_PREFIX "t:" /* a sharded model's request id: "t:<shards>:<token>" */
 
 /*
  * XADD requests * <fields[nfields]> requested <unix ms>: on the model's
@@ -59,8 +59,8 @@ static fr_err_t append_fields(psstore_conn_t *c, const char *model, const char *
             snprintf(id, 64, "%.*s", (int)r->len, r->str ? r->str : "");
         freeReplyObject(r);
     }
-    if (S > 1)
-        snprintf(id, 64, TOKEN_PREFIX "%s", token);
+    if (S > 1) /* the shards too: the wait must not need meta (a delete removes it) */
+        snprintf(id, 64, TOKEN_PREFIX "%d:%s", S, token);
     return FR_OK;
 }
 
@@ -199,19 +199,20 @@ fr_err_t psstore_grad_waiting(psstore_conn_t *c, const char *model, const char *
 
 /* *pending = 1 while some shard's requests stream still holds the entry
  * with this token (a sharded model's request). */
-static fr_err_t token_pending(psstore_conn_t *c, const char *model, const char *token, int *pending)
+static fr_err_t token_pending(psstore_conn_t *c, const char *model, const char *id, int *pending)
 {
-    int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    fr_err_t err = ps_model_layout(c, model, &S, bounds);
+    char *end;
+    long S = strtol(id, &end, 10);
+    if (S < 2 || S > PSSTORE_SHARDS_MAX || *end != ':')
+        return ps_fail(c, FR_ERR_INVAL, "request id 't:%.40s' is not one freshet made", id);
+    const char *token = end + 1;
+    fr_err_t err = FR_OK;
     *pending = 0;
-    if (err == FR_ERR_NOTFOUND)
-        return FR_OK; /* deleted: nothing waits any more */
     for (int k = 0; err == FR_OK && k < S && !*pending; k++) {
         char tag[PS_TAG_MAX], key[PS_KEY_MAX];
-        ps_shard_tag(tag, model, k, S);
+        ps_shard_tag(tag, model, k, (int)S);
         ps_key(key, tag, "requests");
-        redisReply *r = ps_cmd(c, 1, &err, "XRANGE %s - + COUNT 1000", key);
+        redisReply *r = ps_cmd(c, 1, &err, "XRANGE %s - +", key);
         for (size_t i = 0; r != NULL && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
             const redisReply *kv = r->element[i]->elements == 2 ? r->element[i]->element[1] : NULL;
             for (size_t f = 0; kv != NULL && f + 1 < kv->elements; f += 2)

@@ -1136,9 +1136,9 @@ static void test_sharded_model_layout_reads_and_delete(void **state)
     uint64_t epoch = 0;
     char *offs = NULL;
     /* offsets: t/0 seen by every shard, t/1 by shard 1 only */
-    freeReplyObject(raw(rc, "HSET freshet:{sh/s0}:offsets t/0 10;12-14"));
-    freeReplyObject(raw(rc, "HSET freshet:{sh/s1}:offsets t/0 8;9-11@2 t/1 4"));
-    freeReplyObject(raw(rc, "HSET freshet:{sh/s2}:offsets t/0 15"));
+    freeReplyObject(raw(rc, "HSET freshet:{sh/s0}:offsets t/0 10;12-14@3"));
+    freeReplyObject(raw(rc, "HSET freshet:{sh/s1}:offsets t/0 8;9-11@3 t/1 4"));
+    freeReplyObject(raw(rc, "HSET freshet:{sh/s2}:offsets t/0 15@2"));
     assert_int_equal(psstore_model_weights_offsets(c, "sh", back, 67, &epoch, &version, &offs),
                      FR_OK);
     assert_memory_equal(back, w, sizeof(back));
@@ -1147,7 +1147,8 @@ static void test_sharded_model_layout_reads_and_delete(void **state)
     free(offs);
     assert_int_equal(psstore_model_weights(c, "sh", back, 66, &epoch, &version), FR_ERR_RANGE);
     /* the consumer starts at the lowest watermark and skips that shard's
-     * intervals, with the newest generation */
+     * intervals, with the oldest generation (shard 2 has not executed the
+     * rewrite of generation 3: it is sent again) */
     psstore_partition_offsets_t po;
     int found = 0;
     psstore_poff_init(&po, 0);
@@ -1174,7 +1175,7 @@ static void test_sharded_model_layout_reads_and_delete(void **state)
     /* a request reaches every shard under one token, and waits for all */
     char id[64];
     assert_int_equal(psstore_request_delete(c, "sh", id), FR_OK);
-    assert_true(strncmp(id, "t:", 2) == 0);
+    assert_true(strncmp(id, "t:3:", 4) == 0); /* the shards and the token */
     for (int k = 0; k < 3; k++) {
         r = raw(rc, "XRANGE freshet:{sh/s%d}:requests - +", k);
         assert_int_equal(r->elements, 1);
@@ -1182,7 +1183,7 @@ static void test_sharded_model_layout_reads_and_delete(void **state)
         int has_token = 0;
         for (size_t f = 0; f + 1 < kv->elements; f += 2)
             has_token |= strcmp(kv->element[f]->str, "token") == 0 &&
-                         strcmp(kv->element[f + 1]->str, id + 2) == 0;
+                         strcmp(kv->element[f + 1]->str, id + 4) == 0;
         assert_true(has_token);
         freeReplyObject(r);
     }
@@ -1378,9 +1379,16 @@ static void test_sharded_appliers_decide_snapshot_and_roll_back_alike(void **sta
     assert_int_equal(psstore_request_rollback(c, "sn", 3, id), FR_ERR_NOTFOUND);
     expect_contains(psstore_conn_error(c), "shard 1 retains no snapshot 3");
     psstore_client_destroy(cl);
-    for (int k = 0; k < 2; k++)
-        harness_applier_stop(&ap[k], NULL);
-    assert_int_equal(psstore_model_delete(c, "sn"), FR_OK);
+    /* delete with shard 0's applier running and shard 1's stopped: the
+     * applier deletes its part, the command the other's, and the last one
+     * the model's own keys */
+    harness_applier_stop(&ap[1], NULL);
+    char *out = NULL;
+    assert_int_equal(freshet(&out, 20000, "delete", "--name", "sn", "--yes", "--redis", url, NULL),
+                     0);
+    expect_contains(out, "deleted model sn (by its running applier)");
+    free(out);
+    harness_applier_stop(&ap[0], NULL);
     r = raw(rc, "DBSIZE");
     assert_int_equal(r->integer, 0);
     freeReplyObject(r);
