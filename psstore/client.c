@@ -398,23 +398,77 @@ out:
  * (they are safe to repeat). On error w, *epoch and *version are left as
  * they were and *changed is 0.
  */
-/* A sharded model: each shard's slice when that shard moved since
- * cl->at; *epoch and *version receive the sums. */
-static fr_err_t pull_shards(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
-                            int *changed)
+/* The (epoch, version) check of pull_check, in two halves: queued and sent
+ * (check_send), then read (check_recv), so that several shards' checks
+ * share one round trip's time. */
+static fr_err_t check_send(psstore_client_t *cl)
+{
+    const char *get[] = {"GET", cl->key_ver}, *hget[] = {"HGET", cl->key_meta, "epoch"};
+    fr_err_t err = ps_pipeline_append(cl->c, 2, get, NULL);
+    if (err == FR_OK && (err = ps_pipeline_append(cl->c, 3, hget, NULL)) != FR_OK) {
+        ps_pipeline_discard(cl->c); /* the first went in: the pipeline is out of step */
+        return err;
+    }
+    return err == FR_OK ? ps_pipeline_flush(cl->c) : err;
+}
+
+static fr_err_t check_recv(psstore_client_t *cl, uint64_t *epoch, int64_t *version)
+{
+    fr_err_t err, first = FR_OK;
+    redisReply *r[2];
+    for (int i = 0; i < 2; i++) { /* both replies, to stay in step */
+        r[i] = ps_pipeline_read(cl->c, &err);
+        if (r[i] == NULL && first == FR_OK)
+            first = err;
+    }
+    uint64_t u = 0;
+    int64_t s = 0;
+    if (first == FR_OK && (r[0]->type == REDIS_REPLY_NIL || r[1]->type == REDIS_REPLY_NIL))
+        first = no_model(cl);
+    else if (first == FR_OK &&
+             (reply_number(r[0], 1, &u, version) != 0 || reply_number(r[1], 0, epoch, &s) != 0))
+        first = ps_fail(cl->c, FR_ERR_REDIS, "model '%s': bad version or epoch in the store",
+                        cl->model);
+    free_replies(r, 2);
+    return first;
+}
+
+/*
+ * A sharded model: every shard's (epoch, version) checked at once (each on
+ * its own connection, so the round trips overlap), then the slice of each
+ * shard that moved since cl->at read in its own transaction. *epoch and
+ * *version receive the sums. A failure after some slices were copied
+ * marks at torn: the next pull reports a change.
+ */
+static fr_err_t pull_shards_once(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
+                                 int *changed)
 {
     psstore_shard_at_t *at = &cl->at;
+    fr_err_t sent[PSSTORE_SHARDS_MAX], first = FR_OK;
+    int bad = -1;
+    for (int k = 0; k < cl->nsub; k++)
+        sent[k] = check_send(cl->sub[k]);
+    for (int k = 0; k < cl->nsub; k++) { /* every sent check is read, whatever failed */
+        uint64_t e = 0;
+        int64_t v = 0;
+        fr_err_t err = sent[k] == FR_OK ? check_recv(cl->sub[k], &e, &v) : sent[k];
+        if (err == FR_OK && first == FR_OK && (e != at->epochs[k] || v != at->versions[k])) {
+            err = pull_read(cl->sub[k], w + at->bounds[k], &at->epochs[k], &at->versions[k]);
+            *changed |= err == FR_OK;
+        }
+        if (err != FR_OK && first == FR_OK) {
+            first = err;
+            bad = k;
+        }
+    }
+    if (first != FR_OK) {
+        at->torn |= *changed;
+        *changed = 0;
+        return sub_failed(cl, bad, first);
+    }
     at->epoch = 0;
     at->version = 0;
     for (int k = 0; k < cl->nsub; k++) {
-        int ch = 0;
-        fr_err_t err =
-            psstore_pull(cl->sub[k], w + at->bounds[k], &at->epochs[k], &at->versions[k], &ch);
-        if (err != FR_OK) {
-            at->torn |= *changed;
-            return sub_failed(cl, k, err);
-        }
-        *changed |= ch;
         at->epoch += at->epochs[k];
         at->version += at->versions[k];
     }
@@ -423,6 +477,18 @@ static fr_err_t pull_shards(psstore_client_t *cl, float *w, uint64_t *epoch, int
     *epoch = at->epoch;
     *version = at->version;
     return FR_OK;
+}
+
+/* pull_shards_once, again once when a shard's connection broke on the way
+ * (the reads are safe to repeat), as psstore_pull does for one shard. */
+static fr_err_t pull_shards(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,
+                            int *changed)
+{
+    fr_err_t err = pull_shards_once(cl, w, epoch, version, changed);
+    int broken = 0;
+    for (int k = 0; err != FR_OK && k < cl->nsub; k++)
+        broken |= cl->sub[k]->c->ctx == NULL;
+    return broken ? pull_shards_once(cl, w, epoch, version, changed) : err;
 }
 
 fr_err_t psstore_pull(psstore_client_t *cl, float *w, uint64_t *epoch, int64_t *version,

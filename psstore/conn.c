@@ -1054,6 +1054,18 @@ fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, cons
     return FR_OK;
 }
 
+fr_err_t ps_pipeline_flush(psstore_conn_t *c)
+{
+    if (c->ndefer > 0 || c->ctx == NULL || c->ctx->err)
+        return FR_OK; /* nothing to send yet, or ps_pipeline_read reports the break */
+    int done = 0;
+    while (!done) {
+        if (redisBufferWrite(c->ctx, &done) != REDIS_OK)
+            return FR_OK; /* c->ctx->err is set: the first read reports it */
+    }
+    return FR_OK;
+}
+
 void ps_pipeline_discard(psstore_conn_t *c)
 {
     redisFree(c->ctx);

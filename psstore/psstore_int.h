@@ -105,6 +105,10 @@ redisReply *ps_cmd(psstore_conn_t *c, int retry, fr_err_t *err, const char *fmt,
  * how to tell it from an error reply (both are FR_ERR_REDIS). */
 fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens);
 redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err);
+/* Sends what the pipeline holds now, without waiting for a reply, so that
+ * the round trips of several connections overlap (a sharded pull checks
+ * every shard at once). A failure is reported by the next read. */
+fr_err_t ps_pipeline_flush(psstore_conn_t *c);
 /* Abandons a pipeline whose replies will not be read: closes the
  * connection, so that no appended command is ever sent (the next command
  * reconnects). */
