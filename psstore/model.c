@@ -369,15 +369,20 @@ fr_err_t ps_model_layout(psstore_conn_t *c, const char *model, int *S, size_t *b
     return err;
 }
 
+fr_err_t ps_model_shards(psstore_conn_t *c, const char *model, int *S)
+{
+    size_t bounds[PSSTORE_SHARDS_MAX + 1];
+    fr_err_t err = ps_model_layout(c, model, S, bounds);
+    return err == FR_ERR_NOTFOUND ? FR_OK : err;
+}
+
 fr_err_t ps_read_tag(psstore_conn_t *c, const char *model, char *tag)
 {
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    fr_err_t err = ps_model_layout(c, model, &S, bounds);
-    if (err != FR_OK && err != FR_ERR_NOTFOUND)
-        return err;
-    ps_shard_tag(tag, model, 0, S);
-    return FR_OK;
+    fr_err_t err = ps_model_shards(c, model, &S);
+    if (err == FR_OK)
+        ps_shard_tag(tag, model, 0, S);
+    return err;
 }
 
 /* Unlinks every key of tag (its fixed keys and what SCAN finds under it).
@@ -1356,8 +1361,7 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
     if (topic == NULL || topic[0] == '\0' || strlen(topic) > 249 || partition < 0)
         return ps_fail(c, FR_ERR_INVAL, "psstore: bad topic or partition");
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    if ((err = ps_model_layout(c, model, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
+    if ((err = ps_model_shards(c, model, &S)) != FR_OK)
         return err;
     if (S == 1)
         return offsets_one(c, model, topic, partition, po, found);
@@ -1427,8 +1431,7 @@ fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys
     if ((err = check_name(c, model)) != FR_OK)
         return err;
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    if ((err = ps_model_layout(c, model, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
+    if ((err = ps_model_shards(c, model, &S)) != FR_OK)
         return err;
     if (S == 1)
         return offsets_keys_one(c, model, keys, n);

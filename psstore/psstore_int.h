@@ -165,6 +165,10 @@ void ps_shard_tag(char *tag, const char *model, int k, int S);
  * FR_ERR_NOTFOUND without meta, FR_ERR_PARSE for bounds that do not
  * parse. */
 fr_err_t ps_model_layout(psstore_conn_t *c, const char *model, int *S, size_t *bounds);
+/* The model's shard count alone: 1 for a model of one shard, and also when
+ * the model has no meta (the caller then acts on one-shard keys, which do
+ * not exist either, and reports the absence its own way). */
+fr_err_t ps_model_shards(psstore_conn_t *c, const char *model, int *S);
 /* The tag status reads go to: the model's for S = 1, shard 0's otherwise
  * (its versions, drops and snapshots stand for the model's). */
 fr_err_t ps_read_tag(psstore_conn_t *c, const char *model, char *tag);

@@ -26,8 +26,7 @@ static fr_err_t append_fields(psstore_conn_t *c, const char *model, const char *
     if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
         return err;
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    if ((err = ps_model_layout(c, model, &S, bounds)) != FR_OK && err != FR_ERR_NOTFOUND)
+    if ((err = ps_model_shards(c, model, &S)) != FR_OK)
         return err;
     snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
     snprintf(token, sizeof(token), "%016llx", (unsigned long long)ps_random_u64());
@@ -81,9 +80,8 @@ fr_err_t psstore_request_rollback(psstore_conn_t *c, const char *model, int64_t 
     if (version < 0)
         return ps_fail(c, FR_ERR_INVAL, "rollback: version must be >= 0");
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    fr_err_t err = ps_model_layout(c, model, &S, bounds);
-    if (err != FR_OK && err != FR_ERR_NOTFOUND)
+    fr_err_t err = ps_model_shards(c, model, &S);
+    if (err != FR_OK)
         return err;
     for (int k = 0; k < S && S > 1; k++) {
         char tag[PS_TAG_MAX], key[PS_KEY_MAX];
@@ -183,9 +181,8 @@ fr_err_t psstore_grad_waiting(psstore_conn_t *c, const char *model, const char *
 {
     char key[PS_KEY_MAX], tag[PS_TAG_MAX];
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    fr_err_t err = ps_model_layout(c, model, &S, bounds);
-    if (err != FR_OK && err != FR_ERR_NOTFOUND)
+    fr_err_t err = ps_model_shards(c, model, &S);
+    if (err != FR_OK)
         return err;
     ps_shard_tag(tag, model, S - 1, S);
     ps_key(key, tag, "grads");
@@ -260,9 +257,8 @@ fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *
 fr_err_t psstore_lease_held(psstore_conn_t *c, const char *model, int *held)
 {
     int S = 1;
-    size_t bounds[PSSTORE_SHARDS_MAX + 1];
-    fr_err_t err = ps_model_layout(c, model, &S, bounds);
-    if (err != FR_OK && err != FR_ERR_NOTFOUND)
+    fr_err_t err = ps_model_shards(c, model, &S);
+    if (err != FR_OK)
         return err;
     *held = 0;
     for (int k = 0; k < S && !*held; k++) {
