@@ -158,6 +158,13 @@ static void owned_rebuild(ingest_consumer_t *c)
  * The assignment half of the rebalance callback: every new partition
  * starts where partition_start decides, passed in the list given to
  * rd_kafka_assign (eager) or rd_kafka_incremental_assign (cooperative).
+ *
+ * librdkafka keeps a partition's pause flag across a rebalance. A
+ * partition paused by backpressure and revoked keeps it, and the resume
+ * that follows once the queue drains finds nothing assigned to resume:
+ * assigned again, it would never be fetched. So the new partitions are
+ * resumed first (a partition librdkafka never saw, or not paused, is left
+ * as it is), and paused again below when the consumer is paused now.
  */
 static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
 {
@@ -167,6 +174,9 @@ static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
         /* stopping before the store answered: read nothing of it */
         tp->offset = start >= 0 ? start : RD_KAFKA_OFFSET_END;
     }
+    rd_kafka_resume_partitions(c->rk, parts); /* per-partition errors: not paused, unknown */
+    for (int i = 0; i < parts->cnt; i++)
+        parts->elems[i].err = RD_KAFKA_RESP_ERR_NO_ERROR;
     rd_kafka_error_t *error = NULL;
     rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
     if (coop)

@@ -41,6 +41,7 @@ typedef struct owned {
     int64_t since;       /* when it last changed (monotonic ms)                */
     int64_t replay_seen; /* the newest replay generation considered here       */
     int rewinding;       /* paused until the applier executes our rewind       */
+    int64_t held_warned; /* when a long-held watermark was last warned of (ms)  */
     fr_series_t *lag;    /* freshet_kafka_consumergroup_lag{topic,partition}   */
 } owned_t;
 
@@ -169,13 +170,14 @@ void ingest_consumer_queue_push(ingest_consumer_t *c, ingest_batch_t *batch);
 void ingest_consumer_queue_fini(ingest_consumer_t *c);
 
 /*
- * Rule 3's test: nonzero when position pos of the partition belongs to an
- * outstanding batch: the open one, a queued one, one a trainer computes,
- * or one whose gradient still waits in the grads stream. A Redis error
- * counts as outstanding (decide at the next tick). Poll thread; takes
- * qlock.
+ * Rule 3's test: why position pos of the partition is outstanding, or
+ * NULL when it is not. It is when nothing was read past it yet, or it
+ * belongs to an outstanding batch: the open one, a queued one, one a
+ * trainer computes, or one whose gradient still waits in the grads
+ * stream. A Redis error counts as outstanding (decide at the next tick).
+ * Poll thread; takes qlock.
  */
-int ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos);
+const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos);
 
 /* Forgets lent batches whose positions in this consumer's partitions are
  * all below the store's watermarks now (applied, dropped or re-read), and

@@ -164,38 +164,44 @@ static int ranges_hold(const ingest_range_t *ranges, size_t n, const char *topic
     return 0;
 }
 
-int ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos)
+const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos)
 {
     int64_t next, end, skipped = 0;
     if (ingest_batcher_position(c->bt, c->topic, partition, &next, &end) != FR_OK ||
         ingest_batcher_skipped(c->bt, c->topic, partition, &skipped) != FR_OK)
-        return 1;
+        return "a partition the batcher does not hold";
     /* nothing read past pos yet: nothing to read again. Records past pos
      * skipped as applied count as read: with a sharded model the skip list
      * was one shard's (docs/design.md "Shards"), and another may lack them */
     if (end <= pos && skipped <= pos)
-        return 1;
+        return "nothing read past it yet";
     if (next <= pos && pos < end)
-        return 1; /* in the open batch */
+        return "the open batch";
     char ids[GAP_IDS_MAX][64];
-    int nids = 0, held = 0;
+    int nids = 0;
+    const char *held = NULL;
     pthread_mutex_lock(&c->qlock);
-    for (const qnode_t *q = c->qhead; q != NULL && !held; q = q->next)
-        held = ranges_hold(q->batch->ranges, q->batch->nranges, c->topic, partition, pos);
-    for (size_t i = 0; i < c->nlent && !held; i++) {
+    for (const qnode_t *q = c->qhead; q != NULL && held == NULL; q = q->next)
+        if (ranges_hold(q->batch->ranges, q->batch->nranges, c->topic, partition, pos))
+            held = "a queued batch";
+    for (size_t i = 0; i < c->nlent && held == NULL; i++) {
         const lent_t *l = &c->lent[i];
         if (!ranges_hold(l->ranges, l->nranges, c->topic, partition, pos))
             continue;
-        if (l->id[0] == '\0' || nids == GAP_IDS_MAX)
-            held = 1;
+        if (l->id[0] == '\0')
+            held = "a batch a trainer computes";
+        else if (nids == GAP_IDS_MAX)
+            held = "gradients in the grads stream";
         else
             memcpy(ids[nids++], l->id, sizeof(l->id));
     }
     pthread_mutex_unlock(&c->qlock);
-    for (int i = 0; i < nids && !held; i++) {
+    for (int i = 0; i < nids && held == NULL; i++) {
         int waiting = 1;
-        if (psstore_grad_waiting(c->ps, c->model, ids[i], &waiting) != FR_OK || waiting)
-            held = 1;
+        if (psstore_grad_waiting(c->ps, c->model, ids[i], &waiting) != FR_OK)
+            held = "a store error";
+        else if (waiting)
+            held = "a gradient in the grads stream";
     }
     return held;
 }

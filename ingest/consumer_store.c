@@ -33,7 +33,9 @@
 #include "ingest/consumer_int.h"
 #include "ingest/ingest_int.h"
 
-#define RETRY_MS 500 /* pause between tries at assignment time */
+#define RETRY_MS       500   /* pause between tries at assignment time */
+#define HELD_WARN_GAPS 10    /* gap timeouts a held watermark may stand */
+#define HELD_WARN_MS   30000 /* between two warnings of one partition   */
 
 /* ------------------------------------------------------------------------
  * Where a partition starts.
@@ -377,7 +379,9 @@ static void tick_commit(ingest_consumer_t *c, owned_t *o, int64_t w, tick_t *tk)
 }
 
 /* Rule 3: a watermark w stuck for gap_timeout that no outstanding batch
- * holds is read again from the store's position. */
+ * holds is read again from the store's position. One stuck and held for
+ * HELD_WARN_GAPS gap timeouts is warned of, with what holds it, once per
+ * HELD_WARN_MS: a trainer that stopped taking batches shows here. */
 static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *tk)
 {
     if (w != o->watermark) {
@@ -385,9 +389,24 @@ static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *
         o->since = tk->now;
         return;
     }
-    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < c->gap_ms ||
-        ingest_consumer_outstanding(c, o->partition, w))
+    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < c->gap_ms)
         return;
+    const char *held = ingest_consumer_outstanding(c, o->partition, w);
+    if (held != NULL) {
+        int64_t lo, hi; /* an idle partition's watermark at the log end is no news */
+        if (tk->now - o->since >= HELD_WARN_GAPS * c->gap_ms &&
+            tk->now - o->held_warned >= HELD_WARN_MS &&
+            rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
+                RD_KAFKA_RESP_ERR_NO_ERROR &&
+            hi > w) {
+            o->held_warned = tk->now;
+            fr_log(FR_LOG_WARN,
+                   "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
+                   " ms with %" PRId64 " record(s) after it, held by %s",
+                   c->topic, o->partition, w, tk->now - o->since, hi - w, held);
+        }
+        return;
+    }
     fr_log(FR_LOG_INFO,
            "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
            " ms and held by no outstanding batch: reading again from it",

@@ -434,8 +434,11 @@ static void fail_with_log(const char *log, const char *what)
     if (system(cmd) != 0)
         fprintf(stderr, "(no log at %s)\n", log);
     const char *base = strrchr(log, '/'), *dash = strchr(base != NULL ? base : log, '-');
-    if (dash != NULL) {
-        snprintf(cmd, sizeof(cmd), "tail -n 12 %.*s-*.log >&2", (int)(dash - log), log);
+    if (dash != NULL) { /* each log's events, then its last periodic lines */
+        snprintf(cmd, sizeof(cmd),
+                 "for f in %.*s-*.log; do echo \"== $f\"; grep -v ' samples/s, \\| version [0-9]*, "
+                 "applied ' \"$f\" | tail -n 25; tail -n 2 \"$f\"; done >&2",
+                 (int)(dash - log), log);
         if (system(cmd) != 0)
             fprintf(stderr, "(no other logs)\n");
     }
