@@ -24,6 +24,9 @@
 
 int app_cmd_fit(int argc, char **argv);
 int app_cmd_eval(int argc, char **argv);
+#ifdef FRESHET_HAVE_SPARSE
+int app_cmd_fit_sparse(int argc, char **argv); /* fit_sparse.c */
+#endif
 
 #ifdef FRESHET_HAVE_SERVICES
 #include "psstore/psstore.h"

@@ -16,6 +16,10 @@ static const struct {
 } commands[] = {
     {"fit", app_cmd_fit, "train offline from a file and write safetensors weights"},
     {"eval", app_cmd_eval, "score weights on a file: {\"n\", \"loss\", \"accuracy\"}"},
+#ifdef FRESHET_HAVE_SPARSE
+    {"fit-sparse", app_cmd_fit_sparse,
+     "train a sparse model (hashed LR, FM) offline, with progressive validation"},
+#endif
 #ifdef FRESHET_HAVE_SERVICES
     {"model", app_cmd_model, "create, show, list, delete, roll back or export models in Redis"},
     {"run", app_cmd_run, "train from Kafka in one process: consumer, workers and applier"},
@@ -37,9 +41,9 @@ static void usage(FILE *out)
     fprintf(out, "usage: freshet <command> [options]\n\n"
                  "freshet trains models continuously from Kafka. Commands:\n");
     for (size_t i = 0; i < NCOMMANDS; i++)
-        fprintf(out, "  %-8s %s\n", commands[i].name, commands[i].summary);
+        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(out,
-            "  %-8s print the version and the compute backends of this build\n\n"
+            "  %-10s print the version and the compute backends of this build\n\n"
             "'freshet <command> --help' describes a command's options.\n",
             "version");
 }

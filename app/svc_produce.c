@@ -1,9 +1,12 @@
 /*
  * svc_produce.c - "freshet produce": loads a data file into a Kafka topic,
- * one record a sample, encoded as csv, libsvm or f32, at a given rate.
+ * one record a sample, encoded as csv, libsvm or f32, at a given rate; or
+ * sends (or writes to a file) the synthetic click stream of sparse/synth.c
+ * as Criteo lines.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +15,7 @@
 
 #include "app/app.h"
 #include "ingest/ingest.h"
+#include "sparse/sparse.h"
 
 #define CMD "produce"
 
@@ -31,6 +35,8 @@ static void produce_usage(FILE *out)
 {
     fprintf(out, "usage: freshet produce --bootstrap B --topic T --data F --format F --encode E\n"
                  "                       [--features D] [options]\n"
+                 "       freshet produce --synthetic ctr (--bootstrap B --topic T | --out F)\n"
+                 "                       [--seed S] [--drift R] [--window N] [options]\n"
                  "\n"
                  "Loads a data file and sends one Kafka record per sample to topic T, encoded\n"
                  "as --encode, then waits for every delivery and prints\n"
@@ -60,6 +66,19 @@ static void produce_usage(FILE *out)
                  "  --config F           a freshet INI file; its [kafka] properties are used\n"
                  "  -h, --help           this text\n"
                  "\n"
+                 "The synthetic click stream (--synthetic ctr) replaces --data, --format and\n"
+                 "--encode: Criteo-layout lines (label, 13 integers, 26 categorical hex\n"
+                 "strings, tab-separated) from a planted factorization machine, about 3%%\n"
+                 "clicks, sent until --limit or SIGINT, or written to --out (which needs\n"
+                 "--limit). It logs the Bayes-optimal logloss of each window, the floor no\n"
+                 "learner can beat, and prints the whole stream's at the end.\n"
+                 "  --seed S             the stream's seed (default 1): same seed, same records\n"
+                 "  --drift R            radians the planted weights turn per window, and the\n"
+                 "                       chance per field and window that other values become\n"
+                 "                       the frequent ones (0..1, default 0: no drift)\n"
+                 "  --window N           records per window (default 100000)\n"
+                 "  --out F              write the lines to file F instead of Kafka\n"
+                 "\n"
                  "SIGINT or SIGTERM stops sending; what was queued is still delivered (a\n"
                  "second signal stops waiting).\n"
                  "\n"
@@ -69,8 +88,9 @@ static void produce_usage(FILE *out)
 
 typedef struct produce_opts {
     const char *bootstrap, *topic, *data, *labels, *format, *encode, *config, *by;
-    long long features, limit;
-    double rate;
+    const char *synthetic, *out;
+    long long features, limit, seed, window;
+    double rate, drift;
     int loop;
     char *xprops[PRODUCE_MAX_PROPS]; /* "key=value" of -X, borrowed from argv */
     int nx;
@@ -92,10 +112,15 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         {"limit", required_argument, NULL, 'n'},
         {"partitions-by", required_argument, NULL, 'p'},
         {"config", required_argument, NULL, 'c'},
+        {"synthetic", required_argument, NULL, 'S'},
+        {"seed", required_argument, NULL, 's'},
+        {"drift", required_argument, NULL, 'R'},
+        {"window", required_argument, NULL, 'W'},
+        {"out", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    *o = (produce_opts_t){.by = "key"};
+    *o = (produce_opts_t){.by = "key", .seed = 1, .window = 100000};
     int c, rc = 0;
     app_opts_begin();
     while (rc == 0 &&
@@ -115,6 +140,11 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         case 'n': rc = app_parse_long(CMD, "--limit", optarg, 1, INT64_MAX, &o->limit); break;
         case 'p': o->by = optarg; break;
         case 'c': o->config = optarg; break;
+        case 'S': o->synthetic = optarg; break;
+        case 's': rc = app_parse_long(CMD, "--seed", optarg, 0, INT64_MAX, &o->seed); break;
+        case 'R': rc = app_parse_double(CMD, "--drift", optarg, 0, 1, &o->drift); break;
+        case 'W': rc = app_parse_long(CMD, "--window", optarg, 1, INT64_MAX, &o->window); break;
+        case 'o': o->out = optarg; break;
         case 'X':
             if (strchr(optarg, '=') == NULL || optarg[0] == '=')
                 rc = app_usage_error(CMD, "-X expects key=value, got '%s'", optarg);
@@ -127,6 +157,20 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
     }
     if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
         return rc;
+    if (o->synthetic != NULL) {
+        if (strcmp(o->synthetic, "ctr") != 0)
+            return app_usage_error(CMD, "--synthetic must be ctr, got '%s'", o->synthetic);
+        if (o->data != NULL || o->format != NULL || o->encode != NULL || o->loop)
+            return app_usage_error(CMD,
+                                   "--synthetic replaces --data, --format, --encode and --loop");
+        if ((o->topic == NULL) == (o->out == NULL))
+            return app_usage_error(CMD, "--synthetic needs --topic T or --out F (one of them)");
+        if (o->out != NULL && o->limit == 0)
+            return app_usage_error(CMD, "--out needs --limit N (the stream has no end)");
+        return 0;
+    }
+    if (o->out != NULL)
+        return app_usage_error(CMD, "--out goes with --synthetic");
     if (o->topic == NULL || o->data == NULL || o->format == NULL || o->encode == NULL)
         return app_usage_error(CMD, "--topic, --data, --format and --encode are required");
     if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)
@@ -319,6 +363,88 @@ static int find_partitions(produce_run_t *r)
     return 0;
 }
 
+/* Logs the floor of each window as it closes. */
+static void synth_window_log(const sparse_synth_t *g, int64_t *logged)
+{
+    sparse_synth_floor_t f;
+    sparse_synth_floor(g, &f);
+    if (f.window == *logged)
+        return;
+    *logged = f.window;
+    fr_log(FR_LOG_INFO, "synthetic ctr: window %lld: Bayes-optimal logloss %.5f",
+           (long long)f.window - 1, f.last);
+}
+
+/*
+ * The synthetic click stream: one Criteo line per record to the topic
+ * (keyed by its index) or to file out, until --limit or a signal, paced
+ * to --rate. Prints the floor of the records sent. Returns 0 or an exit
+ * status.
+ */
+static int send_synthetic(produce_run_t *r, FILE *out)
+{
+    const produce_opts_t *o = r->o;
+    char errstr[256], line[512];
+    sparse_synth_t *g =
+        sparse_synth_new((uint64_t)o->seed, o->drift, (size_t)o->window, errstr, sizeof(errstr));
+    if (g == NULL)
+        return app_usage_error(CMD, "%s", errstr);
+    uint64_t t0 = fr_clock_mono_ns();
+    int64_t logged = 0;
+    int rc = 0;
+    while (!stop_flag && (o->limit == 0 || r->sent < (uint64_t)o->limit)) {
+        if (o->rate > 0)
+            sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
+        size_t len = sparse_synth_next(g, line, sizeof(line) - 1, NULL);
+        synth_window_log(g, &logged);
+        if (out != NULL) {
+            line[len++] = '\n';
+            if (fwrite(line, 1, len, out) != len) {
+                fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->out, strerror(errno));
+                rc = APP_EXIT_FAILURE;
+                break;
+            }
+        } else {
+            char key[32];
+            int klen = snprintf(key, sizeof(key), "%llu", (unsigned long long)r->sent);
+            int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
+            if (ingest_producer_send(r->p, o->topic, part, key, (size_t)klen, line, len, NULL,
+                                     NULL) != FR_OK) {
+                fprintf(stderr, "freshet %s: %s\n", CMD, ingest_producer_error(r->p));
+                rc = APP_EXIT_FAILURE;
+                break;
+            }
+        }
+        r->sent++;
+    }
+    sparse_synth_floor_t f;
+    sparse_synth_floor(g, &f);
+    if (isfinite(f.current)) /* the last window, whole or not */
+        fr_log(FR_LOG_INFO, "synthetic ctr: window %lld: Bayes-optimal logloss %.5f",
+               (long long)f.window, f.current);
+    printf("synthetic ctr: %llu records, click rate %.5f, Bayes-optimal logloss %.5f\n",
+           (unsigned long long)r->sent, f.ctr, f.overall);
+    sparse_synth_destroy(g);
+    return rc;
+}
+
+/* --synthetic ctr --out F: the stream into a file, no Kafka. */
+static int write_synthetic(const produce_opts_t *o)
+{
+    produce_run_t r = {.o = o};
+    FILE *out = fopen(o->out, "w");
+    if (out == NULL) {
+        fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->out, strerror(errno));
+        return APP_EXIT_USAGE;
+    }
+    int rc = send_synthetic(&r, out);
+    if (fclose(out) != 0 && rc == 0) {
+        fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->out, strerror(errno));
+        rc = APP_EXIT_FAILURE;
+    }
+    return rc;
+}
+
 int app_cmd_produce(int argc, char **argv)
 {
     produce_opts_t o;
@@ -333,12 +459,21 @@ int app_cmd_produce(int argc, char **argv)
     int rc = parse_opts(&o, argc, argv);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
-    if (ingest_format_parse(o.format, &format) != FR_OK)
-        return app_usage_error(CMD, "--format must be csv, libsvm, f32 or idx, got '%s'", o.format);
-    if (ingest_format_parse(o.encode, &r.encode) != FR_OK || r.encode == INGEST_FORMAT_IDX)
-        return app_usage_error(CMD, "--encode must be csv, libsvm or f32, got '%s'", o.encode);
-    if ((rc = resolve_features(&o, format)) != 0)
-        return rc;
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (o.synthetic != NULL && o.out != NULL)
+        return write_synthetic(&o);
+    if (o.synthetic == NULL) {
+        if (ingest_format_parse(o.format, &format) != FR_OK)
+            return app_usage_error(CMD, "--format must be csv, libsvm, f32 or idx, got '%s'",
+                                   o.format);
+        if (ingest_format_parse(o.encode, &r.encode) != FR_OK || r.encode == INGEST_FORMAT_IDX)
+            return app_usage_error(CMD, "--encode must be csv, libsvm or f32, got '%s'", o.encode);
+        if ((rc = resolve_features(&o, format)) != 0)
+            return rc;
+    }
     if ((cfg = fr_config_new()) == NULL)
         return APP_EXIT_FAILURE;
     if ((rc = collect_props(&o, cfg, props, &nprops, &has_bootstrap)) != 0)
@@ -347,22 +482,21 @@ int app_cmd_produce(int argc, char **argv)
         rc = app_usage_error(CMD, "--bootstrap B is required (or bootstrap.servers in [kafka])");
         goto out;
     }
-    ingest_schema_t schema = {.features = (int)o.features, .label = INGEST_LABEL_REAL};
-    if ((rc = app_load_dataset(CMD, "--labels", &ds, &schema, format, o.data, o.labels)) != 0)
-        goto out;
-    r.ds = &ds;
+    if (o.synthetic == NULL) {
+        ingest_schema_t schema = {.features = (int)o.features, .label = INGEST_LABEL_REAL};
+        rc = app_load_dataset(CMD, "--labels", &ds, &schema, format, o.data, o.labels);
+        if (rc != 0)
+            goto out;
+        r.ds = &ds;
+    }
     r.p = ingest_producer_new(o.bootstrap, props, nprops, errstr, sizeof(errstr));
     if (r.p == NULL) {
         rc = app_usage_error(CMD, "%s", errstr);
         goto out;
     }
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     if (strcmp(o.by, "roundrobin") == 0 && (rc = find_partitions(&r)) != 0)
         goto out;
-    rc = send_all(&r);
+    rc = o.synthetic != NULL ? send_synthetic(&r, NULL) : send_all(&r);
     rc = finish(&r, rc);
 out:
     ingest_producer_destroy(r.p);

@@ -9,6 +9,7 @@ packages=(
     libopenblas-dev                        # CPU backend (sgemm)
     zlib1g-dev                             # .gz data files
     libjansson-dev                         # the safetensors header's JSON (reading model files)
+    libxxhash-dev                          # sparse models: hashing categorical values
     libhiredis-dev                         # the Redis parameter store
     libevent-dev libssl-dev                # the HTTP service (TLS through OpenSSL)
     libjs-chart.js                         # the dashboard's charts, served by freshet
@@ -20,6 +21,7 @@ packages=(
     dataset-fashion-mnist                  # the quickstart's data set
     python3 python3-numpy python3-torch    # reference tests and benchmarks (/usr/bin/python3)
     python3-prometheus-client              # parses /metrics in the serve test
+    python3-sklearn                        # bench/sparse_quality.sh's peer (SGDClassifier)
     curl openssl chromium                  # serve test: HTTP client, TLS certificate, the dashboard
     wrk                                    # bench/serve.sh load generator
 )

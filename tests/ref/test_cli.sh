@@ -86,6 +86,48 @@ if "$F" produce --help >/dev/null 2>&1; then
     expect 2 "--features D is required for --format csv" -- "$F" produce --bootstrap 127.0.0.1:1 --topic t --data "$work/good.csv" --format csv --encode csv
     expect 2 "--features 5 disagrees with .*img.idx, whose images are 6 features" -- "$F" produce --bootstrap 127.0.0.1:1 --topic t --data "$work/img.idx" --labels "$work/lab.idx" --format idx --encode f32 --features 5
     expect 2 "an images file has at least 2 dimensions" -- "$F" produce --bootstrap 127.0.0.1:1 --topic t --data "$work/lab.idx" --labels "$work/lab.idx" --format idx --encode f32
+    # the synthetic click stream: Criteo lines, the same for the same seed
+    expect 0 "--synthetic ctr" -- "$F" produce --help
+    expect 2 "--out needs --limit N" -- "$F" produce --synthetic ctr --out "$work/ctr"
+    expect 2 "--synthetic must be ctr, got 'img'" -- "$F" produce --synthetic img --out "$work/ctr" --limit 1
+    expect 2 "--synthetic needs --topic T or --out F" -- "$F" produce --synthetic ctr --limit 1
+    expect 2 "--synthetic replaces --data" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --format csv
+    expect 2 "--drift expects a number in \[0, 1\]" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --drift 2
+    expect 2 "--out goes with --synthetic" -- "$F" produce --topic t --data "$work/good.csv" --format csv --encode csv --features 2 --out "$work/x"
+    expect 0 "synthetic ctr: 3000 records, click rate 0.0[0-9]*, Bayes-optimal logloss 0.1" -- "$F" produce --synthetic ctr --seed 5 --out "$work/ctr1" --limit 3000
+    "$F" produce --synthetic ctr --seed 5 --out "$work/ctr2" --limit 1000 >/dev/null
+    "$F" produce --synthetic ctr --seed 6 --out "$work/ctr3" --limit 1000 >/dev/null
+    lines=$(wc -l <"$work/ctr1") cols=$(awk -F'\t' '{print NF}' "$work/ctr1" | sort -u)
+    same=$(head -n 1000 "$work/ctr1" | cmp -s - "$work/ctr2" && echo yes)
+    other=$(cmp -s "$work/ctr2" "$work/ctr3" || echo yes)
+    if [ "$lines" = 3000 ] && [ "$cols" = 40 ] && [ "$same" = yes ] && [ "$other" = yes ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL: synthetic ctr: $lines lines, columns '$cols', seed 5 twice the same: '$same', seed 6 another: '$other'"
+    fi
+    # fit-sparse learns it with progressive validation, skipping malformed lines
+    { cat "$work/ctr1"; printf '1\t2\t3\n'; } >"$work/ctr1bad"
+    expect 0 "3000 records, progressive logloss 0\.[0-9]*, [0-9]* samples/s" -- "$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1bad" --format criteo --window 1000 --out "$work/sp.safetensors"
+    expect 0 "1 records skipped: columns" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1bad" --format criteo
+    expect 0 "window 2: 1000 records, logloss" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1" --format criteo --window 1000 --freeze-after 500
+    # rows 2^16 x (1 + 4) floats and the bias, after a header: the exact size
+    size=$(stat -c %s "$work/sp.safetensors")
+    if [ "$size" -gt $((65536 * 5 * 4 + 4)) ] && [ "$size" -lt $((65536 * 5 * 4 + 4 + 400)) ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL: fit-sparse --out wrote $size bytes"
+    fi
+fi
+if "$F" fit-sparse --help >/dev/null 2>&1; then
+    expect 0 "progressive validation" -- "$F" fit-sparse --help
+    expect 2 "--sparse, --data and --format are required" -- "$F" fit-sparse --data x
+    expect 2 "--format criteo needs fields:39 or more, got 26" -- "$F" fit-sparse --sparse fields:26,buckets:2^10 --data x --format criteo
+    expect 2 "sparse: buckets must be 2^4..2^30" -- "$F" fit-sparse --sparse fields:39,buckets:2^40 --data x --format criteo
+    expect 2 "--optimizer must be ftrl or adagrad, got 'sgd'" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data x --format criteo --optimizer sgd
+    expect 2 "--format must be criteo or libsvm" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data x --format csv
+    expect 2 "no-such.txt" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data "$work/no-such.txt" --format criteo
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,132 @@
+/*
+ * optim.c - per-row optimizers of the sparse table (docs/design.md
+ * "Sparse models").
+ *
+ * Adagrad is torch.optim.Adagrad with its defaults: acc += g^2;
+ * w -= lr * g / (sqrt(acc) + 1e-10).
+ *
+ * FTRL-Proximal is McMahan et al. 2013, Algorithm 1, per coordinate:
+ * sigma = (sqrt(n + g^2) - sqrt(n)) / alpha; z += g - sigma * w;
+ * n += g^2; w = 0 when |z| <= l1, else
+ * -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2). It runs on the
+ * linear weights (where its L1 gives sparse models) and the bias, without
+ * regularization there; the embeddings use Adagrad, because FTRL's weight
+ * of a zero state is 0, and an FM whose embeddings are all 0 has a zero
+ * gradient in them and never leaves it.
+ *
+ * A row never written starts at a value computed from (seed, row) alone,
+ * so that a worker that pulls a missing row and the applier that creates
+ * it agree without storing it first.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "sparse/sparse.h"
+
+#define ADAGRAD_EPS 1e-10f
+
+void sparse_optim_defaults(sparse_optim_t *o, sparse_optim_kind_t kind)
+{
+    *o = (sparse_optim_t){.kind = kind,
+                          .lr = 0.05f,
+                          .alpha = 0.05f,
+                          .beta = 1.0f,
+                          .l1 = 0.0f,
+                          .l2 = 0.0f,
+                          .init_std = 0.01f,
+                          .seed = 0};
+}
+
+fr_err_t sparse_optim_parse(const char *name, sparse_optim_kind_t *kind)
+{
+    if (name == NULL)
+        return FR_ERR_INVAL;
+    if (strcmp(name, "adagrad") == 0)
+        *kind = SPARSE_OPTIM_ADAGRAD;
+    else if (strcmp(name, "ftrl") == 0)
+        *kind = SPARSE_OPTIM_FTRL;
+    else
+        return FR_ERR_INVAL;
+    return FR_OK;
+}
+
+const char *sparse_optim_name(sparse_optim_kind_t kind)
+{
+    return kind == SPARSE_OPTIM_FTRL ? "ftrl" : "adagrad";
+}
+
+size_t sparse_state_len(const sparse_spec_t *spec, const sparse_optim_t *o)
+{
+    return (o->kind == SPARSE_OPTIM_FTRL ? 2 : 1) + (size_t)spec->dim;
+}
+
+/* splitmix64: a good 64-bit mix of x. */
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_t row, float *param,
+                     float *state)
+{
+    param[0] = 0;
+    /* uniform on [-a, a] has standard deviation a / sqrt(3) */
+    const double a = (double)o->init_std * sqrt(3.0);
+    uint64_t h = mix64(o->seed ^ ((uint64_t)row << 8));
+    for (int d = 0; d < spec->dim; d++) {
+        h = mix64(h);
+        double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+        param[1 + d] = (float)((2 * u - 1) * a);
+    }
+    memset(state, 0, sparse_state_len(spec, o) * sizeof(*state));
+}
+
+/* One Adagrad step of one coordinate. */
+static void adagrad(float *w, float *acc, float g, float lr)
+{
+    if (!isfinite(g))
+        return;
+    *acc += g * g;
+    *w -= lr * g / (sqrtf(*acc) + ADAGRAD_EPS);
+}
+
+/* One FTRL-Proximal step of one coordinate (state z, n). */
+static void ftrl(float *w, float *z, float *n, float g, float alpha, float beta, float l1, float l2)
+{
+    if (!isfinite(g))
+        return;
+    double n1 = (double)*n + (double)g * g;
+    double sigma = (sqrt(n1) - sqrt((double)*n)) / alpha;
+    double z1 = (double)*z + g - sigma * *w;
+    *z = (float)z1;
+    *n = (float)n1;
+    if (fabs(z1) <= l1)
+        *w = 0;
+    else
+        *w = (float)(-(z1 - (z1 > 0 ? l1 : -l1)) / ((beta + sqrt(n1)) / alpha + l2));
+}
+
+void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *param, float *state,
+                     const float *grad)
+{
+    float *acc = state;
+    if (o->kind == SPARSE_OPTIM_FTRL) {
+        ftrl(&param[0], &state[0], &state[1], grad[0], o->alpha, o->beta, o->l1, o->l2);
+        acc = state + 1; /* acc[1 + d] below is the embedding's */
+    } else {
+        adagrad(&param[0], &acc[0], grad[0], o->lr);
+    }
+    for (int d = 0; d < spec->dim; d++)
+        adagrad(&param[1 + d], &acc[1 + d], grad[1 + d], o->lr);
+}
+
+void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float g)
+{
+    if (o->kind == SPARSE_OPTIM_FTRL)
+        ftrl(bias, &state[0], &state[1], g, o->alpha, o->beta, 0, 0);
+    else
+        adagrad(bias, &state[0], g, o->lr);
+}

@@ -1,0 +1,257 @@
+/*
+ * sparse.h - sparse models (docs/design.md "Sparse models"): categorical
+ * values hashed to the rows of a 2^B table, each row a linear weight and
+ * a D-dim embedding; hashed logistic regression (D = 0) and factorization
+ * machines (Rendle 2010) scored in O(F * D); per-row Adagrad and
+ * FTRL-Proximal (McMahan et al. 2013); the Criteo and libsvm record
+ * layouts; and a synthetic click stream with a planted model, drift and
+ * its Bayes-optimal logloss.
+ *
+ * Everything here is plain computation on caller-owned memory: no I/O,
+ * no threads, no globals. A batch and a generator belong to one thread.
+ */
+#ifndef FRESHET_SPARSE_H
+#define FRESHET_SPARSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+#define SPARSE_FIELDS_MAX    64 /* features of one record, at most         */
+#define SPARSE_DIM_MAX       64 /* embedding width D, at most               */
+#define SPARSE_BITS_MIN      4  /* a table of 2^4 rows, at least            */
+#define SPARSE_BITS_MAX      30 /* 2^30 rows, at most (rows fit a uint32_t) */
+#define SPARSE_CRITEO_INTS   13
+#define SPARSE_CRITEO_CATS   26
+#define SPARSE_CRITEO_FIELDS (SPARSE_CRITEO_INTS + SPARSE_CRITEO_CATS)
+
+/* ------------------------------------------------------------------------
+ * The model's shape: [model] sparse = fields:F,buckets:2^B,dim:D
+ * ---------------------------------------------------------------------- */
+
+typedef struct sparse_spec {
+    int fields; /* F: features of one record, at most            */
+    int bits;   /* B: the table has 2^B rows                      */
+    int dim;    /* D: embedding width; 0 is hashed logistic regression */
+} sparse_spec_t;
+
+/* Parses "fields:F,buckets:2^B,dim:D" (buckets also as a power of two
+ * written out, "buckets:4194304"; dim defaults to 0). FR_ERR_INVAL with
+ * errstr on anything else. */
+fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, size_t size);
+
+/* Writes the canonical text of spec ("fields:39,buckets:2^22,dim:8");
+ * snprintf's return. */
+int sparse_spec_format(const sparse_spec_t *spec, char *buf, size_t size);
+
+/* Floats per row of parameters: the linear weight, then the embedding. */
+static inline size_t sparse_row_len(const sparse_spec_t *spec)
+{
+    return 1 + (size_t)spec->dim;
+}
+
+/* The row of value[len] of field (xxHash64 seeded by the field), in
+ * [0, 2^bits). */
+uint32_t sparse_hash(int field, const void *value, size_t len, int bits);
+
+/* ------------------------------------------------------------------------
+ * Samples and batches
+ * ---------------------------------------------------------------------- */
+
+/* One record: n features, each a row and a value (1 for a categorical). */
+typedef struct sparse_sample {
+    float label; /* 0 or 1 */
+    int n;
+    uint32_t row[SPARSE_FIELDS_MAX];
+    float val[SPARSE_FIELDS_MAX];
+} sparse_sample_t;
+
+/*
+ * A batch of samples with its distinct rows: what a worker pulls and
+ * pushes. rows[nrows] in first-seen order; slot[i * SPARSE_FIELDS_MAX + k]
+ * is the index in rows of sample i's feature k.
+ */
+typedef struct sparse_batch {
+    size_t n, cap;
+    sparse_sample_t *samples; /* [cap] */
+    uint32_t *rows;           /* [nrows] distinct */
+    size_t nrows;
+    uint32_t *slot; /* [cap * SPARSE_FIELDS_MAX] */
+    /* the dedup table: open addressing over row + 1 (0: empty) */
+    uint32_t *table, *table_idx;
+    size_t table_cap;
+} sparse_batch_t;
+
+/* A batch of up to cap samples; NULL out of memory. */
+sparse_batch_t *sparse_batch_new(size_t cap);
+void sparse_batch_destroy(sparse_batch_t *b);
+
+/* Empties the batch (keeps its memory). */
+void sparse_batch_clear(sparse_batch_t *b);
+
+/* Appends a copy of s and indexes its rows. FR_ERR_RANGE when full,
+ * FR_ERR_INVAL when s has more than SPARSE_FIELDS_MAX features. */
+fr_err_t sparse_batch_add(sparse_batch_t *b, const sparse_sample_t *s);
+
+/* ------------------------------------------------------------------------
+ * Scores and gradients
+ * ---------------------------------------------------------------------- */
+
+/*
+ * The logistic loss of each sample of b under the rows' parameters
+ * params[nrows][1 + D] (in b->rows order) and bias, and its gradient:
+ * grad[nrows][1 + D] and *gbias receive the sums over the batch (zeroed
+ * first). score = bias + sum_i w_i x_i + sum_{i<j} <v_i, v_j> x_i x_j,
+ * the pairwise term in O(n * D). p[n] (may be NULL) receives each
+ * sample's predicted probability, computed before any update: the
+ * progressive validation of docs/design.md. Returns the summed logloss.
+ */
+double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const float *params,
+                      float bias, float *grad, float *gbias, float *p);
+
+/* The score of one sample by the O(n^2 * D) definition, in double, with
+ * its features' parameters given per feature: params[n][1 + D]. The
+ * reference sparse_fm_grad is tested against. */
+double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
+                           const double *params, double bias);
+
+/* The logistic loss of probability p against label y, clamped away from
+ * 0 and 1 by 1e-7 as scikit-learn's log_loss does. */
+double sparse_logloss(double p, double y);
+
+/* ------------------------------------------------------------------------
+ * Per-row optimizers
+ * ---------------------------------------------------------------------- */
+
+typedef enum sparse_optim_kind {
+    SPARSE_OPTIM_ADAGRAD, /* every coordinate: torch.optim.Adagrad             */
+    SPARSE_OPTIM_FTRL,    /* linear weights and bias: FTRL-Proximal; embeddings: Adagrad */
+} sparse_optim_kind_t;
+
+typedef struct sparse_optim {
+    sparse_optim_kind_t kind;
+    float lr;       /* Adagrad's learning rate (embeddings under FTRL too) */
+    float alpha;    /* FTRL: per-coordinate rate alpha / (beta + sqrt(n)) */
+    float beta;     /* FTRL                                               */
+    float l1, l2;   /* FTRL: regularization of the linear weights         */
+    float init_std; /* embeddings start uniform with this standard deviation */
+    uint64_t seed;  /* of the embeddings' initial values                  */
+} sparse_optim_t;
+
+/* Fills o with the defaults of kind: lr 0.05, alpha 0.05, beta 1, l1 0,
+ * l2 0, init_std 0.01, seed 0. */
+void sparse_optim_defaults(sparse_optim_t *o, sparse_optim_kind_t kind);
+
+/* Parses "adagrad" or "ftrl". */
+fr_err_t sparse_optim_parse(const char *name, sparse_optim_kind_t *kind);
+const char *sparse_optim_name(sparse_optim_kind_t kind);
+
+/* Floats of optimizer state per row: Adagrad 1 + D (the squared sums);
+ * FTRL 2 + D (z and n of the linear weight, then the embedding's sums). */
+size_t sparse_state_len(const sparse_spec_t *spec, const sparse_optim_t *o);
+
+/* A row never written: linear weight 0, embedding from (seed, row) alone,
+ * state 0. Any process computes the same value. */
+void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_t row, float *param,
+                     float *state);
+
+/* One step of row (param[1 + D], state[sparse_state_len]) on grad[1 + D].
+ * A non-finite gradient coordinate leaves that coordinate unchanged. */
+void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *param, float *state,
+                     const float *grad);
+
+/* One step of the bias (its state: 2 floats) on gradient g; FTRL without
+ * regularization, Adagrad as for a row. */
+void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float g);
+
+/* ------------------------------------------------------------------------
+ * Progressive validation: each prediction is made before the model learns
+ * from its record, so the mean loss of the predictions is a holdout loss
+ * that needs no holdout. Figures per window of records.
+ * ---------------------------------------------------------------------- */
+
+typedef struct sparse_prog sparse_prog_t;
+
+typedef struct sparse_prog_window {
+    int64_t index;  /* 0, 1, ... */
+    size_t n;       /* records   */
+    double logloss; /* mean      */
+    double auc;     /* NAN when the window holds one class only */
+    double ctr;     /* positives over records */
+} sparse_prog_window_t;
+
+/* Windows of window records; NULL out of memory. */
+sparse_prog_t *sparse_prog_new(size_t window);
+void sparse_prog_destroy(sparse_prog_t *pv);
+
+/* Adds the prediction p of a record labelled y (0 or 1). Returns 1 when
+ * the record closed a window, whose figures are then in *w; else 0. */
+int sparse_prog_add(sparse_prog_t *pv, float p, float y, sparse_prog_window_t *w);
+
+/* The figures of the records of the open window (n = 0 when none). */
+void sparse_prog_open(sparse_prog_t *pv, sparse_prog_window_t *w);
+
+/* The mean logloss over every record so far, and their count. */
+double sparse_prog_mean(const sparse_prog_t *pv, int64_t *n);
+
+/* The area under the ROC curve of p[n] against labels y[n] (ties count
+ * one half), sorting idx[n] as scratch; NAN when one class is missing. */
+double sparse_auc(const float *p, const float *y, uint32_t *idx, size_t n);
+
+/* ------------------------------------------------------------------------
+ * Record layouts. Each returns FR_OK with *s filled, or FR_ERR_PARSE with
+ * *reason a short static word ("columns", "label", "integer", "index",
+ * "value", "features"): the record is rejected and counted.
+ * ---------------------------------------------------------------------- */
+
+/* A Criteo display-ads line: label, 13 integer features, 26 categorical
+ * hex strings, tab-separated; empty fields allowed (the feature is
+ * absent). Integers are bucketed (v > 2: floor(ln(v)^2)) and hashed as
+ * field k; categoricals as field 13 + k. Needs spec->fields >= 39. A
+ * trailing newline is ignored. */
+fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t len,
+                             sparse_sample_t *s, const char **reason);
+
+/* A libsvm line: "label index:value ..." with any index text (hashed,
+ * field 0); label 0/1 or -1/+1. At most spec->fields features. */
+fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t len,
+                             sparse_sample_t *s, const char **reason);
+
+/* ------------------------------------------------------------------------
+ * The synthetic click stream
+ * ---------------------------------------------------------------------- */
+
+typedef struct sparse_synth sparse_synth_t;
+
+/*
+ * A generator of Criteo-layout lines from a planted FM over 26
+ * categorical fields (Zipf-distributed vocabularies from 10 to 10^6
+ * values, planted linear weights and 4-dim embeddings, a bias set for a
+ * click rate of about 3%) and 13 integer columns that carry no signal.
+ * drift > 0 turns the planted weights by drift radians per window of
+ * window records and, with probability drift per field and window, makes
+ * other values of the field the frequent ones. Same seed, same stream.
+ */
+sparse_synth_t *sparse_synth_new(uint64_t seed, double drift, size_t window, char *errstr,
+                                 size_t size);
+void sparse_synth_destroy(sparse_synth_t *g);
+
+/* Writes the next record (no newline) into buf[size] (512 bytes
+ * suffice); its length. *p (may be NULL) receives its planted click
+ * probability. */
+size_t sparse_synth_next(sparse_synth_t *g, char *buf, size_t size, double *p);
+
+/* The Bayes-optimal logloss of the records so far in the current window
+ * (the mean binary entropy of their planted probabilities), the index of
+ * that window, and the mean of the finished windows. */
+typedef struct sparse_synth_floor {
+    int64_t window;
+    double current; /* this window so far               */
+    double last;    /* the last finished window, or NAN */
+    double overall; /* every record so far              */
+    double ctr;     /* the clicks so far over the records */
+} sparse_synth_floor_t;
+void sparse_synth_floor(const sparse_synth_t *g, sparse_synth_floor_t *f);
+
+#endif

@@ -1,0 +1,577 @@
+/*
+ * test_sparse.c - sparse models: the shape, hashing, batches, the FM's
+ * gradient against its O(n^2 D) definition and finite differences, the
+ * per-row optimizers against hand computations, the Criteo and libsvm
+ * layouts, and the synthetic stream (its determinism, click rate, floor,
+ * drift, and that a model learns it).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "sparse/sparse.h"
+
+/* ------------------------------------------------------------------------
+ * The shape and hashing
+ * ---------------------------------------------------------------------- */
+
+static void test_spec_is_parsed_and_bad_ones_refused(void **state)
+{
+    (void)state;
+    sparse_spec_t s;
+    char err[256], text[64];
+    assert_int_equal(sparse_spec_parse("fields:39,buckets:2^22,dim:8", &s, err, sizeof(err)),
+                     FR_OK);
+    assert_int_equal(s.fields, 39);
+    assert_int_equal(s.bits, 22);
+    assert_int_equal(s.dim, 8);
+    sparse_spec_format(&s, text, sizeof(text));
+    assert_string_equal(text, "fields:39,buckets:2^22,dim:8");
+    assert_int_equal(sparse_spec_parse("buckets:1048576,fields:26", &s, err, sizeof(err)), FR_OK);
+    assert_int_equal(s.bits, 20);
+    assert_int_equal(s.dim, 0); /* hashed logistic regression */
+    static const char *const bad[] = {
+        "fields:39",                     /* no buckets */
+        "fields:0,buckets:2^20",         /* no fields */
+        "fields:65,buckets:2^20",        /* too many */
+        "fields:3,buckets:1000",         /* not a power of two */
+        "fields:3,buckets:2^31",         /* too many rows */
+        "fields:3,buckets:2^3",          /* too few */
+        "fields:3,buckets:2^20,dim:65",  /* too wide */
+        "fields:3,buckets:2^20,depth:2", /* unknown key */
+        "fields:3x,buckets:2^20",        /* junk */
+        "fields:3,buckets:2^20,",        /* trailing comma */
+        "",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        if (sparse_spec_parse(bad[i], &s, err, sizeof(err)) != FR_ERR_INVAL)
+            fail_msg("'%s' was accepted", bad[i]);
+        assert_non_null(strstr(err, "sparse:"));
+    }
+}
+
+static void test_hash_is_xxh64_seeded_by_field(void **state)
+{
+    (void)state;
+    /* XXH64("abc", seed 0) = 0x44bc2cf5ad770999 (xxHash's published vector) */
+    assert_int_equal(sparse_hash(0, "abc", 3, 20), 0x44bc2cf5ad770999ull >> 44);
+    assert_int_equal(sparse_hash(0, "abc", 3, 30), 0x44bc2cf5ad770999ull >> 34);
+    /* another field, another row (for this value, at 2^30) */
+    assert_int_not_equal(sparse_hash(1, "abc", 3, 30), sparse_hash(0, "abc", 3, 30));
+    for (int i = 0; i < 1000; i++) {
+        char v[16];
+        int n = snprintf(v, sizeof(v), "%x", i * 7919);
+        assert_true(sparse_hash(i % 5, v, (size_t)n, 10) < 1024u);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Batches and the FM
+ * ---------------------------------------------------------------------- */
+
+static sparse_sample_t sample_of(float label, int n, const uint32_t *rows, const float *vals)
+{
+    sparse_sample_t s = {.label = label, .n = n};
+    for (int k = 0; k < n; k++) {
+        s.row[k] = rows[k];
+        s.val[k] = vals[k];
+    }
+    return s;
+}
+
+static void test_a_batch_pulls_each_row_once(void **state)
+{
+    (void)state;
+    sparse_batch_t *b = sparse_batch_new(4);
+    assert_non_null(b);
+    const uint32_t r1[] = {7, 3, 7, 900}, r2[] = {3, 11};
+    const float v[] = {1, 1, 1, 1};
+    sparse_sample_t s1 = sample_of(1, 4, r1, v), s2 = sample_of(0, 2, r2, v);
+    for (int round = 0; round < 2; round++) { /* cleared and reused alike */
+        sparse_batch_clear(b);
+        assert_int_equal(sparse_batch_add(b, &s1), FR_OK);
+        assert_int_equal(sparse_batch_add(b, &s2), FR_OK);
+        assert_int_equal(b->n, 2);
+        assert_int_equal(b->nrows, 4); /* 7, 3, 900, 11 */
+        const uint32_t want[] = {7, 3, 900, 11};
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(b->rows[i], want[i]);
+        const uint32_t slot1[] = {0, 1, 0, 2}, slot2[] = {1, 3};
+        for (int k = 0; k < 4; k++)
+            assert_int_equal(b->slot[k], slot1[k]);
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(b->slot[SPARSE_FIELDS_MAX + k], slot2[k]);
+    }
+    assert_int_equal(sparse_batch_add(b, &s1), FR_OK);
+    assert_int_equal(sparse_batch_add(b, &s1), FR_OK);
+    assert_int_equal(sparse_batch_add(b, &s1), FR_ERR_RANGE); /* full at 4 */
+    s1.n = SPARSE_FIELDS_MAX + 1;
+    sparse_batch_clear(b);
+    assert_int_equal(sparse_batch_add(b, &s1), FR_ERR_INVAL);
+    sparse_batch_destroy(b);
+}
+
+/* The summed logloss of b by the reference, on rows' parameters in double. */
+static double reference_loss(const sparse_spec_t *spec, const sparse_batch_t *b, const double *rowp,
+                             double bias)
+{
+    const size_t rl = sparse_row_len(spec);
+    double loss = 0, per[SPARSE_FIELDS_MAX * (1 + 4)];
+    for (size_t i = 0; i < b->n; i++) {
+        const sparse_sample_t *s = &b->samples[i];
+        for (int k = 0; k < s->n; k++)
+            memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl,
+                   rl * sizeof(double));
+        double score = sparse_fm_reference(spec, s, per, bias);
+        loss += log1p(exp(score)) - s->label * score;
+    }
+    return loss;
+}
+
+/* The FM's gradient, with repeated rows within and across samples and
+ * non-unit values, against central differences of the O(n^2 D) loss. */
+static void check_fm_gradient(int dim)
+{
+    sparse_spec_t spec = {.fields = 8, .bits = 10, .dim = dim};
+    const size_t rl = sparse_row_len(&spec);
+    sparse_batch_t *b = sparse_batch_new(8);
+    assert_non_null(b);
+    uint64_t h = 12345;
+    for (int i = 0; i < 8; i++) {
+        uint32_t rows[6];
+        float vals[6];
+        int n = 2 + i % 5;
+        for (int k = 0; k < n; k++) {
+            h = h * 6364136223846793005ull + 1442695040888963407ull;
+            rows[k] = (uint32_t)(h >> 60); /* 16 rows: many repeats */
+            vals[k] = k % 3 == 2 ? 0.5f + 0.25f * (float)k : 1.0f;
+        }
+        sparse_sample_t s = sample_of((float)(i % 2), n, rows, vals);
+        assert_int_equal(sparse_batch_add(b, &s), FR_OK);
+    }
+    float *params = calloc(b->nrows * rl, sizeof(float)), *grad = calloc(b->nrows * rl, 4);
+    double *rowp = calloc(b->nrows * rl, sizeof(double));
+    assert_true(params != NULL && grad != NULL && rowp != NULL);
+    for (size_t j = 0; j < b->nrows * rl; j++) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        params[j] = (float)((double)(h >> 40) / (double)(1 << 24) - 0.5) * 0.8f;
+        rowp[j] = params[j];
+    }
+    float p[8], gbias;
+    const float bias = -0.3f;
+    double loss = sparse_fm_grad(&spec, b, params, bias, grad, &gbias, p);
+    assert_float_equal(loss, reference_loss(&spec, b, rowp, bias), 1e-4);
+    for (size_t i = 0; i < b->n; i++) { /* the probabilities, one by one */
+        sparse_batch_t *one = sparse_batch_new(1);
+        assert_int_equal(sparse_batch_add(one, &b->samples[i]), FR_OK);
+        double per[SPARSE_FIELDS_MAX * (1 + 4)];
+        for (int k = 0; k < b->samples[i].n; k++)
+            memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl,
+                   rl * sizeof(double));
+        double want = 1 / (1 + exp(-sparse_fm_reference(&spec, &b->samples[i], per, bias)));
+        assert_float_equal(p[i], want, 1e-5);
+        sparse_batch_destroy(one);
+    }
+    const double eps = 1e-4;
+    for (size_t j = 0; j < b->nrows * rl; j++) {
+        double keep = rowp[j];
+        rowp[j] = keep + eps;
+        double up = reference_loss(&spec, b, rowp, bias);
+        rowp[j] = keep - eps;
+        double down = reference_loss(&spec, b, rowp, bias);
+        rowp[j] = keep;
+        double fd = (up - down) / (2 * eps);
+        if (fabs(grad[j] - fd) > 1e-4 * fmax(1.0, fabs(fd)))
+            fail_msg("dim %d, row %zu coordinate %zu: gradient %.7f, differences %.7f", dim, j / rl,
+                     j % rl, grad[j], fd);
+    }
+    double up = reference_loss(&spec, b, rowp, bias + eps);
+    double down = reference_loss(&spec, b, rowp, bias - eps);
+    assert_float_equal(gbias, (up - down) / (2 * eps), 1e-4);
+    free(params);
+    free(grad);
+    free(rowp);
+    sparse_batch_destroy(b);
+}
+
+static void test_fm_gradient_matches_finite_differences(void **state)
+{
+    (void)state;
+    check_fm_gradient(4);
+    check_fm_gradient(0); /* hashed logistic regression: g_w = sum (p - y) x */
+}
+
+/* ------------------------------------------------------------------------
+ * Optimizers
+ * ---------------------------------------------------------------------- */
+
+static void test_adagrad_row_matches_torch_by_hand(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 1, .bits = 4, .dim = 1};
+    sparse_optim_t o;
+    sparse_optim_defaults(&o, SPARSE_OPTIM_ADAGRAD);
+    o.lr = 0.1f;
+    assert_int_equal(sparse_state_len(&spec, &o), 2);
+    float w[2] = {0.5f, -0.25f}, st[2] = {0, 0};
+    const float g1[2] = {0.2f, 0.0f}, g2[2] = {-0.1f, NAN};
+    sparse_row_step(&spec, &o, w, st, g1);
+    assert_float_equal(w[0], 0.4f, 1e-6); /* 0.5 - 0.1 * 0.2 / sqrt(0.04) */
+    assert_float_equal(w[1], -0.25f, 0);  /* zero gradient: unchanged */
+    sparse_row_step(&spec, &o, w, st, g2);
+    assert_float_equal(w[0], 0.4447214f, 1e-6); /* + 0.1 * 0.1 / sqrt(0.05) */
+    assert_float_equal(st[0], 0.05f, 1e-7);
+    assert_float_equal(w[1], -0.25f, 0); /* a NaN coordinate is left alone */
+    assert_float_equal(st[1], 0.0f, 0);
+}
+
+static void test_ftrl_row_matches_mcmahan_by_hand(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 1, .bits = 4, .dim = 0};
+    sparse_optim_t o;
+    sparse_optim_defaults(&o, SPARSE_OPTIM_FTRL);
+    o.alpha = 0.1f;
+    o.beta = 1.0f;
+    o.l1 = 0.5f;
+    o.l2 = 0.1f;
+    assert_int_equal(sparse_state_len(&spec, &o), 2);
+    float w = 0, st[2] = {0, 0};
+    /* z, n, w after each gradient, from Algorithm 1 of McMahan et al. 2013 */
+    const float g[] = {2.0f, -1.0f, 0.5f, 0.01f};
+    const double want[][3] = {{2.0, 4.0, -0.0498339},
+                              {1.1176418, 5.0, -0.0190274},
+                              {1.6281487, 5.25, -0.0341730},
+                              {1.6381562, 5.2501, -0.0344759}};
+    for (int i = 0; i < 4; i++) {
+        sparse_row_step(&spec, &o, &w, st, &g[i]);
+        assert_float_equal(st[0], want[i][0], 1e-5);
+        assert_float_equal(st[1], want[i][1], 1e-5);
+        assert_float_equal(w, want[i][2], 1e-6);
+    }
+    /* |z| within l1: the weight is exactly 0 */
+    float w2 = 0, st2[2] = {0, 0};
+    const float small = 0.3f;
+    sparse_row_step(&spec, &o, &w2, st2, &small);
+    assert_float_equal(st2[0], 0.3f, 1e-7);
+    assert_true(w2 == 0.0f);
+    /* the bias: no regularization */
+    float b = 0, bst[2] = {0, 0};
+    sparse_bias_step(&o, &b, bst, 2.0f);
+    assert_float_equal(b, -2.0 / ((1.0 + 2.0) / 0.1), 1e-6);
+}
+
+static void test_rows_start_at_a_value_of_seed_and_row_alone(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 1, .bits = 20, .dim = 8};
+    sparse_optim_t o;
+    sparse_optim_defaults(&o, SPARSE_OPTIM_FTRL);
+    o.seed = 42;
+    o.init_std = 0.05f;
+    float p1[9], p2[9], s1[10], s2[10];
+    sparse_row_init(&spec, &o, 77, p1, s1);
+    sparse_row_init(&spec, &o, 77, p2, s2);
+    assert_memory_equal(p1, p2, sizeof(p1));
+    assert_float_equal(p1[0], 0, 0);
+    for (int k = 0; k < 10; k++)
+        assert_float_equal(s1[k], 0, 0);
+    sparse_row_init(&spec, &o, 78, p2, s2);
+    assert_memory_not_equal(p1 + 1, p2 + 1, 8 * sizeof(float));
+    double sum = 0, sq = 0;
+    for (uint32_t r = 0; r < 10000; r++) {
+        sparse_row_init(&spec, &o, r, p1, s1);
+        for (int d = 1; d <= 8; d++) {
+            sum += p1[d];
+            sq += (double)p1[d] * p1[d];
+        }
+    }
+    double mean = sum / 80000, sd = sqrt(sq / 80000 - mean * mean);
+    assert_true(fabs(mean) < 0.002);
+    assert_float_equal(sd, 0.05, 0.05 * 0.03);
+}
+
+/* ------------------------------------------------------------------------
+ * Progressive validation
+ * ---------------------------------------------------------------------- */
+
+static void test_auc_and_windows_of_progressive_validation(void **state)
+{
+    (void)state;
+    uint32_t idx[6];
+    const float p[] = {0.1f, 0.4f, 0.35f, 0.8f}, y[] = {0, 0, 1, 1};
+    assert_float_equal(sparse_auc(p, y, idx, 4), 0.75, 1e-12); /* 3 of 4 pairs ordered */
+    const float pt[] = {0.5f, 0.5f, 0.2f, 0.9f}, yt[] = {0, 1, 0, 1};
+    /* pairs (pos, neg): (0.5, 0.5) half, (0.5, 0.2) 1, (0.9, 0.5) 1, (0.9, 0.2) 1 */
+    assert_float_equal(sparse_auc(pt, yt, idx, 4), 3.5 / 4, 1e-12);
+    const float ones[] = {1, 1, 1};
+    assert_true(isnan(sparse_auc(p, ones, idx, 3)));
+
+    sparse_prog_t *pv = sparse_prog_new(4);
+    assert_non_null(pv);
+    sparse_prog_window_t w = {0};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sparse_prog_add(pv, p[i], y[i], &w), 0);
+    assert_int_equal(sparse_prog_add(pv, p[3], y[3], &w), 1);
+    assert_int_equal(w.index, 0);
+    assert_int_equal(w.n, 4);
+    double want = (-log(0.9) - log(0.6) - log(0.35) - log(0.8)) / 4;
+    assert_float_equal(w.logloss, want, 1e-6);
+    assert_float_equal(w.auc, 0.75, 1e-12);
+    assert_float_equal(w.ctr, 0.5, 0);
+    assert_int_equal(sparse_prog_add(pv, 0.0f, 1, &w), 0); /* clamped at 1e-7 */
+    sparse_prog_open(pv, &w);
+    assert_int_equal(w.index, 1);
+    assert_int_equal(w.n, 1);
+    assert_float_equal(w.logloss, -log(1e-7), 1e-4);
+    int64_t n;
+    assert_float_equal(sparse_prog_mean(pv, &n), (4 * want - log(1e-7)) / 5, 1e-5);
+    assert_int_equal(n, 5);
+    sparse_prog_destroy(pv);
+}
+
+/* ------------------------------------------------------------------------
+ * Layouts
+ * ---------------------------------------------------------------------- */
+
+static void test_criteo_lines_are_hashed_and_bad_ones_refused(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 39, .bits = 22, .dim = 0};
+    char line[1024];
+    /* label, 13 integers (the 2nd empty, the 5th 1000), 26 categoricals
+     * (the 3rd empty) */
+    int n = snprintf(line, sizeof(line), "1\t5\t\t2\t0\t1000\t-1\t7\t8\t9\t10\t11\t12\t13");
+    for (int k = 0; k < 26; k++)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, k == 2 ? "\t" : "\t%08x",
+                      0x68fd1e64u + (unsigned)k);
+    n += snprintf(line + n, sizeof(line) - (size_t)n, "\n");
+    sparse_sample_t s;
+    const char *why = NULL;
+    assert_int_equal(sparse_parse_criteo(&spec, line, (size_t)n, &s, &why), FR_OK);
+    assert_float_equal(s.label, 1, 0);
+    assert_int_equal(s.n, 12 + 25);
+    long long bucket = 3 + (long long)(log(1000.0) * log(1000.0)); /* 50 */
+    assert_int_equal(bucket, 50);
+    assert_int_equal(s.row[3], sparse_hash(4, &bucket, sizeof(bucket), 22));
+    long long five = 3 + (long long)(log(5.0) * log(5.0));
+    assert_int_equal(s.row[0], sparse_hash(0, &five, sizeof(five), 22));
+    char hex[9];
+    snprintf(hex, sizeof(hex), "%08x", 0x68fd1e64u + 3u);
+    assert_int_equal(s.row[12 + 2], sparse_hash(13 + 3, hex, 8, 22)); /* after the empty one */
+    for (int k = 0; k < s.n; k++)
+        assert_float_equal(s.val[k], 1, 0);
+
+    struct {
+        const char *line, *why;
+    } bad[] = {
+        {"1\t1\t2", "columns"},
+        {"2\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t",
+         "label"},
+        {"1\t12a\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t",
+         "integer"},
+        {"0\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t",
+         "columns"},
+        {"", "columns"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why = NULL;
+        assert_int_equal(sparse_parse_criteo(&spec, bad[i].line, strlen(bad[i].line), &s, &why),
+                         FR_ERR_PARSE);
+        assert_string_equal(why, bad[i].why);
+    }
+    /* all 39 features empty: a valid record without features */
+    const char *empty =
+        "0\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t";
+    assert_int_equal(sparse_parse_criteo(&spec, empty, strlen(empty), &s, &why), FR_OK);
+    assert_int_equal(s.n, 0);
+    spec.fields = 26;
+    assert_int_equal(sparse_parse_criteo(&spec, line, (size_t)n, &s, &why), FR_ERR_PARSE);
+    assert_string_equal(why, "fields");
+}
+
+static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 3, .bits = 16, .dim = 0};
+    sparse_sample_t s;
+    const char *why = NULL, *line = "-1 user=42:1  12:0.5\r\n";
+    assert_int_equal(sparse_parse_libsvm(&spec, line, strlen(line), &s, &why), FR_OK);
+    assert_float_equal(s.label, 0, 0);
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.row[0], sparse_hash(0, "user=42", 7, 16));
+    assert_int_equal(s.row[1], sparse_hash(0, "12", 2, 16));
+    assert_float_equal(s.val[1], 0.5, 0);
+    assert_int_equal(sparse_parse_libsvm(&spec, "+1", 2, &s, &why), FR_OK);
+    assert_float_equal(s.label, 1, 0);
+    assert_int_equal(s.n, 0);
+    struct {
+        const char *line, *why;
+    } bad[] = {
+        {"", "label"},        {"2 a:1", "label"},
+        {"x a:1", "label"},   {"1 a", "index"},
+        {"1 :1", "index"},    {"1 a:x", "value"},
+        {"1 a:nan", "value"}, {"1 a:1 b:1 c:1 d:1", "features"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        why = NULL;
+        assert_int_equal(sparse_parse_libsvm(&spec, bad[i].line, strlen(bad[i].line), &s, &why),
+                         FR_ERR_PARSE);
+        assert_string_equal(why, bad[i].why);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * The synthetic stream
+ * ---------------------------------------------------------------------- */
+
+static void test_synthetic_stream_is_seeded_criteo_with_a_floor(void **state)
+{
+    (void)state;
+    char err[256];
+    sparse_synth_t *a = sparse_synth_new(7, 0, 10000, err, sizeof(err));
+    sparse_synth_t *b = sparse_synth_new(7, 0, 10000, err, sizeof(err));
+    sparse_synth_t *c = sparse_synth_new(8, 0, 10000, err, sizeof(err));
+    sparse_synth_t *d = sparse_synth_new(7, 0.2, 10000, err, sizeof(err));
+    assert_true(a != NULL && b != NULL && c != NULL && d != NULL);
+    assert_null(sparse_synth_new(7, -0.1, 10000, err, sizeof(err)));
+    assert_null(sparse_synth_new(7, 0, 0, err, sizeof(err)));
+    sparse_spec_t spec = {.fields = 39, .bits = 20, .dim = 0};
+    char la[512], lb[512], lc[512], ld[512];
+    int same_c = 0, same_d_before = 0, same_d_after = 0;
+    double psum = 0;
+    for (int i = 0; i < 30000; i++) {
+        double p;
+        size_t na = sparse_synth_next(a, la, sizeof(la), &p);
+        size_t nb = sparse_synth_next(b, lb, sizeof(lb), NULL);
+        sparse_synth_next(c, lc, sizeof(lc), NULL);
+        sparse_synth_next(d, ld, sizeof(ld), NULL);
+        assert_true(p > 0 && p < 1);
+        psum += p;
+        assert_int_equal(na, nb);
+        assert_memory_equal(la, lb, na); /* same seed, same stream */
+        same_c += strcmp(la, lc) == 0;
+        if (i < 10000)
+            same_d_before += strcmp(la, ld) == 0;
+        else
+            same_d_after += strcmp(la, ld) == 0;
+        sparse_sample_t s;
+        const char *why = "";
+        if (sparse_parse_criteo(&spec, la, na, &s, &why) != FR_OK)
+            fail_msg("record %d refused (%s): %s", i, why, la);
+        assert_true(s.n >= 26 && s.n <= 39);
+    }
+    assert_int_equal(same_c, 0);
+    assert_int_equal(same_d_before, 10000); /* drift starts after the first window */
+    assert_true(same_d_after < 100);
+    sparse_synth_floor_t f;
+    sparse_synth_floor(a, &f);
+    assert_int_equal(f.window, 2);
+    assert_float_equal(f.ctr, 0.03, 0.006);
+    assert_float_equal(psum / 30000, 0.03, 0.004);
+    double h = -(f.ctr * log(f.ctr) + (1 - f.ctr) * log1p(-f.ctr));
+    /* the planted model explains a real part of the clicks */
+    assert_true(f.overall > 0.3 * h && f.overall < 0.9 * h);
+    assert_true(isfinite(f.last) && isfinite(f.current));
+    sparse_synth_destroy(a);
+    sparse_synth_destroy(b);
+    sparse_synth_destroy(c);
+    sparse_synth_destroy(d);
+}
+
+/*
+ * Hashed LR and an FM (D = 4) trained online, FTRL on the linear weights
+ * and Adagrad (lr 0.01) on the embeddings, on 400,000 synthetic records
+ * in batches of 256: the progressive logloss of the last 100,000 closes
+ * over a third of the gap from the constant predictor to the Bayes floor,
+ * the FM more of it than LR, and neither passes the floor.
+ */
+static double learn(int dim, float lr, double *floor_out, double *base_out)
+{
+    enum { N = 400000, B = 256, TAIL = 100000 };
+    sparse_spec_t spec = {.fields = 39, .bits = 18, .dim = dim};
+    sparse_optim_t o;
+    sparse_optim_defaults(&o, SPARSE_OPTIM_FTRL);
+    o.lr = lr;
+    const size_t rows = (size_t)1 << spec.bits, rl = sparse_row_len(&spec),
+                 sl = sparse_state_len(&spec, &o);
+    float *table = malloc(rows * rl * sizeof(float)), *st = calloc(rows * sl, sizeof(float));
+    float *params = malloc(B * SPARSE_FIELDS_MAX * rl * sizeof(float));
+    float *grad = malloc(B * SPARSE_FIELDS_MAX * rl * sizeof(float));
+    assert_true(table != NULL && st != NULL && params != NULL && grad != NULL);
+    for (uint32_t r = 0; r < rows; r++)
+        sparse_row_init(&spec, &o, r, table + r * rl, st + r * sl);
+    char err[256], line[512];
+    sparse_synth_t *g = sparse_synth_new(11, 0, N, err, sizeof(err));
+    sparse_batch_t *b = sparse_batch_new(B);
+    float bias = 0, bst[2] = {0, 0}, p[B], gbias;
+    double tail = 0;
+    for (int i = 0; i < N; i += B) {
+        sparse_batch_clear(b);
+        for (int k = 0; k < B; k++) {
+            size_t n = sparse_synth_next(g, line, sizeof(line), NULL);
+            sparse_sample_t s;
+            assert_int_equal(sparse_parse_criteo(&spec, line, n, &s, NULL), FR_OK);
+            assert_int_equal(sparse_batch_add(b, &s), FR_OK);
+        }
+        for (size_t r = 0; r < b->nrows; r++) /* pull */
+            memcpy(params + r * rl, table + (size_t)b->rows[r] * rl, rl * sizeof(float));
+        sparse_fm_grad(&spec, b, params, bias, grad, &gbias, p);
+        for (int k = 0; k < B && i + k >= N - TAIL; k++)
+            tail += sparse_logloss(p[k], b->samples[k].label);
+        for (size_t r = 0; r < b->nrows; r++) /* push and apply */
+            sparse_row_step(&spec, &o, table + (size_t)b->rows[r] * rl,
+                            st + (size_t)b->rows[r] * sl, grad + r * rl);
+        sparse_bias_step(&o, &bias, bst, gbias);
+    }
+    sparse_synth_floor_t f;
+    sparse_synth_floor(g, &f);
+    *floor_out = f.overall;
+    *base_out = -(f.ctr * log(f.ctr) + (1 - f.ctr) * log1p(-f.ctr));
+    sparse_batch_destroy(b);
+    sparse_synth_destroy(g);
+    free(table);
+    free(st);
+    free(params);
+    free(grad);
+    return tail / TAIL;
+}
+
+static void test_a_model_learns_the_planted_stream(void **state)
+{
+    (void)state;
+    double floor, base;
+    double lr = learn(0, 0.01f, &floor, &base);
+    double fm = learn(4, 0.01f, &floor, &base);
+    fprintf(stderr, "constant %.4f, lr %.4f, fm %.4f, floor %.4f\n", base, lr, fm, floor);
+    assert_true(lr < base - 0.35 * (base - floor));
+    assert_true(fm < lr);
+    assert_true(fm > floor); /* nothing beats the floor */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_is_parsed_and_bad_ones_refused),
+        cmocka_unit_test(test_hash_is_xxh64_seeded_by_field),
+        cmocka_unit_test(test_a_batch_pulls_each_row_once),
+        cmocka_unit_test(test_fm_gradient_matches_finite_differences),
+        cmocka_unit_test(test_adagrad_row_matches_torch_by_hand),
+        cmocka_unit_test(test_ftrl_row_matches_mcmahan_by_hand),
+        cmocka_unit_test(test_rows_start_at_a_value_of_seed_and_row_alone),
+        cmocka_unit_test(test_auc_and_windows_of_progressive_validation),
+        cmocka_unit_test(test_criteo_lines_are_hashed_and_bad_ones_refused),
+        cmocka_unit_test(test_libsvm_lines_are_hashed_and_bad_ones_refused),
+        cmocka_unit_test(test_synthetic_stream_is_seeded_criteo_with_a_floor),
+        cmocka_unit_test(test_a_model_learns_the_planted_stream),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
