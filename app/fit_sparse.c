@@ -37,8 +37,8 @@ static void fit_sparse_usage(FILE *out)
                  "  --format F           criteo | libsvm\n"
                  "  --optimizer O        ftrl (linear weights and bias; embeddings by adagrad)\n"
                  "                       | adagrad                              (default ftrl)\n"
-                 "  --lr X               Adagrad's learning rate               (default 0.01)\n"
-                 "  --alpha X            FTRL alpha                            (default 0.05)\n"
+                 "  --lr X               Adagrad's learning rate               (default 0.02)\n"
+                 "  --alpha X            FTRL alpha                            (default 0.1)\n"
                  "  --beta X             FTRL beta                             (default 1)\n"
                  "  --l1 X, --l2 X       FTRL regularization of linear weights (default 0)\n"
                  "  --init-std X         embeddings' initial standard deviation (default 0.01)\n"
@@ -78,8 +78,8 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
         {"freeze-after", required_argument, NULL, 'F'}, {NULL, 0, NULL, 0},
     };
     *o = (fit_sparse_opts_t){.optimizer = "ftrl",
-                             .lr = 0.01,
-                             .alpha = 0.05,
+                             .lr = 0.02,
+                             .alpha = 0.1,
                              .beta = 1,
                              .init_std = 0.01,
                              .seed = 42,

@@ -37,10 +37,10 @@ trap 'rm -rf "$work"' EXIT
 learners=(
     "lr-ftrl|--sparse fields:39,buckets:2^$bits,dim:0 --optimizer ftrl"
     "lr-adagrad|--sparse fields:39,buckets:2^$bits,dim:0 --optimizer adagrad --lr 0.05"
-    "fm-ftrl|--sparse fields:39,buckets:2^$bits,dim:8 --optimizer ftrl --lr 0.01"
+    "fm-ftrl|--sparse fields:39,buckets:2^$bits,dim:8 --optimizer ftrl"
 )
 if [ "$drift" != 0 ]; then
-    learners+=("fm-frozen|--sparse fields:39,buckets:2^$bits,dim:8 --optimizer ftrl --lr 0.01 --freeze-after $freeze")
+    learners+=("fm-frozen|--sparse fields:39,buckets:2^$bits,dim:8 --optimizer ftrl --freeze-after $freeze")
 fi
 have_sklearn=0
 if $py -c 'import sklearn' 2>/dev/null; then

@@ -28,8 +28,8 @@
 void sparse_optim_defaults(sparse_optim_t *o, sparse_optim_kind_t kind)
 {
     *o = (sparse_optim_t){.kind = kind,
-                          .lr = 0.05f,
-                          .alpha = 0.05f,
+                          .lr = 0.02f,
+                          .alpha = 0.1f,
                           .beta = 1.0f,
                           .l1 = 0.0f,
                           .l2 = 0.0f,

@@ -139,8 +139,9 @@ typedef struct sparse_optim {
     uint64_t seed;  /* of the embeddings' initial values                  */
 } sparse_optim_t;
 
-/* Fills o with the defaults of kind: lr 0.05, alpha 0.05, beta 1, l1 0,
- * l2 0, init_std 0.01, seed 0. */
+/* Fills o with the defaults of kind: lr 0.02, alpha 0.1, beta 1, l1 0,
+ * l2 0, init_std 0.01, seed 0 (bench/README.md "Sparse models": the best
+ * of a small grid on the synthetic stream). */
 void sparse_optim_defaults(sparse_optim_t *o, sparse_optim_kind_t kind);
 
 /* Parses "adagrad" or "ftrl". */

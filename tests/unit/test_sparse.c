@@ -489,7 +489,7 @@ static void test_synthetic_stream_is_seeded_criteo_with_a_floor(void **state)
 
 /*
  * Hashed LR and an FM (D = 4) trained online, FTRL on the linear weights
- * and Adagrad (lr 0.01) on the embeddings, on 400,000 synthetic records
+ * and Adagrad (lr 0.02) on the embeddings, on 400,000 synthetic records
  * in batches of 256: the progressive logloss of the last 100,000 closes
  * over a third of the gap from the constant predictor to the Bayes floor,
  * the FM more of it than LR, and neither passes the floor.
@@ -549,9 +549,9 @@ static void test_a_model_learns_the_planted_stream(void **state)
 {
     (void)state;
     double floor, base;
-    double lr = learn(0, 0.01f, &floor, &base);
-    double fm = learn(4, 0.01f, &floor, &base);
-    fprintf(stderr, "constant %.4f, lr %.4f, fm %.4f, floor %.4f\n", base, lr, fm, floor);
+    double lr = learn(0, 0.02f, &floor, &base);
+    double fm = learn(8, 0.02f, &floor, &base);
+    fprintf(stderr, "constant %.5f, lr %.5f, fm %.5f, floor %.5f\n", base, lr, fm, floor);
     assert_true(lr < base - 0.35 * (base - floor));
     assert_true(fm < lr);
     assert_true(fm > floor); /* nothing beats the floor */
