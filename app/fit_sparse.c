@@ -14,6 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef FRESHET_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
 #include "app/app.h"
 #include "sparse/sparse.h"
 
@@ -33,7 +37,8 @@ static void fit_sparse_usage(FILE *out)
                  "\n"
                  "  --sparse S           the table: fields per record (criteo: 39), 2^B rows,\n"
                  "                       embedding width D\n"
-                 "  --data FILE          the records, one a line ('-': standard input)\n"
+                 "  --data FILE          the records, one a line ('-': standard input);\n"
+                 "                       gzip-compressed files are read as they are\n"
                  "  --format F           criteo | libsvm\n"
                  "  --optimizer O        ftrl (linear weights and bias; embeddings by adagrad)\n"
                  "                       | adagrad                              (default ftrl)\n"
@@ -117,6 +122,73 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
     if (strcmp(o->format, "criteo") != 0 && strcmp(o->format, "libsvm") != 0)
         return app_usage_error(CMD, "--format must be criteo or libsvm, got '%s'", o->format);
     return 0;
+}
+
+/* The records' source: through zlib, which reads plain and gzip files
+ * alike (Criteo's day_N.gz as it is downloaded), or stdio without it. */
+typedef struct input {
+#ifdef FRESHET_HAVE_ZLIB
+    gzFile gz;
+#else
+    FILE *f;
+#endif
+} input_t;
+
+static int input_open(input_t *in, const char *path)
+{
+    int std = strcmp(path, "-") == 0;
+#ifdef FRESHET_HAVE_ZLIB
+    in->gz = std ? gzdopen(0, "rb") : gzopen(path, "rb");
+    if (in->gz != NULL)
+        gzbuffer(in->gz, 1u << 18);
+    return in->gz != NULL ? 0 : -1;
+#else
+    in->f = std ? stdin : fopen(path, "r");
+    return in->f != NULL ? 0 : -1;
+#endif
+}
+
+/* The next line into buf[size] (NUL-terminated, newline kept), or NULL at
+ * the end or on an error (input_error tells). */
+static char *input_line(input_t *in, char *buf, int size)
+{
+#ifdef FRESHET_HAVE_ZLIB
+    return gzgets(in->gz, buf, size);
+#else
+    return fgets(buf, size, in->f);
+#endif
+}
+
+/* The next character, or -1 at the end. */
+static int input_char(input_t *in)
+{
+#ifdef FRESHET_HAVE_ZLIB
+    return gzgetc(in->gz);
+#else
+    return fgetc(in->f);
+#endif
+}
+
+/* A read error's text, or NULL when the input ended cleanly. */
+static const char *input_error(input_t *in)
+{
+#ifdef FRESHET_HAVE_ZLIB
+    int zerr = Z_OK;
+    const char *msg = gzerror(in->gz, &zerr);
+    return zerr == Z_OK || zerr == Z_STREAM_END ? NULL : zerr == Z_ERRNO ? strerror(errno) : msg;
+#else
+    return ferror(in->f) ? strerror(errno) : NULL;
+#endif
+}
+
+static void input_close(input_t *in)
+{
+#ifdef FRESHET_HAVE_ZLIB
+    gzclose(in->gz);
+#else
+    if (in->f != stdin)
+        fclose(in->f);
+#endif
 }
 
 /* The model in memory: the table, its optimizer state and the bias. */
@@ -235,18 +307,19 @@ static void flush_batch(pass_t *ps)
     sparse_batch_clear(ps->b);
 }
 
-static int run_pass(pass_t *ps, FILE *in, int criteo)
+static int run_pass(pass_t *ps, input_t *in, int criteo)
 {
     char *line = malloc(LINE_MAX_BYTES);
     if (line == NULL)
         return APP_EXIT_FAILURE;
     const fit_sparse_opts_t *o = ps->o;
-    while ((o->limit == 0 || ps->records < o->limit) && fgets(line, LINE_MAX_BYTES, in) != NULL) {
+    while ((o->limit == 0 || ps->records < o->limit) &&
+           input_line(in, line, LINE_MAX_BYTES) != NULL) {
         size_t len = strlen(line);
         if (len == LINE_MAX_BYTES - 1 && line[len - 1] != '\n') {
             count_reject(ps, "too long");
             int ch;
-            while ((ch = fgetc(in)) != EOF && ch != '\n')
+            while ((ch = input_char(in)) != -1 && ch != '\n')
                 ;
             continue;
         }
@@ -265,8 +338,14 @@ static int run_pass(pass_t *ps, FILE *in, int criteo)
     }
     flush_batch(ps);
     free(line);
-    if (ferror(in)) {
-        fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->data, strerror(errno));
+    const char *err = input_error(in);
+    if (err != NULL) { /* zlib's messages name the file already */
+        fprintf(stderr, "freshet %s: %s%s%s\n", CMD, strstr(err, o->data) ? "" : o->data,
+                strstr(err, o->data) ? "" : ": ", err);
+        return APP_EXIT_USAGE;
+    }
+    if (ps->records == 0) {
+        fprintf(stderr, "freshet %s: %s: no record of format %s\n", CMD, o->data, o->format);
         return APP_EXIT_USAGE;
     }
     return 0;
@@ -297,8 +376,8 @@ int app_cmd_fit_sparse(int argc, char **argv)
     t.optim.l2 = (float)o.l2;
     t.optim.init_std = (float)o.init_std;
     t.optim.seed = (uint64_t)o.seed;
-    FILE *in = strcmp(o.data, "-") == 0 ? stdin : fopen(o.data, "r");
-    if (in == NULL) {
+    input_t in;
+    if (input_open(&in, o.data) != 0) {
         fprintf(stderr, "freshet %s: %s: %s\n", CMD, o.data, strerror(errno));
         return APP_EXIT_USAGE;
     }
@@ -318,7 +397,7 @@ int app_cmd_fit_sparse(int argc, char **argv)
         rc = table_init(&t, nrows);
     ps.t0 = ps.tw = fr_clock_mono_ns();
     if (rc == 0)
-        rc = run_pass(&ps, in, criteo);
+        rc = run_pass(&ps, &in, criteo);
     if (rc == 0) {
         sparse_prog_window_t w;
         sparse_prog_open(ps.pv, &w);
@@ -336,8 +415,7 @@ int app_cmd_fit_sparse(int argc, char **argv)
         if (o.out != NULL)
             rc = table_write(&t, o.out, nrows);
     }
-    if (in != stdin)
-        fclose(in);
+    input_close(&in);
     sparse_batch_destroy(ps.b);
     sparse_prog_destroy(ps.pv);
     free(ps.params);

@@ -95,8 +95,8 @@ if "$F" produce --help >/dev/null 2>&1; then
     expect 2 "--drift expects a number in \[0, 1\]" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --drift 2
     expect 2 "--out goes with --synthetic" -- "$F" produce --topic t --data "$work/good.csv" --format csv --encode csv --features 2 --out "$work/x"
     expect 0 "synthetic ctr: 3000 records, click rate 0.0[0-9]*, Bayes-optimal logloss 0.1" -- "$F" produce --synthetic ctr --seed 5 --out "$work/ctr1" --limit 3000
-    "$F" produce --synthetic ctr --seed 5 --out "$work/ctr2" --limit 1000 >/dev/null
-    "$F" produce --synthetic ctr --seed 6 --out "$work/ctr3" --limit 1000 >/dev/null
+    "$F" produce --synthetic ctr --seed 5 --out "$work/ctr2" --limit 1000 >/dev/null 2>&1
+    "$F" produce --synthetic ctr --seed 6 --out "$work/ctr3" --limit 1000 >/dev/null 2>&1
     lines=$(wc -l <"$work/ctr1") cols=$(awk -F'\t' '{print NF}' "$work/ctr1" | sort -u)
     same=$(head -n 1000 "$work/ctr1" | cmp -s - "$work/ctr2" && echo yes)
     other=$(cmp -s "$work/ctr2" "$work/ctr3" || echo yes)
@@ -111,6 +111,14 @@ if "$F" produce --help >/dev/null 2>&1; then
     expect 0 "3000 records, progressive logloss 0\.[0-9]*, [0-9]* samples/s" -- "$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1bad" --format criteo --window 1000 --out "$work/sp.safetensors"
     expect 0 "1 records skipped: columns" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1bad" --format criteo
     expect 0 "window 2: 1000 records, logloss" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1" --format criteo --window 1000 --freeze-after 500
+    # the same lines gzip-compressed, and from standard input: the same figures
+    gzip -c "$work/ctr1" >"$work/ctr1.gz"
+    want=$("$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1" --format criteo | tail -1 | cut -d, -f1-2)
+    expect 0 "$want" -- "$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1.gz" --format criteo
+    expect 0 "$want" -- sh -c "\"$F\" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data - --format criteo <\"$work/ctr1\""
+    head -c 2000 "$work/ctr1.gz" >"$work/cut.gz"
+    expect 2 "cut.gz: unexpected end of file" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.gz" --format criteo
+    expect 2 "good.csv: no record of format criteo" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/good.csv" --format criteo
     # rows 2^16 x (1 + 4) floats and the bias, after a header: the exact size
     size=$(stat -c %s "$work/sp.safetensors")
     if [ "$size" -gt $((65536 * 5 * 4 + 4)) ] && [ "$size" -lt $((65536 * 5 * 4 + 4 + 400)) ]; then
