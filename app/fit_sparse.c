@@ -38,7 +38,8 @@ static void fit_sparse_usage(FILE *out)
                  "  --sparse S           the table: fields per record (criteo: 39), 2^B rows,\n"
                  "                       embedding width D\n"
                  "  --data FILE          the records, one a line ('-': standard input);\n"
-                 "                       gzip-compressed files are read as they are\n"
+                 "                       gzip files are read as they are (builds with\n"
+                 "                       zlib)\n"
                  "  --format F           criteo | libsvm\n"
                  "  --optimizer O        ftrl (linear weights and bias; embeddings by adagrad)\n"
                  "                       | adagrad                              (default ftrl)\n"
@@ -111,7 +112,7 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
         case 'n': rc = app_parse_long(CMD, "--limit", optarg, 1, INT64_MAX, &o->limit); break;
         case 'O': o->out = optarg; break;
         case 'F':
-            rc = app_parse_long(CMD, "--freeze-after", optarg, 0, INT64_MAX, &o->freeze);
+            rc = app_parse_long(CMD, "--freeze-after", optarg, 1, INT64_MAX, &o->freeze);
             break;
         }
     }
@@ -298,9 +299,10 @@ static void flush_batch(pass_t *ps)
         if (!sparse_prog_add(ps->pv, ps->p[i], ps->b->samples[i].label, &w))
             continue;
         uint64_t now = fr_clock_mono_ns();
+        double secs = (double)(now - ps->tw) * 1e-9; /* ~0 for a window inside a batch */
         printf("window %lld: %zu records, logloss %.5f, auc %.4f, ctr %.4f, %.0f samples/s\n",
                (long long)w.index, w.n, w.logloss, w.auc, w.ctr,
-               (double)w.n / ((double)(now - ps->tw) * 1e-9));
+               secs > 1e-6 ? (double)w.n / secs : 0.0);
         fflush(stdout);
         ps->tw = now;
     }
@@ -310,8 +312,10 @@ static void flush_batch(pass_t *ps)
 static int run_pass(pass_t *ps, input_t *in, int criteo)
 {
     char *line = malloc(LINE_MAX_BYTES);
-    if (line == NULL)
+    if (line == NULL) {
+        fprintf(stderr, "freshet %s: out of memory\n", CMD);
         return APP_EXIT_FAILURE;
+    }
     const fit_sparse_opts_t *o = ps->o;
     while ((o->limit == 0 || ps->records < o->limit) &&
            input_line(in, line, LINE_MAX_BYTES) != NULL) {

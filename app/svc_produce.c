@@ -91,7 +91,7 @@ typedef struct produce_opts {
     const char *synthetic, *out;
     long long features, limit, seed, window;
     double rate, drift;
-    int loop;
+    int loop, seed_given, window_given;
     char *xprops[PRODUCE_MAX_PROPS]; /* "key=value" of -X, borrowed from argv */
     int nx;
 } produce_opts_t;
@@ -141,9 +141,15 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         case 'p': o->by = optarg; break;
         case 'c': o->config = optarg; break;
         case 'S': o->synthetic = optarg; break;
-        case 's': rc = app_parse_long(CMD, "--seed", optarg, 0, INT64_MAX, &o->seed); break;
+        case 's':
+            rc = app_parse_long(CMD, "--seed", optarg, 0, INT64_MAX, &o->seed);
+            o->seed_given = 1;
+            break;
         case 'R': rc = app_parse_double(CMD, "--drift", optarg, 0, 1, &o->drift); break;
-        case 'W': rc = app_parse_long(CMD, "--window", optarg, 1, INT64_MAX, &o->window); break;
+        case 'W':
+            rc = app_parse_long(CMD, "--window", optarg, 1, INT64_MAX, &o->window);
+            o->window_given = 1;
+            break;
         case 'o': o->out = optarg; break;
         case 'X':
             if (strchr(optarg, '=') == NULL || optarg[0] == '=')
@@ -157,12 +163,21 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
     }
     if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
         return rc;
+    if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)
+        return app_usage_error(CMD, "--partitions-by must be key or roundrobin, got '%s'", o->by);
+    if (o->synthetic == NULL && (o->seed_given || o->drift > 0 || o->window_given))
+        return app_usage_error(CMD, "--seed, --drift and --window go with --synthetic");
     if (o->synthetic != NULL) {
         if (strcmp(o->synthetic, "ctr") != 0)
             return app_usage_error(CMD, "--synthetic must be ctr, got '%s'", o->synthetic);
-        if (o->data != NULL || o->format != NULL || o->encode != NULL || o->loop)
-            return app_usage_error(CMD,
-                                   "--synthetic replaces --data, --format, --encode and --loop");
+        if (o->data != NULL || o->format != NULL || o->encode != NULL || o->loop ||
+            o->labels != NULL || o->features != 0)
+            return app_usage_error(CMD, "--synthetic replaces --data, --format, --encode, "
+                                        "--labels, --features and --loop");
+        if (o->out != NULL && (o->bootstrap != NULL || o->nx > 0 || o->config != NULL ||
+                               o->rate > 0 || strcmp(o->by, "key") != 0))
+            return app_usage_error(CMD, "--out writes a file: --bootstrap, -X, --config, --rate "
+                                        "and --partitions-by go with --topic");
         if ((o->topic == NULL) == (o->out == NULL))
             return app_usage_error(CMD, "--synthetic needs --topic T or --out F (one of them)");
         if (o->out != NULL && o->limit == 0)
@@ -173,8 +188,6 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         return app_usage_error(CMD, "--out goes with --synthetic");
     if (o->topic == NULL || o->data == NULL || o->format == NULL || o->encode == NULL)
         return app_usage_error(CMD, "--topic, --data, --format and --encode are required");
-    if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)
-        return app_usage_error(CMD, "--partitions-by must be key or roundrobin, got '%s'", o->by);
     return 0;
 }
 
@@ -428,6 +441,16 @@ static int send_synthetic(produce_run_t *r, FILE *out)
     return rc;
 }
 
+/* SIGINT and SIGTERM stop the sending (installed once the sending starts:
+ * until then they end the process as usual). */
+static void stop_on_signals(void)
+{
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 /* --synthetic ctr --out F: the stream into a file, no Kafka. */
 static int write_synthetic(const produce_opts_t *o)
 {
@@ -437,6 +460,7 @@ static int write_synthetic(const produce_opts_t *o)
         fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->out, strerror(errno));
         return APP_EXIT_USAGE;
     }
+    stop_on_signals();
     int rc = send_synthetic(&r, out);
     if (fclose(out) != 0 && rc == 0) {
         fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->out, strerror(errno));
@@ -459,10 +483,6 @@ int app_cmd_produce(int argc, char **argv)
     int rc = parse_opts(&o, argc, argv);
     if (rc != 0)
         return rc < 0 ? 0 : rc;
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     if (o.synthetic != NULL && o.out != NULL)
         return write_synthetic(&o);
     if (o.synthetic == NULL) {
@@ -496,6 +516,7 @@ int app_cmd_produce(int argc, char **argv)
     }
     if (strcmp(o.by, "roundrobin") == 0 && (rc = find_partitions(&r)) != 0)
         goto out;
+    stop_on_signals();
     rc = o.synthetic != NULL ? send_synthetic(&r, NULL) : send_all(&r);
     rc = finish(&r, rc);
 out:

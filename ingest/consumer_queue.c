@@ -191,7 +191,7 @@ const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition,
         if (l->id[0] == '\0')
             held = "a batch a trainer computes";
         else if (nids == GAP_IDS_MAX)
-            held = "gradients in the grads stream";
+            held = "more lent batches than one check reads";
         else
             memcpy(ids[nids++], l->id, sizeof(l->id));
     }

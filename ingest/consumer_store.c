@@ -33,9 +33,10 @@
 #include "ingest/consumer_int.h"
 #include "ingest/ingest_int.h"
 
-#define RETRY_MS       500   /* pause between tries at assignment time */
-#define HELD_WARN_GAPS 10    /* gap timeouts a held watermark may stand */
-#define HELD_WARN_MS   30000 /* between two warnings of one partition   */
+#define RETRY_MS         500   /* pause between tries at assignment time */
+#define HELD_WARN_GAPS   10    /* gap timeouts a held watermark may stand */
+#define HELD_WARN_MS     30000 /* between two warnings of one partition   */
+#define LOG_END_QUERY_MS 1000  /* a log end asked of the broker, at most  */
 
 /* ------------------------------------------------------------------------
  * Where a partition starts.
@@ -378,6 +379,22 @@ static void tick_commit(ingest_consumer_t *c, owned_t *o, int64_t w, tick_t *tk)
     o->committed = w;
 }
 
+/* The partition's log end: librdkafka's cached one, which only its
+ * fetches update, else asked of the broker (a partition never fetched
+ * has none cached); -1 when unknown. */
+static int64_t log_end(ingest_consumer_t *c, int32_t partition)
+{
+    int64_t lo, hi;
+    if (rd_kafka_get_watermark_offsets(c->rk, c->topic, partition, &lo, &hi) ==
+            RD_KAFKA_RESP_ERR_NO_ERROR &&
+        hi >= 0)
+        return hi;
+    return ingest_list_offset(c->rk, c->topic, partition, -1, LOG_END_QUERY_MS, &hi) ==
+                   RD_KAFKA_RESP_ERR_NO_ERROR
+               ? hi
+               : -1;
+}
+
 /* Rule 3: a watermark w stuck for gap_timeout that no outstanding batch
  * holds is read again from the store's position. One stuck and held for
  * HELD_WARN_GAPS gap timeouts is warned of, with what holds it, once per
@@ -393,17 +410,14 @@ static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *
         return;
     const char *held = ingest_consumer_outstanding(c, o->partition, w);
     if (held != NULL) {
-        int64_t lo, hi; /* an idle partition's watermark at the log end is no news */
-        if (tk->now - o->since >= HELD_WARN_GAPS * c->gap_ms &&
-            tk->now - o->held_warned >= HELD_WARN_MS &&
-            rd_kafka_get_watermark_offsets(c->rk, c->topic, o->partition, &lo, &hi) ==
-                RD_KAFKA_RESP_ERR_NO_ERROR &&
-            hi > w) {
+        if (tk->now - o->since >= (int64_t)HELD_WARN_GAPS * c->gap_ms &&
+            tk->now - o->held_warned >= HELD_WARN_MS && log_end(c, o->partition) > w) {
             o->held_warned = tk->now;
             fr_log(FR_LOG_WARN,
                    "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
                    " ms with %" PRId64 " record(s) after it, held by %s",
-                   c->topic, o->partition, w, tk->now - o->since, hi - w, held);
+                   c->topic, o->partition, w, tk->now - o->since, log_end(c, o->partition) - w,
+                   held);
         }
         return;
     }

@@ -8,6 +8,7 @@
  * O(n * D) instead of O(n^2 * D); its gradient in v_id is
  * x_i (S_d - v_id x_i) with S_d = sum_j v_jd x_j.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +17,8 @@
 
 #include "sparse/sparse.h"
 
-#define LOGLOSS_EPS 1e-7 /* scikit-learn's log_loss clamp */
+#define LOGLOSS_EPS 1e-7                 /* scikit-learn's log_loss clamp */
+#define COUNT_MAX   ((long long)1 << 30) /* any larger count in a spec is refused */
 
 /* ------------------------------------------------------------------------
  * The shape
@@ -28,9 +30,10 @@ static long long parse_count(const char **p)
     char *end;
     if (**p < '0' || **p > '9')
         return -1;
+    errno = 0;
     long long v = strtoll(*p, &end, 10);
     *p = end;
-    return v;
+    return errno == 0 && v <= COUNT_MAX ? v : -1;
 }
 
 /* buckets:2^B or buckets:N, N a power of two. */

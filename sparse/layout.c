@@ -62,11 +62,14 @@ static int parse_float(const char *text, size_t len, float *v)
     if (num == NULL)
         return -1;
     *v = strtof(num, &end);
-    return errno == 0 && *end == '\0' && isfinite(*v) ? 0 : -1;
+    if (*end != '\0' || !isfinite(*v) || fabsf(*v) > SPARSE_VALUE_MAX)
+        return -1;
+    return errno == 0 || fabsf(*v) < 1 ? 0 : -1; /* an underflow is a value near 0 */
 }
 
-/* Criteo's integer bucketing (the 2014 winning solution's): small values
- * as they are, larger ones by floor(ln(v)^2). */
+/* Criteo's integer bucketing, after the 2014 winning solution's
+ * floor(ln(v)^2): values up to 2 as they are (negatives included), larger
+ * ones 3 + floor(ln(v)^2), the 3 keeping the two ranges apart. */
 static long long int_bucket(long long v)
 {
     if (v <= 2)
@@ -97,8 +100,12 @@ fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t
             long long v;
             if (parse_int(p, flen, &v) != 0)
                 return refuse(reason, "integer");
-            long long bucket = int_bucket(v);
-            s->row[s->n] = sparse_hash(col - 1, &bucket, sizeof(bucket), spec->bits);
+            /* the bucket's 8 bytes little-endian: the same row on any host */
+            uint64_t bucket = (uint64_t)int_bucket(v);
+            unsigned char le[8];
+            for (int i = 0; i < 8; i++)
+                le[i] = (unsigned char)(bucket >> (8 * i));
+            s->row[s->n] = sparse_hash(col - 1, le, sizeof(le), spec->bits);
             s->val[s->n++] = 1;
         } else if (flen > 0) {
             s->row[s->n] = sparse_hash(col - 1, p, flen, spec->bits);

@@ -14,6 +14,9 @@
  * of a zero state is 0, and an FM whose embeddings are all 0 has a zero
  * gradient in them and never leaves it.
  *
+ * A step whose gradient is not finite, or that would overflow the state,
+ * is not taken (that coordinate keeps its value).
+ *
  * A row never written starts at a value computed from (seed, row) alone,
  * so that a worker that pulls a missing row and the applier that creates
  * it agree without storing it first.
@@ -75,7 +78,7 @@ void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_
     param[0] = 0;
     /* uniform on [-a, a] has standard deviation a / sqrt(3) */
     const double a = (double)o->init_std * sqrt(3.0);
-    uint64_t h = mix64(o->seed ^ ((uint64_t)row << 8));
+    uint64_t h = mix64(mix64(o->seed) + row);
     for (int d = 0; d < spec->dim; d++) {
         h = mix64(h);
         double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
@@ -87,10 +90,11 @@ void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_
 /* One Adagrad step of one coordinate. */
 static void adagrad(float *w, float *acc, float g, float lr)
 {
-    if (!isfinite(g))
-        return;
-    *acc += g * g;
-    *w -= lr * g / (sqrtf(*acc) + ADAGRAD_EPS);
+    float acc1 = *acc + g * g;
+    if (!isfinite(g) || !isfinite(acc1))
+        return; /* a step that would leave the state infinite is not taken */
+    *acc = acc1;
+    *w -= lr * g / (sqrtf(acc1) + ADAGRAD_EPS);
 }
 
 /* One FTRL-Proximal step of one coordinate (state z, n). */
@@ -101,6 +105,8 @@ static void ftrl(float *w, float *z, float *n, float g, float alpha, float beta,
     double n1 = (double)*n + (double)g * g;
     double sigma = (sqrt(n1) - sqrt((double)*n)) / alpha;
     double z1 = (double)*z + g - sigma * *w;
+    if (!isfinite((float)n1) || !isfinite((float)z1))
+        return; /* the state would overflow float: the step is not taken */
     *z = (float)z1;
     *n = (float)n1;
     if (fabs(z1) <= l1)

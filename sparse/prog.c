@@ -79,6 +79,8 @@ double sparse_auc(const float *p, const float *y, uint32_t *idx, size_t n)
 {
     size_t pos = 0;
     for (size_t i = 0; i < n; i++) {
+        if (isnan(p[i]))
+            return NAN; /* no order to rank */
         idx[i] = (uint32_t)i;
         pos += y[i] > 0.5f;
     }

@@ -18,10 +18,11 @@
 
 #include "common/common.h"
 
-#define SPARSE_FIELDS_MAX    64 /* features of one record, at most         */
-#define SPARSE_DIM_MAX       64 /* embedding width D, at most               */
-#define SPARSE_BITS_MIN      4  /* a table of 2^4 rows, at least            */
-#define SPARSE_BITS_MAX      30 /* 2^30 rows, at most (rows fit a uint32_t) */
+#define SPARSE_FIELDS_MAX    64  /* features of one record, at most         */
+#define SPARSE_DIM_MAX       64  /* embedding width D, at most               */
+#define SPARSE_BITS_MIN      4   /* a table of 2^4 rows, at least            */
+#define SPARSE_BITS_MAX      30  /* 2^30 rows, at most (rows fit a uint32_t) */
+#define SPARSE_VALUE_MAX     1e9 /* a feature value's magnitude, at most      */
 #define SPARSE_CRITEO_INTS   13
 #define SPARSE_CRITEO_CATS   26
 #define SPARSE_CRITEO_FIELDS (SPARSE_CRITEO_INTS + SPARSE_CRITEO_CATS)
@@ -158,7 +159,8 @@ void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_
                      float *state);
 
 /* One step of row (param[1 + D], state[sparse_state_len]) on grad[1 + D].
- * A non-finite gradient coordinate leaves that coordinate unchanged. */
+ * A coordinate whose gradient is not finite, or whose state would
+ * overflow, is left unchanged. */
 void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *param, float *state,
                      const float *grad);
 
@@ -197,7 +199,8 @@ void sparse_prog_open(sparse_prog_t *pv, sparse_prog_window_t *w);
 double sparse_prog_mean(const sparse_prog_t *pv, int64_t *n);
 
 /* The area under the ROC curve of p[n] against labels y[n] (ties count
- * one half), sorting idx[n] as scratch; NAN when one class is missing. */
+ * one half), sorting idx[n] as scratch; NAN when one class is missing or
+ * a prediction is NaN. */
 double sparse_auc(const float *p, const float *y, uint32_t *idx, size_t n);
 
 /* ------------------------------------------------------------------------
@@ -208,14 +211,15 @@ double sparse_auc(const float *p, const float *y, uint32_t *idx, size_t n);
 
 /* A Criteo display-ads line: label, 13 integer features, 26 categorical
  * hex strings, tab-separated; empty fields allowed (the feature is
- * absent). Integers are bucketed (v > 2: floor(ln(v)^2)) and hashed as
- * field k; categoricals as field 13 + k. Needs spec->fields >= 39. A
+ * absent). Integers are bucketed (v > 2: 3 + floor(ln(v)^2)) and hashed
+ * as field k; categoricals as field 13 + k. Needs spec->fields >= 39. A
  * trailing newline is ignored. */
 fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t len,
                              sparse_sample_t *s, const char **reason);
 
 /* A libsvm line: "label index:value ..." with any index text (hashed,
- * field 0); label 0/1 or -1/+1. At most spec->fields features. */
+ * field 0); label 0/1 or -1/+1; values within +-SPARSE_VALUE_MAX. At most
+ * spec->fields features. */
 fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t len,
                              sparse_sample_t *s, const char **reason);
 

@@ -15,8 +15,9 @@
  * The bias is set by bisection for a click rate of BASE_CTR.
  *
  * Drift: each planted parameter is cos(t) a + sin(t) b of two independent
- * normals, t advancing by drift radians per window (a walk that keeps the
- * parameters' spread); and at each window each field, with probability
+ * normals, t advancing by drift radians per window (a rotation that keeps
+ * the parameters' spread, back where it started after 2 pi / drift
+ * windows); and at each window each field, with probability
  * drift, maps its Zipf ranks to other values (new values become hot).
  */
 #include <math.h>

@@ -38,16 +38,18 @@ static void test_spec_is_parsed_and_bad_ones_refused(void **state)
     assert_int_equal(s.bits, 20);
     assert_int_equal(s.dim, 0); /* hashed logistic regression */
     static const char *const bad[] = {
-        "fields:39",                     /* no buckets */
-        "fields:0,buckets:2^20",         /* no fields */
-        "fields:65,buckets:2^20",        /* too many */
-        "fields:3,buckets:1000",         /* not a power of two */
-        "fields:3,buckets:2^31",         /* too many rows */
-        "fields:3,buckets:2^3",          /* too few */
-        "fields:3,buckets:2^20,dim:65",  /* too wide */
-        "fields:3,buckets:2^20,depth:2", /* unknown key */
-        "fields:3x,buckets:2^20",        /* junk */
-        "fields:3,buckets:2^20,",        /* trailing comma */
+        "fields:39",                      /* no buckets */
+        "fields:0,buckets:2^20",          /* no fields */
+        "fields:65,buckets:2^20",         /* too many */
+        "fields:3,buckets:1000",          /* not a power of two */
+        "fields:3,buckets:2^31",          /* too many rows */
+        "fields:3,buckets:2^3",           /* too few */
+        "fields:3,buckets:2^20,dim:65",   /* too wide */
+        "fields:3,buckets:2^20,depth:2",  /* unknown key */
+        "fields:3x,buckets:2^20",         /* junk */
+        "fields:3,buckets:2^20,",         /* trailing comma */
+        "fields:4294967335,buckets:2^20", /* 39 after a cast to int */
+        "fields:3,buckets:2^20,dim:4294967304",
         "",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -263,6 +265,16 @@ static void test_ftrl_row_matches_mcmahan_by_hand(void **state)
     sparse_row_step(&spec, &o, &w2, st2, &small);
     assert_float_equal(st2[0], 0.3f, 1e-7);
     assert_true(w2 == 0.0f);
+    /* a finite gradient whose square overflows float: the step is not
+     * taken, and the state stays finite */
+    float w3 = 0.25f, st3[2] = {1.0f, 4.0f};
+    const float huge = 1e20f;
+    sparse_row_step(&spec, &o, &w3, st3, &huge);
+    assert_float_equal(w3, 0.25f, 0);
+    assert_float_equal(st3[0], 1.0f, 0);
+    assert_float_equal(st3[1], 4.0f, 0);
+    sparse_row_step(&spec, &o, &w3, st3, &g[0]);
+    assert_true(isfinite(w3) && isfinite(st3[0]) && isfinite(st3[1]));
     /* the bias: no regularization */
     float b = 0, bst[2] = {0, 0};
     sparse_bias_step(&o, &b, bst, 2.0f);
@@ -314,6 +326,8 @@ static void test_auc_and_windows_of_progressive_validation(void **state)
     assert_float_equal(sparse_auc(pt, yt, idx, 4), 3.5 / 4, 1e-12);
     const float ones[] = {1, 1, 1};
     assert_true(isnan(sparse_auc(p, ones, idx, 3)));
+    const float pn[] = {0.2f, NAN, 0.7f}, yn[] = {0, 1, 1};
+    assert_true(isnan(sparse_auc(pn, yn, idx, 3))); /* no order: NaN, and no endless loop */
 
     sparse_prog_t *pv = sparse_prog_new(4);
     assert_non_null(pv);
@@ -361,9 +375,11 @@ static void test_criteo_lines_are_hashed_and_bad_ones_refused(void **state)
     assert_int_equal(s.n, 12 + 25);
     long long bucket = 3 + (long long)(log(1000.0) * log(1000.0)); /* 50 */
     assert_int_equal(bucket, 50);
-    assert_int_equal(s.row[3], sparse_hash(4, &bucket, sizeof(bucket), 22));
-    long long five = 3 + (long long)(log(5.0) * log(5.0));
-    assert_int_equal(s.row[0], sparse_hash(0, &five, sizeof(five), 22));
+    /* integers hash as their bucket's 8 bytes little-endian */
+    const unsigned char b50[8] = {50, 0, 0, 0, 0, 0, 0, 0}, b5[8] = {5, 0, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(3 + (long long)(log(5.0) * log(5.0)), 5);
+    assert_int_equal(s.row[3], sparse_hash(4, b50, 8, 22));
+    assert_int_equal(s.row[0], sparse_hash(0, b5, 8, 22));
     char hex[9];
     snprintf(hex, sizeof(hex), "%08x", 0x68fd1e64u + 3u);
     assert_int_equal(s.row[12 + 2], sparse_hash(13 + 3, hex, 8, 22)); /* after the empty one */
@@ -410,6 +426,10 @@ static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
     assert_int_equal(s.row[0], sparse_hash(0, "user=42", 7, 16));
     assert_int_equal(s.row[1], sparse_hash(0, "12", 2, 16));
     assert_float_equal(s.val[1], 0.5, 0);
+    const char *tiny = "1 a:1e-40 b:-1e9";
+    assert_int_equal(sparse_parse_libsvm(&spec, tiny, strlen(tiny), &s, &why), FR_OK);
+    assert_true(fabsf(s.val[0]) < 1e-38f); /* an underflow is a value near 0 */
+    assert_float_equal(s.val[1], -1e9, 0);
     assert_int_equal(sparse_parse_libsvm(&spec, "+1", 2, &s, &why), FR_OK);
     assert_float_equal(s.label, 1, 0);
     assert_int_equal(s.n, 0);
@@ -420,6 +440,7 @@ static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
         {"x a:1", "label"},   {"1 a", "index"},
         {"1 :1", "index"},    {"1 a:x", "value"},
         {"1 a:nan", "value"}, {"1 a:1 b:1 c:1 d:1", "features"},
+        {"1 a:2e9", "value"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         why = NULL;
@@ -488,15 +509,15 @@ static void test_synthetic_stream_is_seeded_criteo_with_a_floor(void **state)
 }
 
 /*
- * Hashed LR and an FM (D = 4) trained online, FTRL on the linear weights
- * and Adagrad (lr 0.02) on the embeddings, on 400,000 synthetic records
+ * Hashed LR and an FM (D = 8) trained online, FTRL on the linear weights
+ * and Adagrad (lr 0.02) on the embeddings, on 400,128 synthetic records
  * in batches of 256: the progressive logloss of the last 100,000 closes
  * over a third of the gap from the constant predictor to the Bayes floor,
  * the FM more of it than LR, and neither passes the floor.
  */
 static double learn(int dim, float lr, double *floor_out, double *base_out)
 {
-    enum { N = 400000, B = 256, TAIL = 100000 };
+    enum { B = 256, N = 1563 * B, TAIL = 100000 }; /* whole batches: 400,128 records */
     sparse_spec_t spec = {.fields = 39, .bits = 18, .dim = dim};
     sparse_optim_t o;
     sparse_optim_defaults(&o, SPARSE_OPTIM_FTRL);
@@ -525,8 +546,9 @@ static double learn(int dim, float lr, double *floor_out, double *base_out)
         for (size_t r = 0; r < b->nrows; r++) /* pull */
             memcpy(params + r * rl, table + (size_t)b->rows[r] * rl, rl * sizeof(float));
         sparse_fm_grad(&spec, b, params, bias, grad, &gbias, p);
-        for (int k = 0; k < B && i + k >= N - TAIL; k++)
-            tail += sparse_logloss(p[k], b->samples[k].label);
+        for (int k = 0; k < B; k++)
+            if (i + k >= N - TAIL)
+                tail += sparse_logloss(p[k], b->samples[k].label);
         for (size_t r = 0; r < b->nrows; r++) /* push and apply */
             sparse_row_step(&spec, &o, table + (size_t)b->rows[r] * rl,
                             st + (size_t)b->rows[r] * sl, grad + r * rl);
