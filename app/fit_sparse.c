@@ -21,13 +21,14 @@
 #include "app/app.h"
 #include "sparse/sparse.h"
 
-#define CMD            "fit-sparse"
-#define LINE_MAX_BYTES (1 << 16) /* a longer line is refused, and skipped */
+#define CMD              "fit-sparse"
+#define LINE_MAX_BYTES   (1 << 16) /* a longer line is refused, and skipped */
+#define BINARY_FRAME_MAX (1 << 20) /* a longer binary record: not such a file */
 
 static void fit_sparse_usage(FILE *out)
 {
     fprintf(out, "usage: freshet fit-sparse --sparse fields:F,buckets:2^B,dim:D --data FILE\n"
-                 "                          --format criteo|libsvm [options]\n"
+                 "                          --format criteo|libsvm|binary [options]\n"
                  "\n"
                  "Trains a sparse model offline, one pass over FILE in order ('-': standard\n"
                  "input), with progressive validation: each batch is scored before the model\n"
@@ -40,7 +41,8 @@ static void fit_sparse_usage(FILE *out)
                  "  --data FILE          the records, one a line ('-': standard input);\n"
                  "                       gzip files are read as they are (builds with\n"
                  "                       zlib)\n"
-                 "  --format F           criteo | libsvm\n"
+                 "  --format F           criteo | libsvm | binary (records each after its\n"
+                 "                       length, 4 bytes LE, as produce --encode binary writes)\n"
                  "  --optimizer O        ftrl (linear weights and bias; embeddings by adagrad)\n"
                  "                       | adagrad                              (default ftrl)\n"
                  "  --lr X               Adagrad's learning rate               (default 0.02)\n"
@@ -120,8 +122,10 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
         return rc;
     if (o->spec == NULL || o->data == NULL || o->format == NULL)
         return app_usage_error(CMD, "--sparse, --data and --format are required");
-    if (strcmp(o->format, "criteo") != 0 && strcmp(o->format, "libsvm") != 0)
-        return app_usage_error(CMD, "--format must be criteo or libsvm, got '%s'", o->format);
+    if (strcmp(o->format, "criteo") != 0 && strcmp(o->format, "libsvm") != 0 &&
+        strcmp(o->format, "binary") != 0)
+        return app_usage_error(CMD, "--format must be criteo, libsvm or binary, got '%s'",
+                               o->format);
     return 0;
 }
 
@@ -158,6 +162,21 @@ static char *input_line(input_t *in, char *buf, int size)
 #else
     return fgets(buf, size, in->f);
 #endif
+}
+
+/* Reads n bytes into buf: 1 done, 0 at a clean end (nothing read), -1 a
+ * record cut short or a read error. */
+static int input_read(input_t *in, void *buf, size_t n)
+{
+#ifdef FRESHET_HAVE_ZLIB
+    int r = gzread(in->gz, buf, (unsigned)n);
+    if (r < 0)
+        return -1;
+    size_t got = (size_t)r;
+#else
+    size_t got = fread(buf, 1, n, in->f);
+#endif
+    return got == n ? 1 : got == 0 ? 0 : -1;
 }
 
 /* The next character, or -1 at the end. */
@@ -309,6 +328,56 @@ static void flush_batch(pass_t *ps)
     sparse_batch_clear(ps->b);
 }
 
+/* Takes one parsed record (or counts its refusal). */
+static void take(pass_t *ps, fr_err_t err, const sparse_sample_t *s, const char *why)
+{
+    if (err != FR_OK) {
+        count_reject(ps, why);
+        return;
+    }
+    sparse_batch_add(ps->b, s);
+    ps->records++;
+    if (ps->b->n == ps->b->cap)
+        flush_batch(ps);
+}
+
+/* The binary layout: records each after its length (4 bytes LE). A
+ * length beyond BINARY_FRAME_MAX means the file is not such records. */
+static int run_binary(pass_t *ps, input_t *in)
+{
+    const fit_sparse_opts_t *o = ps->o;
+    uint8_t len4[4], *rec = malloc(BINARY_FRAME_MAX);
+    if (rec == NULL) {
+        fprintf(stderr, "freshet %s: out of memory\n", CMD);
+        return APP_EXIT_FAILURE;
+    }
+    int r, rc = 0;
+    while ((o->limit == 0 || ps->records < o->limit) && (r = input_read(in, len4, 4)) == 1) {
+        size_t len =
+            (size_t)len4[0] | (size_t)len4[1] << 8 | (size_t)len4[2] << 16 | (size_t)len4[3] << 24;
+        if (len > BINARY_FRAME_MAX || input_read(in, rec, len) != 1) {
+            fprintf(stderr, "freshet %s: %s: record %lld: a length of %zu bytes%s\n", CMD, o->data,
+                    (long long)(ps->records + ps->skipped) + 1, len,
+                    len > BINARY_FRAME_MAX ? ": not binary sparse records" : ", cut short");
+            rc = APP_EXIT_USAGE;
+            break;
+        }
+        sparse_sample_t s;
+        const char *why = "";
+        fr_err_t err = sparse_parse_binary(&ps->t->spec, rec, len, &s, &why);
+        if (err != FR_OK)
+            ps->skipped++;
+        take(ps, err, &s, why);
+    }
+    if (rc == 0 && r < 0) {
+        fprintf(stderr, "freshet %s: %s: the last record is cut short\n", CMD, o->data);
+        rc = APP_EXIT_USAGE;
+    }
+    flush_batch(ps);
+    free(rec);
+    return rc;
+}
+
 static int run_pass(pass_t *ps, input_t *in, int criteo)
 {
     char *line = malloc(LINE_MAX_BYTES);
@@ -331,14 +400,7 @@ static int run_pass(pass_t *ps, input_t *in, int criteo)
         const char *why = "";
         fr_err_t err = criteo ? sparse_parse_criteo(&ps->t->spec, line, len, &s, &why)
                               : sparse_parse_libsvm(&ps->t->spec, line, len, &s, &why);
-        if (err != FR_OK) {
-            count_reject(ps, why);
-            continue;
-        }
-        sparse_batch_add(ps->b, &s);
-        ps->records++;
-        if (ps->b->n == ps->b->cap)
-            flush_batch(ps);
+        take(ps, err, &s, why);
     }
     flush_batch(ps);
     free(line);
@@ -401,7 +463,7 @@ int app_cmd_fit_sparse(int argc, char **argv)
         rc = table_init(&t, nrows);
     ps.t0 = ps.tw = fr_clock_mono_ns();
     if (rc == 0)
-        rc = run_pass(&ps, &in, criteo);
+        rc = strcmp(o.format, "binary") == 0 ? run_binary(&ps, &in) : run_pass(&ps, &in, criteo);
     if (rc == 0) {
         sparse_prog_window_t w;
         sparse_prog_open(ps.pv, &w);

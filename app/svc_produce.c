@@ -36,7 +36,8 @@ static void produce_usage(FILE *out)
     fprintf(out, "usage: freshet produce --bootstrap B --topic T --data F --format F --encode E\n"
                  "                       [--features D] [options]\n"
                  "       freshet produce --synthetic ctr (--bootstrap B --topic T | --out F)\n"
-                 "                       [--seed S] [--drift R] [--window N] [options]\n"
+                 "                       [--encode criteo|binary] [--seed S] [--drift R]\n"
+                 "                       [--window N] [options]\n"
                  "\n"
                  "Loads a data file and sends one Kafka record per sample to topic T, encoded\n"
                  "as --encode, then waits for every delivery and prints\n"
@@ -66,18 +67,21 @@ static void produce_usage(FILE *out)
                  "  --config F           a freshet INI file; its [kafka] properties are used\n"
                  "  -h, --help           this text\n"
                  "\n"
-                 "The synthetic click stream (--synthetic ctr) replaces --data, --format and\n"
-                 "--encode: Criteo-layout lines (label, 13 integers, 26 categorical hex\n"
-                 "strings, tab-separated) from a planted factorization machine, about 3%%\n"
-                 "clicks, sent until --limit or SIGINT, or written to --out (which needs\n"
-                 "--limit). It logs the Bayes-optimal logloss of each window, the floor no\n"
-                 "learner can beat, and prints the whole stream's at the end.\n"
+                 "The synthetic click stream (--synthetic ctr) replaces --data and --format:\n"
+                 "Criteo-layout records (label, 13 integers, 26 categorical hex strings)\n"
+                 "from a planted factorization machine, about 3%% clicks, sent until --limit\n"
+                 "or SIGINT, or written to --out (which needs --limit). It logs the\n"
+                 "Bayes-optimal logloss of each window, the floor no learner can beat, and\n"
+                 "prints the whole stream's at the end.\n"
+                 "  --encode E           criteo: tab-separated lines (the default); binary:\n"
+                 "                       freshet's binary sparse record, the values as 64-bit\n"
+                 "                       ids (in --out, each after its length, 4 bytes LE)\n"
                  "  --seed S             the stream's seed (default 1): same seed, same records\n"
                  "  --drift R            radians the planted weights turn per window, and the\n"
                  "                       chance per field and window that other values become\n"
                  "                       the frequent ones (0..1, default 0: no drift)\n"
                  "  --window N           records per window (default 100000)\n"
-                 "  --out F              write the lines to file F instead of Kafka\n"
+                 "  --out F              write the records to file F instead of Kafka\n"
                  "\n"
                  "SIGINT or SIGTERM stops sending; what was queued is still delivered (a\n"
                  "second signal stops waiting).\n"
@@ -170,10 +174,14 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
     if (o->synthetic != NULL) {
         if (strcmp(o->synthetic, "ctr") != 0)
             return app_usage_error(CMD, "--synthetic must be ctr, got '%s'", o->synthetic);
-        if (o->data != NULL || o->format != NULL || o->encode != NULL || o->loop ||
-            o->labels != NULL || o->features != 0)
-            return app_usage_error(CMD, "--synthetic replaces --data, --format, --encode, "
-                                        "--labels, --features and --loop");
+        if (o->data != NULL || o->format != NULL || o->loop || o->labels != NULL ||
+            o->features != 0)
+            return app_usage_error(CMD, "--synthetic replaces --data, --format, --labels, "
+                                        "--features and --loop");
+        if (o->encode != NULL && strcmp(o->encode, "criteo") != 0 &&
+            strcmp(o->encode, "binary") != 0)
+            return app_usage_error(CMD, "--synthetic encodes criteo or binary, got '%s'",
+                                   o->encode);
         if (o->out != NULL && (o->bootstrap != NULL || o->nx > 0 || o->config != NULL ||
                                o->rate > 0 || strcmp(o->by, "key") != 0))
             return app_usage_error(CMD, "--out writes a file: --bootstrap, -X, --config, --rate "
@@ -404,15 +412,31 @@ static int send_synthetic(produce_run_t *r, FILE *out)
         return app_usage_error(CMD, "%s", errstr);
     uint64_t t0 = fr_clock_mono_ns();
     int64_t logged = 0;
-    int rc = 0;
+    int rc = 0, binary = o->encode != NULL && strcmp(o->encode, "binary") == 0;
+    uint8_t bin[4 + SPARSE_BINARY_MAX];
     while (!stop_flag && (o->limit == 0 || r->sent < (uint64_t)o->limit)) {
         if (o->rate > 0)
             sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
         size_t len = sparse_synth_next(g, line, sizeof(line) - 1, NULL);
         synth_window_log(g, &logged);
-        if (out != NULL) {
+        const void *rec = line;
+        if (binary) { /* in a file, each record after its length (4 bytes LE) */
+            sparse_ids_t ids;
+            if (sparse_criteo_ids(line, len, &ids, NULL) != FR_OK ||
+                (len = sparse_encode_binary(&ids, bin + 4, sizeof(bin) - 4)) == 0) {
+                fprintf(stderr, "freshet %s: a synthetic record did not encode\n", CMD);
+                rc = APP_EXIT_FAILURE;
+                break;
+            }
+            for (int i = 0; i < 4; i++)
+                bin[i] = (uint8_t)(len >> (8 * i));
+            rec = out != NULL ? bin : bin + 4;
+            len += out != NULL ? 4 : 0;
+        } else if (out != NULL) {
             line[len++] = '\n';
-            if (fwrite(line, 1, len, out) != len) {
+        }
+        if (out != NULL) {
+            if (fwrite(rec, 1, len, out) != len) {
                 fprintf(stderr, "freshet %s: %s: %s\n", CMD, o->out, strerror(errno));
                 rc = APP_EXIT_FAILURE;
                 break;
@@ -421,7 +445,7 @@ static int send_synthetic(produce_run_t *r, FILE *out)
             char key[32];
             int klen = snprintf(key, sizeof(key), "%llu", (unsigned long long)r->sent);
             int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
-            if (ingest_producer_send(r->p, o->topic, part, key, (size_t)klen, line, len, NULL,
+            if (ingest_producer_send(r->p, o->topic, part, key, (size_t)klen, rec, len, NULL,
                                      NULL) != FR_OK) {
                 fprintf(stderr, "freshet %s: %s\n", CMD, ingest_producer_error(r->p));
                 rc = APP_EXIT_FAILURE;

@@ -111,6 +111,19 @@ uint32_t sparse_hash(int field, const void *value, size_t len, int bits)
     return (uint32_t)(h >> (64 - bits)); /* the high bits: the best mixed */
 }
 
+uint64_t sparse_value_id(const void *text, size_t len)
+{
+    return XXH64(text, len, 0);
+}
+
+uint32_t sparse_id_row(int field, uint64_t id, int bits)
+{
+    unsigned char le[8]; /* the same row on any host */
+    for (int i = 0; i < 8; i++)
+        le[i] = (unsigned char)(id >> (8 * i));
+    return sparse_hash(field, le, sizeof(le), bits);
+}
+
 /* ------------------------------------------------------------------------
  * Batches
  * ---------------------------------------------------------------------- */

@@ -1,6 +1,9 @@
 /*
- * layout.c - the sparse record layouts: Criteo display-ads lines and
- * libsvm lines, hashed into rows (docs/design.md "Sparse models").
+ * layout.c - the sparse record layouts: Criteo display-ads lines, libsvm
+ * lines and the binary record, hashed into rows (docs/design.md "Sparse
+ * models"). Every layout turns a value into a 64-bit id (a categorical's
+ * text by xxHash64, an integer's bucket as it is) and the id into a row
+ * (sparse_id_row), so a value has one row whichever layout carries it.
  *
  * A malformed record is refused with a reason and leaves *s unspecified;
  * nothing here reads past len or needs a terminating NUL.
@@ -78,14 +81,11 @@ static long long int_bucket(long long v)
     return 3 + (long long)(l * l);
 }
 
-fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t len,
-                             sparse_sample_t *s, const char **reason)
+fr_err_t sparse_criteo_ids(const char *line, size_t len, sparse_ids_t *r, const char **reason)
 {
-    if (spec->fields < SPARSE_CRITEO_FIELDS)
-        return refuse(reason, "fields");
     len = chomp(line, len);
     const char *p = line, *end = line + len;
-    s->n = 0;
+    r->n = 0;
     for (int col = 0; col <= SPARSE_CRITEO_FIELDS; col++) {
         const char *tab = memchr(p, '\t', (size_t)(end - p));
         const char *stop = tab != NULL ? tab : end;
@@ -95,24 +95,81 @@ fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t
         if (col == 0) {
             if (flen != 1 || (p[0] != '0' && p[0] != '1'))
                 return refuse(reason, "label");
-            s->label = (float)(p[0] - '0');
+            r->label = (float)(p[0] - '0');
         } else if (flen > 0 && col <= SPARSE_CRITEO_INTS) {
             long long v;
             if (parse_int(p, flen, &v) != 0)
                 return refuse(reason, "integer");
-            /* the bucket's 8 bytes little-endian: the same row on any host */
-            uint64_t bucket = (uint64_t)int_bucket(v);
-            unsigned char le[8];
-            for (int i = 0; i < 8; i++)
-                le[i] = (unsigned char)(bucket >> (8 * i));
-            s->row[s->n] = sparse_hash(col - 1, le, sizeof(le), spec->bits);
-            s->val[s->n++] = 1;
+            r->field[r->n] = (uint8_t)(col - 1);
+            r->id[r->n++] = (uint64_t)int_bucket(v);
         } else if (flen > 0) {
-            s->row[s->n] = sparse_hash(col - 1, p, flen, spec->bits);
-            s->val[s->n++] = 1;
+            r->field[r->n] = (uint8_t)(col - 1);
+            r->id[r->n++] = sparse_value_id(p, flen);
         }
         p = stop + 1;
     }
+    return FR_OK;
+}
+
+/* Hashes ids r into the rows of sample s. */
+static void ids_rows(const sparse_spec_t *spec, const sparse_ids_t *r, sparse_sample_t *s)
+{
+    s->label = r->label;
+    s->n = r->n;
+    for (int k = 0; k < r->n; k++) {
+        s->row[k] = sparse_id_row(r->field[k], r->id[k], spec->bits);
+        s->val[k] = 1;
+    }
+}
+
+fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t len,
+                             sparse_sample_t *s, const char **reason)
+{
+    if (spec->fields < SPARSE_CRITEO_FIELDS)
+        return refuse(reason, "fields");
+    sparse_ids_t r;
+    fr_err_t err = sparse_criteo_ids(line, len, &r, reason);
+    if (err == FR_OK)
+        ids_rows(spec, &r, s);
+    return err;
+}
+
+size_t sparse_encode_binary(const sparse_ids_t *r, uint8_t *out, size_t cap)
+{
+    if (r->n < 0 || r->n > SPARSE_FIELDS_MAX || cap < 2 + 9 * (size_t)r->n ||
+        (r->label != 0 && r->label != 1))
+        return 0;
+    out[0] = (uint8_t)r->label;
+    out[1] = (uint8_t)r->n;
+    uint8_t *q = out + 2;
+    for (int k = 0; k < r->n; k++) {
+        *q++ = r->field[k];
+        for (int i = 0; i < 8; i++)
+            *q++ = (uint8_t)(r->id[k] >> (8 * i));
+    }
+    return (size_t)(q - out);
+}
+
+fr_err_t sparse_parse_binary(const sparse_spec_t *spec, const uint8_t *rec, size_t len,
+                             sparse_sample_t *s, const char **reason)
+{
+    if (len < 2 || len != 2 + 9 * (size_t)rec[1])
+        return refuse(reason, "length");
+    if (rec[0] > 1)
+        return refuse(reason, "label");
+    if (rec[1] > spec->fields || rec[1] > SPARSE_FIELDS_MAX)
+        return refuse(reason, "features");
+    sparse_ids_t r = {.label = rec[0], .n = rec[1]};
+    const uint8_t *q = rec + 2;
+    for (int k = 0; k < r.n; k++, q += 9) {
+        if (q[0] >= SPARSE_FIELDS_MAX)
+            return refuse(reason, "field");
+        r.field[k] = q[0];
+        r.id[k] = 0;
+        for (int i = 7; i >= 0; i--)
+            r.id[k] = (r.id[k] << 8) | q[1 + i];
+    }
+    ids_rows(spec, &r, s);
     return FR_OK;
 }
 
@@ -148,7 +205,7 @@ fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t
             return refuse(reason, "value");
         if (s->n == spec->fields || s->n == SPARSE_FIELDS_MAX)
             return refuse(reason, "features");
-        s->row[s->n] = sparse_hash(0, tok, (size_t)(colon - tok), spec->bits);
+        s->row[s->n] = sparse_id_row(0, sparse_value_id(tok, (size_t)(colon - tok)), spec->bits);
         s->val[s->n++] = v;
     }
     if (first)

@@ -56,6 +56,15 @@ static inline size_t sparse_row_len(const sparse_spec_t *spec)
  * [0, 2^bits). */
 uint32_t sparse_hash(int field, const void *value, size_t len, int bits);
 
+/* A categorical value's 64-bit id: xxHash64 of its text, seed 0. Records
+ * carry either the text (Criteo, libsvm) or the id (the binary record). */
+uint64_t sparse_value_id(const void *text, size_t len);
+
+/* The row of id in field: sparse_hash of the id's 8 bytes little-endian.
+ * Every layout maps a value to its row this way, so a value gives the same
+ * row whichever layout carried it. */
+uint32_t sparse_id_row(int field, uint64_t id, int bits);
+
 /* ------------------------------------------------------------------------
  * Samples and batches
  * ---------------------------------------------------------------------- */
@@ -209,10 +218,38 @@ double sparse_auc(const float *p, const float *y, uint32_t *idx, size_t n);
  * "value", "features"): the record is rejected and counted.
  * ---------------------------------------------------------------------- */
 
+/* A record before hashing: label and n (field, id) pairs, each of value
+ * 1 (categorical). */
+typedef struct sparse_ids {
+    float label;
+    int n;
+    uint8_t field[SPARSE_FIELDS_MAX];
+    uint64_t id[SPARSE_FIELDS_MAX];
+} sparse_ids_t;
+
+/* The binary record (for throughput: no text to scan): byte 0 the label
+ * (0 or 1), byte 1 the count n (0..64), then n times the field (1 byte)
+ * and the value's id (8 bytes, little-endian): 2 + 9n bytes. In files,
+ * each record follows its length as 4 bytes little-endian. */
+#define SPARSE_BINARY_MAX (2 + 9 * SPARSE_FIELDS_MAX)
+
+/* Writes r as a binary record into out[cap]; its length, or 0 when cap is
+ * too small or r does not fit the layout. */
+size_t sparse_encode_binary(const sparse_ids_t *r, uint8_t *out, size_t cap);
+
+/* A binary record: reasons "length", "label", "features" (more than
+ * spec->fields), "field" (a field of 64 or more). */
+fr_err_t sparse_parse_binary(const sparse_spec_t *spec, const uint8_t *rec, size_t len,
+                             sparse_sample_t *s, const char **reason);
+
+/* A Criteo line's ids (what sparse_parse_criteo hashes into rows). */
+fr_err_t sparse_criteo_ids(const char *line, size_t len, sparse_ids_t *r, const char **reason);
+
 /* A Criteo display-ads line: label, 13 integer features, 26 categorical
  * hex strings, tab-separated; empty fields allowed (the feature is
- * absent). Integers are bucketed (v > 2: 3 + floor(ln(v)^2)) and hashed
- * as field k; categoricals as field 13 + k. Needs spec->fields >= 39. A
+ * absent). Integers are bucketed (v > 2: 3 + floor(ln(v)^2)), the bucket
+ * being the id, as field k; categoricals as field 13 + k, by
+ * sparse_value_id of their text. Needs spec->fields >= 39. A
  * trailing newline is ignored. */
 fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t len,
                              sparse_sample_t *s, const char **reason);

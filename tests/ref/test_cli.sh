@@ -91,7 +91,7 @@ if "$F" produce --help >/dev/null 2>&1; then
     expect 2 "--out needs --limit N" -- "$F" produce --synthetic ctr --out "$work/ctr"
     expect 2 "--synthetic must be ctr, got 'img'" -- "$F" produce --synthetic img --out "$work/ctr" --limit 1
     expect 2 "--synthetic needs --topic T or --out F" -- "$F" produce --synthetic ctr --limit 1
-    expect 2 "--synthetic replaces --data" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --format csv
+    expect 2 "--synthetic replaces --data, --format" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --format csv
     expect 2 "--drift expects a number in \[0, 1\]" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --drift 2
     expect 2 "--seed, --drift and --window go with --synthetic" -- "$F" produce --topic t --data "$work/good.csv" --format csv --encode csv --features 2 --seed 3
     expect 2 "--out writes a file: --bootstrap" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --bootstrap 127.0.0.1:1
@@ -128,6 +128,13 @@ if "$F" produce --help >/dev/null 2>&1; then
     want=$("$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1" --format criteo | tail -1 | cut -d, -f1-2)
     expect 0 "$want" -- "$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1.gz" --format criteo
     expect 0 "$want" -- sh -c "\"$F\" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data - --format criteo <\"$work/ctr1\""
+    # the binary record: the same rows, so the same figures; a cut file is refused
+    "$F" produce --synthetic ctr --seed 5 --encode binary --out "$work/ctr1.bin" --limit 3000 >/dev/null 2>&1
+    expect 0 "$want" -- "$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1.bin" --format binary
+    head -c 1000 "$work/ctr1.bin" >"$work/cut.bin"
+    expect 2 "cut.bin: record [0-9]*: a length of [0-9]* bytes, cut short" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.bin" --format binary
+    expect 2 "record 1: a length of [0-9]* bytes: not binary sparse records" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1" --format binary
+    expect 2 "--synthetic encodes criteo or binary, got 'f32'" -- "$F" produce --synthetic ctr --encode f32 --out "$work/x" --limit 1
     head -c 2000 "$work/ctr1.gz" >"$work/cut.gz"
     expect 2 "cut.gz: unexpected end of file" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.gz" --format criteo
     expect 2 "good.csv: no record of format criteo" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/good.csv" --format criteo
@@ -146,7 +153,7 @@ if "$F" fit-sparse --help >/dev/null 2>&1; then
     expect 2 "--format criteo needs fields:39 or more, got 26" -- "$F" fit-sparse --sparse fields:26,buckets:2^10 --data x --format criteo
     expect 2 "sparse: buckets must be 2^4..2^30" -- "$F" fit-sparse --sparse fields:39,buckets:2^40 --data x --format criteo
     expect 2 "--optimizer must be ftrl or adagrad, got 'sgd'" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data x --format criteo --optimizer sgd
-    expect 2 "--format must be criteo or libsvm" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data x --format csv
+    expect 2 "--format must be criteo, libsvm or binary" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data x --format csv
     expect 2 "no-such.txt" -- "$F" fit-sparse --sparse fields:39,buckets:2^10 --data "$work/no-such.txt" --format criteo
 fi
 echo "$passed passed, $failed failed"

@@ -375,14 +375,16 @@ static void test_criteo_lines_are_hashed_and_bad_ones_refused(void **state)
     assert_int_equal(s.n, 12 + 25);
     long long bucket = 3 + (long long)(log(1000.0) * log(1000.0)); /* 50 */
     assert_int_equal(bucket, 50);
-    /* integers hash as their bucket's 8 bytes little-endian */
+    /* integers hash as their bucket's 8 bytes little-endian: the bucket is the id */
+    assert_int_equal(sparse_id_row(4, 50, 22), sparse_hash(4, (const unsigned char[8]){50}, 8, 22));
     const unsigned char b50[8] = {50, 0, 0, 0, 0, 0, 0, 0}, b5[8] = {5, 0, 0, 0, 0, 0, 0, 0};
     assert_int_equal(3 + (long long)(log(5.0) * log(5.0)), 5);
     assert_int_equal(s.row[3], sparse_hash(4, b50, 8, 22));
     assert_int_equal(s.row[0], sparse_hash(0, b5, 8, 22));
     char hex[9];
     snprintf(hex, sizeof(hex), "%08x", 0x68fd1e64u + 3u);
-    assert_int_equal(s.row[12 + 2], sparse_hash(13 + 3, hex, 8, 22)); /* after the empty one */
+    /* a categorical: the row of its text's id, after the empty one */
+    assert_int_equal(s.row[12 + 2], sparse_id_row(13 + 3, sparse_value_id(hex, 8), 22));
     for (int k = 0; k < s.n; k++)
         assert_float_equal(s.val[k], 1, 0);
 
@@ -414,6 +416,66 @@ static void test_criteo_lines_are_hashed_and_bad_ones_refused(void **state)
     assert_string_equal(why, "fields");
 }
 
+/* The binary record carries ids: the same rows as the Criteo line it was
+ * made from, in 2 + 9n bytes; malformed ones are refused. */
+static void test_binary_records_give_the_rows_of_their_criteo_line(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 39, .bits = 20, .dim = 0};
+    char err[256], line[512];
+    sparse_synth_t *g = sparse_synth_new(3, 0, 1000, err, sizeof(err));
+    assert_non_null(g);
+    uint8_t rec[SPARSE_BINARY_MAX];
+    for (int i = 0; i < 200; i++) {
+        size_t n = sparse_synth_next(g, line, sizeof(line), NULL);
+        sparse_ids_t ids;
+        sparse_sample_t a, b;
+        assert_int_equal(sparse_criteo_ids(line, n, &ids, NULL), FR_OK);
+        size_t len = sparse_encode_binary(&ids, rec, sizeof(rec));
+        assert_int_equal(len, 2 + 9 * (size_t)ids.n);
+        assert_int_equal(sparse_parse_criteo(&spec, line, n, &a, NULL), FR_OK);
+        assert_int_equal(sparse_parse_binary(&spec, rec, len, &b, NULL), FR_OK);
+        assert_float_equal(a.label, b.label, 0);
+        assert_int_equal(a.n, b.n);
+        assert_memory_equal(a.row, b.row, (size_t)a.n * sizeof(a.row[0]));
+    }
+    sparse_synth_destroy(g);
+    /* label 1, two features: field 13 id 0x0102030405060708, field 0 id 50 */
+    const uint8_t two[] = {1, 2, 13, 8, 7, 6, 5, 4, 3, 2, 1, 0, 50, 0, 0, 0, 0, 0, 0, 0};
+    sparse_sample_t s;
+    const char *why = NULL;
+    assert_int_equal(sparse_parse_binary(&spec, two, sizeof(two), &s, &why), FR_OK);
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.row[0], sparse_id_row(13, 0x0102030405060708ull, 20));
+    assert_int_equal(s.row[1], sparse_id_row(0, 50, 20));
+    uint8_t bad[sizeof(two)];
+    struct {
+        size_t off, len;
+        uint8_t byte;
+        const char *why;
+    } cases[] = {
+        {0, 1, 0, "length"},               /* one byte */
+        {1, sizeof(two), 3, "length"},     /* says 3 features, holds 2 */
+        {0, sizeof(two), 2, "label"},      /* label 2 */
+        {2, sizeof(two), 64, "field"},     /* field 64 */
+        {0, sizeof(two) - 1, 1, "length"}, /* a byte short */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memcpy(bad, two, sizeof(two));
+        bad[cases[i].off] = cases[i].byte;
+        why = NULL;
+        assert_int_equal(sparse_parse_binary(&spec, bad, cases[i].len, &s, &why), FR_ERR_PARSE);
+        assert_string_equal(why, cases[i].why);
+    }
+    spec.fields = 1;
+    assert_int_equal(sparse_parse_binary(&spec, two, sizeof(two), &s, &why), FR_ERR_PARSE);
+    assert_string_equal(why, "features");
+    sparse_ids_t big = {.label = 0.5f, .n = 1};
+    assert_int_equal(sparse_encode_binary(&big, rec, sizeof(rec)), 0); /* not a 0/1 label */
+    big.label = 1;
+    assert_int_equal(sparse_encode_binary(&big, rec, 10), 0); /* 11 bytes needed */
+}
+
 static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
 {
     (void)state;
@@ -423,8 +485,8 @@ static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
     assert_int_equal(sparse_parse_libsvm(&spec, line, strlen(line), &s, &why), FR_OK);
     assert_float_equal(s.label, 0, 0);
     assert_int_equal(s.n, 2);
-    assert_int_equal(s.row[0], sparse_hash(0, "user=42", 7, 16));
-    assert_int_equal(s.row[1], sparse_hash(0, "12", 2, 16));
+    assert_int_equal(s.row[0], sparse_id_row(0, sparse_value_id("user=42", 7), 16));
+    assert_int_equal(s.row[1], sparse_id_row(0, sparse_value_id("12", 2), 16));
     assert_float_equal(s.val[1], 0.5, 0);
     const char *tiny = "1 a:1e-40 b:-1e9";
     assert_int_equal(sparse_parse_libsvm(&spec, tiny, strlen(tiny), &s, &why), FR_OK);
@@ -592,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_auc_and_windows_of_progressive_validation),
         cmocka_unit_test(test_criteo_lines_are_hashed_and_bad_ones_refused),
         cmocka_unit_test(test_libsvm_lines_are_hashed_and_bad_ones_refused),
+        cmocka_unit_test(test_binary_records_give_the_rows_of_their_criteo_line),
         cmocka_unit_test(test_synthetic_stream_is_seeded_criteo_with_a_floor),
         cmocka_unit_test(test_a_model_learns_the_planted_stream),
     };
