@@ -85,11 +85,15 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
         {"out", required_argument, NULL, 'O'},          {"help", no_argument, NULL, 'h'},
         {"freeze-after", required_argument, NULL, 'F'}, {NULL, 0, NULL, 0},
     };
+    sparse_optim_t d; /* the optimizer's defaults are sparse_optim_defaults' */
+    sparse_optim_defaults(&d, SPARSE_OPTIM_FTRL);
     *o = (fit_sparse_opts_t){.optimizer = "ftrl",
-                             .lr = 0.02,
-                             .alpha = 0.1,
-                             .beta = 1,
-                             .init_std = 0.01,
+                             .lr = d.lr,
+                             .alpha = d.alpha,
+                             .beta = d.beta,
+                             .l1 = d.l1,
+                             .l2 = d.l2,
+                             .init_std = d.init_std,
                              .seed = 42,
                              .batch = 256,
                              .window = 100000};

@@ -358,6 +358,54 @@ static void test_produce_loops_until_the_limit(void **state)
     assert_int_equal(check_text_topic("t6", INGEST_FORMAT_CSV), 60);
 }
 
+/* The synthetic click stream to a topic: every record, keyed by its index,
+ * is the line the same seed writes to a file, round robin over 2 partitions. */
+static void test_produce_synthetic_ctr_sends_the_seeded_stream(void **state)
+{
+    (void)state;
+    char log[400], log2[400], file[400];
+    log_path(log, sizeof(log), "ctr");
+    log_path(log2, sizeof(log2), "ctr-file");
+    snprintf(file, sizeof(file), "%s/ctr.txt", tmp_dir);
+    int rc = run_freshet(log, 30000, "produce", "--synthetic", "ctr", "--seed", "9", "--bootstrap",
+                         broker.bootstrap, "--topic", "t8", "--limit", "300", "--partitions-by",
+                         "roundrobin", NULL);
+    if (rc != 0)
+        dump(log);
+    assert_int_equal(rc, 0);
+    assert_true(harness_file_contains(log, "produced 300 records to t8 (0 failed)"));
+    assert_true(harness_file_contains(log, "synthetic ctr: 300 records, click rate"));
+    assert_int_equal(run_freshet(log2, 30000, "produce", "--synthetic", "ctr", "--seed", "9",
+                                 "--out", file, "--limit", "300", NULL),
+                     0);
+    size_t per[2];
+    assert_int_equal(count_partitions("t8", per, 2), 300);
+    assert_int_equal(per[0], 150);
+    size_t flen, len, n = 0;
+    char *lines = capture(&flen, "cat '%s'", file);
+    char *out =
+        capture(&len, "kcat -C -b %s -t t8 -e -o beginning -q -f '%%k %%s\\n'", broker.bootstrap);
+    char *want[300], *save = NULL;
+    for (char *l = strtok_r(lines, "\n", &save); l != NULL && n < 300;
+         l = strtok_r(NULL, "\n", &save))
+        want[n++] = l;
+    assert_int_equal(n, 300);
+    size_t got = 0;
+    save = NULL;
+    for (char *l = strtok_r(out, "\n", &save); l != NULL; l = strtok_r(NULL, "\n", &save)) {
+        char *sp = strchr(l, ' ');
+        assert_non_null(sp);
+        *sp = '\0';
+        int i = atoi(l);
+        assert_true(i >= 0 && i < 300);
+        assert_string_equal(sp + 1, want[i]);
+        got++;
+    }
+    assert_int_equal(got, 300);
+    free(lines);
+    free(out);
+}
+
 /* A file of raw bytes, for the idx test. */
 static void write_file(const char *path, const void *data, size_t len)
 {
@@ -466,7 +514,7 @@ static int setup(void **state)
         return -1;
     return harness_broker_start(&broker, FRESHET_BIN,
                                 "--topic t1:4 --topic t2:1 --topic t3:2 --topic t4:2 "
-                                "--topic t5:1 --topic t6:3 --topic t7:1");
+                                "--topic t5:1 --topic t6:3 --topic t7:1 --topic t8:2");
 }
 
 static int teardown(void **state)
@@ -478,6 +526,9 @@ static int teardown(void **state)
 
 int main(void)
 {
+    /* TEST_FILTER=pattern runs the matching tests only (while debugging) */
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_produce_f32_round_robin_is_read_back_exactly_by_kcat),
         cmocka_unit_test(test_kcat_produced_records_are_consumed_intact),
@@ -486,6 +537,7 @@ int main(void)
         cmocka_unit_test(test_produce_to_nothing_fails_within_the_message_timeout),
         cmocka_unit_test(test_produce_rejects_bad_arguments_with_status_2),
         cmocka_unit_test(test_produce_loops_until_the_limit),
+        cmocka_unit_test(test_produce_synthetic_ctr_sends_the_seeded_stream),
         cmocka_unit_test(test_produce_idx_takes_the_features_from_the_images_header),
         cmocka_unit_test(test_broker_help_states_its_limits),
         cmocka_unit_test(test_broker_exits_0_on_sigterm),
