@@ -496,6 +496,23 @@ void harness_gradient(float *g, size_t n, uint64_t seed)
         g[i] = (float)(fr_rng_uniform(&rng) - 0.5);
 }
 
+fr_err_t harness_push_range(psstore_client_t *cl, const float *g, size_t len, int32_t partition,
+                            int64_t from, int64_t to, uint64_t epoch, int64_t version,
+                            int timeout_ms)
+{
+    psstore_range_t range = {"t", partition, from, to};
+    psstore_grad_t msg = {.epoch = epoch,
+                          .version = version,
+                          .worker = "test/1/0",
+                          .n = to - from,
+                          .loss_sum = 1,
+                          .ranges = &range,
+                          .nranges = 1,
+                          .g = g,
+                          .len = len};
+    return psstore_push(cl, &msg, timeout_ms);
+}
+
 int harness_model_create(const harness_redis_t *r, const char *name, const char *layers,
                          const char *loss, const float *w, size_t n)
 {

@@ -146,6 +146,12 @@ void harness_applier_stop(harness_applier_t *t, psstore_applier_stats_t *stats);
  * with their epoch and version. The two Redis calls return 0, or -1 with
  * the reason on stderr. */
 void harness_gradient(float *g, size_t n, uint64_t seed);
+/* Pushes gradient g[len] through cl as worker "test/1/0" with a loss sum
+ * of 1, covering positions [from, to) of partition of topic "t", computed
+ * on (epoch, version); psstore_push's result. */
+fr_err_t harness_push_range(psstore_client_t *cl, const float *g, size_t len, int32_t partition,
+                            int64_t from, int64_t to, uint64_t epoch, int64_t version,
+                            int timeout_ms);
 int harness_model_create(const harness_redis_t *r, const char *name, const char *layers,
                          const char *loss, const float *w, size_t n);
 int harness_model_weights(const harness_redis_t *r, const char *name, float *w, size_t n,

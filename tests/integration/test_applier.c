@@ -73,17 +73,8 @@ static void push_k(psstore_client_t *cl, int k, int32_t partition, int64_t from,
 {
     float g[NPARAMS];
     gradient_k(g, k);
-    psstore_range_t range = {"t", partition, from, to};
-    psstore_grad_t msg = {.epoch = epoch,
-                          .version = version,
-                          .worker = "test/1/0",
-                          .n = to - from,
-                          .loss_sum = 1.0,
-                          .ranges = &range,
-                          .nranges = 1,
-                          .g = g,
-                          .len = NPARAMS};
-    assert_int_equal(psstore_push(cl, &msg, 10000), FR_OK);
+    assert_int_equal(harness_push_range(cl, g, NPARAMS, partition, from, to, epoch, version, 10000),
+                     FR_OK);
 }
 
 /* Expected weights after applying gradients ks[0..count) with sgd, lr LR. */
@@ -881,16 +872,7 @@ static void test_divergence_guard_stops_the_model(void **state)
     gradient_k(g, 0);
     g[3] = INFINITY;
     for (int k = 20; k < 26; k++) { /* 6 non-finite of 26 */
-        psstore_range_t range = {"t", 0, k, k + 1};
-        psstore_grad_t msg = {.epoch = epoch,
-                              .worker = "test/1/0",
-                              .n = 1,
-                              .loss_sum = 1,
-                              .ranges = &range,
-                              .nranges = 1,
-                              .g = g,
-                              .len = NPARAMS};
-        assert_int_equal(psstore_push(cl, &msg, 1000), FR_OK);
+        assert_int_equal(harness_push_range(cl, g, NPARAMS, 0, k, k + 1, epoch, 0, 1000), FR_OK);
     }
     for (int k = 26; k < 30; k++)
         push_k(cl, k, 0, k, k + 1, epoch, 0);

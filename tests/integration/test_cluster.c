@@ -251,17 +251,7 @@ static void push_and_apply(psstore_client_t *cl, psstore_applier_t *a, int from,
     int changed;
     for (int k = from; k < to; k++) {
         assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
-        psstore_range_t range = {"t", 0, k, k + 1};
-        psstore_grad_t msg = {.epoch = epoch,
-                              .version = version,
-                              .worker = "test/1/0",
-                              .n = 1,
-                              .loss_sum = 1,
-                              .ranges = &range,
-                              .nranges = 1,
-                              .g = g,
-                              .len = 4};
-        assert_int_equal(psstore_push(cl, &msg, 10000), FR_OK);
+        assert_int_equal(harness_push_range(cl, g, 4, 0, k, k + 1, epoch, version, 10000), FR_OK);
     }
     psstore_applier_stats_t st;
     for (int waited = 0; waited < 20000; waited += 10) {

@@ -1246,17 +1246,7 @@ static void push_one(psstore_client_t *cl, size_t n, int k, float poison)
     assert_int_equal(psstore_pull(cl, w, &epoch, &version, &changed), FR_OK);
     harness_gradient(g, n, 100 + (uint64_t)k);
     g[0] = g[0] * poison;
-    psstore_range_t range = {"t", 0, k, k + 1};
-    psstore_grad_t msg = {.epoch = epoch,
-                          .version = version,
-                          .worker = "test/1/0",
-                          .n = 1,
-                          .loss_sum = 0.5,
-                          .ranges = &range,
-                          .nranges = 1,
-                          .g = g,
-                          .len = n};
-    assert_int_equal(psstore_push(cl, &msg, 5000), FR_OK);
+    assert_int_equal(harness_push_range(cl, g, n, 0, k, k + 1, epoch, version, 5000), FR_OK);
 }
 
 /* Waits until the model's version reaches at. */
