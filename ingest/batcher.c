@@ -81,8 +81,9 @@ typedef struct part {
     int64_t (*skip)[2]; /* [nskip] sorted disjoint [from, to), all >= the seek target      */
     size_t nskip;
     int64_t gen;
-    int64_t skipped; /* after the last record skipped as applied since the seek (0: none) */
-    int held;        /* listed in bt->open */
+    int64_t skipped;  /* after the last record skipped as applied since the seek (0: none) */
+    int64_t alone_to; /* records below it go into batches of this partition alone */
+    int held;         /* listed in bt->open */
 } part_t;
 
 struct ingest_batcher {
@@ -100,6 +101,8 @@ struct ingest_batcher {
     part_t **open; /* partitions the open batch holds; capacity >= nparts */
     size_t nopen;
     size_t capopen;
+    const part_t *alone; /* the open batch holds records of this partition below its
+                          * alone_to, and nothing else; NULL when it does not */
 };
 
 /* ------------------------------------------------------------------------
@@ -405,6 +408,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
     }
     bt->nopen = 0;
     bt->n = 0;
+    bt->alone = NULL;
     assert(ranges_ordered(batch));
     return batch;
 }
@@ -527,6 +531,7 @@ fr_err_t ingest_batcher_seek(ingest_batcher_t *bt, const char *topic, int32_t pa
     p->next = pos;
     p->end = pos;
     p->skipped = 0;
+    p->alone_to = 0;
     p->gen = gen;
     return FR_OK;
 nomem:
@@ -553,6 +558,23 @@ fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t 
     }
     part_remove(bt, p);
     return FR_OK;
+}
+
+/*
+ * Whether the record at offset of p may join the open batch (which holds
+ * something). A record below its partition's alone_to joins only a batch
+ * of that partition alone, and a batch of such records takes no other:
+ * for a sharded model those positions are applied on some shards and not
+ * on others, and a batch mixing two partitions whose gaps lie on different
+ * shards would overlap every shard's applied positions in part, so every
+ * shard would drop it, each time it is read again (docs/design.md
+ * "Shards").
+ */
+static int may_join(const ingest_batcher_t *bt, const part_t *p, int64_t offset)
+{
+    if (bt->alone != NULL)
+        return bt->alone == p && offset < p->alone_to;
+    return offset >= p->alone_to;
 }
 
 /*
@@ -584,6 +606,17 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
             p->skipped = offset + 1;
         return FR_OK; /* applied already (rule 2) */
     }
+    /* A batch left full by the last record (below), or one this record
+     * may not join, goes out first; the record then starts the next. */
+    ingest_batch_t *before = NULL;
+    if (bt->nopen > 0 && (bt->n == bt->cap || !may_join(bt, p, offset))) {
+        if ((before = open_finalize(bt)) == NULL)
+            return FR_ERR_NOMEM;
+        *full = before;
+    }
+    const part_t *old_alone = bt->alone;
+    if (offset < p->alone_to)
+        bt->alone = p;
 
     ingest_reject_t r =
         ingest_decode(&bt->schema, bt->format, rec, len, bt->x + bt->n * bt->d, bt->y + bt->n);
@@ -605,8 +638,8 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
     if (bt->n == 0 || ts_ms > bt->max_ts)
         bt->max_ts = ts_ms;
     bt->n++;
-    if (bt->n < bt->cap)
-        return FR_OK;
+    if (bt->n < bt->cap || before != NULL)
+        return FR_OK; /* a full batch after a flush waits for the next record or flush */
     *full = open_finalize(bt);
     if (*full != NULL)
         return FR_OK;
@@ -616,6 +649,7 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
     bt->min_ts = old_min;
     bt->max_ts = old_max;
     p->end = old_end;
+    bt->alone = old_alone;
     if (!was_held) {
         p->held = 0;
         bt->nopen--; /* p was listed last */
@@ -686,6 +720,20 @@ static const part_t *part_lookup(const ingest_batcher_t *bt, const char *topic, 
     const part_t *p = bt != NULL && topic_ok(topic) ? part_find(bt, topic, partition) : NULL;
     *err = p != NULL ? FR_OK : bt == NULL || !topic_ok(topic) ? FR_ERR_INVAL : FR_ERR_NOTFOUND;
     return p;
+}
+
+fr_err_t ingest_batcher_alone(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                              int64_t to)
+{
+    if (bt == NULL || !topic_ok(topic) || to < 0)
+        return FR_ERR_INVAL;
+    part_t *p = part_find(bt, topic, partition);
+    if (p == NULL)
+        return FR_ERR_NOTFOUND;
+    if (p->held)
+        return FR_ERR_STATE;
+    p->alone_to = to;
+    return FR_OK;
 }
 
 fr_err_t ingest_batcher_skipped(const ingest_batcher_t *bt, const char *topic, int32_t partition,

@@ -141,6 +141,10 @@ int64_t ingest_consumer_partition_start(ingest_consumer_t *c, const char *topic,
     if (nskip == 0 || skip != NULL)
         err = ingest_batcher_seek(c->bt, topic, partition, seek_at, (const int64_t(*)[2])skip,
                                   nskip, found ? po.generation : 0, &flushed);
+    /* a sharded model's positions some shard applied and another did not
+     * are batched apart from other partitions' (docs/design.md "Shards") */
+    if (err == FR_OK && found && po.alone_to > seek_at)
+        err = ingest_batcher_alone(c->bt, topic, partition, po.alone_to);
     if (err != FR_OK)
         fr_log(FR_LOG_ERROR, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", topic, partition,
                seek_at, fr_strerror(err));

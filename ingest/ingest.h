@@ -161,6 +161,15 @@ fr_err_t ingest_batcher_seek(ingest_batcher_t *bt, const char *topic, int32_t pa
                              int64_t pos, const int64_t (*skip)[2], size_t nskip, int64_t gen,
                              ingest_batch_t **flushed);
 
+/* Records of the partition below position `to` (set after its seek, which
+ * resets it to 0) go into batches that hold no other partition and no
+ * position of it from `to` on. A sharded model's consumer sets it where
+ * the shards' applied positions differ (psstore_partition_offsets_t's
+ * alone_to). FR_ERR_NOTFOUND for a partition not seeked, FR_ERR_STATE
+ * while the open batch holds it. */
+fr_err_t ingest_batcher_alone(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                              int64_t to);
+
 /* The partition is gone (revoked): its part of the open batch is flushed
  * through *flushed (NULL when there was none) and its state forgotten. */
 fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t partition,
@@ -172,7 +181,10 @@ fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t 
  * decoded: a good one becomes a sample, a bad one is counted in *why
  * (INGEST_OK for a sample or an ignored record) and covered by the next
  * batch. When the open batch reaches B samples it is returned through
- * *full (else NULL). Timestamps are taken as given (-1: none). */
+ * *full (else NULL). A record that may not join the open batch
+ * (ingest_batcher_alone) has the open batch returned through *full first
+ * and starts the next; should that one fill at once (B = 1), it goes out
+ * with the next record or flush. Timestamps are taken as given (-1: none). */
 fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t partition,
                             int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                             ingest_reject_t *why, ingest_batch_t **full);

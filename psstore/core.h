@@ -203,6 +203,10 @@ typedef struct psstore_partition_offsets {
     int64_t generation;    /* replay generation of the last rewrite (0: none) */
     psstore_span_t *spans; /* above the watermark; malloc'ed, may be NULL */
     size_t nspans, cap;
+    /* A sharded model's read (psstore_offsets_read): positions below it
+     * are applied on some shards and not on others, so a batch of them
+     * must hold no other partition; 0 when every shard holds the same. */
+    int64_t alone_to;
 } psstore_partition_offsets_t;
 
 void psstore_poff_init(psstore_partition_offsets_t *po, int64_t watermark);

@@ -1335,6 +1335,23 @@ fr_err_t psstore_model_list(psstore_conn_t *c, char ***names, size_t *count)
 static fr_err_t offsets_one(psstore_conn_t *c, const char *model, const char *topic,
                             int32_t partition, psstore_partition_offsets_t *po, int *found);
 
+/* The position after the last one po applied. */
+static int64_t poff_end(const psstore_partition_offsets_t *po)
+{
+    return po->nspans > 0 ? po->spans[po->nspans - 1].to : po->watermark;
+}
+
+/* Nonzero when a and b applied the same positions. */
+static int poff_same_positions(const psstore_partition_offsets_t *a,
+                               const psstore_partition_offsets_t *b)
+{
+    if (a->watermark != b->watermark || a->nspans != b->nspans)
+        return 0;
+    for (size_t i = 0; i < a->nspans; i++)
+        if (a->spans[i].from != b->spans[i].from || a->spans[i].to != b->spans[i].to)
+            return 0;
+    return 1;
+}
 /*
  * A sharded model (docs/design.md "Shards"): a position counts as applied
  * when every shard applied it, so a partition starts at the lowest
@@ -1350,7 +1367,11 @@ static fr_err_t offsets_one(psstore_conn_t *c, const char *model, const char *to
  * reached only some shards, a write lost in a fail-over) is then sent
  * again by its consumer, and the shards that have it ignore it; meanwhile
  * they drop the batches of the older generation, read again once every
- * shard is at the newer one.
+ * shard is at the newer one. Where the shards applied different positions,
+ * po->alone_to is the end of the furthest: each partition's re-read then
+ * skips another shard's intervals, so a batch mixing two partitions could
+ * hold positions that every shard applied in part (the consumer batches
+ * them apart, ingest_batcher_alone).
  */
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found)
@@ -1366,7 +1387,8 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
     if (S == 1)
         return offsets_one(c, model, topic, partition, po, found);
     *found = 0;
-    int64_t generation = INT64_MAX;
+    int64_t generation = INT64_MAX, top = 0;
+    int differ = 0;
     for (int k = 0; k < S; k++) {
         char tag[PS_TAG_MAX];
         int f = 0;
@@ -1375,6 +1397,10 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
         ps_shard_tag(tag, model, k, S);
         err = offsets_one(c, tag, topic, partition, &sh, &f);
         generation = sh.generation < generation ? sh.generation : generation;
+        if (err == FR_OK && k > 0 && !poff_same_positions(&sh, po))
+            differ = 1;
+        if (err == FR_OK && poff_end(&sh) > top)
+            top = poff_end(&sh);
         if (err == FR_OK && (k == 0 || sh.watermark < po->watermark)) {
             psstore_partition_offsets_t keep = *po; /* the lowest so far: swap in sh */
             *po = sh;
@@ -1386,6 +1412,7 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
         *found |= f;
     }
     po->generation = generation; /* a rewrite some shard lacks is sent again */
+    po->alone_to = differ ? top : 0;
     return FR_OK;
 }
 

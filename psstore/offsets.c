@@ -27,6 +27,7 @@ void psstore_poff_init(psstore_partition_offsets_t *po, int64_t watermark)
     po->spans = NULL;
     po->nspans = 0;
     po->cap = 0;
+    po->alone_to = 0;
 }
 
 void psstore_poff_fini(psstore_partition_offsets_t *po)

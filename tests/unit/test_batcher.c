@@ -337,6 +337,106 @@ static void test_two_partitions_interleaved_make_one_batch_with_sorted_ranges(vo
     ingest_batcher_destroy(bt);
 }
 
+/* Adds a good record that must close the open batch first: returns it. */
+static ingest_batch_t *add_closing(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                   int64_t off)
+{
+    ingest_batch_t *full = NULL;
+    assert_int_equal(add_rec(bt, topic, partition, off, 0, 0, NULL, &full), FR_OK);
+    assert_non_null(full);
+    return full;
+}
+
+/* Asserts that b holds exactly [from, to) of t/partition and n samples,
+ * and frees it. */
+static void assert_alone(ingest_batch_t *b, int32_t partition, int64_t from, int64_t to, size_t n)
+{
+    assert_non_null(b);
+    assert_int_equal(b->n, n);
+    assert_int_equal(b->nranges, 1);
+    assert_range(b, 0, "t", partition, from, to);
+    ingest_batch_destroy(b);
+}
+
+/*
+ * Records below a partition's alone_to (a sharded model's positions that
+ * some shard applied and another did not) make batches of that partition
+ * alone, ending at alone_to; records from alone_to on mix as before, and
+ * a seek forgets alone_to.
+ */
+static void test_records_below_alone_to_are_batched_apart_from_other_partitions(void **state)
+{
+    (void)state;
+    ingest_batcher_t *bt = batcher(4);
+    const int64_t skip0[][2] = {{3, 10}}, skip1[][2] = {{2, 10}};
+    ingest_batch_t *flushed = NULL;
+    assert_int_equal(ingest_batcher_seek(bt, "t", 0, 0, skip0, 1, 0, &flushed), FR_OK);
+    assert_int_equal(ingest_batcher_seek(bt, "t", 1, 0, skip1, 1, 0, &flushed), FR_OK);
+    seek_plain(bt, "t", 2, 10);
+    assert_int_equal(ingest_batcher_alone(bt, "t", 0, 10), FR_OK);
+    assert_int_equal(ingest_batcher_alone(bt, "t", 1, 10), FR_OK);
+
+    add_good(bt, "t", 0, 0);
+    assert_alone(add_closing(bt, "t", 1, 0), 0, 0, 1, 1); /* another partition below */
+    assert_alone(add_closing(bt, "t", 0, 1), 1, 0, 1, 1);
+    add_good(bt, "t", 0, 2);                                /* its own partition joins */
+    assert_alone(add_closing(bt, "t", 2, 10), 0, 1, 3, 2);  /* a free record does not */
+    assert_alone(add_closing(bt, "t", 1, 1), 2, 10, 11, 1); /* nor joins a free batch */
+    assert_alone(add_closing(bt, "t", 1, 10), 1, 1, 2, 1);  /* its own, from alone_to on */
+    add_good(bt, "t", 2, 11);                               /* from alone_to on, partitions mix */
+    add_good(bt, "t", 0, 10);
+    ingest_batch_t *b = ingest_batcher_flush(bt);
+    assert_int_equal(b->n, 3);
+    assert_int_equal(b->nranges, 3);
+    assert_range(b, 0, "t", 0, 10, 11); /* [3, 10) skipped */
+    assert_range(b, 1, "t", 1, 10, 11);
+    assert_range(b, 2, "t", 2, 11, 12);
+    ingest_batch_destroy(b);
+
+    assert_int_equal(ingest_batcher_alone(bt, "t", 3, 10), FR_ERR_NOTFOUND);
+    assert_int_equal(ingest_batcher_alone(bt, "t", 0, -1), FR_ERR_INVAL);
+    add_good(bt, "t", 0, 11);
+    assert_int_equal(ingest_batcher_alone(bt, "t", 0, 20), FR_ERR_STATE); /* held */
+    ingest_batch_destroy(ingest_batcher_flush(bt));
+
+    /* a seek forgets alone_to */
+    seek_plain(bt, "t", 0, 0);
+    add_good(bt, "t", 0, 0);
+    add_good(bt, "t", 2, 12);
+    b = ingest_batcher_flush(bt);
+    assert_int_equal(b->nranges, 2);
+    ingest_batch_destroy(b);
+    ingest_batcher_destroy(bt);
+}
+
+/*
+ * With B = 1 the record that closes the open batch may fill the next at
+ * once: that batch goes out with the next record (or flush), so that one
+ * call never has two batches to return.
+ */
+static void test_a_batch_filled_right_after_a_closing_waits_for_the_next_record(void **state)
+{
+    (void)state;
+    ingest_batcher_t *bt = batcher(1);
+    seek_plain(bt, "t", 0, 0);
+    seek_plain(bt, "t", 1, 0);
+    assert_int_equal(ingest_batcher_alone(bt, "t", 0, 5), FR_OK);
+    ingest_reject_t why = INGEST_OK;
+    ingest_batch_t *full = NULL;
+    assert_int_equal(add_rec(bt, "t", 1, 0, 0, 1, &why, &full), FR_OK); /* rejected: held */
+    assert_int_equal(why, INGEST_REJECT_BAD_NUMBER);
+    assert_null(full);
+    full = add_closing(bt, "t", 0, 0); /* closes the rejected record's batch */
+    assert_int_equal(full->n, 0);
+    assert_string_equal(full->reason, "decode");
+    assert_range(full, 0, "t", 1, 0, 1);
+    ingest_batch_destroy(full);
+    assert_alone(add_closing(bt, "t", 0, 1), 0, 0, 1, 1); /* the full one, waiting */
+    assert_alone(ingest_batcher_flush(bt), 0, 1, 2, 1);
+    assert_null(ingest_batcher_flush(bt));
+    ingest_batcher_destroy(bt);
+}
+
 static void test_seek_and_revoke_flush_the_open_batch_only_when_it_holds_the_partition(void **state)
 {
     (void)state;
@@ -775,6 +875,8 @@ int main(void)
         cmocka_unit_test(test_records_below_next_and_redeliveries_are_ignored),
         cmocka_unit_test(test_skip_intervals_are_cut_out_of_coverage_and_their_records_ignored),
         cmocka_unit_test(test_two_partitions_interleaved_make_one_batch_with_sorted_ranges),
+        cmocka_unit_test(test_records_below_alone_to_are_batched_apart_from_other_partitions),
+        cmocka_unit_test(test_a_batch_filled_right_after_a_closing_waits_for_the_next_record),
         cmocka_unit_test(
             test_seek_and_revoke_flush_the_open_batch_only_when_it_holds_the_partition),
         cmocka_unit_test(test_cover_makes_an_empty_batch_from_next_to_to_and_advances_next),
