@@ -126,8 +126,8 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
         return rc;
     if (o->spec == NULL || o->data == NULL || o->format == NULL)
         return app_usage_error(CMD, "--sparse, --data and --format are required");
-    if (strcmp(o->format, "criteo") != 0 && strcmp(o->format, "libsvm") != 0 &&
-        strcmp(o->format, "binary") != 0)
+    sparse_layout_t layout;
+    if (sparse_layout_parse(o->format, &layout) != FR_OK)
         return app_usage_error(CMD, "--format must be criteo, libsvm or binary, got '%s'",
                                o->format);
     return 0;
@@ -382,7 +382,7 @@ static int run_binary(pass_t *ps, input_t *in)
     return rc;
 }
 
-static int run_pass(pass_t *ps, input_t *in, int criteo)
+static int run_pass(pass_t *ps, input_t *in, sparse_layout_t layout)
 {
     char *line = malloc(LINE_MAX_BYTES);
     if (line == NULL) {
@@ -402,8 +402,7 @@ static int run_pass(pass_t *ps, input_t *in, int criteo)
         }
         sparse_sample_t s;
         const char *why = "";
-        fr_err_t err = criteo ? sparse_parse_criteo(&ps->t->spec, line, len, &s, &why)
-                              : sparse_parse_libsvm(&ps->t->spec, line, len, &s, &why);
+        fr_err_t err = sparse_parse_record(&ps->t->spec, layout, line, len, &s, &why);
         take(ps, err, &s, why);
     }
     flush_batch(ps);
@@ -434,8 +433,9 @@ int app_cmd_fit_sparse(int argc, char **argv)
     sparse_optim_kind_t kind;
     if (sparse_optim_parse(o.optimizer, &kind) != FR_OK)
         return app_usage_error(CMD, "--optimizer must be ftrl or adagrad, got '%s'", o.optimizer);
-    int criteo = strcmp(o.format, "criteo") == 0;
-    if (criteo && t.spec.fields < SPARSE_CRITEO_FIELDS)
+    sparse_layout_t layout = SPARSE_LAYOUT_CRITEO;
+    (void)sparse_layout_parse(o.format, &layout); /* checked by parse_opts */
+    if (layout == SPARSE_LAYOUT_CRITEO && t.spec.fields < SPARSE_CRITEO_FIELDS)
         return app_usage_error(CMD, "--format criteo needs fields:%d or more, got %d",
                                SPARSE_CRITEO_FIELDS, t.spec.fields);
     sparse_optim_defaults(&t.optim, kind);
@@ -467,7 +467,7 @@ int app_cmd_fit_sparse(int argc, char **argv)
         rc = table_init(&t, nrows);
     ps.t0 = ps.tw = fr_clock_mono_ns();
     if (rc == 0)
-        rc = strcmp(o.format, "binary") == 0 ? run_binary(&ps, &in) : run_pass(&ps, &in, criteo);
+        rc = layout == SPARSE_LAYOUT_BINARY ? run_binary(&ps, &in) : run_pass(&ps, &in, layout);
     if (rc == 0) {
         sparse_prog_window_t w;
         sparse_prog_open(ps.pv, &w);

@@ -428,7 +428,7 @@ ingest_batcher_t *ingest_batcher_new(const ingest_schema_t *schema, ingest_forma
         fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: class labels need classes > 0");
         return NULL;
     }
-    if (format != INGEST_FORMAT_CSV && format != INGEST_FORMAT_LIBSVM &&
+    if (schema->decode == NULL && format != INGEST_FORMAT_CSV && format != INGEST_FORMAT_LIBSVM &&
         format != INGEST_FORMAT_F32) {
         fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: records must be csv, libsvm or f32");
         return NULL;

@@ -460,6 +460,11 @@ ingest_reject_t ingest_decode(const ingest_schema_t *schema, ingest_format_t for
         len = 0;
     if (schema == NULL || schema->features <= 0 || x == NULL || y == NULL)
         return INGEST_REJECT_FEATURE_COUNT;
+    if (schema->decode != NULL) {
+        if (len > ingest_text_limit(schema))
+            return INGEST_REJECT_OVERSIZE;
+        return schema->decode(schema->decode_arg, p, len, x, y);
+    }
     switch (format) {
     case INGEST_FORMAT_F32:
         if (schema->max_record != 0 && len > schema->max_record)

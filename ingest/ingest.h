@@ -55,16 +55,26 @@ typedef enum ingest_label {
     INGEST_LABEL_REAL = 2,   /* any finite value (mse)                          */
 } ingest_label_t;
 
+/* A record layout another module decodes (sparse models: sparse.h's
+ * sparse_ingest_decode): the record rec[len] into x[features] and *y;
+ * INGEST_OK or the reason. Reentrant; arg is the schema's decode_arg. */
+typedef ingest_reject_t (*ingest_decode_fn)(const void *arg, const void *rec, size_t len, float *x,
+                                            float *y);
+
 typedef struct ingest_schema {
     int features; /* D > 0                                                */
     ingest_label_t label;
-    int classes;       /* for INGEST_LABEL_CLASS                               */
-    size_t max_record; /* bytes; 0 = 1 MiB for text formats, no limit for f32
-                          (whose records must be exactly 4(D+1) bytes anyway) */
+    int classes;             /* for INGEST_LABEL_CLASS                               */
+    size_t max_record;       /* bytes; 0 = 1 MiB for text formats, no limit for f32
+                                (whose records must be exactly 4(D+1) bytes anyway) */
+    ingest_decode_fn decode; /* NULL: the format's decoder; else this one, for
+                                every format, records up to the text limit  */
+    const void *decode_arg;
 } ingest_schema_t;
 
 /* Decodes one record (a csv or libsvm line without its newline, though a
- * trailing "\n" or "\r\n" is accepted; or one f32 record) into x[D] and *y.
+ * trailing "\n" or "\r\n" is accepted; or one f32 record; or whatever
+ * schema->decode reads) into x[D] and *y.
  * Returns INGEST_OK or the reason; on rejection x and y may hold garbage
  * but nothing outside them is touched. Never reads past rec + len. */
 ingest_reject_t ingest_decode(const ingest_schema_t *schema, ingest_format_t format,

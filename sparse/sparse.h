@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "ingest/ingest.h"
 
 #define SPARSE_FIELDS_MAX    64  /* features of one record, at most         */
 #define SPARSE_DIM_MAX       64  /* embedding width D, at most               */
@@ -259,6 +260,48 @@ fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t
  * spec->fields features. */
 fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t len,
                              sparse_sample_t *s, const char **reason);
+
+/* The layouts by name: "criteo", "libsvm", "binary". */
+typedef enum sparse_layout {
+    SPARSE_LAYOUT_CRITEO = 0,
+    SPARSE_LAYOUT_LIBSVM = 1,
+    SPARSE_LAYOUT_BINARY = 2,
+} sparse_layout_t;
+
+/* FR_ERR_INVAL for a name that is none of them. */
+fr_err_t sparse_layout_parse(const char *name, sparse_layout_t *layout);
+
+/* A record of layout: sparse_parse_criteo, _libsvm or _binary. */
+fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, const void *rec,
+                             size_t len, sparse_sample_t *s, const char **reason);
+
+/* ------------------------------------------------------------------------
+ * Sparse records through ingest's batcher (stream.c): a sample packed into
+ * one float row of 1 + 2F floats, [n, row_1..row_F, val_1..val_F], each
+ * row's 32 bits held as they are in a float slot (the batcher only moves
+ * rows). SPARSE_PACKED(F) is the batcher schema's feature count.
+ * ---------------------------------------------------------------------- */
+#define SPARSE_PACKED(fields) (1 + 2 * (fields))
+
+/* Packs s (at most fields features) into x[SPARSE_PACKED(fields)]. */
+void sparse_pack(const sparse_sample_t *s, int fields, float *x);
+
+/* Unpacks x into *s with label; FR_ERR_PARSE when x holds no packed sample
+ * of at most fields features and rows below 2^bits. */
+fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse_sample_t *s);
+
+/* What the batcher's decode hook needs: the table and the layout. */
+typedef struct sparse_decoder {
+    sparse_spec_t spec;
+    sparse_layout_t layout;
+} sparse_decoder_t;
+
+/* The hook itself (ingest.h's ingest_decode_fn, with decoder a
+ * sparse_decoder_t): parses the record, packs it into x and its label
+ * into *y; a malformed record is counted under the nearest ingest reason
+ * (label_range, bad_number, index_range, else feature_count). */
+ingest_reject_t sparse_ingest_decode(const void *decoder, const void *rec, size_t len, float *x,
+                                     float *y);
 
 /* ------------------------------------------------------------------------
  * The synthetic click stream

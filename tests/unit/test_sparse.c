@@ -476,6 +476,105 @@ static void test_binary_records_give_the_rows_of_their_criteo_line(void **state)
     assert_int_equal(sparse_encode_binary(&big, rec, 10), 0); /* 11 bytes needed */
 }
 
+/*
+ * Records of every layout pass through ingest's batcher by the schema's
+ * decode hook: each batch row unpacks to exactly the sample the layout's
+ * parser gives (rows, values, label), binary and Criteo records of one
+ * value alike, and a malformed record is counted under its reason and
+ * covered by the batch, as for dense records.
+ */
+static void test_sparse_records_pass_through_the_batcher_packed(void **state)
+{
+    (void)state;
+    enum { N = 300, B = 64 };
+    sparse_decoder_t dec = {.spec = {.fields = 39, .bits = 20, .dim = 4},
+                            .layout = SPARSE_LAYOUT_CRITEO};
+    sparse_decoder_t bin = dec;
+    bin.layout = SPARSE_LAYOUT_BINARY;
+    ingest_schema_t schema = {.features = SPARSE_PACKED(39),
+                              .label = INGEST_LABEL_BINARY,
+                              .decode = sparse_ingest_decode,
+                              .decode_arg = &dec};
+    ingest_schema_t schema_bin = schema;
+    schema_bin.decode_arg = &bin;
+    char err[256], line[512];
+    ingest_batcher_t *bt = ingest_batcher_new(&schema, INGEST_FORMAT_CSV, B, err, sizeof(err));
+    ingest_batcher_t *bb = ingest_batcher_new(&schema_bin, INGEST_FORMAT_F32, B, err, sizeof(err));
+    assert_non_null(bt);
+    assert_non_null(bb);
+    ingest_batch_t *flushed = NULL;
+    assert_int_equal(ingest_batcher_seek(bt, "t", 0, 0, NULL, 0, 0, &flushed), FR_OK);
+    assert_int_equal(ingest_batcher_seek(bb, "t", 0, 0, NULL, 0, 0, &flushed), FR_OK);
+    sparse_synth_t *g = sparse_synth_new(5, 0, 1000, err, sizeof(err));
+    assert_non_null(g);
+    static sparse_sample_t want[N];
+    ingest_batch_t *got[2][N / B + 2];
+    size_t ngot[2] = {0, 0};
+    for (int i = 0; i < N; i++) {
+        size_t len = sparse_synth_next(g, line, sizeof(line), NULL);
+        if (i == 7)
+            line[0] = '2', len = strlen(line); /* label 2: refused */
+        ingest_reject_t why = INGEST_OK;
+        ingest_batch_t *full = NULL;
+        assert_int_equal(ingest_batcher_add(bt, "t", 0, i, 0, line, len, &why, &full), FR_OK);
+        assert_int_equal(why, i == 7 ? INGEST_REJECT_LABEL_RANGE : INGEST_OK);
+        if (full != NULL)
+            got[0][ngot[0]++] = full;
+        if (i == 7)
+            continue;
+        assert_int_equal(sparse_parse_criteo(&dec.spec, line, len, &want[i], NULL), FR_OK);
+        sparse_ids_t ids;
+        uint8_t rec[SPARSE_BINARY_MAX];
+        assert_int_equal(sparse_criteo_ids(line, len, &ids, NULL), FR_OK);
+        size_t blen = sparse_encode_binary(&ids, rec, sizeof(rec));
+        assert_int_equal(ingest_batcher_add(bb, "t", 0, i, 0, rec, blen, &why, &full), FR_OK);
+        assert_int_equal(why, INGEST_OK);
+        if (full != NULL)
+            got[1][ngot[1]++] = full;
+    }
+    got[0][ngot[0]++] = ingest_batcher_flush(bt);
+    got[1][ngot[1]++] = ingest_batcher_flush(bb);
+    for (int l = 0; l < 2; l++) {
+        int i = 0, covered = 0;
+        for (size_t k = 0; k < ngot[l]; k++) {
+            const ingest_batch_t *b = got[l][k];
+            assert_int_equal(b->features, SPARSE_PACKED(39));
+            assert_int_equal(b->nranges, 1);
+            covered += (int)(b->ranges[0].to - b->ranges[0].from);
+            for (size_t j = 0; j < b->n; j++, i++) {
+                i += i == 7; /* the refused record */
+                sparse_sample_t s;
+                assert_int_equal(sparse_unpack(b->x + j * (size_t)b->features, 39, 20, b->y[j], &s),
+                                 FR_OK);
+                assert_float_equal(s.label, want[i].label, 0);
+                assert_int_equal(s.n, want[i].n);
+                assert_memory_equal(s.row, want[i].row, (size_t)s.n * sizeof(s.row[0]));
+                assert_memory_equal(s.val, want[i].val, (size_t)s.n * sizeof(s.val[0]));
+            }
+            ingest_batch_destroy(got[l][k]);
+        }
+        assert_int_equal(i, N);
+        assert_int_equal(covered, N); /* the refused record's position too */
+    }
+    /* a packed row that is no sample: a count above F, a row beyond 2^B */
+    float x[SPARSE_PACKED(39)];
+    sparse_sample_t s;
+    sparse_pack(&want[0], 39, x);
+    assert_int_equal(sparse_unpack(x, 39, 20, 0, &s), FR_OK);
+    assert_int_equal(sparse_unpack(x, 39, 4, 0, &s), FR_ERR_PARSE);
+    x[0] = 40;
+    assert_int_equal(sparse_unpack(x, 39, 20, 0, &s), FR_ERR_PARSE);
+    x[0] = 1.5f;
+    assert_int_equal(sparse_unpack(x, 39, 20, 0, &s), FR_ERR_PARSE);
+    sparse_layout_t layout;
+    assert_int_equal(sparse_layout_parse("binary", &layout), FR_OK);
+    assert_int_equal(layout, SPARSE_LAYOUT_BINARY);
+    assert_int_equal(sparse_layout_parse("csv", &layout), FR_ERR_INVAL);
+    sparse_synth_destroy(g);
+    ingest_batcher_destroy(bt);
+    ingest_batcher_destroy(bb);
+}
+
 static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
 {
     (void)state;
@@ -655,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_criteo_lines_are_hashed_and_bad_ones_refused),
         cmocka_unit_test(test_libsvm_lines_are_hashed_and_bad_ones_refused),
         cmocka_unit_test(test_binary_records_give_the_rows_of_their_criteo_line),
+        cmocka_unit_test(test_sparse_records_pass_through_the_batcher_packed),
         cmocka_unit_test(test_synthetic_stream_is_seeded_criteo_with_a_floor),
         cmocka_unit_test(test_a_model_learns_the_planted_stream),
     };

@@ -1,0 +1,92 @@
+/*
+ * stream.c - sparse records through ingest's batcher (docs/design.md
+ * "Sparse models"): a record of any sparse layout is decoded by the
+ * batcher's schema hook (ingest_schema_t.decode) into one float row of the
+ * batch, packed as [n, row_1..row_F, val_1..val_F] with each row's 32 bits
+ * stored as they are in a float slot. The batcher moves rows of floats and
+ * never computes on them, so a batch carries sparse samples without a
+ * second representation or a copy; the trainer unpacks them.
+ */
+#include <string.h>
+
+#include "ingest/ingest.h"
+#include "sparse/sparse.h"
+
+fr_err_t sparse_layout_parse(const char *name, sparse_layout_t *layout)
+{
+    static const char *const names[] = {"criteo", "libsvm", "binary"};
+    for (int k = 0; name != NULL && k < 3; k++)
+        if (strcmp(name, names[k]) == 0) {
+            *layout = (sparse_layout_t)k;
+            return FR_OK;
+        }
+    return FR_ERR_INVAL;
+}
+
+fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, const void *rec,
+                             size_t len, sparse_sample_t *s, const char **reason)
+{
+    switch (layout) {
+    case SPARSE_LAYOUT_CRITEO: return sparse_parse_criteo(spec, rec, len, s, reason);
+    case SPARSE_LAYOUT_LIBSVM: return sparse_parse_libsvm(spec, rec, len, s, reason);
+    case SPARSE_LAYOUT_BINARY: return sparse_parse_binary(spec, rec, len, s, reason);
+    }
+    *reason = "layout";
+    return FR_ERR_INVAL;
+}
+
+void sparse_pack(const sparse_sample_t *s, int fields, float *x)
+{
+    x[0] = (float)s->n;
+    for (int k = 0; k < fields; k++) {
+        uint32_t row = k < s->n ? s->row[k] : 0;
+        memcpy(&x[1 + k], &row, sizeof(row));
+        x[1 + fields + k] = k < s->n ? s->val[k] : 0.0f;
+    }
+}
+
+fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse_sample_t *s)
+{
+    int n = (int)x[0];
+    if (!(x[0] >= 0.0f && x[0] <= (float)fields) || (float)n != x[0])
+        return FR_ERR_PARSE;
+    s->label = label;
+    s->n = n;
+    for (int k = 0; k < n; k++) {
+        memcpy(&s->row[k], &x[1 + k], sizeof(s->row[k]));
+        s->val[k] = x[1 + fields + k];
+        if (s->row[k] >> bits != 0)
+            return FR_ERR_PARSE;
+    }
+    return FR_OK;
+}
+
+/* The ingest reason a layout's reason is counted under. */
+static ingest_reject_t reject_of(const char *reason)
+{
+    static const struct {
+        const char *reason;
+        ingest_reject_t why;
+    } map[] = {
+        {"label", INGEST_REJECT_LABEL_RANGE}, {"integer", INGEST_REJECT_BAD_NUMBER},
+        {"value", INGEST_REJECT_BAD_NUMBER},  {"index", INGEST_REJECT_INDEX_RANGE},
+        {"field", INGEST_REJECT_INDEX_RANGE},
+    };
+    for (size_t i = 0; reason != NULL && i < sizeof(map) / sizeof(map[0]); i++)
+        if (strcmp(reason, map[i].reason) == 0)
+            return map[i].why;
+    return INGEST_REJECT_FEATURE_COUNT; /* columns, features, fields, length */
+}
+
+ingest_reject_t sparse_ingest_decode(const void *decoder, const void *rec, size_t len, float *x,
+                                     float *y)
+{
+    const sparse_decoder_t *d = decoder;
+    sparse_sample_t s;
+    const char *reason = NULL;
+    if (sparse_parse_record(&d->spec, d->layout, rec, len, &s, &reason) != FR_OK)
+        return reject_of(reason);
+    sparse_pack(&s, d->spec.fields, x);
+    *y = s.label;
+    return INGEST_OK;
+}
