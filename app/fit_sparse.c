@@ -14,11 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef FRESHET_HAVE_ZLIB
-#include <zlib.h>
-#endif
-
 #include "app/app.h"
+#include "ingest/ingest.h"
 #include "sparse/sparse.h"
 
 #define CMD              "fit-sparse"
@@ -39,8 +36,7 @@ static void fit_sparse_usage(FILE *out)
                  "  --sparse S           the table: fields per record (criteo: 39), 2^B rows,\n"
                  "                       embedding width D\n"
                  "  --data FILE          the records, one a line ('-': standard input);\n"
-                 "                       gzip files are read as they are (builds with\n"
-                 "                       zlib)\n"
+                 "                       a name ending .gz is read through zlib\n"
                  "  --format F           criteo | libsvm | binary (records each after its\n"
                  "                       length, 4 bytes LE, as produce --encode binary writes)\n"
                  "  --optimizer O        ftrl (linear weights and bias; embeddings by adagrad)\n"
@@ -133,88 +129,6 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
     return 0;
 }
 
-/* The records' source: through zlib, which reads plain and gzip files
- * alike (Criteo's day_N.gz as it is downloaded), or stdio without it. */
-typedef struct input {
-#ifdef FRESHET_HAVE_ZLIB
-    gzFile gz;
-#else
-    FILE *f;
-#endif
-} input_t;
-
-static int input_open(input_t *in, const char *path)
-{
-    int std = strcmp(path, "-") == 0;
-#ifdef FRESHET_HAVE_ZLIB
-    in->gz = std ? gzdopen(0, "rb") : gzopen(path, "rb");
-    if (in->gz != NULL)
-        gzbuffer(in->gz, 1u << 18);
-    return in->gz != NULL ? 0 : -1;
-#else
-    in->f = std ? stdin : fopen(path, "r");
-    return in->f != NULL ? 0 : -1;
-#endif
-}
-
-/* The next line into buf[size] (NUL-terminated, newline kept), or NULL at
- * the end or on an error (input_error tells). */
-static char *input_line(input_t *in, char *buf, int size)
-{
-#ifdef FRESHET_HAVE_ZLIB
-    return gzgets(in->gz, buf, size);
-#else
-    return fgets(buf, size, in->f);
-#endif
-}
-
-/* Reads n bytes into buf: 1 done, 0 at a clean end (nothing read), -1 a
- * record cut short or a read error. */
-static int input_read(input_t *in, void *buf, size_t n)
-{
-#ifdef FRESHET_HAVE_ZLIB
-    int r = gzread(in->gz, buf, (unsigned)n);
-    if (r < 0)
-        return -1;
-    size_t got = (size_t)r;
-#else
-    size_t got = fread(buf, 1, n, in->f);
-#endif
-    return got == n ? 1 : got == 0 ? 0 : -1;
-}
-
-/* The next character, or -1 at the end. */
-static int input_char(input_t *in)
-{
-#ifdef FRESHET_HAVE_ZLIB
-    return gzgetc(in->gz);
-#else
-    return fgetc(in->f);
-#endif
-}
-
-/* A read error's text, or NULL when the input ended cleanly. */
-static const char *input_error(input_t *in)
-{
-#ifdef FRESHET_HAVE_ZLIB
-    int zerr = Z_OK;
-    const char *msg = gzerror(in->gz, &zerr);
-    return zerr == Z_OK || zerr == Z_STREAM_END ? NULL : zerr == Z_ERRNO ? strerror(errno) : msg;
-#else
-    return ferror(in->f) ? strerror(errno) : NULL;
-#endif
-}
-
-static void input_close(input_t *in)
-{
-#ifdef FRESHET_HAVE_ZLIB
-    gzclose(in->gz);
-#else
-    if (in->f != stdin)
-        fclose(in->f);
-#endif
-}
-
 /* The model in memory: the table, its optimizer state and the bias. */
 typedef struct table {
     sparse_spec_t spec;
@@ -292,7 +206,7 @@ typedef struct pass {
     sparse_prog_t *pv;
     float *params, *grad, *p;
     uint64_t t0, tw;
-    int64_t records, skipped, rejected[8];
+    int64_t records, rejected[8];
     const char *reasons[8];
     int nreasons;
 } pass_t;
@@ -345,72 +259,37 @@ static void take(pass_t *ps, fr_err_t err, const sparse_sample_t *s, const char 
         flush_batch(ps);
 }
 
-/* The binary layout: records each after its length (4 bytes LE). A
- * length beyond BINARY_FRAME_MAX means the file is not such records. */
-static int run_binary(pass_t *ps, input_t *in)
+/*
+ * Every record of the file: lines, or for the binary layout records each
+ * after its length (4 bytes LE; a length beyond BINARY_FRAME_MAX means the
+ * file is not such records). A line longer than LINE_MAX_BYTES is refused
+ * as "too long" and skipped. Returns 0 or an exit status.
+ */
+static int run_records(pass_t *ps, ingest_file_t *f, sparse_layout_t layout)
 {
     const fit_sparse_opts_t *o = ps->o;
-    uint8_t len4[4], *rec = malloc(BINARY_FRAME_MAX);
-    if (rec == NULL) {
-        fprintf(stderr, "freshet %s: out of memory\n", CMD);
-        return APP_EXIT_FAILURE;
-    }
-    int r, rc = 0;
-    while ((o->limit == 0 || ps->records < o->limit) && (r = input_read(in, len4, 4)) == 1) {
-        size_t len =
-            (size_t)len4[0] | (size_t)len4[1] << 8 | (size_t)len4[2] << 16 | (size_t)len4[3] << 24;
-        if (len > BINARY_FRAME_MAX || input_read(in, rec, len) != 1) {
-            fprintf(stderr, "freshet %s: %s: record %lld: a length of %zu bytes%s\n", CMD, o->data,
-                    (long long)(ps->records + ps->skipped) + 1, len,
-                    len > BINARY_FRAME_MAX ? ": not binary sparse records" : ", cut short");
-            rc = APP_EXIT_USAGE;
-            break;
-        }
-        sparse_sample_t s;
-        const char *why = "";
-        fr_err_t err = sparse_parse_binary(&ps->t->spec, rec, len, &s, &why);
-        if (err != FR_OK)
-            ps->skipped++;
-        take(ps, err, &s, why);
-    }
-    if (rc == 0 && r < 0) {
-        fprintf(stderr, "freshet %s: %s: the last record is cut short\n", CMD, o->data);
-        rc = APP_EXIT_USAGE;
-    }
-    flush_batch(ps);
-    free(rec);
-    return rc;
-}
-
-static int run_pass(pass_t *ps, input_t *in, sparse_layout_t layout)
-{
-    char *line = malloc(LINE_MAX_BYTES);
-    if (line == NULL) {
-        fprintf(stderr, "freshet %s: out of memory\n", CMD);
-        return APP_EXIT_FAILURE;
-    }
-    const fit_sparse_opts_t *o = ps->o;
-    while ((o->limit == 0 || ps->records < o->limit) &&
-           input_line(in, line, LINE_MAX_BYTES) != NULL) {
-        size_t len = strlen(line);
-        if (len == LINE_MAX_BYTES - 1 && line[len - 1] != '\n') {
+    char errstr[512];
+    fr_err_t err = FR_OK;
+    while (o->limit == 0 || ps->records < o->limit) {
+        const void *rec;
+        size_t len;
+        err = layout == SPARSE_LAYOUT_BINARY
+                  ? ingest_file_framed(f, &rec, &len, errstr, sizeof(errstr))
+                  : ingest_file_line(f, (const char **)&rec, &len, errstr, sizeof(errstr));
+        if (err == FR_ERR_RANGE) {
             count_reject(ps, "too long");
-            int ch;
-            while ((ch = input_char(in)) != -1 && ch != '\n')
-                ;
             continue;
         }
+        if (err != FR_OK)
+            break;
         sparse_sample_t s;
         const char *why = "";
-        fr_err_t err = sparse_parse_record(&ps->t->spec, layout, line, len, &s, &why);
-        take(ps, err, &s, why);
+        fr_err_t perr = sparse_parse_record(&ps->t->spec, layout, rec, len, &s, &why);
+        take(ps, perr, &s, why);
     }
     flush_batch(ps);
-    free(line);
-    const char *err = input_error(in);
-    if (err != NULL) { /* zlib's messages name the file already */
-        fprintf(stderr, "freshet %s: %s%s%s\n", CMD, strstr(err, o->data) ? "" : o->data,
-                strstr(err, o->data) ? "" : ": ", err);
+    if (err != FR_OK && err != FR_ERR_NOTFOUND) {
+        fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
         return APP_EXIT_USAGE;
     }
     if (ps->records == 0) {
@@ -446,9 +325,11 @@ int app_cmd_fit_sparse(int argc, char **argv)
     t.optim.l2 = (float)o.l2;
     t.optim.init_std = (float)o.init_std;
     t.optim.seed = (uint64_t)o.seed;
-    input_t in;
-    if (input_open(&in, o.data) != 0) {
-        fprintf(stderr, "freshet %s: %s: %s\n", CMD, o.data, strerror(errno));
+    ingest_file_t *in =
+        ingest_file_open(o.data, layout == SPARSE_LAYOUT_BINARY ? BINARY_FRAME_MAX : LINE_MAX_BYTES,
+                         errstr, sizeof(errstr));
+    if (in == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
         return APP_EXIT_USAGE;
     }
     const uint64_t nrows = (uint64_t)1 << t.spec.bits;
@@ -467,7 +348,7 @@ int app_cmd_fit_sparse(int argc, char **argv)
         rc = table_init(&t, nrows);
     ps.t0 = ps.tw = fr_clock_mono_ns();
     if (rc == 0)
-        rc = layout == SPARSE_LAYOUT_BINARY ? run_binary(&ps, &in) : run_pass(&ps, &in, layout);
+        rc = run_records(&ps, in, layout);
     if (rc == 0) {
         sparse_prog_window_t w;
         sparse_prog_open(ps.pv, &w);
@@ -485,7 +366,7 @@ int app_cmd_fit_sparse(int argc, char **argv)
         if (o.out != NULL)
             rc = table_write(&t, o.out, nrows);
     }
-    input_close(&in);
+    ingest_file_close(in);
     sparse_batch_destroy(ps.b);
     sparse_prog_destroy(ps.pv);
     free(ps.params);

@@ -106,6 +106,32 @@ fr_err_t ingest_dataset_load(ingest_dataset_t *ds, const ingest_schema_t *schema
                              ingest_format_t format, const char *data_path, const char *labels_path,
                              char *errstr, size_t size);
 void ingest_dataset_fini(ingest_dataset_t *ds);
+
+/* ------------------------------------------------------------------------
+ * Record files (reader.c), read one record at a time: lines (text
+ * layouts), or records each after its length as 4 bytes little-endian
+ * (binary layouts). "-" is standard input; a name ending ".gz" is read
+ * through zlib. One thread.
+ * ---------------------------------------------------------------------- */
+typedef struct ingest_file ingest_file_t;
+
+/* Opens path for records of at most max bytes (1..2^30); NULL with errstr
+ * (the path and the system's reason) when it cannot. */
+ingest_file_t *ingest_file_open(const char *path, size_t max, char *errstr, size_t size);
+void ingest_file_close(ingest_file_t *f);
+
+/* The next line, without its "\n" or "\r\n", in *line[*len] (valid until
+ * the next call). FR_ERR_NOTFOUND at the end; FR_ERR_RANGE for a line
+ * longer than max, which is skipped (the next call reads on after it);
+ * FR_ERR_IO or FR_ERR_PARSE (a corrupt gzip stream) with errstr. */
+fr_err_t ingest_file_line(ingest_file_t *f, const char **line, size_t *len, char *errstr,
+                          size_t size);
+
+/* The next record after its length, in *rec[*len] (valid until the next
+ * call). FR_ERR_NOTFOUND at the clean end; FR_ERR_PARSE when a length
+ * exceeds max (not such a file) or the last record is cut short. */
+fr_err_t ingest_file_framed(ingest_file_t *f, const void **rec, size_t *len, char *errstr,
+                            size_t size);
 /* The features a sample of the IDX images file at path (".gz" too) holds,
  * from its header alone: the product of all but its first dimension (28x28
  * images: 784) in *features. FR_ERR_IO, FR_ERR_UNSUPPORTED or FR_ERR_PARSE

@@ -133,10 +133,10 @@ if "$F" produce --help >/dev/null 2>&1; then
     expect 0 "$want" -- "$F" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data "$work/ctr1.bin" --format binary
     head -c 1000 "$work/ctr1.bin" >"$work/cut.bin"
     expect 2 "cut.bin: record [0-9]*: a length of [0-9]* bytes, cut short" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.bin" --format binary
-    expect 2 "record 1: a length of [0-9]* bytes: not binary sparse records" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1" --format binary
+    expect 2 "record 1: a length of [0-9]* bytes, more than [0-9]*: not records each after their length" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/ctr1" --format binary
     expect 2 "--synthetic encodes criteo or binary, got 'f32'" -- "$F" produce --synthetic ctr --encode f32 --out "$work/x" --limit 1
     head -c 2000 "$work/ctr1.gz" >"$work/cut.gz"
-    expect 2 "cut.gz: unexpected end of file" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.gz" --format criteo
+    expect 2 "cut.gz: gzip: unexpected end of file" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.gz" --format criteo
     expect 2 "good.csv: no record of format criteo" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/good.csv" --format criteo
     # rows 2^16 x (1 + 4) floats and the bias, after a header: the exact size
     size=$(stat -c %s "$work/sp.safetensors")

@@ -741,6 +741,89 @@ static int remove_tmp_dir(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* The next line of f, which must be want. */
+static void next_line(ingest_file_t *f, const char *want)
+{
+    const char *line;
+    size_t len;
+    char err[256];
+    assert_int_equal(ingest_file_line(f, &line, &len, err, sizeof(err)), FR_OK);
+    assert_int_equal(len, strlen(want));
+    assert_memory_equal(line, want, len);
+}
+
+/*
+ * Record files, plain and gzip: lines without their "\n" or "\r\n" (a
+ * blank line is a record of length 0, the last line needs no newline), a
+ * line over the limit refused and skipped to its newline, however the
+ * reads cut it; records after their length, with a cut or foreign file
+ * named by its record.
+ */
+static void test_record_files_give_lines_and_framed_records(void **state)
+{
+    (void)state;
+    char path[600], gz[620], err[256];
+    static char text[3 * 1024 * 1024];
+    size_t n = 0;
+    n += (size_t)sprintf(text + n, "one\r\n\ntwo\n");
+    memset(text + n, 'x', 2 * 1024 * 1024 + 17); /* longer than a read and than the limit */
+    n += 2 * 1024 * 1024 + 17;
+    n += (size_t)sprintf(text + n, "\nthree\nfour");
+    tmp_path(path, sizeof(path), "records.txt");
+    write_file(path, text, n);
+    assert_int_equal(gzip_file(path), 0);
+    snprintf(gz, sizeof(gz), "%s.gz", path);
+    for (int k = 0; k < 2; k++) {
+        ingest_file_t *f = ingest_file_open(k == 0 ? path : gz, 100, err, sizeof(err));
+        assert_non_null(f);
+        next_line(f, "one");
+        next_line(f, "");
+        next_line(f, "two");
+        const char *line;
+        size_t len;
+        assert_int_equal(ingest_file_line(f, &line, &len, err, sizeof(err)), FR_ERR_RANGE);
+        assert_non_null(strstr(err, "a line longer than 100 bytes"));
+        next_line(f, "three");
+        next_line(f, "four");
+        assert_int_equal(ingest_file_line(f, &line, &len, err, sizeof(err)), FR_ERR_NOTFOUND);
+        ingest_file_close(f);
+    }
+
+    /* framed: 3 bytes, 0 bytes, 5 bytes; then the same cut inside the last */
+    const unsigned char framed[] = {3, 0, 0, 0, 'a', 'b', 'c', 0,   0,   0,
+                                    0, 5, 0, 0, 0,   '1', '2', '3', '4', '5'};
+    tmp_path(path, sizeof(path), "records.bin");
+    write_file(path, framed, sizeof(framed));
+    ingest_file_t *f = ingest_file_open(path, 16, err, sizeof(err));
+    assert_non_null(f);
+    const void *rec;
+    size_t len;
+    size_t want[] = {3, 0, 5};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_OK);
+        assert_int_equal(len, want[i]);
+    }
+    assert_memory_equal(rec, "12345", 5);
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_ERR_NOTFOUND);
+    ingest_file_close(f);
+    write_file(path, framed, sizeof(framed) - 2);
+    assert_non_null(f = ingest_file_open(path, 16, err, sizeof(err)));
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_OK);
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_OK);
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_ERR_PARSE);
+    assert_non_null(strstr(err, "record 3: a length of 5 bytes, cut short"));
+    ingest_file_close(f);
+    assert_non_null(f = ingest_file_open(path, 4, err, sizeof(err))); /* 5 > 4 */
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_OK);
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_OK);
+    assert_int_equal(ingest_file_framed(f, &rec, &len, err, sizeof(err)), FR_ERR_PARSE);
+    assert_non_null(strstr(err, "record 3: a length of 5 bytes, more than 4"));
+    ingest_file_close(f);
+    tmp_path(path, sizeof(path), "absent");
+    assert_null(ingest_file_open(path, 16, err, sizeof(err)));
+    assert_non_null(strstr(err, "cannot open"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -761,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_load_idx_rejects_mismatched_shapes_and_counts),
         cmocka_unit_test(test_load_idx_rejects_other_types_magic_and_trailing_data),
         cmocka_unit_test(test_load_fashion_mnist_train_and_test_sets),
+        cmocka_unit_test(test_record_files_give_lines_and_framed_records),
     };
     return cmocka_run_group_tests(tests, make_tmp_dir, remove_tmp_dir);
 }
