@@ -50,8 +50,11 @@ static void produce_usage(FILE *out)
                  "  --topic T            the topic\n"
                  "  --data F             the data file (.gz is decompressed)\n"
                  "  --labels F           its labels file (idx format only)\n"
-                 "  --format F           csv | libsvm | f32 | idx: how the file is written\n"
-                 "  --encode E           csv | libsvm | f32: how records are written\n"
+                 "  --format F           csv | libsvm | f32 | idx: how the file is written;\n"
+                 "                       or criteo | binary, a sparse model's records (lines,\n"
+                 "                       or records each after their length, 4 bytes LE)\n"
+                 "  --encode E           csv | libsvm | f32: how records are written; criteo\n"
+                 "                       or binary for criteo files, binary for binary ones\n"
                  "  --features D         features a sample; required for csv, libsvm and f32.\n"
                  "                       idx takes it from the images file's header (rows x\n"
                  "                       cols: 784 for MNIST); given, it must agree\n"
@@ -99,6 +102,14 @@ typedef struct produce_opts {
     char *xprops[PRODUCE_MAX_PROPS]; /* "key=value" of -X, borrowed from argv */
     int nx;
 } produce_opts_t;
+
+/* Nonzero when --format names a sparse file layout (criteo or binary),
+ * into *layout. */
+static int sparse_file_layout(const char *format, sparse_layout_t *layout)
+{
+    return format != NULL && sparse_layout_parse(format, layout) == FR_OK &&
+           *layout != SPARSE_LAYOUT_LIBSVM; /* produce's libsvm is the dense layout */
+}
 
 /* Parses the options into o; returns 0, -1 after --help, or an exit status. */
 static int parse_opts(produce_opts_t *o, int argc, char **argv)
@@ -196,6 +207,18 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
         return app_usage_error(CMD, "--out goes with --synthetic");
     if (o->topic == NULL || o->data == NULL || o->format == NULL || o->encode == NULL)
         return app_usage_error(CMD, "--topic, --data, --format and --encode are required");
+    sparse_layout_t from, to;
+    if (sparse_file_layout(o->format, &from)) {
+        if (o->features != 0 || o->labels != NULL)
+            return app_usage_error(CMD, "--features and --labels do not go with --format %s",
+                                   o->format);
+        if (!sparse_file_layout(o->encode, &to))
+            return app_usage_error(CMD, "--format %s encodes criteo or binary, got '%s'", o->format,
+                                   o->encode);
+        if (from == SPARSE_LAYOUT_BINARY && to == SPARSE_LAYOUT_CRITEO)
+            return app_usage_error(CMD, "binary records hold the values' ids, not their text: "
+                                        "they cannot be encoded as criteo");
+    }
     return 0;
 }
 
@@ -294,6 +317,36 @@ typedef struct produce_run {
 } produce_run_t;
 
 /*
+ * Queues record rec[len] to the topic under key `index` (decimal), to
+ * partition sent mod the partition count with roundrobin, and counts it.
+ * Returns 0 or an exit status (the producer's error printed).
+ */
+static int send_one(produce_run_t *r, const void *rec, size_t len, uint64_t index)
+{
+    char key[32];
+    int klen = snprintf(key, sizeof(key), "%llu", (unsigned long long)index);
+    int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
+    if (ingest_producer_send(r->p, r->o->topic, part, key, (size_t)klen, rec, len, NULL, NULL) !=
+        FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", CMD, ingest_producer_error(r->p));
+        return APP_EXIT_FAILURE;
+    }
+    r->sent++;
+    return 0;
+}
+
+/* Logs the records queued so far, every 5 s. */
+static void log_progress(produce_run_t *r, uint64_t *last_log)
+{
+    uint64_t now = fr_clock_mono_ns();
+    if (now - *last_log >= 5000000000ull) {
+        fr_log(FR_LOG_INFO, "produce: %llu records queued to %s", (unsigned long long)r->sent,
+               r->o->topic);
+        *last_log = now;
+    }
+}
+
+/*
  * The send loop: every sample in file order (again and again with --loop)
  * until --limit, a signal, or the end of the file; paced to --rate by
  * sleeping until each record's due time. Returns 0 or an exit status.
@@ -322,23 +375,14 @@ static int send_all(produce_run_t *r)
         if (o->rate > 0)
             sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
         size_t len = ingest_encode(r->encode, ds->x + i * d, ds->features, ds->y[i], buf, cap);
-        char key[32];
-        int klen = snprintf(key, sizeof(key), "%zu", i);
-        int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
-        if (len == 0 || ingest_producer_send(r->p, o->topic, part, key, (size_t)klen, buf, len,
-                                             NULL, NULL) != FR_OK) {
-            fprintf(stderr, "freshet %s: %s\n", CMD,
-                    len == 0 ? "a record does not fit its buffer" : ingest_producer_error(r->p));
+        if (len == 0) {
+            fprintf(stderr, "freshet %s: a record does not fit its buffer\n", CMD);
             rc = APP_EXIT_FAILURE;
             break;
         }
-        r->sent++;
-        uint64_t now = fr_clock_mono_ns();
-        if (now - last_log >= 5000000000ull) {
-            fr_log(FR_LOG_INFO, "produce: %llu records queued to %s", (unsigned long long)r->sent,
-                   o->topic);
-            last_log = now;
-        }
+        if ((rc = send_one(r, buf, len, i)) != 0)
+            break;
+        log_progress(r, &last_log);
     }
     free(buf);
     return rc;
@@ -441,18 +485,10 @@ static int send_synthetic(produce_run_t *r, FILE *out)
                 rc = APP_EXIT_FAILURE;
                 break;
             }
-        } else {
-            char key[32];
-            int klen = snprintf(key, sizeof(key), "%llu", (unsigned long long)r->sent);
-            int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
-            if (ingest_producer_send(r->p, o->topic, part, key, (size_t)klen, rec, len, NULL,
-                                     NULL) != FR_OK) {
-                fprintf(stderr, "freshet %s: %s\n", CMD, ingest_producer_error(r->p));
-                rc = APP_EXIT_FAILURE;
-                break;
-            }
+            r->sent++;
+        } else if ((rc = send_one(r, rec, len, r->sent)) != 0) {
+            break;
         }
-        r->sent++;
     }
     sparse_synth_floor_t f;
     sparse_synth_floor(g, &f);
@@ -462,6 +498,87 @@ static int send_synthetic(produce_run_t *r, FILE *out)
     printf("synthetic ctr: %llu records, click rate %.5f, Bayes-optimal logloss %.5f\n",
            (unsigned long long)r->sent, f.ctr, f.overall);
     sparse_synth_destroy(g);
+    return rc;
+}
+
+/*
+ * A sparse data file (--format criteo or binary): each record is checked
+ * by its layout's parser and sent as it is, or a Criteo line re-encoded
+ * as a binary record; records that do not parse are skipped and counted.
+ * The file is read again and again with --loop. Returns 0 or an exit
+ * status.
+ */
+static int send_sparse_file(produce_run_t *r, sparse_layout_t from, sparse_layout_t to)
+{
+    const produce_opts_t *o = r->o;
+    const sparse_spec_t any = {.fields = SPARSE_FIELDS_MAX, .bits = SPARSE_BITS_MAX};
+    char errstr[512];
+    uint8_t bin[SPARSE_BINARY_MAX];
+    uint64_t t0 = fr_clock_mono_ns(), last_log = t0, skipped = 0, index = 0, pass_sent = 0;
+    const char *first_why = NULL;
+    uint64_t first_at = 0;
+    ingest_file_t *f = NULL;
+    int rc = 0;
+    while (rc == 0 && !stop_flag && (o->limit == 0 || r->sent < (uint64_t)o->limit)) {
+        if (f == NULL) {
+            f = ingest_file_open(o->data,
+                                 from == SPARSE_LAYOUT_BINARY ? SPARSE_BINARY_MAX : 1 << 16, errstr,
+                                 sizeof(errstr));
+            if (f == NULL) {
+                fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
+                return APP_EXIT_USAGE;
+            }
+            index = pass_sent = 0;
+        }
+        const void *rec;
+        size_t len;
+        fr_err_t err = from == SPARSE_LAYOUT_BINARY
+                           ? ingest_file_framed(f, &rec, &len, errstr, sizeof(errstr))
+                           : ingest_file_line(f, (const char **)&rec, &len, errstr, sizeof(errstr));
+        if (err == FR_ERR_NOTFOUND && o->loop && pass_sent > 0) {
+            ingest_file_close(f); /* again, from the start */
+            f = NULL;
+            continue;
+        }
+        if (err == FR_ERR_NOTFOUND)
+            break;
+        index++;
+        const char *why = "too long";
+        sparse_ids_t ids;
+        sparse_sample_t s;
+        if (err == FR_OK)
+            err = from == SPARSE_LAYOUT_BINARY ? sparse_parse_binary(&any, rec, len, &s, &why)
+                                               : sparse_criteo_ids(rec, len, &ids, &why);
+        if (err == FR_ERR_PARSE || err == FR_ERR_RANGE) {
+            if (skipped++ == 0) {
+                first_why = why;
+                first_at = index;
+            }
+            continue;
+        }
+        if (err != FR_OK) {
+            fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
+            rc = APP_EXIT_USAGE;
+            break;
+        }
+        if (from == SPARSE_LAYOUT_CRITEO && to == SPARSE_LAYOUT_BINARY) {
+            rec = bin;
+            len = sparse_encode_binary(&ids, bin, sizeof(bin));
+        }
+        if (o->rate > 0)
+            sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
+        if ((rc = send_one(r, rec, len, index - 1)) == 0)
+            pass_sent++;
+        log_progress(r, &last_log);
+    }
+    ingest_file_close(f);
+    if (skipped > 0)
+        fprintf(stderr, "freshet %s: %s: %llu record(s) skipped (the first, record %llu: %s)\n",
+                CMD, o->data, (unsigned long long)skipped, (unsigned long long)first_at, first_why);
+    if (rc == 0 && r->sent == 0 && !stop_flag) {
+        fprintf(stderr, "freshet %s: %s: no record of format %s\n", CMD, o->data, o->format);
+        rc = APP_EXIT_USAGE;
+    }
     return rc;
 }
 
@@ -509,10 +626,15 @@ int app_cmd_produce(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     if (o.synthetic != NULL && o.out != NULL)
         return write_synthetic(&o);
-    if (o.synthetic == NULL) {
+    sparse_layout_t from = SPARSE_LAYOUT_CRITEO, to = SPARSE_LAYOUT_CRITEO;
+    int sparse = o.synthetic == NULL && sparse_file_layout(o.format, &from);
+    if (sparse)
+        (void)sparse_file_layout(o.encode, &to); /* checked by parse_opts */
+    if (o.synthetic == NULL && !sparse) {
         if (ingest_format_parse(o.format, &format) != FR_OK)
-            return app_usage_error(CMD, "--format must be csv, libsvm, f32 or idx, got '%s'",
-                                   o.format);
+            return app_usage_error(
+                CMD, "--format must be csv, libsvm, f32, idx, criteo or binary, got '%s'",
+                o.format);
         if (ingest_format_parse(o.encode, &r.encode) != FR_OK || r.encode == INGEST_FORMAT_IDX)
             return app_usage_error(CMD, "--encode must be csv, libsvm or f32, got '%s'", o.encode);
         if ((rc = resolve_features(&o, format)) != 0)
@@ -526,7 +648,7 @@ int app_cmd_produce(int argc, char **argv)
         rc = app_usage_error(CMD, "--bootstrap B is required (or bootstrap.servers in [kafka])");
         goto out;
     }
-    if (o.synthetic == NULL) {
+    if (o.synthetic == NULL && !sparse) {
         ingest_schema_t schema = {.features = (int)o.features, .label = INGEST_LABEL_REAL};
         rc = app_load_dataset(CMD, "--labels", &ds, &schema, format, o.data, o.labels);
         if (rc != 0)
@@ -541,7 +663,9 @@ int app_cmd_produce(int argc, char **argv)
     if (strcmp(o.by, "roundrobin") == 0 && (rc = find_partitions(&r)) != 0)
         goto out;
     stop_on_signals();
-    rc = o.synthetic != NULL ? send_synthetic(&r, NULL) : send_all(&r);
+    rc = o.synthetic != NULL ? send_synthetic(&r, NULL)
+         : sparse            ? send_sparse_file(&r, from, to)
+                             : send_all(&r);
     rc = finish(&r, rc);
 out:
     ingest_producer_destroy(r.p);

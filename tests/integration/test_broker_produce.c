@@ -406,6 +406,88 @@ static void test_produce_synthetic_ctr_sends_the_seeded_stream(void **state)
     free(out);
 }
 
+/*
+ * The records of topic as kcat gives them, "%k:%S:%s" one after the other
+ * (binary values may hold any byte): for each, the key (a decimal index
+ * below n) and the value, checked against want[key]; returns how many.
+ */
+static size_t check_topic_values(const char *topic, char *const *want, const size_t *want_len,
+                                 size_t n)
+{
+    size_t len, got = 0;
+    char *out = capture(&len, "kcat -C -b %s -t %s -e -o beginning -q -D '' -f '%%k:%%S:%%s'",
+                        broker.bootstrap, topic);
+    for (size_t at = 0; at < len; got++) {
+        char *end;
+        unsigned long key = strtoul(out + at, &end, 10);
+        assert_true(*end == ':' && key < n);
+        unsigned long vlen = strtoul(end + 1, &end, 10);
+        assert_true(*end == ':');
+        at = (size_t)(end + 1 - out);
+        assert_true(at + vlen <= len);
+        assert_int_equal(vlen, want_len[key]);
+        assert_memory_equal(out + at, want[key], vlen);
+        at += vlen;
+    }
+    free(out);
+    return got;
+}
+
+/*
+ * A Criteo file to a topic as binary records, and a binary file as it
+ * is: every good record arrives, keyed by its index in the file, as the
+ * binary record the synthetic stream writes for the same line; a line
+ * that does not parse is skipped and named.
+ */
+static void test_produce_sends_sparse_files_as_binary_records(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    char log[400], text[400], bin[400];
+    log_path(log, sizeof(log), "sparse-files");
+    snprintf(text, sizeof(text), "%s/ctr11.txt", tmp_dir);
+    snprintf(bin, sizeof(bin), "%s/ctr11.bin", tmp_dir);
+    assert_int_equal(run_freshet(log, 30000, "produce", "--synthetic", "ctr", "--seed", "11",
+                                 "--out", text, "--limit", "200", NULL),
+                     0);
+    assert_int_equal(run_freshet(log, 30000, "produce", "--synthetic", "ctr", "--seed", "11",
+                                 "--encode", "binary", "--out", bin, "--limit", "200", NULL),
+                     0);
+    FILE *f = fopen(text, "a");
+    assert_non_null(f);
+    fputs("1\t2\n", f); /* record 201: too few columns */
+    assert_int_equal(fclose(f), 0);
+    static char *want[N];
+    size_t want_len[N];
+    char err[256];
+    ingest_file_t *in = ingest_file_open(bin, 1024, err, sizeof(err));
+    assert_non_null(in);
+    for (int i = 0; i < N; i++) {
+        const void *rec;
+        assert_int_equal(ingest_file_framed(in, &rec, &want_len[i], err, sizeof(err)), FR_OK);
+        want[i] = malloc(want_len[i]);
+        memcpy(want[i], rec, want_len[i]);
+    }
+    ingest_file_close(in);
+
+    const char *runs[][3] = {{text, "criteo", "t9"}, {bin, "binary", "t10"}};
+    for (int k = 0; k < 2; k++) {
+        int rc = run_freshet(log, 30000, "produce", "--data", runs[k][0], "--format", runs[k][1],
+                             "--encode", "binary", "--bootstrap", broker.bootstrap, "--topic",
+                             runs[k][2], "--partitions-by", "roundrobin", NULL);
+        if (rc != 0)
+            dump(log);
+        assert_int_equal(rc, 0);
+        char line[64];
+        snprintf(line, sizeof(line), "produced 200 records to %s (0 failed)", runs[k][2]);
+        assert_true(harness_file_contains(log, line));
+        assert_int_equal(check_topic_values(runs[k][2], want, want_len, N), N);
+    }
+    assert_true(harness_file_contains(log, "1 record(s) skipped (the first, record 201: columns)"));
+    for (int i = 0; i < N; i++)
+        free(want[i]);
+}
+
 /* A file of raw bytes, for the idx test. */
 static void write_file(const char *path, const void *data, size_t len)
 {
@@ -514,7 +596,8 @@ static int setup(void **state)
         return -1;
     return harness_broker_start(&broker, FRESHET_BIN,
                                 "--topic t1:4 --topic t2:1 --topic t3:2 --topic t4:2 "
-                                "--topic t5:1 --topic t6:3 --topic t7:1 --topic t8:2");
+                                "--topic t5:1 --topic t6:3 --topic t7:1 --topic t8:2 --topic t9:2 "
+                                "--topic t10:2");
 }
 
 static int teardown(void **state)
@@ -538,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_produce_rejects_bad_arguments_with_status_2),
         cmocka_unit_test(test_produce_loops_until_the_limit),
         cmocka_unit_test(test_produce_synthetic_ctr_sends_the_seeded_stream),
+        cmocka_unit_test(test_produce_sends_sparse_files_as_binary_records),
         cmocka_unit_test(test_produce_idx_takes_the_features_from_the_images_header),
         cmocka_unit_test(test_broker_help_states_its_limits),
         cmocka_unit_test(test_broker_exits_0_on_sigterm),
