@@ -310,7 +310,7 @@ static int cmd_create(int argc, char **argv)
     }
     char layers[256];
     model_layers(&m, layers, sizeof(layers));
-    psstore_model_spec_t spec = {layers, model_loss_name(m.loss), m.nparams, (int)o.shards};
+    psstore_model_spec_t spec = {layers, model_loss_name(m.loss), m.nparams, (int)o.shards, NULL};
     err = psstore_model_create(c, o.name, &spec, w, o.force);
     if (err != FR_OK) {
         rc = store_failed(cmd, c, err, err == FR_ERR_EXISTS ? " (--force replaces it)" : NULL);

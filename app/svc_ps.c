@@ -198,7 +198,7 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
         }
         if (rc == 0 && w != NULL) {
             psstore_model_spec_t spec = {layers, model_loss_name(loss), m.nparams,
-                                         (int)fr_config_get_int(cfg, "psstore", "shards")};
+                                         (int)fr_config_get_int(cfg, "psstore", "shards"), NULL};
             if (psstore_model_create(c, name, &spec, w, 0) != FR_OK &&
                 psstore_model_info(c, name, &info) != FR_OK) {
                 fprintf(stderr, "freshet %s: %s\n", cmd, psstore_conn_error(c));

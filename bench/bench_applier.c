@@ -108,7 +108,7 @@ static double applier(const char *url, const char *layers, size_t nparams, int S
     float *w = calloc(nparams, sizeof(float)), *g = malloc(nparams * sizeof(float));
     for (size_t i = 0; i < nparams; i++)
         g[i] = 1e-3f * (float)(i % 13);
-    psstore_model_spec_t spec = {layers, "mse", nparams, S};
+    psstore_model_spec_t spec = {layers, "mse", nparams, S, NULL};
     if (c == NULL || psstore_model_create(c, name, &spec, w, 1) != FR_OK) {
         fprintf(stderr, "bench_applier: %s\n", c ? psstore_conn_error(c) : errstr);
         exit(1);

@@ -33,11 +33,12 @@
 
 #include "psstore/applier_int.h"
 
-#define READ_COUNT    64         /* entries per XREADGROUP, at most ...       */
-#define READ_BYTES    (16 << 20) /* ... and about this many payload bytes   */
-#define MEMBERS_MS    500        /* how often the applier reads the members hash     */
-#define LOCAL_WAIT_MS 10         /* longest wait on the in-process channel per look  */
-#define STREAM_NAP_NS 1000000u   /* a commit window's nap between empty stream reads */
+#define READ_COUNT        64         /* entries per XREADGROUP, at most ...       */
+#define READ_BYTES        (16 << 20) /* ... and about this many payload bytes   */
+#define SPARSE_GRAD_GUESS 16384      /* floats of a sparse gradient, for that estimate */
+#define MEMBERS_MS        500        /* how often the applier reads the members hash     */
+#define LOCAL_WAIT_MS     10         /* longest wait on the in-process channel per look  */
+#define STREAM_NAP_NS     1000000u   /* a commit window's nap between empty stream reads */
 
 static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
                                          "malformed", "nonfinite", "staleness",
@@ -264,6 +265,12 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     a->conf.url = a->url;
     a->conf.model = a->name;
     pthread_mutex_init(&a->lock, NULL);
+    if (conf->sparse.enabled && (a->sp = ps_sparse_new(&conf->sparse)) == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "applier: out of memory");
+        pthread_mutex_destroy(&a->lock);
+        free(a);
+        return NULL;
+    }
     char host[64] = "host";
     gethostname(host, sizeof(host) - 1);
     snprintf(a->token, sizeof(a->token), "%.60s/%d/%016llx", host, (int)getpid(),
@@ -331,6 +338,7 @@ void ps_applier_forget_pending(psstore_applier_t *a)
     a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
     a->nids = 0;
     a->weights_dirty = 0;
+    ps_sparse_committed(a->sp);
     a->new_epoch = a->offsets_reset = 0;
     a->req_id[0] = '\0';
     a->replay_gen = 0;
@@ -353,6 +361,7 @@ void ps_applier_drop_state(psstore_applier_t *a)
         psstore_poff_fini(&a->parts[i].po);
     a->nparts = 0;
     ps_applier_forget_pending(a);
+    ps_sparse_clear(a->sp); /* rows are read again from the store */
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->au.shown = 0; /* the next holder writes its phase */
     a->nsnaps = 0;
@@ -392,6 +401,7 @@ void psstore_applier_destroy(psstore_applier_t *a)
     free(a->drops.p);
     free(a->audit.p);
     ps_grad_msg_fini(&a->msg);
+    ps_sparse_free(a->sp);
     psstore_conn_destroy(a->c);
     pthread_mutex_destroy(&a->lock);
     free(a);
@@ -588,6 +598,38 @@ fr_err_t ps_applier_decide_mark(psstore_applier_t *a, const psstore_grad_t *g, c
  * controller; a gradient the controller drops still marks its positions
  * (its samples were seen and dropped by a named rule).
  */
+static fr_err_t applied(psstore_applier_t *a, const psstore_grad_t *g, const psstore_decision_t *d,
+                        uint64_t t0);
+
+/*
+ * A sparse model's gradient (applier_sparse.c): a malformed one is dropped
+ * as such, a non-finite one as non-finite (and counted by the divergence
+ * guard); else its rows and the bias are stepped by the per-row optimizer,
+ * which needs no staleness scaling of its own (its rates fall per
+ * coordinate as updates accumulate).
+ */
+static fr_err_t decide_sparse(psstore_applier_t *a, const psstore_grad_t *g, uint64_t t0)
+{
+    size_t m = 0;
+    int shape = ps_sparse_shape(a, g, &m);
+    ps_applier_guard_record(a, shape < 0);
+    if (shape <= 0) {
+        psstore_drop_t why = shape < 0 ? PSSTORE_DROPPED_NONFINITE : PSSTORE_DROPPED_MALFORMED;
+        ps_applier_count_drop(a, why, g);
+        audit(a, g, psstore_drop_name(why));
+        return mark_ranges(a, g);
+    }
+    fr_err_t err = ps_sparse_apply(a, g, m);
+    if (err != FR_OK)
+        return err;
+    psstore_decision_t d = {.outcome = PSSTORE_APPLY,
+                            .tau = a->version - g->version,
+                            .scale = 1,
+                            .lr_eff = a->sp->optim.lr};
+    a->version++;
+    return applied(a, g, &d, t0);
+}
+
 static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
 {
     if (g->epoch != a->epoch) {
@@ -627,6 +669,8 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         return mark_ranges(a, g);
     }
     uint64_t t0 = fr_clock_mono_ns();
+    if (a->sp != NULL)
+        return decide_sparse(a, g, t0);
     float *gw = a->cur_g; /* the controller works in place */
     if (gw == NULL) {
         gw = a->g;
@@ -646,21 +690,29 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     psstore_ctl_apply(a->ctl, a->w, a->opt, gw, &d);
     a->version++;
     psstore_ctl_record(a->ctl, a->version, a->w);
+    return applied(a, g, &d, t0);
+}
+
+/* The bookkeeping of an applied gradient (a->version already moved): the
+ * version entry, audit, stats, metrics, and its positions marked. */
+static fr_err_t applied(psstore_applier_t *a, const psstore_grad_t *g, const psstore_decision_t *d,
+                        uint64_t t0)
+{
     a->weights_dirty = 1;
     a->last_loss = g->loss_sum / (double)g->n;
     ps_applier_note_ts(a, g->ts_min_ms, g->ts_max_ms);
     audit(a, g, "applied");
-    ps_applier_version_entry(a, g, &d);
-    ps_auto_note_tau(a, g->worker, d.tau);
+    ps_applier_version_entry(a, g, d);
+    ps_auto_note_tau(a, g->worker, d->tau);
     a->samples += g->n;
     pthread_mutex_lock(&a->lock);
     a->stats.applied++;
-    a->stats.lr_eff = d.lr_eff;
-    a->taus[a->ntaus++ % TAU_RING] = d.tau;
+    a->stats.lr_eff = d->lr_eff;
+    a->taus[a->ntaus++ % TAU_RING] = d->tau;
     pthread_mutex_unlock(&a->lock);
     fr_series_add(a->m_applied, 1);
-    fr_series_observe(a->m_stale, (double)d.tau);
-    fr_series_set(a->m_lr, d.lr_eff);
+    fr_series_observe(a->m_stale, (double)d->tau);
+    fr_series_set(a->m_lr, d->lr_eff);
     fr_series_set(a->m_loss, a->last_loss);
     fr_series_observe(a->m_latency, (double)(fr_clock_mono_ns() - t0) * 1e-9);
     return mark_ranges(a, g);
@@ -699,7 +751,9 @@ static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
             vals[i] = kv->element[2 * i + 1]->str;
             vlens[i] = kv->element[2 * i + 1]->len;
         }
-        err = ps_grad_decode(&a->msg, nf, fields, flens, vals, vlens, a->n, why, sizeof(why));
+        /* a sparse gradient's length is its batch's rows: checked by decide */
+        err = ps_grad_decode(&a->msg, nf, fields, flens, vals, vlens, a->sp ? 0 : a->n, why,
+                             sizeof(why));
     }
     if (err != FR_OK) {
         fr_log(FR_LOG_WARN, "applier %s: malformed gradient %.*s: %s", a->model, (int)id->len,
@@ -725,7 +779,7 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
 {
     fr_err_t err;
     char count[16], block[16];
-    size_t per_read = READ_BYTES / (a->n * sizeof(float) + 1);
+    size_t per_read = READ_BYTES / ((a->sp ? SPARSE_GRAD_GUESS : a->n) * sizeof(float) + 1);
     snprintf(count, sizeof(count), "%d",
              per_read < 1            ? 1
              : per_read > READ_COUNT ? READ_COUNT

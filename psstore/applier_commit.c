@@ -163,6 +163,36 @@ static void queue_entries(txn_t *t, const char *key, const buf_t *b, long long k
 }
 
 /*
+ * A sparse model's rows changed since the last commit: HSET rows and HSET
+ * rowopt, PS_ROWS_CHUNK rows a command (applier_sparse.c). Their fields
+ * live in the table's scratch until each command is sent.
+ */
+static void queue_rows(psstore_applier_t *a, txn_t *t)
+{
+    ps_sparse_t *sp = a->sp;
+    char rows_key[PS_KEY_MAX], opt_key[PS_KEY_MAX];
+    ps_key(rows_key, a->model, "rows");
+    ps_key(opt_key, a->model, "rowopt");
+    unsigned char fields[PS_ROWS_CHUNK][4];
+    for (size_t at = 0; at < sp->ndirty; at += PS_ROWS_CHUNK) {
+        size_t n = sp->ndirty - at < PS_ROWS_CHUNK ? sp->ndirty - at : PS_ROWS_CHUNK;
+        for (size_t i = 0; i < n; i++)
+            ps_row_field(sp->rows[sp->dirty_list[at + i]], fields[i]);
+        for (int which = 0; which < 2; which++) {
+            size_t len = which == 0 ? sp->rowlen : sp->statelen;
+            const float *base = which == 0 ? sp->params : sp->state;
+            txn_str(t, "HSET");
+            txn_str(t, which == 0 ? rows_key : opt_key);
+            for (size_t i = 0; i < n; i++) {
+                txn_arg(t, fields[i], 4);
+                txn_arg(t, base + (size_t)sp->dirty_list[at + i] * len, len * sizeof(float));
+            }
+            txn_send(t);
+        }
+    }
+}
+
+/*
  * Queues the weights, optimizer state and version when they moved, a new
  * epoch (rollback), the reset of the offsets, the deletion of the request
  * this commit executes and the replay it publishes.
@@ -184,6 +214,8 @@ static void queue_state(psstore_applier_t *a, txn_t *t)
         snprintf(num, sizeof(num), "%lld", (long long)a->version);
         txn_cmd(t, "SET", a->k_ver, num, NULL);
     }
+    if (a->sp != NULL && a->sp->ndirty > 0)
+        queue_rows(a, t);
     if (a->new_epoch) {
         /* a new lineage (rollback) also lifts the divergence guard's stop */
         snprintf(num, sizeof(num), "%llu", (unsigned long long)a->epoch);
@@ -234,6 +266,8 @@ static void queue_offsets(psstore_applier_t *a, txn_t *t)
 /* Nonzero when a snapshot is due with this commit. */
 static int snapshot_due(const psstore_applier_t *a)
 {
+    if (a->sp != NULL) /* a sparse model's rows are not in w: no snapshot of them yet */
+        return 0;
     if (a->nshards > 1 && a->shard > 0) /* snapshots are shard 0's to schedule */
         return a->snap_req > 0;
     if (!a->weights_dirty || a->version <= a->snap_version)

@@ -98,6 +98,27 @@ typedef struct auto_state {
     fr_series_t *m_switch[PSSTORE_NPHASE][PSSTORE_NPHASE];
 } auto_state_t;
 
+/* A sparse model's rows held by its applier (applier_sparse.c). */
+typedef struct ps_sparse {
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+    size_t rowlen, statelen; /* floats a row, and of its optimizer state */
+    uint32_t *keys;          /* [cap] open addressing: row + 1, 0 empty  */
+    uint32_t *slot_of;       /* [cap] its slot                           */
+    size_t cap;              /* a power of two, at least twice nslots    */
+    uint32_t *rows;          /* [capslots] the row of each slot          */
+    float *params, *state;   /* [capslots][rowlen], [capslots][statelen]  */
+    uint8_t *dirty;          /* [capslots] changed since the last commit */
+    uint32_t *dirty_list;    /* those slots                              */
+    size_t ndirty, nslots, capslots;
+    uint32_t *miss; /* scratch: slots read from Redis */
+    size_t nmiss, capmiss;
+    unsigned char *fields; /* scratch: their hash fields */
+    size_t capfields;
+    float *grad; /* scratch: one row's gradient, aligned */
+    size_t capgrad;
+} ps_sparse_t;
+
 /* A growable byte buffer, kept between commits. */
 typedef struct buf {
     char *p;
@@ -121,6 +142,7 @@ struct psstore_applier {
     char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX];
     psstore_conn_t *c;
     psstore_local_t *local; /* the in-process channel of freshet run, or NULL */
+    ps_sparse_t *sp;        /* a sparse model's rows; NULL for a dense one    */
     uint64_t stream_ns;     /* with it: when the stream was last read ...    */
     int stream_busy;        /* ... and whether that read found entries       */
 
@@ -293,5 +315,19 @@ void ps_applier_stop_model(psstore_applier_t *a, const char *reason);
 /* Records one gradient in the divergence guard's window (bad: non-finite);
  * stops the model when too many of the window were. */
 void ps_applier_guard_record(psstore_applier_t *a, int bad);
+
+/* ---- applier_sparse.c ---------------------------------------------------- */
+ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf);
+void ps_sparse_free(ps_sparse_t *sp);
+/* Forgets every row held (a fresh load, a lost lease). */
+void ps_sparse_clear(ps_sparse_t *sp);
+/* Whether g is a packed sparse gradient of this model: 1, with its m rows;
+ * 0 malformed (size, a row beyond the table); -1 well formed but not
+ * finite. */
+int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t *m);
+/* Steps the m rows of g (reading those not held yet) and the bias. */
+fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m);
+/* The dirty rows were committed. */
+void ps_sparse_committed(ps_sparse_t *sp);
 
 #endif

@@ -84,6 +84,8 @@ static fr_err_t load_weights(psstore_applier_t *a)
     }
     a->n = r->len / 4;
     a->opt_len = psstore_optim_state_len(a->conf.ctl.optim, a->n);
+    if (a->sp != NULL)
+        a->opt_len = 2; /* a sparse model's w is its bias (sparse_bias_step's state) */
     if (a->conf.requests_only)
         a->opt_len = a->n; /* kept verbatim from snapshots: room for any optimizer */
     a->w = malloc(a->n * sizeof(float));

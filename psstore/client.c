@@ -25,6 +25,7 @@ struct psstore_client {
     psstore_conn_t *c;
     char model[65];
     size_t nparams;
+    int any_length; /* a sparse model's: gradients of any length */
     int64_t max_pending;
     char key_meta[PS_KEY_MAX];
     char key_ver[PS_KEY_MAX];
@@ -591,7 +592,7 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
 {
     if (cl == NULL || g == NULL)
         return cl ? ps_fail(cl->c, FR_ERR_INVAL, "psstore_push: NULL argument") : FR_ERR_INVAL;
-    if (g->n > 0 && g->len != cl->nparams)
+    if (g->n > 0 && (cl->any_length ? g->len == 0 : g->len != cl->nparams))
         return ps_fail(cl->c, FR_ERR_INVAL,
                        "push: gradient of %zu floats, model '%s' has %zu parameters", g->len,
                        cl->model, cl->nparams);
@@ -613,6 +614,11 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
     freeReplyObject(r);
     cl->bytes += g->len * sizeof(float);
     return FR_OK;
+}
+
+void psstore_client_any_length(psstore_client_t *cl)
+{
+    cl->any_length = 1;
 }
 
 const char *psstore_client_last_id(const psstore_client_t *cl)

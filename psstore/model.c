@@ -38,8 +38,8 @@
 /* The suffixes of the keys every model may have; snapshots (snap:<v>) and
  * other shards are found by SCAN. */
 static const char *const model_suffixes[] = {
-    "meta",     "lease", "ver",      "w:0",   "opt:0",  "offsets", "grads", "members",
-    "versions", "snaps", "requests", "audit", "rounds", "drops",   "evals", "logend"};
+    "meta",  "lease",    "ver",   "w:0",    "opt:0", "offsets", "grads",  "members", "versions",
+    "snaps", "requests", "audit", "rounds", "drops", "evals",   "logend", "rows",    "rowopt"};
 #define NSUFFIXES (sizeof(model_suffixes) / sizeof(model_suffixes[0]))
 
 /* A reply of the wrong shape: FR_ERR_REDIS naming the command. */
@@ -523,6 +523,9 @@ static fr_err_t check_spec(psstore_conn_t *c, const psstore_model_spec_t *spec, 
                        "psstore: %zu parameters: a model holds 1 to 2^27 floats (Redis strings "
                        "hold at most 512 MiB)",
                        spec->nparams);
+    if (spec->sparse != NULL && (spec->nparams != 1 || spec->shards > 1))
+        return ps_fail(c, FR_ERR_INVAL,
+                       "psstore: a sparse model's w is its bias (1 float), in one shard");
     return FR_OK;
 }
 
@@ -759,9 +762,12 @@ fr_err_t psstore_model_create(psstore_conn_t *c, const char *name, const psstore
         ps_keylist_t kl = {0};
         size_t queued = 0;
         err = ps_model_keys(c, name, &kl);
-        const char *fields[] = {"layers", spec->layers, "loss", spec->loss, "shards", "1"};
+        const char *fields[] = {"layers", spec->layers, "loss",   spec->loss,
+                                "shards", "1",          "sparse", spec->sparse};
+        int nfields = spec->sparse != NULL ? 8 : 6; /* a sparse model names its table */
         if (err == FR_OK)
-            err = queue_create(c, name, fields, 6, w, spec->nparams, run_id, epoch, &kl, &queued);
+            err = queue_create(c, name, fields, nfields, w, spec->nparams, run_id, epoch, &kl,
+                               &queued);
         ps_keylist_fini(&kl);
         if ((err = finish_tx(c, err, queued)) != FR_ERR_STATE)
             return err;

@@ -606,6 +606,8 @@ static fr_err_t decode_tail(ps_grad_msg_t *m, psstore_grad_t *g, const int idx[F
     if (idx[F_G] < 0)
         return bad(why, whysize, "missing field 'g' (n = %" PRId64 ")", g->n);
     size_t bytes = vlens[idx[F_G]];
+    if (nparams == 0 && bytes > 0 && bytes % sizeof(float) == 0)
+        nparams = bytes / sizeof(float); /* any length (a sparse model's): its applier checks */
     if (nparams == 0 || nparams > SIZE_MAX / sizeof(float) || bytes != nparams * sizeof(float))
         return bad(why, whysize, "payload of %zu bytes, expected %zu", bytes,
                    nparams <= SIZE_MAX / sizeof(float) ? nparams * sizeof(float) : SIZE_MAX);

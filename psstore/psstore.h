@@ -20,6 +20,7 @@
 
 #include "common/common.h"
 #include "psstore/core.h"
+#include "sparse/sparse.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -92,6 +93,8 @@ typedef struct psstore_model_spec {
     const char *loss;   /* "softmax", ...                             */
     size_t nparams;     /* floats in the weights                      */
     int shards;         /* 0 or 1: one shard; up to PSSTORE_SHARDS_MAX */
+    const char *sparse; /* a sparse model: its table, "fields:F,buckets:2^B,dim:D"
+                           (meta's `sparse`; its w is the bias alone); else NULL */
 } psstore_model_spec_t;
 
 /* Creates model name with weights w[nparams] as version 0 of a fresh
@@ -171,6 +174,40 @@ fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *
 fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys, size_t *n);
 
 /* ------------------------------------------------------------------------
+ * Sparse models (rows.c, applier_sparse.c; docs/design.md "Sparse models").
+ * Rows live in the hash freshet:{m}:rows (field: the row as 4 bytes
+ * little-endian; value: its 1 + D parameters, float32 LE) and their
+ * optimizer state in freshet:{m}:rowopt; a row never written reads as
+ * sparse_row_init's value. The bias is the model's w:0 (one float), its
+ * state opt:0. A gradient (psstore_grad_t.g) packs the m rows of a batch,
+ * their gradients and the bias's: [row bits x m, grad (1 + D) x m, bias],
+ * m (2 + D) + 1 floats, the rows' 32 bits held as they are.
+ * ---------------------------------------------------------------------- */
+
+/* The floats of a packed gradient of m rows of dimension dim. */
+static inline size_t psstore_sparse_grad_len(size_t m, int dim)
+{
+    return m * (size_t)(2 + dim) + 1;
+}
+
+/* Packs rows[m], their gradients grads[m][1 + dim] and the bias's gbias
+ * into out[psstore_sparse_grad_len(m, dim)]. */
+void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim, float gbias,
+                         float *out);
+
+/*
+ * A worker's pull, in one transaction: the parameters of rows[n] (each
+ * 1 + dim floats) into params[n][1 + dim], found[i] = 1 where the store
+ * has row i (absent rows are left as they were: the caller fills them
+ * with sparse_row_init), the bias, and the epoch and version they are.
+ * FR_ERR_NOTFOUND for a model that does not exist, FR_ERR_PARSE for a row
+ * of another size.
+ */
+fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, int dim, const uint32_t *rows,
+                           size_t n, float *params, uint8_t *found, float *bias, uint64_t *epoch,
+                           int64_t *version);
+
+/* ------------------------------------------------------------------------
  * Gradients between processes (the freshet:{m}:grads stream).
  * ---------------------------------------------------------------------- */
 typedef struct psstore_grad {
@@ -241,6 +278,9 @@ psstore_shard_at_t *psstore_client_at(psstore_client_t *cl);
 /* Appends g to the grads stream, first waiting while more than max_pending
  * entries wait to be applied (up to timeout_ms; FR_ERR_TIMEOUT after). */
 fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms);
+/* A sparse model's client (psstore.h "Sparse models"): its gradients pack
+ * a batch's rows, so their length varies; the applier checks each one. */
+void psstore_client_any_length(psstore_client_t *cl);
 
 /* The stream id of the last gradient this client pushed ("" before any). */
 const char *psstore_client_last_id(const psstore_client_t *cl);
@@ -530,36 +570,45 @@ fr_err_t psstore_versions_wait(psstore_conn_t *c, const char *const *models, siz
  * The applier: the single writer of a model (docs/design.md "One writer and fencing").
  * Belongs to one thread; psstore_applier_stats may be called from others.
  * ---------------------------------------------------------------------- */
+/* A sparse model's applier (docs/design.md "Sparse models"): the table's
+ * shape and the per-row optimizer. */
+typedef struct psstore_sparse_conf {
+    int enabled; /* 0: a dense model */
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+} psstore_sparse_conf_t;
+
 typedef struct psstore_applier_conf {
     const char *url;
     const char *model;
     int shard; /* a sharded model: the shard this applier writes (0..S-1;
                   docs/design.md "Shards"); ignored for a model of one */
     psstore_ctl_conf_t ctl;
-    int64_t lease_ms;          /* lease time-to-live                        */
-    int64_t commit_ms;         /* group commit window; 0 = every gradient   */
-    int64_t versions_keep;     /* MAXLEN ~ of the versions stream           */
-    int64_t snapshot_every;    /* versions between snapshots; 0 = never     */
-    double snapshot_seconds;   /* seconds between snapshots; 0 = never      */
-    int64_t snapshot_retain;   /* snapshots kept                            */
-    int audit;                 /* append applied/dropped intervals to audit */
-    int64_t sample_limit;      /* stop reading gradients once this many samples
-                                  were applied (0: never; freshet run --samples) */
-    int commit_drained;        /* end a commit window as soon as the stream has
-                                  nothing to read: its pushers wait for the
-                                  commit ([trainer] in_flight > 0)          */
-    int npushers;              /* concurrent pushers for the delay policy   */
-    psstore_mode_t mode;       /* rounds in sync, backup and groups         */
-    int backups;               /* mode backup: a round closes at members - backups */
-    int sync_lr_linear;        /* rounds: lr times the gradients averaged   */
-    int64_t member_timeout_ms; /* silence before a member is removed      */
-    int64_t round_timeout_ms;  /* a round closes with whoever arrived      */
-    int wait_replicas;         /* WAIT for this many replicas after each commit
-                                  ([redis] wait_replicas; 0: none)          */
-    int64_t wait_timeout_ms;   /* ... for at most this long                 */
-    int requests_only;         /* execute requests only, leave gradients waiting
-                                  (the CLI acting while no applier runs)      */
-    fr_metrics_t *metrics;     /* where to export metrics; may be NULL      */
+    int64_t lease_ms;             /* lease time-to-live                        */
+    int64_t commit_ms;            /* group commit window; 0 = every gradient   */
+    int64_t versions_keep;        /* MAXLEN ~ of the versions stream           */
+    int64_t snapshot_every;       /* versions between snapshots; 0 = never     */
+    double snapshot_seconds;      /* seconds between snapshots; 0 = never      */
+    int64_t snapshot_retain;      /* snapshots kept                            */
+    int audit;                    /* append applied/dropped intervals to audit */
+    int64_t sample_limit;         /* stop reading gradients once this many samples
+                                     were applied (0: never; freshet run --samples) */
+    int commit_drained;           /* end a commit window as soon as the stream has
+                                     nothing to read: its pushers wait for the
+                                     commit ([trainer] in_flight > 0)          */
+    int npushers;                 /* concurrent pushers for the delay policy   */
+    psstore_mode_t mode;          /* rounds in sync, backup and groups         */
+    int backups;                  /* mode backup: a round closes at members - backups */
+    int sync_lr_linear;           /* rounds: lr times the gradients averaged   */
+    int64_t member_timeout_ms;    /* silence before a member is removed      */
+    int64_t round_timeout_ms;     /* a round closes with whoever arrived      */
+    int wait_replicas;            /* WAIT for this many replicas after each commit
+                                     ([redis] wait_replicas; 0: none)          */
+    int64_t wait_timeout_ms;      /* ... for at most this long                 */
+    int requests_only;            /* execute requests only, leave gradients waiting
+                                     (the CLI acting while no applier runs)      */
+    psstore_sparse_conf_t sparse; /* a sparse model's table and optimizer      */
+    fr_metrics_t *metrics;        /* where to export metrics; may be NULL      */
 } psstore_applier_conf_t;
 
 /* The defaults of [psstore], [controller] and the round settings of [trainer]

@@ -141,6 +141,23 @@ int ps_conn_masters(psstore_conn_t *c, int *nodes, int max);
 void ps_conn_pin(psstore_conn_t *c, int node);
 
 /* ------------------------------------------------------------------------
+ * Sparse rows (rows.c), shared by the worker's pull and the applier.
+ * ---------------------------------------------------------------------- */
+#define PS_ROWS_CHUNK 512 /* fields per HMGET or HSET */
+
+/* The hash field of a row: its 4 bytes little-endian. */
+void ps_row_field(uint32_t row, unsigned char f[4]);
+/* Appends HMGET key for the n fields (4 bytes each), PS_ROWS_CHUNK a
+ * command, to c's pipeline; counts the commands in *queued. */
+fr_err_t ps_rows_queue(psstore_conn_t *c, const char *key, const unsigned char *fields, size_t n,
+                       size_t *queued);
+/* Copies an HMGET reply of n values of len floats into out[n][len];
+ * found[i] (may be NULL) says which were there (absent ones are left as
+ * they were). FR_ERR_PARSE for a value of another size. */
+fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, float *out,
+                      uint8_t *found, size_t n);
+
+/* ------------------------------------------------------------------------
  * Keys (keys.c): every key of model m shares the hash tag {m}.
  * ---------------------------------------------------------------------- */
 #define PS_KEY_MAX 128
@@ -238,7 +255,7 @@ typedef struct ps_grad_msg {
 } ps_grad_msg_t;
 
 /* Decodes the nfields field/value pairs of one entry, expecting nparams
- * floats of payload. FR_ERR_PARSE with why ("unknown field 'x'", "payload of
+ * floats of payload (0: any positive number of them, a sparse model's). FR_ERR_PARSE with why ("unknown field 'x'", "payload of
  * 12 bytes, expected 16", ...) when malformed. m may be reused across calls;
  * release with ps_grad_msg_fini. */
 fr_err_t ps_grad_decode(ps_grad_msg_t *m, size_t nfields, const char *const *fields,

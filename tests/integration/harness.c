@@ -522,7 +522,7 @@ int harness_model_create(const harness_redis_t *r, const char *name, const char 
         fprintf(stderr, "harness: %s\n", errstr);
         return -1;
     }
-    psstore_model_spec_t spec = {layers, loss, n, 1};
+    psstore_model_spec_t spec = {layers, loss, n, 1, NULL};
     fr_err_t err = psstore_model_create(c, name, &spec, w, 1);
     if (err != FR_OK)
         fprintf(stderr, "harness: model create %s: %s\n", name, psstore_conn_error(c));

@@ -105,7 +105,7 @@ static void test_models_spread_over_the_masters_and_are_all_found(void **state)
         snprintf(name, sizeof(name), "spread%d", m);
         float w[N];
         harness_gradient(w, N, 100 + (uint64_t)m);
-        psstore_model_spec_t spec = {"3-3-1", "mse", N, 1};
+        psstore_model_spec_t spec = {"3-3-1", "mse", N, 1, NULL};
         if (psstore_model_create(c, name, &spec, w, 1) != FR_OK)
             fail_msg("create %s: %s", name, psstore_conn_error(c));
         snprintf(key, sizeof(key), "freshet:{%s}:meta", name);
@@ -160,7 +160,7 @@ static void test_reads_follow_ask_and_moved_during_a_migration(void **state)
     const char *model = "migr";
     psstore_conn_t *c = conn_to(cluster.url);
     float w[4] = {1, 2, 3, 4};
-    psstore_model_spec_t spec = {"3-1", "mse", 4, 1};
+    psstore_model_spec_t spec = {"3-1", "mse", 4, 1, NULL};
     assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
     char meta[64], offsets[64], out[256], src_id[41], dst_id[41], cmd[200];
     snprintf(meta, sizeof(meta), "freshet:{%s}:meta", model);
@@ -274,7 +274,7 @@ static void test_wait_replicas_counts_commits_no_replica_holds(void **state)
     const char *model = "waitr";
     psstore_conn_t *c = conn_to(cluster.url);
     float w[4] = {0};
-    psstore_model_spec_t spec = {"3-1", "mse", 4, 1};
+    psstore_model_spec_t spec = {"3-1", "mse", 4, 1, NULL};
     assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
     psstore_conn_destroy(c);
     char meta[64], role[256];

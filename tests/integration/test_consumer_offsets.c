@@ -76,7 +76,7 @@ static void create_model(const char *model)
     psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
     assert_non_null(c);
     float w[NPARAMS] = {0.1f, 0.2f, 0.3f, 0.0f};
-    psstore_model_spec_t spec = {"3-1", "mse", NPARAMS, 1};
+    psstore_model_spec_t spec = {"3-1", "mse", NPARAMS, 1, NULL};
     assert_int_equal(psstore_model_create(c, model, &spec, w, 1), FR_OK);
     psstore_conn_destroy(c);
 }

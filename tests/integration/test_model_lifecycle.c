@@ -121,7 +121,7 @@ static void api_create(psstore_conn_t *c, const char *name, const char *layers, 
 {
     model_t m;
     float *w = seeded_weights(layers, MODEL_LOSS_SOFTMAX, seed, &m);
-    psstore_model_spec_t spec = {layers, "softmax", m.nparams, 1};
+    psstore_model_spec_t spec = {layers, "softmax", m.nparams, 1, NULL};
     fr_err_t err = psstore_model_create(c, name, &spec, w, force);
     if (err != FR_OK)
         fail_msg("create %s: %s", name, psstore_conn_error(c));
@@ -228,7 +228,7 @@ static void test_create_lays_out_every_key_as_designed(void **state)
     psstore_conn_t *c = conn(R.url);
     model_t m;
     float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 42, &m);
-    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 1};
+    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 1, NULL};
     int64_t before = (int64_t)time(NULL) * 1000;
     assert_int_equal(psstore_model_create(c, "lay", &spec, w, 0), FR_OK);
 
@@ -277,7 +277,7 @@ static void test_create_refuses_an_existing_model_unless_forced(void **state)
 
     model_t m;
     float *w = seeded_weights("5-2", MODEL_LOSS_SOFTMAX, 2, &m);
-    psstore_model_spec_t spec = {"5-2", "softmax", m.nparams, 1};
+    psstore_model_spec_t spec = {"5-2", "softmax", m.nparams, 1, NULL};
     assert_int_equal(psstore_model_create(c, "dup", &spec, w, 0), FR_ERR_EXISTS);
     expect_contains(psstore_conn_error(c), "model 'dup' already exists");
     assert_string_equal(q("HGET freshet:{dup}:meta epoch"), epoch); /* untouched */
@@ -321,7 +321,7 @@ static void test_create_and_delete_refuse_bad_names(void **state)
     long_name[65] = '\0';
     const char *bad[] = {"a b", "{x}", long_name, "", "a/b", "x*", "caf\xc3\xa9", "a\nb"};
     float w[6] = {0};
-    psstore_model_spec_t spec = {"2-2", "softmax", 6, 1};
+    psstore_model_spec_t spec = {"2-2", "softmax", 6, 1, NULL};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char errstr[256] = "";
         assert_int_equal(psstore_model_name_check(bad[i], errstr, sizeof(errstr)), FR_ERR_INVAL);
@@ -1090,7 +1090,7 @@ static void test_sharded_model_layout_reads_and_delete(void **state)
     redisContext *rc = raw_connect(R.port, 6);
     model_t m;
     float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 5, &m); /* 67 floats */
-    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 3};
+    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 3, NULL};
     assert_int_equal(psstore_model_create(c, "sh", &spec, w, 0), FR_OK);
     /* meta of the model, and each shard's keys under {sh/s<k>} */
     redisReply *r = raw(rc, "HMGET freshet:{sh}:meta shards bounds layers");
@@ -1283,7 +1283,7 @@ static void test_sharded_appliers_decide_snapshot_and_roll_back_alike(void **sta
     redisContext *rc = raw_connect(R.port, 7);
     model_t m;
     float *w = seeded_weights("4-8-3", MODEL_LOSS_SOFTMAX, 6, &m);
-    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 2}; /* 0..32, 32..67 */
+    psstore_model_spec_t spec = {"4-8-3", "softmax", m.nparams, 2, NULL}; /* 0..32, 32..67 */
     assert_int_equal(psstore_model_create(c, "sn", &spec, w, 0), FR_OK);
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);

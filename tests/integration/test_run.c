@@ -368,7 +368,7 @@ static void test_gaps_on_different_shards_are_each_applied_once(void **state)
     psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
     assert_non_null(c);
     const float w[NPARAMS] = {0};
-    psstore_model_spec_t spec = {"3-1", "mse", NPARAMS, 2};
+    psstore_model_spec_t spec = {"3-1", "mse", NPARAMS, 2, NULL};
     assert_int_equal(psstore_model_create(c, model, &spec, w, 0), FR_OK);
     psstore_conn_destroy(c);
     char tag[2][80], out[64];
