@@ -255,9 +255,9 @@ typedef struct ps_grad_msg {
 } ps_grad_msg_t;
 
 /* Decodes the nfields field/value pairs of one entry, expecting nparams
- * floats of payload (0: any positive number of them, a sparse model's). FR_ERR_PARSE with why ("unknown field 'x'", "payload of
- * 12 bytes, expected 16", ...) when malformed. m may be reused across calls;
- * release with ps_grad_msg_fini. */
+ * floats of payload (0: any positive number of them, a sparse model's). FR_ERR_PARSE with why
+ * ("unknown field 'x'", "payload of 12 bytes, expected 16", ...) when malformed. m may be reused
+ * across calls; release with ps_grad_msg_fini. */
 fr_err_t ps_grad_decode(ps_grad_msg_t *m, size_t nfields, const char *const *fields,
                         const size_t *flens, const char *const *vals, const size_t *vlens,
                         size_t nparams, char *why, size_t whysize);
