@@ -272,10 +272,13 @@ static int run_records(pass_t *ps, ingest_file_t *f, sparse_layout_t layout)
     fr_err_t err = FR_OK;
     while (o->limit == 0 || ps->records < o->limit) {
         const void *rec;
+        const char *line;
         size_t len;
         err = layout == SPARSE_LAYOUT_BINARY
                   ? ingest_file_framed(f, &rec, &len, errstr, sizeof(errstr))
-                  : ingest_file_line(f, (const char **)&rec, &len, errstr, sizeof(errstr));
+                  : ingest_file_line(f, &line, &len, errstr, sizeof(errstr));
+        if (layout != SPARSE_LAYOUT_BINARY)
+            rec = line;
         if (err == FR_ERR_RANGE) {
             count_reject(ps, "too long");
             continue;

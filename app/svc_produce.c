@@ -531,10 +531,13 @@ static int send_sparse_file(produce_run_t *r, sparse_layout_t from, sparse_layou
             index = pass_sent = 0;
         }
         const void *rec;
+        const char *line;
         size_t len;
         fr_err_t err = from == SPARSE_LAYOUT_BINARY
                            ? ingest_file_framed(f, &rec, &len, errstr, sizeof(errstr))
-                           : ingest_file_line(f, (const char **)&rec, &len, errstr, sizeof(errstr));
+                           : ingest_file_line(f, &line, &len, errstr, sizeof(errstr));
+        if (from != SPARSE_LAYOUT_BINARY)
+            rec = line;
         if (err == FR_ERR_NOTFOUND && o->loop && pass_sent > 0) {
             ingest_file_close(f); /* again, from the start */
             f = NULL;
@@ -542,6 +545,11 @@ static int send_sparse_file(produce_run_t *r, sparse_layout_t from, sparse_layou
         }
         if (err == FR_ERR_NOTFOUND)
             break;
+        if (err != FR_OK && err != FR_ERR_RANGE) { /* the file itself: cut, corrupt, foreign */
+            fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
+            rc = APP_EXIT_USAGE;
+            break;
+        }
         index++;
         const char *why = "too long";
         sparse_ids_t ids;
@@ -549,17 +557,12 @@ static int send_sparse_file(produce_run_t *r, sparse_layout_t from, sparse_layou
         if (err == FR_OK)
             err = from == SPARSE_LAYOUT_BINARY ? sparse_parse_binary(&any, rec, len, &s, &why)
                                                : sparse_criteo_ids(rec, len, &ids, &why);
-        if (err == FR_ERR_PARSE || err == FR_ERR_RANGE) {
+        if (err != FR_OK) { /* a record that does not parse, or a line too long */
             if (skipped++ == 0) {
                 first_why = why;
                 first_at = index;
             }
             continue;
-        }
-        if (err != FR_OK) {
-            fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
-            rc = APP_EXIT_USAGE;
-            break;
         }
         if (from == SPARSE_LAYOUT_CRITEO && to == SPARSE_LAYOUT_BINARY) {
             rec = bin;

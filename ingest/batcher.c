@@ -560,8 +560,21 @@ fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t 
     return FR_OK;
 }
 
+/* Whether p's next record would bring positions below its alone_to into
+ * the batch: its coverage starts at the first position from end that is
+ * not skipped, whatever the record's offset (positions without a record,
+ * such as transaction markers, come with the record after them). */
+static int below_alone(const part_t *p)
+{
+    int64_t start = p->end;
+    size_t i = skip_first_after(p, start);
+    if (i < p->nskip && p->skip[i][0] <= start)
+        start = p->skip[i][1];
+    return start < p->alone_to;
+}
+
 /*
- * Whether the record at offset of p may join the open batch (which holds
+ * Whether the next record of p may join the open batch (which holds
  * something). A record below its partition's alone_to joins only a batch
  * of that partition alone, and a batch of such records takes no other:
  * for a sharded model those positions are applied on some shards and not
@@ -570,11 +583,11 @@ fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t 
  * shard would drop it, each time it is read again (docs/design.md
  * "Shards").
  */
-static int may_join(const ingest_batcher_t *bt, const part_t *p, int64_t offset)
+static int may_join(const ingest_batcher_t *bt, const part_t *p)
 {
     if (bt->alone != NULL)
-        return bt->alone == p && offset < p->alone_to;
-    return offset >= p->alone_to;
+        return bt->alone == p && below_alone(p);
+    return !below_alone(p);
 }
 
 /*
@@ -609,13 +622,13 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
     /* A batch left full by the last record (below), or one this record
      * may not join, goes out first; the record then starts the next. */
     ingest_batch_t *before = NULL;
-    if (bt->nopen > 0 && (bt->n == bt->cap || !may_join(bt, p, offset))) {
+    if (bt->nopen > 0 && (bt->n == bt->cap || !may_join(bt, p))) {
         if ((before = open_finalize(bt)) == NULL)
             return FR_ERR_NOMEM;
         *full = before;
     }
     const part_t *old_alone = bt->alone;
-    if (offset < p->alone_to)
+    if (below_alone(p))
         bt->alone = p;
 
     ingest_reject_t r =

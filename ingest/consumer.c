@@ -441,6 +441,12 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
         fill_done(c, open_since);
         ingest_consumer_queue_push(c, full);
         *dirty = 0;
+        /* a batch closed before this record (ingest_batcher_alone): the
+         * record opens the next one, which lingers as any other */
+        if (ingest_batcher_holds(c->bt, topic, m->partition)) {
+            *open_since = now_ms();
+            *dirty = 1;
+        }
     }
 }
 

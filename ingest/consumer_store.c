@@ -143,8 +143,10 @@ int64_t ingest_consumer_partition_start(ingest_consumer_t *c, const char *topic,
                                   nskip, found ? po.generation : 0, &flushed);
     /* a sharded model's positions some shard applied and another did not
      * are batched apart from other partitions' (docs/design.md "Shards") */
-    if (err == FR_OK && found && po.alone_to > seek_at)
-        err = ingest_batcher_alone(c->bt, topic, partition, po.alone_to);
+    if (err == FR_OK && found && po.alone_to > seek_at &&
+        ingest_batcher_alone(c->bt, topic, partition, po.alone_to) != FR_OK)
+        fr_log(FR_LOG_ERROR, "ingest: %s/%" PRId32 ": cannot batch it alone below %" PRId64, topic,
+               partition, po.alone_to); /* unreachable: just seeked, holding nothing */
     if (err != FR_OK)
         fr_log(FR_LOG_ERROR, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", topic, partition,
                seek_at, fr_strerror(err));

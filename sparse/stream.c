@@ -47,8 +47,10 @@ void sparse_pack(const sparse_sample_t *s, int fields, float *x)
 
 fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse_sample_t *s)
 {
+    if (!(x[0] >= 0.0f && x[0] <= (float)fields))
+        return FR_ERR_PARSE;
     int n = (int)x[0];
-    if (!(x[0] >= 0.0f && x[0] <= (float)fields) || (float)n != x[0])
+    if ((float)n != x[0])
         return FR_ERR_PARSE;
     s->label = label;
     s->n = n;

@@ -138,6 +138,12 @@ if "$F" produce --help >/dev/null 2>&1; then
     head -c 2000 "$work/ctr1.gz" >"$work/cut.gz"
     expect 2 "cut.gz: gzip: unexpected end of file" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/cut.gz" --format criteo
     expect 2 "good.csv: no record of format criteo" -- "$F" fit-sparse --sparse fields:39,buckets:2^16 --data "$work/good.csv" --format criteo
+    # gzip is read by its content, from a pipe too
+    expect 0 "$want" -- sh -c "\"$F\" fit-sparse --sparse fields:39,buckets:2^16,dim:4 --data - --format criteo <\"$work/ctr1.gz\""
+    # produce refuses a cut or foreign sparse file at once (nothing is sent; no broker needed)
+    expect 2 "cut.gz: gzip: unexpected end of file" -- "$F" produce --data "$work/cut.gz" --format criteo --encode binary --bootstrap 127.0.0.1:9 --topic t
+    expect 2 "record 1: a length of [0-9]* bytes, more than [0-9]*: not records each after their length" -- "$F" produce --data "$work/ctr1" --format binary --encode binary --bootstrap 127.0.0.1:9 --topic t
+    expect 2 "binary records hold the values' ids" -- "$F" produce --data "$work/ctr1.bin" --format binary --encode criteo --bootstrap 127.0.0.1:9 --topic t
     # rows 2^16 x (1 + 4) floats and the bias, after a header: the exact size
     size=$(stat -c %s "$work/sp.safetensors")
     if [ "$size" -gt $((65536 * 5 * 4 + 4)) ] && [ "$size" -lt $((65536 * 5 * 4 + 4 + 400)) ]; then

@@ -406,6 +406,16 @@ static void test_records_below_alone_to_are_batched_apart_from_other_partitions(
     b = ingest_batcher_flush(bt);
     assert_int_equal(b->nranges, 2);
     ingest_batch_destroy(b);
+
+    /* positions without a record below alone_to (a transaction marker, a
+     * compacted record) come with the next record: it is batched alone
+     * even at an offset from alone_to on */
+    seek_plain(bt, "t", 0, 20);
+    seek_plain(bt, "t", 1, 20);
+    assert_int_equal(ingest_batcher_alone(bt, "t", 0, 25), FR_OK);
+    add_good(bt, "t", 1, 20);
+    assert_alone(add_closing(bt, "t", 0, 27), 1, 20, 21, 1);
+    assert_alone(ingest_batcher_flush(bt), 0, 20, 28, 1);
     ingest_batcher_destroy(bt);
 }
 
