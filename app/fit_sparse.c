@@ -36,7 +36,7 @@ static void fit_sparse_usage(FILE *out)
                  "  --sparse S           the table: fields per record (criteo: 39), 2^B rows,\n"
                  "                       embedding width D\n"
                  "  --data FILE          the records, one a line ('-': standard input);\n"
-                 "                       a name ending .gz is read through zlib\n"
+                 "                       gzip data is recognised and read as it is\n"
                  "  --format F           criteo | libsvm | binary (records each after its\n"
                  "                       length, 4 bytes LE, as produce --encode binary writes)\n"
                  "  --optimizer O        ftrl (linear weights and bias; embeddings by adagrad)\n"
