@@ -54,7 +54,19 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg);
  * [trainer] workers (svc_ps.c). Returns 0 or an exit status. */
 int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
                      psstore_applier_conf_t *conf);
-int app_cmd_run(int argc, char **argv);   /* svc_run.c */
+int app_cmd_run(int argc, char **argv); /* svc_run.c */
+#define APP_MAX_PROPS 256               /* [kafka] properties, at most */
+/* The consumer of [kafka], [ingest] and [psstore] gap_timeout, decoding
+ * records by schema and format; props[APP_MAX_PROPS] receives the [kafka]
+ * pairs. NULL after printing why (svc_run.c). */
+ingest_consumer_t *app_consumer_open(const char *cmd, const fr_config_t *cfg,
+                                     const ingest_schema_t *schema, ingest_format_t format,
+                                     const char *(*props)[2], fr_metrics_t *metrics);
+/* freshet run of a [model] sparse: its consumer, sparse workers and
+ * applier until SIGINT, SIGTERM or samples_limit applied samples (0:
+ * never). Returns the exit status (svc_run_sparse.c). */
+int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
+                   const char *(*props)[2], int64_t samples_limit);
 int app_cmd_train(int argc, char **argv); /* svc_run.c */
 /* Executes the requests waiting for model name with an applier that only
  * executes requests, when no applier holds the lease (docs/design.md "One writer and fencing": the

@@ -31,8 +31,8 @@
 #define PROGRESS_NS     5000000000ull /* a progress line this often */
 #define TICK_MS         200           /* the main loop's pace        */
 #define SAMPLES_TICK_MS 10            /* --samples checks the applier this often */
-#define MAX_PROPS       256
 #define STORE_WAIT_MS   2000
+#define ROLE_SPARSE     1000 /* role_open: [model] sparse, run by svc_run_sparse.c */
 
 static void usage_common(FILE *out, const char *cmd, const char *what, const char *extra)
 {
@@ -187,15 +187,14 @@ static void *applier_main(void *arg)
     return NULL;
 }
 
-/* The consumer of [kafka], [ingest], [psstore] gap_timeout; NULL after
- * printing why. props[MAX_PROPS] receives the [kafka] pairs. */
-static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg, const model_t *m,
-                                        const char *(*props)[2], fr_metrics_t *metrics)
+ingest_consumer_t *app_consumer_open(const char *cmd, const fr_config_t *cfg,
+                                     const ingest_schema_t *schema, ingest_format_t format,
+                                     const char *(*props)[2], fr_metrics_t *metrics)
 {
     char errstr[512];
     size_t nprops = fr_config_kafka_count(cfg);
-    if (nprops > MAX_PROPS) {
-        app_usage_error(cmd, "more than %d [kafka] properties", MAX_PROPS);
+    if (nprops > APP_MAX_PROPS) {
+        app_usage_error(cmd, "more than %d [kafka] properties", APP_MAX_PROPS);
         return NULL;
     }
     for (size_t i = 0; i < nprops; i++)
@@ -213,22 +212,34 @@ static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg,
         .dead_letter_topic = fr_config_get(cfg, "ingest", "dead_letter_topic"),
         .gap_timeout_ms = (int)ceil(fr_config_get_double(cfg, "psstore", "gap_timeout") * 1000),
         .metrics = metrics,
+        .schema = *schema,
+        .format = format,
     };
-    trainer_model_schema(m, &conf.schema);
-    int64_t features = fr_config_get_int(cfg, "ingest", "features");
-    if (features != 0 && features != conf.schema.features) {
-        app_usage_error(cmd, "[ingest] features is %lld but the model's input is %d",
-                        (long long)features, conf.schema.features);
-        return NULL;
-    }
-    if (ingest_format_parse(fr_config_get(cfg, "ingest", "format"), &conf.format) != FR_OK) {
-        app_usage_error(cmd, "[ingest] format: csv, libsvm or f32");
-        return NULL;
-    }
     ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
     if (c == NULL)
         fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
     return c;
+}
+
+/* The consumer of a dense model's records; NULL after printing why. */
+static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg, const model_t *m,
+                                        const char *(*props)[2], fr_metrics_t *metrics)
+{
+    ingest_schema_t schema;
+    ingest_format_t format;
+    trainer_model_schema(m, &schema);
+    int64_t features = fr_config_get_int(cfg, "ingest", "features");
+    if (features != 0 && features != schema.features) {
+        app_usage_error(cmd, "[ingest] features is %lld but the model's input is %d",
+                        (long long)features, schema.features);
+        return NULL;
+    }
+    if (ingest_format_parse(fr_config_get(cfg, "ingest", "format"), &format) != FR_OK) {
+        app_usage_error(cmd, "[ingest] format: csv, libsvm or f32 (criteo and binary are for a "
+                             "[model] sparse)");
+        return NULL;
+    }
+    return app_consumer_open(cmd, cfg, &schema, format, props, metrics);
 }
 
 /* The workers of [trainer]; NULL after printing why. */
@@ -443,6 +454,8 @@ static int role_open(role_t *r, int with_applier, void (*usage)(FILE *), int arg
     char errstr[512];
     int64_t workers, max_pending;
     int rc = app_load_config(r->cmd, r->cfg, argc, argv, usage);
+    if (rc == 0 && fr_config_get(r->cfg, "model", "sparse")[0] != '\0')
+        return ROLE_SPARSE; /* svc_run_sparse.c */
     if (rc != 0 || (rc = role_model(r, &workers, &max_pending)) != 0 ||
         (rc = app_ensure_model(r->cmd, r->cfg)) != 0 ||
         (rc = holdout_open(r->cmd, r->cfg, &r->m, r->metrics, &r->h)) != 0)
@@ -683,7 +696,7 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
     }
     r.cfg = fr_config_new();
     r.metrics = fr_metrics_new();
-    r.props = calloc(MAX_PROPS, sizeof(*r.props));
+    r.props = calloc(APP_MAX_PROPS, sizeof(*r.props));
     if (r.cfg == NULL || r.metrics == NULL || r.props == NULL) {
         fr_config_destroy(r.cfg);
         fr_metrics_destroy(r.metrics);
@@ -691,7 +704,11 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
         return APP_EXIT_FAILURE;
     }
     int rc = role_open(&r, with_applier, usage, argc, argv);
-    if (rc == 0) {
+    if (rc == ROLE_SPARSE)
+        rc = with_applier ? app_run_sparse(cmd, r.cfg, r.metrics, r.props, r.samples_limit)
+                          : app_usage_error(cmd, "a [model] sparse trains in freshet run for now "
+                                                 "(freshet train and ps are dense models' roles)");
+    else if (rc == 0) {
         rc = role_start(&r);
         role_loop(&r);
         role_halt(&r);

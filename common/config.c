@@ -77,9 +77,13 @@ static const conf_key_t schema[] = {
     K_INT("model", "seed", "42", 0, NO_MAX, "Seed for weight initialisation."),
     K_STR("model", "init", "",
           "Initial weights: a safetensors file (empty: random initialisation)."),
+    K_STR("model", "sparse", "",
+          "A sparse model's table, fields:F,buckets:2^B,dim:D (hashed logistic regression at "
+          "D = 0, a factorization machine above); empty: the dense model of layers."),
 
     K_STR("ingest", "topic", "freshet.samples", "Kafka topic to consume."),
-    K_ENUM("ingest", "format", "f32", "csv|libsvm|f32", "Record encoding."),
+    K_ENUM("ingest", "format", "f32", "csv|libsvm|f32|criteo|binary",
+           "Record encoding (a sparse model: criteo, libsvm or binary)."),
     K_INT("ingest", "features", "0", 0, NO_MAX,
           "Features per sample (0: the model's input width)."),
     K_INT("ingest", "batch", "64", 1, 65536, "Samples per batch."),
@@ -144,6 +148,15 @@ static const conf_key_t schema[] = {
     K_DBL("controller", "momentum", "0.9", 0, 1, CK_MAX_OPEN,
           "Momentum coefficient (optimizer = momentum)."),
 
+    K_ENUM("sparse", "optimizer", "ftrl", "ftrl|adagrad",
+           "A sparse model's per-row optimizer (ftrl: FTRL-Proximal on the linear weights and the "
+           "bias, Adagrad on the embeddings)."),
+    K_DBL("sparse", "lr", "0.02", 0, HUGE_VAL, CK_MIN_OPEN, "Adagrad's learning rate."),
+    K_DBL("sparse", "alpha", "0.1", 0, HUGE_VAL, CK_MIN_OPEN, "FTRL's alpha."),
+    K_DBL("sparse", "beta", "1", 0, HUGE_VAL, 0, "FTRL's beta."),
+    K_DBL("sparse", "l1", "0", 0, HUGE_VAL, 0, "FTRL's L1 regularization."),
+    K_DBL("sparse", "l2", "0", 0, HUGE_VAL, 0, "FTRL's L2 regularization."),
+
     K_INT("psstore", "shards", "1", 1, 64,
           "Shards a new model's weights are cut into, each with its own applier and Redis "
           "Cluster slot (chosen when the model is created; 1 keeps one)."),
@@ -190,7 +203,8 @@ static const conf_key_t schema[] = {
 
 /* Sections in file order; [kafka] takes any key. */
 static const char *const sections[] = {
-    "model", "kafka", "ingest", "redis", "trainer", "controller", "psstore", "serve", "eval",
+    "model",      "kafka",  "ingest",  "redis", "trainer",
+    "controller", "sparse", "psstore", "serve", "eval",
 };
 #define NSECTIONS (sizeof(sections) / sizeof(sections[0]))
 

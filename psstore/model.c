@@ -899,6 +899,8 @@ static void info_from_meta(psstore_model_info_t *info, const redisReply *meta)
             ps_reply_copy(info->layers, sizeof(info->layers), v);
         else if (strcmp(f->str, "loss") == 0)
             ps_reply_copy(info->loss, sizeof(info->loss), v);
+        else if (strcmp(f->str, "sparse") == 0)
+            ps_reply_copy(info->sparse, sizeof(info->sparse), v);
         else if (strcmp(f->str, "stopped") == 0)
             ps_reply_copy(info->stopped, sizeof(info->stopped), v);
         else if (strcmp(f->str, "mode") == 0)

@@ -1,0 +1,240 @@
+/*
+ * svc_run_sparse.c - freshet run for a sparse model ([model] sparse;
+ * docs/design.md "Sparse models"): the consumer decodes Criteo, libsvm or
+ * binary records into packed sparse samples, the sparse workers pull each
+ * batch's rows and push the rows' gradients to the grads stream, and the
+ * model's applier applies them with the per-row optimizer and commits the
+ * rows with the offsets (exactly once, as for dense models). The
+ * in-process channel of dense runs is not used: a gradient carries only
+ * its batch's rows, so the stream is the path. No HTTP and no holdout for
+ * sparse models yet.
+ *
+ * Shutdown as dense runs: SIGINT or SIGTERM stops the consumer, the
+ * workers finish their batch, the applier commits and releases the lease.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/app.h"
+#include "ingest/ingest.h"
+#include "psstore/psstore.h"
+#include "sparse/sparse.h"
+#include "trainer/sparse_pool.h"
+
+#define TICK_MS     10            /* --samples checks the applier this often */
+#define PROGRESS_NS 5000000000ull /* a progress line this often             */
+
+typedef struct sparse_run {
+    const char *cmd;
+    const fr_config_t *cfg;
+    sparse_decoder_t dec;
+    sparse_optim_t optim;
+    psstore_applier_t *a;
+    pthread_t applier_tid;
+    int applier_running;
+    atomic_int applier_stop;
+    ingest_consumer_t *src;
+    trainer_sparse_t *pool;
+} sparse_run_t;
+
+static void *applier_main(void *arg)
+{
+    sparse_run_t *r = arg;
+    fr_thread_name("fr-applier");
+    psstore_applier_run(r->a, &r->applier_stop);
+    return NULL;
+}
+
+/* The table, the layout and the optimizer of the configuration. Returns 0
+ * or an exit status. */
+static int read_conf(sparse_run_t *r)
+{
+    char errstr[256];
+    const fr_config_t *cfg = r->cfg;
+    if (sparse_spec_parse(fr_config_get(cfg, "model", "sparse"), &r->dec.spec, errstr,
+                          sizeof(errstr)) != FR_OK)
+        return app_usage_error(r->cmd, "[model] sparse: %s", errstr);
+    const char *format = fr_config_get(cfg, "ingest", "format");
+    if (sparse_layout_parse(format, &r->dec.layout) != FR_OK)
+        return app_usage_error(r->cmd,
+                               "[ingest] format: a sparse model reads criteo, libsvm or binary "
+                               "records, not %s",
+                               format);
+    if (r->dec.layout == SPARSE_LAYOUT_CRITEO && r->dec.spec.fields < SPARSE_CRITEO_FIELDS)
+        return app_usage_error(r->cmd,
+                               "[ingest] format criteo needs [model] sparse fields:%d or "
+                               "more",
+                               SPARSE_CRITEO_FIELDS);
+    if (strcmp(fr_config_get(cfg, "trainer", "mode"), "async") != 0)
+        return app_usage_error(r->cmd, "a sparse model trains in [trainer] mode async for now");
+    sparse_optim_kind_t kind;
+    sparse_optim_parse(fr_config_get(cfg, "sparse", "optimizer"), &kind); /* an enum key */
+    sparse_optim_defaults(&r->optim, kind);
+    r->optim.lr = (float)fr_config_get_double(cfg, "sparse", "lr");
+    r->optim.alpha = (float)fr_config_get_double(cfg, "sparse", "alpha");
+    r->optim.beta = (float)fr_config_get_double(cfg, "sparse", "beta");
+    r->optim.l1 = (float)fr_config_get_double(cfg, "sparse", "l1");
+    r->optim.l2 = (float)fr_config_get_double(cfg, "sparse", "l2");
+    r->optim.seed = (uint64_t)fr_config_get_int(cfg, "model", "seed");
+    return 0;
+}
+
+/* Creates the model when the store has none (bias 0, rows at their
+ * initial values); refuses a model of another kind or table. */
+static int ensure_model(sparse_run_t *r)
+{
+    char errstr[512], spec[64];
+    const char *url = fr_config_get(r->cfg, "redis", "url");
+    const char *name = fr_config_get(r->cfg, "model", "name");
+    sparse_spec_format(&r->dec.spec, spec, sizeof(spec));
+    psstore_conn_t *c = psstore_conn_new(url, 2000, errstr, sizeof(errstr));
+    if (c == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+        return APP_EXIT_USAGE;
+    }
+    int rc = 0;
+    psstore_model_info_t info;
+    fr_err_t err = psstore_model_info(c, name, &info);
+    if (err == FR_OK && strcmp(info.sparse, spec) != 0) {
+        rc = app_usage_error(r->cmd,
+                             "model '%s' in the store is %s%s, the configuration says "
+                             "sparse %s",
+                             name, info.sparse[0] ? "sparse " : "",
+                             info.sparse[0] ? info.sparse : info.layers, spec);
+    } else if (err == FR_ERR_NOTFOUND) {
+        const float bias = 0;
+        psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, spec};
+        if (psstore_model_create(c, name, &ms, &bias, 0) != FR_OK &&
+            psstore_model_info(c, name, &info) != FR_OK) /* another process created it: fine */
+            rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
+    } else if (err != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, psstore_conn_error(c));
+        rc = APP_EXIT_USAGE;
+    }
+    psstore_conn_destroy(c);
+    return rc;
+}
+
+/* The applier, the consumer and the workers, not started. */
+static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)[2],
+                    int64_t samples_limit)
+{
+    char errstr[512];
+    psstore_applier_conf_t conf;
+    int rc = app_applier_conf(r->cmd, r->cfg, metrics, &conf);
+    if (rc != 0)
+        return rc;
+    conf.sample_limit = samples_limit;
+    conf.sparse.enabled = 1;
+    conf.sparse.spec = r->dec.spec;
+    conf.sparse.optim = r->optim;
+    if ((r->a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+        return APP_EXIT_USAGE;
+    }
+    ingest_schema_t schema = {.features = SPARSE_PACKED(r->dec.spec.fields),
+                              .label = INGEST_LABEL_BINARY,
+                              .decode = sparse_ingest_decode,
+                              .decode_arg = &r->dec};
+    if ((r->src = app_consumer_open(r->cmd, r->cfg, &schema, INGEST_FORMAT_CSV, props, metrics)) ==
+        NULL)
+        return APP_EXIT_USAGE;
+    trainer_sparse_conf_t wc = {
+        .redis_url = fr_config_get(r->cfg, "redis", "url"),
+        .model = fr_config_get(r->cfg, "model", "name"),
+        .spec = r->dec.spec,
+        .optim = r->optim,
+        .workers = (int)fr_config_get_int(r->cfg, "trainer", "workers"),
+        .max_batch = (int)fr_config_get_int(r->cfg, "ingest", "batch"),
+        .max_pending = fr_config_get_int(r->cfg, "psstore", "max_pending"),
+        .in_flight = (int)fr_config_get_int(r->cfg, "trainer", "in_flight"),
+        .source = r->src,
+    };
+    if ((r->pool = trainer_sparse_new(&wc, errstr, sizeof(errstr))) == NULL) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+        return APP_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* One progress line: the interval's samples/s and progressive logloss,
+ * rows pulled, the applier. */
+static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, double seconds)
+{
+    trainer_sparse_stats_t st;
+    ingest_consumer_stats_t cs;
+    psstore_applier_stats_t as;
+    trainer_sparse_stats(r->pool, &st);
+    ingest_consumer_stats(r->src, &cs);
+    psstore_applier_stats(r->a, &as);
+    uint64_t n = st.samples - prev->samples, dropped = 0;
+    for (int d = 0; d < PSSTORE_NDROP; d++)
+        dropped += as.dropped[d];
+    fr_log(FR_LOG_INFO,
+           "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, computed on version %lld, "
+           "%d partition(s), lag %lld, failed %llu, applier %s at version %lld, applied %llu, "
+           "dropped %llu, staleness p50 %lld p99 %lld",
+           r->cmd, (double)n / seconds, n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : 0.0,
+           (double)(st.rows - prev->rows) / seconds, (long long)st.version, cs.assigned,
+           (long long)cs.lag, (unsigned long long)st.failed, as.active ? "active" : "standby",
+           (long long)as.version, (unsigned long long)as.applied, (unsigned long long)dropped,
+           (long long)as.tau_p50, (long long)as.tau_p99);
+    *prev = st;
+}
+
+int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
+                   const char *(*props)[2], int64_t samples_limit)
+{
+    sparse_run_t r = {.cmd = cmd, .cfg = cfg};
+    atomic_init(&r.applier_stop, 0);
+    int rc = read_conf(&r);
+    if (rc == 0)
+        rc = ensure_model(&r);
+    if (rc == 0)
+        rc = open_all(&r, metrics, props, samples_limit);
+    if (rc == 0) {
+        app_stop_on_signals(1);
+        r.applier_running = pthread_create(&r.applier_tid, NULL, applier_main, &r) == 0;
+        if (!r.applier_running || ingest_consumer_start(r.src) != FR_OK ||
+            trainer_sparse_start(r.pool) != FR_OK) {
+            fprintf(stderr, "freshet %s: could not start\n", cmd);
+            atomic_store(&app_stop, 1);
+            rc = APP_EXIT_FAILURE;
+        }
+        char spec[64];
+        sparse_spec_format(&r.dec.spec, spec, sizeof(spec));
+        fr_log(FR_LOG_INFO, "%s: sparse model %s (%s, %s), %lld worker(s), topic %s", cmd,
+               fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind),
+               (long long)fr_config_get_int(cfg, "trainer", "workers"),
+               fr_config_get(cfg, "ingest", "topic"));
+        trainer_sparse_stats_t prev = {0};
+        uint64_t last = fr_clock_mono_ns();
+        while (!atomic_load(&app_stop)) {
+            struct timespec ts = {0, TICK_MS * 1000000L};
+            nanosleep(&ts, NULL);
+            if (samples_limit > 0 && psstore_applier_samples(r.a) >= samples_limit) {
+                fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld)", cmd,
+                       (long long)psstore_applier_samples(r.a), (long long)samples_limit);
+                break;
+            }
+            uint64_t now = fr_clock_mono_ns();
+            if (now - last >= PROGRESS_NS) {
+                progress(&r, &prev, (double)(now - last) * 1e-9);
+                last = now;
+            }
+        }
+        fr_log(FR_LOG_INFO, "%s: stopping", cmd);
+    }
+    ingest_consumer_stop(r.src);
+    trainer_sparse_stop(r.pool);
+    atomic_store(&r.applier_stop, 1);
+    if (r.applier_running)
+        pthread_join(r.applier_tid, NULL);
+    trainer_sparse_destroy(r.pool);
+    ingest_consumer_destroy(r.src);
+    psstore_applier_destroy(r.a);
+    return rc;
+}

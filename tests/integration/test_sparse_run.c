@@ -1,0 +1,168 @@
+/*
+ * test_sparse_run.c - freshet run of a sparse model end to end
+ * (docs/design.md "Sparse models"): the dev broker (a separate process), a
+ * real redis-server, and freshet produce, fit-sparse and run as child
+ * processes. With one worker whose in-flight bound makes every gradient
+ * fresh, the stream path computes exactly what fit-sparse computes over
+ * the same records in the same batches, so the rows and the bias it
+ * leaves in Redis must be fit-sparse's table, to float rounding; and the
+ * audit must show every position applied once.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+
+#include "common/common.h"
+#include "harness.h"
+#include "sparse/sparse.h"
+
+#define SPEC    "fields:39,buckets:2^16,dim:4"
+#define ROWL    5     /* 1 + dim */
+#define N       10240 /* 40 batches of 256: one partition under the dev broker's 5 MiB */
+#define WAIT_MS 120000
+
+static harness_broker_t broker;
+static harness_redis_t redis;
+static char tmp_dir[256];
+
+/* DIR/name into out[300]. */
+static void path(char *out, const char *name)
+{
+    snprintf(out, 300, "%s/%s", tmp_dir, name);
+}
+
+/* Runs freshet with the arguments (NULL-terminated), logging to DIR/log;
+ * fails the test, showing the log, unless it exits 0. */
+static void freshet_ok(const char *log, ...)
+{
+    char *argv[32] = {FRESHET_BIN};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, log);
+    for (char *a; argc < 31 && (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char lp[300];
+    path(lp, log);
+    int status = harness_run(argv, lp, WAIT_MS);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof(cmd), "tail -30 '%s' >&2", lp);
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no log)\n");
+        fail_msg("freshet %s failed (status %d)", argv[1], status);
+    }
+}
+
+static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once(void **state)
+{
+    (void)state;
+    char records[300], table[300], conf[300];
+    path(records, "ctr.bin");
+    path(table, "fit.safetensors");
+    path(conf, "run.conf");
+    char limit[16];
+    snprintf(limit, sizeof(limit), "%d", N);
+    freshet_ok("synth.log", "produce", "--synthetic", "ctr", "--seed", "4", "--encode", "binary",
+               "--out", records, "--limit", limit, NULL);
+    freshet_ok("produce.log", "produce", "--data", records, "--format", "binary", "--encode",
+               "binary", "--bootstrap", broker.bootstrap, "--topic", "sx1", NULL);
+    freshet_ok("fit.log", "fit-sparse", "--sparse", SPEC, "--data", records, "--format", "binary",
+               "--batch", "256", "--seed", "42", "--out", table, NULL);
+
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = spr\nsparse = " SPEC "\nseed = 42\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = sx1\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
+            "[redis]\nurl = %s\n[serve]\nlisten =\n"
+            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n",
+            broker.bootstrap, redis.url);
+    assert_int_equal(fclose(f), 0);
+    freshet_ok("run.log", "run", "--config", conf, "--samples", limit, NULL);
+
+    char errstr[256];
+    fr_st_file_t *st = fr_st_read_file(table, errstr, sizeof(errstr));
+    if (st == NULL)
+        fail_msg("%s", errstr);
+    const fr_st_tensor_t *rows = fr_st_find(st, "rows"), *bias = fr_st_find(st, "bias");
+    assert_non_null(rows);
+    assert_non_null(bias);
+    assert_int_equal(rows->shape[0], 1 << 16);
+    assert_int_equal(rows->shape[1], ROWL);
+
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    assert_true(c != NULL && c->err == 0);
+    redisReply *r = redisCommand(c, "HGETALL freshet:{spr}:rows");
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    size_t nrows = r->elements / 2;
+    double worst = 0;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *k = r->element[i], *v = r->element[i + 1];
+        assert_int_equal(k->len, 4);
+        assert_int_equal(v->len, ROWL * sizeof(float));
+        const unsigned char *kb = (const unsigned char *)k->str;
+        uint32_t row = kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
+        assert_true(row < (1u << 16));
+        float got[ROWL], want[ROWL];
+        memcpy(got, v->str, sizeof(got));
+        memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
+        for (int j = 0; j < ROWL; j++) {
+            double d = fabs((double)got[j] - want[j]);
+            worst = d > worst ? d : worst;
+            if (d > 1e-5)
+                fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
+        }
+    }
+    freeReplyObject(r);
+    r = redisCommand(c, "GET freshet:{spr}:w:0");
+    assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
+    float b;
+    memcpy(&b, r->str, 4);
+    assert_float_equal(b, ((const float *)bias->data)[0], 1e-5);
+    freeReplyObject(r);
+    redisFree(c);
+    fr_st_destroy(st);
+    fr_log(FR_LOG_INFO, "%zu rows in the store equal fit-sparse's (worst %.2g), bias %.6f", nrows,
+           worst, b);
+    assert_true(nrows > 1000);
+
+    int seen[N];
+    assert_true(harness_audit_count(&redis, "spr", "sx1", 0, "applied", seen, N) == N / 256);
+    for (int p = 0; p < N; p++)
+        if (seen[p] != 1)
+            fail_msg("position %d applied %d times", p, seen[p]);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return harness_stack_start(tmp_dir, "sparse", &redis, &broker, FRESHET_BIN, "--topic sx1:1");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return harness_stack_stop(tmp_dir, &redis, &broker);
+}
+
+int main(void)
+{
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
