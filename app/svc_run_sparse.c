@@ -206,6 +206,11 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         }
         char spec[64];
         sparse_spec_format(&r.dec.spec, spec, sizeof(spec));
+        if (fr_config_get(cfg, "serve", "listen")[0] != '\0')
+            fr_log(FR_LOG_WARN,
+                   "%s: no HTTP: sparse models are not served yet ([serve] listen "
+                   "is ignored)",
+                   cmd);
         fr_log(FR_LOG_INFO, "%s: sparse model %s (%s, %s), %lld worker(s), topic %s", cmd,
                fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind),
                (long long)fr_config_get_int(cfg, "trainer", "workers"),
