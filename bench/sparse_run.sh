@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A sparse model trained from Kafka (docs/design.md "Sparse models",
+# "Training from Kafka"): N synthetic click records (binary layout,
+# preloaded into the dev broker, 10,000 a partition to stay under its
+# 5 MiB per partition) through freshet run (W sparse workers, the in-flight
+# bound, FTRL, batch 256) against freshet fit-sparse over the same records
+# in the same batches on one thread, measured in the same run. ROUNDS
+# rounds alternate one fit-sparse pass and one run (a new model each,
+# reading the same topic from its start); the figures are the medians.
+# A run's samples/s is N over the span of its versions stream (first to
+# last applied update: the consumer group's ~3 s first join is not
+# training); its progressive logloss and staleness come from that stream
+# too (each update's mean loss over its samples, scored before learning).
+# usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
+#        bash bench/sparse_run.sh [WORKERS] [FRESHET]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+workers=${1:-2}
+bin=$(realpath "${2:-build/freshet}")
+n=${N:-200000}
+rounds=${ROUNDS:-3}
+spec=${SPEC:-fields:39,buckets:2^22,dim:8}
+batch=${BATCH:-256}
+parts=$(((n + 9999) / 10000))
+work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
+# shellcheck source=deploy/stack.sh
+. deploy/stack.sh
+trap 'stack_stop "$work"' EXIT
+stack_start "$work" "$bin" "clicks:$parts"
+"$bin" produce --synthetic ctr --seed 4 --encode binary --limit "$n" --out "$work/clicks.bin" \
+    >"$work/synth.log" 2>&1
+"$bin" produce --data "$work/clicks.bin" --format binary --encode binary \
+    --bootstrap "$stack_bootstrap" --topic clicks --partitions-by roundrobin >>"$work/produce.log"
+echo "sparse_run.sh: $n records in $parts partitions, $spec, batch $batch, $workers worker(s)," \
+    "$rounds rounds; floor: $(tail -1 "$work/synth.log")"
+
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
+: >"$work/fit.txt"
+: >"$work/run.txt"
+for r in $(seq "$rounds"); do
+    out=$("$bin" fit-sparse --sparse "$spec" --data "$work/clicks.bin" --format binary \
+        --batch "$batch" --window "$n" 2>/dev/null | tail -1)
+    # "N records, progressive logloss L, R samples/s"
+    fit_rate=$(echo "$out" | awk -F', ' '{print $3 + 0}')
+    fit_loss=$(echo "$out" | awk -F', ' '{split($2, a, " "); print a[3]}')
+    echo "$fit_rate $fit_loss" >>"$work/fit.txt"
+    model="clicks$r"
+    cat >"$work/run.conf" <<CONF
+[model]
+name = $model
+sparse = $spec
+[kafka]
+bootstrap.servers = $stack_bootstrap
+session.timeout.ms = 6000
+heartbeat.interval.ms = 500
+[ingest]
+topic = clicks
+format = binary
+batch = $batch
+[redis]
+url = redis://127.0.0.1:$stack_port/0
+[serve]
+listen =
+[trainer]
+workers = $workers
+CONF
+    "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
+    # versions entries: version, epoch, tau, lr_eff, loss, n, worker, t (ms)
+    redis-cli -p "$stack_port" --no-raw XRANGE "freshet:{$model}:versions" - + |
+        awk '/"tau"/ {getline; gsub(/"/, ""); tau = $2}
+             /"loss"/ {getline; gsub(/"/, ""); loss = $2}
+             /"n"$/ {getline; gsub(/"/, ""); m = $2}
+             /"t"$/ {getline; gsub(/"/, ""); t = $2;
+                     if (first == "") first = t; last = t; s += loss * m; k += m; print tau > "/dev/stderr"}
+             END {printf "%.0f %.5f\n", k / ((last - first) / 1000), s / k}' \
+            2>"$work/taus$r.txt" >>"$work/run.txt"
+    p50=$(median <"$work/taus$r.txt")
+    p99=$(sort -g "$work/taus$r.txt" | awk '{a[NR] = $1} END {print a[int(NR * 0.99) > 0 ? int(NR * 0.99) : 1]}')
+    echo "round $r: fit-sparse $fit_rate samples/s, logloss $fit_loss;" \
+        "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2}')," \
+        "staleness p50 $p50 p99 $p99"
+done
+fit_med=$(awk '{print $1}' "$work/fit.txt" | median)
+run_med=$(awk '{print $1}' "$work/run.txt" | median)
+echo "median: fit-sparse $fit_med samples/s (logloss $(awk '{print $2}' "$work/fit.txt" | median))," \
+    "run $run_med samples/s (logloss $(awk '{print $2}' "$work/run.txt" | median));" \
+    "run/fit $(awk -v a="$run_med" -v b="$fit_med" 'BEGIN {printf "%.2f", a / b}')"
