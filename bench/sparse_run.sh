@@ -76,7 +76,7 @@ CONF
              END {printf "%.0f %.5f\n", k / ((last - first) / 1000), s / k}' \
             2>"$work/taus$r.txt" >>"$work/run.txt"
     p50=$(median <"$work/taus$r.txt")
-    p99=$(sort -g "$work/taus$r.txt" | awk '{a[NR] = $1} END {print a[int(NR * 0.99) > 0 ? int(NR * 0.99) : 1]}')
+    p99=$(sort -g "$work/taus$r.txt" | awk '{a[NR] = $1} END {i = int(NR * 0.99); if (i < 1) i = 1; print a[i]}')
     echo "round $r: fit-sparse $fit_rate samples/s, logloss $fit_loss;" \
         "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2}')," \
         "staleness p50 $p50 p99 $p99"
