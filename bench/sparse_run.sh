@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A sparse model trained from Kafka (docs/design.md "Sparse models",
-# "Training from Kafka"): N synthetic click records (binary layout,
+# A sparse model trained from Kafka (docs/design.md "Sparse models":
+# its training from Kafka): N synthetic click records (binary layout,
 # preloaded into the dev broker, 10,000 a partition to stay under its
 # 5 MiB per partition) through freshet run (W sparse workers, the in-flight
 # bound, FTRL, batch 256) against freshet fit-sparse over the same records
