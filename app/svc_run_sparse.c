@@ -170,15 +170,20 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, double secon
     trainer_sparse_stats(r->pool, &st);
     ingest_consumer_stats(r->src, &cs);
     psstore_applier_stats(r->a, &as);
-    uint64_t n = st.samples - prev->samples, dropped = 0;
+    uint64_t n = st.samples - prev->samples, nb = st.batches - prev->batches, dropped = 0;
+    double per = nb > 0 ? 1e-6 / (double)nb : 0; /* ns summed -> ms a batch */
     for (int d = 0; d < PSSTORE_NDROP; d++)
         dropped += as.dropped[d];
     fr_log(FR_LOG_INFO,
-           "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, computed on version %lld, "
+           "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, a batch: wait %.1f ms, "
+           "pull %.1f ms, compute %.1f ms, push %.1f ms; computed on version %lld, "
            "%d partition(s), lag %lld, failed %llu, applier %s at version %lld, applied %llu, "
            "dropped %llu, staleness p50 %lld p99 %lld",
            r->cmd, (double)n / seconds, n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : 0.0,
-           (double)(st.rows - prev->rows) / seconds, (long long)st.version, cs.assigned,
+           (double)(st.rows - prev->rows) / seconds, (double)(st.wait_ns - prev->wait_ns) * per,
+           (double)(st.pull_ns - prev->pull_ns) * per,
+           (double)(st.compute_ns - prev->compute_ns) * per,
+           (double)(st.push_ns - prev->push_ns) * per, (long long)st.version, cs.assigned,
            (long long)cs.lag, (unsigned long long)st.failed, as.active ? "active" : "standby",
            (long long)as.version, (unsigned long long)as.applied, (unsigned long long)dropped,
            (long long)as.tau_p50, (long long)as.tau_p99);
@@ -231,6 +236,7 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
                 last = now;
             }
         }
+        progress(&r, &prev, (double)(fr_clock_mono_ns() - last) * 1e-9); /* the last stretch */
         fr_log(FR_LOG_INFO, "%s: stopping", cmd);
     }
     ingest_consumer_stop(r.src);

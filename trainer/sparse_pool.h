@@ -38,7 +38,9 @@ typedef struct trainer_sparse_stats {
     uint64_t failed;           /* batches abandoned (read again by the gap rule) */
     uint64_t rows;             /* rows pulled                                  */
     double loss_sum;           /* progressive logloss summed over the samples  */
-    int64_t version;           /* the newest version a gradient was computed on */
+    uint64_t wait_ns, pull_ns, compute_ns, push_ns; /* summed over the batches: the
+                                  in-flight wait, the pull, the FM, the push   */
+    int64_t version; /* the newest version a gradient was computed on */
 } trainer_sparse_stats_t;
 
 typedef struct trainer_sparse trainer_sparse_t;

@@ -119,7 +119,9 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         return err;
     }
     size_t nrows = b->n > 0 ? wk->b->nrows : 0, rowlen = sparse_row_len(&conf->spec);
+    uint64_t t0 = fr_clock_mono_ns();
     flight_wait(wk);
+    uint64_t t1 = fr_clock_mono_ns();
     float bias = 0;
     uint64_t epoch = 0;
     int64_t version = 0;
@@ -129,6 +131,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_conn_error(wk->c));
         return err;
     }
+    uint64_t t2 = fr_clock_mono_ns();
     if (b->n > 0) {
         for (size_t i = 0; i < nrows; i++)
             if (!wk->found[i])
@@ -152,6 +155,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     }
     msg.epoch = epoch;
     msg.version = version;
+    uint64_t t3 = fr_clock_mono_ns();
     err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
     if (err != FR_OK) {
         fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
@@ -161,6 +165,10 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (conf->in_flight > 0 && b->n > 0)
         snprintf(wk->flight, sizeof(wk->flight), "%s", *id);
     pthread_mutex_lock(&wk->pool->lock);
+    wk->pool->st.wait_ns += t1 - t0;
+    wk->pool->st.pull_ns += t2 - t1;
+    wk->pool->st.compute_ns += t3 - t2;
+    wk->pool->st.push_ns += fr_clock_mono_ns() - t3;
     wk->pool->st.rows += nrows;
     if (version > wk->pool->st.version)
         wk->pool->st.version = version;
