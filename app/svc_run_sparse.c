@@ -128,6 +128,9 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
     if (rc != 0)
         return rc;
     conf.sample_limit = samples_limit;
+    /* the workers read the applier's table and wait for decisions, not
+     * commits: commits group the window's gradients ([psstore] commit_ms) */
+    conf.commit_drained = 0;
     conf.sparse.enabled = 1;
     conf.sparse.spec = r->dec.spec;
     conf.sparse.optim = r->optim;
@@ -152,6 +155,7 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
         .max_pending = fr_config_get_int(r->cfg, "psstore", "max_pending"),
         .in_flight = (int)fr_config_get_int(r->cfg, "trainer", "in_flight"),
         .source = r->src,
+        .applier = r->a,
     };
     if ((r->pool = trainer_sparse_new(&wc, errstr, sizeof(errstr))) == NULL) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);

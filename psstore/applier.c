@@ -347,6 +347,7 @@ void ps_applier_forget_pending(psstore_applier_t *a)
 /* Forgets everything held in memory (lease lost, stop, or a fresh load). */
 void ps_applier_drop_state(psstore_applier_t *a)
 {
+    ps_sparse_ready(a->sp, 0); /* before w goes: the workers read the bias */
     if (a->local != NULL)
         ps_local_close(a->local);
     a->active = 0;
@@ -619,14 +620,13 @@ static fr_err_t decide_sparse(psstore_applier_t *a, const psstore_grad_t *g, uin
         audit(a, g, psstore_drop_name(why));
         return mark_ranges(a, g);
     }
-    fr_err_t err = ps_sparse_apply(a, g, m);
-    if (err != FR_OK)
-        return err;
     psstore_decision_t d = {.outcome = PSSTORE_APPLY,
                             .tau = a->version - g->version,
                             .scale = 1,
                             .lr_eff = a->sp->optim.lr};
-    a->version++;
+    fr_err_t err = ps_sparse_apply(a, g, m); /* moves the version, under the table's lock */
+    if (err != FR_OK)
+        return err;
     return applied(a, g, &d, t0);
 }
 
@@ -724,8 +724,20 @@ int ps_applier_reading(const psstore_applier_t *a)
            (a->conf.sample_limit <= 0 || a->samples < a->conf.sample_limit);
 }
 
-/* Decodes one stream entry [id, [f, v, ...]] and decides it. */
+static fr_err_t take_entry_(psstore_applier_t *a, const redisReply *entry);
+
+/* Decodes one stream entry [id, [f, v, ...]] and decides it; a sparse
+ * model's workers in this process learn that it was (psstore_applier_decided_wait). */
 static fr_err_t take_entry(psstore_applier_t *a, const redisReply *entry)
+{
+    fr_err_t err = take_entry_(a, entry);
+    if (a->sp != NULL && err == FR_OK && entry->type == REDIS_REPLY_ARRAY && entry->elements >= 2 &&
+        entry->element[0]->type == REDIS_REPLY_STRING)
+        ps_sparse_decided(a->sp, entry->element[0]->str);
+    return err;
+}
+
+static fr_err_t take_entry_(psstore_applier_t *a, const redisReply *entry)
 {
     if (entry->type != REDIS_REPLY_ARRAY || entry->elements < 2 ||
         entry->element[0]->type != REDIS_REPLY_STRING)

@@ -163,32 +163,28 @@ static void queue_entries(txn_t *t, const char *key, const buf_t *b, long long k
 }
 
 /*
- * A sparse model's rows changed since the last commit: HSET rows and HSET
- * rowopt, PS_ROWS_CHUNK rows a command (applier_sparse.c). Their fields
- * live in the table's scratch until each command is sent.
+ * A sparse model's rows changed since the last commit: HSET rows, each
+ * value the row's parameters and optimizer state as the table holds them,
+ * PS_ROWS_CHUNK rows a command (applier_sparse.c). Their fields live here
+ * until each command is sent.
  */
 static void queue_rows(psstore_applier_t *a, txn_t *t)
 {
     ps_sparse_t *sp = a->sp;
-    char rows_key[PS_KEY_MAX], opt_key[PS_KEY_MAX];
+    char rows_key[PS_KEY_MAX];
     ps_key(rows_key, a->model, "rows");
-    ps_key(opt_key, a->model, "rowopt");
     unsigned char fields[PS_ROWS_CHUNK][4];
     for (size_t at = 0; at < sp->ndirty; at += PS_ROWS_CHUNK) {
         size_t n = sp->ndirty - at < PS_ROWS_CHUNK ? sp->ndirty - at : PS_ROWS_CHUNK;
-        for (size_t i = 0; i < n; i++)
-            ps_row_field(sp->rows[sp->dirty_list[at + i]], fields[i]);
-        for (int which = 0; which < 2; which++) {
-            size_t len = which == 0 ? sp->rowlen : sp->statelen;
-            const float *base = which == 0 ? sp->params : sp->state;
-            txn_str(t, "HSET");
-            txn_str(t, which == 0 ? rows_key : opt_key);
-            for (size_t i = 0; i < n; i++) {
-                txn_arg(t, fields[i], 4);
-                txn_arg(t, base + (size_t)sp->dirty_list[at + i] * len, len * sizeof(float));
-            }
-            txn_send(t);
+        txn_str(t, "HSET");
+        txn_str(t, rows_key);
+        for (size_t i = 0; i < n; i++) {
+            size_t s = sp->dirty_list[at + i];
+            ps_row_field(sp->rows[s], fields[i]);
+            txn_arg(t, fields[i], 4);
+            txn_arg(t, sp->vals + s * sp->vlen, sp->vlen * sizeof(float));
         }
+        txn_send(t);
     }
 }
 

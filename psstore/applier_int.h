@@ -100,14 +100,22 @@ typedef struct auto_state {
 
 /* A sparse model's rows held by its applier (applier_sparse.c). */
 typedef struct ps_sparse {
+    /* freshet run's workers read the table (psstore_applier_rows): the
+     * applier changes it only under the write lock, and reads it without */
+    pthread_rwlock_t rw;
+    int ready; /* the table, bias and version are the lease holder's */
+    pthread_mutex_t dmu;
+    pthread_cond_t dcv;
+    uint64_t dec_ms, dec_seq; /* the newest grads entry decided (dmu) */
     sparse_spec_t spec;
     sparse_optim_t optim;
     size_t rowlen, statelen; /* floats a row, and of its optimizer state */
+    size_t vlen;             /* rowlen + statelen: a slot's value, as stored */
     uint32_t *keys;          /* [cap] open addressing: row + 1, 0 empty  */
     uint32_t *slot_of;       /* [cap] its slot                           */
     size_t cap;              /* a power of two, at least twice nslots    */
     uint32_t *rows;          /* [capslots] the row of each slot          */
-    float *params, *state;   /* [capslots][rowlen], [capslots][statelen]  */
+    float *vals;             /* [capslots][vlen]: parameters, then state  */
     uint8_t *dirty;          /* [capslots] changed since the last commit */
     uint32_t *dirty_list;    /* those slots                              */
     size_t ndirty, nslots, capslots;
@@ -329,5 +337,10 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
 fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m);
 /* The dirty rows were committed. */
 void ps_sparse_committed(ps_sparse_t *sp);
+/* The table becomes readable by the process's workers (the state is
+ * loaded and the lease held), or stops being (before the state goes). */
+void ps_sparse_ready(ps_sparse_t *sp, int ready);
+/* The grads entry id was decided (applied or dropped). */
+void ps_sparse_decided(ps_sparse_t *sp, const char *id);
 
 #endif

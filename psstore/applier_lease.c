@@ -273,6 +273,7 @@ fr_err_t ps_applier_try_acquire(psstore_applier_t *a)
         ps_applier_drop_state(a);
         return err;
     }
+    ps_sparse_ready(a->sp, 1);
     a->read_own_pending = 1;
     snprintf(a->pending_from, sizeof(a->pending_from), "0");
     a->reconnects = a->c->reconnects;

@@ -12,54 +12,14 @@
  * Thread: the applier's.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "psstore/applier_int.h"
 
 #define FIRST_CAP ((size_t)1 << 12) /* table slots at first; doubled at half full */
-
-ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
-{
-    ps_sparse_t *sp = calloc(1, sizeof(*sp));
-    if (sp == NULL)
-        return NULL;
-    sp->spec = conf->spec;
-    sp->optim = conf->optim;
-    sp->rowlen = sparse_row_len(&sp->spec);
-    sp->statelen = sparse_state_len(&sp->spec, &sp->optim);
-    return sp;
-}
-
-void ps_sparse_clear(ps_sparse_t *sp)
-{
-    if (sp == NULL)
-        return;
-    free(sp->keys);
-    free(sp->slot_of);
-    free(sp->rows);
-    free(sp->params);
-    free(sp->state);
-    free(sp->dirty);
-    free(sp->dirty_list);
-    free(sp->miss);
-    free(sp->fields);
-    free(sp->grad);
-    sparse_spec_t spec = sp->spec;
-    sparse_optim_t optim = sp->optim;
-    size_t rowlen = sp->rowlen, statelen = sp->statelen;
-    memset(sp, 0, sizeof(*sp));
-    sp->spec = spec;
-    sp->optim = optim;
-    sp->rowlen = rowlen;
-    sp->statelen = statelen;
-}
-
-void ps_sparse_free(ps_sparse_t *sp)
-{
-    ps_sparse_clear(sp);
-    free(sp);
-}
 
 /* The table position of row: its slot + 1 in keys when held, else the
  * empty position where it would go (keys[pos] == 0). */
@@ -69,6 +29,142 @@ static size_t probe(const ps_sparse_t *sp, uint32_t row)
     while (sp->keys[pos] != 0 && sp->keys[pos] != row + 1)
         pos = (pos + 1) & mask;
     return pos;
+}
+
+ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
+{
+    ps_sparse_t *sp = calloc(1, sizeof(*sp));
+    if (sp == NULL)
+        return NULL;
+    pthread_rwlock_init(&sp->rw, NULL);
+    pthread_mutex_init(&sp->dmu, NULL);
+    pthread_cond_init(&sp->dcv, NULL);
+    sp->spec = conf->spec;
+    sp->optim = conf->optim;
+    sp->rowlen = sparse_row_len(&sp->spec);
+    sp->statelen = sparse_state_len(&sp->spec, &sp->optim);
+    sp->vlen = sp->rowlen + sp->statelen;
+    return sp;
+}
+
+void ps_sparse_clear(ps_sparse_t *sp)
+{
+    if (sp == NULL)
+        return;
+    pthread_rwlock_wrlock(&sp->rw);
+    sp->ready = 0;
+    free(sp->keys);
+    free(sp->slot_of);
+    free(sp->rows);
+    free(sp->vals);
+    free(sp->dirty);
+    free(sp->dirty_list);
+    free(sp->miss);
+    free(sp->fields);
+    free(sp->grad);
+    sp->keys = sp->slot_of = sp->rows = sp->dirty_list = sp->miss = NULL;
+    sp->vals = sp->grad = NULL;
+    sp->dirty = NULL;
+    sp->fields = NULL;
+    sp->cap = sp->ndirty = sp->nslots = sp->capslots = 0;
+    sp->nmiss = sp->capmiss = sp->capfields = sp->capgrad = 0;
+    pthread_rwlock_unlock(&sp->rw);
+}
+
+void ps_sparse_free(ps_sparse_t *sp)
+{
+    if (sp == NULL)
+        return;
+    ps_sparse_clear(sp);
+    pthread_rwlock_destroy(&sp->rw);
+    pthread_mutex_destroy(&sp->dmu);
+    pthread_cond_destroy(&sp->dcv);
+    free(sp);
+}
+
+void ps_sparse_ready(ps_sparse_t *sp, int ready)
+{
+    if (sp == NULL)
+        return;
+    pthread_rwlock_wrlock(&sp->rw);
+    sp->ready = ready;
+    pthread_rwlock_unlock(&sp->rw);
+}
+
+/* "ms-seq" into its two numbers; 0 when it is not a stream id. */
+static int parse_id(const char *id, uint64_t *ms, uint64_t *seq)
+{
+    char *end;
+    *ms = strtoull(id, &end, 10);
+    if (end == id || *end != '-')
+        return 0;
+    const char *s = end + 1;
+    *seq = strtoull(s, &end, 10);
+    return end != s && *end == '\0';
+}
+
+void ps_sparse_decided(ps_sparse_t *sp, const char *id)
+{
+    uint64_t ms, seq;
+    if (sp == NULL || !parse_id(id, &ms, &seq))
+        return;
+    pthread_mutex_lock(&sp->dmu);
+    if (ms > sp->dec_ms || (ms == sp->dec_ms && seq > sp->dec_seq)) {
+        sp->dec_ms = ms;
+        sp->dec_seq = seq;
+    }
+    pthread_cond_broadcast(&sp->dcv);
+    pthread_mutex_unlock(&sp->dmu);
+}
+
+fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int timeout_ms,
+                                      int *decided)
+{
+    ps_sparse_t *sp = a->sp;
+    uint64_t ms, seq;
+    *decided = 0;
+    if (sp == NULL || id == NULL || !parse_id(id, &ms, &seq))
+        return FR_ERR_INVAL;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&sp->dmu);
+    while (!(sp->dec_ms > ms || (sp->dec_ms == ms && sp->dec_seq >= seq)))
+        if (pthread_cond_timedwait(&sp->dcv, &sp->dmu, &until) != 0)
+            break;
+    *decided = sp->dec_ms > ms || (sp->dec_ms == ms && sp->dec_seq >= seq);
+    pthread_mutex_unlock(&sp->dmu);
+    return FR_OK;
+}
+
+fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
+                              uint8_t *found, float *bias, uint64_t *epoch, int64_t *version)
+{
+    ps_sparse_t *sp = a->sp;
+    if (sp == NULL)
+        return FR_ERR_INVAL;
+    pthread_rwlock_rdlock(&sp->rw);
+    if (!sp->ready) {
+        pthread_rwlock_unlock(&sp->rw);
+        return FR_ERR_STATE;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t pos = sp->cap > 0 ? probe(sp, rows[i]) : 0;
+        found[i] = sp->cap > 0 && sp->keys[pos] != 0;
+        if (found[i])
+            memcpy(params + i * sp->rowlen, sp->vals + (size_t)sp->slot_of[pos] * sp->vlen,
+                   sp->rowlen * sizeof(float));
+    }
+    *bias = a->w[0];
+    *epoch = a->epoch;
+    *version = a->version;
+    pthread_rwlock_unlock(&sp->rw);
+    return FR_OK;
 }
 
 /* Makes room for `more` rows: the table stays at most half full, the
@@ -83,15 +179,10 @@ static fr_err_t reserve(ps_sparse_t *sp, size_t more)
         uint32_t *rows = realloc(sp->rows, cap * sizeof(*rows));
         if (rows != NULL)
             sp->rows = rows;
-        float *params = rows ? realloc(sp->params, cap * sp->rowlen * sizeof(float)) : NULL;
-        if (params != NULL)
-            sp->params = params;
-        float *state =
-            params ? realloc(sp->state, cap * (sp->statelen ? sp->statelen : 1) * sizeof(float))
-                   : NULL;
-        if (state != NULL)
-            sp->state = state;
-        uint8_t *dirty = state ? realloc(sp->dirty, cap) : NULL;
+        float *vals = rows ? realloc(sp->vals, cap * sp->vlen * sizeof(float)) : NULL;
+        if (vals != NULL)
+            sp->vals = vals;
+        uint8_t *dirty = vals ? realloc(sp->dirty, cap) : NULL;
         if (dirty != NULL)
             sp->dirty = dirty;
         uint32_t *list = dirty ? realloc(sp->dirty_list, cap * sizeof(*list)) : NULL;
@@ -151,9 +242,8 @@ static int scratch(void **p, size_t *cap, size_t n, size_t size)
 }
 
 /*
- * Adds the rows of g the table does not hold, read from Redis (rows and
- * rowopt, one pipeline), or at their initial value where the store has
- * none.
+ * Adds the rows of g the table does not hold, read from Redis (one
+ * pipeline of HMGETs), or at their initial value where the store has none.
  */
 static fr_err_t load_missing(psstore_applier_t *a, const float *packed, size_t m)
 {
@@ -173,26 +263,22 @@ static fr_err_t load_missing(psstore_applier_t *a, const float *packed, size_t m
         sp->slot_of[pos] = (uint32_t)s;
         sp->rows[s] = row;
         sp->dirty[s] = 0;
-        sparse_row_init(&sp->spec, &sp->optim, row, sp->params + s * sp->rowlen,
-                        sp->state + s * sp->statelen);
+        sparse_row_init(&sp->spec, &sp->optim, row, sp->vals + s * sp->vlen,
+                        sp->vals + s * sp->vlen + sp->rowlen);
         ps_row_field(row, sp->fields + 4 * sp->nmiss);
         sp->miss[sp->nmiss++] = (uint32_t)s;
     }
     if (sp->nmiss == 0)
         return FR_OK;
-    char rows_key[PS_KEY_MAX], opt_key[PS_KEY_MAX];
+    char rows_key[PS_KEY_MAX];
     ps_key(rows_key, a->model, "rows");
-    ps_key(opt_key, a->model, "rowopt");
     size_t queued = 0;
     fr_err_t err = ps_rows_queue(a->c, rows_key, sp->fields, sp->nmiss, &queued);
-    if (err == FR_OK)
-        err = ps_rows_queue(a->c, opt_key, sp->fields, sp->nmiss, &queued);
     if (err != FR_OK) {
         ps_pipeline_discard(a->c);
         forget_last(sp, sp->nmiss);
         return err;
     }
-    size_t chunks = queued / 2, len[2] = {sp->rowlen, sp->statelen};
     float *tmp = NULL;
     size_t captmp = 0;
     for (size_t k = 0; k < queued; k++) {
@@ -204,21 +290,17 @@ static fr_err_t load_missing(psstore_applier_t *a, const float *packed, size_t m
                 break;
             continue;
         }
-        size_t which = k / chunks, at = (k % chunks) * PS_ROWS_CHUNK;
+        size_t at = k * PS_ROWS_CHUNK;
         size_t n = sp->nmiss - at < PS_ROWS_CHUNK ? sp->nmiss - at : PS_ROWS_CHUNK;
-        if (err == FR_OK && len[which] > 0 &&
-            scratch((void **)&tmp, &captmp, n * len[which], sizeof(float)) != 0)
+        if (err == FR_OK && scratch((void **)&tmp, &captmp, n * sp->vlen, sizeof(float)) != 0)
             err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
         uint8_t found[PS_ROWS_CHUNK];
-        if (err == FR_OK && len[which] > 0)
-            err = ps_rows_take(a->c, r, len[which], tmp, found, n);
-        for (size_t i = 0; err == FR_OK && len[which] > 0 && i < n; i++) {
-            if (!found[i])
-                continue;
-            uint32_t s = sp->miss[at + i];
-            float *dst = which == 0 ? sp->params + s * sp->rowlen : sp->state + s * sp->statelen;
-            memcpy(dst, tmp + i * len[which], len[which] * sizeof(float));
-        }
+        if (err == FR_OK)
+            err = ps_rows_take(a->c, r, sp->vlen, sp->vlen, tmp, found, n);
+        for (size_t i = 0; err == FR_OK && i < n; i++)
+            if (found[i])
+                memcpy(sp->vals + (size_t)sp->miss[at + i] * sp->vlen, tmp + i * sp->vlen,
+                       sp->vlen * sizeof(float));
         freeReplyObject(r);
     }
     free(tmp);
@@ -252,18 +334,21 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
 fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m)
 {
     ps_sparse_t *sp = a->sp;
+    pthread_rwlock_wrlock(&sp->rw);
     fr_err_t err = load_missing(a, g->g, m);
-    if (err != FR_OK)
+    if (err == FR_OK && scratch((void **)&sp->grad, &sp->capgrad, sp->rowlen, sizeof(float)) != 0)
+        err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    if (err != FR_OK) {
+        pthread_rwlock_unlock(&sp->rw);
         return err;
-    if (scratch((void **)&sp->grad, &sp->capgrad, sp->rowlen, sizeof(float)) != 0)
-        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    }
     for (size_t i = 0; i < m; i++) {
         uint32_t row;
         memcpy(&row, g->g + i, sizeof(row));
         size_t s = sp->slot_of[probe(sp, row)];
         memcpy(sp->grad, g->g + m + i * sp->rowlen, sp->rowlen * sizeof(float));
-        sparse_row_step(&sp->spec, &sp->optim, sp->params + s * sp->rowlen,
-                        sp->state + s * sp->statelen, sp->grad);
+        sparse_row_step(&sp->spec, &sp->optim, sp->vals + s * sp->vlen,
+                        sp->vals + s * sp->vlen + sp->rowlen, sp->grad);
         if (!sp->dirty[s]) {
             sp->dirty[s] = 1;
             sp->dirty_list[sp->ndirty++] = (uint32_t)s;
@@ -272,6 +357,8 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
     float gb;
     memcpy(&gb, g->g + g->len - 1, sizeof(gb));
     sparse_bias_step(&sp->optim, &a->w[0], a->opt, gb);
+    a->version++;
+    pthread_rwlock_unlock(&sp->rw);
     return FR_OK;
 }
 

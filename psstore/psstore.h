@@ -177,9 +177,9 @@ fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys
 /* ------------------------------------------------------------------------
  * Sparse models (rows.c, applier_sparse.c; docs/design.md "Sparse models").
  * Rows live in the hash freshet:{m}:rows (field: the row as 4 bytes
- * little-endian; value: its 1 + D parameters, float32 LE) and their
- * optimizer state in freshet:{m}:rowopt; a row never written reads as
- * sparse_row_init's value. The bias is the model's w:0 (one float), its
+ * little-endian; value: its 1 + D parameters, then its optimizer state,
+ * float32 LE: one field a row to read and write); a row never written
+ * reads as sparse_row_init's value. The bias is the model's w:0 (one float), its
  * state opt:0. A gradient (psstore_grad_t.g) packs the m rows of a batch,
  * their gradients and the bias's: [row bits x m, grad (1 + D) x m, bias],
  * m (2 + D) + 1 floats, the rows' 32 bits held as they are.
@@ -198,15 +198,37 @@ void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int
 
 /*
  * A worker's pull, in one transaction: the parameters of rows[n] (each
- * 1 + dim floats) into params[n][1 + dim], found[i] = 1 where the store
- * has row i (absent rows are left as they were: the caller fills them
- * with sparse_row_init), the bias, and the epoch and version they are.
+ * sparse_row_len floats, the stored value's first: spec and optim give its
+ * size) into params[n][1 + D], found[i] = 1 where the store has row i
+ * (absent rows are left as they were: the caller fills them with
+ * sparse_row_init), the bias, and the epoch and version they are.
  * FR_ERR_NOTFOUND for a model that does not exist, FR_ERR_PARSE for a row
  * of another size.
  */
-fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, int dim, const uint32_t *rows,
-                           size_t n, float *params, uint8_t *found, float *bias, uint64_t *epoch,
+fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                           const sparse_optim_t *optim, const uint32_t *rows, size_t n,
+                           float *params, uint8_t *found, float *bias, uint64_t *epoch,
                            int64_t *version);
+
+/* ------------------------------------------------------------------------
+ * The in-process fast path of a sparse model (applier_sparse.c): freshet
+ * run's workers read the rows its applier holds, and wait for their last
+ * gradient to be decided rather than committed.
+ * ---------------------------------------------------------------------- */
+typedef struct psstore_applier psstore_applier_t;
+
+/* Copies the rows among rows[n] that applier a holds into params[n][1 + D]
+ * (found[i] = 1; rows it does not hold are untouched, found[i] = 0: the
+ * store has their value), the bias, and the epoch and version they are
+ * at, which may be newer than the store's. FR_ERR_STATE while a holds no
+ * lease (read the store instead), FR_ERR_INVAL for a dense model.
+ * Thread-safe. */
+fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
+                              uint8_t *found, float *bias, uint64_t *epoch, int64_t *version);
+/* Waits up to timeout_ms until applier a decided the grads entry id
+ * (applied or dropped; committed or not): *decided. Thread-safe. */
+fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int timeout_ms,
+                                      int *decided);
 
 /* ------------------------------------------------------------------------
  * Gradients between processes (the freshet:{m}:grads stream).
@@ -617,9 +639,6 @@ typedef struct psstore_applier_conf {
  * (fr_config_default), except commit_ms 0 and npushers 1: a library caller
  * commits every gradient and pushes from one thread unless it says otherwise. */
 void psstore_applier_conf_init(psstore_applier_conf_t *conf);
-
-typedef struct psstore_applier psstore_applier_t;
-
 /* An applier of conf->model (strings are copied). It connects, checks the
  * eviction policy and the model, and starts as a standby. NULL with errstr
  * on failure. Caller frees with psstore_applier_destroy(). */

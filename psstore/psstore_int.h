@@ -151,10 +151,11 @@ void ps_row_field(uint32_t row, unsigned char f[4]);
  * command, to c's pipeline; counts the commands in *queued. */
 fr_err_t ps_rows_queue(psstore_conn_t *c, const char *key, const unsigned char *fields, size_t n,
                        size_t *queued);
-/* Copies an HMGET reply of n values of len floats into out[n][len];
- * found[i] (may be NULL) says which were there (absent ones are left as
- * they were). FR_ERR_PARSE for a value of another size. */
-fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, float *out,
+/* Copies the first keep floats of each of an HMGET reply's n values of
+ * len floats into out[n][keep]; found[i] (may be NULL) says which were
+ * there (absent ones are left as they were). FR_ERR_PARSE for a value of
+ * another size. */
+fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, size_t keep, float *out,
                       uint8_t *found, size_t n);
 
 /* ------------------------------------------------------------------------

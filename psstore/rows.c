@@ -47,7 +47,7 @@ fr_err_t ps_rows_queue(psstore_conn_t *c, const char *key, const unsigned char *
     return FR_OK;
 }
 
-fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, float *out,
+fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, size_t keep, float *out,
                       uint8_t *found, size_t n)
 {
     if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != n)
@@ -63,7 +63,7 @@ fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, float 
             return ps_fail(c, FR_ERR_PARSE, "rows: a value of %zu bytes, expected %zu",
                            v->type == REDIS_REPLY_STRING ? (size_t)v->len : (size_t)0,
                            len * sizeof(float));
-        memcpy(out + i * len, v->str, v->len);
+        memcpy(out + i * keep, v->str, keep * sizeof(float));
         if (found != NULL)
             found[i] = 1;
     }
@@ -74,8 +74,9 @@ fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, float 
  * MULTI, HGET meta epoch, GET ver, GET w:0, HMGET rows (in chunks), EXEC;
  * the EXEC's reply holds them in that order.
  */
-fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, int dim, const uint32_t *rows,
-                           size_t n, float *params, uint8_t *found, float *bias, uint64_t *epoch,
+fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                           const sparse_optim_t *optim, const uint32_t *rows, size_t n,
+                           float *params, uint8_t *found, float *bias, uint64_t *epoch,
                            int64_t *version)
 {
     fr_err_t err;
@@ -134,10 +135,10 @@ fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, int dim, const 
         *version =
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
         memcpy(bias, r->element[2]->str, 4);
-        size_t len = (size_t)(1 + dim);
+        size_t keep = sparse_row_len(spec), len = keep + sparse_state_len(spec, optim);
         for (size_t k = 0; k < chunks && err == FR_OK; k++) {
             size_t at = k * PS_ROWS_CHUNK, m = n - at < PS_ROWS_CHUNK ? n - at : PS_ROWS_CHUNK;
-            err = ps_rows_take(c, r->element[3 + k], len, params + at * len, found + at, m);
+            err = ps_rows_take(c, r->element[3 + k], len, keep, params + at * keep, found + at, m);
         }
     }
     if (r != NULL)

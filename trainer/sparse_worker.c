@@ -36,6 +36,9 @@ typedef struct sworker {
     sparse_batch_t *b;
     float *params, *grad, *packed, *state;
     uint8_t *found;
+    uint32_t *miss_rows, *miss_at; /* rows the applier does not hold, and their index */
+    float *miss_params;
+    uint8_t *miss_found;
     char flight[64]; /* the stream id of its last gradient not known applied ("": none) */
 } sworker_t;
 
@@ -59,6 +62,10 @@ static void worker_free(sworker_t *wk)
     free(wk->packed);
     free(wk->state);
     free(wk->found);
+    free(wk->miss_rows);
+    free(wk->miss_at);
+    free(wk->miss_params);
+    free(wk->miss_found);
 }
 
 /* The batch's samples into wk->b; FR_ERR_PARSE when a row is no packed
@@ -92,13 +99,54 @@ static void flight_wait(sworker_t *wk)
     if (wk->flight[0] == '\0')
         return;
     uint64_t t0 = fr_clock_mono_ns();
+    psstore_applier_t *a = wk->pool->conf.applier;
     while (!atomic_load(&wk->pool->stop) &&
            fr_clock_mono_ns() - t0 < (uint64_t)PUSH_WAIT_MS * 1000000ull) {
-        int applied = 0;
-        if (psstore_applied_wait(wk->cl, wk->flight, BLOCK_MS, &applied) != FR_OK || applied)
+        int done = 0;
+        fr_err_t err = a != NULL ? psstore_applier_decided_wait(a, wk->flight, BLOCK_MS, &done)
+                                 : psstore_applied_wait(wk->cl, wk->flight, BLOCK_MS, &done);
+        if (err != FR_OK || done)
             break;
     }
     wk->flight[0] = '\0';
+}
+
+/*
+ * The rows of the batch, the bias and (epoch, version): in freshet run from
+ * the applier's table (current, committed or not) and the rows it does not
+ * hold from the store (they are as the store has them: the applier is the
+ * only writer and has not touched them); elsewhere, or while the applier
+ * holds no lease, all from the store.
+ */
+static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epoch, int64_t *version)
+{
+    const trainer_sparse_conf_t *conf = &wk->pool->conf;
+    const uint32_t *rows = wk->b->rows;
+    if (conf->applier == NULL || psstore_applier_rows(conf->applier, rows, nrows, wk->params,
+                                                      wk->found, bias, epoch, version) != FR_OK)
+        return psstore_rows_pull(wk->c, wk->pool->model, &conf->spec, &conf->optim, rows, nrows,
+                                 wk->params, wk->found, bias, epoch, version);
+    size_t k = 0, rowlen = sparse_row_len(&conf->spec);
+    for (size_t i = 0; i < nrows; i++)
+        if (!wk->found[i]) {
+            wk->miss_rows[k] = rows[i];
+            wk->miss_at[k++] = (uint32_t)i;
+        }
+    if (k == 0)
+        return FR_OK;
+    float b2;
+    uint64_t e2;
+    int64_t v2;
+    fr_err_t err =
+        psstore_rows_pull(wk->c, wk->pool->model, &conf->spec, &conf->optim, wk->miss_rows, k,
+                          wk->miss_params, wk->miss_found, &b2, &e2, &v2);
+    for (size_t j = 0; err == FR_OK && j < k; j++) {
+        wk->found[wk->miss_at[j]] = wk->miss_found[j];
+        if (wk->miss_found[j])
+            memcpy(wk->params + (size_t)wk->miss_at[j] * rowlen, wk->miss_params + j * rowlen,
+                   rowlen * sizeof(float));
+    }
+    return err;
 }
 
 /* Pulls, computes and pushes one batch. FR_OK, or the error after logging
@@ -125,8 +173,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     float bias = 0;
     uint64_t epoch = 0;
     int64_t version = 0;
-    err = psstore_rows_pull(wk->c, wk->pool->model, conf->spec.dim, wk->b->rows, nrows, wk->params,
-                            wk->found, &bias, &epoch, &version);
+    err = pull(wk, nrows, &bias, &epoch, &version);
     if (err != FR_OK) {
         fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_conn_error(wk->c));
         return err;
@@ -246,8 +293,13 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         wk->packed = malloc(psstore_sparse_grad_len(rows, conf->spec.dim) * sizeof(float));
         wk->state = malloc((sparse_state_len(&conf->spec, &conf->optim) + 1) * sizeof(float));
         wk->found = malloc(rows + 1);
+        wk->miss_rows = malloc((rows + 1) * sizeof(uint32_t));
+        wk->miss_at = malloc((rows + 1) * sizeof(uint32_t));
+        wk->miss_params = malloc((rows + 1) * rowlen * sizeof(float));
+        wk->miss_found = malloc(rows + 1);
         if (wk->b == NULL || wk->params == NULL || wk->grad == NULL || wk->packed == NULL ||
-            wk->state == NULL || wk->found == NULL) {
+            wk->state == NULL || wk->found == NULL || wk->miss_rows == NULL ||
+            wk->miss_at == NULL || wk->miss_params == NULL || wk->miss_found == NULL) {
             fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
             goto err;
         }

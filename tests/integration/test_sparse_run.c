@@ -28,6 +28,7 @@
 
 #define SPEC    "fields:39,buckets:2^16,dim:4"
 #define ROWL    5     /* 1 + dim */
+#define STATEL  6     /* FTRL: z and n of the linear weight, Adagrad: the embedding sums */
 #define N       10240 /* 40 batches of 256: one partition under the dev broker's 5 MiB */
 #define WAIT_MS 120000
 
@@ -113,7 +114,7 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         const redisReply *k = r->element[i], *v = r->element[i + 1];
         assert_int_equal(k->len, 4);
-        assert_int_equal(v->len, ROWL * sizeof(float));
+        assert_int_equal(v->len, (ROWL + STATEL) * sizeof(float)); /* parameters, state */
         const unsigned char *kb = (const unsigned char *)k->str;
         uint32_t row = kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
         assert_true(row < (1u << 16));

@@ -111,9 +111,11 @@ static void check_pull(psstore_conn_t *c, const char *model, const expect_t *e,
 {
     float params[16][ROWL], bias = -1;
     uint8_t found[16];
+    const sparse_optim_t o = optim();
     int64_t v = -1;
     assert_int_equal(
-        psstore_rows_pull(c, model, DIM, rows, n, &params[0][0], found, &bias, epoch, &v), FR_OK);
+        psstore_rows_pull(c, model, &spec, &o, rows, n, &params[0][0], found, &bias, epoch, &v),
+        FR_OK);
     assert_int_equal(v, version);
     assert_float_equal(bias, e->bias, 1e-6);
     for (size_t i = 0; i < n; i++) {
@@ -194,7 +196,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     char out[64];
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{%s}:rows", model),
                      0);
-    assert_string_equal(out, "4"); /* rows 5, 9, 11, 1023 */
+    assert_string_equal(out, "4"); /* rows 5, 9, 11, 1023, each with its state */
     assert_int_equal(
         harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model), 0);
     assert_string_equal(out, "64");
