@@ -125,6 +125,11 @@ fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int 
     *decided = 0;
     if (sp == NULL || id == NULL || !parse_id(id, &ms, &seq))
         return FR_ERR_INVAL;
+    pthread_rwlock_rdlock(&sp->rw);
+    int ready = sp->ready;
+    pthread_rwlock_unlock(&sp->rw);
+    if (!ready) /* another process's applier decides: ask the store */
+        return FR_ERR_STATE;
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += timeout_ms / 1000;

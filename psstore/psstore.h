@@ -226,7 +226,9 @@ typedef struct psstore_applier psstore_applier_t;
 fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
                               uint8_t *found, float *bias, uint64_t *epoch, int64_t *version);
 /* Waits up to timeout_ms until applier a decided the grads entry id
- * (applied or dropped; committed or not): *decided. Thread-safe. */
+ * (applied or dropped; committed or not): *decided. FR_ERR_STATE while a
+ * holds no lease (another process's applier decides: psstore_applied_wait
+ * asks the store). Thread-safe. */
 fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int timeout_ms,
                                       int *decided);
 

@@ -103,8 +103,10 @@ static void flight_wait(sworker_t *wk)
     while (!atomic_load(&wk->pool->stop) &&
            fr_clock_mono_ns() - t0 < (uint64_t)PUSH_WAIT_MS * 1000000ull) {
         int done = 0;
-        fr_err_t err = a != NULL ? psstore_applier_decided_wait(a, wk->flight, BLOCK_MS, &done)
-                                 : psstore_applied_wait(wk->cl, wk->flight, BLOCK_MS, &done);
+        fr_err_t err =
+            a != NULL ? psstore_applier_decided_wait(a, wk->flight, BLOCK_MS, &done) : FR_ERR_STATE;
+        if (err == FR_ERR_STATE) /* no applier here, or not the lease holder */
+            err = psstore_applied_wait(wk->cl, wk->flight, BLOCK_MS, &done);
         if (err != FR_OK || done)
             break;
     }
