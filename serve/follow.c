@@ -197,6 +197,14 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
     model_loss_t loss;
     char why[256] = "";
     *v = NULL;
+    if (info->sparse[0] != '\0') { /* docs/design.md "Sparse models": no weights vector */
+        char msg[256];
+        snprintf(msg, sizeof(msg),
+                 "model '%s' is a sparse model (%s): its rows are not served over HTTP yet",
+                 m->name, info->sparse);
+        model_error(s, m, msg, changed);
+        return FR_OK;
+    }
     if (model_loss_parse(info->loss, &loss) != FR_OK ||
         model_init(tm, info->layers, loss, why, sizeof(why)) != FR_OK) {
         pthread_mutex_lock(&s->lock);
