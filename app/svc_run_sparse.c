@@ -154,6 +154,7 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
         .max_batch = (int)fr_config_get_int(r->cfg, "ingest", "batch"),
         .max_pending = fr_config_get_int(r->cfg, "psstore", "max_pending"),
         .in_flight = (int)fr_config_get_int(r->cfg, "trainer", "in_flight"),
+        .window = (size_t)fr_config_get_int(r->cfg, "sparse", "window"),
         .source = r->src,
         .applier = r->a,
     };

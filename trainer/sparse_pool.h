@@ -28,6 +28,7 @@ typedef struct trainer_sparse_conf {
     int workers;          /* 1..64 */
     int max_batch;        /* samples a batch, at most ([ingest] batch)     */
     int64_t max_pending;  /* gradients waiting in the stream, at most      */
+    size_t window;        /* records per progressive-validation window (logged) */
     int in_flight;        /* > 0: a worker pulls once its last gradient was
                              applied ([trainer] in_flight; 0: no bound)     */
     ingest_consumer_t *source;

@@ -34,7 +34,7 @@ typedef struct sworker {
     psstore_client_t *cl; /* pushes          */
     psstore_conn_t *c;    /* pulls           */
     sparse_batch_t *b;
-    float *params, *grad, *packed, *state;
+    float *params, *grad, *packed, *state, *p;
     uint8_t *found;
     uint32_t *miss_rows, *miss_at; /* rows the applier does not hold, and their index */
     float *miss_params;
@@ -48,8 +48,9 @@ struct trainer_sparse {
     sworker_t *w;
     atomic_int stop;
     int started;
-    pthread_mutex_t lock; /* guards st */
+    pthread_mutex_t lock; /* guards st and pv */
     trainer_sparse_stats_t st;
+    sparse_prog_t *pv; /* progressive validation over every worker's records */
 };
 
 static void worker_free(sworker_t *wk)
@@ -61,6 +62,7 @@ static void worker_free(sworker_t *wk)
     free(wk->grad);
     free(wk->packed);
     free(wk->state);
+    free(wk->p);
     free(wk->found);
     free(wk->miss_rows);
     free(wk->miss_at);
@@ -187,7 +189,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
                 sparse_row_init(&conf->spec, &conf->optim, wk->b->rows[i], wk->params + i * rowlen,
                                 wk->state);
         float gbias = 0;
-        *loss = sparse_fm_grad(&conf->spec, wk->b, wk->params, bias, wk->grad, &gbias, NULL);
+        *loss = sparse_fm_grad(&conf->spec, wk->b, wk->params, bias, wk->grad, &gbias, wk->p);
         psstore_sparse_pack(wk->b->rows, nrows, wk->grad, conf->spec.dim, gbias, wk->packed);
         msg.g = wk->packed;
         msg.len = psstore_sparse_grad_len(nrows, conf->spec.dim);
@@ -214,6 +216,14 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (conf->in_flight > 0 && b->n > 0)
         snprintf(wk->flight, sizeof(wk->flight), "%s", *id);
     pthread_mutex_lock(&wk->pool->lock);
+    for (size_t i = 0; i < b->n; i++) {
+        sparse_prog_window_t w;
+        if (sparse_prog_add(wk->pool->pv, wk->p[i], wk->b->samples[i].label, &w))
+            fr_log(FR_LOG_INFO,
+                   "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
+                   "ctr %.4f",
+                   (long long)w.index, w.n, w.logloss, w.auc, w.ctr);
+    }
     wk->pool->st.wait_ns += t1 - t0;
     wk->pool->st.pull_ns += t2 - t1;
     wk->pool->st.compute_ns += t3 - t2;
@@ -280,6 +290,10 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
     p->conf.model = p->model;
     pthread_mutex_init(&p->lock, NULL);
     atomic_init(&p->stop, 0);
+    if ((p->pv = sparse_prog_new(conf->window > 0 ? conf->window : 100000)) == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
+        goto err;
+    }
     char host[64] = "host";
     gethostname(host, sizeof(host) - 1);
     size_t rows = (size_t)conf->max_batch * (size_t)conf->spec.fields;
@@ -295,12 +309,13 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         wk->packed = malloc(psstore_sparse_grad_len(rows, conf->spec.dim) * sizeof(float));
         wk->state = malloc((sparse_state_len(&conf->spec, &conf->optim) + 1) * sizeof(float));
         wk->found = malloc(rows + 1);
+        wk->p = malloc((size_t)conf->max_batch * sizeof(float));
         wk->miss_rows = malloc((rows + 1) * sizeof(uint32_t));
         wk->miss_at = malloc((rows + 1) * sizeof(uint32_t));
         wk->miss_params = malloc((rows + 1) * rowlen * sizeof(float));
         wk->miss_found = malloc(rows + 1);
         if (wk->b == NULL || wk->params == NULL || wk->grad == NULL || wk->packed == NULL ||
-            wk->state == NULL || wk->found == NULL || wk->miss_rows == NULL ||
+            wk->state == NULL || wk->p == NULL || wk->found == NULL || wk->miss_rows == NULL ||
             wk->miss_at == NULL || wk->miss_params == NULL || wk->miss_found == NULL) {
             fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
             goto err;
@@ -362,6 +377,7 @@ void trainer_sparse_destroy(trainer_sparse_t *p)
     for (int i = 0; i < p->conf.workers; i++)
         worker_free(&p->w[i]);
     free(p->w);
+    sparse_prog_destroy(p->pv);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
