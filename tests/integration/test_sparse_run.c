@@ -148,14 +148,14 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
             fail_msg("position %d applied %d times", p, seen[p]);
 }
 
-/* The sum of the store's watermarks of sx2/0 and sx2/1, and its version. */
-static int64_t watermarks(const char *model, int64_t *version)
+/* The sum of the store's watermarks of topic/0 and topic/1, and its version. */
+static int64_t watermarks(const char *model, const char *topic, int64_t *version)
 {
     int64_t sum = 0;
     char out[64];
     for (int p = 0; p < 2; p++) {
         assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
-                                             "HGET freshet:{%s}:offsets sx2/%d", model, p),
+                                             "HGET freshet:{%s}:offsets %s/%d", model, topic, p),
                          0);
         sum += strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
     }
@@ -163,6 +163,38 @@ static int64_t watermarks(const char *model, int64_t *version)
                      0);
     *version = strtoll(out, NULL, 10);
     return sum;
+}
+
+/* A run of model on topic: 2 workers, batches of 64, audit on, a lease of
+ * 1 s and a gap timeout of 3 s (the tests' failures are found fast). */
+static void write_conf(const char *conf, const char *model, const char *topic)
+{
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = %s\nsparse = " SPEC "\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = %s\nformat = binary\nbatch = 64\n"
+            "[redis]\nurl = %s\n[serve]\nlisten =\n"
+            "[trainer]\nworkers = 2\n[psstore]\naudit = true\nlease_ms = 1000\ngap_timeout = 3\n",
+            model, broker.bootstrap, topic, redis.url);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Asserts that every position [0, per) of topic/0 and topic/1 was applied
+ * exactly once by model. */
+static void assert_once(const char *model, const char *topic, int per)
+{
+    int *seen = calloc((size_t)per, sizeof(int));
+    assert_non_null(seen);
+    for (int p = 0; p < 2; p++) {
+        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, per) > 0);
+        for (int k = 0; k < per; k++)
+            if (seen[k] != 1)
+                fail_msg("%s/%d position %d applied %d times", topic, p, k, seen[k]);
+    }
+    free(seen);
 }
 
 /*
@@ -184,17 +216,7 @@ static void test_a_killed_sparse_run_applies_every_record_once(void **state)
     freshet_ok("produce2.log", "produce", "--data", records, "--format", "criteo", "--encode",
                "binary", "--bootstrap", broker.bootstrap, "--topic", "sx2", "--partitions-by",
                "roundrobin", NULL);
-    FILE *f = fopen(conf, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "[model]\nname = spk\nsparse = " SPEC "\n"
-            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
-            "heartbeat.interval.ms = 500\n"
-            "[ingest]\ntopic = sx2\nformat = binary\nbatch = 64\n"
-            "[redis]\nurl = %s\n[serve]\nlisten =\n"
-            "[trainer]\nworkers = 2\n[psstore]\naudit = true\nlease_ms = 1000\ngap_timeout = 3\n",
-            broker.bootstrap, redis.url);
-    assert_int_equal(fclose(f), 0);
+    write_conf(conf, "spk", "sx2");
     char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
     path(log, "kill1.log");
     pid_t pid = harness_spawn(argv, log);
@@ -202,39 +224,98 @@ static void test_a_killed_sparse_run_applies_every_record_once(void **state)
     int64_t version = 0, at_kill = 0, v_kill = 0;
     for (int i = 0; i < 600 && version < 40; i++) {
         harness_sleep_ms(50);
-        watermarks("spk", &version);
+        watermarks("spk", "sx2", &version);
     }
     assert_true(version >= 40);
-    at_kill = watermarks("spk", &v_kill);
+    at_kill = watermarks("spk", "sx2", &v_kill);
     assert_int_equal(kill(pid, SIGKILL), 0);
     harness_wait(pid, 5000);
     path(log, "kill2.log");
     pid = harness_spawn(argv, log);
     assert_true(pid > 0);
-    for (int i = 0; i < WAIT_MS / 100 && watermarks("spk", &version) < 2 * PER; i++)
+    for (int i = 0; i < WAIT_MS / 100 && watermarks("spk", "sx2", &version) < 2 * PER; i++)
         harness_sleep_ms(100);
-    assert_int_equal(watermarks("spk", &version), 2 * PER);
+    assert_int_equal(watermarks("spk", "sx2", &version), 2 * PER);
     assert_int_equal(kill(pid, SIGTERM), 0);
     int status = harness_wait(pid, 20000);
     assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    static int seen[PER];
-    for (int p = 0; p < 2; p++) {
-        assert_true(harness_audit_count(&redis, "spk", "sx2", p, NULL, seen, PER) > 0);
-        for (int k = 0; k < PER; k++)
-            if (seen[k] != 1)
-                fail_msg("sx2/%d position %d applied %d times", p, k, seen[k]);
-    }
+    assert_once("spk", "sx2", PER);
     fr_log(FR_LOG_INFO,
            "killed at version %lld with %lld of %d positions committed; each applied once, "
            "version %lld at the end",
            (long long)v_kill, (long long)at_kill, 2 * PER, (long long)version);
 }
 
+/*
+ * Two runs of one model: one applier holds the lease, the other is a
+ * standby whose workers read and wait through the store (their process's
+ * applier decides nothing). Both train their share of the partitions, and
+ * every position is applied once; a standby's workers that waited on
+ * their own applier would spend 5 s a batch and miss the deadline.
+ */
+static void test_two_sparse_runs_share_the_topic_and_apply_each_record_once(void **state)
+{
+    (void)state;
+    enum { PER = 6000 };
+    char records[300], conf[300], log[2][300];
+    path(records, "ctr3.txt");
+    path(conf, "two.conf");
+    freshet_ok("synth3.log", "produce", "--synthetic", "ctr", "--seed", "8", "--out", records,
+               "--limit", "12000", NULL);
+    freshet_ok("produce3.log", "produce", "--data", records, "--format", "criteo", "--encode",
+               "binary", "--bootstrap", broker.bootstrap, "--topic", "sx3", "--partitions-by",
+               "roundrobin", NULL);
+    write_conf(conf, "sp2", "sx3");
+    char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
+    pid_t pid[2];
+    for (int k = 0; k < 2; k++) {
+        char name[32];
+        snprintf(name, sizeof(name), "two%d.log", k);
+        path(log[k], name);
+        pid[k] = harness_spawn(argv, log[k]);
+        assert_true(pid[k] > 0);
+    }
+    int64_t version = 0;
+    for (int i = 0; i < WAIT_MS / 100 && watermarks("sp2", "sx3", &version) < 2 * PER; i++)
+        harness_sleep_ms(100);
+    assert_int_equal(watermarks("sp2", "sx3", &version), 2 * PER);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(kill(pid[k], SIGTERM), 0);
+        int status = harness_wait(pid[k], 20000);
+        assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    assert_once("sp2", "sx3", PER);
+    /* both trained: the versions stream names each applied gradient's worker,
+     * <host>/<pid>/<n> */
+    int pushed[2] = {0, 0};
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    assert_true(c != NULL && c->err == 0);
+    redisReply *r = redisCommand(c, "XRANGE freshet:{sp2}:versions - +");
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    for (size_t e = 0; e < r->elements; e++) {
+        const redisReply *kv = r->element[e]->element[1];
+        for (size_t f = 0; f + 1 < kv->elements; f += 2)
+            for (int k = 0; k < 2; k++) {
+                char mark[32];
+                snprintf(mark, sizeof(mark), "/%d/", (int)pid[k]);
+                if (strcmp(kv->element[f]->str, "worker") == 0 &&
+                    strstr(kv->element[f + 1]->str, mark) != NULL)
+                    pushed[k]++;
+            }
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    fr_log(FR_LOG_INFO,
+           "two runs applied every position of %d once, version %lld; their gradients: %d and %d",
+           2 * PER, (long long)version, pushed[0], pushed[1]);
+    assert_true(pushed[0] > 0 && pushed[1] > 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
     return harness_stack_start(tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
-                               "--topic sx1:1 --topic sx2:2");
+                               "--topic sx1:1 --topic sx2:2 --topic sx3:2");
 }
 
 static int teardown(void **state)
@@ -250,6 +331,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once),
         cmocka_unit_test(test_a_killed_sparse_run_applies_every_record_once),
+        cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
