@@ -164,6 +164,9 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
     const char *name = fr_config_get(cfg, "model", "name");
     model_t m;
     model_loss_t loss;
+    if (fr_config_get(cfg, "model", "sparse")[0] != '\0')
+        return app_usage_error(cmd, "a [model] sparse trains in freshet run for now (freshet "
+                                    "train and ps are dense models' roles)");
     if (model_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
         model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr, sizeof(errstr)) !=
             FR_OK)

@@ -82,14 +82,24 @@ static int read_conf(sparse_run_t *r)
     return 0;
 }
 
-/* Creates the model when the store has none (bias 0, rows at their
- * initial values); refuses a model of another kind or table. */
+/*
+ * Creates the model when the store has none (bias 0, rows at their
+ * initial values); refuses a model of another kind, table or row layout.
+ * Meta's `sparse` names the table and what fixes a stored row's size and
+ * an absent row's value: the optimizer (its state's size), the seed and
+ * the initial spread, so that a run or standby configured otherwise cannot
+ * read rows of another size or initialise absent rows differently from
+ * the applier (learning rates may change between runs).
+ */
 static int ensure_model(sparse_run_t *r)
 {
-    char errstr[512], spec[64];
+    char errstr[512], table[64], spec[160];
     const char *url = fr_config_get(r->cfg, "redis", "url");
     const char *name = fr_config_get(r->cfg, "model", "name");
-    sparse_spec_format(&r->dec.spec, spec, sizeof(spec));
+    sparse_spec_format(&r->dec.spec, table, sizeof(table));
+    snprintf(spec, sizeof(spec), "%s;optimizer:%s;seed:%llu;init_std:%g", table,
+             sparse_optim_name(r->optim.kind), (unsigned long long)r->optim.seed,
+             (double)r->optim.init_std);
     psstore_conn_t *c = psstore_conn_new(url, 2000, errstr, sizeof(errstr));
     if (c == NULL) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
@@ -100,7 +110,7 @@ static int ensure_model(sparse_run_t *r)
     fr_err_t err = psstore_model_info(c, name, &info);
     if (err == FR_OK && strcmp(info.sparse, spec) != 0) {
         rc = app_usage_error(r->cmd,
-                             "model '%s' in the store is %s%s, the configuration says "
+                             "model '%s' in the store is %s%s; the configuration says "
                              "sparse %s",
                              name, info.sparse[0] ? "sparse " : "",
                              info.sparse[0] ? info.sparse : info.layers, spec);

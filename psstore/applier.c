@@ -614,6 +614,8 @@ static fr_err_t decide_sparse(psstore_applier_t *a, const psstore_grad_t *g, uin
     size_t m = 0;
     int shape = ps_sparse_shape(a, g, &m);
     ps_applier_guard_record(a, shape < 0);
+    if (!a->active) /* the guard stopped the model: the state is gone, the entry stays */
+        return FR_OK;
     if (shape <= 0) {
         psstore_drop_t why = shape < 0 ? PSSTORE_DROPPED_NONFINITE : PSSTORE_DROPPED_MALFORMED;
         ps_applier_count_drop(a, why, g);

@@ -119,8 +119,12 @@ typedef struct ps_sparse {
     uint8_t *dirty;          /* [capslots] changed since the last commit */
     uint32_t *dirty_list;    /* those slots                              */
     size_t ndirty, nslots, capslots;
-    uint32_t *miss; /* scratch: slots read from Redis */
+    uint32_t *miss; /* scratch: the rows of a gradient the table lacks ...  */
     size_t nmiss, capmiss;
+    float *loaded; /* ... their values in the store, [nmiss][vlen] ...     */
+    size_t caploaded;
+    uint8_t *got; /* ... and whether the store has them                   */
+    size_t capgot;
     unsigned char *fields; /* scratch: their hash fields */
     size_t capfields;
     float *grad; /* scratch: one row's gradient, aligned */

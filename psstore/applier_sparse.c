@@ -36,9 +36,19 @@ ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
     ps_sparse_t *sp = calloc(1, sizeof(*sp));
     if (sp == NULL)
         return NULL;
-    pthread_rwlock_init(&sp->rw, NULL);
+    /* writer first: glibc's default lets readers in while the applier
+     * waits, and enough workers reading would starve it of its lease */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&sp->rw, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&sp->dmu, NULL);
-    pthread_cond_init(&sp->dcv, NULL);
+    pthread_condattr_t ca; /* a wait's deadline on the monotonic clock */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&sp->dcv, &ca);
+    pthread_condattr_destroy(&ca);
     sp->spec = conf->spec;
     sp->optim = conf->optim;
     sp->rowlen = sparse_row_len(&sp->spec);
@@ -62,6 +72,11 @@ void ps_sparse_clear(ps_sparse_t *sp)
     free(sp->miss);
     free(sp->fields);
     free(sp->grad);
+    free(sp->loaded);
+    free(sp->got);
+    sp->loaded = NULL;
+    sp->got = NULL;
+    sp->caploaded = sp->capgot = 0;
     sp->keys = sp->slot_of = sp->rows = sp->dirty_list = sp->miss = NULL;
     sp->vals = sp->grad = NULL;
     sp->dirty = NULL;
@@ -131,7 +146,7 @@ fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int 
     if (!ready) /* another process's applier decides: ask the store */
         return FR_ERR_STATE;
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_sec += timeout_ms / 1000;
     until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (until.tv_nsec >= 1000000000L) {
@@ -220,19 +235,6 @@ static fr_err_t reserve(ps_sparse_t *sp, size_t more)
     return FR_OK;
 }
 
-/* Forgets the last n slots (rows inserted by a read that failed): the
- * table is built again from the slots left. */
-static void forget_last(ps_sparse_t *sp, size_t n)
-{
-    sp->nslots -= n;
-    memset(sp->keys, 0, sp->cap * sizeof(*sp->keys));
-    for (size_t s = 0; s < sp->nslots; s++) {
-        size_t pos = probe(sp, sp->rows[s]);
-        sp->keys[pos] = sp->rows[s] + 1;
-        sp->slot_of[pos] = (uint32_t)s;
-    }
-}
-
 /* Grows a scratch array to n elements of size bytes. */
 static int scratch(void **p, size_t *cap, size_t n, size_t size)
 {
@@ -247,45 +249,39 @@ static int scratch(void **p, size_t *cap, size_t n, size_t size)
 }
 
 /*
- * Adds the rows of g the table does not hold, read from Redis (one
- * pipeline of HMGETs), or at their initial value where the store has none.
+ * Reads the rows of g the table does not hold from Redis (one pipeline of
+ * HMGETs) into the scratch: sp->miss their rows, sp->loaded their values
+ * and sp->got whether the store has them. No lock: only this thread
+ * changes the table, and nothing of it changes here.
  */
-static fr_err_t load_missing(psstore_applier_t *a, const float *packed, size_t m)
+static fr_err_t read_missing(psstore_applier_t *a, const float *packed, size_t m)
 {
     ps_sparse_t *sp = a->sp;
     sp->nmiss = 0;
     if (scratch((void **)&sp->miss, &sp->capmiss, m, sizeof(uint32_t)) != 0 ||
-        scratch((void **)&sp->fields, &sp->capfields, 4 * m, 1) != 0 || reserve(sp, m) != FR_OK)
+        scratch((void **)&sp->fields, &sp->capfields, 4 * m, 1) != 0)
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", m);
     for (size_t i = 0; i < m; i++) {
         uint32_t row;
         memcpy(&row, packed + i, sizeof(row));
-        size_t pos = probe(sp, row);
-        if (sp->keys[pos] != 0)
+        if (sp->cap > 0 && sp->keys[probe(sp, row)] != 0)
             continue;
-        size_t s = sp->nslots++;
-        sp->keys[pos] = row + 1;
-        sp->slot_of[pos] = (uint32_t)s;
-        sp->rows[s] = row;
-        sp->dirty[s] = 0;
-        sparse_row_init(&sp->spec, &sp->optim, row, sp->vals + s * sp->vlen,
-                        sp->vals + s * sp->vlen + sp->rowlen);
         ps_row_field(row, sp->fields + 4 * sp->nmiss);
-        sp->miss[sp->nmiss++] = (uint32_t)s;
+        sp->miss[sp->nmiss++] = row;
     }
     if (sp->nmiss == 0)
         return FR_OK;
+    if (scratch((void **)&sp->loaded, &sp->caploaded, sp->nmiss * sp->vlen, sizeof(float)) != 0 ||
+        scratch((void **)&sp->got, &sp->capgot, sp->nmiss, 1) != 0)
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", sp->nmiss);
     char rows_key[PS_KEY_MAX];
     ps_key(rows_key, a->model, "rows");
     size_t queued = 0;
     fr_err_t err = ps_rows_queue(a->c, rows_key, sp->fields, sp->nmiss, &queued);
     if (err != FR_OK) {
         ps_pipeline_discard(a->c);
-        forget_last(sp, sp->nmiss);
         return err;
     }
-    float *tmp = NULL;
-    size_t captmp = 0;
     for (size_t k = 0; k < queued; k++) {
         fr_err_t e;
         redisReply *r = ps_pipeline_read(a->c, &e);
@@ -297,21 +293,39 @@ static fr_err_t load_missing(psstore_applier_t *a, const float *packed, size_t m
         }
         size_t at = k * PS_ROWS_CHUNK;
         size_t n = sp->nmiss - at < PS_ROWS_CHUNK ? sp->nmiss - at : PS_ROWS_CHUNK;
-        if (err == FR_OK && scratch((void **)&tmp, &captmp, n * sp->vlen, sizeof(float)) != 0)
-            err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-        uint8_t found[PS_ROWS_CHUNK];
         if (err == FR_OK)
-            err = ps_rows_take(a->c, r, sp->vlen, sp->vlen, tmp, found, n);
-        for (size_t i = 0; err == FR_OK && i < n; i++)
-            if (found[i])
-                memcpy(sp->vals + (size_t)sp->miss[at + i] * sp->vlen, tmp + i * sp->vlen,
-                       sp->vlen * sizeof(float));
+            err = ps_rows_take(a->c, r, sp->vlen, sp->vlen, sp->loaded + at * sp->vlen,
+                               sp->got + at, n);
         freeReplyObject(r);
     }
-    free(tmp);
-    if (err != FR_OK)
-        forget_last(sp, sp->nmiss); /* their values are not the store's */
     return err;
+}
+
+/* Adds the rows read_missing read (a row g names twice once), at the
+ * store's value or their initial one. Under the write lock. */
+static fr_err_t insert_missing(ps_sparse_t *sp)
+{
+    if (sp->nmiss == 0)
+        return FR_OK;
+    if (reserve(sp, sp->nmiss) != FR_OK)
+        return FR_ERR_NOMEM;
+    for (size_t i = 0; i < sp->nmiss; i++) {
+        uint32_t row = sp->miss[i];
+        size_t pos = probe(sp, row);
+        if (sp->keys[pos] != 0)
+            continue;
+        size_t s = sp->nslots++;
+        sp->keys[pos] = row + 1;
+        sp->slot_of[pos] = (uint32_t)s;
+        sp->rows[s] = row;
+        sp->dirty[s] = 0;
+        float *v = sp->vals + s * sp->vlen;
+        if (sp->got[i])
+            memcpy(v, sp->loaded + i * sp->vlen, sp->vlen * sizeof(float));
+        else
+            sparse_row_init(&sp->spec, &sp->optim, row, v, v + sp->rowlen);
+    }
+    return FR_OK;
 }
 
 int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t *m)
@@ -321,6 +335,8 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
     if (g->len < 1 || (g->len - 1) % per != 0)
         return 0;
     *m = (g->len - 1) / per;
+    if (*m > (size_t)1 << sp->spec.bits) /* more rows than the table: no batch's */
+        return 0;
     for (size_t i = 0; i < *m; i++) {
         uint32_t row;
         memcpy(&row, g->g + i, sizeof(row));
@@ -339,13 +355,15 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
 fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m)
 {
     ps_sparse_t *sp = a->sp;
-    pthread_rwlock_wrlock(&sp->rw);
-    fr_err_t err = load_missing(a, g->g, m);
+    fr_err_t err = read_missing(a, g->g, m);
     if (err == FR_OK && scratch((void **)&sp->grad, &sp->capgrad, sp->rowlen, sizeof(float)) != 0)
         err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-    if (err != FR_OK) {
-        pthread_rwlock_unlock(&sp->rw);
+    if (err != FR_OK)
         return err;
+    pthread_rwlock_wrlock(&sp->rw);
+    if (insert_missing(sp) != FR_OK) {
+        pthread_rwlock_unlock(&sp->rw);
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", sp->nmiss);
     }
     for (size_t i = 0; i < m; i++) {
         uint32_t row;

@@ -114,7 +114,7 @@ typedef struct psstore_model_info {
     size_t bytes; /* bytes of weights (all shards)                */
     int64_t created_ms;
     char stopped[256];     /* divergence guard's reason, "" while running */
-    char sparse[64];       /* a sparse model's table ("fields:F,..."), else "" */
+    char sparse[160];      /* a sparse model's table and row initialisation, else "" */
     char mode[16];         /* the training mode its applier last ran ("" before any) */
     char phase[16];        /* mode auto: its phase (psstore_phase_name), else "" */
     int64_t mode_switches; /* mode auto: phase switches of the current applier */

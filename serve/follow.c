@@ -198,7 +198,7 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
     char why[256] = "";
     *v = NULL;
     if (info->sparse[0] != '\0') { /* docs/design.md "Sparse models": no weights vector */
-        char msg[256];
+        char msg[512];
         snprintf(msg, sizeof(msg),
                  "model '%s' is a sparse model (%s): its rows are not served over HTTP yet",
                  m->name, info->sparse);

@@ -216,7 +216,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (conf->in_flight > 0 && b->n > 0)
         snprintf(wk->flight, sizeof(wk->flight), "%s", *id);
     pthread_mutex_lock(&wk->pool->lock);
-    for (size_t i = 0; i < b->n; i++) {
+    for (size_t i = 0; msg.loss_sum > 0 && i < b->n; i++) { /* a diverged batch is not scored */
         sparse_prog_window_t w;
         if (sparse_prog_add(wk->pool->pv, wk->p[i], wk->b->samples[i].label, &w))
             fr_log(FR_LOG_INFO,
@@ -272,8 +272,13 @@ static void *worker_main(void *arg)
 
 trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *errstr, size_t size)
 {
-    if (conf->workers < 1 || conf->workers > 64 || conf->max_batch < 1 || conf->source == NULL ||
-        conf->spec.fields < 1 || conf->spec.fields > SPARSE_FIELDS_MAX) {
+    if (conf->workers < 1 || conf->workers > 64) {
+        fr_errorf(FR_ERR_INVAL, errstr, size,
+                  "[trainer] workers: a sparse model runs 1 to 64 workers, not %d", conf->workers);
+        return NULL;
+    }
+    if (conf->max_batch < 1 || conf->source == NULL || conf->spec.fields < 1 ||
+        conf->spec.fields > SPARSE_FIELDS_MAX) {
         fr_errorf(FR_ERR_INVAL, errstr, size, "sparse workers: bad configuration");
         return NULL;
     }

@@ -141,6 +141,19 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
            worst, b);
     assert_true(nrows > 1000);
 
+    /* the rows' layout is the model's: a run whose optimizer (the size of a
+     * row's state) or seed (absent rows' values) differs is refused */
+    char lp[300];
+    path(lp, "refused.log");
+    assert_int_equal(harness_command(lp, WAIT_MS, FRESHET_BIN, "run", "--config", conf, "--set",
+                                     "sparse.optimizer=adagrad", NULL),
+                     2);
+    assert_true(harness_file_contains(lp, "optimizer:ftrl;seed:42;init_std:0.01; the "
+                                          "configuration says sparse " SPEC ";optimizer:adagrad"));
+    assert_int_equal(harness_command(lp, WAIT_MS, FRESHET_BIN, "run", "--config", conf, "--set",
+                                     "model.seed=7", NULL),
+                     2);
+
     int seen[N];
     assert_true(harness_audit_count(&redis, "spr", "sx1", 0, "applied", seen, N) == N / 256);
     for (int p = 0; p < N; p++)

@@ -172,10 +172,17 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     float nan_g[] = {0.1f, NAN, 0.1f};
     push(cl, r2, 1, nan_g, 0, 40, 48, epoch, 2);
     wait_for(&t, model, 2, 3);
+    /* more rows than the table (2^10): no batch's, and memory it must not take */
+    size_t big = ((size_t)1 << BITS) + 1, blen = psstore_sparse_grad_len(big, DIM);
+    float *huge = calloc(blen, sizeof(float));
+    assert_non_null(huge);
+    assert_int_equal(harness_push_range(cl, huge, blen, 1, 0, 8, epoch, 2, 5000), FR_OK);
+    free(huge);
+    wait_for(&t, model, 2, 4);
     psstore_applier_stats_t st;
     harness_applier_stop(&t, &st);
     assert_int_equal(st.dropped[PSSTORE_DROPPED_DUPLICATE], 1);
-    assert_int_equal(st.dropped[PSSTORE_DROPPED_MALFORMED], 1);
+    assert_int_equal(st.dropped[PSSTORE_DROPPED_MALFORMED], 2);
     assert_int_equal(st.dropped[PSSTORE_DROPPED_NONFINITE], 1);
 
     /* a new applier reads the rows it steps from the store */
