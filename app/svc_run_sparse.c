@@ -142,6 +142,7 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
      * commits: commits group the window's gradients ([psstore] commit_ms) */
     conf.commit_drained = 0;
     conf.sparse.enabled = 1;
+    conf.sparse.min_count = (int)fr_config_get_int(r->cfg, "sparse", "min_count");
     conf.sparse.spec = r->dec.spec;
     conf.sparse.optim = r->optim;
     if ((r->a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {

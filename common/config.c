@@ -156,6 +156,10 @@ static const conf_key_t schema[] = {
     K_DBL("sparse", "beta", "1", 0, HUGE_VAL, 0, "FTRL's beta."),
     K_DBL("sparse", "l1", "0", 0, HUGE_VAL, 0, "FTRL's L1 regularization."),
     K_DBL("sparse", "l2", "0", 0, HUGE_VAL, 0, "FTRL's L2 regularization."),
+    K_INT("sparse", "min_count", "1", 1, 255,
+          "Admission: a row the store lacks is created at the min_count-th gradient that names "
+          "it (counted in the applier's sketch); until then its value is the initial one and "
+          "its gradients are dropped."),
     K_INT("sparse", "window", "100000", 1, NO_MAX,
           "Records per progressive-validation window: each window's logloss and AUC are logged, "
           "every record scored before the model learned from it."),

@@ -129,7 +129,15 @@ typedef struct ps_sparse {
     size_t capfields;
     float *grad; /* scratch: one row's gradient, aligned */
     size_t capgrad;
+    /* admission (conf min_count > 1): a count-min sketch of the gradients
+     * that named each row the store lacks; NULL when every row is admitted */
+    uint8_t *sketch; /* [PS_SKETCH_ROWS][PS_SKETCH_WIDTH], saturating */
+    int min_count;
+    uint64_t not_admitted; /* row steps skipped for rows not admitted yet */
 } ps_sparse_t;
+#define PS_SKETCH_ROWS  4
+#define PS_SKETCH_BITS  16
+#define PS_SKETCH_WIDTH ((size_t)1 << PS_SKETCH_BITS)
 
 /* A growable byte buffer, kept between commits. */
 typedef struct buf {

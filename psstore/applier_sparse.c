@@ -54,6 +54,11 @@ ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
     sp->rowlen = sparse_row_len(&sp->spec);
     sp->statelen = sparse_state_len(&sp->spec, &sp->optim);
     sp->vlen = sp->rowlen + sp->statelen;
+    sp->min_count = conf->min_count;
+    if (sp->min_count > 1 && (sp->sketch = calloc(PS_SKETCH_ROWS * PS_SKETCH_WIDTH, 1)) == NULL) {
+        ps_sparse_free(sp);
+        return NULL;
+    }
     return sp;
 }
 
@@ -91,6 +96,7 @@ void ps_sparse_free(ps_sparse_t *sp)
     if (sp == NULL)
         return;
     ps_sparse_clear(sp);
+    free(sp->sketch);
     pthread_rwlock_destroy(&sp->rw);
     pthread_mutex_destroy(&sp->dmu);
     pthread_cond_destroy(&sp->dcv);
@@ -301,8 +307,32 @@ static fr_err_t read_missing(psstore_applier_t *a, const float *packed, size_t m
     return err;
 }
 
+/*
+ * Admission (docs/design.md "Sparse models"): counts one more gradient
+ * naming row, a row the store lacks, in the count-min sketch, and says
+ * whether it has now been named min_count times. Rare values, most of a
+ * hashed categorical vocabulary, then never cost the store a row. The
+ * sketch overcounts only (collisions), so a row may be admitted early,
+ * never late; it lives in the applier and starts again with it.
+ */
+static int admitted(ps_sparse_t *sp, uint32_t row)
+{
+    if (sp->sketch == NULL)
+        return 1;
+    unsigned least = 255;
+    for (int k = 0; k < PS_SKETCH_ROWS; k++) {
+        uint8_t *c = sp->sketch + (size_t)k * PS_SKETCH_WIDTH +
+                     sparse_hash(k, &row, sizeof(row), PS_SKETCH_BITS);
+        if (*c < 255)
+            ++*c;
+        least = *c < least ? *c : least;
+    }
+    return least >= (unsigned)sp->min_count;
+}
+
 /* Adds the rows read_missing read (a row g names twice once), at the
- * store's value or their initial one. Under the write lock. */
+ * store's value or their initial one; a row the store lacks only once it
+ * is admitted. Under the write lock. */
 static fr_err_t insert_missing(ps_sparse_t *sp)
 {
     if (sp->nmiss == 0)
@@ -312,7 +342,7 @@ static fr_err_t insert_missing(ps_sparse_t *sp)
     for (size_t i = 0; i < sp->nmiss; i++) {
         uint32_t row = sp->miss[i];
         size_t pos = probe(sp, row);
-        if (sp->keys[pos] != 0)
+        if (sp->keys[pos] != 0 || (!sp->got[i] && !admitted(sp, row)))
             continue;
         size_t s = sp->nslots++;
         sp->keys[pos] = row + 1;
@@ -368,7 +398,12 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
     for (size_t i = 0; i < m; i++) {
         uint32_t row;
         memcpy(&row, g->g + i, sizeof(row));
-        size_t s = sp->slot_of[probe(sp, row)];
+        size_t pos = probe(sp, row);
+        if (sp->keys[pos] == 0) { /* not admitted yet */
+            sp->not_admitted++;
+            continue;
+        }
+        size_t s = sp->slot_of[pos];
         memcpy(sp->grad, g->g + m + i * sp->rowlen, sp->rowlen * sizeof(float));
         sparse_row_step(&sp->spec, &sp->optim, sp->vals + s * sp->vlen,
                         sp->vals + s * sp->vlen + sp->rowlen, sp->grad);

@@ -601,6 +601,9 @@ typedef struct psstore_sparse_conf {
     int enabled; /* 0: a dense model */
     sparse_spec_t spec;
     sparse_optim_t optim;
+    int min_count; /* admission: a row the store lacks is created at its
+                      min_count-th gradient, counted in a sketch (1..255;
+                      0 or 1: at its first) */
 } psstore_sparse_conf_t;
 
 typedef struct psstore_applier_conf {

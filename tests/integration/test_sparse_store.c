@@ -211,6 +211,60 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     psstore_conn_destroy(c);
 }
 
+/*
+ * Admission: with min_count 3 a row the store lacks is created by the
+ * third gradient that names it, stepped from its initial value by that
+ * gradient alone; the first two leave it absent (and its value initial). A
+ * row the store holds is stepped from the first.
+ */
+static void test_a_row_is_admitted_at_its_min_count_th_gradient(void **state)
+{
+    (void)state;
+    const char *model = "sp2";
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    const float bias0 = 0;
+    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, "fields:3,buckets:2^10,dim:2"};
+    assert_int_equal(psstore_model_create(c, model, &ms, &bias0, 0), FR_OK);
+    harness_applier_t t;
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.lease_ms = 1000;
+    conf.sparse.enabled = 1;
+    conf.sparse.spec = spec;
+    conf.sparse.optim = optim();
+    conf.sparse.min_count = 3;
+    assert_int_equal(harness_applier_start(&t, &conf), 0);
+    psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
+    assert_non_null(cl);
+    psstore_client_any_length(cl);
+    static expect_t e;
+    memset(&e, 0, sizeof(e));
+    const sparse_optim_t o = optim();
+    uint64_t epoch = 0;
+    const uint32_t r7[] = {7};
+    check_pull(c, model, &e, r7, 1, 0, &epoch);
+    const float g[] = {0.5f, -0.25f, 0.125f};
+    char out[64];
+    for (int k = 0; k < 3; k++) {
+        push(cl, r7, 1, g, 0.1f, 16 * k, 16 * (k + 1), epoch, k);
+        if (k < 2) /* the bias learns; row 7 is not admitted yet */
+            sparse_bias_step(&o, &e.bias, e.bias_state, 0.1f);
+        else
+            expect_step(&e, &o, r7, 1, g, 0.1f);
+        wait_for(&t, model, k + 1, 0);
+        assert_int_equal(
+            harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{%s}:rows", model), 0);
+        assert_string_equal(out, k < 2 ? "0" : "1");
+        check_pull(c, model, &e, r7, 1, k + 1, &epoch);
+    }
+    harness_applier_stop(&t, NULL);
+    psstore_client_destroy(cl);
+    psstore_conn_destroy(c);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -230,6 +284,7 @@ int main(void)
         cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_are_applied_once_and_read_back_by_a_new_applier),
+        cmocka_unit_test(test_a_row_is_admitted_at_its_min_count_th_gradient),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
