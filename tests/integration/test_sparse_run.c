@@ -178,6 +178,21 @@ static int64_t watermarks(const char *model, const char *topic, int64_t *version
     return sum;
 }
 
+/* Sends n records of the synthetic stream of seed to topic, round robin,
+ * as binary records made from its Criteo lines (DIR/<topic>.txt). */
+static void preload(const char *topic, const char *seed, int n)
+{
+    char records[300], name[32], limit[16];
+    snprintf(name, sizeof(name), "%s.txt", topic);
+    path(records, name);
+    snprintf(limit, sizeof(limit), "%d", n);
+    freshet_ok("synth.log", "produce", "--synthetic", "ctr", "--seed", seed, "--out", records,
+               "--limit", limit, NULL);
+    freshet_ok("produce.log", "produce", "--data", records, "--format", "criteo", "--encode",
+               "binary", "--bootstrap", broker.bootstrap, "--topic", topic, "--partitions-by",
+               "roundrobin", NULL);
+}
+
 /* A run of model on topic: 2 workers, batches of 64, audit on, a lease of
  * 1 s and a gap timeout of 3 s (the tests' failures are found fast). */
 static void write_conf(const char *conf, const char *model, const char *topic)
@@ -221,14 +236,9 @@ static void test_a_killed_sparse_run_applies_every_record_once(void **state)
 {
     (void)state;
     enum { PER = 8000 };
-    char records[300], conf[300], log[300];
-    path(records, "ctr2.txt");
+    char conf[300], log[300];
     path(conf, "kill.conf");
-    freshet_ok("synth2.log", "produce", "--synthetic", "ctr", "--seed", "6", "--out", records,
-               "--limit", "16000", NULL);
-    freshet_ok("produce2.log", "produce", "--data", records, "--format", "criteo", "--encode",
-               "binary", "--bootstrap", broker.bootstrap, "--topic", "sx2", "--partitions-by",
-               "roundrobin", NULL);
+    preload("sx2", "6", 2 * PER);
     write_conf(conf, "spk", "sx2");
     char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
     path(log, "kill1.log");
@@ -270,14 +280,9 @@ static void test_two_sparse_runs_share_the_topic_and_apply_each_record_once(void
 {
     (void)state;
     enum { PER = 6000 };
-    char records[300], conf[300], log[2][300];
-    path(records, "ctr3.txt");
+    char conf[300], log[2][300];
     path(conf, "two.conf");
-    freshet_ok("synth3.log", "produce", "--synthetic", "ctr", "--seed", "8", "--out", records,
-               "--limit", "12000", NULL);
-    freshet_ok("produce3.log", "produce", "--data", records, "--format", "criteo", "--encode",
-               "binary", "--bootstrap", broker.bootstrap, "--topic", "sx3", "--partitions-by",
-               "roundrobin", NULL);
+    preload("sx3", "8", 2 * PER);
     write_conf(conf, "sp2", "sx3");
     char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
     pid_t pid[2];

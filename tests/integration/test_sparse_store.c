@@ -58,7 +58,7 @@ static void expect_step(expect_t *e, const sparse_optim_t *o, const uint32_t *ro
     sparse_bias_step(o, &e->bias, e->bias_state, gbias);
 }
 
-static void start(harness_applier_t *t, const char *model)
+static void start(harness_applier_t *t, const char *model, int min_count)
 {
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);
@@ -69,6 +69,7 @@ static void start(harness_applier_t *t, const char *model)
     conf.sparse.enabled = 1;
     conf.sparse.spec = spec;
     conf.sparse.optim = optim();
+    conf.sparse.min_count = min_count;
     assert_int_equal(harness_applier_start(t, &conf), 0);
 }
 
@@ -141,7 +142,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     assert_int_equal(psstore_model_info(c, model, &info), FR_OK);
 
     harness_applier_t t;
-    start(&t, model);
+    start(&t, model, 1);
     psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
     assert_non_null(cl);
     psstore_client_any_length(cl);
@@ -186,7 +187,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     assert_int_equal(st.dropped[PSSTORE_DROPPED_NONFINITE], 1);
 
     /* a new applier reads the rows it steps from the store */
-    start(&t, model);
+    start(&t, model, 1);
     const uint32_t r3[] = {5, 11};
     const float g3[] = {-0.2f, 0.1f, 0.1f, 0.3f, -0.3f, 0.2f};
     push(cl, r3, 2, g3, 0.1f, 48, 64, epoch, 2);
@@ -227,16 +228,7 @@ static void test_a_row_is_admitted_at_its_min_count_th_gradient(void **state)
     psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, "fields:3,buckets:2^10,dim:2"};
     assert_int_equal(psstore_model_create(c, model, &ms, &bias0, 0), FR_OK);
     harness_applier_t t;
-    psstore_applier_conf_t conf;
-    psstore_applier_conf_init(&conf);
-    conf.url = redis.url;
-    conf.model = model;
-    conf.lease_ms = 1000;
-    conf.sparse.enabled = 1;
-    conf.sparse.spec = spec;
-    conf.sparse.optim = optim();
-    conf.sparse.min_count = 3;
-    assert_int_equal(harness_applier_start(&t, &conf), 0);
+    start(&t, model, 3);
     psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
     assert_non_null(cl);
     psstore_client_any_length(cl);
