@@ -133,7 +133,6 @@ typedef struct ps_sparse {
      * that named each row the store lacks; NULL when every row is admitted */
     uint8_t *sketch; /* [PS_SKETCH_ROWS][PS_SKETCH_WIDTH], saturating */
     int min_count;
-    uint64_t not_admitted; /* row steps skipped for rows not admitted yet */
 } ps_sparse_t;
 #define PS_SKETCH_ROWS  4
 #define PS_SKETCH_BITS  16

@@ -399,10 +399,8 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
         uint32_t row;
         memcpy(&row, g->g + i, sizeof(row));
         size_t pos = probe(sp, row);
-        if (sp->keys[pos] == 0) { /* not admitted yet */
-            sp->not_admitted++;
+        if (sp->keys[pos] == 0) /* not admitted yet */
             continue;
-        }
         size_t s = sp->slot_of[pos];
         memcpy(sp->grad, g->g + m + i * sp->rowlen, sp->rowlen * sizeof(float));
         sparse_row_step(&sp->spec, &sp->optim, sp->vals + s * sp->vlen,

@@ -73,6 +73,24 @@ static void start(harness_applier_t *t, const char *model, int min_count)
     assert_int_equal(harness_applier_start(t, &conf), 0);
 }
 
+/* Creates sparse model (bias 0, no rows), starts its applier with
+ * min_count into *t, and returns a pushing client; *c is a connection
+ * for the test's own reads. */
+static psstore_client_t *open_model(const char *model, int min_count, harness_applier_t *t,
+                                    psstore_conn_t **c)
+{
+    *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(*c);
+    const float bias0 = 0;
+    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, "fields:3,buckets:2^10,dim:2"};
+    assert_int_equal(psstore_model_create(*c, model, &ms, &bias0, 0), FR_OK);
+    start(t, model, min_count);
+    psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
+    assert_non_null(cl);
+    psstore_client_any_length(cl);
+    return cl;
+}
+
 /* Pushes rows[m] with their gradients over positions [from, to) of t/0. */
 static void push(psstore_client_t *cl, const uint32_t *rows, size_t m, const float *grads,
                  float gbias, int64_t from, int64_t to, uint64_t epoch, int64_t version)
@@ -133,19 +151,12 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     static expect_t e;
     memset(&e, 0, sizeof(e));
     const sparse_optim_t o = optim();
-    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
-    assert_non_null(c);
-    const float bias0 = 0;
-    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, "fields:3,buckets:2^10,dim:2"};
-    assert_int_equal(psstore_model_create(c, model, &ms, &bias0, 0), FR_OK);
+    psstore_conn_t *c;
+    harness_applier_t t;
+    psstore_client_t *cl = open_model(model, 1, &t, &c);
     psstore_model_info_t info;
     assert_int_equal(psstore_model_info(c, model, &info), FR_OK);
-
-    harness_applier_t t;
-    start(&t, model, 1);
-    psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
-    assert_non_null(cl);
-    psstore_client_any_length(cl);
+    assert_string_equal(info.sparse, "fields:3,buckets:2^10,dim:2");
     uint64_t epoch = 0;
     const uint32_t all[] = {5, 9, 11, 1023};
     check_pull(c, model, &e, all, 4, 0, &epoch); /* nothing written: none found */
@@ -215,23 +226,15 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
 /*
  * Admission: with min_count 3 a row the store lacks is created by the
  * third gradient that names it, stepped from its initial value by that
- * gradient alone; the first two leave it absent (and its value initial). A
- * row the store holds is stepped from the first.
+ * gradient alone; the first two leave it absent (and its value initial).
  */
 static void test_a_row_is_admitted_at_its_min_count_th_gradient(void **state)
 {
     (void)state;
     const char *model = "sp2";
-    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
-    assert_non_null(c);
-    const float bias0 = 0;
-    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, "fields:3,buckets:2^10,dim:2"};
-    assert_int_equal(psstore_model_create(c, model, &ms, &bias0, 0), FR_OK);
+    psstore_conn_t *c;
     harness_applier_t t;
-    start(&t, model, 3);
-    psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
-    assert_non_null(cl);
-    psstore_client_any_length(cl);
+    psstore_client_t *cl = open_model(model, 3, &t, &c);
     static expect_t e;
     memset(&e, 0, sizeof(e));
     const sparse_optim_t o = optim();
