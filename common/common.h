@@ -283,7 +283,7 @@ char *fr_metrics_render(fr_metrics_t *reg, size_t *len);
 /* ------------------------------------------------------------------------
  * safetensors (https://github.com/huggingface/safetensors format): an
  * 8-byte little-endian header length, a JSON header (space padded), then the
- * tensor bytes. The writer emits F32 tensors contiguously from offset 0 in
+ * tensor bytes. The writer emits F32, I32 and U32 tensors contiguously from offset 0 in
  * the given order, pads the header to a multiple of 8 and writes string
  * metadata under "__metadata__". The reader validates everything: header
  * length, JSON syntax, dtypes, shapes against byte ranges, holes, overlaps
@@ -305,7 +305,8 @@ typedef struct fr_st_kv {
     const char *value;
 } fr_st_kv_t;
 
-/* Encodes tensors (each dtype "F32", data of prod(shape)*4 bytes) and
+/* Encodes tensors (each dtype "F32", "I32" or "U32", data of prod(shape)*4
+ * bytes) and
  * metadata into one buffer. On success *out is malloc'ed (caller frees) and
  * *len is its exact size. */
 fr_err_t fr_st_encode(const fr_st_tensor_t *tensors, size_t ntensors, const fr_st_kv_t *meta,

@@ -113,8 +113,16 @@ static void st_buf_put_json(st_buf_t *b, const char *s)
     st_buf_put(b, "\"", 1);
 }
 
+/* The dtypes the writer emits: 4-byte elements, copied as they are (F32
+ * weights, I32 or U32 ids). */
+static int st_dtype_writable(const char *dtype)
+{
+    return strcmp(dtype, "F32") == 0 || strcmp(dtype, "I32") == 0 || strcmp(dtype, "U32") == 0;
+}
+
 /* Checks one tensor given to the writer: a UTF-8 name other than
- * "__metadata__", dtype F32, a valid shape and nbytes that matches it. */
+ * "__metadata__", a dtype of 4-byte elements (st_dtype_writable), a valid
+ * shape and nbytes that matches it. */
 static fr_err_t st_check_write_tensor(const fr_st_errctx_t *ec, const fr_st_tensor_t *t, size_t i)
 {
     char shown[FR_ST_SHOW], shape[FR_ST_SHAPE_TEXT];
@@ -124,8 +132,9 @@ static fr_err_t st_check_write_tensor(const fr_st_errctx_t *ec, const fr_st_tens
     const char *name = fr__st_show(t->name, shown);
     if (strcmp(t->name, "__metadata__") == 0)
         return fr__st_fail(ec, FR_ERR_INVAL, "tensor name '__metadata__' is reserved");
-    if (memcmp(t->dtype, "F32", 4) != 0)
-        return fr__st_fail(ec, FR_ERR_INVAL, "tensor '%s': only F32 tensors can be written", name);
+    if (!st_dtype_writable(t->dtype))
+        return fr__st_fail(ec, FR_ERR_INVAL,
+                           "tensor '%s': only F32, I32 and U32 tensors can be written", name);
     if (t->ndim < 0 || t->ndim > FR_ST_MAX_DIMS)
         return fr__st_fail(ec, FR_ERR_INVAL, "tensor '%s': ndim %d is outside [0, %d]", name,
                            t->ndim, FR_ST_MAX_DIMS);
@@ -136,8 +145,8 @@ static fr_err_t st_check_write_tensor(const fr_st_errctx_t *ec, const fr_st_tens
     }
     if (!fr__st_shape_bytes(t->shape, t->ndim, 4, &nbytes) || nbytes != t->nbytes)
         return fr__st_fail(ec, FR_ERR_INVAL,
-                           "tensor '%s': nbytes %zu does not match shape %s of F32", name,
-                           t->nbytes, fr__st_shape_text(t->shape, t->ndim, shape));
+                           "tensor '%s': nbytes %zu does not match shape %s of %s", name, t->nbytes,
+                           fr__st_shape_text(t->shape, t->ndim, shape), t->dtype);
     if (t->data == NULL && t->nbytes > 0)
         return fr__st_fail(ec, FR_ERR_INVAL, "tensor '%s' has no data", name);
     return FR_OK;
@@ -217,7 +226,9 @@ static void st_build_header(st_buf_t *b, const fr_st_tensor_t *tensors, size_t n
         if (i > 0 || nmeta > 0)
             st_buf_puts(b, ",");
         st_buf_put_json(b, t->name);
-        st_buf_puts(b, ":{\"dtype\":\"F32\",\"shape\":[");
+        st_buf_puts(b, ":{\"dtype\":\"");
+        st_buf_puts(b, t->dtype);
+        st_buf_puts(b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
             snprintf(num, sizeof num, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
             st_buf_puts(b, num);

@@ -945,6 +945,38 @@ static void expect_encode_inval(const fr_st_tensor_t *t, size_t nt, const fr_st_
         fail_msg("error \"%s\" lacks \"%s\"", err, want);
 }
 
+/* Integer tensors (a sparse model's row ids) are written with their dtype
+ * and read back bit for bit, beside F32 ones. */
+static void test_safetensors_encode_integer_tensors(void **state)
+{
+    (void)state;
+    static const uint32_t ids[3] = {7, 4000000000u, 0};
+    static const int32_t neg[2] = {-5, 2147483647};
+    static const float w[2] = {0.5f, -1.25f};
+    fr_st_tensor_t t[3] = {
+        {.name = "ids", .dtype = "U32", .ndim = 1, .shape = {3}, .data = ids, .nbytes = 12},
+        {.name = "neg", .dtype = "I32", .ndim = 1, .shape = {2}, .data = neg, .nbytes = 8},
+        {.name = "w", .dtype = "F32", .ndim = 2, .shape = {1, 2}, .data = w, .nbytes = 8},
+    };
+    uint8_t *img = NULL;
+    size_t len = 0;
+    char err[256] = "";
+    assert_int_equal(fr_st_encode(t, 3, NULL, 0, &img, &len, err, sizeof err), FR_OK);
+    fr_st_file_t *st = fr_st_parse(img, len, err, sizeof err);
+    assert_non_null(st);
+    const fr_st_tensor_t *a = fr_st_find(st, "ids"), *b = fr_st_find(st, "neg");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_string_equal(a->dtype, "U32");
+    assert_string_equal(b->dtype, "I32");
+    assert_int_equal(a->nbytes, 12);
+    assert_memory_equal(a->data, ids, 12);
+    assert_memory_equal(b->data, neg, 8);
+    assert_string_equal(fr_st_find(st, "w")->dtype, "F32");
+    fr_st_destroy(st);
+    free(img);
+}
+
 static void test_safetensors_encode_rejects_invalid_tensors(void **state)
 {
     static const float x[6] = {0};
@@ -954,7 +986,7 @@ static void test_safetensors_encode_rejects_invalid_tensors(void **state)
     fr_st_kv_t meta[2] = {{"k", "v"}, {"k2", "v"}};
 
     memcpy(t[0].dtype, "F16", 4);
-    expect_encode_inval(t, 1, NULL, 0, "tensor 'a': only F32 tensors can be written");
+    expect_encode_inval(t, 1, NULL, 0, "tensor 'a': only F32, I32 and U32 tensors can be written");
     t[0] = ok;
     t[0].nbytes = 20;
     expect_encode_inval(t, 1, NULL, 0, "tensor 'a': nbytes 20 does not match shape [2, 3] of F32");
@@ -1118,6 +1150,7 @@ int main(void)
         cmocka_unit_test(test_safetensors_rejects_bad_shapes_and_offsets),
         cmocka_unit_test(test_safetensors_rejects_every_truncation_of_a_valid_file),
         cmocka_unit_test(test_safetensors_survives_single_byte_corruption),
+        cmocka_unit_test(test_safetensors_encode_integer_tensors),
         cmocka_unit_test(test_safetensors_encode_rejects_invalid_tensors),
         cmocka_unit_test(test_safetensors_destroy_and_getters_accept_null),
         cmocka_unit_test(test_safetensors_numpy_reads_a_written_file),
