@@ -6,8 +6,9 @@
  * model's applier applies them with the per-row optimizer and commits the
  * rows with the offsets (exactly once, as for dense models). The
  * in-process channel of dense runs is not used: a gradient carries only
- * its batch's rows, so the stream is the path. No HTTP and no holdout for
- * sparse models yet.
+ * its batch's rows, so the stream is the path. [serve] listen serves the
+ * rows, deltas and table pages (docs/design.md "Serving sparse models");
+ * no holdout for sparse models yet.
  *
  * Shutdown as dense runs: SIGINT or SIGTERM stops the consumer, the
  * workers finish their batch, the applier commits and releases the lease.
@@ -21,6 +22,7 @@
 #include "app/app.h"
 #include "ingest/ingest.h"
 #include "psstore/psstore.h"
+#include "serve/serve.h"
 #include "sparse/sparse.h"
 #include "trainer/sparse_pool.h"
 
@@ -38,6 +40,7 @@ typedef struct sparse_run {
     atomic_int applier_stop;
     ingest_consumer_t *src;
     trainer_sparse_t *pool;
+    serve_t *http; /* [serve] listen: rows, deltas and table pages; NULL without */
 } sparse_run_t;
 
 static void *applier_main(void *arg)
@@ -143,6 +146,8 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
     conf.commit_drained = 0;
     conf.sparse.enabled = 1;
     conf.sparse.min_count = (int)fr_config_get_int(r->cfg, "sparse", "min_count");
+    conf.sparse.ttl_ms = fr_config_get_int(r->cfg, "sparse", "ttl_seconds") * 1000;
+    conf.sparse.delta_ms = fr_config_get_int(r->cfg, "sparse", "delta_seconds") * 1000;
     conf.sparse.spec = r->dec.spec;
     conf.sparse.optim = r->optim;
     if ((r->a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
@@ -216,6 +221,19 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         rc = ensure_model(&r);
     if (rc == 0)
         rc = open_all(&r, metrics, props, samples_limit);
+    char errstr[512];
+    if (rc == 0 && fr_config_get(cfg, "serve", "listen")[0] != '\0') {
+        /* rows, deltas and table pages (docs/design.md "Serving sparse models") */
+        serve_conf_t sconf;
+        rc = app_serve_conf(cmd, cfg, metrics, &sconf);
+        if (rc == 0 && (r.http = serve_new(&sconf, errstr, sizeof(errstr))) == NULL) {
+            fprintf(stderr,
+                    "freshet %s: %s (set [serve] listen to another address, or empty for no "
+                    "HTTP)\n",
+                    cmd, errstr);
+            rc = APP_EXIT_USAGE;
+        }
+    }
     if (rc == 0) {
         app_stop_on_signals(1);
         r.applier_running = pthread_create(&r.applier_tid, NULL, applier_main, &r) == 0;
@@ -225,13 +243,13 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
             atomic_store(&app_stop, 1);
             rc = APP_EXIT_FAILURE;
         }
+        if (r.http != NULL && serve_start(r.http, errstr, sizeof(errstr)) != FR_OK) {
+            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
+            atomic_store(&app_stop, 1);
+            rc = APP_EXIT_FAILURE;
+        }
         char spec[64];
         sparse_spec_format(&r.dec.spec, spec, sizeof(spec));
-        if (fr_config_get(cfg, "serve", "listen")[0] != '\0')
-            fr_log(FR_LOG_WARN,
-                   "%s: no HTTP: sparse models are not served yet ([serve] listen "
-                   "is ignored)",
-                   cmd);
         fr_log(FR_LOG_INFO, "%s: sparse model %s (%s, %s), %lld worker(s), topic %s", cmd,
                fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind),
                (long long)fr_config_get_int(cfg, "trainer", "workers"),
@@ -255,6 +273,8 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         progress(&r, &prev, (double)(fr_clock_mono_ns() - last) * 1e-9); /* the last stretch */
         fr_log(FR_LOG_INFO, "%s: stopping", cmd);
     }
+    if (r.http != NULL)
+        serve_stop(r.http);
     ingest_consumer_stop(r.src);
     trainer_sparse_stop(r.pool);
     atomic_store(&r.applier_stop, 1);
@@ -263,5 +283,6 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     trainer_sparse_destroy(r.pool);
     ingest_consumer_destroy(r.src);
     psstore_applier_destroy(r.a);
+    serve_destroy(r.http);
     return rc;
 }

@@ -204,6 +204,12 @@ static void register_metrics(psstore_applier_t *a)
                            "within wait_timeout_ms",
                            1, model_l),
         mv);
+    a->m_evicted = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_sparse_rows_evicted_total",
+                           "A sparse model's rows deleted after [sparse] ttl_seconds without a "
+                           "step, each published as a tombstone",
+                           1, model_l),
+        mv);
 }
 
 /* ---- construction -------------------------------------------------------------- */
@@ -1007,6 +1013,8 @@ fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
         goto out;
     if (a->active)
         err = ps_applier_commit(a);
+    if (err == FR_OK && a->active && a->sp != NULL)
+        err = ps_sparse_sweep(a); /* rows it evicts go with the next commit */
     if (err == FR_OK && a->active && a->local != NULL)
         ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
 out:

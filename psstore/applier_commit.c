@@ -188,6 +188,101 @@ static void queue_rows(psstore_applier_t *a, txn_t *t)
     }
 }
 
+/* Queues HDEL rows of the evicted rows, PS_ROWS_CHUNK a command. */
+static void queue_evicted(psstore_applier_t *a, txn_t *t, const char *rows_key)
+{
+    ps_sparse_t *sp = a->sp;
+    unsigned char fields[PS_ROWS_CHUNK][4];
+    for (size_t at = 0; at < sp->nevict; at += PS_ROWS_CHUNK) {
+        size_t n = sp->nevict - at < PS_ROWS_CHUNK ? sp->nevict - at : PS_ROWS_CHUNK;
+        txn_str(t, "HDEL");
+        txn_str(t, rows_key);
+        for (size_t i = 0; i < n; i++) {
+            ps_row_field(sp->evict[at + i], fields[i]);
+            txn_arg(t, fields[i], 4);
+        }
+        txn_send(t);
+    }
+}
+
+/* Queues the changes stream's entry of this commit, id "<version>-0":
+ * the changed rows, then the evicted ones, each 4 bytes little-endian. */
+static void queue_entry(psstore_applier_t *a, txn_t *t, const char *key)
+{
+    ps_sparse_t *sp = a->sp;
+    size_t need = 4 * (sp->ndirty + sp->nevict);
+    if (need > sp->capblob) {
+        unsigned char *b = realloc(sp->blob, need);
+        if (b == NULL) {
+            txn_fail(t, ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory"));
+            return;
+        }
+        sp->blob = b;
+        sp->capblob = need;
+    }
+    for (size_t i = 0; i < sp->ndirty; i++)
+        ps_row_field(sp->rows[sp->dirty_list[i]], sp->blob + 4 * i);
+    for (size_t i = 0; i < sp->nevict; i++)
+        ps_row_field(sp->evict[i], sp->blob + 4 * (sp->ndirty + i));
+    char id[40], now[32];
+    snprintf(id, sizeof(id), "%lld-0", (long long)a->version);
+    snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
+    txn_str(t, "XADD");
+    txn_str(t, key);
+    txn_str(t, id);
+    txn_str(t, "t");
+    txn_str(t, now);
+    txn_str(t, "rows");
+    txn_arg(t, sp->blob, 4 * sp->ndirty);
+    txn_str(t, "gone");
+    txn_arg(t, sp->blob + 4 * sp->ndirty, 4 * sp->nevict);
+    txn_send(t);
+    sp->entry_queued = 1;
+}
+
+/*
+ * A sparse model's part of a commit (docs/design.md "Serving sparse
+ * models"): HSET of the rows changed since the last commit, HDEL of the
+ * evicted ones (less those a gradient brought back since), the changes
+ * stream's entry naming both under the commit's version, and the trimming
+ * of entries older than delta_ms with meta's delta_floor, the version from
+ * which the stream's history is whole.
+ */
+static void queue_sparse(psstore_applier_t *a, txn_t *t)
+{
+    ps_sparse_t *sp = a->sp;
+    size_t kept = 0;
+    for (size_t i = 0; i < sp->nevict; i++)
+        if (!ps_sparse_holds(sp, sp->evict[i]))
+            sp->evict[kept++] = sp->evict[i];
+    sp->nevict = kept;
+    sp->entry_queued = 0;
+    char key[PS_KEY_MAX], rows_key[PS_KEY_MAX], num[32];
+    ps_key(key, a->model, "changes");
+    ps_key(rows_key, a->model, "rows");
+    if (sp->reset_changes)
+        txn_cmd(t, "DEL", key, NULL);
+    if (sp->ndirty > 0)
+        queue_rows(a, t);
+    if (sp->nevict > 0)
+        queue_evicted(a, t, rows_key);
+    if (sp->ndirty > 0 || sp->nevict > 0) {
+        if (a->version > sp->entry_version)
+            queue_entry(a, t, key);
+        else /* no id left for an entry (never expected): refuse deltas across it */
+            sp->floor_next = a->version;
+    }
+    int64_t old = ps_sparse_version_before(sp, fr_clock_unix_ms() - sp->delta_ms);
+    if (old > sp->floor_next)
+        sp->floor_next = old;
+    if (sp->floor_next > sp->floor || sp->reset_changes) {
+        snprintf(num, sizeof(num), "%lld-0", (long long)sp->floor_next + 1);
+        txn_cmd(t, "XTRIM", key, "MINID", num, NULL);
+        snprintf(num, sizeof(num), "%lld", (long long)sp->floor_next);
+        txn_cmd(t, "HSET", a->k_meta, "delta_floor", num, NULL);
+    }
+}
+
 /*
  * Queues the weights, optimizer state and version when they moved, a new
  * epoch (rollback), the reset of the offsets, the deletion of the request
@@ -210,8 +305,8 @@ static void queue_state(psstore_applier_t *a, txn_t *t)
         snprintf(num, sizeof(num), "%lld", (long long)a->version);
         txn_cmd(t, "SET", a->k_ver, num, NULL);
     }
-    if (a->sp != NULL && a->sp->ndirty > 0)
-        queue_rows(a, t);
+    if (a->sp != NULL)
+        queue_sparse(a, t);
     if (a->new_epoch) {
         /* a new lineage (rollback) also lifts the divergence guard's stop */
         snprintf(num, sizeof(num), "%llu", (unsigned long long)a->epoch);
@@ -464,6 +559,13 @@ static void committed(psstore_applier_t *a, int snap)
     fr_series_add(a->m_bytes, (double)payload);
     if (snap)
         snapshot_done(a);
+    if (a->sp != NULL && a->sp->nevict > 0) {
+        pthread_mutex_lock(&a->lock);
+        a->stats.evicted += a->sp->nevict;
+        pthread_mutex_unlock(&a->lock);
+        fr_series_add(a->m_evicted, (double)a->sp->nevict);
+    }
+    ps_sparse_commit_done(a);
     for (size_t i = 0; i < a->nparts; i++)
         a->parts[i].dirty = 0;
     a->committed = a->version;

@@ -98,6 +98,9 @@ typedef struct auto_state {
     fr_series_t *m_switch[PSSTORE_NPHASE][PSSTORE_NPHASE];
 } auto_state_t;
 
+#define PS_MARKS            256   /* (time, version) marks: the changes stream's window */
+#define PS_DELTA_MS_DEFAULT 60000 /* [sparse] delta_seconds' default */
+
 /* A sparse model's rows held by its applier (applier_sparse.c). */
 typedef struct ps_sparse {
     /* freshet run's workers read the table (psstore_applier_rows): the
@@ -133,6 +136,26 @@ typedef struct ps_sparse {
      * that named each row the store lacks; NULL when every row is admitted */
     uint8_t *sketch; /* [PS_SKETCH_ROWS][PS_SKETCH_WIDTH], saturating */
     int min_count;
+    /* eviction: a sweep of the rows hash (HSCAN) deletes rows not stepped
+     * for ttl_ms; the changes stream: one entry a commit, its rows and
+     * tombstones, kept delta_ms */
+    int64_t ttl_ms, delta_ms;
+    int64_t *touched;  /* [capslots] unix ms of the slot's last step */
+    int64_t load_ms;   /* rows not held were not stepped since        */
+    char cursor[32];   /* the sweep's HSCAN cursor                    */
+    int sweeping;      /* a sweep is under way                         */
+    uint64_t sweep_ns; /* its last step, or the end of the last sweep */
+    uint32_t *evict;   /* rows evicted since the last commit          */
+    size_t nevict, capevict;
+    unsigned char *blob; /* commit scratch: an entry's rows, then its tombstones */
+    size_t capblob;
+    int64_t entry_version;                       /* the changes stream's newest entry's id       */
+    int64_t floor;                               /* meta's delta_floor                           */
+    int64_t floor_next;                          /* ... once the commit that writes it succeeds  */
+    int reset_changes;                           /* the stream is ahead of the version: delete it */
+    int entry_queued;                            /* the commit under way adds an entry            */
+    int64_t mark_ms[PS_MARKS], mark_v[PS_MARKS]; /* (time, version) of commits */
+    size_t nmarks;
 } ps_sparse_t;
 #define PS_SKETCH_ROWS  4
 #define PS_SKETCH_BITS  16
@@ -226,6 +249,7 @@ struct psstore_applier {
     fr_series_t *m_applied, *m_dropped[PSSTORE_NDROP], *m_stale, *m_lr, *m_version, *m_loss,
         *m_bytes, *m_latency, *m_commits, *m_fenced;
     fr_series_t *m_unreplicated; /* commits short of wait_replicas replicas */
+    fr_series_t *m_evicted;      /* a sparse model's rows evicted after ttl  */
     fr_metric_t *m_epoch;        /* freshet_model_epoch_info{model,epoch} 1 */
     char shown_epoch[32];        /* the epoch that metric shows as current */
     int64_t taus[TAU_RING];      /* staleness of the last applied gradients (lock) */
@@ -353,5 +377,19 @@ void ps_sparse_committed(ps_sparse_t *sp);
 void ps_sparse_ready(ps_sparse_t *sp, int ready);
 /* The grads entry id was decided (applied or dropped). */
 void ps_sparse_decided(ps_sparse_t *sp, const char *id);
+/* After taking the lease: the changes stream's newest entry and meta's
+ * delta_floor; the eviction clock starts. */
+fr_err_t ps_sparse_load(psstore_applier_t *a);
+/* One step of the eviction sweep when one is due (after a commit, nothing
+ * dirty): rows not stepped for ttl leave the table, for the next commit to
+ * delete. */
+fr_err_t ps_sparse_sweep(psstore_applier_t *a);
+/* Whether the table holds row (applier_commit.c: an evicted row a gradient
+ * brought back is not deleted). */
+int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row);
+/* The newest version committed at least ms ago by the marks, or -1. */
+int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t unix_ms);
+/* After a commit succeeded: the stream's state and the time marks. */
+void ps_sparse_commit_done(psstore_applier_t *a);
 
 #endif

@@ -267,7 +267,8 @@ fr_err_t ps_applier_try_acquire(psstore_applier_t *a)
     }
     a->active = 1;
     a->renew_ns = fr_clock_mono_ns();
-    if ((err = load_state(a)) != FR_OK || (err = ps_applier_claim_pending(a, 0)) != FR_OK) {
+    if ((err = load_state(a)) != FR_OK || (err = ps_sparse_load(a)) != FR_OK ||
+        (err = ps_applier_claim_pending(a, 0)) != FR_OK) {
         fr_log(FR_LOG_ERROR, "applier %s: taking over failed: %s", a->model,
                psstore_conn_error(a->c));
         ps_applier_drop_state(a);

@@ -55,6 +55,8 @@ ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
     sp->statelen = sparse_state_len(&sp->spec, &sp->optim);
     sp->vlen = sp->rowlen + sp->statelen;
     sp->min_count = conf->min_count;
+    sp->ttl_ms = conf->ttl_ms;
+    sp->delta_ms = conf->delta_ms > 0 ? conf->delta_ms : PS_DELTA_MS_DEFAULT;
     if (sp->min_count > 1 && (sp->sketch = calloc(PS_SKETCH_ROWS * PS_SKETCH_WIDTH, 1)) == NULL) {
         ps_sparse_free(sp);
         return NULL;
@@ -79,6 +81,16 @@ void ps_sparse_clear(ps_sparse_t *sp)
     free(sp->grad);
     free(sp->loaded);
     free(sp->got);
+    free(sp->touched);
+    free(sp->evict);
+    free(sp->blob);
+    sp->touched = NULL;
+    sp->evict = NULL;
+    sp->blob = NULL;
+    sp->nevict = sp->capevict = sp->capblob = 0;
+    sp->sweeping = 0;
+    sp->nmarks = 0;
+    sp->reset_changes = 0;
     sp->loaded = NULL;
     sp->got = NULL;
     sp->caploaded = sp->capgot = 0;
@@ -212,9 +224,12 @@ static fr_err_t reserve(ps_sparse_t *sp, size_t more)
         if (dirty != NULL)
             sp->dirty = dirty;
         uint32_t *list = dirty ? realloc(sp->dirty_list, cap * sizeof(*list)) : NULL;
-        if (list == NULL)
+        if (list != NULL)
+            sp->dirty_list = list;
+        int64_t *touched = list ? realloc(sp->touched, cap * sizeof(*touched)) : NULL;
+        if (touched == NULL)
             return FR_ERR_NOMEM;
-        sp->dirty_list = list;
+        sp->touched = touched;
         sp->capslots = cap;
     }
     if (2 * need > sp->cap) {
@@ -349,6 +364,7 @@ static fr_err_t insert_missing(ps_sparse_t *sp)
         sp->slot_of[pos] = (uint32_t)s;
         sp->rows[s] = row;
         sp->dirty[s] = 0;
+        sp->touched[s] = 0;
         float *v = sp->vals + s * sp->vlen;
         if (sp->got[i])
             memcpy(v, sp->loaded + i * sp->vlen, sp->vlen * sizeof(float));
@@ -390,6 +406,7 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
         err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     if (err != FR_OK)
         return err;
+    int64_t now_ms = sp->ttl_ms > 0 ? fr_clock_unix_ms() : 0;
     pthread_rwlock_wrlock(&sp->rw);
     if (insert_missing(sp) != FR_OK) {
         pthread_rwlock_unlock(&sp->rw);
@@ -405,6 +422,7 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
         memcpy(sp->grad, g->g + m + i * sp->rowlen, sp->rowlen * sizeof(float));
         sparse_row_step(&sp->spec, &sp->optim, sp->vals + s * sp->vlen,
                         sp->vals + s * sp->vlen + sp->rowlen, sp->grad);
+        sp->touched[s] = now_ms;
         if (!sp->dirty[s]) {
             sp->dirty[s] = 1;
             sp->dirty_list[sp->ndirty++] = (uint32_t)s;
@@ -425,4 +443,205 @@ void ps_sparse_committed(ps_sparse_t *sp)
     for (size_t i = 0; i < sp->ndirty; i++)
         sp->dirty[sp->dirty_list[i]] = 0;
     sp->ndirty = 0;
+    sp->nevict = 0; /* deleted, or (state dropped) still in the store */
+}
+
+int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row)
+{
+    return sp->cap > 0 && sp->keys[probe(sp, row)] != 0;
+}
+
+/* ---- eviction and the changes stream --------------------------------------------- */
+
+/*
+ * docs/design.md "Serving sparse models". Eviction is a sweep of the rows
+ * hash, SWEEP_COUNT fields an HSCAN step, at most one step every
+ * SWEEP_STEP_MS (100,000 rows a second), a new sweep a quarter of the ttl
+ * (between 100 ms and a minute) after the last ended. A row is stale when
+ * its last step is ttl ago: the table's time for a row it holds; for one it
+ * does not, the time this applier loaded (nothing stepped it since), so a
+ * restart postpones eviction and never hastens it.
+ */
+#define SWEEP_COUNT   "1024"
+#define SWEEP_STEP_NS 10000000ull
+#define EVICT_MAX     65536 /* rows one commit deletes at most */
+
+/* The home position of row in the table. */
+static size_t home(const ps_sparse_t *sp, uint32_t row)
+{
+    return (row * (size_t)2654435761u) & (sp->cap - 1);
+}
+
+/* Removes the row at table position pos (held, not dirty): backward-shift
+ * deletion keeps every probe chain unbroken, and the last slot moves into
+ * the freed one, so slots stay dense. Under the write lock. */
+static void remove_at(ps_sparse_t *sp, size_t pos)
+{
+    size_t mask = sp->cap - 1, s = sp->slot_of[pos], hole = pos;
+    for (size_t j = (pos + 1) & mask; sp->keys[j] != 0; j = (j + 1) & mask) {
+        size_t h = home(sp, sp->keys[j] - 1);
+        /* the entry at j may fill the hole unless its home lies in (hole, j] */
+        int in_between = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
+        if (in_between)
+            continue;
+        sp->keys[hole] = sp->keys[j];
+        sp->slot_of[hole] = sp->slot_of[j];
+        hole = j;
+    }
+    sp->keys[hole] = 0;
+    size_t last = --sp->nslots;
+    if (s != last) {
+        sp->rows[s] = sp->rows[last];
+        memcpy(sp->vals + s * sp->vlen, sp->vals + last * sp->vlen, sp->vlen * sizeof(float));
+        sp->dirty[s] = sp->dirty[last];
+        sp->touched[s] = sp->touched[last];
+        sp->slot_of[probe(sp, sp->rows[s])] = (uint32_t)s;
+    }
+}
+
+static void mark(ps_sparse_t *sp, int64_t now_ms, int64_t version)
+{
+    /* one mark a 1/128th of the window (at least a second): the ring covers
+     * twice the window */
+    int64_t every = sp->delta_ms / 128 > 1000 ? sp->delta_ms / 128 : 1000;
+    if (sp->nmarks > 0 && now_ms - sp->mark_ms[sp->nmarks - 1] < every)
+        return;
+    if (sp->nmarks == PS_MARKS) {
+        memmove(sp->mark_ms, sp->mark_ms + 1, (PS_MARKS - 1) * sizeof(int64_t));
+        memmove(sp->mark_v, sp->mark_v + 1, (PS_MARKS - 1) * sizeof(int64_t));
+        sp->nmarks--;
+    }
+    sp->mark_ms[sp->nmarks] = now_ms;
+    sp->mark_v[sp->nmarks++] = version;
+}
+
+int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t unix_ms)
+{
+    int64_t v = -1;
+    for (size_t i = 0; i < sp->nmarks && sp->mark_ms[i] <= unix_ms; i++)
+        v = sp->mark_v[i];
+    return v;
+}
+
+fr_err_t ps_sparse_load(psstore_applier_t *a)
+{
+    ps_sparse_t *sp = a->sp;
+    if (sp == NULL)
+        return FR_OK;
+    sp->load_ms = fr_clock_unix_ms();
+    sp->nmarks = 0;
+    mark(sp, sp->load_ms, a->version);
+    sp->sweeping = 0;
+    sp->sweep_ns = fr_clock_mono_ns();
+    sp->nevict = 0;
+    sp->reset_changes = 0;
+    char key[PS_KEY_MAX];
+    ps_key(key, a->model, "changes");
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "XREVRANGE %s + - COUNT 1", key);
+    if (r == NULL)
+        return err;
+    int64_t last = -1;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+        r->element[0]->type == REDIS_REPLY_ARRAY && r->element[0]->elements >= 1 &&
+        r->element[0]->element[0]->type == REDIS_REPLY_STRING)
+        last = strtoll(r->element[0]->element[0]->str, NULL, 10);
+    freeReplyObject(r);
+    r = ps_cmd(a->c, 1, &err, "HGET %s delta_floor", a->k_meta);
+    if (r == NULL)
+        return err;
+    sp->floor = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
+    freeReplyObject(r);
+    sp->floor_next = sp->floor;
+    sp->entry_version = last >= 0 ? last : sp->floor;
+    if (last > a->version) {
+        /* the stream is ahead of the weights (the store lost writes):
+         * start it again; deltas from before now are refused */
+        sp->reset_changes = 1;
+        sp->entry_version = a->version;
+    }
+    if (sp->entry_version < a->version) /* commits no entry lists: a delta across them is refused */
+        sp->floor_next = a->version;
+    return FR_OK;
+}
+
+fr_err_t ps_sparse_sweep(psstore_applier_t *a)
+{
+    ps_sparse_t *sp = a->sp;
+    if (sp == NULL)
+        return FR_OK;
+    mark(sp, fr_clock_unix_ms(), a->committed); /* idle too: the window needs times */
+    if (sp->ttl_ms <= 0 || sp->ndirty > 0 || sp->nevict >= EVICT_MAX)
+        return FR_OK;
+    uint64_t now_ns = fr_clock_mono_ns();
+    if (!sp->sweeping) {
+        int64_t pause = sp->ttl_ms / 4 < 100     ? 100
+                        : sp->ttl_ms / 4 > 60000 ? 60000
+                                                 : sp->ttl_ms / 4;
+        if (now_ns - sp->sweep_ns < (uint64_t)pause * 1000000ull)
+            return FR_OK;
+        sp->sweeping = 1;
+        snprintf(sp->cursor, sizeof(sp->cursor), "0");
+    } else if (now_ns - sp->sweep_ns < SWEEP_STEP_NS) {
+        return FR_OK;
+    }
+    sp->sweep_ns = now_ns;
+    char key[PS_KEY_MAX];
+    ps_key(key, a->model, "rows");
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "HSCAN %s %s COUNT %s", key, sp->cursor, SWEEP_COUNT);
+    if (r == NULL)
+        return err;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        return ps_fail(a->c, FR_ERR_REDIS, "applier: unexpected reply to HSCAN");
+    }
+    const redisReply *kv = r->element[1];
+    if (scratch((void **)&sp->evict, &sp->capevict, sp->nevict + kv->elements / 2,
+                sizeof(uint32_t)) != 0) {
+        freeReplyObject(r);
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    }
+    int64_t stale_before = fr_clock_unix_ms() - sp->ttl_ms;
+    size_t before = sp->nevict;
+    pthread_rwlock_wrlock(&sp->rw);
+    for (size_t i = 0; i + 1 < kv->elements; i += 2) {
+        const redisReply *f = kv->element[i];
+        if (f->type != REDIS_REPLY_STRING || f->len != 4)
+            continue; /* not a row's field: not ours to delete */
+        uint32_t row = ps_field_row(f->str);
+        size_t pos = sp->cap > 0 ? probe(sp, row) : 0;
+        if (sp->cap > 0 && sp->keys[pos] != 0) {
+            if (sp->touched[sp->slot_of[pos]] > stale_before)
+                continue;
+            remove_at(sp, pos);
+        } else if (sp->load_ms > stale_before) {
+            continue;
+        }
+        sp->evict[sp->nevict++] = row;
+    }
+    if (sp->nevict > before) { /* a change of the model: deltas name it by a version */
+        a->version++;
+        a->weights_dirty = 1;
+    }
+    pthread_rwlock_unlock(&sp->rw);
+    snprintf(sp->cursor, sizeof(sp->cursor), "%s", r->element[0]->str);
+    if (strcmp(sp->cursor, "0") == 0)
+        sp->sweeping = 0; /* the sweep is over; sweep_ns starts the pause */
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+void ps_sparse_commit_done(psstore_applier_t *a)
+{
+    ps_sparse_t *sp = a->sp;
+    if (sp == NULL)
+        return;
+    if (sp->entry_queued)
+        sp->entry_version = a->version;
+    sp->entry_queued = 0;
+    sp->floor = sp->floor_next;
+    sp->reset_changes = 0;
+    mark(sp, fr_clock_unix_ms(), a->version);
 }

@@ -210,6 +210,61 @@ fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_sp
                            float *params, uint8_t *found, float *bias, uint64_t *epoch,
                            int64_t *version);
 
+/* Parses meta's `sparse` text ("fields:39,buckets:2^22,dim:8;optimizer:
+ * ftrl;seed:42;init_std:0.01") into the table and what gives a row its
+ * size and initial value (the optimizer's kind, seed and init_std; its
+ * rates keep their defaults). FR_ERR_PARSE with errstr. */
+fr_err_t psstore_sparse_meta_parse(const char *text, sparse_spec_t *spec, sparse_optim_t *optim,
+                                   char *errstr, size_t size);
+
+/*
+ * Reading a sparse model for serving (docs/design.md "Serving sparse
+ * models"). Every commit that changes rows adds an entry "<version>-0" to
+ * the stream freshet:{m}:changes naming the rows it wrote and those it
+ * evicted; entries older than [sparse] delta_seconds are trimmed and
+ * meta's delta_floor says from which version the history is whole.
+ */
+typedef struct psstore_rows_page {
+    uint64_t epoch;
+    int64_t version; /* delta: the page covers (since, version], the next
+                        since; scan: the store's version at the first page */
+    int64_t floor;   /* delta: the oldest since answered                  */
+    int expired;     /* delta: since is older than floor (or the model was
+                        created again): reload the table; nothing else set */
+    int more;        /* delta: entries after version remain               */
+    int64_t time_ms; /* delta: when version's entry was committed (0: none) */
+    float bias;
+    size_t n; /* rows present, ids[n], params[n][1 + D]            */
+    uint32_t *ids;
+    float *params;
+    size_t ngone; /* delta: rows deleted since, gone[ngone]             */
+    uint32_t *gone;
+    size_t cap, capgone; /* the buffers, kept from call to call            */
+    uint8_t *found;
+} psstore_rows_page_t;
+
+/*
+ * The rows changed or evicted after version since, from at most
+ * max_entries commits and about max_rows rows (a commit is never split):
+ * present rows with their parameters (the latest, which may be newer than
+ * page->version), deleted ones in gone. page->more when entries remain.
+ * The caller zeroes page before the first call and frees it with
+ * psstore_rows_page_fini.
+ */
+fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                            const sparse_optim_t *optim, int64_t since, size_t max_entries,
+                            size_t max_rows, psstore_rows_page_t *page);
+/*
+ * One page of the whole table (HSCAN from cursor, about count rows), with
+ * the store's epoch, version and bias at that moment; *next is the cursor
+ * of the next page ("0" after the last). A client reads every page, then
+ * follows with psstore_rows_delta since the first page's version.
+ */
+fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                           const sparse_optim_t *optim, const char *cursor, size_t count,
+                           psstore_rows_page_t *page, char next[32]);
+void psstore_rows_page_fini(psstore_rows_page_t *page);
+
 /* ------------------------------------------------------------------------
  * The in-process fast path of a sparse model (applier_sparse.c): freshet
  * run's workers read the rows its applier holds, and wait for their last
@@ -601,9 +656,13 @@ typedef struct psstore_sparse_conf {
     int enabled; /* 0: a dense model */
     sparse_spec_t spec;
     sparse_optim_t optim;
-    int min_count; /* admission: a row the store lacks is created at its
-                      min_count-th gradient, counted in a sketch (1..255;
-                      0 or 1: at its first) */
+    int min_count;    /* admission: a row the store lacks is created at its
+                         min_count-th gradient, counted in a sketch (1..255;
+                         0 or 1: at its first) */
+    int64_t ttl_ms;   /* eviction: a row not stepped for this long is deleted
+                         and published as a tombstone (0: never) */
+    int64_t delta_ms; /* the changes stream keeps this much history: a
+                         delta since an older version is refused (> 0) */
 } psstore_sparse_conf_t;
 
 typedef struct psstore_applier_conf {
@@ -695,6 +754,7 @@ typedef struct psstore_applier_stats {
     uint64_t unreplicated;           /* commits fewer than wait_replicas replicas
                                         acknowledged within wait_timeout_ms       */
     uint64_t bytes;                  /* payload bytes read and written            */
+    uint64_t evicted;                /* a sparse model's rows deleted after its ttl */
     char stopped[256];               /* divergence guard reason, "" if running    */
     double lr_eff;                   /* of the last applied gradient              */
     int64_t tau_p50;                 /* staleness percentiles over the last 256   */

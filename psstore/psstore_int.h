@@ -151,6 +151,8 @@ void ps_row_field(uint32_t row, unsigned char f[4]);
  * command, to c's pipeline; counts the commands in *queued. */
 fr_err_t ps_rows_queue(psstore_conn_t *c, const char *key, const unsigned char *fields, size_t n,
                        size_t *queued);
+/* The row of a rows hash field (its 4 bytes, little-endian). */
+uint32_t ps_field_row(const char *f);
 /* Copies the first keep floats of each of an HMGET reply's n values of
  * len floats into out[n][keep]; found[i] (may be NULL) says which were
  * there (absent ones are left as they were). FR_ERR_PARSE for a value of

@@ -145,3 +145,320 @@ fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_sp
         freeReplyObject(r);
     return err;
 }
+
+fr_err_t psstore_sparse_meta_parse(const char *text, sparse_spec_t *spec, sparse_optim_t *optim,
+                                   char *errstr, size_t size)
+{
+    char table[96];
+    const char *semi = strchr(text, ';');
+    size_t len = semi != NULL ? (size_t)(semi - text) : strlen(text);
+    if (len >= sizeof(table)) {
+        snprintf(errstr, size, "sparse model '%.60s...': table text too long", text);
+        return FR_ERR_PARSE;
+    }
+    memcpy(table, text, len);
+    table[len] = '\0';
+    if (sparse_spec_parse(table, spec, errstr, size) != FR_OK)
+        return FR_ERR_PARSE;
+    sparse_optim_defaults(optim, SPARSE_OPTIM_FTRL);
+    for (const char *p = semi; p != NULL && *p == ';'; p = strchr(p + 1, ';')) {
+        const char *item = p + 1;
+        char *end;
+        if (strncmp(item, "optimizer:", 10) == 0) {
+            char name[16];
+            size_t n = strcspn(item + 10, ";");
+            snprintf(name, sizeof(name), "%.*s", (int)(n < 15 ? n : 15), item + 10);
+            if (sparse_optim_parse(name, &optim->kind) != FR_OK) {
+                snprintf(errstr, size, "sparse model: unknown optimizer '%s'", name);
+                return FR_ERR_PARSE;
+            }
+        } else if (strncmp(item, "seed:", 5) == 0) {
+            optim->seed = strtoull(item + 5, &end, 10);
+            if (end == item + 5 || (*end != ';' && *end != '\0')) {
+                snprintf(errstr, size, "sparse model: bad seed in '%s'", text);
+                return FR_ERR_PARSE;
+            }
+        } else if (strncmp(item, "init_std:", 9) == 0) {
+            optim->init_std = strtof(item + 9, &end);
+            if (end == item + 9 || (*end != ';' && *end != '\0') || !(optim->init_std >= 0)) {
+                snprintf(errstr, size, "sparse model: bad init_std in '%s'", text);
+                return FR_ERR_PARSE;
+            }
+        }
+    }
+    return FR_OK;
+}
+
+void psstore_rows_page_fini(psstore_rows_page_t *page)
+{
+    free(page->ids);
+    free(page->params);
+    free(page->gone);
+    free(page->found);
+    memset(page, 0, sizeof(*page));
+}
+
+/* Room for n rows of keep floats in page (and n tombstones). */
+static fr_err_t page_reserve(psstore_conn_t *c, psstore_rows_page_t *page, size_t n, size_t keep)
+{
+    if (n <= page->cap)
+        return FR_OK;
+    uint32_t *ids = realloc(page->ids, n * sizeof(*ids));
+    if (ids != NULL)
+        page->ids = ids;
+    float *params = ids ? realloc(page->params, n * keep * sizeof(float)) : NULL;
+    if (params != NULL)
+        page->params = params;
+    uint8_t *found = params ? realloc(page->found, n) : NULL;
+    if (found != NULL)
+        page->found = found;
+    uint32_t *gone = found ? realloc(page->gone, n * sizeof(*gone)) : NULL;
+    if (gone == NULL)
+        return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory for %zu rows", n);
+    page->gone = gone;
+    page->cap = n;
+    return FR_OK;
+}
+
+/* Sends the pipeline's n commands inside MULTI/EXEC and returns EXEC's
+ * array of n replies (caller frees), or NULL with the error. */
+static redisReply *transaction(psstore_conn_t *c, int n, const char **argv[], const int argc[],
+                               const size_t *lens[], fr_err_t *err)
+{
+    const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
+    *err = ps_pipeline_append(c, 1, multi, NULL);
+    for (int i = 0; i < n && *err == FR_OK; i++)
+        *err = ps_pipeline_append(c, argc[i], argv[i], lens != NULL ? lens[i] : NULL);
+    if (*err == FR_OK)
+        *err = ps_pipeline_append(c, 1, exec, NULL);
+    if (*err != FR_OK) {
+        ps_pipeline_discard(c);
+        return NULL;
+    }
+    redisReply *r = NULL;
+    for (int i = 0; i < n + 2; i++) {
+        fr_err_t e;
+        redisReply *x = ps_pipeline_read(c, &e);
+        if (x == NULL && *err == FR_OK)
+            *err = e;
+        if (i == n + 1)
+            r = x;
+        else if (x != NULL)
+            freeReplyObject(x);
+        if (x == NULL && c->ctx == NULL)
+            break;
+    }
+    if (*err == FR_OK && (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != (size_t)n))
+        *err = ps_fail(c, FR_ERR_REDIS, "rows: a read's transaction did not run");
+    if (*err != FR_OK) {
+        if (r != NULL)
+            freeReplyObject(r);
+        return NULL;
+    }
+    return r;
+}
+
+uint32_t ps_field_row(const char *f)
+{
+    const unsigned char *b = (const unsigned char *)f;
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+/* Adds the rows of a blob (4 bytes each) not yet in the set (open
+ * addressing of row + 1 in set[mask + 1]) to list. */
+static void add_rows(const redisReply *blob, uint32_t *set, size_t mask, uint32_t *list, size_t *n)
+{
+    for (size_t k = 0; k + 4 <= blob->len; k += 4) {
+        uint32_t row = ps_field_row(blob->str + k);
+        size_t pos = (row * (size_t)2654435761u) & mask;
+        while (set[pos] != 0 && set[pos] != row + 1)
+            pos = (pos + 1) & mask;
+        if (set[pos] == 0) {
+            set[pos] = row + 1;
+            list[(*n)++] = row;
+        }
+    }
+}
+
+/* The rows and tombstones blobs of a changes entry [id, [f, v, ...]], and
+ * its time; 0 when it is not one. */
+static int entry_parts(const redisReply *e, int64_t *version, int64_t *t, const redisReply **rows,
+                       const redisReply **gone)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+        e->element[0]->type != REDIS_REPLY_STRING || e->element[1]->type != REDIS_REPLY_ARRAY)
+        return 0;
+    *version = strtoll(e->element[0]->str, NULL, 10);
+    *rows = *gone = NULL;
+    *t = 0;
+    const redisReply *kv = e->element[1];
+    for (size_t i = 0; i + 1 < kv->elements; i += 2) {
+        const redisReply *k = kv->element[i], *v = kv->element[i + 1];
+        if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+            return 0;
+        if (strcmp(k->str, "rows") == 0)
+            *rows = v;
+        else if (strcmp(k->str, "gone") == 0)
+            *gone = v;
+        else if (strcmp(k->str, "t") == 0)
+            *t = strtoll(v->str, NULL, 10);
+    }
+    return *rows != NULL && *gone != NULL;
+}
+
+fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                            const sparse_optim_t *optim, int64_t since, size_t max_entries,
+                            size_t max_rows, psstore_rows_page_t *page)
+{
+    fr_err_t err;
+    if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
+        return err;
+    char meta[PS_KEY_MAX], changes[PS_KEY_MAX], from[32], count[32];
+    ps_key(meta, model, "meta");
+    ps_key(changes, model, "changes");
+    snprintf(from, sizeof(from), "%lld-0", (long long)(since < 0 ? 0 : since) + 1);
+    snprintf(count, sizeof(count), "%zu", max_entries > 0 ? max_entries : 1);
+    const char *hget_e[] = {"HGET", meta, "epoch"}, *hget_f[] = {"HGET", meta, "delta_floor"};
+    const char *xrange[] = {"XRANGE", changes, from, "+", "COUNT", count};
+    const char **argv[] = {hget_e, hget_f, xrange};
+    const int argc[] = {3, 3, 6};
+    redisReply *r = transaction(c, 3, argv, argc, NULL, &err);
+    if (r == NULL)
+        return err;
+    page->n = page->ngone = 0;
+    page->expired = page->more = 0;
+    page->time_ms = 0;
+    page->version = since;
+    if (r->element[0]->type != REDIS_REPLY_STRING) {
+        freeReplyObject(r);
+        return ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
+    }
+    page->epoch = strtoull(r->element[0]->str, NULL, 10);
+    page->floor =
+        r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
+    const redisReply *ents = r->element[2];
+    if (since < page->floor || ents->type != REDIS_REPLY_ARRAY) {
+        page->expired = since < page->floor;
+        freeReplyObject(r);
+        return page->expired ? FR_OK : ps_fail(c, FR_ERR_REDIS, "rows: unexpected XRANGE reply");
+    }
+    size_t total = 0; /* rows named, with repeats: the set's bound */
+    for (size_t i = 0; i < ents->elements; i++) {
+        int64_t v, t;
+        const redisReply *rows, *gone;
+        if (!entry_parts(ents->element[i], &v, &t, &rows, &gone)) {
+            freeReplyObject(r);
+            return ps_fail(c, FR_ERR_PARSE, "model '%s': a changes entry of another shape", model);
+        }
+        total += (rows->len + gone->len) / 4;
+    }
+    size_t cap = 16;
+    while (cap < 2 * total)
+        cap *= 2;
+    uint32_t *set = calloc(cap, sizeof(*set)), *list = malloc((total ? total : 1) * sizeof(*list));
+    if (set == NULL || list == NULL) {
+        free(set);
+        free(list);
+        freeReplyObject(r);
+        return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory for %zu rows", total);
+    }
+    size_t n = 0;
+    page->more = ents->elements >= (max_entries > 0 ? max_entries : 1);
+    for (size_t i = 0; i < ents->elements; i++) {
+        int64_t v, t;
+        const redisReply *rows, *gone;
+        entry_parts(ents->element[i], &v, &t, &rows, &gone);
+        if (i > 0 && n + (rows->len + gone->len) / 4 > max_rows) {
+            page->more = 1; /* a commit is never split: the next call starts at it */
+            break;
+        }
+        add_rows(rows, set, cap - 1, list, &n);
+        add_rows(gone, set, cap - 1, list, &n);
+        page->version = v;
+        page->time_ms = t;
+    }
+    free(set);
+    freeReplyObject(r);
+    size_t keep = sparse_row_len(spec);
+    uint64_t epoch2;
+    int64_t now;
+    if ((err = page_reserve(c, page, n, keep)) == FR_OK)
+        err = psstore_rows_pull(c, model, spec, optim, list, n, page->params, page->found,
+                                &page->bias, &epoch2, &now);
+    if (err == FR_OK && epoch2 != page->epoch) /* created again in between */
+        page->expired = 1;
+    if (err == FR_OK && !page->expired) {
+        /* present rows move down in place; the rest are tombstones */
+        for (size_t i = 0; i < n; i++) {
+            if (!page->found[i]) {
+                page->gone[page->ngone++] = list[i];
+                continue;
+            }
+            if (page->n != i)
+                memmove(page->params + page->n * keep, page->params + i * keep,
+                        keep * sizeof(float));
+            page->ids[page->n++] = list[i];
+        }
+    }
+    free(list);
+    return err;
+}
+
+fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                           const sparse_optim_t *optim, const char *cursor, size_t count,
+                           psstore_rows_page_t *page, char next[32])
+{
+    fr_err_t err;
+    if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
+        return err;
+    char meta[PS_KEY_MAX], ver[PS_KEY_MAX], w[PS_KEY_MAX], key[PS_KEY_MAX], cnt[32];
+    ps_key(meta, model, "meta");
+    ps_key(ver, model, "ver");
+    ps_key_shard(w, model, "w", 0);
+    ps_key(key, model, "rows");
+    snprintf(cnt, sizeof(cnt), "%zu", count > 0 ? count : 1);
+    const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver}, *get_w[] = {"GET", w};
+    const char *hscan[] = {"HSCAN", key, cursor, "COUNT", cnt};
+    const char **argv[] = {hget, get_ver, get_w, hscan};
+    const int argc[] = {3, 2, 2, 5};
+    redisReply *r = transaction(c, 4, argv, argc, NULL, &err);
+    if (r == NULL)
+        return err;
+    page->n = page->ngone = 0;
+    page->expired = page->more = 0;
+    page->time_ms = 0;
+    if (r->element[0]->type != REDIS_REPLY_STRING)
+        err = ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
+    else if (r->element[2]->type != REDIS_REPLY_STRING || r->element[2]->len != 4)
+        err = ps_fail(c, FR_ERR_PARSE, "model '%s': its bias (w:0) is not one float", model);
+    const redisReply *sc = r->element[3];
+    if (err == FR_OK &&
+        (sc->type != REDIS_REPLY_ARRAY || sc->elements != 2 ||
+         sc->element[0]->type != REDIS_REPLY_STRING || sc->element[1]->type != REDIS_REPLY_ARRAY))
+        err = ps_fail(c, FR_ERR_REDIS, "rows: unexpected HSCAN reply (is the cursor right?)");
+    size_t keep = sparse_row_len(spec), len = keep + sparse_state_len(spec, optim);
+    if (err == FR_OK)
+        err = page_reserve(c, page, sc->element[1]->elements / 2, keep);
+    if (err == FR_OK) {
+        page->epoch = strtoull(r->element[0]->str, NULL, 10);
+        page->version =
+            r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
+        memcpy(&page->bias, r->element[2]->str, 4);
+        snprintf(next, 32, "%s", sc->element[0]->str);
+        const redisReply *kv = sc->element[1];
+        for (size_t i = 0; i + 1 < kv->elements && err == FR_OK; i += 2) {
+            const redisReply *f = kv->element[i], *v = kv->element[i + 1];
+            if (f->type != REDIS_REPLY_STRING || f->len != 4 || v->type != REDIS_REPLY_STRING ||
+                v->len != len * sizeof(float)) {
+                err = ps_fail(c, FR_ERR_PARSE, "model '%s': a row of another size", model);
+                break;
+            }
+            page->ids[page->n] = ps_field_row(f->str);
+            memcpy(page->params + page->n * keep, v->str, keep * sizeof(float));
+            page->n++;
+        }
+        page->more = strcmp(next, "0") != 0;
+    }
+    freeReplyObject(r);
+    return err;
+}

@@ -200,8 +200,9 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
     if (info->sparse[0] != '\0') { /* docs/design.md "Sparse models": no weights vector */
         char msg[512];
         snprintf(msg, sizeof(msg),
-                 "model '%s' is a sparse model (%s): its rows are not served over HTTP yet",
-                 m->name, info->sparse);
+                 "model '%s' is a sparse model (%s): it has no weights vector; read its "
+                 "rows at /v2/models/%s/rows, /delta and /table",
+                 m->name, info->sparse, m->name);
         model_error(s, m, msg, changed);
         return FR_OK;
     }

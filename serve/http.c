@@ -601,6 +601,12 @@ static void on_model_request(struct serve *s, struct evhttp_request *req, const 
         sv_route_weights(s, req, name, params);
     else if (strcmp(rest, "/stats") == 0)
         sv_route_stats(s, req, name);
+    else if (strcmp(rest, "/rows") == 0)
+        sv_route_rows(s, req, name, params);
+    else if (strcmp(rest, "/delta") == 0)
+        sv_route_delta(s, req, name, params);
+    else if (strcmp(rest, "/table") == 0)
+        sv_route_table(s, req, name, params);
     else if (sscanf(rest, "/versions/%31[^/]", vtext) == 1 &&
              strlen(rest) == strlen("/versions/") + strlen(vtext) + strlen("/weights") &&
              strcmp(rest + strlen("/versions/") + strlen(vtext), "/weights") == 0)

@@ -128,10 +128,12 @@ void sv_route_model_ready(struct serve *s, struct evhttp_request *req, const cha
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
-    int have = m->cur != NULL;
+    /* a sparse model has no weights to load: its rows are read per request */
+    int sparse = m->present && m->info.sparse[0] != '\0';
+    int have = m->cur != NULL || sparse;
     char stopped[256];
     snprintf(stopped, sizeof(stopped), "%s", m->info.stopped);
-    int64_t version = m->cur != NULL ? m->cur->version : -1;
+    int64_t version = m->cur != NULL ? m->cur->version : sparse ? m->info.version : -1;
     pthread_mutex_unlock(&s->lock);
     if (!have) {
         sv_send_error(s, req, 503, "model '%s' has no weights loaded yet", name);
@@ -340,8 +342,8 @@ void sv_route_stats(struct serve *s, struct evhttp_request *req, const char *nam
     pthread_cond_broadcast(&s->wake);
 }
 
-/* The loop's own connection for operator requests. */
-static psstore_conn_t *op_conn(struct serve *s, struct evhttp_request *req)
+/* The loop's own connection for operator requests and sparse rows. */
+psstore_conn_t *sv_op_conn(struct serve *s, struct evhttp_request *req)
 {
     pthread_mutex_lock(&s->lock);
     int up = s->store_up;
@@ -363,7 +365,7 @@ static psstore_conn_t *op_conn(struct serve *s, struct evhttp_request *req)
     return s->op_conn;
 }
 
-static void op_failed(struct serve *s, struct evhttp_request *req)
+void sv_op_failed(struct serve *s, struct evhttp_request *req)
 {
     sv_send_error(s, req, 503, "store: %s", psstore_conn_error(s->op_conn));
     psstore_conn_destroy(s->op_conn);
@@ -429,7 +431,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
         free(r);
         return;
     }
-    psstore_conn_t *c = op_conn(s, req);
+    psstore_conn_t *c = sv_op_conn(s, req);
     if (c == NULL) {
         free(r);
         return;
@@ -447,7 +449,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
             free(r);
             free(parts);
             sv_buf_fini(&b);
-            op_failed(s, req);
+            sv_op_failed(s, req);
             return;
         }
         sv_puts(&b, ",\"dry_run\":true,\"plan\":[");
@@ -482,7 +484,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
     char id[64];
     if (psstore_request_replay(c, name, spec, id) != FR_OK) {
         sv_buf_fini(&b);
-        op_failed(s, req);
+        sv_op_failed(s, req);
         return;
     }
     fr_log(FR_LOG_INFO, "serve: replay of model '%s' requested over HTTP: %s (request %s)", name,
@@ -505,13 +507,13 @@ void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *
     }
     if (find_model(s, req, name, 0, NULL) == NULL)
         return;
-    psstore_conn_t *c = op_conn(s, req);
+    psstore_conn_t *c = sv_op_conn(s, req);
     if (c == NULL)
         return;
     psstore_snapshot_info_t list[SV_MAX_SNAPS];
     size_t n;
     if (psstore_snapshots_list(c, name, list, SV_MAX_SNAPS, &n) != FR_OK) {
-        op_failed(s, req);
+        sv_op_failed(s, req);
         return;
     }
     int retained = 0;
@@ -524,7 +526,7 @@ void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *
     }
     char id[64];
     if (psstore_request_rollback(c, name, version, id) != FR_OK) {
-        op_failed(s, req);
+        sv_op_failed(s, req);
         return;
     }
     fr_log(FR_LOG_INFO,
@@ -566,7 +568,7 @@ void sv_route_ready(struct serve *s, struct evhttp_request *req)
         else if (m->info.stopped[0] != '\0')
             snprintf(why, sizeof(why), "model '%s' stopped by the divergence guard: %s", s->model,
                      m->info.stopped);
-        else if (m->cur == NULL)
+        else if (m->cur == NULL && m->info.sparse[0] == '\0')
             snprintf(why, sizeof(why), "model '%s': weights not loaded yet%s%s", s->model,
                      m->error[0] ? ": " : "", m->error);
     }

@@ -245,6 +245,19 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
                      struct evkeyvalq *params);
 void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *name,
                        struct evkeyvalq *params);
+/* A sparse model's rows (rows.c): by id, the delta since a version, the
+ * table a page at a time. */
+void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name,
+                   struct evkeyvalq *params);
+void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *name,
+                    struct evkeyvalq *params);
+void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
+                    struct evkeyvalq *params);
+/* The loop's own Redis connection (made at first use), or NULL after
+ * answering 503 when the store is unreachable. */
+psstore_conn_t *sv_op_conn(struct serve *s, struct evhttp_request *req);
+/* Answers 503 with the connection's error and drops the connection. */
+void sv_op_failed(struct serve *s, struct evhttp_request *req);
 void sv_route_metrics(struct serve *s, struct evhttp_request *req);
 void sv_route_ready(struct serve *s, struct evhttp_request *req);
 void sv_route_dashboard(struct serve *s, struct evhttp_request *req, const char *path);

@@ -42,6 +42,72 @@ static void path(char *out, const char *name)
     snprintf(out, 300, "%s/%s", tmp_dir, name);
 }
 
+/*
+ * freshet serve on the store a run left (docs/design.md "Serving sparse
+ * models"): ready (a sparse model has no weights to load), and its table,
+ * read a page at a time, holds exactly the store's rows, each once, with
+ * the store's parameters bit for bit.
+ */
+static void served_table_equals_store(redisContext *c, const char *conf)
+{
+    int port = harness_free_port();
+    char listen[64], lp[300], errstr[256];
+    snprintf(listen, sizeof(listen), "serve.listen=127.0.0.1:%d", port);
+    path(lp, "serve.log");
+    char *argv[] = {FRESHET_BIN, "serve", "--config", (char *)conf, "--set", listen, NULL};
+    pid_t pid = harness_spawn(argv, lp);
+    assert_true(pid > 0);
+    harness_resp_t resp;
+    harness_await_code(port, tmp_dir, &resp, "/readyz", 200, 250, 20);
+    assert_int_equal(resp.code, 200);
+    harness_resp_free(&resp);
+    redisReply *r = redisCommand(c, "HGETALL freshet:{spr}:rows");
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    const char **stored = calloc(1u << 16, sizeof(*stored)); /* row -> its value */
+    assert_non_null(stored);
+    for (size_t k = 0; k + 1 < r->elements; k += 2) {
+        const unsigned char *kb = (const unsigned char *)r->element[k]->str;
+        stored[kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24] =
+            r->element[k + 1]->str;
+    }
+    uint8_t *served = calloc(1u << 16, 1);
+    assert_non_null(served);
+    size_t distinct = 0;
+    char cursor[32] = "0", url[128];
+    do {
+        snprintf(url, sizeof(url), "/v2/models/spr/table?count=1000&cursor=%s", cursor);
+        harness_http(port, tmp_dir, &resp, "", url);
+        assert_int_equal(resp.code, 200);
+        fr_st_file_t *st =
+            fr_st_parse((const uint8_t *)resp.body, resp.len, errstr, sizeof(errstr));
+        if (st == NULL)
+            fail_msg("%s", errstr);
+        const fr_st_tensor_t *ids = fr_st_find(st, "ids"), *rows = fr_st_find(st, "rows");
+        assert_true(ids != NULL && rows != NULL);
+        size_t n = ids->nbytes / 4;
+        assert_int_equal(rows->nbytes, n * ROWL * 4);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t row = ((const uint32_t *)ids->data)[i];
+            assert_true(row < (1u << 16));
+            if (stored[row] == NULL)
+                fail_msg("row %u served, not in the store", row);
+            assert_memory_equal((const float *)rows->data + i * ROWL, stored[row],
+                                ROWL * sizeof(float));
+            distinct += served[row] == 0; /* HSCAN may give a row twice, never miss one */
+            served[row] = 1;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", fr_st_meta(st, "freshet.cursor"));
+        fr_st_destroy(st);
+        harness_resp_free(&resp);
+    } while (strcmp(cursor, "0") != 0);
+    assert_int_equal(distinct, r->elements / 2);
+    free(served);
+    free(stored);
+    freeReplyObject(r);
+    kill(pid, SIGTERM);
+    assert_true(harness_wait(pid, 10000) >= 0);
+}
+
 /* Runs freshet with the arguments (NULL-terminated), logging to DIR/log;
  * fails the test, showing the log, unless it exits 0. */
 static void freshet_ok(const char *log, ...)
@@ -129,6 +195,7 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
         }
     }
     freeReplyObject(r);
+    served_table_equals_store(c, conf);
     r = redisCommand(c, "GET freshet:{spr}:w:0");
     assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
     float b;

@@ -1,9 +1,11 @@
 /*
  * test_sparse_store.c - a sparse model in a real redis-server
- * (docs/design.md "Sparse models"): rows pulled by a worker, row
- * gradients applied by the applier with the per-row optimizer, exactly
- * once by the positions, rows read back from Redis by a new applier, and
- * malformed and non-finite gradients dropped.
+ * (docs/design.md "Sparse models", "Serving sparse models"): rows pulled
+ * by a worker, row gradients applied by the applier with the per-row
+ * optimizer, exactly once by the positions, rows read back from Redis by a
+ * new applier, malformed and non-finite gradients dropped, admission, and
+ * the rows, deltas, tombstones of evicted rows and table pages that serve
+ * answers over HTTP.
  */
 #include <math.h>
 #include <pthread.h>
@@ -20,10 +22,14 @@
 
 #include "harness.h"
 #include "psstore/psstore.h"
+#include "serve/serve.h"
 
 #define DIM  2
 #define ROWL (1 + DIM)
 #define BITS 10
+
+/* meta's sparse, as freshet run writes it: serve initialises absent rows by it */
+#define SPARSE_META "fields:3,buckets:2^10,dim:2;optimizer:ftrl;seed:5;init_std:0.01"
 
 static harness_redis_t redis;
 static char errstr[512];
@@ -58,7 +64,8 @@ static void expect_step(expect_t *e, const sparse_optim_t *o, const uint32_t *ro
     sparse_bias_step(o, &e->bias, e->bias_state, gbias);
 }
 
-static void start(harness_applier_t *t, const char *model, int min_count)
+static void start(harness_applier_t *t, const char *model, int min_count, int64_t ttl_ms,
+                  int64_t delta_ms)
 {
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);
@@ -70,21 +77,23 @@ static void start(harness_applier_t *t, const char *model, int min_count)
     conf.sparse.spec = spec;
     conf.sparse.optim = optim();
     conf.sparse.min_count = min_count;
+    conf.sparse.ttl_ms = ttl_ms;
+    conf.sparse.delta_ms = delta_ms;
     assert_int_equal(harness_applier_start(t, &conf), 0);
 }
 
 /* Creates sparse model (bias 0, no rows), starts its applier with
- * min_count into *t, and returns a pushing client; *c is a connection
- * for the test's own reads. */
-static psstore_client_t *open_model(const char *model, int min_count, harness_applier_t *t,
-                                    psstore_conn_t **c)
+ * min_count, ttl_ms and delta_ms into *t, and returns a pushing client; *c
+ * is a connection for the test's own reads. */
+static psstore_client_t *open_model(const char *model, int min_count, int64_t ttl_ms,
+                                    int64_t delta_ms, harness_applier_t *t, psstore_conn_t **c)
 {
     *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
     assert_non_null(*c);
     const float bias0 = 0;
-    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, "fields:3,buckets:2^10,dim:2"};
+    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, SPARSE_META};
     assert_int_equal(psstore_model_create(*c, model, &ms, &bias0, 0), FR_OK);
-    start(t, model, min_count);
+    start(t, model, min_count, ttl_ms, delta_ms);
     psstore_client_t *cl = psstore_client_new(redis.url, model, 1, 64, errstr, sizeof(errstr));
     assert_non_null(cl);
     psstore_client_any_length(cl);
@@ -120,8 +129,9 @@ static void wait_for(harness_applier_t *t, const char *model, int64_t v, uint64_
             return;
         harness_sleep_ms(10);
     }
-    fail_msg("the store holds version %s, not %lld (applier at %lld)", out, (long long)v,
-             (long long)st.version);
+    fail_msg("the store holds version %s, not %lld (applier at %lld, %llu dropped)", out,
+             (long long)v, (long long)st.version,
+             (unsigned long long)(st.dropped[0] + st.dropped[1] + st.dropped[2] + st.dropped[3]));
 }
 
 /* Pulls rows[n] and checks them, the bias and the version against e. */
@@ -153,10 +163,10 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     const sparse_optim_t o = optim();
     psstore_conn_t *c;
     harness_applier_t t;
-    psstore_client_t *cl = open_model(model, 1, &t, &c);
+    psstore_client_t *cl = open_model(model, 1, 0, 0, &t, &c);
     psstore_model_info_t info;
     assert_int_equal(psstore_model_info(c, model, &info), FR_OK);
-    assert_string_equal(info.sparse, "fields:3,buckets:2^10,dim:2");
+    assert_string_equal(info.sparse, SPARSE_META);
     uint64_t epoch = 0;
     const uint32_t all[] = {5, 9, 11, 1023};
     check_pull(c, model, &e, all, 4, 0, &epoch); /* nothing written: none found */
@@ -198,7 +208,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     assert_int_equal(st.dropped[PSSTORE_DROPPED_NONFINITE], 1);
 
     /* a new applier reads the rows it steps from the store */
-    start(&t, model, 1);
+    start(&t, model, 1, 0, 0);
     const uint32_t r3[] = {5, 11};
     const float g3[] = {-0.2f, 0.1f, 0.1f, 0.3f, -0.3f, 0.2f};
     push(cl, r3, 2, g3, 0.1f, 48, 64, epoch, 2);
@@ -234,7 +244,7 @@ static void test_a_row_is_admitted_at_its_min_count_th_gradient(void **state)
     const char *model = "sp2";
     psstore_conn_t *c;
     harness_applier_t t;
-    psstore_client_t *cl = open_model(model, 3, &t, &c);
+    psstore_client_t *cl = open_model(model, 3, 0, 0, &t, &c);
     static expect_t e;
     memset(&e, 0, sizeof(e));
     const sparse_optim_t o = optim();
@@ -260,9 +270,396 @@ static void test_a_row_is_admitted_at_its_min_count_th_gradient(void **state)
     psstore_conn_destroy(c);
 }
 
+/* ---- serving ----------------------------------------------------------------- */
+
+static char tmp_dir[256];
+
+/* A server of this test's store on a free port; *port its port. */
+static serve_t *serve_open(fr_metrics_t *metrics, int *port)
+{
+    serve_conf_t conf;
+    serve_conf_init(&conf);
+    conf.listen = "127.0.0.1:0";
+    conf.redis_url = redis.url;
+    conf.model = "";
+    conf.metrics = metrics;
+    serve_t *srv = serve_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(srv);
+    assert_int_equal(serve_start(srv, errstr, sizeof(errstr)), FR_OK);
+    *port = serve_port(srv);
+    return srv;
+}
+
+/* GETs path and parses the safetensors answer, expecting 200. */
+static fr_st_file_t *get_st(int port, const char *path)
+{
+    harness_resp_t r;
+    harness_http(port, tmp_dir, &r, "", path);
+    if (r.code != 200)
+        fail_msg("GET %s: %d %s", path, r.code, r.body);
+    fr_st_file_t *st = fr_st_parse((const uint8_t *)r.body, r.len, errstr, sizeof(errstr));
+    if (st == NULL)
+        fail_msg("GET %s: %s", path, errstr);
+    harness_resp_free(&r);
+    return st;
+}
+
+/* GETs path and expects code with needle in the body. */
+static void get_code(int port, const char *path, int code, const char *needle)
+{
+    harness_resp_t r;
+    harness_http(port, tmp_dir, &r, "", path);
+    harness_expect(&r, code, needle);
+    harness_resp_free(&r);
+}
+
+static int64_t st_int(const fr_st_file_t *st, const char *key)
+{
+    const char *v = fr_st_meta(st, key);
+    assert_non_null(v);
+    return strtoll(v, NULL, 10);
+}
+
+/* The U32 tensor name of st, its length in *n. */
+static const uint32_t *st_u32(const fr_st_file_t *st, const char *name, size_t *n)
+{
+    const fr_st_tensor_t *t = fr_st_find(st, name);
+    assert_non_null(t);
+    assert_string_equal(t->dtype, "U32");
+    *n = t->nbytes / 4;
+    return t->data;
+}
+
+/* Checks a delta or a table page: the rows present are want[nwant] (in any
+ * order) with e's values, the tombstones gone[ngone] (any order). */
+static void expect_rows(const fr_st_file_t *st, const expect_t *e, const uint32_t *want,
+                        size_t nwant, const uint32_t *gone, size_t ngone)
+{
+    size_t n, g = 0;
+    const uint32_t *ids = st_u32(st, "ids", &n);
+    const fr_st_tensor_t *rows = fr_st_find(st, "rows");
+    assert_non_null(rows);
+    assert_int_equal(n, nwant);
+    assert_int_equal(rows->nbytes, n * ROWL * 4);
+    const float *v = rows->data;
+    for (size_t i = 0; i < n; i++) {
+        int listed = 0;
+        for (size_t k = 0; k < nwant; k++)
+            listed |= ids[i] == want[k];
+        if (!listed)
+            fail_msg("row %u is not expected", ids[i]);
+        for (int k = 0; k < ROWL; k++)
+            assert_float_equal(v[i * ROWL + k], e->param[ids[i]][k], 1e-6);
+    }
+    const uint32_t *tomb = fr_st_find(st, "tombstones") ? st_u32(st, "tombstones", &g) : NULL;
+    assert_int_equal(g, ngone);
+    for (size_t i = 0; i < g; i++) {
+        int listed = 0;
+        for (size_t k = 0; k < ngone; k++)
+            listed |= tomb[i] == gone[k];
+        if (!listed)
+            fail_msg("tombstone %u is not expected", tomb[i]);
+    }
+    const fr_st_tensor_t *bias = fr_st_find(st, "bias");
+    assert_non_null(bias);
+    assert_float_equal(*(const float *)bias->data, e->bias, 1e-6);
+}
+
+/*
+ * Serving (docs/design.md "Serving sparse models"), with min_count 2 and a
+ * ttl of 2.5 s: a cold start reads the table, each delta names exactly the
+ * rows admitted and changed since its version with their values, /rows
+ * gives stored rows and the initial value of the others, and once no
+ * gradient touched the rows for the ttl they are deleted from the store and
+ * seen as tombstones in the next delta. Bad requests get 400, a dense
+ * model's rows 400, an epoch of another lineage 410.
+ */
+static void test_rows_deltas_and_tombstones_are_served(void **state)
+{
+    (void)state;
+    const char *model = "sp3";
+    psstore_conn_t *c;
+    harness_applier_t t;
+    psstore_client_t *cl = open_model(model, 2, 2500, 0, &t, &c);
+    fr_metrics_t *metrics = fr_metrics_new();
+    int port;
+    serve_t *srv = serve_open(metrics, &port);
+    static expect_t e;
+    memset(&e, 0, sizeof(e));
+    const sparse_optim_t o = optim();
+    char path[256];
+
+    /* a cold start: the table is empty at version 0 */
+    fr_st_file_t *st = get_st(port, "/v2/models/sp3/table");
+    uint64_t epoch = (uint64_t)strtoull(fr_st_meta(st, "freshet.epoch"), NULL, 10);
+    assert_int_equal(st_int(st, "freshet.version"), 0);
+    assert_string_equal(fr_st_meta(st, "freshet.cursor"), "0");
+    assert_string_equal(fr_st_meta(st, "freshet.sparse"), "fields:3,buckets:2^10,dim:2");
+    expect_rows(st, &e, NULL, 0, NULL, 0);
+    fr_st_destroy(st);
+
+    /* rows 5 and 1023 named once, 9 twice: only 9 is admitted, at its second */
+    const uint32_t r1[] = {5, 9}, r2[] = {9, 1023};
+    const float g1[] = {0.5f, -0.1f, 0.2f, -0.25f, 0.3f, 0.05f};
+    const float g2[] = {0.1f, 0.2f, -0.3f, -0.6f, 0.0f, 0.7f};
+    push(cl, r1, 2, g1, 0.4f, 0, 16, epoch, 0);
+    sparse_bias_step(&o, &e.bias, e.bias_state, 0.4f);
+    push(cl, r2, 2, g2, -0.2f, 16, 32, epoch, 1);
+    expect_step(&e, &o, r2, 1, g2, -0.2f); /* row 9 alone (1023 not admitted) */
+    wait_for(&t, model, 2, 0);
+    const uint32_t only9[] = {9};
+    st = get_st(port, "/v2/models/sp3/delta?since=0");
+    expect_rows(st, &e, only9, 1, NULL, 0);
+    assert_int_equal(st_int(st, "freshet.version"), 2);
+    assert_string_equal(fr_st_meta(st, "freshet.more"), "false");
+    assert_true(st_int(st, "freshet.time_ms") > 0);
+    fr_st_destroy(st);
+    st = get_st(port, "/v2/models/sp3/delta?since=2"); /* nothing new */
+    expect_rows(st, &e, NULL, 0, NULL, 0);
+    assert_int_equal(st_int(st, "freshet.version"), 2);
+    fr_st_destroy(st);
+
+    /* /rows: the stored row, and the initial value of the others */
+    st = get_st(port, "/v2/models/sp3/rows?ids=5,9,1023");
+    size_t n;
+    const uint32_t *stored = st_u32(st, "stored", &n);
+    assert_int_equal(n, 3);
+    assert_int_equal(stored[0], 0);
+    assert_int_equal(stored[1], 1);
+    assert_int_equal(stored[2], 0);
+    const float *v = fr_st_find(st, "rows")->data;
+    float init[ROWL], state0[2 + DIM];
+    sparse_row_init(&spec, &o, 5, init, state0);
+    for (int k = 0; k < ROWL; k++) {
+        assert_float_equal(v[k], init[k], 0);
+        assert_float_equal(v[ROWL + k], e.param[9][k], 1e-6);
+    }
+    assert_int_equal(st_int(st, "freshet.version"), 2);
+    fr_st_destroy(st);
+
+    /* row 5's second naming admits it, 9 steps again, 11 is named once
+     * (5 and 9 stepped together go stale together) */
+    const uint32_t r3[] = {5, 9, 11};
+    const float g3[] = {-0.2f, 0.1f, 0.1f, 0.3f, -0.3f, 0.2f, 0.1f, 0.1f, 0.1f};
+    push(cl, r3, 3, g3, 0.1f, 32, 48, epoch, 2);
+    expect_step(&e, &o, r3, 2, g3, 0.1f);
+    wait_for(&t, model, 3, 0);
+    const uint32_t both[] = {5, 9};
+    st = get_st(port, "/v2/models/sp3/delta?since=2");
+    expect_rows(st, &e, both, 2, NULL, 0);
+    assert_int_equal(st_int(st, "freshet.version"), 3);
+    fr_st_destroy(st);
+    snprintf(path, sizeof(path), "/v2/models/sp3/table?count=100");
+    st = get_st(port, path);
+    expect_rows(st, &e, both, 2, NULL, 0);
+    assert_int_equal(st_int(st, "freshet.version"), 3);
+    fr_st_destroy(st);
+
+    /* no gradient for the ttl: both rows are evicted, one new version */
+    wait_for(&t, model, 4, 0);
+    char out[64];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{%s}:rows", model),
+                     0);
+    assert_string_equal(out, "0");
+    st = get_st(port, "/v2/models/sp3/delta?since=3");
+    expect_rows(st, &e, NULL, 0, both, 2);
+    assert_int_equal(st_int(st, "freshet.version"), 4);
+    fr_st_destroy(st);
+    st = get_st(port, "/v2/models/sp3/delta?since=0"); /* from nothing: both gone */
+    expect_rows(st, &e, NULL, 0, both, 2);
+    fr_st_destroy(st);
+    st = get_st(port, "/v2/models/sp3/rows?ids=9");
+    stored = st_u32(st, "stored", &n);
+    assert_int_equal(stored[0], 0);
+    fr_st_destroy(st);
+    psstore_applier_stats_t ast;
+    psstore_applier_stats(t.a, &ast);
+    assert_int_equal(ast.evicted, 2);
+
+    /* bad requests */
+    get_code(port, "/v2/models/sp3/rows", 400, "ids is required");
+    get_code(port, "/v2/models/sp3/rows?ids=1,x", 400, "not a list of row numbers");
+    get_code(port, "/v2/models/sp3/rows?ids=1024", 400, "beyond the table");
+    get_code(port, "/v2/models/sp3/delta", 400, "since is required");
+    get_code(port, "/v2/models/sp3/delta?since=-1", 400, "since is required");
+    get_code(port, "/v2/models/sp3/delta?since=0&max_rows=0", 400, "max_rows");
+    get_code(port, "/v2/models/sp3/table?cursor=abc", 400, "cursor");
+    get_code(port, "/v2/models/sp3/rows?ids=1&format=xml", 400, "format");
+    get_code(port, "/v2/models/nosuch/rows?ids=1", 404, "no model");
+    snprintf(path, sizeof(path), "/v2/models/sp3/delta?since=3&epoch=%llu",
+             (unsigned long long)epoch + 1);
+    get_code(port, path, 410, "reload");
+    const float w3[3] = {0};
+    psstore_model_spec_t dense = {"2-1", "logistic", 3, 1, NULL};
+    assert_int_equal(psstore_model_create(c, "dense1", &dense, w3, 0), FR_OK);
+    get_code(port, "/v2/models/dense1/rows?ids=1", 400, "dense model");
+    /* JSON, for people */
+    get_code(port, "/v2/models/sp3/delta?since=3&format=json", 200, "\"tombstones\":[");
+
+    serve_destroy(srv);
+    fr_metrics_destroy(metrics);
+    harness_applier_stop(&t, NULL);
+    psstore_client_destroy(cl);
+    psstore_conn_destroy(c);
+}
+
+/*
+ * The changes stream keeps delta_ms of history: past it, entries are
+ * trimmed, meta's delta_floor rises, and a delta since an older version is
+ * refused with 410 (the client reloads the table), while one since the
+ * floor is answered.
+ */
+static void test_a_delta_older_than_the_window_is_refused(void **state)
+{
+    (void)state;
+    const char *model = "sp4";
+    psstore_conn_t *c;
+    harness_applier_t t;
+    psstore_client_t *cl = open_model(model, 1, 0, 1000, &t, &c);
+    fr_metrics_t *metrics = fr_metrics_new();
+    int port;
+    serve_t *srv = serve_open(metrics, &port);
+    static expect_t e;
+    memset(&e, 0, sizeof(e));
+    const sparse_optim_t o = optim();
+    uint64_t epoch = 0;
+    const uint32_t r7[] = {7};
+    check_pull(c, model, &e, r7, 1, 0, &epoch);
+    const float g[] = {0.5f, -0.25f, 0.125f};
+    push(cl, r7, 1, g, 0.1f, 0, 16, epoch, 0);
+    expect_step(&e, &o, r7, 1, g, 0.1f);
+    wait_for(&t, model, 1, 0);
+    fr_st_file_t *st = get_st(port, "/v2/models/sp4/delta?since=0");
+    const uint32_t only7[] = {7};
+    expect_rows(st, &e, only7, 1, NULL, 0);
+    fr_st_destroy(st);
+    harness_sleep_ms(2500); /* the first commit is more than a window old */
+    const uint32_t r8[] = {8};
+    push(cl, r8, 1, g, 0.1f, 16, 32, epoch, 1);
+    expect_step(&e, &o, r8, 1, g, 0.1f);
+    wait_for(&t, model, 2, 0);
+    char out[64];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta delta_floor", model),
+        0);
+    assert_true(strtoll(out, NULL, 10) >= 1);
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "XLEN freshet:{%s}:changes", model), 0);
+    assert_string_equal(out, "1");
+    get_code(port, "/v2/models/sp4/delta?since=0", 410, "reload /v2/models/sp4/table");
+    const uint32_t only8[] = {8};
+    st = get_st(port, "/v2/models/sp4/delta?since=1");
+    expect_rows(st, &e, only8, 1, NULL, 0);
+    assert_int_equal(st_int(st, "freshet.version"), 2);
+    fr_st_destroy(st);
+    serve_destroy(srv);
+    fr_metrics_destroy(metrics);
+    harness_applier_stop(&t, NULL);
+    psstore_client_destroy(cl);
+    psstore_conn_destroy(c);
+}
+
+/* Pushes rows [lo, hi) with gradient g on every coordinate and bias
+ * gradient g over positions [from, to) of t/0, and steps e alike. */
+static void push_span(psstore_client_t *cl, expect_t *e, uint32_t lo, uint32_t hi, float g,
+                      int64_t from, int64_t to, uint64_t epoch, int64_t version)
+{
+    const sparse_optim_t o = optim();
+    size_t m = hi - lo;
+    uint32_t *rows = malloc(m * sizeof(*rows));
+    float *grads = malloc(m * ROWL * sizeof(float)),
+          *packed = malloc(psstore_sparse_grad_len(m, DIM) * sizeof(float));
+    assert_true(rows != NULL && grads != NULL && packed != NULL);
+    for (size_t i = 0; i < m; i++) {
+        rows[i] = lo + (uint32_t)i;
+        for (int k = 0; k < ROWL; k++)
+            grads[i * ROWL + k] = g * (float)(1 + k);
+    }
+    psstore_sparse_pack(rows, m, grads, DIM, g, packed);
+    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM), 0, from, to,
+                                        epoch, version, 5000),
+                     FR_OK);
+    expect_step(e, &o, rows, m, grads, g);
+    free(rows);
+    free(grads);
+    free(packed);
+}
+
+/*
+ * Eviction from the middle of the applier's table: 600 rows, of which 300
+ * keep being stepped while the other 300 go stale and are evicted (removed
+ * from the table with backward shifts, the last slots moved into the
+ * freed ones). Afterwards every row steps from the right value: the
+ * evicted ones from their initial value again, the others from theirs.
+ */
+static void test_eviction_keeps_the_table_whole(void **state)
+{
+    (void)state;
+    const char *model = "sp5";
+    psstore_conn_t *c;
+    harness_applier_t t;
+    psstore_client_t *cl = open_model(model, 1, 1000, 0, &t, &c);
+    static expect_t e;
+    memset(&e, 0, sizeof(e));
+    uint64_t epoch = 0;
+    const uint32_t r0[] = {0};
+    check_pull(c, model, &e, r0, 1, 0, &epoch);
+    int64_t pos = 0;
+    uint64_t pushed = 0;
+    psstore_applier_stats_t st;
+    char out[64] = "";
+    /* rows 0..599 once, then 300..599 every 100 ms until 0..299 are
+     * evicted (about 1.3 s; 4 s at most). A gradient's version only says
+     * how stale it is: 0 will do. */
+    for (int i = 0; i < 40; i++) {
+        if (i == 0)
+            push_span(cl, &e, 0, 600, 0.1f, pos, pos + 8, epoch, 0);
+        else
+            push_span(cl, &e, 300, 600, -0.05f, pos, pos + 8, epoch, 0);
+        pos += 8;
+        pushed++;
+        for (int k = 0; k < 200; k++) {
+            psstore_applier_stats(t.a, &st);
+            if (st.applied == pushed)
+                break;
+            harness_sleep_ms(10);
+        }
+        assert_int_equal(st.applied, pushed);
+        assert_int_equal(
+            harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{%s}:rows", model), 0);
+        if (strcmp(out, "300") == 0 && st.evicted == 300)
+            break;
+        harness_sleep_ms(100);
+    }
+    assert_string_equal(out, "300");
+    for (uint32_t r = 0; r < 300; r++) /* evicted: the next step starts from the initial value */
+        e.touched[r] = 0;
+    push_span(cl, &e, 0, 600, 0.2f, pos, pos + 8, epoch, 0);
+    for (int k = 0; k < 500 && strcmp(out, "600") != 0; k++) {
+        harness_sleep_ms(10);
+        assert_int_equal(
+            harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{%s}:rows", model), 0);
+    }
+    assert_string_equal(out, "600");
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "GET freshet:{%s}:ver", model),
+                     0);
+    uint32_t rows[16];
+    for (uint32_t at = 0; at < 600; at += 16) {
+        for (uint32_t i = 0; i < 16; i++)
+            rows[i] = at + i < 600 ? at + i : 0;
+        check_pull(c, model, &e, rows, 16, strtoll(out, NULL, 10), &epoch);
+    }
+    harness_applier_stop(&t, &st);
+    assert_int_equal(st.evicted, 300);
+    psstore_client_destroy(cl);
+    psstore_conn_destroy(c);
+}
+
 static int setup(void **state)
 {
     (void)state;
+    if (harness_tmpdir(tmp_dir, "sparse_store") != 0)
+        return -1;
     return harness_redis_start(&redis, "");
 }
 
@@ -270,6 +667,7 @@ static int teardown(void **state)
 {
     (void)state;
     harness_redis_stop(&redis);
+    harness_rmdir(tmp_dir);
     return 0;
 }
 
@@ -280,6 +678,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_are_applied_once_and_read_back_by_a_new_applier),
         cmocka_unit_test(test_a_row_is_admitted_at_its_min_count_th_gradient),
+        cmocka_unit_test(test_rows_deltas_and_tombstones_are_served),
+        cmocka_unit_test(test_a_delta_older_than_the_window_is_refused),
+        cmocka_unit_test(test_eviction_keeps_the_table_whole),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
