@@ -160,10 +160,10 @@ static const conf_key_t schema[] = {
           "Admission: a row the store lacks is created at the min_count-th gradient that names "
           "it (counted in the applier's sketch); until then its value is the initial one and "
           "its gradients are dropped."),
-    K_INT("sparse", "ttl_seconds", "0", 0, NO_MAX,
+    K_INT("sparse", "ttl_seconds", "0", 0, 315360000,
           "Eviction: a row no gradient stepped for this many seconds is deleted and published "
           "as a tombstone in /delta (0: rows are kept)."),
-    K_INT("sparse", "delta_seconds", "60", 1, NO_MAX,
+    K_INT("sparse", "delta_seconds", "60", 1, 604800,
           "Seconds of history the changes stream keeps for /delta: a client that asks at least "
           "this often never needs the full table again (memory: 4 bytes per row written)."),
     K_INT("sparse", "window", "100000", 1, NO_MAX,

@@ -266,13 +266,14 @@ static void queue_sparse(psstore_applier_t *a, txn_t *t)
         queue_rows(a, t);
     if (sp->nevict > 0)
         queue_evicted(a, t, rows_key);
-    if (sp->ndirty > 0 || sp->nevict > 0) {
-        if (a->version > sp->entry_version)
-            queue_entry(a, t, key);
-        else /* no id left for an entry (never expected): refuse deltas across it */
-            sp->floor_next = a->version;
-    }
-    int64_t old = ps_sparse_version_before(sp, fr_clock_unix_ms() - sp->delta_ms);
+    /* an entry for every commit that moves the version, even with no rows
+     * (a bias step, rows not admitted yet): the stream then always ends at
+     * the store's version, and a new applier can tell a whole history */
+    if (a->version > sp->entry_version)
+        queue_entry(a, t, key);
+    else if (sp->ndirty > 0 || sp->nevict > 0) /* no id left (never expected): refuse deltas */
+        sp->floor_next = a->version;
+    int64_t old = ps_sparse_version_before(sp, sp->delta_ms);
     if (old > sp->floor_next)
         sp->floor_next = old;
     if (sp->floor_next > sp->floor || sp->reset_changes) {

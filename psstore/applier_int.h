@@ -140,7 +140,7 @@ typedef struct ps_sparse {
      * for ttl_ms; the changes stream: one entry a commit, its rows and
      * tombstones, kept delta_ms */
     int64_t ttl_ms, delta_ms;
-    int64_t *touched;  /* [capslots] unix ms of the slot's last step */
+    int64_t *touched;  /* [capslots] monotonic ms of its last step */
     int64_t load_ms;   /* rows not held were not stepped since        */
     char cursor[32];   /* the sweep's HSCAN cursor                    */
     int sweeping;      /* a sweep is under way                         */
@@ -387,8 +387,8 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a);
 /* Whether the table holds row (applier_commit.c: an evicted row a gradient
  * brought back is not deleted). */
 int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row);
-/* The newest version committed at least ms ago by the marks, or -1. */
-int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t unix_ms);
+/* The newest version committed at least age_ms ago by the marks, or -1. */
+int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms);
 /* After a commit succeeded: the stream's state and the time marks. */
 void ps_sparse_commit_done(psstore_applier_t *a);
 

@@ -31,6 +31,13 @@ static size_t probe(const ps_sparse_t *sp, uint32_t row)
     return pos;
 }
 
+/* Eviction and the window run on the monotonic clock: a step of the wall
+ * clock must not make every row look stale. */
+static int64_t mono_ms(void)
+{
+    return (int64_t)(fr_clock_mono_ns() / 1000000u);
+}
+
 ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
 {
     ps_sparse_t *sp = calloc(1, sizeof(*sp));
@@ -406,7 +413,7 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
         err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     if (err != FR_OK)
         return err;
-    int64_t now_ms = sp->ttl_ms > 0 ? fr_clock_unix_ms() : 0;
+    int64_t now_ms = sp->ttl_ms > 0 ? mono_ms() : 0;
     pthread_rwlock_wrlock(&sp->rw);
     if (insert_missing(sp) != FR_OK) {
         pthread_rwlock_unlock(&sp->rw);
@@ -455,15 +462,17 @@ int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row)
 
 /*
  * docs/design.md "Serving sparse models". Eviction is a sweep of the rows
- * hash, SWEEP_COUNT fields an HSCAN step, at most one step every
- * SWEEP_STEP_MS (100,000 rows a second), a new sweep a quarter of the ttl
- * (between 100 ms and a minute) after the last ended. A row is stale when
- * its last step is ttl ago: the table's time for a row it holds; for one it
- * does not, the time this applier loaded (nothing stepped it since), so a
- * restart postpones eviction and never hastens it.
+ * hash, SWEEP_COUNT fields an HSCAN step, one step per SWEEP_STEP_NS
+ * elapsed (100,000 rows a second; up to SWEEP_BURST steps a call catch up
+ * after an idle poll), a new sweep a quarter of the ttl (between 100 ms and
+ * a minute) after the last ended. A row is stale when its last step is ttl
+ * ago on the monotonic clock: the table's time for a row it holds; for one
+ * it does not, the time this applier loaded (nothing stepped it since), so
+ * a restart postpones eviction and never hastens it.
  */
 #define SWEEP_COUNT   "1024"
 #define SWEEP_STEP_NS 10000000ull
+#define SWEEP_BURST   32
 #define EVICT_MAX     65536 /* rows one commit deletes at most */
 
 /* The home position of row in the table. */
@@ -499,8 +508,10 @@ static void remove_at(ps_sparse_t *sp, size_t pos)
     }
 }
 
-static void mark(ps_sparse_t *sp, int64_t now_ms, int64_t version)
+/* Notes that version was the committed one now. */
+static void mark(ps_sparse_t *sp, int64_t version)
 {
+    int64_t now_ms = mono_ms();
     /* one mark a 1/128th of the window (at least a second): the ring covers
      * twice the window */
     int64_t every = sp->delta_ms / 128 > 1000 ? sp->delta_ms / 128 : 1000;
@@ -515,10 +526,10 @@ static void mark(ps_sparse_t *sp, int64_t now_ms, int64_t version)
     sp->mark_v[sp->nmarks++] = version;
 }
 
-int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t unix_ms)
+int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms)
 {
-    int64_t v = -1;
-    for (size_t i = 0; i < sp->nmarks && sp->mark_ms[i] <= unix_ms; i++)
+    int64_t v = -1, then = mono_ms() - age_ms;
+    for (size_t i = 0; i < sp->nmarks && sp->mark_ms[i] <= then; i++)
         v = sp->mark_v[i];
     return v;
 }
@@ -528,9 +539,9 @@ fr_err_t ps_sparse_load(psstore_applier_t *a)
     ps_sparse_t *sp = a->sp;
     if (sp == NULL)
         return FR_OK;
-    sp->load_ms = fr_clock_unix_ms();
+    sp->load_ms = mono_ms();
     sp->nmarks = 0;
-    mark(sp, sp->load_ms, a->version);
+    mark(sp, a->version);
     sp->sweeping = 0;
     sp->sweep_ns = fr_clock_mono_ns();
     sp->nevict = 0;
@@ -556,36 +567,24 @@ fr_err_t ps_sparse_load(psstore_applier_t *a)
     sp->entry_version = last >= 0 ? last : sp->floor;
     if (last > a->version) {
         /* the stream is ahead of the weights (the store lost writes):
-         * start it again; deltas from before now are refused */
+         * start it again, and refuse deltas from any version it named */
         sp->reset_changes = 1;
         sp->entry_version = a->version;
+        sp->floor_next = last;
     }
-    if (sp->entry_version < a->version) /* commits no entry lists: a delta across them is refused */
+    /* every commit that moves the version adds an entry, so the stream
+     * ends at the version, unless it was written before the stream
+     * existed: a delta across that is refused */
+    if (sp->entry_version < a->version && sp->floor_next < a->version)
         sp->floor_next = a->version;
     return FR_OK;
 }
 
-fr_err_t ps_sparse_sweep(psstore_applier_t *a)
+/* One HSCAN step of the sweep: the stale rows among those it returns
+ * leave the table and join sp->evict. */
+static fr_err_t sweep_step(psstore_applier_t *a)
 {
     ps_sparse_t *sp = a->sp;
-    if (sp == NULL)
-        return FR_OK;
-    mark(sp, fr_clock_unix_ms(), a->committed); /* idle too: the window needs times */
-    if (sp->ttl_ms <= 0 || sp->ndirty > 0 || sp->nevict >= EVICT_MAX)
-        return FR_OK;
-    uint64_t now_ns = fr_clock_mono_ns();
-    if (!sp->sweeping) {
-        int64_t pause = sp->ttl_ms / 4 < 100     ? 100
-                        : sp->ttl_ms / 4 > 60000 ? 60000
-                                                 : sp->ttl_ms / 4;
-        if (now_ns - sp->sweep_ns < (uint64_t)pause * 1000000ull)
-            return FR_OK;
-        sp->sweeping = 1;
-        snprintf(sp->cursor, sizeof(sp->cursor), "0");
-    } else if (now_ns - sp->sweep_ns < SWEEP_STEP_NS) {
-        return FR_OK;
-    }
-    sp->sweep_ns = now_ns;
     char key[PS_KEY_MAX];
     ps_key(key, a->model, "rows");
     fr_err_t err;
@@ -603,7 +602,7 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a)
         freeReplyObject(r);
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     }
-    int64_t stale_before = fr_clock_unix_ms() - sp->ttl_ms;
+    int64_t stale_before = mono_ms() - sp->ttl_ms;
     size_t before = sp->nevict;
     pthread_rwlock_wrlock(&sp->rw);
     for (size_t i = 0; i + 1 < kv->elements; i += 2) {
@@ -633,6 +632,40 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a)
     return FR_OK;
 }
 
+fr_err_t ps_sparse_sweep(psstore_applier_t *a)
+{
+    ps_sparse_t *sp = a->sp;
+    if (sp == NULL)
+        return FR_OK;
+    mark(sp, a->committed); /* idle too: the window needs times */
+    if (sp->ttl_ms <= 0 || sp->ndirty > 0)
+        return FR_OK;
+    uint64_t now_ns = fr_clock_mono_ns();
+    if (!sp->sweeping) {
+        int64_t pause = sp->ttl_ms / 4 < 100     ? 100
+                        : sp->ttl_ms / 4 > 60000 ? 60000
+                                                 : sp->ttl_ms / 4;
+        if (now_ns - sp->sweep_ns < (uint64_t)pause * 1000000ull)
+            return FR_OK;
+        sp->sweeping = 1;
+        sp->sweep_ns = now_ns - SWEEP_STEP_NS; /* one step at once */
+        snprintf(sp->cursor, sizeof(sp->cursor), "0");
+    }
+    /* a step per SWEEP_STEP_NS since the last: an idle applier polls every
+     * 200 ms and catches up (at most SWEEP_BURST steps a call) */
+    uint64_t due = (now_ns - sp->sweep_ns) / SWEEP_STEP_NS;
+    if (due == 0)
+        return FR_OK;
+    sp->sweep_ns = now_ns;
+    for (uint64_t k = 0; k < due && k < SWEEP_BURST && sp->sweeping && sp->nevict < EVICT_MAX;
+         k++) {
+        fr_err_t err = sweep_step(a);
+        if (err != FR_OK)
+            return err;
+    }
+    return FR_OK;
+}
+
 void ps_sparse_commit_done(psstore_applier_t *a)
 {
     ps_sparse_t *sp = a->sp;
@@ -643,5 +676,5 @@ void ps_sparse_commit_done(psstore_applier_t *a)
     sp->entry_queued = 0;
     sp->floor = sp->floor_next;
     sp->reset_changes = 0;
-    mark(sp, fr_clock_unix_ms(), a->version);
+    mark(sp, a->version);
 }

@@ -229,8 +229,10 @@ typedef struct psstore_rows_page {
     int64_t version; /* delta: the page covers (since, version], the next
                         since; scan: the store's version at the first page */
     int64_t floor;   /* delta: the oldest since answered                  */
-    int expired;     /* delta: since is older than floor (or the model was
-                        created again): reload the table; nothing else set */
+    int64_t head;    /* delta: the store's version when it was read        */
+    int expired;     /* delta: since is older than floor, or newer than the
+                        model, or the model was created again: reload the
+                        table; nothing else set */
     int more;        /* delta: entries after version remain               */
     int64_t time_ms; /* delta: when version's entry was committed (0: none) */
     float bias;

@@ -264,22 +264,6 @@ uint32_t ps_field_row(const char *f)
     return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
 
-/* Adds the rows of a blob (4 bytes each) not yet in the set (open
- * addressing of row + 1 in set[mask + 1]) to list. */
-static void add_rows(const redisReply *blob, uint32_t *set, size_t mask, uint32_t *list, size_t *n)
-{
-    for (size_t k = 0; k + 4 <= blob->len; k += 4) {
-        uint32_t row = ps_field_row(blob->str + k);
-        size_t pos = (row * (size_t)2654435761u) & mask;
-        while (set[pos] != 0 && set[pos] != row + 1)
-            pos = (pos + 1) & mask;
-        if (set[pos] == 0) {
-            set[pos] = row + 1;
-            list[(*n)++] = row;
-        }
-    }
-}
-
 /* The rows and tombstones blobs of a changes entry [id, [f, v, ...]], and
  * its time; 0 when it is not one. */
 static int entry_parts(const redisReply *e, int64_t *version, int64_t *t, const redisReply **rows,
@@ -306,6 +290,92 @@ static int entry_parts(const redisReply *e, int64_t *version, int64_t *t, const 
     return *rows != NULL && *gone != NULL;
 }
 
+/* A growable list of rows. */
+typedef struct row_list {
+    uint32_t *v;
+    size_t n, cap;
+} row_list_t;
+
+/* Appends a blob's rows (4 bytes each); -1 out of memory. */
+static int list_add(row_list_t *l, const redisReply *blob)
+{
+    size_t more = blob->len / 4;
+    if (l->n + more > l->cap) {
+        size_t cap = l->cap ? l->cap : 1024;
+        while (cap < l->n + more)
+            cap *= 2;
+        uint32_t *v = realloc(l->v, cap * sizeof(*v));
+        if (v == NULL)
+            return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    for (size_t k = 0; k + 4 <= blob->len; k += 4)
+        l->v[l->n++] = ps_field_row(blob->str + k);
+    return 0;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+#define DELTA_PAGE  16   /* changes entries an XRANGE reads */
+#define DELTA_CHUNK 4096 /* rows a transaction reads        */
+
+/*
+ * Lists the rows the changes entries after page->version name, whole
+ * entries until about max_rows rows or max_entries entries, in XRANGEs of
+ * DELTA_PAGE entries (entries are only ever trimmed from the old end, so
+ * reading on from the last id read misses none). Moves page->version,
+ * time_ms and more.
+ */
+static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *key,
+                             size_t max_entries, size_t max_rows, psstore_rows_page_t *page,
+                             row_list_t *l)
+{
+    size_t entries = 0;
+    for (;;) {
+        char from[32];
+        snprintf(from, sizeof(from), "%lld-0", (long long)page->version + 1);
+        fr_err_t err;
+        redisReply *r = ps_cmd(c, 0, &err, "XRANGE %s %s + COUNT %d", key, from, DELTA_PAGE);
+        if (r == NULL)
+            return err;
+        if (r->type != REDIS_REPLY_ARRAY) {
+            freeReplyObject(r);
+            return ps_fail(c, FR_ERR_REDIS, "rows: unexpected XRANGE reply");
+        }
+        for (size_t i = 0; i < r->elements; i++) {
+            int64_t v, t;
+            const redisReply *rows, *gone;
+            if (!entry_parts(r->element[i], &v, &t, &rows, &gone)) {
+                freeReplyObject(r);
+                return ps_fail(c, FR_ERR_PARSE, "model '%s': a changes entry of another shape",
+                               model);
+            }
+            size_t named = (rows->len + gone->len) / 4;
+            if (entries > 0 && (entries == max_entries || l->n + named > max_rows)) {
+                page->more = 1; /* a commit is never split: the next call starts at it */
+                freeReplyObject(r);
+                return FR_OK;
+            }
+            if (list_add(l, rows) != 0 || list_add(l, gone) != 0) {
+                freeReplyObject(r);
+                return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory for %zu rows", l->n);
+            }
+            entries++;
+            page->version = v;
+            page->time_ms = t;
+        }
+        int last_page = r->elements < DELTA_PAGE;
+        freeReplyObject(r);
+        if (last_page)
+            return FR_OK;
+    }
+}
+
 fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
                             const sparse_optim_t *optim, int64_t since, size_t max_entries,
                             size_t max_rows, psstore_rows_page_t *page)
@@ -313,15 +383,14 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_s
     fr_err_t err;
     if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
         return err;
-    char meta[PS_KEY_MAX], changes[PS_KEY_MAX], from[32], count[32];
+    char meta[PS_KEY_MAX], ver[PS_KEY_MAX], changes[PS_KEY_MAX];
     ps_key(meta, model, "meta");
+    ps_key(ver, model, "ver");
     ps_key(changes, model, "changes");
-    snprintf(from, sizeof(from), "%lld-0", (long long)(since < 0 ? 0 : since) + 1);
-    snprintf(count, sizeof(count), "%zu", max_entries > 0 ? max_entries : 1);
     const char *hget_e[] = {"HGET", meta, "epoch"}, *hget_f[] = {"HGET", meta, "delta_floor"};
-    const char *xrange[] = {"XRANGE", changes, from, "+", "COUNT", count};
-    const char **argv[] = {hget_e, hget_f, xrange};
-    const int argc[] = {3, 3, 6};
+    const char *get_ver[] = {"GET", ver};
+    const char **argv[] = {hget_e, hget_f, get_ver};
+    const int argc[] = {3, 3, 2};
     redisReply *r = transaction(c, 3, argv, argc, NULL, &err);
     if (r == NULL)
         return err;
@@ -336,71 +405,54 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_s
     page->epoch = strtoull(r->element[0]->str, NULL, 10);
     page->floor =
         r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
-    const redisReply *ents = r->element[2];
-    if (since < page->floor || ents->type != REDIS_REPLY_ARRAY) {
-        page->expired = since < page->floor;
-        freeReplyObject(r);
-        return page->expired ? FR_OK : ps_fail(c, FR_ERR_REDIS, "rows: unexpected XRANGE reply");
-    }
-    size_t total = 0; /* rows named, with repeats: the set's bound */
-    for (size_t i = 0; i < ents->elements; i++) {
-        int64_t v, t;
-        const redisReply *rows, *gone;
-        if (!entry_parts(ents->element[i], &v, &t, &rows, &gone)) {
-            freeReplyObject(r);
-            return ps_fail(c, FR_ERR_PARSE, "model '%s': a changes entry of another shape", model);
-        }
-        total += (rows->len + gone->len) / 4;
-    }
-    size_t cap = 16;
-    while (cap < 2 * total)
-        cap *= 2;
-    uint32_t *set = calloc(cap, sizeof(*set)), *list = malloc((total ? total : 1) * sizeof(*list));
-    if (set == NULL || list == NULL) {
-        free(set);
-        free(list);
-        freeReplyObject(r);
-        return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory for %zu rows", total);
-    }
-    size_t n = 0;
-    page->more = ents->elements >= (max_entries > 0 ? max_entries : 1);
-    for (size_t i = 0; i < ents->elements; i++) {
-        int64_t v, t;
-        const redisReply *rows, *gone;
-        entry_parts(ents->element[i], &v, &t, &rows, &gone);
-        if (i > 0 && n + (rows->len + gone->len) / 4 > max_rows) {
-            page->more = 1; /* a commit is never split: the next call starts at it */
-            break;
-        }
-        add_rows(rows, set, cap - 1, list, &n);
-        add_rows(gone, set, cap - 1, list, &n);
-        page->version = v;
-        page->time_ms = t;
-    }
-    free(set);
+    page->head =
+        r->element[2]->type == REDIS_REPLY_STRING ? strtoll(r->element[2]->str, NULL, 10) : 0;
     freeReplyObject(r);
-    size_t keep = sparse_row_len(spec);
-    uint64_t epoch2;
-    int64_t now;
-    if ((err = page_reserve(c, page, n, keep)) == FR_OK)
-        err = psstore_rows_pull(c, model, spec, optim, list, n, page->params, page->found,
-                                &page->bias, &epoch2, &now);
-    if (err == FR_OK && epoch2 != page->epoch) /* created again in between */
+    /* older than the history kept, or newer than the model (created again,
+     * or writes lost): the client's rows are of another history */
+    if (since < page->floor || since > page->head) {
         page->expired = 1;
+        return FR_OK;
+    }
+    row_list_t l = {0};
+    err = list_changes(c, model, changes, max_entries > 0 ? max_entries : 1, max_rows, page, &l);
+    size_t n = 0;
+    if (err == FR_OK && l.n > 0) { /* distinct rows */
+        qsort(l.v, l.n, sizeof(uint32_t), cmp_u32);
+        for (size_t i = 0; i < l.n; i++)
+            if (n == 0 || l.v[i] != l.v[n - 1])
+                l.v[n++] = l.v[i];
+    }
+    size_t keep = sparse_row_len(spec);
+    if (err == FR_OK)
+        err = page_reserve(c, page, n, keep);
+    /* the values, DELTA_CHUNK rows a transaction: a large commit never
+     * holds Redis in one */
+    for (size_t at = 0; (at < n || at == 0) && err == FR_OK && !page->expired;
+         at += DELTA_CHUNK) { /* once at least: the bias */
+        size_t k = n - at < DELTA_CHUNK ? n - at : DELTA_CHUNK;
+        uint64_t epoch;
+        int64_t now;
+        err = psstore_rows_pull(c, model, spec, optim, n > 0 ? l.v + at : NULL, k,
+                                n > 0 ? page->params + at * keep : NULL,
+                                n > 0 ? page->found + at : NULL, &page->bias, &epoch, &now);
+        if (err == FR_OK && epoch != page->epoch) /* created again in between */
+            page->expired = 1;
+    }
     if (err == FR_OK && !page->expired) {
         /* present rows move down in place; the rest are tombstones */
         for (size_t i = 0; i < n; i++) {
             if (!page->found[i]) {
-                page->gone[page->ngone++] = list[i];
+                page->gone[page->ngone++] = l.v[i];
                 continue;
             }
             if (page->n != i)
                 memmove(page->params + page->n * keep, page->params + i * keep,
                         keep * sizeof(float));
-            page->ids[page->n++] = list[i];
+            page->ids[page->n++] = l.v[i];
         }
     }
-    free(list);
+    free(l.v);
     return err;
 }
 

@@ -384,6 +384,11 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
                       "epoch %s is not the model's (%llu): it was created again or rolled "
                       "back; reload /v2/models/%s/table",
                       ep, (unsigned long long)page.epoch, name);
+    else if (page.expired && since > page.head)
+        sv_send_error(s, req, 410,
+                      "version %lld is newer than the model's (%lld): it was created again or "
+                      "lost writes; reload /v2/models/%s/table",
+                      (long long)since, (long long)page.head, name);
     else if (page.expired)
         sv_send_error(s, req, 410,
                       "version %lld is older than the changes kept (from version %lld, [sparse] "
@@ -406,11 +411,12 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
         return;
     if (cursor == NULL || cursor[0] == '\0')
         cursor = "0";
-    for (const char *p = cursor; *p != '\0'; p++) {
-        if (*p < '0' || *p > '9' || p - cursor > 20) {
-            sv_send_error(s, req, 400, "cursor must be the decimal cursor a page gave");
-            return;
-        }
+    char *end;
+    errno = 0;
+    (void)strtoull(cursor, &end, 10); /* HSCAN's cursors are unsigned 64-bit */
+    if (*end != '\0' || errno != 0 || strspn(cursor, "0123456789") != strlen(cursor)) {
+        sv_send_error(s, req, 400, "cursor must be the decimal cursor a page gave");
+        return;
     }
     if (param_i64(params, "count", SV_ROWS_DEFAULT, SV_ROWS_MAX, &count) != 0 || count == 0) {
         sv_send_error(s, req, 400, "count must be 1..%d", SV_ROWS_MAX);

@@ -105,7 +105,8 @@ static void served_table_equals_store(redisContext *c, const char *conf)
     free(stored);
     freeReplyObject(r);
     kill(pid, SIGTERM);
-    assert_true(harness_wait(pid, 10000) >= 0);
+    int status = harness_wait(pid, 10000);
+    assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 /* Runs freshet with the arguments (NULL-terminated), logging to DIR/log;

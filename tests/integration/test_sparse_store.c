@@ -26,10 +26,10 @@
 
 #define DIM  2
 #define ROWL (1 + DIM)
-#define BITS 10
+#define BITS 14 /* rows r and r + 8192 share a home slot in the applier's first table */
 
 /* meta's sparse, as freshet run writes it: serve initialises absent rows by it */
-#define SPARSE_META "fields:3,buckets:2^10,dim:2;optimizer:ftrl;seed:5;init_std:0.01"
+#define SPARSE_META "fields:3,buckets:2^14,dim:2;optimizer:ftrl;seed:5;init_std:0.01"
 
 static harness_redis_t redis;
 static char errstr[512];
@@ -194,7 +194,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     float nan_g[] = {0.1f, NAN, 0.1f};
     push(cl, r2, 1, nan_g, 0, 40, 48, epoch, 2);
     wait_for(&t, model, 2, 3);
-    /* more rows than the table (2^10): no batch's, and memory it must not take */
+    /* more rows than the table (2^14): no batch's, and memory it must not take */
     size_t big = ((size_t)1 << BITS) + 1, blen = psstore_sparse_grad_len(big, DIM);
     float *huge = calloc(blen, sizeof(float));
     assert_non_null(huge);
@@ -342,23 +342,26 @@ static void expect_rows(const fr_st_file_t *st, const expect_t *e, const uint32_
     assert_int_equal(n, nwant);
     assert_int_equal(rows->nbytes, n * ROWL * 4);
     const float *v = rows->data;
+    uint8_t seen[8] = {0}; /* each wanted row once */
+    assert_true(nwant <= 8 && ngone <= 8);
     for (size_t i = 0; i < n; i++) {
-        int listed = 0;
-        for (size_t k = 0; k < nwant; k++)
-            listed |= ids[i] == want[k];
-        if (!listed)
-            fail_msg("row %u is not expected", ids[i]);
-        for (int k = 0; k < ROWL; k++)
-            assert_float_equal(v[i * ROWL + k], e->param[ids[i]][k], 1e-6);
+        size_t k = 0;
+        while (k < nwant && ids[i] != want[k])
+            k++;
+        if (k == nwant || seen[k]++)
+            fail_msg("row %u is not expected (or came twice)", ids[i]);
+        for (int j = 0; j < ROWL; j++)
+            assert_float_equal(v[i * ROWL + j], e->param[ids[i]][j], 1e-6);
     }
     const uint32_t *tomb = fr_st_find(st, "tombstones") ? st_u32(st, "tombstones", &g) : NULL;
     assert_int_equal(g, ngone);
+    memset(seen, 0, sizeof(seen));
     for (size_t i = 0; i < g; i++) {
-        int listed = 0;
-        for (size_t k = 0; k < ngone; k++)
-            listed |= tomb[i] == gone[k];
-        if (!listed)
-            fail_msg("tombstone %u is not expected", tomb[i]);
+        size_t k = 0;
+        while (k < ngone && tomb[i] != gone[k])
+            k++;
+        if (k == ngone || seen[k]++)
+            fail_msg("tombstone %u is not expected (or came twice)", tomb[i]);
     }
     const fr_st_tensor_t *bias = fr_st_find(st, "bias");
     assert_non_null(bias);
@@ -394,7 +397,7 @@ static void test_rows_deltas_and_tombstones_are_served(void **state)
     uint64_t epoch = (uint64_t)strtoull(fr_st_meta(st, "freshet.epoch"), NULL, 10);
     assert_int_equal(st_int(st, "freshet.version"), 0);
     assert_string_equal(fr_st_meta(st, "freshet.cursor"), "0");
-    assert_string_equal(fr_st_meta(st, "freshet.sparse"), "fields:3,buckets:2^10,dim:2");
+    assert_string_equal(fr_st_meta(st, "freshet.sparse"), "fields:3,buckets:2^14,dim:2");
     expect_rows(st, &e, NULL, 0, NULL, 0);
     fr_st_destroy(st);
 
@@ -479,7 +482,7 @@ static void test_rows_deltas_and_tombstones_are_served(void **state)
     /* bad requests */
     get_code(port, "/v2/models/sp3/rows", 400, "ids is required");
     get_code(port, "/v2/models/sp3/rows?ids=1,x", 400, "not a list of row numbers");
-    get_code(port, "/v2/models/sp3/rows?ids=1024", 400, "beyond the table");
+    get_code(port, "/v2/models/sp3/rows?ids=16384", 400, "beyond the table");
     get_code(port, "/v2/models/sp3/delta", 400, "since is required");
     get_code(port, "/v2/models/sp3/delta?since=-1", 400, "since is required");
     get_code(port, "/v2/models/sp3/delta?since=0&max_rows=0", 400, "max_rows");
@@ -489,6 +492,7 @@ static void test_rows_deltas_and_tombstones_are_served(void **state)
     snprintf(path, sizeof(path), "/v2/models/sp3/delta?since=3&epoch=%llu",
              (unsigned long long)epoch + 1);
     get_code(port, path, 410, "reload");
+    get_code(port, "/v2/models/sp3/delta?since=5000", 410, "newer than the model's (4)");
     const float w3[3] = {0};
     psstore_model_spec_t dense = {"2-1", "logistic", 3, 1, NULL};
     assert_int_equal(psstore_model_create(c, "dense1", &dense, w3, 0), FR_OK);
@@ -533,7 +537,7 @@ static void test_a_delta_older_than_the_window_is_refused(void **state)
     const uint32_t only7[] = {7};
     expect_rows(st, &e, only7, 1, NULL, 0);
     fr_st_destroy(st);
-    harness_sleep_ms(2500); /* the first commit is more than a window old */
+    harness_sleep_ms(3000); /* the first commit is more than a window old */
     const uint32_t r8[] = {8};
     push(cl, r8, 1, g, 0.1f, 16, 32, epoch, 1);
     expect_step(&e, &o, r8, 1, g, 0.1f);
@@ -586,10 +590,12 @@ static void push_span(psstore_client_t *cl, expect_t *e, uint32_t lo, uint32_t h
 }
 
 /*
- * Eviction from the middle of the applier's table: 600 rows, of which 300
- * keep being stepped while the other 300 go stale and are evicted (removed
- * from the table with backward shifts, the last slots moved into the
- * freed ones). Afterwards every row steps from the right value: the
+ * Eviction from the middle of the applier's table: rows 0..299 and
+ * 8192..8491, each pair sharing a home slot (a probe chain of two), all
+ * stepped once; then 8192..8491 keep being stepped while 0..299 go stale
+ * and are evicted: removed from the table with backward shifts (each
+ * chain's second row moves into its home), the last slots moved into the
+ * freed ones. Afterwards every row steps from the right value: the
  * evicted ones from their initial value again, the others from theirs.
  */
 static void test_eviction_keeps_the_table_whole(void **state)
@@ -598,7 +604,7 @@ static void test_eviction_keeps_the_table_whole(void **state)
     const char *model = "sp5";
     psstore_conn_t *c;
     harness_applier_t t;
-    psstore_client_t *cl = open_model(model, 1, 1000, 0, &t, &c);
+    psstore_client_t *cl = open_model(model, 1, 3000, 0, &t, &c);
     static expect_t e;
     memset(&e, 0, sizeof(e));
     uint64_t epoch = 0;
@@ -608,16 +614,13 @@ static void test_eviction_keeps_the_table_whole(void **state)
     uint64_t pushed = 0;
     psstore_applier_stats_t st;
     char out[64] = "";
-    /* rows 0..599 once, then 300..599 every 100 ms until 0..299 are
-     * evicted (about 1.3 s; 4 s at most). A gradient's version only says
-     * how stale it is: 0 will do. */
-    for (int i = 0; i < 40; i++) {
+    /* A gradient's version only says how stale it is: 0 will do. */
+    for (int i = 0; i < 100; i++) { /* 0..299 evicted after about 3.5 s; 10 s at most */
         if (i == 0)
-            push_span(cl, &e, 0, 600, 0.1f, pos, pos + 8, epoch, 0);
-        else
-            push_span(cl, &e, 300, 600, -0.05f, pos, pos + 8, epoch, 0);
-        pos += 8;
-        pushed++;
+            push_span(cl, &e, 0, 300, 0.1f, pos, pos + 8, epoch, 0);
+        push_span(cl, &e, 8192, 8492, i == 0 ? 0.1f : -0.05f, pos + 8, pos + 16, epoch, 0);
+        pos += 16;
+        pushed += i == 0 ? 2 : 1;
         for (int k = 0; k < 200; k++) {
             psstore_applier_stats(t.a, &st);
             if (st.applied == pushed)
@@ -634,19 +637,29 @@ static void test_eviction_keeps_the_table_whole(void **state)
     assert_string_equal(out, "300");
     for (uint32_t r = 0; r < 300; r++) /* evicted: the next step starts from the initial value */
         e.touched[r] = 0;
-    push_span(cl, &e, 0, 600, 0.2f, pos, pos + 8, epoch, 0);
+    push_span(cl, &e, 0, 300, 0.2f, pos, pos + 8, epoch, 0);
+    push_span(cl, &e, 8192, 8492, 0.2f, pos + 8, pos + 16, epoch, 0);
     for (int k = 0; k < 500 && strcmp(out, "600") != 0; k++) {
         harness_sleep_ms(10);
         assert_int_equal(
             harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{%s}:rows", model), 0);
     }
     assert_string_equal(out, "600");
+    for (int k = 0; k < 500; k++) { /* both gradients committed */
+        psstore_applier_stats(t.a, &st);
+        if (st.applied == pushed + 2)
+            break;
+        harness_sleep_ms(10);
+    }
+    harness_sleep_ms(100);
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "GET freshet:{%s}:ver", model),
                      0);
     uint32_t rows[16];
     for (uint32_t at = 0; at < 600; at += 16) {
-        for (uint32_t i = 0; i < 16; i++)
-            rows[i] = at + i < 600 ? at + i : 0;
+        for (uint32_t i = 0; i < 16; i++) {
+            uint32_t j = at + i < 600 ? at + i : 0;
+            rows[i] = j < 300 ? j : 8192 + (j - 300);
+        }
         check_pull(c, model, &e, rows, 16, strtoll(out, NULL, 10), &epoch);
     }
     harness_applier_stop(&t, &st);
