@@ -5,6 +5,7 @@
  * reports other roles add for them (log ends from consumers, evaluations
  * from the evaluator). Nothing here writes the applier's state.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,12 +128,44 @@ fr_err_t psstore_eval_report(psstore_conn_t *c, const char *model, int64_t versi
     return FR_OK;
 }
 
+fr_err_t psstore_eval_report_progressive(psstore_conn_t *c, const char *model, int64_t version,
+                                         double logloss, double auc, size_t n)
+{
+    char key[PS_KEY_MAX], ver[32], lss[32], a[32], cnt[32], now[32];
+    fr_err_t err;
+    ps_key(key, model, "evals");
+    snprintf(ver, sizeof(ver), "%lld", (long long)version);
+    snprintf(lss, sizeof(lss), "%.9g", logloss);
+    snprintf(a, sizeof(a), "%.9g", auc);
+    snprintf(cnt, sizeof(cnt), "%zu", n);
+    snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
+    redisReply *r =
+        isfinite(auc)
+            ? ps_cmd(c, 0, &err, "XADD %s MAXLEN ~ %d * version %s loss %s auc %s n %s t %s", key,
+                     EVALS_KEEP, ver, lss, a, cnt, now)
+            : ps_cmd(c, 0, &err, "XADD %s MAXLEN ~ %d * version %s loss %s n %s t %s", key,
+                     EVALS_KEEP, ver, lss, cnt, now);
+    if (r == NULL)
+        return err;
+    freeReplyObject(r);
+    return FR_OK;
+}
+
+/* A number field, NAN when the entry lacks it. */
+static double dbl_or_nan(const redisReply *kv, const char *name)
+{
+    const redisReply *f = field(kv, name);
+    return f != NULL ? dbl(f) : NAN;
+}
+
 static void take_eval(const redisReply *kv, void *out, size_t k)
 {
     psstore_eval_entry_t *v = (psstore_eval_entry_t *)out + k;
     v->version = num(field(kv, "version"));
-    v->accuracy = dbl(field(kv, "accuracy"));
+    v->accuracy = dbl_or_nan(kv, "accuracy");
     v->loss = dbl(field(kv, "loss"));
+    v->auc = dbl_or_nan(kv, "auc");
+    v->n = num(field(kv, "n"));
     v->t_ms = num(field(kv, "t"));
 }
 

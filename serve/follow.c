@@ -612,6 +612,11 @@ static void stats_holdout(sv_buf_t *b, const psstore_eval_entry_t *evals, size_t
         sv_json_num(b, e->accuracy);
         sv_puts(b, ",\"loss\":");
         sv_json_num(b, e->loss);
+        if (e->n > 0) { /* a sparse model's progressive window */
+            sv_puts(b, ",\"auc\":");
+            sv_json_num(b, e->auc);
+            sv_printf(b, ",\"n\":%lld", (long long)e->n);
+        }
         sv_puts(b, "}");
     }
     sv_puts(b, "]");

@@ -216,13 +216,15 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (conf->in_flight > 0 && b->n > 0)
         snprintf(wk->flight, sizeof(wk->flight), "%s", *id);
     pthread_mutex_lock(&wk->pool->lock);
+    sparse_prog_window_t w, closed = {.n = 0};
     for (size_t i = 0; msg.loss_sum > 0 && i < b->n; i++) { /* a diverged batch is not scored */
-        sparse_prog_window_t w;
-        if (sparse_prog_add(wk->pool->pv, wk->p[i], wk->b->samples[i].label, &w))
+        if (sparse_prog_add(wk->pool->pv, wk->p[i], wk->b->samples[i].label, &w)) {
             fr_log(FR_LOG_INFO,
                    "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
                    "ctr %.4f",
                    (long long)w.index, w.n, w.logloss, w.auc, w.ctr);
+            closed = w;
+        }
     }
     wk->pool->st.wait_ns += t1 - t0;
     wk->pool->st.pull_ns += t2 - t1;
@@ -232,6 +234,13 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (version > wk->pool->st.version)
         wk->pool->st.version = version;
     pthread_mutex_unlock(&wk->pool->lock);
+    /* the window for the dashboard (the evals stream, as holdouts of dense
+     * models); outside the lock, and a failure costs only the point */
+    if (closed.n > 0 &&
+        psstore_eval_report_progressive(wk->c, wk->pool->model, version, closed.logloss, closed.auc,
+                                        closed.n) != FR_OK)
+        fr_log(FR_LOG_WARN, "worker %s: progressive window not reported: %s", wk->id,
+               psstore_conn_error(wk->c));
     return FR_OK;
 }
 

@@ -43,6 +43,56 @@ static void path(char *out, const char *name)
 }
 
 /*
+ * The run's progressive windows (the evals stream, which the dashboard
+ * draws) are fit-sparse's: the same records scored by the same table in
+ * the same batches, each before the model learned from it. N / 2048 = 5
+ * windows, their logloss and AUC as fit-sparse printed them (%.5f, %.4f).
+ */
+static void progressive_windows_equal_fit_sparse(void)
+{
+    char fit[300];
+    path(fit, "fit.log");
+    FILE *f = fopen(fit, "r");
+    assert_non_null(f);
+    double loss[8], auc[8];
+    int nfit = 0;
+    char line[512];
+    while (fgets(line, sizeof(line), f) != NULL && nfit < 8) {
+        long long k;
+        size_t n;
+        if (sscanf(line, "window %lld: %zu records, logloss %lf, auc %lf", &k, &n, &loss[nfit],
+                   &auc[nfit]) == 4)
+            nfit++;
+    }
+    fclose(f);
+    assert_int_equal(nfit, N / 2048);
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    assert_true(c != NULL && c->err == 0);
+    redisReply *r = redisCommand(c, "XRANGE freshet:{spr}:evals - +");
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, (size_t)nfit);
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *kv = r->element[i]->element[1];
+        double l = NAN, a = NAN;
+        long long n = 0;
+        for (size_t j = 0; j + 1 < kv->elements; j += 2) {
+            const char *k = kv->element[j]->str, *v = kv->element[j + 1]->str;
+            if (strcmp(k, "loss") == 0)
+                l = strtod(v, NULL);
+            else if (strcmp(k, "auc") == 0)
+                a = strtod(v, NULL);
+            else if (strcmp(k, "n") == 0)
+                n = strtoll(v, NULL, 10);
+        }
+        assert_int_equal(n, 2048);
+        assert_float_equal(l, loss[i], 0.6e-5);
+        assert_float_equal(a, auc[i], 0.6e-4);
+    }
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+/*
  * freshet serve on the store a run left (docs/design.md "Serving sparse
  * models"): ready (a sparse model has no weights to load), and its table,
  * read a page at a time, holds exactly the store's rows, each once, with
@@ -147,7 +197,7 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
     freshet_ok("produce.log", "produce", "--data", records, "--format", "binary", "--encode",
                "binary", "--bootstrap", broker.bootstrap, "--topic", "sx1", NULL);
     freshet_ok("fit.log", "fit-sparse", "--sparse", SPEC, "--data", records, "--format", "binary",
-               "--batch", "256", "--seed", "42", "--out", table, NULL);
+               "--batch", "256", "--seed", "42", "--window", "2048", "--out", table, NULL);
 
     FILE *f = fopen(conf, "w");
     assert_non_null(f);
@@ -157,10 +207,12 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
             "heartbeat.interval.ms = 500\n"
             "[ingest]\ntopic = sx1\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
             "[redis]\nurl = %s\n[serve]\nlisten =\n"
-            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n",
+            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n"
+            "[sparse]\nwindow = 2048\n",
             broker.bootstrap, redis.url);
     assert_int_equal(fclose(f), 0);
     freshet_ok("run.log", "run", "--config", conf, "--samples", limit, NULL);
+    progressive_windows_equal_fit_sparse();
 
     char errstr[256];
     fr_st_file_t *st = fr_st_read_file(table, errstr, sizeof(errstr));
