@@ -11,6 +11,10 @@
 # last applied update: the consumer group's ~3 s first join is not
 # training); its progressive logloss and staleness come from that stream
 # too (each update's mean loss over its samples, scored before learning).
+# Its Redis bytes/sample is everything Redis received and sent during the
+# run (INFO stats) over N, printed beside what a dense model of the
+# table's size would move (its weights pulled and its gradient pushed once
+# a batch).
 # usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
 #        bash bench/sparse_run.sh [WORKERS] [FRESHET]
 set -euo pipefail
@@ -33,6 +37,20 @@ stack_start "$work" "$bin" "clicks:$parts"
     --bootstrap "$stack_bootstrap" --topic clicks --partitions-by roundrobin >>"$work/produce.log"
 echo "sparse_run.sh: $n records in $parts partitions, $spec, batch $batch, $workers worker(s)," \
     "$rounds rounds; floor: $(tail -1 "$work/synth.log")"
+
+# Bytes Redis received and sent so far (INFO stats): a run's traffic is the
+# difference, every client included (workers, applier, consumer).
+redis_bytes() {
+    redis-cli -p "$stack_port" INFO stats | tr -d '\r' |
+        awk -F: '/^total_net_(input|output)_bytes:/ {s += $2} END {print s}'
+}
+
+# Bytes a sample of a dense model as large as the table (2^B rows of 1 + D
+# floats, plus the bias) would move: its weights pulled and its gradient
+# pushed once a batch.
+dense_bytes() {
+    echo "$spec" | awk -F'[:,^]' -v b="$batch" '{printf "%.0f", 2 * 4 * (2 ^ $5 * (1 + $7) + 1) / b}'
+}
 
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
@@ -65,7 +83,9 @@ listen =
 [trainer]
 workers = $workers
 CONF
+    before=$(redis_bytes)
     "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
+    moved=$(($(redis_bytes) - before))
     # versions entries: version, epoch, tau, lr_eff, loss, n, worker, t (ms)
     redis-cli -p "$stack_port" --no-raw XRANGE "freshet:{$model}:versions" - + |
         awk '/"tau"/ {getline; gsub(/"/, ""); tau = $2}
@@ -73,16 +93,19 @@ CONF
              /"n"$/ {getline; gsub(/"/, ""); m = $2}
              /"t"$/ {getline; gsub(/"/, ""); t = $2;
                      if (first == "") first = t; last = t; s += loss * m; k += m; print tau > "/dev/stderr"}
-             END {printf "%.0f %.5f\n", k / ((last - first) / 1000), s / k}' \
+             END {printf "%.0f %.5f", k / ((last - first) / 1000), s / k}' \
             2>"$work/taus$r.txt" >>"$work/run.txt"
+    echo " $((moved / n))" >>"$work/run.txt"
     p50=$(median <"$work/taus$r.txt")
     p99=$(sort -g "$work/taus$r.txt" | awk '{a[NR] = $1} END {i = int(NR * 0.99); if (i < 1) i = 1; print a[i]}')
     echo "round $r: fit-sparse $fit_rate samples/s, logloss $fit_loss;" \
-        "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2}')," \
+        "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2 ", Redis " $3 " bytes/sample"}')," \
         "staleness p50 $p50 p99 $p99"
 done
 fit_med=$(awk '{print $1}' "$work/fit.txt" | median)
 run_med=$(awk '{print $1}' "$work/run.txt" | median)
 echo "median: fit-sparse $fit_med samples/s (logloss $(awk '{print $2}' "$work/fit.txt" | median))," \
-    "run $run_med samples/s (logloss $(awk '{print $2}' "$work/run.txt" | median));" \
+    "run $run_med samples/s (logloss $(awk '{print $2}' "$work/run.txt" | median)," \
+    "Redis $(awk '{print $3}' "$work/run.txt" | median) bytes/sample; a dense model of the" \
+    "table's size would move $(dense_bytes) bytes/sample: one pull and one push a batch);" \
     "run/fit $(awk -v a="$run_med" -v b="$fit_med" 'BEGIN {printf "%.2f", a / b}')"
