@@ -49,6 +49,15 @@ void serve_conf_init(serve_conf_t *conf)
     conf->max_models = 64;
 }
 
+int sv_store_up(struct serve *s, char *why)
+{
+    pthread_mutex_lock(&s->lock);
+    int up = s->store_up;
+    snprintf(why, 256, "%s", s->store_error[0] ? s->store_error : "not connected yet");
+    pthread_mutex_unlock(&s->lock);
+    return up;
+}
+
 void sv_notify(struct serve *s)
 {
     if (s->notify != NULL)
@@ -153,15 +162,11 @@ void sv_send_text(struct serve *s, struct evhttp_request *req, int code, const c
 
 void sv_send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
 {
-    char msg[512];
+    sv_buf_t b = {0};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    sv_json_error(&b, fmt, ap);
     va_end(ap);
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"error\":");
-    sv_json_str(&b, msg);
-    sv_puts(&b, "}\n");
     evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-store");
     sv_send_text(s, req, code, "application/json", b.p ? b.p : "{}", b.p ? b.len : 2);
     sv_buf_fini(&b);
@@ -810,6 +815,7 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
             evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
             sv_send_error(s, req, 503, "server shutting down");
         }
+    sv_rows_drain(s);
     struct timeval tv = {0, 100000}; /* lets the answers go out */
     event_base_loopexit(s->base, &tv);
 }
@@ -898,6 +904,8 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     s->models = calloc((size_t)conf->max_models, sizeof(*s->models));
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
+    pthread_mutex_init(&s->rows_lock, NULL);
+    pthread_cond_init(&s->rows_wake, NULL);
     atomic_init(&s->stop, 0);
     s->base = event_base_new();
     s->http = s->base != NULL ? evhttp_new(s->base) : NULL;
@@ -934,7 +942,8 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     s->stop_ev = event_new(s->base, -1, 0, on_stop, s);
-    if (s->notify == NULL || s->stop_ev == NULL) {
+    s->rows_ev = event_new(s->base, -1, 0, sv_rows_on_done, s);
+    if (s->notify == NULL || s->stop_ev == NULL || s->rows_ev == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
         serve_destroy(s);
         return NULL;
@@ -967,10 +976,20 @@ fr_err_t serve_start(serve_t *s, char *errstr, size_t size)
         return FR_OK;
     if (pthread_create(&s->follow_thread, NULL, sv_follow_main, s) != 0)
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
-    if (pthread_create(&s->loop_thread, NULL, loop_main, s) != 0) {
+    if (pthread_create(&s->rows_thread, NULL, sv_rows_main, s) != 0) {
         atomic_store(&s->stop, 1);
         pthread_cond_broadcast(&s->wake);
         pthread_join(s->follow_thread, NULL);
+        return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
+    }
+    if (pthread_create(&s->loop_thread, NULL, loop_main, s) != 0) {
+        atomic_store(&s->stop, 1);
+        pthread_cond_broadcast(&s->wake);
+        pthread_mutex_lock(&s->rows_lock);
+        pthread_cond_broadcast(&s->rows_wake);
+        pthread_mutex_unlock(&s->rows_lock);
+        pthread_join(s->follow_thread, NULL);
+        pthread_join(s->rows_thread, NULL);
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
     }
     s->started = 1;
@@ -988,9 +1007,13 @@ void serve_stop(serve_t *s)
     atomic_store(&s->stop, 1);
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&s->rows_lock);
+    pthread_cond_broadcast(&s->rows_wake);
+    pthread_mutex_unlock(&s->rows_lock);
     event_active(s->stop_ev, EV_READ, 0);
     pthread_join(s->loop_thread, NULL);
     pthread_join(s->follow_thread, NULL);
+    pthread_join(s->rows_thread, NULL);
     s->started = 0;
 }
 
@@ -1000,9 +1023,12 @@ void serve_destroy(serve_t *s)
         return;
     serve_stop(s);
     if (s->http != NULL)
-        evhttp_free(s->http); /* closes connections: waiters' close callbacks run */
+        evhttp_free(s->http); /* closes connections: waiters' and jobs' close callbacks run */
+    sv_rows_free_all(s);
     if (s->notify != NULL)
         event_free(s->notify);
+    if (s->rows_ev != NULL)
+        event_free(s->rows_ev);
     if (s->stop_ev != NULL)
         event_free(s->stop_ev);
     if (s->base != NULL)
@@ -1033,5 +1059,7 @@ void serve_destroy(serve_t *s)
     free(s->chartjs);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->wake);
+    pthread_mutex_destroy(&s->rows_lock);
+    pthread_cond_destroy(&s->rows_wake);
     free(s);
 }

@@ -10,6 +10,15 @@
 
 #include "serve/serve_int.h"
 
+void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    sv_puts(b, "{\"error\":");
+    sv_json_str(b, msg);
+    sv_puts(b, "}\n");
+}
+
 void sv_json_str(sv_buf_t *b, const char *s)
 {
     sv_add(b, "\"", 1);

@@ -342,15 +342,11 @@ void sv_route_stats(struct serve *s, struct evhttp_request *req, const char *nam
     pthread_cond_broadcast(&s->wake);
 }
 
-/* The loop's own connection for operator requests and sparse rows. */
-psstore_conn_t *sv_op_conn(struct serve *s, struct evhttp_request *req)
+/* The loop's own connection for operator requests. */
+static psstore_conn_t *op_conn(struct serve *s, struct evhttp_request *req)
 {
-    pthread_mutex_lock(&s->lock);
-    int up = s->store_up;
     char why[256];
-    snprintf(why, sizeof(why), "%s", s->store_error);
-    pthread_mutex_unlock(&s->lock);
-    if (!up) {
+    if (!sv_store_up(s, why)) {
         sv_send_error(s, req, 503, "store unreachable: %s", why);
         return NULL;
     }
@@ -365,7 +361,7 @@ psstore_conn_t *sv_op_conn(struct serve *s, struct evhttp_request *req)
     return s->op_conn;
 }
 
-void sv_op_failed(struct serve *s, struct evhttp_request *req)
+static void op_failed(struct serve *s, struct evhttp_request *req)
 {
     sv_send_error(s, req, 503, "store: %s", psstore_conn_error(s->op_conn));
     psstore_conn_destroy(s->op_conn);
@@ -431,7 +427,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
         free(r);
         return;
     }
-    psstore_conn_t *c = sv_op_conn(s, req);
+    psstore_conn_t *c = op_conn(s, req);
     if (c == NULL) {
         free(r);
         return;
@@ -449,7 +445,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
             free(r);
             free(parts);
             sv_buf_fini(&b);
-            sv_op_failed(s, req);
+            op_failed(s, req);
             return;
         }
         sv_puts(&b, ",\"dry_run\":true,\"plan\":[");
@@ -484,7 +480,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
     char id[64];
     if (psstore_request_replay(c, name, spec, id) != FR_OK) {
         sv_buf_fini(&b);
-        sv_op_failed(s, req);
+        op_failed(s, req);
         return;
     }
     fr_log(FR_LOG_INFO, "serve: replay of model '%s' requested over HTTP: %s (request %s)", name,
@@ -507,13 +503,13 @@ void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *
     }
     if (find_model(s, req, name, 0, NULL) == NULL)
         return;
-    psstore_conn_t *c = sv_op_conn(s, req);
+    psstore_conn_t *c = op_conn(s, req);
     if (c == NULL)
         return;
     psstore_snapshot_info_t list[SV_MAX_SNAPS];
     size_t n;
     if (psstore_snapshots_list(c, name, list, SV_MAX_SNAPS, &n) != FR_OK) {
-        sv_op_failed(s, req);
+        op_failed(s, req);
         return;
     }
     int retained = 0;
@@ -526,7 +522,7 @@ void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *
     }
     char id[64];
     if (psstore_request_rollback(c, name, version, id) != FR_OK) {
-        sv_op_failed(s, req);
+        op_failed(s, req);
         return;
     }
     fr_log(FR_LOG_INFO,

@@ -4,16 +4,24 @@
  * and tombstones of rows evicted), and the whole table a page at a time
  * for a cold start. http.c dispatches to them.
  *
- * Thread: the loop. Unlike the weights of a dense model, which the
- * follower reads once for every client, these answers depend on the
- * request, so each reads Redis in one bounded transaction on the loop's
- * own connection (at most SV_ROWS_MAX rows: a few milliseconds).
+ * Unlike the weights of a dense model, which the follower reads once for
+ * every client, these answers depend on the request, so each is read from
+ * Redis for its request, on a reader thread of its own: the loop checks
+ * the request, queues it as a job and goes on serving; the reader reads
+ * the store on its own connection and encodes the answer; the loop sends
+ * it (on_done). A client that hangs up meanwhile is forgotten (the job's
+ * answer is dropped), and stop answers the jobs still queued with 503.
+ *
+ * Threads: sv_route_* and on_done run on the loop; reader_main on the
+ * reader; the queues are under s->rows_lock.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -23,86 +31,52 @@
 #define SV_ROWS_MAX      16384 /* rows one answer reads at most               */
 #define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
 #define SV_DELTA_COMMITS 256   /* commits one delta reads at most              */
+#define READ_TIMEOUT_MS  5000  /* the reader's Redis timeout                   */
 
-/* A read that failed: 404 when the model is gone, else 503 (and the
- * connection is made again at the next request). */
-static void read_failed(struct serve *s, struct evhttp_request *req, const char *name, fr_err_t err)
-{
-    if (err == FR_ERR_NOTFOUND)
-        sv_send_error(s, req, 404, "no model '%s'", name);
-    else
-        sv_op_failed(s, req);
-}
+enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE };
 
-/* A sparse model's table and row initialisation, from its meta; 0 after
- * answering the error. */
-static int sparse_model(struct serve *s, struct evhttp_request *req, psstore_conn_t *c,
-                        const char *name, sparse_spec_t *spec, sparse_optim_t *optim)
-{
-    psstore_model_info_t info;
-    fr_err_t err = psstore_model_info(c, name, &info);
-    if (err == FR_ERR_NOTFOUND) {
-        sv_send_error(s, req, 404, "no model '%s'", name);
-        return 0;
-    }
-    if (err != FR_OK) {
-        sv_op_failed(s, req);
-        return 0;
-    }
-    char errstr[256];
-    if (info.sparse[0] == '\0') {
-        sv_send_error(s, req, 400,
-                      "model '%s' is a dense model (%s): read its weights at "
-                      "/v2/models/%s/weights",
-                      name, info.layers, name);
-        return 0;
-    }
-    if (psstore_sparse_meta_parse(info.sparse, spec, optim, errstr, sizeof(errstr)) != FR_OK) {
-        sv_send_error(s, req, 500, "model '%s': %s", name, errstr);
-        return 0;
-    }
-    return 1;
-}
+/* One request for the reader: what the loop parsed, then the answer. */
+struct sv_rows_job {
+    sv_rows_job_t *next;
+    struct serve *s;
+    struct evhttp_request *req; /* NULL once the client hung up */
+    struct evhttp_connection *evcon;
+    enum job_kind kind;
+    int json;
+    char name[65];
+    uint32_t *ids; /* rows: the ids asked */
+    size_t nids;
+    int64_t since, max_rows; /* delta */
+    char epoch[24];          /* delta: "" when not given */
+    char cursor[24];         /* table */
+    int64_t count;
+    /* the answer */
+    int code;
+    const char *type;
+    char *body; /* malloc'ed */
+    size_t len;
+    char version[24], epoch_out[24]; /* headers ("" none) */
+};
 
-/* The loop's connection and the sparse model name's table and row
- * initialisation; NULL after answering the error. */
-static psstore_conn_t *sparse_open(struct serve *s, struct evhttp_request *req, const char *name,
-                                   sparse_spec_t *spec, sparse_optim_t *optim)
-{
-    psstore_conn_t *c = sv_op_conn(s, req);
-    return c != NULL && sparse_model(s, req, c, name, spec, optim) ? c : NULL;
-}
+/* ---- answers, on the reader ------------------------------------------------------ */
 
-/* Parses a non-negative decimal parameter (absent: def); -1 when it is not
- * one or exceeds max. */
-static int param_i64(struct evkeyvalq *params, const char *key, int64_t def, int64_t max,
-                     int64_t *v)
+/* j's answer: an error {"error": "..."} with code. */
+static void job_error(sv_rows_job_t *j, int code, const char *fmt, ...) FR_PRINTF(3, 4);
+static void job_error(sv_rows_job_t *j, int code, const char *fmt, ...)
 {
-    const char *t = evhttp_find_header(params, key);
-    if (t == NULL) {
-        *v = def;
-        return 0;
-    }
-    char *end;
-    errno = 0;
-    long long x = strtoll(t, &end, 10);
-    if (*t == '\0' || *t == '-' || *t == '+' || errno != 0 || *end != '\0' || x > max)
-        return -1;
-    *v = x;
-    return 0;
-}
-
-/* "safetensors" (default: 0) or "json" (1); -1 after answering 400 for
- * anything else. */
-static int param_json(struct serve *s, struct evhttp_request *req, struct evkeyvalq *params)
-{
-    const char *f = evhttp_find_header(params, "format");
-    if (f == NULL || strcmp(f, "safetensors") == 0)
-        return 0;
-    if (strcmp(f, "json") == 0)
-        return 1;
-    sv_send_error(s, req, 400, "format must be safetensors or json");
-    return -1;
+    sv_buf_t b = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    sv_json_error(&b, fmt, ap);
+    va_end(ap);
+    free(j->body);
+    j->code = code;
+    j->type = "application/json";
+    j->body = b.failed ? NULL : b.p;
+    j->len = b.failed ? 0 : b.len;
+    if (b.failed)
+        sv_buf_fini(&b);
+    j->version[0] = j->epoch_out[0] = '\0';
 }
 
 /* What an answer says besides its rows. */
@@ -116,18 +90,21 @@ typedef struct answer {
     const char *cursor;     /* table: the next page's cursor */
 } answer_t;
 
-static void headers(struct evhttp_request *req, const answer_t *a)
+/* j's answer: 200 with body (malloc'ed, taken) and a's version and epoch. */
+static void job_answer(sv_rows_job_t *j, const answer_t *a, const char *type, char *body,
+                       size_t len)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    char num[32];
-    snprintf(num, sizeof(num), "%lld", (long long)a->page->version);
-    evhttp_add_header(h, "X-Freshet-Version", num);
-    snprintf(num, sizeof(num), "%llu", (unsigned long long)a->page->epoch);
-    evhttp_add_header(h, "X-Freshet-Epoch", num);
-    evhttp_add_header(h, "Cache-Control", "no-store");
+    free(j->body);
+    j->code = 200;
+    j->type = type;
+    j->body = body;
+    j->len = len;
+    snprintf(j->version, sizeof(j->version), "%lld", (long long)a->page->version);
+    snprintf(j->epoch_out, sizeof(j->epoch_out), "%llu", (unsigned long long)a->page->epoch);
 }
 
-static void send_json(struct serve *s, struct evhttp_request *req, const answer_t *a)
+/* The answer as JSON, for people. */
+static void encode_json(sv_rows_job_t *j, const answer_t *a)
 {
     const psstore_rows_page_t *p = a->page;
     size_t keep = sparse_row_len(a->spec);
@@ -172,19 +149,17 @@ static void send_json(struct serve *s, struct evhttp_request *req, const answer_
     sv_puts(&b, "}\n");
     if (b.failed) {
         sv_buf_fini(&b);
-        sv_send_error(s, req, 500, "out of memory");
+        job_error(j, 500, "out of memory");
         return;
     }
-    headers(req, a);
-    sv_send_text(s, req, 200, "application/json", b.p, b.len);
-    sv_buf_fini(&b);
+    job_answer(j, a, "application/json", b.p, b.len);
 }
 
 /* The answer as safetensors: ids (U32 [n]), rows (F32 [n, 1 + D]), bias
  * (F32 [1]), and stored (U32 [n]) for /rows or tombstones (U32 [g]) for
  * /delta; the metadata names the model, table, epoch, version and what
  * comes next. */
-static void send_safetensors(struct serve *s, struct evhttp_request *req, const answer_t *a)
+static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
 {
     const psstore_rows_page_t *p = a->page;
     int64_t keep = (int64_t)sparse_row_len(a->spec);
@@ -241,26 +216,355 @@ static void send_safetensors(struct serve *s, struct evhttp_request *req, const 
     size_t len;
     char errstr[256];
     if (fr_st_encode(ts, nt, meta, nmeta, &img, &len, errstr, sizeof(errstr)) != FR_OK) {
-        sv_send_error(s, req, 500, "%s", errstr);
+        job_error(j, 500, "%s", errstr);
         return;
     }
-    headers(req, a);
-    sv_send_text(s, req, 200, "application/octet-stream", (const char *)img, len);
-    free(img);
+    job_answer(j, a, "application/octet-stream", (char *)img, len);
 }
 
-static void send_answer(struct serve *s, struct evhttp_request *req, const answer_t *a, int json)
+static void encode(sv_rows_job_t *j, const answer_t *a)
 {
-    if (json)
-        send_json(s, req, a);
+    if (j->json)
+        encode_json(j, a);
     else
-        send_safetensors(s, req, a);
+        encode_safetensors(j, a);
 }
 
-/* Parses "1,2,3" into rows below 2^bits; the count, or -1 after answering
- * the error. */
-static long parse_ids(struct serve *s, struct evhttp_request *req, const char *text, int bits,
-                      uint32_t *rows)
+/* ---- the reads, on the reader ------------------------------------------------------ */
+
+/* A read that failed: 404 when the model is gone, else 503 (the reader's
+ * connection is made again for the next job). */
+static void read_failed(sv_rows_job_t *j, psstore_conn_t **c, fr_err_t err)
+{
+    if (err == FR_ERR_NOTFOUND) {
+        job_error(j, 404, "no model '%s'", j->name);
+        return;
+    }
+    job_error(j, 503, "store: %s", psstore_conn_error(*c));
+    psstore_conn_destroy(*c);
+    *c = NULL;
+}
+
+/* The sparse model's table and row initialisation, from its meta; 0 after
+ * setting the error. */
+static int sparse_model(sv_rows_job_t *j, psstore_conn_t **c, sparse_spec_t *spec,
+                        sparse_optim_t *optim)
+{
+    psstore_model_info_t info;
+    fr_err_t err = psstore_model_info(*c, j->name, &info);
+    if (err != FR_OK) {
+        read_failed(j, c, err);
+        return 0;
+    }
+    char errstr[256];
+    if (info.sparse[0] == '\0') {
+        job_error(j, 400,
+                  "model '%s' is a dense model (%s): read its weights at /v2/models/%s/weights",
+                  j->name, info.layers, j->name);
+        return 0;
+    }
+    if (psstore_sparse_meta_parse(info.sparse, spec, optim, errstr, sizeof(errstr)) != FR_OK) {
+        job_error(j, 500, "model '%s': %s", j->name, errstr);
+        return 0;
+    }
+    return 1;
+}
+
+static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                     const sparse_optim_t *optim)
+{
+    for (size_t i = 0; i < j->nids; i++) {
+        if (j->ids[i] >> spec->bits != 0) {
+            job_error(j, 400, "ids: row %u is beyond the table's 2^%d rows", j->ids[i], spec->bits);
+            return;
+        }
+    }
+    size_t keep = sparse_row_len(spec), slen = sparse_state_len(spec, optim), n = j->nids;
+    psstore_rows_page_t page = {.ids = j->ids, .n = n};
+    page.params = malloc(n * keep * sizeof(float));
+    page.found = malloc(n);
+    uint32_t *stored = malloc(n * sizeof(*stored));
+    float *state = malloc((slen ? slen : 1) * sizeof(float));
+    fr_err_t err;
+    if (page.params == NULL || page.found == NULL || stored == NULL || state == NULL) {
+        job_error(j, 500, "out of memory");
+    } else if ((err = psstore_rows_pull(*c, j->name, spec, optim, j->ids, n, page.params,
+                                        page.found, &page.bias, &page.epoch, &page.version)) !=
+               FR_OK) {
+        read_failed(j, c, err);
+    } else {
+        /* a row the store lacks has its initial value: the one the model
+         * scores with */
+        for (size_t i = 0; i < n; i++) {
+            stored[i] = page.found[i];
+            if (!page.found[i])
+                sparse_row_init(spec, optim, j->ids[i], page.params + i * keep, state);
+        }
+        answer_t a = {
+            .model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
+        encode(j, &a);
+    }
+    free(page.params);
+    free(page.found);
+    free(stored);
+    free(state);
+}
+
+static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                      const sparse_optim_t *optim)
+{
+    psstore_rows_page_t page = {0};
+    fr_err_t err = psstore_rows_delta(*c, j->name, spec, optim, j->since, SV_DELTA_COMMITS,
+                                      (size_t)j->max_rows, &page);
+    if (err != FR_OK)
+        read_failed(j, c, err);
+    else if (j->epoch[0] != '\0' && strtoull(j->epoch, NULL, 10) != page.epoch)
+        job_error(j, 410,
+                  "epoch %s is not the model's (%llu): it was created again or rolled back; "
+                  "reload /v2/models/%s/table",
+                  j->epoch, (unsigned long long)page.epoch, j->name);
+    else if (page.expired && j->since > page.head)
+        job_error(j, 410,
+                  "version %lld is newer than the model's (%lld): it was created again or lost "
+                  "writes; reload /v2/models/%s/table",
+                  (long long)j->since, (long long)page.head, j->name);
+    else if (page.expired)
+        job_error(j, 410,
+                  "version %lld is older than the changes kept (from version %lld, [sparse] "
+                  "delta_seconds); reload /v2/models/%s/table",
+                  (long long)j->since, (long long)page.floor, j->name);
+    else {
+        answer_t a = {
+            .model = j->name, .kind = "delta", .spec = spec, .page = &page, .since = j->since};
+        encode(j, &a);
+    }
+    psstore_rows_page_fini(&page);
+}
+
+static void run_table(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                      const sparse_optim_t *optim)
+{
+    psstore_rows_page_t page = {0};
+    char next[32];
+    fr_err_t err =
+        psstore_rows_scan(*c, j->name, spec, optim, j->cursor, (size_t)j->count, &page, next);
+    if (err != FR_OK) {
+        read_failed(j, c, err);
+    } else {
+        answer_t a = {
+            .model = j->name, .kind = "table", .spec = spec, .page = &page, .cursor = next};
+        encode(j, &a);
+    }
+    psstore_rows_page_fini(&page);
+}
+
+/* Reads and encodes j's answer on the reader's connection *c (made when
+ * NULL). */
+static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
+{
+    char why[256];
+    if (!sv_store_up(s, why)) {
+        job_error(j, 503, "store unreachable: %s", why);
+        return;
+    }
+    if (*c == NULL) {
+        char errstr[256];
+        if ((*c = psstore_conn_new(s->redis_url, READ_TIMEOUT_MS, errstr, sizeof(errstr))) ==
+            NULL) {
+            job_error(j, 503, "store unreachable: %s", errstr);
+            return;
+        }
+    }
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+    if (!sparse_model(j, c, &spec, &optim))
+        return;
+    switch (j->kind) {
+    case JOB_ROWS: run_rows(j, c, &spec, &optim); break;
+    case JOB_DELTA: run_delta(j, c, &spec, &optim); break;
+    case JOB_TABLE: run_table(j, c, &spec, &optim); break;
+    }
+}
+
+void *sv_rows_main(void *arg)
+{
+    struct serve *s = arg;
+    fr_thread_name("fr-http-rows");
+    psstore_conn_t *c = NULL;
+    pthread_mutex_lock(&s->rows_lock);
+    for (;;) {
+        while (s->rows_queue == NULL && !atomic_load(&s->stop))
+            pthread_cond_wait(&s->rows_wake, &s->rows_lock);
+        if (s->rows_queue == NULL)
+            break; /* stopping: stop answers what is still queued */
+        sv_rows_job_t *j = s->rows_queue;
+        s->rows_queue = j->next;
+        pthread_mutex_unlock(&s->rows_lock);
+        run_job(s, j, &c);
+        pthread_mutex_lock(&s->rows_lock);
+        j->next = s->rows_done;
+        s->rows_done = j;
+        event_active(s->rows_ev, EV_READ, 0);
+    }
+    pthread_mutex_unlock(&s->rows_lock);
+    psstore_conn_destroy(c);
+    return NULL;
+}
+
+/* ---- jobs, on the loop --------------------------------------------------------------- */
+
+static void job_free(sv_rows_job_t *j)
+{
+    free(j->ids);
+    free(j->body);
+    free(j);
+}
+
+/* The client hung up (or the server closes the connection): the answer
+ * will be dropped. */
+static void job_closed(struct evhttp_connection *evcon, void *arg)
+{
+    sv_rows_job_t *j = arg;
+    /* a request detached from its dead connection is ours to free; one
+     * still queued on it is freed by libevent */
+    if (j->req != NULL && evhttp_request_get_connection(j->req) == NULL)
+        evhttp_request_free(j->req);
+    j->req = NULL;
+    j->evcon = NULL;
+}
+
+/* Sends j's answer (when its client is still there) and frees it. */
+static void job_send(struct serve *s, sv_rows_job_t *j)
+{
+    if (j->evcon != NULL)
+        evhttp_connection_set_closecb(j->evcon, NULL, NULL);
+    if (j->req != NULL) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(j->req);
+        if (j->version[0] != '\0') {
+            evhttp_add_header(h, "X-Freshet-Version", j->version);
+            evhttp_add_header(h, "X-Freshet-Epoch", j->epoch_out);
+        }
+        evhttp_add_header(h, "Cache-Control", "no-store");
+        if (j->body != NULL)
+            sv_send_text(s, j->req, j->code, j->type, j->body, j->len);
+        else
+            sv_send_error(s, j->req, 500, "out of memory");
+    }
+    job_free(j);
+}
+
+void sv_rows_on_done(int fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    pthread_mutex_lock(&s->rows_lock);
+    sv_rows_job_t *done = s->rows_done;
+    s->rows_done = NULL;
+    pthread_mutex_unlock(&s->rows_lock);
+    while (done != NULL) {
+        sv_rows_job_t *j = done;
+        done = j->next;
+        job_send(s, j);
+    }
+}
+
+void sv_rows_drain(struct serve *s)
+{
+    pthread_mutex_lock(&s->rows_lock);
+    sv_rows_job_t *queued = s->rows_queue;
+    s->rows_queue = NULL;
+    pthread_mutex_unlock(&s->rows_lock);
+    while (queued != NULL) {
+        sv_rows_job_t *j = queued;
+        queued = j->next;
+        job_error(j, 503, "server shutting down");
+        if (j->req != NULL)
+            evhttp_add_header(evhttp_request_get_output_headers(j->req), "Connection", "close");
+        job_send(s, j);
+    }
+    sv_rows_on_done(-1, 0, s); /* the answers the reader finished */
+}
+
+void sv_rows_free_all(struct serve *s)
+{
+    sv_rows_job_t *lists[2] = {s->rows_queue, s->rows_done};
+    s->rows_queue = s->rows_done = NULL;
+    for (int k = 0; k < 2; k++)
+        while (lists[k] != NULL) {
+            sv_rows_job_t *j = lists[k];
+            lists[k] = j->next;
+            job_free(j);
+        }
+}
+
+/* Queues j for the reader; its client's hang-up is watched. */
+static void submit(struct serve *s, struct evhttp_request *req, sv_rows_job_t *j)
+{
+    j->s = s;
+    j->req = req;
+    j->evcon = evhttp_request_get_connection(req);
+    if (j->evcon != NULL)
+        evhttp_connection_set_closecb(j->evcon, job_closed, j);
+    pthread_mutex_lock(&s->rows_lock);
+    sv_rows_job_t **tail = &s->rows_queue; /* first come, first read */
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = j;
+    pthread_cond_signal(&s->rows_wake);
+    pthread_mutex_unlock(&s->rows_lock);
+}
+
+/* A new job of kind for model name, or NULL after answering 500. */
+static sv_rows_job_t *job_new(struct serve *s, struct evhttp_request *req, const char *name,
+                              enum job_kind kind, int json)
+{
+    sv_rows_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL) {
+        sv_send_error(s, req, 500, "out of memory");
+        return NULL;
+    }
+    j->kind = kind;
+    j->json = json;
+    snprintf(j->name, sizeof(j->name), "%s", name);
+    return j;
+}
+
+/* ---- the routes, on the loop ------------------------------------------------------- */
+
+/* Parses a non-negative decimal parameter (absent: def); -1 when it is not
+ * one or exceeds max. */
+static int param_i64(struct evkeyvalq *params, const char *key, int64_t def, int64_t max,
+                     int64_t *v)
+{
+    const char *t = evhttp_find_header(params, key);
+    if (t == NULL) {
+        *v = def;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    long long x = strtoll(t, &end, 10);
+    if (*t == '\0' || *t == '-' || *t == '+' || errno != 0 || *end != '\0' || x > max)
+        return -1;
+    *v = x;
+    return 0;
+}
+
+/* "safetensors" (default: 0) or "json" (1); -1 after answering 400 for
+ * anything else. */
+static int param_json(struct serve *s, struct evhttp_request *req, struct evkeyvalq *params)
+{
+    const char *f = evhttp_find_header(params, "format");
+    if (f == NULL || strcmp(f, "safetensors") == 0)
+        return 0;
+    if (strcmp(f, "json") == 0)
+        return 1;
+    sv_send_error(s, req, 400, "format must be safetensors or json");
+    return -1;
+}
+
+/* Parses "1,2,3" into rows[SV_ROWS_MAX] (the table's bound is the
+ * reader's to check); the count, or -1 after answering the error. */
+static long parse_ids(struct serve *s, struct evhttp_request *req, const char *text, uint32_t *rows)
 {
     long n = 0;
     const char *p = text;
@@ -272,8 +576,8 @@ static long parse_ids(struct serve *s, struct evhttp_request *req, const char *t
             sv_send_error(s, req, 400, "ids: '%.40s' is not a list of row numbers", p);
             return -1;
         }
-        if (v >> bits != 0) {
-            sv_send_error(s, req, 400, "ids: row %llu is beyond the table's 2^%d rows", v, bits);
+        if (v > UINT32_MAX) {
+            sv_send_error(s, req, 400, "ids: row %llu is beyond any table", v);
             return -1;
         }
         if (n == SV_ROWS_MAX) {
@@ -295,50 +599,21 @@ void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name
     const char *text = evhttp_find_header(params, "ids");
     if (json < 0)
         return;
-    sparse_spec_t spec;
-    sparse_optim_t optim;
-    psstore_conn_t *c = sparse_open(s, req, name, &spec, &optim);
-    if (c == NULL)
+    sv_rows_job_t *j = job_new(s, req, name, JOB_ROWS, json);
+    if (j == NULL)
         return;
-    uint32_t *rows = malloc(SV_ROWS_MAX * sizeof(*rows)), *stored = NULL;
-    psstore_rows_page_t page = {0};
-    size_t keep = sparse_row_len(&spec), slen = sparse_state_len(&spec, &optim);
-    float *state = malloc((slen ? slen : 1) * sizeof(float));
-    fr_err_t err;
-    long n =
-        rows != NULL && state != NULL ? parse_ids(s, req, text ? text : "", spec.bits, rows) : -2;
-    if (n == -2)
+    if ((j->ids = malloc(SV_ROWS_MAX * sizeof(*j->ids))) == NULL) {
+        job_free(j);
         sv_send_error(s, req, 500, "out of memory");
-    if (n > 0) {
-        page.ids = rows;
-        page.n = (size_t)n;
-        page.params = malloc((size_t)n * keep * sizeof(float));
-        page.found = malloc((size_t)n);
-        stored = malloc((size_t)n * sizeof(*stored));
-        if (page.params == NULL || page.found == NULL || stored == NULL) {
-            sv_send_error(s, req, 500, "out of memory");
-        } else if ((err = psstore_rows_pull(c, name, &spec, &optim, rows, (size_t)n, page.params,
-                                            page.found, &page.bias, &page.epoch, &page.version)) !=
-                   FR_OK) {
-            read_failed(s, req, name, err);
-        } else {
-            /* a row the store lacks has its initial value: the one the
-             * model scores with */
-            for (long i = 0; i < n; i++) {
-                stored[i] = page.found[i];
-                if (!page.found[i])
-                    sparse_row_init(&spec, &optim, rows[i], page.params + i * keep, state);
-            }
-            answer_t a = {
-                .model = name, .kind = "rows", .spec = &spec, .page = &page, .stored = stored};
-            send_answer(s, req, &a, json);
-        }
+        return;
     }
-    free(page.params);
-    free(page.found);
-    free(stored);
-    free(rows);
-    free(state);
+    long n = parse_ids(s, req, text ? text : "", j->ids);
+    if (n < 0) {
+        job_free(j);
+        return;
+    }
+    j->nids = (size_t)n;
+    submit(s, req, j);
 }
 
 void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *name,
@@ -366,39 +641,13 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
         sv_send_error(s, req, 400, "epoch must be the decimal epoch a delta or page gave");
         return;
     }
-    sparse_spec_t spec;
-    sparse_optim_t optim;
-    psstore_conn_t *c = sparse_open(s, req, name, &spec, &optim);
-    if (c == NULL)
+    sv_rows_job_t *j = job_new(s, req, name, JOB_DELTA, json);
+    if (j == NULL)
         return;
-    psstore_rows_page_t page = {0};
-    fr_err_t err = psstore_rows_delta(c, name, &spec, &optim, since, SV_DELTA_COMMITS,
-                                      (size_t)max_rows, &page);
-    if (err != FR_OK) {
-        psstore_rows_page_fini(&page);
-        read_failed(s, req, name, err);
-        return;
-    }
-    if (ep != NULL && strtoull(ep, NULL, 10) != page.epoch)
-        sv_send_error(s, req, 410,
-                      "epoch %s is not the model's (%llu): it was created again or rolled "
-                      "back; reload /v2/models/%s/table",
-                      ep, (unsigned long long)page.epoch, name);
-    else if (page.expired && since > page.head)
-        sv_send_error(s, req, 410,
-                      "version %lld is newer than the model's (%lld): it was created again or "
-                      "lost writes; reload /v2/models/%s/table",
-                      (long long)since, (long long)page.head, name);
-    else if (page.expired)
-        sv_send_error(s, req, 410,
-                      "version %lld is older than the changes kept (from version %lld, [sparse] "
-                      "delta_seconds); reload /v2/models/%s/table",
-                      (long long)since, (long long)page.floor, name);
-    else {
-        answer_t a = {.model = name, .kind = "delta", .spec = &spec, .page = &page, .since = since};
-        send_answer(s, req, &a, json);
-    }
-    psstore_rows_page_fini(&page);
+    j->since = since;
+    j->max_rows = max_rows;
+    snprintf(j->epoch, sizeof(j->epoch), "%s", ep != NULL ? ep : "");
+    submit(s, req, j);
 }
 
 void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
@@ -422,20 +671,10 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
         sv_send_error(s, req, 400, "count must be 1..%d", SV_ROWS_MAX);
         return;
     }
-    sparse_spec_t spec;
-    sparse_optim_t optim;
-    psstore_conn_t *c = sparse_open(s, req, name, &spec, &optim);
-    if (c == NULL)
+    sv_rows_job_t *j = job_new(s, req, name, JOB_TABLE, json);
+    if (j == NULL)
         return;
-    psstore_rows_page_t page = {0};
-    char next[32];
-    fr_err_t err = psstore_rows_scan(c, name, &spec, &optim, cursor, (size_t)count, &page, next);
-    if (err != FR_OK) {
-        psstore_rows_page_fini(&page);
-        read_failed(s, req, name, err);
-        return;
-    }
-    answer_t a = {.model = name, .kind = "table", .spec = &spec, .page = &page, .cursor = next};
-    send_answer(s, req, &a, json);
-    psstore_rows_page_fini(&page);
+    snprintf(j->cursor, sizeof(j->cursor), "%s", cursor);
+    j->count = count;
+    submit(s, req, j);
 }

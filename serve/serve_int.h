@@ -6,6 +6,7 @@
 #define FRESHET_SERVE_INT_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 
 #include "psstore/psstore.h"
@@ -23,6 +24,8 @@ typedef fr_buf_t sv_buf_t;
 #define sv_take     fr_buf_take
 /* A JSON string literal of s (quotes included). */
 void sv_json_str(sv_buf_t *b, const char *s);
+/* An error answer's body, {"error": "<fmt formatted>"} and a newline. */
+void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap);
 /* A JSON number, or null when v is not finite. */
 void sv_json_num(sv_buf_t *b, double v);
 /* A float as a JSON number (null when not finite): 9 significant digits,
@@ -93,6 +96,7 @@ sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writ
 #define SV_STATS_WANTED_MS 30000 /* ... and its stats                       */
 
 typedef struct sv_waiter sv_waiter_t;
+typedef struct sv_rows_job sv_rows_job_t;
 
 typedef struct sv_model {
     char name[65];
@@ -154,8 +158,15 @@ struct serve {
     size_t nnames;
     char *chartjs_data; /* Chart.js, read once at start             */
     size_t chartjs_len;
-    void *op_conn;  /* psstore_conn_t for requests, loop thread   */
-    size_t waiting; /* long-poll clients now                      */
+    void *op_conn; /* psstore_conn_t for requests, loop thread   */
+    /* a sparse model's rows, deltas and table pages (rows.c) */
+    pthread_t rows_thread;
+    pthread_mutex_t rows_lock;
+    pthread_cond_t rows_wake;
+    sv_rows_job_t *rows_queue; /* for the reader, oldest first           */
+    sv_rows_job_t *rows_done;  /* for the loop to send                   */
+    struct event *rows_ev;     /* the reader finished a job              */
+    size_t waiting;            /* long-poll clients now                      */
     /* metrics */
     fr_metric_t *m_requests, *m_bytes;
     fr_series_t *m_waiting, *m_store_up;
@@ -164,6 +175,9 @@ struct serve {
 
 /* Wakes the loop to look at what the follower published (any thread). */
 void sv_notify(struct serve *s);
+/* Whether the store answered the follower's last read; why not into
+ * why[256] (any thread). */
+int sv_store_up(struct serve *s, char *why);
 
 /* ------------------------------------------------------------------------
  * The HTTP loop (http.c) and the routes it dispatches to (routes.c). All
@@ -253,11 +267,15 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
                     struct evkeyvalq *params);
 void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
                     struct evkeyvalq *params);
-/* The loop's own Redis connection (made at first use), or NULL after
- * answering 503 when the store is unreachable. */
-psstore_conn_t *sv_op_conn(struct serve *s, struct evhttp_request *req);
-/* Answers 503 with the connection's error and drops the connection. */
-void sv_op_failed(struct serve *s, struct evhttp_request *req);
+/* The reader of those routes (rows.c): its thread, its done event's
+ * callback (answers the jobs it finished), and what stop runs on the loop
+ * (answers the jobs still queued with 503, and the finished ones). */
+void *sv_rows_main(void *arg);
+void sv_rows_on_done(int fd, short what, void *arg);
+void sv_rows_drain(struct serve *s);
+/* Frees the jobs left once every thread has stopped and the connections
+ * are closed. */
+void sv_rows_free_all(struct serve *s);
 void sv_route_metrics(struct serve *s, struct evhttp_request *req);
 void sv_route_ready(struct serve *s, struct evhttp_request *req);
 void sv_route_dashboard(struct serve *s, struct evhttp_request *req, const char *path);

@@ -17,6 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <signal.h>
 
 #include <cmocka.h>
 
@@ -369,6 +373,46 @@ static void expect_rows(const fr_st_file_t *st, const expect_t *e, const uint32_
 }
 
 /*
+ * The rows routes read Redis on serve's reader thread, not on the loop:
+ * with redis-server stopped (SIGSTOP), a /rows request waits while /livez
+ * is answered; once Redis runs again (SIGCONT) the waiting request gets
+ * its rows. Clients that hang up with their request queued are dropped
+ * without harm (ASan watches the jobs' memory).
+ */
+static void reads_leave_the_loop_free(int port)
+{
+    char url[128], log[300], out[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d/v2/models/sp3/rows?ids=9", port);
+    snprintf(log, sizeof(log), "%s/curl.log", tmp_dir);
+    assert_int_equal(kill(redis.pid, SIGSTOP), 0);
+    char *argv[] = {"curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url, NULL};
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    for (int i = 0; i < 5; i++) { /* hang up with the request queued */
+        char req[160];
+        snprintf(req, sizeof(req), "GET /v2/models/sp3/rows?ids=%d HTTP/1.1\r\nHost: x\r\n\r\n", i);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        assert_true(write(fd, req, strlen(req)) == (ssize_t)strlen(req));
+        close(fd);
+    }
+    harness_sleep_ms(300);
+    get_code(port, "/livez", 200, "\"live\":true");
+    assert_int_equal(harness_wait(pid, 200), -1); /* /rows still waits for Redis */
+    assert_int_equal(kill(redis.pid, SIGCONT), 0);
+    int status = harness_wait(pid, 10000);
+    assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(out, sizeof(out), f));
+    fclose(f);
+    assert_string_equal(out, "200");
+    get_code(port, "/v2/models/sp3/rows?ids=9", 200, NULL);
+}
+
+/*
  * Serving (docs/design.md "Serving sparse models"), with min_count 2 and a
  * ttl of 2.5 s: a cold start reads the table, each delta names exactly the
  * rows admitted and changed since its version with their values, /rows
@@ -499,6 +543,7 @@ static void test_rows_deltas_and_tombstones_are_served(void **state)
     get_code(port, "/v2/models/dense1/rows?ids=1", 400, "dense model");
     /* JSON, for people */
     get_code(port, "/v2/models/sp3/delta?since=3&format=json", 200, "\"tombstones\":[");
+    reads_leave_the_loop_free(port);
 
     serve_destroy(srv);
     fr_metrics_destroy(metrics);
