@@ -62,11 +62,14 @@ int app_cmd_run(int argc, char **argv); /* svc_run.c */
 ingest_consumer_t *app_consumer_open(const char *cmd, const fr_config_t *cfg,
                                      const ingest_schema_t *schema, ingest_format_t format,
                                      const char *(*props)[2], fr_metrics_t *metrics);
-/* freshet run of a [model] sparse: its consumer, sparse workers and
- * applier until SIGINT, SIGTERM or samples_limit applied samples (0:
- * never). Returns the exit status (svc_run_sparse.c). */
+/* A [model] sparse's roles (svc_run_sparse.c): freshet run is both parts,
+ * freshet ps the applier, freshet train the consumer and the workers. */
+#define APP_SPARSE_APPLIER 1
+#define APP_SPARSE_WORKERS 2
+/* Runs parts of a [model] sparse until SIGINT, SIGTERM or samples_limit
+ * applied samples (0: never; needs the applier). Returns the exit status. */
 int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
-                   const char *(*props)[2], int64_t samples_limit);
+                   const char *(*props)[2], int64_t samples_limit, int parts);
 int app_cmd_train(int argc, char **argv); /* svc_run.c */
 /* Executes the requests waiting for model name with an applier that only
  * executes requests, when no applier holds the lease (docs/design.md "One writer and fencing": the

@@ -165,8 +165,8 @@ int app_ensure_model(const char *cmd, const fr_config_t *cfg)
     model_t m;
     model_loss_t loss;
     if (fr_config_get(cfg, "model", "sparse")[0] != '\0')
-        return app_usage_error(cmd, "a [model] sparse trains in freshet run for now (freshet "
-                                    "train and ps are dense models' roles)");
+        return app_usage_error(cmd, "[model] sparse: a sparse model is not a dense "
+                                    "model");
     if (model_loss_parse(fr_config_get(cfg, "model", "loss"), &loss) != FR_OK ||
         model_init(&m, fr_config_get(cfg, "model", "layers"), loss, errstr, sizeof(errstr)) !=
             FR_OK)
@@ -321,6 +321,12 @@ int app_cmd_ps(int argc, char **argv)
     int rc = app_load_config(CMD, cfg, argc, argv, ps_usage);
     psstore_applier_t *a = NULL;
     fr_metrics_t *metrics = fr_metrics_new();
+    if (rc == 0 && fr_config_get(cfg, "model", "sparse")[0] != '\0') {
+        /* a sparse model's applier (docs/design.md "Sparse models") */
+        rc = shards != NULL ? app_usage_error(CMD, "--shards: a sparse model has one shard")
+                            : app_run_sparse(CMD, cfg, metrics, NULL, 0, APP_SPARSE_APPLIER);
+        goto out;
+    }
     if (rc != 0 || (rc = app_ensure_model(CMD, cfg)) != 0)
         goto out;
     psstore_applier_conf_t conf;

@@ -708,10 +708,9 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
         rc = with_applier && r.summary != NULL
                  ? app_usage_error(cmd, "--summary is for dense models; a sparse run logs its "
                                         "figures")
-             : with_applier
-                 ? app_run_sparse(cmd, r.cfg, r.metrics, r.props, r.samples_limit)
-                 : app_usage_error(cmd, "a [model] sparse trains in freshet run for now "
-                                        "(freshet train and ps are dense models' roles)");
+                 : app_run_sparse(cmd, r.cfg, r.metrics, r.props, r.samples_limit,
+                                  with_applier ? APP_SPARSE_APPLIER | APP_SPARSE_WORKERS
+                                               : APP_SPARSE_WORKERS);
     else if (rc == 0) {
         rc = role_start(&r);
         role_loop(&r);

@@ -41,6 +41,7 @@ typedef struct sparse_run {
     ingest_consumer_t *src;
     trainer_sparse_t *pool;
     serve_t *http; /* [serve] listen: rows, deltas and table pages; NULL without */
+    int parts;     /* APP_SPARSE_APPLIER and/or APP_SPARSE_WORKERS */
 } sparse_run_t;
 
 static void *applier_main(void *arg)
@@ -131,9 +132,8 @@ static int ensure_model(sparse_run_t *r)
     return rc;
 }
 
-/* The applier, the consumer and the workers, not started. */
-static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)[2],
-                    int64_t samples_limit)
+/* The model's applier, not started. */
+static int open_applier(sparse_run_t *r, fr_metrics_t *metrics, int64_t samples_limit)
 {
     char errstr[512];
     psstore_applier_conf_t conf;
@@ -141,9 +141,12 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
     if (rc != 0)
         return rc;
     conf.sample_limit = samples_limit;
-    /* the workers read the applier's table and wait for decisions, not
-     * commits: commits group the window's gradients ([psstore] commit_ms) */
-    conf.commit_drained = 0;
+    /* freshet run's workers read the applier's table and wait for its
+     * decisions, not commits: commits group the window's gradients
+     * ([psstore] commit_ms). freshet train's workers wait for the commit
+     * (in_flight), so freshet ps commits as soon as the stream is drained */
+    conf.commit_drained =
+        !(r->parts & APP_SPARSE_WORKERS) && fr_config_get_int(r->cfg, "trainer", "in_flight") > 0;
     conf.sparse.enabled = 1;
     conf.sparse.min_count = (int)fr_config_get_int(r->cfg, "sparse", "min_count");
     conf.sparse.ttl_ms = fr_config_get_int(r->cfg, "sparse", "ttl_seconds") * 1000;
@@ -154,6 +157,22 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         return APP_EXIT_USAGE;
     }
+    return 0;
+}
+
+/* The parts of r: the applier, the consumer and the workers, not
+ * started. */
+static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)[2],
+                    int64_t samples_limit)
+{
+    char errstr[512];
+    if (r->parts & APP_SPARSE_APPLIER) {
+        int rc = open_applier(r, metrics, samples_limit);
+        if (rc != 0)
+            return rc;
+    }
+    if (!(r->parts & APP_SPARSE_WORKERS))
+        return 0;
     ingest_schema_t schema = {.features = SPARSE_PACKED(r->dec.spec.fields),
                               .label = INGEST_LABEL_BINARY,
                               .decode = sparse_ingest_decode,
@@ -183,14 +202,30 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
 
 /* One progress line: the interval's samples/s and progressive logloss,
  * rows pulled, the applier. */
-static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, double seconds)
+static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_applier_stats_t *aprev,
+                     double seconds)
 {
-    trainer_sparse_stats_t st;
-    ingest_consumer_stats_t cs;
-    psstore_applier_stats_t as;
+    trainer_sparse_stats_t st = {0};
+    ingest_consumer_stats_t cs = {0};
+    psstore_applier_stats_t as = {0};
+    if (r->a != NULL)
+        psstore_applier_stats(r->a, &as);
+    if (r->pool == NULL) { /* freshet ps */
+        uint64_t dropped = 0;
+        for (int d = 0; d < PSSTORE_NDROP; d++)
+            dropped += as.dropped[d];
+        fr_log(FR_LOG_INFO,
+               "%s: %s version %lld, %.0f updates/s, applied %llu, dropped %llu, evicted %llu, "
+               "staleness p50 %lld p99 %lld%s%s",
+               r->cmd, as.active ? "active" : "standby", (long long)as.version,
+               (double)(as.applied - aprev->applied) / seconds, (unsigned long long)as.applied,
+               (unsigned long long)dropped, (unsigned long long)as.evicted, (long long)as.tau_p50,
+               (long long)as.tau_p99, as.stopped[0] ? ", stopped: " : "", as.stopped);
+        *aprev = as;
+        return;
+    }
     trainer_sparse_stats(r->pool, &st);
     ingest_consumer_stats(r->src, &cs);
-    psstore_applier_stats(r->a, &as);
     uint64_t n = st.samples - prev->samples, nb = st.batches - prev->batches, dropped = 0;
     double per = nb > 0 ? 1e-6 / (double)nb : 0; /* ns summed -> ms a batch */
     for (int d = 0; d < PSSTORE_NDROP; d++)
@@ -205,16 +240,20 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, double secon
            (double)(st.pull_ns - prev->pull_ns) * per,
            (double)(st.compute_ns - prev->compute_ns) * per,
            (double)(st.push_ns - prev->push_ns) * per, (long long)st.version, cs.assigned,
-           (long long)cs.lag, (unsigned long long)st.failed, as.active ? "active" : "standby",
+           (long long)cs.lag, (unsigned long long)st.failed,
+           r->a == NULL ? "in another process"
+           : as.active  ? "active"
+                        : "standby",
            (long long)as.version, (unsigned long long)as.applied, (unsigned long long)dropped,
            (long long)as.tau_p50, (long long)as.tau_p99);
     *prev = st;
+    *aprev = as;
 }
 
 int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
-                   const char *(*props)[2], int64_t samples_limit)
+                   const char *(*props)[2], int64_t samples_limit, int parts)
 {
-    sparse_run_t r = {.cmd = cmd, .cfg = cfg};
+    sparse_run_t r = {.cmd = cmd, .cfg = cfg, .parts = parts};
     atomic_init(&r.applier_stop, 0);
     int rc = read_conf(&r);
     if (rc == 0)
@@ -222,7 +261,8 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     if (rc == 0)
         rc = open_all(&r, metrics, props, samples_limit);
     char errstr[512];
-    if (rc == 0 && fr_config_get(cfg, "serve", "listen")[0] != '\0') {
+    if (rc == 0 && parts == (APP_SPARSE_APPLIER | APP_SPARSE_WORKERS) &&
+        fr_config_get(cfg, "serve", "listen")[0] != '\0') {
         /* rows, deltas and table pages (docs/design.md "Serving sparse models") */
         serve_conf_t sconf;
         rc = app_serve_conf(cmd, cfg, metrics, &sconf);
@@ -236,9 +276,11 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     }
     if (rc == 0) {
         app_stop_on_signals(1);
-        r.applier_running = pthread_create(&r.applier_tid, NULL, applier_main, &r) == 0;
-        if (!r.applier_running || ingest_consumer_start(r.src) != FR_OK ||
-            trainer_sparse_start(r.pool) != FR_OK) {
+        r.applier_running =
+            r.a != NULL && pthread_create(&r.applier_tid, NULL, applier_main, &r) == 0;
+        if ((r.a != NULL && !r.applier_running) ||
+            (r.src != NULL && ingest_consumer_start(r.src) != FR_OK) ||
+            (r.pool != NULL && trainer_sparse_start(r.pool) != FR_OK)) {
             fprintf(stderr, "freshet %s: could not start\n", cmd);
             atomic_store(&app_stop, 1);
             rc = APP_EXIT_FAILURE;
@@ -250,27 +292,34 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         }
         char spec[64];
         sparse_spec_format(&r.dec.spec, spec, sizeof(spec));
-        fr_log(FR_LOG_INFO, "%s: sparse model %s (%s, %s), %lld worker(s), topic %s", cmd,
-               fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind),
-               (long long)fr_config_get_int(cfg, "trainer", "workers"),
-               fr_config_get(cfg, "ingest", "topic"));
+        if (r.pool != NULL)
+            fr_log(FR_LOG_INFO, "%s: sparse model %s (%s, %s), %lld worker(s), topic %s%s", cmd,
+                   fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind),
+                   (long long)fr_config_get_int(cfg, "trainer", "workers"),
+                   fr_config_get(cfg, "ingest", "topic"),
+                   r.a == NULL ? "; its applier runs in freshet ps" : "");
+        else
+            fr_log(FR_LOG_INFO, "%s: applier of sparse model %s (%s, %s)", cmd,
+                   fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind));
         trainer_sparse_stats_t prev = {0};
+        psstore_applier_stats_t aprev = {0};
         uint64_t last = fr_clock_mono_ns();
         while (!atomic_load(&app_stop)) {
             struct timespec ts = {0, TICK_MS * 1000000L};
             nanosleep(&ts, NULL);
-            if (samples_limit > 0 && psstore_applier_samples(r.a) >= samples_limit) {
+            if (samples_limit > 0 && r.a != NULL && psstore_applier_samples(r.a) >= samples_limit) {
                 fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld)", cmd,
                        (long long)psstore_applier_samples(r.a), (long long)samples_limit);
                 break;
             }
             uint64_t now = fr_clock_mono_ns();
             if (now - last >= PROGRESS_NS) {
-                progress(&r, &prev, (double)(now - last) * 1e-9);
+                progress(&r, &prev, &aprev, (double)(now - last) * 1e-9);
                 last = now;
             }
         }
-        progress(&r, &prev, (double)(fr_clock_mono_ns() - last) * 1e-9); /* the last stretch */
+        progress(&r, &prev, &aprev,
+                 (double)(fr_clock_mono_ns() - last) * 1e-9); /* the last stretch */
         fr_log(FR_LOG_INFO, "%s: stopping", cmd);
     }
     if (r.http != NULL)

@@ -51,7 +51,7 @@ static void path(char *out, const char *name)
 static void progressive_windows_equal_fit_sparse(void)
 {
     char fit[300];
-    path(fit, "fit.log");
+    path(fit, "fit-sx1.log");
     FILE *f = fopen(fit, "r");
     assert_non_null(f);
     double loss[8], auc[8];
@@ -159,6 +159,62 @@ static void served_table_equals_store(redisContext *c, const char *conf)
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/*
+ * The rows model left in the store equal fit-sparse's table (the file
+ * table) to 1e-5, and its bias; with conf, freshet serve of that
+ * configuration serves the same table.
+ */
+static void store_equals_fit(const char *model, const char *table, const char *conf)
+{
+    char errstr[256];
+    fr_st_file_t *st = fr_st_read_file(table, errstr, sizeof(errstr));
+    if (st == NULL)
+        fail_msg("%s", errstr);
+    const fr_st_tensor_t *rows = fr_st_find(st, "rows"), *bias = fr_st_find(st, "bias");
+    assert_non_null(rows);
+    assert_non_null(bias);
+    assert_int_equal(rows->shape[0], 1 << 16);
+    assert_int_equal(rows->shape[1], ROWL);
+
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    assert_true(c != NULL && c->err == 0);
+    redisReply *r = redisCommand(c, "HGETALL freshet:{%s}:rows", model);
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    size_t nrows = r->elements / 2;
+    double worst = 0;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+        const redisReply *k = r->element[i], *v = r->element[i + 1];
+        assert_int_equal(k->len, 4);
+        assert_int_equal(v->len, (ROWL + STATEL) * sizeof(float)); /* parameters, state */
+        const unsigned char *kb = (const unsigned char *)k->str;
+        uint32_t row = kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
+        assert_true(row < (1u << 16));
+        float got[ROWL], want[ROWL];
+        memcpy(got, v->str, sizeof(got));
+        memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
+        for (int j = 0; j < ROWL; j++) {
+            double d = fabs((double)got[j] - want[j]);
+            worst = d > worst ? d : worst;
+            if (d > 1e-5)
+                fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
+        }
+    }
+    freeReplyObject(r);
+    if (conf != NULL)
+        served_table_equals_store(c, conf);
+    r = redisCommand(c, "GET freshet:{%s}:w:0", model);
+    assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
+    float b;
+    memcpy(&b, r->str, 4);
+    assert_float_equal(b, ((const float *)bias->data)[0], 1e-5);
+    freeReplyObject(r);
+    redisFree(c);
+    fr_st_destroy(st);
+    fr_log(FR_LOG_INFO, "%zu rows in the store equal fit-sparse's (worst %.2g), bias %.6f", nrows,
+           worst, b);
+    assert_true(nrows > 1000);
+}
+
 /* Runs freshet with the arguments (NULL-terminated), logging to DIR/log;
  * fails the test, showing the log, unless it exits 0. */
 static void freshet_ok(const char *log, ...)
@@ -183,21 +239,35 @@ static void freshet_ok(const char *log, ...)
     }
 }
 
-static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once(void **state)
+/*
+ * N synthetic click records (seed 4) sent to topic (binary records), and
+ * fit-sparse over them in batches of 256 (windows of 2048): its table into
+ * table[300] (DIR/fit-<topic>.safetensors), its log in DIR/fit-<topic>.log.
+ */
+static void records_and_fit(const char *topic, char *table)
 {
-    (void)state;
-    char records[300], table[300], conf[300];
-    path(records, "ctr.bin");
-    path(table, "fit.safetensors");
-    path(conf, "run.conf");
-    char limit[16];
+    char records[300], name[40], limit[16];
+    snprintf(name, sizeof(name), "ctr-%s.bin", topic);
+    path(records, name);
+    snprintf(name, sizeof(name), "fit-%s.safetensors", topic);
+    path(table, name);
     snprintf(limit, sizeof(limit), "%d", N);
     freshet_ok("synth.log", "produce", "--synthetic", "ctr", "--seed", "4", "--encode", "binary",
                "--out", records, "--limit", limit, NULL);
     freshet_ok("produce.log", "produce", "--data", records, "--format", "binary", "--encode",
-               "binary", "--bootstrap", broker.bootstrap, "--topic", "sx1", NULL);
-    freshet_ok("fit.log", "fit-sparse", "--sparse", SPEC, "--data", records, "--format", "binary",
+               "binary", "--bootstrap", broker.bootstrap, "--topic", topic, NULL);
+    snprintf(name, sizeof(name), "fit-%s.log", topic);
+    freshet_ok(name, "fit-sparse", "--sparse", SPEC, "--data", records, "--format", "binary",
                "--batch", "256", "--seed", "42", "--window", "2048", "--out", table, NULL);
+}
+
+static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once(void **state)
+{
+    (void)state;
+    char table[300], conf[300], limit[16];
+    path(conf, "run.conf");
+    snprintf(limit, sizeof(limit), "%d", N);
+    records_and_fit("sx1", table);
 
     FILE *f = fopen(conf, "w");
     assert_non_null(f);
@@ -214,52 +284,7 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
     freshet_ok("run.log", "run", "--config", conf, "--samples", limit, NULL);
     progressive_windows_equal_fit_sparse();
 
-    char errstr[256];
-    fr_st_file_t *st = fr_st_read_file(table, errstr, sizeof(errstr));
-    if (st == NULL)
-        fail_msg("%s", errstr);
-    const fr_st_tensor_t *rows = fr_st_find(st, "rows"), *bias = fr_st_find(st, "bias");
-    assert_non_null(rows);
-    assert_non_null(bias);
-    assert_int_equal(rows->shape[0], 1 << 16);
-    assert_int_equal(rows->shape[1], ROWL);
-
-    redisContext *c = redisConnect("127.0.0.1", redis.port);
-    assert_true(c != NULL && c->err == 0);
-    redisReply *r = redisCommand(c, "HGETALL freshet:{spr}:rows");
-    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
-    size_t nrows = r->elements / 2;
-    double worst = 0;
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
-        const redisReply *k = r->element[i], *v = r->element[i + 1];
-        assert_int_equal(k->len, 4);
-        assert_int_equal(v->len, (ROWL + STATEL) * sizeof(float)); /* parameters, state */
-        const unsigned char *kb = (const unsigned char *)k->str;
-        uint32_t row = kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
-        assert_true(row < (1u << 16));
-        float got[ROWL], want[ROWL];
-        memcpy(got, v->str, sizeof(got));
-        memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
-        for (int j = 0; j < ROWL; j++) {
-            double d = fabs((double)got[j] - want[j]);
-            worst = d > worst ? d : worst;
-            if (d > 1e-5)
-                fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
-        }
-    }
-    freeReplyObject(r);
-    served_table_equals_store(c, conf);
-    r = redisCommand(c, "GET freshet:{spr}:w:0");
-    assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
-    float b;
-    memcpy(&b, r->str, 4);
-    assert_float_equal(b, ((const float *)bias->data)[0], 1e-5);
-    freeReplyObject(r);
-    redisFree(c);
-    fr_st_destroy(st);
-    fr_log(FR_LOG_INFO, "%zu rows in the store equal fit-sparse's (worst %.2g), bias %.6f", nrows,
-           worst, b);
-    assert_true(nrows > 1000);
+    store_equals_fit("spr", table, conf);
 
     /* the rows' layout is the model's: a run whose optimizer (the size of a
      * row's state) or seed (absent rows' values) differs is refused */
@@ -449,11 +474,61 @@ static void test_two_sparse_runs_share_the_topic_and_apply_each_record_once(void
     assert_true(pushed[0] > 0 && pushed[1] > 0);
 }
 
+/*
+ * freshet ps and freshet train apart (the applier in one process, the
+ * consumer and a worker in another, through Redis; the worker waits for
+ * each gradient's commit): the store ends with fit-sparse's table over the
+ * same records in the same batches, every record applied once.
+ */
+static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
+{
+    (void)state;
+    char table[300], conf[300], lps[300], ltr[300];
+    path(conf, "split.conf");
+    path(lps, "ps.log");
+    path(ltr, "train.log");
+    records_and_fit("sx9", table);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = spl\nsparse = " SPEC "\nseed = 42\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = sx9\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
+            "[redis]\nurl = %s\n[serve]\nlisten =\n"
+            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n",
+            broker.bootstrap, redis.url);
+    assert_int_equal(fclose(f), 0);
+    char *ps_argv[] = {FRESHET_BIN, "ps", "--config", conf, NULL};
+    char *train_argv[] = {FRESHET_BIN, "train", "--config", conf, NULL};
+    pid_t ps = harness_spawn(ps_argv, lps), train = harness_spawn(train_argv, ltr);
+    assert_true(ps > 0 && train > 0);
+    int64_t version = 0, applied = 0;
+    for (int i = 0; i < 1200 && applied < N; i++) { /* 60 s at most */
+        harness_sleep_ms(50);
+        applied = watermarks("spl", "sx9", &version);
+    }
+    assert_int_equal(applied, N);
+    kill(train, SIGTERM);
+    kill(ps, SIGTERM);
+    int st_train = harness_wait(train, 20000), st_ps = harness_wait(ps, 20000);
+    assert_true(st_train >= 0 && WIFEXITED(st_train) && WEXITSTATUS(st_train) == 0);
+    assert_true(st_ps >= 0 && WIFEXITED(st_ps) && WEXITSTATUS(st_ps) == 0);
+    assert_true(harness_file_contains(ltr, "its applier runs in freshet ps"));
+    assert_true(harness_file_contains(lps, "applier of sparse model spl"));
+    store_equals_fit("spl", table, NULL);
+    int seen[N];
+    assert_true(harness_audit_count(&redis, "spl", "sx9", 0, "applied", seen, N) == N / 256);
+    for (int p = 0; p < N; p++)
+        if (seen[p] != 1)
+            fail_msg("position %d applied %d times", p, seen[p]);
+}
+
 static int setup(void **state)
 {
     (void)state;
     return harness_stack_start(tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
-                               "--topic sx1:1 --topic sx2:2 --topic sx3:2");
+                               "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx9:1");
 }
 
 static int teardown(void **state)
@@ -470,6 +545,7 @@ int main(void)
         cmocka_unit_test(test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once),
         cmocka_unit_test(test_a_killed_sparse_run_applies_every_record_once),
         cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
+        cmocka_unit_test(test_ps_and_train_apart_leave_fit_sparses_table),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
