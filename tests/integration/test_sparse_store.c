@@ -278,7 +278,8 @@ static void test_a_row_is_admitted_at_its_min_count_th_gradient(void **state)
 
 static char tmp_dir[256];
 
-/* A server of this test's store on a free port; *port its port. */
+/* A server of this test's store on a free port, once it reached the store;
+ * *port its port. */
 static serve_t *serve_open(fr_metrics_t *metrics, int *port)
 {
     serve_conf_t conf;
@@ -291,6 +292,11 @@ static serve_t *serve_open(fr_metrics_t *metrics, int *port)
     assert_non_null(srv);
     assert_int_equal(serve_start(srv, errstr, sizeof(errstr)), FR_OK);
     *port = serve_port(srv);
+    /* ready once the follower reached the store (no default model) */
+    harness_resp_t r;
+    harness_await_code(*port, tmp_dir, &r, "/readyz", 200, 250, 20);
+    assert_int_equal(r.code, 200);
+    harness_resp_free(&r);
     return srv;
 }
 
