@@ -318,16 +318,18 @@ typedef struct produce_run {
 
 /*
  * Queues record rec[len] to the topic under key `index` (decimal), to
- * partition sent mod the partition count with roundrobin, and counts it.
- * Returns 0 or an exit status (the producer's error printed).
+ * partition sent mod the partition count with roundrobin, and counts it;
+ * planted (may be NULL) goes in its freshet-p header. Returns 0 or an exit
+ * status (the producer's error printed).
  */
-static int send_one(produce_run_t *r, const void *rec, size_t len, uint64_t index)
+static int send_one(produce_run_t *r, const void *rec, size_t len, uint64_t index,
+                    const char *planted)
 {
     char key[32];
     int klen = snprintf(key, sizeof(key), "%llu", (unsigned long long)index);
     int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
-    if (ingest_producer_send(r->p, r->o->topic, part, key, (size_t)klen, rec, len, NULL, NULL) !=
-        FR_OK) {
+    if (ingest_producer_send(r->p, r->o->topic, part, key, (size_t)klen, rec, len,
+                             planted != NULL ? INGEST_AUX_HEADER : NULL, planted) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", CMD, ingest_producer_error(r->p));
         return APP_EXIT_FAILURE;
     }
@@ -380,7 +382,7 @@ static int send_all(produce_run_t *r)
             rc = APP_EXIT_FAILURE;
             break;
         }
-        if ((rc = send_one(r, buf, len, i)) != 0)
+        if ((rc = send_one(r, buf, len, i, NULL)) != 0)
             break;
         log_progress(r, &last_log);
     }
@@ -461,7 +463,8 @@ static int send_synthetic(produce_run_t *r, FILE *out)
     while (!stop_flag && (o->limit == 0 || r->sent < (uint64_t)o->limit)) {
         if (o->rate > 0)
             sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
-        size_t len = sparse_synth_next(g, line, sizeof(line) - 1, NULL);
+        double planted;
+        size_t len = sparse_synth_next(g, line, sizeof(line) - 1, &planted);
         synth_window_log(g, &logged);
         const void *rec = line;
         if (binary) { /* in a file, each record after its length (4 bytes LE) */
@@ -486,8 +489,13 @@ static int send_synthetic(produce_run_t *r, FILE *out)
                 break;
             }
             r->sent++;
-        } else if ((rc = send_one(r, rec, len, r->sent)) != 0) {
-            break;
+        } else {
+            /* the record's planted click probability rides in a header: the
+             * floor a run's progressive windows are drawn against */
+            char p[32];
+            snprintf(p, sizeof(p), "%.9g", planted);
+            if ((rc = send_one(r, rec, len, r->sent, p)) != 0)
+                break;
         }
     }
     sparse_synth_floor_t f;
@@ -570,7 +578,7 @@ static int send_sparse_file(produce_run_t *r, sparse_layout_t from, sparse_layou
         }
         if (o->rate > 0)
             sleep_until(t0 + (uint64_t)((double)r->sent * 1e9 / o->rate));
-        if ((rc = send_one(r, rec, len, index - 1)) == 0)
+        if ((rc = send_one(r, rec, len, index - 1, NULL)) == 0)
             pass_sent++;
         log_progress(r, &last_log);
     }

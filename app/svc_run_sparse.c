@@ -174,6 +174,7 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
     if (!(r->parts & APP_SPARSE_WORKERS))
         return 0;
     ingest_schema_t schema = {.features = SPARSE_PACKED(r->dec.spec.fields),
+                              .aux = SPARSE_PLANTED_SLOT(r->dec.spec.fields),
                               .label = INGEST_LABEL_BINARY,
                               .decode = sparse_ingest_decode,
                               .decode_arg = &r->dec};

@@ -62,6 +62,7 @@
  */
 #include <assert.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -428,6 +429,11 @@ ingest_batcher_t *ingest_batcher_new(const ingest_schema_t *schema, ingest_forma
         fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: class labels need classes > 0");
         return NULL;
     }
+    if (schema->aux < 0 || schema->aux >= schema->features) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: the aux slot %d is not a feature",
+                  schema->aux);
+        return NULL;
+    }
     if (schema->decode == NULL && format != INGEST_FORMAT_CSV && format != INGEST_FORMAT_LIBSVM &&
         format != INGEST_FORMAT_F32) {
         fr_errorf(FR_ERR_INVAL, errstr, size, "batcher: records must be csv, libsvm or f32");
@@ -602,6 +608,13 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
                             int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                             ingest_reject_t *why, ingest_batch_t **full)
 {
+    return ingest_batcher_add_aux(bt, topic, partition, offset, ts_ms, rec, len, NAN, why, full);
+}
+
+fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                int64_t offset, int64_t ts_ms, const void *rec, size_t len,
+                                float aux, ingest_reject_t *why, ingest_batch_t **full)
+{
     if (why != NULL)
         *why = INGEST_OK;
     if (full != NULL)
@@ -644,6 +657,8 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
     }
     if (r != INGEST_OK)
         return FR_OK;
+    if (bt->schema.aux > 0 && !isnan(aux))
+        bt->x[bt->n * bt->d + (size_t)bt->schema.aux] = aux;
 
     int64_t old_min = bt->min_ts, old_max = bt->max_ts;
     if (bt->n == 0 || ts_ms < bt->min_ts)

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -402,6 +403,25 @@ static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t part
     refetch(c, topic, partition, lo > end ? lo : end);
 }
 
+/* The record's aux value when the schema takes one: its freshet-p header
+ * as a float (a sparse model's planted probability), NAN when it has none
+ * or it does not parse. */
+static float aux_value(const ingest_consumer_t *c, const rd_kafka_message_t *m)
+{
+    rd_kafka_headers_t *hdrs;
+    const void *v;
+    size_t len;
+    if (c->aux <= 0 || rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+        rd_kafka_header_get_last(hdrs, INGEST_AUX_HEADER, &v, &len) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+        v == NULL || len == 0 || len > 31)
+        return NAN;
+    char text[32], *end;
+    memcpy(text, v, len);
+    text[len] = '\0';
+    float x = strtof(text, &end);
+    return *end == '\0' && isfinite(x) ? x : NAN;
+}
+
 /* One message from rd_kafka_consumer_poll (borrowed). Poll thread. */
 static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_t *open_since,
                        int *dirty)
@@ -422,9 +442,9 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
     if (c->m_consumed != NULL)
         fr_series_add(c->m_consumed, 1);
     c->avg_len = c->avg_len > 0 ? 0.99 * c->avg_len + 0.01 * (double)m->len : (double)m->len;
-    fr_err_t err =
-        ingest_batcher_add(c->bt, topic, m->partition, m->offset,
-                           rd_kafka_message_timestamp(m, NULL), m->payload, m->len, &why, &full);
+    fr_err_t err = ingest_batcher_add_aux(c->bt, topic, m->partition, m->offset,
+                                          rd_kafka_message_timestamp(m, NULL), m->payload, m->len,
+                                          aux_value(c, m), &why, &full);
     if (err != FR_OK) {
         /* FR_ERR_STATE: a partition assigned while stopping, never seeked */
         fr_log(err == FR_ERR_STATE ? FR_LOG_DEBUG : FR_LOG_ERROR,
@@ -797,6 +817,7 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
     if ((c->bt = ingest_batcher_new(&conf->schema, conf->format, conf->batch, errstr, size)) ==
         NULL)
         goto err;
+    c->aux = conf->schema.aux;
     if (c->dlt != NULL && (c->dlq = ingest_producer_new(conf->bootstrap, conf->props, conf->nprops,
                                                         errstr, size)) == NULL)
         goto err;

@@ -70,6 +70,9 @@ typedef struct ingest_schema {
     ingest_decode_fn decode; /* NULL: the format's decoder; else this one, for
                                 every format, records up to the text limit  */
     const void *decode_arg;
+    int aux; /* > 0: x[aux] of a decoded record takes the record's aux value (its
+                Kafka header freshet-p: a sparse model's planted probability) when
+                it has one (ingest_batcher_add_aux); 0: none */
 } ingest_schema_t;
 
 /* Decodes one record (a csv or libsvm line without its newline, though a
@@ -224,6 +227,13 @@ fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t 
 fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t partition,
                             int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                             ingest_reject_t *why, ingest_batch_t **full);
+/* The same with the record's aux value (NAN: none), written to x[aux] of
+ * its sample when the schema has an aux slot. */
+fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                int64_t offset, int64_t ts_ms, const void *rec, size_t len,
+                                float aux, ingest_reject_t *why, ingest_batch_t **full);
+/* The Kafka header a record's aux value travels in: decimal text. */
+#define INGEST_AUX_HEADER "freshet-p"
 
 /* Flushes the open batch (linger_ms passed, a replay, shutdown); NULL when
  * it covers nothing. A batch of rejected records only is an n = 0 batch

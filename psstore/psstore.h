@@ -592,16 +592,18 @@ typedef struct psstore_eval_entry {
     int64_t version;
     double accuracy, loss; /* accuracy: NAN for a progressive window */
     double auc;            /* a progressive window's AUC; NAN for a holdout */
+    double floor;          /* ... its Bayes floor; NAN when unknown         */
     int64_t n;             /* a progressive window's records; 0 for a holdout */
     int64_t t_ms;
 } psstore_eval_entry_t;
 
 fr_err_t psstore_eval_report(psstore_conn_t *c, const char *model, int64_t version, double accuracy,
                              double loss);
-/* A progressive window of n records ending at version: their mean logloss
- * and AUC (NAN when the window held one class only: not written). */
+/* A progressive window of n records ending at version: their mean logloss,
+ * AUC (NAN when the window held one class only) and Bayes floor (NAN when
+ * the records carried no planted probability); a NAN is not written. */
 fr_err_t psstore_eval_report_progressive(psstore_conn_t *c, const char *model, int64_t version,
-                                         double logloss, double auc, size_t n);
+                                         double logloss, double auc, double floor, size_t n);
 fr_err_t psstore_evals_tail(psstore_conn_t *c, const char *model, size_t max,
                             psstore_eval_entry_t *out, size_t *n);
 

@@ -129,22 +129,30 @@ fr_err_t psstore_eval_report(psstore_conn_t *c, const char *model, int64_t versi
 }
 
 fr_err_t psstore_eval_report_progressive(psstore_conn_t *c, const char *model, int64_t version,
-                                         double logloss, double auc, size_t n)
+                                         double logloss, double auc, double floor, size_t n)
 {
-    char key[PS_KEY_MAX], ver[32], lss[32], a[32], cnt[32], now[32];
+    char key[PS_KEY_MAX], keep[16], ver[32], lss[32], a[32], fl[32], cnt[32], now[32];
     fr_err_t err;
     ps_key(key, model, "evals");
+    snprintf(keep, sizeof(keep), "%d", EVALS_KEEP);
     snprintf(ver, sizeof(ver), "%lld", (long long)version);
     snprintf(lss, sizeof(lss), "%.9g", logloss);
     snprintf(a, sizeof(a), "%.9g", auc);
+    snprintf(fl, sizeof(fl), "%.9g", floor);
     snprintf(cnt, sizeof(cnt), "%zu", n);
     snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
-    redisReply *r =
-        isfinite(auc)
-            ? ps_cmd(c, 0, &err, "XADD %s MAXLEN ~ %d * version %s loss %s auc %s n %s t %s", key,
-                     EVALS_KEEP, ver, lss, a, cnt, now)
-            : ps_cmd(c, 0, &err, "XADD %s MAXLEN ~ %d * version %s loss %s n %s t %s", key,
-                     EVALS_KEEP, ver, lss, cnt, now);
+    const char *argv[18] = {"XADD", key,    "MAXLEN", "~", keep, "*", "version",
+                            ver,    "loss", lss,      "n", cnt,  "t", now};
+    int argc = 14;
+    if (isfinite(auc)) {
+        argv[argc++] = "auc";
+        argv[argc++] = a;
+    }
+    if (isfinite(floor)) {
+        argv[argc++] = "floor";
+        argv[argc++] = fl;
+    }
+    redisReply *r = ps_cmd_argv(c, 0, argc, argv, NULL, &err);
     if (r == NULL)
         return err;
     freeReplyObject(r);
@@ -165,6 +173,7 @@ static void take_eval(const redisReply *kv, void *out, size_t k)
     v->accuracy = dbl_or_nan(kv, "accuracy");
     v->loss = dbl(field(kv, "loss"));
     v->auc = dbl_or_nan(kv, "auc");
+    v->floor = dbl_or_nan(kv, "floor");
     v->n = num(field(kv, "n"));
     v->t_ms = num(field(kv, "t"));
 }

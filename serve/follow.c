@@ -615,6 +615,8 @@ static void stats_holdout(sv_buf_t *b, const psstore_eval_entry_t *evals, size_t
         if (e->n > 0) { /* a sparse model's progressive window */
             sv_puts(b, ",\"auc\":");
             sv_json_num(b, e->auc);
+            sv_puts(b, ",\"floor\":");
+            sv_json_num(b, e->floor);
             sv_printf(b, ",\"n\":%lld", (long long)e->n);
         }
         sv_puts(b, "}");

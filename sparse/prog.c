@@ -14,6 +14,8 @@ struct sparse_prog {
     uint32_t *idx; /* [window] scratch of the AUC */
     int64_t index, total;
     double loss, total_loss;
+    double entropy; /* the open window's planted probabilities' entropy, summed */
+    size_t planted; /* ... over this many of its records                      */
 };
 
 sparse_prog_t *sparse_prog_new(size_t window)
@@ -112,10 +114,22 @@ static void window_figures(sparse_prog_t *pv, sparse_prog_window_t *w)
     w->logloss = pv->n > 0 ? pv->loss / (double)pv->n : NAN;
     w->ctr = pv->n > 0 ? (double)pos / (double)pv->n : NAN;
     w->auc = sparse_auc(pv->p, pv->y, pv->idx, pv->n);
+    w->floor = pv->n > 0 && pv->planted == pv->n ? pv->entropy / (double)pv->n : NAN;
 }
 
 int sparse_prog_add(sparse_prog_t *pv, float p, float y, sparse_prog_window_t *w)
 {
+    return sparse_prog_add_planted(pv, p, y, NAN, w);
+}
+
+int sparse_prog_add_planted(sparse_prog_t *pv, float p, float y, float planted,
+                            sparse_prog_window_t *w)
+{
+    if (planted >= 0.0f && planted <= 1.0f) { /* its expected logloss: the entropy */
+        double q = planted;
+        pv->entropy += q > 0 && q < 1 ? -(q * log(q) + (1 - q) * log(1 - q)) : 0.0;
+        pv->planted++;
+    }
     double l = sparse_logloss(p, y);
     pv->p[pv->n] = p;
     pv->y[pv->n] = y;
@@ -129,6 +143,8 @@ int sparse_prog_add(sparse_prog_t *pv, float p, float y, sparse_prog_window_t *w
     pv->index++;
     pv->n = 0;
     pv->loss = 0;
+    pv->entropy = 0;
+    pv->planted = 0;
     return 1;
 }
 

@@ -76,6 +76,8 @@ typedef struct sparse_sample {
     int n;
     uint32_t row[SPARSE_FIELDS_MAX];
     float val[SPARSE_FIELDS_MAX];
+    float planted; /* the synthetic stream's click probability of the record (its
+                      Kafka header freshet-p), NAN when it carries none */
 } sparse_sample_t;
 
 /*
@@ -192,6 +194,9 @@ typedef struct sparse_prog_window {
     double logloss; /* mean      */
     double auc;     /* NAN when the window holds one class only */
     double ctr;     /* positives over records */
+    double floor;   /* the Bayes-optimal logloss, the mean binary entropy of the
+                       records' planted probabilities; NAN unless every record
+                       of the window carried one */
 } sparse_prog_window_t;
 
 /* Windows of window records; NULL out of memory. */
@@ -201,6 +206,10 @@ void sparse_prog_destroy(sparse_prog_t *pv);
 /* Adds the prediction p of a record labelled y (0 or 1). Returns 1 when
  * the record closed a window, whose figures are then in *w; else 0. */
 int sparse_prog_add(sparse_prog_t *pv, float p, float y, sparse_prog_window_t *w);
+/* The same for a record whose planted click probability is known (NAN:
+ * not known), which gives the window its floor. */
+int sparse_prog_add_planted(sparse_prog_t *pv, float p, float y, float planted,
+                            sparse_prog_window_t *w);
 
 /* The figures of the records of the open window (n = 0 when none). */
 void sparse_prog_open(sparse_prog_t *pv, sparse_prog_window_t *w);
@@ -277,11 +286,14 @@ fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, 
 
 /* ------------------------------------------------------------------------
  * Sparse records through ingest's batcher (stream.c): a sample packed into
- * one float row of 1 + 2F floats, [n, row_1..row_F, val_1..val_F], each
- * row's 32 bits held as they are in a float slot (the batcher only moves
- * rows). SPARSE_PACKED(F) is the batcher schema's feature count.
+ * one float row of 2 + 2F floats, [n, row_1..row_F, val_1..val_F,
+ * planted], each row's 32 bits held as they are in a float slot (the
+ * batcher only moves rows). SPARSE_PACKED(F) is the batcher schema's
+ * feature count; SPARSE_PLANTED_SLOT(F) the slot the batcher fills from a
+ * record's freshet-p header (ingest_schema_t.aux).
  * ---------------------------------------------------------------------- */
-#define SPARSE_PACKED(fields) (1 + 2 * (fields))
+#define SPARSE_PACKED(fields)       (2 + 2 * (fields))
+#define SPARSE_PLANTED_SLOT(fields) (1 + 2 * (fields))
 
 /* Packs s (at most fields features) into x[SPARSE_PACKED(fields)]. */
 void sparse_pack(const sparse_sample_t *s, int fields, float *x);

@@ -7,6 +7,7 @@
  * never computes on them, so a batch carries sparse samples without a
  * second representation or a copy; the trainer unpacks them.
  */
+#include <math.h>
 #include <string.h>
 
 #include "ingest/ingest.h"
@@ -26,6 +27,7 @@ fr_err_t sparse_layout_parse(const char *name, sparse_layout_t *layout)
 fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, const void *rec,
                              size_t len, sparse_sample_t *s, const char **reason)
 {
+    s->planted = NAN; /* no layout carries it: a Kafka header does */
     switch (layout) {
     case SPARSE_LAYOUT_CRITEO: return sparse_parse_criteo(spec, rec, len, s, reason);
     case SPARSE_LAYOUT_LIBSVM: return sparse_parse_libsvm(spec, rec, len, s, reason);
@@ -43,6 +45,7 @@ void sparse_pack(const sparse_sample_t *s, int fields, float *x)
         memcpy(&x[1 + k], &row, sizeof(row));
         x[1 + fields + k] = k < s->n ? s->val[k] : 0.0f;
     }
+    x[SPARSE_PLANTED_SLOT(fields)] = s->planted;
 }
 
 fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse_sample_t *s)
@@ -54,6 +57,7 @@ fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse
         return FR_ERR_PARSE;
     s->label = label;
     s->n = n;
+    s->planted = x[SPARSE_PLANTED_SLOT(fields)];
     for (int k = 0; k < n; k++) {
         memcpy(&s->row[k], &x[1 + k], sizeof(s->row[k]));
         s->val[k] = x[1 + fields + k];

@@ -218,11 +218,18 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     pthread_mutex_lock(&wk->pool->lock);
     sparse_prog_window_t w, closed = {.n = 0};
     for (size_t i = 0; msg.loss_sum > 0 && i < b->n; i++) { /* a diverged batch is not scored */
-        if (sparse_prog_add(wk->pool->pv, wk->p[i], wk->b->samples[i].label, &w)) {
-            fr_log(FR_LOG_INFO,
-                   "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
-                   "ctr %.4f",
-                   (long long)w.index, w.n, w.logloss, w.auc, w.ctr);
+        if (sparse_prog_add_planted(wk->pool->pv, wk->p[i], wk->b->samples[i].label,
+                                    wk->b->samples[i].planted, &w)) {
+            if (isnan(w.floor))
+                fr_log(FR_LOG_INFO,
+                       "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
+                       "ctr %.4f",
+                       (long long)w.index, w.n, w.logloss, w.auc, w.ctr);
+            else
+                fr_log(FR_LOG_INFO,
+                       "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
+                       "ctr %.4f, Bayes floor %.5f",
+                       (long long)w.index, w.n, w.logloss, w.auc, w.ctr, w.floor);
             closed = w;
         }
     }
@@ -238,7 +245,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
      * models); outside the lock, and a failure costs only the point */
     if (closed.n > 0 &&
         psstore_eval_report_progressive(wk->c, wk->pool->model, version, closed.logloss, closed.auc,
-                                        closed.n) != FR_OK)
+                                        closed.floor, closed.n) != FR_OK)
         fr_log(FR_LOG_WARN, "worker %s: progressive window not reported: %s", wk->id,
                psstore_conn_error(wk->c));
     return FR_OK;

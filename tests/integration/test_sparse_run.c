@@ -524,11 +524,65 @@ static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
             fail_msg("position %d applied %d times", p, seen[p]);
 }
 
+/*
+ * The synthetic stream sent straight to Kafka carries each record's
+ * planted click probability (its freshet-p header): a run's progressive
+ * windows get their Bayes floor, and over the whole windows it is the
+ * floor freshet produce printed for the same records.
+ */
+static void test_progressive_windows_carry_the_generators_floor(void **state)
+{
+    (void)state;
+    char conf[300], log[300], limit[16];
+    path(conf, "floor.conf");
+    path(log, "produce-floor.log");
+    snprintf(limit, sizeof(limit), "%d", 4096);
+    freshet_ok("produce-floor.log", "produce", "--synthetic", "ctr", "--seed", "5", "--limit",
+               limit, "--encode", "binary", "--bootstrap", broker.bootstrap, "--topic", "sx8",
+               NULL);
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[512];
+    double floor = NAN;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *at = strstr(line, "Bayes-optimal logloss ");
+        if (strncmp(line, "synthetic ctr: 4096 records", 27) == 0 && at != NULL)
+            floor = strtod(at + strlen("Bayes-optimal logloss "), NULL);
+    }
+    fclose(f);
+    assert_true(floor > 0.05 && floor < 0.3);
+    write_conf(conf, "spf", "sx8");
+    f = fopen(conf, "a");
+    assert_non_null(f);
+    fprintf(f, "[sparse]\nwindow = 2048\n");
+    assert_int_equal(fclose(f), 0);
+    freshet_ok("run-floor.log", "run", "--config", conf, "--samples", limit, NULL);
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    assert_true(c != NULL && c->err == 0);
+    redisReply *r = redisCommand(c, "XRANGE freshet:{spf}:evals - +");
+    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 2);
+    double sum = 0;
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *kv = r->element[i]->element[1];
+        double fl = NAN;
+        for (size_t j = 0; j + 1 < kv->elements; j += 2)
+            if (strcmp(kv->element[j]->str, "floor") == 0)
+                fl = strtod(kv->element[j + 1]->str, NULL);
+        assert_true(fl > 0.05 && fl < 0.3);
+        sum += fl;
+    }
+    assert_float_equal(sum / 2, floor, 0.6e-5); /* produce prints %.5f */
+    freeReplyObject(r);
+    redisFree(c);
+}
+
 static int setup(void **state)
 {
     (void)state;
-    return harness_stack_start(tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
-                               "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx9:1");
+    return harness_stack_start(
+        tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
+        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx8:2 --topic sx9:1");
 }
 
 static int teardown(void **state)
@@ -546,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_a_killed_sparse_run_applies_every_record_once),
         cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
         cmocka_unit_test(test_ps_and_train_apart_leave_fit_sparses_table),
+        cmocka_unit_test(test_progressive_windows_carry_the_generators_floor),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

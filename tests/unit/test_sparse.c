@@ -341,6 +341,7 @@ static void test_auc_and_windows_of_progressive_validation(void **state)
     assert_float_equal(w.logloss, want, 1e-6);
     assert_float_equal(w.auc, 0.75, 1e-12);
     assert_float_equal(w.ctr, 0.5, 0);
+    assert_true(isnan(w.floor));                           /* no planted probabilities */
     assert_int_equal(sparse_prog_add(pv, 0.0f, 1, &w), 0); /* clamped at 1e-7 */
     sparse_prog_open(pv, &w);
     assert_int_equal(w.index, 1);
@@ -349,6 +350,23 @@ static void test_auc_and_windows_of_progressive_validation(void **state)
     int64_t n;
     assert_float_equal(sparse_prog_mean(pv, &n), (4 * want - log(1e-7)) / 5, 1e-5);
     assert_int_equal(n, 5);
+    sparse_prog_destroy(pv);
+
+    /* the floor: the mean binary entropy of the planted probabilities, when
+     * every record of the window carried one */
+    pv = sparse_prog_new(2);
+    assert_non_null(pv);
+    assert_int_equal(sparse_prog_add_planted(pv, 0.5f, 1, 0.25f, &w), 0);
+    assert_int_equal(sparse_prog_add_planted(pv, 0.5f, 0, 0.5f, &w), 1);
+    double h25 = -(0.25 * log(0.25) + 0.75 * log(0.75)), h50 = log(2.0);
+    assert_float_equal(w.floor, (h25 + h50) / 2, 1e-7);
+    assert_float_equal(w.logloss, log(2.0), 1e-6);
+    assert_int_equal(sparse_prog_add_planted(pv, 0.5f, 1, 0.25f, &w), 0);
+    assert_int_equal(sparse_prog_add_planted(pv, 0.5f, 1, NAN, &w), 1); /* one unknown */
+    assert_true(isnan(w.floor));
+    assert_int_equal(sparse_prog_add_planted(pv, 0.5f, 1, 0.0f, &w), 0); /* entropy 0 */
+    assert_int_equal(sparse_prog_add_planted(pv, 0.5f, 1, 1.0f, &w), 1);
+    assert_float_equal(w.floor, 0, 0);
     sparse_prog_destroy(pv);
 }
 
@@ -481,7 +499,9 @@ static void test_binary_records_give_the_rows_of_their_criteo_line(void **state)
  * decode hook: each batch row unpacks to exactly the sample the layout's
  * parser gives (rows, values, label), binary and Criteo records of one
  * value alike, and a malformed record is counted under its reason and
- * covered by the batch, as for dense records.
+ * covered by the batch, as for dense records. The binary batcher takes
+ * each record's planted probability as its aux value (the freshet-p
+ * header): it unpacks with the sample; the other has none (NaN).
  */
 static void test_sparse_records_pass_through_the_batcher_packed(void **state)
 {
@@ -497,6 +517,7 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
                               .decode_arg = &dec};
     ingest_schema_t schema_bin = schema;
     schema_bin.decode_arg = &bin;
+    schema_bin.aux = SPARSE_PLANTED_SLOT(39);
     char err[256], line[512];
     ingest_batcher_t *bt = ingest_batcher_new(&schema, INGEST_FORMAT_CSV, B, err, sizeof(err));
     ingest_batcher_t *bb = ingest_batcher_new(&schema_bin, INGEST_FORMAT_F32, B, err, sizeof(err));
@@ -508,10 +529,11 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
     sparse_synth_t *g = sparse_synth_new(5, 0, 1000, err, sizeof(err));
     assert_non_null(g);
     static sparse_sample_t want[N];
+    static double planted[N];
     ingest_batch_t *got[2][N / B + 2];
     size_t ngot[2] = {0, 0};
     for (int i = 0; i < N; i++) {
-        size_t len = sparse_synth_next(g, line, sizeof(line), NULL);
+        size_t len = sparse_synth_next(g, line, sizeof(line), &planted[i]);
         if (i == 7)
             line[0] = '2', len = strlen(line); /* label 2: refused */
         ingest_reject_t why = INGEST_OK;
@@ -527,7 +549,9 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
         uint8_t rec[SPARSE_BINARY_MAX];
         assert_int_equal(sparse_criteo_ids(line, len, &ids, NULL), FR_OK);
         size_t blen = sparse_encode_binary(&ids, rec, sizeof(rec));
-        assert_int_equal(ingest_batcher_add(bb, "t", 0, i, 0, rec, blen, &why, &full), FR_OK);
+        assert_int_equal(
+            ingest_batcher_add_aux(bb, "t", 0, i, 0, rec, blen, (float)planted[i], &why, &full),
+            FR_OK);
         assert_int_equal(why, INGEST_OK);
         if (full != NULL)
             got[1][ngot[1]++] = full;
@@ -550,12 +574,20 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
                 assert_int_equal(s.n, want[i].n);
                 assert_memory_equal(s.row, want[i].row, (size_t)s.n * sizeof(s.row[0]));
                 assert_memory_equal(s.val, want[i].val, (size_t)s.n * sizeof(s.val[0]));
+                if (l == 1)
+                    assert_float_equal(s.planted, (float)planted[i], 0);
+                else
+                    assert_true(isnan(s.planted));
             }
             ingest_batch_destroy(got[l][k]);
         }
         assert_int_equal(i, N);
         assert_int_equal(covered, N); /* the refused record's position too */
     }
+    /* an aux slot outside the row is refused */
+    schema_bin.aux = SPARSE_PACKED(39);
+    assert_null(ingest_batcher_new(&schema_bin, INGEST_FORMAT_F32, B, err, sizeof(err)));
+    assert_non_null(strstr(err, "aux slot"));
     /* a packed row that is no sample: a count above F, a row beyond 2^B */
     float x[SPARSE_PACKED(39)];
     sparse_sample_t s;
