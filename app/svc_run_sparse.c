@@ -62,7 +62,9 @@ static int read_conf(sparse_run_t *r)
                           sizeof(errstr)) != FR_OK)
         return app_usage_error(r->cmd, "[model] sparse: %s", errstr);
     const char *format = fr_config_get(cfg, "ingest", "format");
-    if (sparse_layout_parse(format, &r->dec.layout) != FR_OK)
+    if (!(r->parts & APP_SPARSE_WORKERS)) /* freshet ps reads no records */
+        r->dec.layout = SPARSE_LAYOUT_BINARY;
+    else if (sparse_layout_parse(format, &r->dec.layout) != FR_OK)
         return app_usage_error(r->cmd,
                                "[ingest] format: a sparse model reads criteo, libsvm or binary "
                                "records, not %s",
@@ -144,9 +146,9 @@ static int open_applier(sparse_run_t *r, fr_metrics_t *metrics, int64_t samples_
     /* freshet run's workers read the applier's table and wait for its
      * decisions, not commits: commits group the window's gradients
      * ([psstore] commit_ms). freshet train's workers wait for the commit
-     * (in_flight), so freshet ps commits as soon as the stream is drained */
-    conf.commit_drained =
-        !(r->parts & APP_SPARSE_WORKERS) && fr_config_get_int(r->cfg, "trainer", "in_flight") > 0;
+     * (in_flight, in their own configuration), so freshet ps commits as
+     * soon as the stream is drained */
+    conf.commit_drained = !(r->parts & APP_SPARSE_WORKERS);
     conf.sparse.enabled = 1;
     conf.sparse.min_count = (int)fr_config_get_int(r->cfg, "sparse", "min_count");
     conf.sparse.ttl_ms = fr_config_get_int(r->cfg, "sparse", "ttl_seconds") * 1000;
@@ -231,22 +233,24 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_appl
     double per = nb > 0 ? 1e-6 / (double)nb : 0; /* ns summed -> ms a batch */
     for (int d = 0; d < PSSTORE_NDROP; d++)
         dropped += as.dropped[d];
+    char applier[160] = "; the applier runs in freshet ps";
+    if (r->a != NULL)
+        snprintf(applier, sizeof(applier),
+                 ", applier %s at version %lld, applied %llu, dropped %llu, staleness p50 %lld "
+                 "p99 %lld",
+                 as.active ? "active" : "standby", (long long)as.version,
+                 (unsigned long long)as.applied, (unsigned long long)dropped, (long long)as.tau_p50,
+                 (long long)as.tau_p99);
     fr_log(FR_LOG_INFO,
            "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, a batch: wait %.1f ms, "
            "pull %.1f ms, compute %.1f ms, push %.1f ms; computed on version %lld, "
-           "%d partition(s), lag %lld, failed %llu, applier %s at version %lld, applied %llu, "
-           "dropped %llu, staleness p50 %lld p99 %lld",
+           "%d partition(s), lag %lld, failed %llu%s",
            r->cmd, (double)n / seconds, n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : 0.0,
            (double)(st.rows - prev->rows) / seconds, (double)(st.wait_ns - prev->wait_ns) * per,
            (double)(st.pull_ns - prev->pull_ns) * per,
            (double)(st.compute_ns - prev->compute_ns) * per,
            (double)(st.push_ns - prev->push_ns) * per, (long long)st.version, cs.assigned,
-           (long long)cs.lag, (unsigned long long)st.failed,
-           r->a == NULL ? "in another process"
-           : as.active  ? "active"
-                        : "standby",
-           (long long)as.version, (unsigned long long)as.applied, (unsigned long long)dropped,
-           (long long)as.tau_p50, (long long)as.tau_p99);
+           (long long)cs.lag, (unsigned long long)st.failed, applier);
     *prev = st;
     *aprev = as;
 }

@@ -82,6 +82,9 @@ static const char *route_name(const char *path)
             return "rollback";
         if (strcmp(last, "/ready") == 0)
             return "ready";
+        if (strcmp(last, "/rows") == 0 || strcmp(last, "/delta") == 0 ||
+            strcmp(last, "/table") == 0)
+            return last + 1; /* a sparse model's */
         return "models";
     }
     if (strncmp(path, "/dashboard", 10) == 0)

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -32,6 +33,7 @@
 #define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
 #define SV_DELTA_COMMITS 256   /* commits one delta reads at most              */
 #define READ_TIMEOUT_MS  5000  /* the reader's Redis timeout                   */
+#define QUEUE_MAX        1024  /* jobs waiting for the reader at most          */
 
 enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE };
 
@@ -41,6 +43,8 @@ struct sv_rows_job {
     struct serve *s;
     struct evhttp_request *req; /* NULL once the client hung up */
     struct evhttp_connection *evcon;
+    struct event *hup; /* the client's close, watched while the job waits */
+    int gone;          /* the client hung up: not read (under rows_lock) */
     enum job_kind kind;
     int json;
     char name[65];
@@ -358,6 +362,12 @@ static void run_table(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
     psstore_rows_page_fini(&page);
 }
 
+/* The reader connection's cancel test: serve is stopping. */
+static int stopping(void *arg)
+{
+    return atomic_load(&((struct serve *)arg)->stop) != 0;
+}
+
 /* Reads and encodes j's answer on the reader's connection *c (made when
  * NULL). */
 static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
@@ -374,6 +384,7 @@ static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
             job_error(j, 503, "store unreachable: %s", errstr);
             return;
         }
+        psstore_conn_set_cancel(*c, stopping, s); /* stop does not wait for a stalled store */
     }
     sparse_spec_t spec;
     sparse_optim_t optim;
@@ -395,12 +406,15 @@ void *sv_rows_main(void *arg)
     for (;;) {
         while (s->rows_queue == NULL && !atomic_load(&s->stop))
             pthread_cond_wait(&s->rows_wake, &s->rows_lock);
-        if (s->rows_queue == NULL)
-            break; /* stopping: stop answers what is still queued */
+        if (atomic_load(&s->stop))
+            break; /* stop answers what is still queued */
         sv_rows_job_t *j = s->rows_queue;
         s->rows_queue = j->next;
+        s->rows_queued--;
+        int gone = j->gone;
         pthread_mutex_unlock(&s->rows_lock);
-        run_job(s, j, &c);
+        if (!gone) /* a client that hung up costs no read */
+            run_job(s, j, &c);
         pthread_mutex_lock(&s->rows_lock);
         j->next = s->rows_done;
         s->rows_done = j;
@@ -415,6 +429,8 @@ void *sv_rows_main(void *arg)
 
 static void job_free(sv_rows_job_t *j)
 {
+    if (j->hup != NULL)
+        event_free(j->hup);
     free(j->ids);
     free(j->body);
     free(j);
@@ -431,11 +447,31 @@ static void job_closed(struct evhttp_connection *evcon, void *arg)
         evhttp_request_free(j->req);
     j->req = NULL;
     j->evcon = NULL;
+    if (j->hup != NULL) {
+        event_free(j->hup);
+        j->hup = NULL;
+    }
+    pthread_mutex_lock(&j->s->rows_lock);
+    j->gone = 1;
+    pthread_mutex_unlock(&j->s->rows_lock);
+}
+
+/* evhttp reads nothing from a connection while its request is pending, so
+ * a hang-up shows only as the socket's close (EPOLLRDHUP): the connection
+ * is freed at once, which runs job_closed. */
+static void job_hup(evutil_socket_t fd, short what, void *arg)
+{
+    sv_rows_job_t *j = arg;
+    evhttp_connection_free(j->evcon);
 }
 
 /* Sends j's answer (when its client is still there) and frees it. */
 static void job_send(struct serve *s, sv_rows_job_t *j)
 {
+    if (j->hup != NULL) {
+        event_free(j->hup);
+        j->hup = NULL;
+    }
     if (j->evcon != NULL)
         evhttp_connection_set_closecb(j->evcon, NULL, NULL);
     if (j->req != NULL) {
@@ -472,6 +508,7 @@ void sv_rows_drain(struct serve *s)
     pthread_mutex_lock(&s->rows_lock);
     sv_rows_job_t *queued = s->rows_queue;
     s->rows_queue = NULL;
+    s->rows_queued = 0;
     pthread_mutex_unlock(&s->rows_lock);
     while (queued != NULL) {
         sv_rows_job_t *j = queued;
@@ -496,19 +533,41 @@ void sv_rows_free_all(struct serve *s)
         }
 }
 
-/* Queues j for the reader; its client's hang-up is watched. */
+/* Queues j for the reader (or answers 503 when serve stops or too many
+ * wait); its client's hang-up is watched. */
 static void submit(struct serve *s, struct evhttp_request *req, sv_rows_job_t *j)
 {
+    pthread_mutex_lock(&s->rows_lock);
+    size_t queued = s->rows_queued;
+    pthread_mutex_unlock(&s->rows_lock);
+    if (atomic_load(&s->stop) || queued >= QUEUE_MAX) {
+        job_free(j);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+        sv_send_error(s, req, 503, "%s",
+                      atomic_load(&s->stop) ? "server shutting down"
+                                            : "too many rows requests waiting; try again");
+        return;
+    }
     j->s = s;
     j->req = req;
     j->evcon = evhttp_request_get_connection(req);
-    if (j->evcon != NULL)
+    if (j->evcon != NULL) {
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(j->evcon);
+        evutil_socket_t fd = bev != NULL ? bufferevent_getfd(bev) : -1;
+        if (fd >= 0 && (event_base_get_features(s->base) & EV_FEATURE_EARLY_CLOSE) &&
+            (j->hup = event_new(s->base, fd, EV_CLOSED, job_hup, j)) != NULL &&
+            event_add(j->hup, NULL) != 0) {
+            event_free(j->hup);
+            j->hup = NULL; /* unwatched: a hang-up is seen when the answer is written */
+        }
         evhttp_connection_set_closecb(j->evcon, job_closed, j);
+    }
     pthread_mutex_lock(&s->rows_lock);
     sv_rows_job_t **tail = &s->rows_queue; /* first come, first read */
     while (*tail != NULL)
         tail = &(*tail)->next;
     *tail = j;
+    s->rows_queued++;
     pthread_cond_signal(&s->rows_wake);
     pthread_mutex_unlock(&s->rows_lock);
 }
@@ -613,6 +672,9 @@ void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name
         return;
     }
     j->nids = (size_t)n;
+    uint32_t *fit = realloc(j->ids, (size_t)n * sizeof(*j->ids)); /* a queued job keeps its own */
+    if (fit != NULL)
+        j->ids = fit;
     submit(s, req, j);
 }
 
@@ -663,7 +725,8 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
     char *end;
     errno = 0;
     (void)strtoull(cursor, &end, 10); /* HSCAN's cursors are unsigned 64-bit */
-    if (*end != '\0' || errno != 0 || strspn(cursor, "0123456789") != strlen(cursor)) {
+    if (*end != '\0' || errno != 0 || strspn(cursor, "0123456789") != strlen(cursor) ||
+        strlen(cursor) >= sizeof(((sv_rows_job_t *)0)->cursor)) {
         sv_send_error(s, req, 400, "cursor must be the decimal cursor a page gave");
         return;
     }

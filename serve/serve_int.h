@@ -164,6 +164,7 @@ struct serve {
     pthread_mutex_t rows_lock;
     pthread_cond_t rows_wake;
     sv_rows_job_t *rows_queue; /* for the reader, oldest first           */
+    size_t rows_queued;        /* ... how many                            */
     sv_rows_job_t *rows_done;  /* for the loop to send                   */
     struct event *rows_ev;     /* the reader finished a job              */
     size_t waiting;            /* long-poll clients now                      */

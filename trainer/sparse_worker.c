@@ -24,6 +24,7 @@
 #define NEXT_WAIT_MS 100
 #define PUSH_WAIT_MS 5000
 #define BLOCK_MS     100 /* one blocking wait for the last gradient, then a look at stop */
+#define CLOSED_MAX   16  /* progressive windows a batch reports at most */
 
 typedef struct sworker {
     struct trainer_sparse *pool;
@@ -216,7 +217,8 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (conf->in_flight > 0 && b->n > 0)
         snprintf(wk->flight, sizeof(wk->flight), "%s", *id);
     pthread_mutex_lock(&wk->pool->lock);
-    sparse_prog_window_t w, closed = {.n = 0};
+    sparse_prog_window_t w, closed[CLOSED_MAX];
+    size_t nclosed = 0;
     for (size_t i = 0; msg.loss_sum > 0 && i < b->n; i++) { /* a diverged batch is not scored */
         if (sparse_prog_add_planted(wk->pool->pv, wk->p[i], wk->b->samples[i].label,
                                     wk->b->samples[i].planted, &w)) {
@@ -230,7 +232,11 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
                        "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
                        "ctr %.4f, Bayes floor %.5f",
                        (long long)w.index, w.n, w.logloss, w.auc, w.ctr, w.floor);
-            closed = w;
+            if (nclosed == CLOSED_MAX) { /* windows far smaller than a batch: the last ones */
+                memmove(closed, closed + 1, (CLOSED_MAX - 1) * sizeof(closed[0]));
+                nclosed--;
+            }
+            closed[nclosed++] = w;
         }
     }
     wk->pool->st.wait_ns += t1 - t0;
@@ -241,13 +247,13 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     if (version > wk->pool->st.version)
         wk->pool->st.version = version;
     pthread_mutex_unlock(&wk->pool->lock);
-    /* the window for the dashboard (the evals stream, as holdouts of dense
+    /* the windows for the dashboard (the evals stream, as holdouts of dense
      * models); outside the lock, and a failure costs only the point */
-    if (closed.n > 0 &&
-        psstore_eval_report_progressive(wk->c, wk->pool->model, version, closed.logloss, closed.auc,
-                                        closed.floor, closed.n) != FR_OK)
-        fr_log(FR_LOG_WARN, "worker %s: progressive window not reported: %s", wk->id,
-               psstore_conn_error(wk->c));
+    for (size_t k = 0; k < nclosed; k++)
+        if (psstore_eval_report_progressive(wk->c, wk->pool->model, version, closed[k].logloss,
+                                            closed[k].auc, closed[k].floor, closed[k].n) != FR_OK)
+            fr_log(FR_LOG_WARN, "worker %s: progressive window not reported: %s", wk->id,
+                   psstore_conn_error(wk->c));
     return FR_OK;
 }
 

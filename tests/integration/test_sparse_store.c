@@ -382,11 +382,24 @@ static void expect_rows(const fr_st_file_t *st, const expect_t *e, const uint32_
  * The rows routes read Redis on serve's reader thread, not on the loop:
  * with redis-server stopped (SIGSTOP), a /rows request waits while /livez
  * is answered; once Redis runs again (SIGCONT) the waiting request gets
- * its rows. Clients that hang up with their request queued are dropped
- * without harm (ASan watches the jobs' memory).
+ * its rows. Clients that hang up with their request queued are dropped:
+ * not answered, not counted (ASan watches the jobs' memory).
  */
-static void reads_leave_the_loop_free(int port)
+/* serve's count of the rows requests it answered 200. */
+static long rows_answered(fr_metrics_t *metrics)
 {
+    char *text = fr_metrics_render(metrics, NULL);
+    assert_non_null(text);
+    const char *key = "freshet_http_requests_total{route=\"rows\",code=\"200\"} ";
+    const char *at = strstr(text, key);
+    long n = at != NULL ? strtol(at + strlen(key), NULL, 10) : 0;
+    free(text);
+    return n;
+}
+
+static void reads_leave_the_loop_free(int port, fr_metrics_t *metrics)
+{
+    long answered = rows_answered(metrics);
     char url[128], log[300], out[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d/v2/models/sp3/rows?ids=9", port);
     snprintf(log, sizeof(log), "%s/curl.log", tmp_dir);
@@ -416,6 +429,8 @@ static void reads_leave_the_loop_free(int port)
     fclose(f);
     assert_string_equal(out, "200");
     get_code(port, "/v2/models/sp3/rows?ids=9", 200, NULL);
+    /* the curl and the last request; the five that hung up were dropped */
+    assert_int_equal(rows_answered(metrics), answered + 2);
 }
 
 /*
@@ -549,7 +564,7 @@ static void test_rows_deltas_and_tombstones_are_served(void **state)
     get_code(port, "/v2/models/dense1/rows?ids=1", 400, "dense model");
     /* JSON, for people */
     get_code(port, "/v2/models/sp3/delta?since=3&format=json", 200, "\"tombstones\":[");
-    reads_leave_the_loop_free(port);
+    reads_leave_the_loop_free(port, metrics);
 
     serve_destroy(srv);
     fr_metrics_destroy(metrics);
