@@ -14,7 +14,7 @@
 # Its Redis bytes/sample is everything Redis received and sent during the
 # run (INFO stats) over N, printed beside what a dense model of the
 # table's size would move (its weights pulled and its gradient pushed once
-# a batch).
+# a batch); its rows/s the rows its workers pulled (and pushed) a second.
 # usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
 #        bash bench/sparse_run.sh [WORKERS] [FRESHET]
 set -euo pipefail
@@ -95,17 +95,25 @@ CONF
                      if (first == "") first = t; last = t; s += loss * m; k += m; print tau > "/dev/stderr"}
              END {printf "%.0f %.5f", k / ((last - first) / 1000), s / k}' \
             2>"$work/taus$r.txt" >>"$work/run.txt"
-    echo " $((moved / n))" >>"$work/run.txt"
+    # rows pulled (and pushed: a gradient carries the rows pulled) a second:
+    # the rows a sample of the progress lines (rows/s over samples/s, both
+    # over a line's interval) times the run's samples/s
+    per=$(grep -o '[0-9]* samples/s, progressive logloss [0-9.]*, [0-9]* rows/s' "$work/run$r.log" |
+        awk '$1 > 0 {r += $(NF - 1); s += $1} END {print (s > 0 ? r / s : 0)}')
+    rate=$(tail -1 "$work/run.txt" | awk '{print $1}')
+    echo " $((moved / n)) $(awk -v p="$per" -v r="$rate" 'BEGIN {printf "%.0f", p * r}')" \
+        >>"$work/run.txt"
     p50=$(median <"$work/taus$r.txt")
     p99=$(sort -g "$work/taus$r.txt" | awk '{a[NR] = $1} END {i = int(NR * 0.99); if (i < 1) i = 1; print a[i]}')
     echo "round $r: fit-sparse $fit_rate samples/s, logloss $fit_loss;" \
-        "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2 ", Redis " $3 " bytes/sample"}')," \
+        "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2 ", Redis " $3 " bytes/sample, " $4 " rows/s pulled and pushed"}')," \
         "staleness p50 $p50 p99 $p99"
 done
 fit_med=$(awk '{print $1}' "$work/fit.txt" | median)
 run_med=$(awk '{print $1}' "$work/run.txt" | median)
 echo "median: fit-sparse $fit_med samples/s (logloss $(awk '{print $2}' "$work/fit.txt" | median))," \
     "run $run_med samples/s (logloss $(awk '{print $2}' "$work/run.txt" | median)," \
-    "Redis $(awk '{print $3}' "$work/run.txt" | median) bytes/sample; a dense model of the" \
+    "Redis $(awk '{print $3}' "$work/run.txt" | median) bytes/sample," \
+    "$(awk '{print $4}' "$work/run.txt" | median) rows/s pulled and pushed; a dense model of the" \
     "table's size would move $(dense_bytes) bytes/sample: one pull and one push a batch);" \
     "run/fit $(awk -v a="$run_med" -v b="$fit_med" 'BEGIN {printf "%.2f", a / b}')"
