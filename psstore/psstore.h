@@ -241,7 +241,7 @@ typedef struct psstore_rows_page {
     float *params;
     size_t ngone; /* delta: rows deleted since, gone[ngone]             */
     uint32_t *gone;
-    size_t cap, capgone; /* the buffers, kept from call to call            */
+    size_t cap; /* the buffers, kept from call to call            */
     uint8_t *found;
 } psstore_rows_page_t;
 

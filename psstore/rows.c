@@ -220,15 +220,15 @@ static fr_err_t page_reserve(psstore_conn_t *c, psstore_rows_page_t *page, size_
     return FR_OK;
 }
 
-/* Sends the pipeline's n commands inside MULTI/EXEC and returns EXEC's
- * array of n replies (caller frees), or NULL with the error. */
+/* Sends the n commands (string arguments) inside MULTI/EXEC and returns
+ * EXEC's array of n replies (caller frees), or NULL with the error. */
 static redisReply *transaction(psstore_conn_t *c, int n, const char **argv[], const int argc[],
-                               const size_t *lens[], fr_err_t *err)
+                               fr_err_t *err)
 {
     const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
     *err = ps_pipeline_append(c, 1, multi, NULL);
     for (int i = 0; i < n && *err == FR_OK; i++)
-        *err = ps_pipeline_append(c, argc[i], argv[i], lens != NULL ? lens[i] : NULL);
+        *err = ps_pipeline_append(c, argc[i], argv[i], NULL);
     if (*err == FR_OK)
         *err = ps_pipeline_append(c, 1, exec, NULL);
     if (*err != FR_OK) {
@@ -391,7 +391,7 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_s
     const char *get_ver[] = {"GET", ver};
     const char **argv[] = {hget_e, hget_f, get_ver};
     const int argc[] = {3, 3, 2};
-    redisReply *r = transaction(c, 3, argv, argc, NULL, &err);
+    redisReply *r = transaction(c, 3, argv, argc, &err);
     if (r == NULL)
         return err;
     page->n = page->ngone = 0;
@@ -473,7 +473,7 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_sp
     const char *hscan[] = {"HSCAN", key, cursor, "COUNT", cnt};
     const char **argv[] = {hget, get_ver, get_w, hscan};
     const int argc[] = {3, 2, 2, 5};
-    redisReply *r = transaction(c, 4, argv, argc, NULL, &err);
+    redisReply *r = transaction(c, 4, argv, argc, &err);
     if (r == NULL)
         return err;
     page->n = page->ngone = 0;
