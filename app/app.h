@@ -67,9 +67,10 @@ ingest_consumer_t *app_consumer_open(const char *cmd, const fr_config_t *cfg,
 #define APP_SPARSE_APPLIER 1
 #define APP_SPARSE_WORKERS 2
 /* Runs parts of a [model] sparse until SIGINT, SIGTERM or samples_limit
- * applied samples (0: never; needs the applier). Returns the exit status. */
+ * applied samples (0: never; needs the applier). shards: the shards whose
+ * appliers to run ("0-1"; NULL: all). Returns the exit status. */
 int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
-                   const char *(*props)[2], int64_t samples_limit, int parts);
+                   const char *(*props)[2], int64_t samples_limit, int parts, const char *shards);
 int app_cmd_train(int argc, char **argv); /* svc_run.c */
 /* Executes the requests waiting for model name with an applier that only
  * executes requests, when no applier holds the lease (docs/design.md "One writer and fencing": the

@@ -323,8 +323,7 @@ int app_cmd_ps(int argc, char **argv)
     fr_metrics_t *metrics = fr_metrics_new();
     if (rc == 0 && fr_config_get(cfg, "model", "sparse")[0] != '\0') {
         /* a sparse model's applier (docs/design.md "Sparse models") */
-        rc = shards != NULL ? app_usage_error(CMD, "--shards: a sparse model has one shard")
-                            : app_run_sparse(CMD, cfg, metrics, NULL, 0, APP_SPARSE_APPLIER);
+        rc = app_run_sparse(CMD, cfg, metrics, NULL, 0, APP_SPARSE_APPLIER, shards);
         goto out;
     }
     if (rc != 0 || (rc = app_ensure_model(CMD, cfg)) != 0)

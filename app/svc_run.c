@@ -710,7 +710,8 @@ static int run_role(const char *cmd, int with_applier, void (*usage)(FILE *), in
                                         "figures")
                  : app_run_sparse(cmd, r.cfg, r.metrics, r.props, r.samples_limit,
                                   with_applier ? APP_SPARSE_APPLIER | APP_SPARSE_WORKERS
-                                               : APP_SPARSE_WORKERS);
+                                               : APP_SPARSE_WORKERS,
+                                  NULL);
     else if (rc == 0) {
         rc = role_start(&r);
         role_loop(&r);

@@ -10,8 +10,13 @@
  * rows, deltas and table pages (docs/design.md "Serving sparse models");
  * no holdout for sparse models yet.
  *
+ * A model of S shards ([psstore] shards when it is created; docs/design.md
+ * "Sparse models on shards") has an applier per shard: freshet run starts
+ * all of them on threads of their own, freshet ps those of --shards.
+ *
  * Shutdown as dense runs: SIGINT or SIGTERM stops the consumer, the
- * workers finish their batch, the applier commits and releases the lease.
+ * workers finish their batch, the appliers commit and release their
+ * leases.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -29,27 +34,74 @@
 #define TICK_MS     10            /* --samples checks the applier this often */
 #define PROGRESS_NS 5000000000ull /* a progress line this often             */
 
-typedef struct sparse_run {
+typedef struct sparse_run sparse_run_t;
+
+typedef struct shard_applier {
+    sparse_run_t *r;
+    psstore_applier_t *a; /* NULL: not run here */
+    pthread_t tid;
+    int running;
+} shard_applier_t;
+
+struct sparse_run {
     const char *cmd;
     const fr_config_t *cfg;
     sparse_decoder_t dec;
     sparse_optim_t optim;
-    psstore_applier_t *a;
-    pthread_t applier_tid;
-    int applier_running;
+    int S;         /* the model's shards */
+    uint64_t mask; /* the shards whose applier runs here (freshet ps --shards) */
+    shard_applier_t ap[PSSTORE_SHARDS_MAX];
+    int nappliers; /* appliers run here */
     atomic_int applier_stop;
     ingest_consumer_t *src;
     trainer_sparse_t *pool;
     serve_t *http; /* [serve] listen: rows, deltas and table pages; NULL without */
     int parts;     /* APP_SPARSE_APPLIER and/or APP_SPARSE_WORKERS */
-} sparse_run_t;
+};
 
 static void *applier_main(void *arg)
 {
-    sparse_run_t *r = arg;
+    shard_applier_t *t = arg;
     fr_thread_name("fr-applier");
-    psstore_applier_run(r->a, &r->applier_stop);
+    psstore_applier_run(t->a, &t->r->applier_stop);
     return NULL;
+}
+
+/* The appliers' stats added up: the version, counts and evictions summed
+ * over the shards, staleness the worst shard's; active when every one run
+ * here holds its lease. */
+static void appliers_stats(sparse_run_t *r, psstore_applier_stats_t *as)
+{
+    memset(as, 0, sizeof(*as));
+    as->active = 1;
+    for (int k = 0; k < r->S; k++) {
+        if (r->ap[k].a == NULL)
+            continue;
+        psstore_applier_stats_t st;
+        psstore_applier_stats(r->ap[k].a, &st);
+        as->active &= st.active;
+        as->version += st.version;
+        as->applied += st.applied;
+        as->evicted += st.evicted;
+        for (int d = 0; d < PSSTORE_NDROP; d++)
+            as->dropped[d] += st.dropped[d];
+        as->tau_p50 = st.tau_p50 > as->tau_p50 ? st.tau_p50 : as->tau_p50;
+        as->tau_p99 = st.tau_p99 > as->tau_p99 ? st.tau_p99 : as->tau_p99;
+        if (as->stopped[0] == '\0' && st.stopped[0] != '\0')
+            snprintf(as->stopped, sizeof(as->stopped), "shard %d: %.200s", k, st.stopped);
+    }
+}
+
+/* The samples every applier run here applied (the least of theirs). */
+static int64_t appliers_samples(sparse_run_t *r)
+{
+    int64_t least = -1;
+    for (int k = 0; k < r->S; k++)
+        if (r->ap[k].a != NULL) {
+            int64_t n = psstore_applier_samples(r->ap[k].a);
+            least = least < 0 || n < least ? n : least;
+        }
+    return least < 0 ? 0 : least;
 }
 
 /* The table, the layout and the optimizer of the configuration. Returns 0
@@ -121,21 +173,27 @@ static int ensure_model(sparse_run_t *r)
                              name, info.sparse[0] ? "sparse " : "",
                              info.sparse[0] ? info.sparse : info.layers, spec);
     } else if (err == FR_ERR_NOTFOUND) {
-        const float bias = 0;
-        psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, spec};
-        if (psstore_model_create(c, name, &ms, &bias, 0) != FR_OK &&
+        /* a float a shard: shard 0's is the bias, the others' stay 0 */
+        const float bias[PSSTORE_SHARDS_MAX] = {0};
+        int S = (int)fr_config_get_int(r->cfg, "psstore", "shards");
+        psstore_model_spec_t ms = {"sparse", "logistic", (size_t)S, S, spec};
+        if (psstore_model_create(c, name, &ms, bias, 0) != FR_OK &&
             psstore_model_info(c, name, &info) != FR_OK) /* another process created it: fine */
+            rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
+        else if (psstore_model_info(c, name, &info) != FR_OK)
             rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
     } else if (err != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, psstore_conn_error(c));
         rc = APP_EXIT_USAGE;
     }
     psstore_conn_destroy(c);
+    if (rc == 0) /* the store's shards, whatever [psstore] shards says now */
+        r->S = info.shards > 1 ? info.shards : 1;
     return rc;
 }
 
-/* The model's applier, not started. */
-static int open_applier(sparse_run_t *r, fr_metrics_t *metrics, int64_t samples_limit)
+/* Shard k's applier, not started. */
+static int open_applier(sparse_run_t *r, int k, fr_metrics_t *metrics, int64_t samples_limit)
 {
     char errstr[512];
     psstore_applier_conf_t conf;
@@ -155,10 +213,16 @@ static int open_applier(sparse_run_t *r, fr_metrics_t *metrics, int64_t samples_
     conf.sparse.delta_ms = fr_config_get_int(r->cfg, "sparse", "delta_seconds") * 1000;
     conf.sparse.spec = r->dec.spec;
     conf.sparse.optim = r->optim;
-    if ((r->a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
-        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+    conf.shard = k;
+    if ((r->ap[k].a = psstore_applier_new(&conf, errstr, sizeof(errstr))) == NULL) {
+        if (r->S > 1)
+            fprintf(stderr, "freshet %s: shard %d: %s\n", r->cmd, k, errstr);
+        else
+            fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         return APP_EXIT_USAGE;
     }
+    r->ap[k].r = r;
+    r->nappliers++;
     return 0;
 }
 
@@ -168,8 +232,8 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
                     int64_t samples_limit)
 {
     char errstr[512];
-    if (r->parts & APP_SPARSE_APPLIER) {
-        int rc = open_applier(r, metrics, samples_limit);
+    for (int k = 0; k < r->S && (r->parts & APP_SPARSE_APPLIER); k++) {
+        int rc = r->mask >> k & 1 ? open_applier(r, k, metrics, samples_limit) : 0;
         if (rc != 0)
             return rc;
     }
@@ -194,8 +258,10 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
         .in_flight = (int)fr_config_get_int(r->cfg, "trainer", "in_flight"),
         .window = (size_t)fr_config_get_int(r->cfg, "sparse", "window"),
         .source = r->src,
-        .applier = r->a,
+        .shards = r->S,
     };
+    for (int k = 0; k < r->S; k++)
+        wc.appliers[k] = r->ap[k].a;
     if ((r->pool = trainer_sparse_new(&wc, errstr, sizeof(errstr))) == NULL) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
         return APP_EXIT_USAGE;
@@ -211,8 +277,8 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_appl
     trainer_sparse_stats_t st = {0};
     ingest_consumer_stats_t cs = {0};
     psstore_applier_stats_t as = {0};
-    if (r->a != NULL)
-        psstore_applier_stats(r->a, &as);
+    if (r->nappliers > 0)
+        appliers_stats(r, &as);
     if (r->pool == NULL) { /* freshet ps */
         uint64_t dropped = 0;
         for (int d = 0; d < PSSTORE_NDROP; d++)
@@ -234,13 +300,13 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_appl
     for (int d = 0; d < PSSTORE_NDROP; d++)
         dropped += as.dropped[d];
     char applier[160] = "; the applier runs in freshet ps";
-    if (r->a != NULL)
+    if (r->nappliers > 0)
         snprintf(applier, sizeof(applier),
-                 ", applier %s at version %lld, applied %llu, dropped %llu, staleness p50 %lld "
+                 ", %s %s at version %lld, applied %llu, dropped %llu, staleness p50 %lld "
                  "p99 %lld",
-                 as.active ? "active" : "standby", (long long)as.version,
-                 (unsigned long long)as.applied, (unsigned long long)dropped, (long long)as.tau_p50,
-                 (long long)as.tau_p99);
+                 r->nappliers > 1 ? "appliers" : "applier", as.active ? "active" : "standby",
+                 (long long)as.version, (unsigned long long)as.applied, (unsigned long long)dropped,
+                 (long long)as.tau_p50, (long long)as.tau_p99);
     fr_log(FR_LOG_INFO,
            "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, a batch: wait %.1f ms, "
            "pull %.1f ms, compute %.1f ms, push %.1f ms; computed on version %lld, "
@@ -256,16 +322,21 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_appl
 }
 
 int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
-                   const char *(*props)[2], int64_t samples_limit, int parts)
+                   const char *(*props)[2], int64_t samples_limit, int parts, const char *shards)
 {
-    sparse_run_t r = {.cmd = cmd, .cfg = cfg, .parts = parts};
+    sparse_run_t r = {.cmd = cmd, .cfg = cfg, .parts = parts, .S = 1};
     atomic_init(&r.applier_stop, 0);
     int rc = read_conf(&r);
     if (rc == 0)
         rc = ensure_model(&r);
+    char errstr[512];
+    r.mask = r.S >= 64 ? ~0ull : (1ull << r.S) - 1;
+    if (rc == 0 && shards != NULL &&
+        psstore_shard_list_parse(shards, r.S, &r.mask, errstr, sizeof(errstr)) != FR_OK)
+        rc = app_usage_error(cmd, "--%s (model '%s' has %d)", errstr,
+                             fr_config_get(cfg, "model", "name"), r.S);
     if (rc == 0)
         rc = open_all(&r, metrics, props, samples_limit);
-    char errstr[512];
     if (rc == 0 && parts == (APP_SPARSE_APPLIER | APP_SPARSE_WORKERS) &&
         fr_config_get(cfg, "serve", "listen")[0] != '\0') {
         /* rows, deltas and table pages (docs/design.md "Serving sparse models") */
@@ -281,10 +352,13 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     }
     if (rc == 0) {
         app_stop_on_signals(1);
-        r.applier_running =
-            r.a != NULL && pthread_create(&r.applier_tid, NULL, applier_main, &r) == 0;
-        if ((r.a != NULL && !r.applier_running) ||
-            (r.src != NULL && ingest_consumer_start(r.src) != FR_OK) ||
+        int started = 1;
+        for (int k = 0; k < r.S; k++) {
+            shard_applier_t *t = &r.ap[k];
+            t->running = t->a != NULL && pthread_create(&t->tid, NULL, applier_main, t) == 0;
+            started &= t->a == NULL || t->running;
+        }
+        if (!started || (r.src != NULL && ingest_consumer_start(r.src) != FR_OK) ||
             (r.pool != NULL && trainer_sparse_start(r.pool) != FR_OK)) {
             fprintf(stderr, "freshet %s: could not start\n", cmd);
             atomic_store(&app_stop, 1);
@@ -298,23 +372,25 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         char spec[64];
         sparse_spec_format(&r.dec.spec, spec, sizeof(spec));
         if (r.pool != NULL)
-            fr_log(FR_LOG_INFO, "%s: sparse model %s (%s, %s), %lld worker(s), topic %s%s", cmd,
-                   fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind),
-                   (long long)fr_config_get_int(cfg, "trainer", "workers"),
+            fr_log(FR_LOG_INFO,
+                   "%s: sparse model %s (%s, %s, %d shard%s), %lld worker(s), topic %s%s", cmd,
+                   fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind), r.S,
+                   r.S == 1 ? "" : "s", (long long)fr_config_get_int(cfg, "trainer", "workers"),
                    fr_config_get(cfg, "ingest", "topic"),
-                   r.a == NULL ? "; its applier runs in freshet ps" : "");
+                   r.nappliers == 0 ? "; its appliers run in freshet ps" : "");
         else
-            fr_log(FR_LOG_INFO, "%s: applier of sparse model %s (%s, %s)", cmd,
-                   fr_config_get(cfg, "model", "name"), spec, sparse_optim_name(r.optim.kind));
+            fr_log(FR_LOG_INFO, "%s: %d applier(s) of sparse model %s (%s, %s, %d shard%s)", cmd,
+                   r.nappliers, fr_config_get(cfg, "model", "name"), spec,
+                   sparse_optim_name(r.optim.kind), r.S, r.S == 1 ? "" : "s");
         trainer_sparse_stats_t prev = {0};
         psstore_applier_stats_t aprev = {0};
         uint64_t last = fr_clock_mono_ns();
         while (!atomic_load(&app_stop)) {
             struct timespec ts = {0, TICK_MS * 1000000L};
             nanosleep(&ts, NULL);
-            if (samples_limit > 0 && r.a != NULL && psstore_applier_samples(r.a) >= samples_limit) {
+            if (samples_limit > 0 && r.nappliers > 0 && appliers_samples(&r) >= samples_limit) {
                 fr_log(FR_LOG_INFO, "%s: %lld samples applied (--samples %lld)", cmd,
-                       (long long)psstore_applier_samples(r.a), (long long)samples_limit);
+                       (long long)appliers_samples(&r), (long long)samples_limit);
                 break;
             }
             uint64_t now = fr_clock_mono_ns();
@@ -332,11 +408,13 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     ingest_consumer_stop(r.src);
     trainer_sparse_stop(r.pool);
     atomic_store(&r.applier_stop, 1);
-    if (r.applier_running)
-        pthread_join(r.applier_tid, NULL);
+    for (int k = 0; k < r.S; k++)
+        if (r.ap[k].running)
+            pthread_join(r.ap[k].tid, NULL);
     trainer_sparse_destroy(r.pool);
     ingest_consumer_destroy(r.src);
-    psstore_applier_destroy(r.a);
+    for (int k = 0; k < r.S; k++)
+        psstore_applier_destroy(r.ap[k].a);
     serve_destroy(r.http);
     return rc;
 }

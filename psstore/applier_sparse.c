@@ -393,8 +393,8 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
     for (size_t i = 0; i < *m; i++) {
         uint32_t row;
         memcpy(&row, g->g + i, sizeof(row));
-        if (row >> sp->spec.bits != 0)
-            return 0;
+        if (row >> sp->spec.bits != 0 || psstore_sparse_shard(row, a->nshards) != a->shard)
+            return 0; /* beyond the table, or another shard's row */
     }
     for (size_t i = *m; i < g->len; i++) {
         float v;
@@ -437,7 +437,8 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
     }
     float gb;
     memcpy(&gb, g->g + g->len - 1, sizeof(gb));
-    sparse_bias_step(&sp->optim, &a->w[0], a->opt, gb);
+    if (a->shard == 0) /* the bias is shard 0's; the other shards' w:0 stays 0 */
+        sparse_bias_step(&sp->optim, &a->w[0], a->opt, gb);
     a->version++;
     pthread_rwlock_unlock(&sp->rw);
     return FR_OK;

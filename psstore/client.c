@@ -619,6 +619,15 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
 void psstore_client_any_length(psstore_client_t *cl)
 {
     cl->any_length = 1;
+    for (int k = 0; k < cl->nsub; k++)
+        cl->sub[k]->any_length = 1;
+}
+
+psstore_client_t *psstore_client_shard(psstore_client_t *cl, int k)
+{
+    if (cl->nsub == 0)
+        return k == 0 ? cl : NULL;
+    return k >= 0 && k < cl->nsub ? cl->sub[k] : NULL;
 }
 
 const char *psstore_client_last_id(const psstore_client_t *cl)

@@ -523,9 +523,11 @@ static fr_err_t check_spec(psstore_conn_t *c, const psstore_model_spec_t *spec, 
                        "psstore: %zu parameters: a model holds 1 to 2^27 floats (Redis strings "
                        "hold at most 512 MiB)",
                        spec->nparams);
-    if (spec->sparse != NULL && (spec->nparams != 1 || spec->shards > 1))
+    /* a sparse model's w is one float a shard: shard 0's is the bias, the
+     * others' stay 0 (docs/design.md "Sparse models on shards") */
+    if (spec->sparse != NULL && spec->nparams != (size_t)(spec->shards > 1 ? spec->shards : 1))
         return ps_fail(c, FR_ERR_INVAL,
-                       "psstore: a sparse model's w is its bias (1 float), in one shard");
+                       "psstore: a sparse model's w is one float a shard (its bias on shard 0)");
     return FR_OK;
 }
 
@@ -627,9 +629,13 @@ static fr_err_t create_sharded(psstore_conn_t *c, const char *name,
     size_t bounds[PSSTORE_SHARDS_MAX + 1];
     char ep[300];
     fr_err_t err;
-    if (psstore_shard_bounds(spec->layers, spec->nparams, S, bounds, c->errstr,
-                             sizeof(c->errstr)) != FR_OK)
+    if (spec->sparse != NULL) { /* rows go by row % S; w is a float a shard */
+        for (int k = 0; k <= S; k++)
+            bounds[k] = (size_t)k;
+    } else if (psstore_shard_bounds(spec->layers, spec->nparams, S, bounds, c->errstr,
+                                    sizeof(c->errstr)) != FR_OK) {
         return FR_ERR_INVAL;
+    }
     ps_endpoint(c, ep, sizeof(ep));
     if (exists && !force)
         return ps_fail(c, FR_ERR_EXISTS, "redis %s: model '%s' already exists", ep, name);
@@ -708,9 +714,11 @@ static fr_err_t write_shards(psstore_conn_t *c, const char *name, const psstore_
     psstore_shard_bounds_format(text, sizeof(text), bounds, S);
     snprintf(created, sizeof(created), "%" PRId64, fr_clock_unix_ms());
     snprintf(shards_s, sizeof(shards_s), "%d", S);
-    const char *hset[] = {"HSET",   meta,     "layers", spec->layers, "loss",    spec->loss,
-                          "shards", shards_s, "bounds", text,         "created", created};
-    redisReply *r = ps_cmd_argv(c, 1, 12, hset, NULL, &err);
+    const char *hset[] = {"HSET",     meta,     "layers", spec->layers, "loss",
+                          spec->loss, "shards", shards_s, "bounds",     text,
+                          "created",  created,  "sparse", spec->sparse};
+    int argc = spec->sparse != NULL ? 14 : 12; /* a sparse model names its table */
+    redisReply *r = ps_cmd_argv(c, 1, argc, hset, NULL, &err);
     freeReplyObject(r);
     return err;
 }

@@ -210,6 +210,24 @@ fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_sp
                            float *params, uint8_t *found, float *bias, uint64_t *epoch,
                            int64_t *version);
 
+/*
+ * A sparse model of S shards (docs/design.md "Sparse models on shards"):
+ * shard k holds the rows r with r % S == k, under its own tag, with its own
+ * applier; shard 0's w:0 is the bias. psstore_rows_pull in two halves for
+ * shard k of S, so that the shards' transactions, each on the connection of
+ * its node, overlap: send queues it (*queued replies to read), recv reads
+ * it, with that shard's epoch and version (its bias: 0 on shards 1..S-1).
+ */
+static inline int psstore_sparse_shard(uint32_t row, int S)
+{
+    return S > 1 ? (int)(row % (uint32_t)S) : 0;
+}
+fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int S,
+                                const uint32_t *rows, size_t n, size_t *queued);
+fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                                const sparse_optim_t *optim, size_t n, size_t queued, float *params,
+                                uint8_t *found, float *bias, uint64_t *epoch, int64_t *version);
+
 /* Parses meta's `sparse` text ("fields:39,buckets:2^22,dim:8;optimizer:
  * ftrl;seed:42;init_std:0.01") into the table and what gives a row its
  * size and initial value (the optimizer's kind, seed and init_std; its
@@ -363,6 +381,10 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
 /* A sparse model's client (psstore.h "Sparse models"): its gradients pack
  * a batch's rows, so their length varies; the applier checks each one. */
 void psstore_client_any_length(psstore_client_t *cl);
+/* Shard k's own client (cl itself for a model of one shard; NULL for no
+ * such shard): a sparse model's worker pushes each shard the gradient of
+ * that shard's rows, and waits on each shard's entry. It belongs to cl. */
+psstore_client_t *psstore_client_shard(psstore_client_t *cl, int k);
 
 /* The stream id of the last gradient this client pushed ("" before any). */
 const char *psstore_client_last_id(const psstore_client_t *cl);

@@ -71,45 +71,56 @@ fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, size_t
 }
 
 /*
- * MULTI, HGET meta epoch, GET ver, GET w:0, HMGET rows (in chunks), EXEC;
- * the EXEC's reply holds them in that order.
+ * MULTI, HGET meta epoch, GET ver, GET w:0, HMGET rows (in chunks), EXEC,
+ * under the tag of shard k of S (the model's own at S = 1); the EXEC's
+ * reply holds them in that order. Queued only: psstore_rows_pull_recv
+ * reads it.
  */
-fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
-                           const sparse_optim_t *optim, const uint32_t *rows, size_t n,
-                           float *params, uint8_t *found, float *bias, uint64_t *epoch,
-                           int64_t *version)
+fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int S,
+                                const uint32_t *rows, size_t n, size_t *queued)
 {
     fr_err_t err;
+    *queued = 0;
     if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
         return err;
+    if (S < 1 || S > PSSTORE_SHARDS_MAX || k < 0 || k >= S)
+        return ps_fail(c, FR_ERR_INVAL, "rows: shard %d of %d", k, S);
     unsigned char *fields = malloc(n > 0 ? 4 * n : 1);
     if (fields == NULL)
         return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory");
     for (size_t i = 0; i < n; i++)
         ps_row_field(rows[i], fields + 4 * i);
-    char meta[PS_KEY_MAX], ver[PS_KEY_MAX], w[PS_KEY_MAX], key[PS_KEY_MAX];
-    ps_key(meta, model, "meta");
-    ps_key(ver, model, "ver");
-    ps_key_shard(w, model, "w", 0);
-    ps_key(key, model, "rows");
+    char tag[PS_TAG_MAX], meta[PS_KEY_MAX], ver[PS_KEY_MAX], w[PS_KEY_MAX], key[PS_KEY_MAX];
+    ps_shard_tag(tag, model, k, S);
+    ps_key(meta, tag, "meta");
+    ps_key(ver, tag, "ver");
+    ps_key_shard(w, tag, "w", 0);
+    ps_key(key, tag, "rows");
     const char *multi[] = {"MULTI"}, *exec[] = {"EXEC"};
     const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver}, *get_w[] = {"GET", w};
-    size_t queued = 0;
     err = ps_pipeline_append(c, 1, multi, NULL);
     const char **argvs[] = {hget, get_ver, get_w};
     const int argcs[] = {3, 2, 2};
     for (int i = 0; i < 3 && err == FR_OK; i++)
         err = ps_pipeline_append(c, argcs[i], argvs[i], NULL);
-    queued = err == FR_OK ? 4 : 0;
+    *queued = err == FR_OK ? 4 : 0;
     if (err == FR_OK)
-        err = ps_rows_queue(c, key, fields, n, &queued);
+        err = ps_rows_queue(c, key, fields, n, queued);
     if (err == FR_OK && (err = ps_pipeline_append(c, 1, exec, NULL)) == FR_OK)
-        queued++;
+        ++*queued;
     free(fields);
     if (err != FR_OK) {
         ps_pipeline_discard(c);
-        return err;
+        *queued = 0;
     }
+    return err;
+}
+
+fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                                const sparse_optim_t *optim, size_t n, size_t queued, float *params,
+                                uint8_t *found, float *bias, uint64_t *epoch, int64_t *version)
+{
+    fr_err_t err = FR_OK;
     redisReply *r = NULL;
     for (size_t i = 0; i < queued; i++) { /* +OK, QUEUED..., then EXEC's array */
         fr_err_t e;
@@ -144,6 +155,19 @@ fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_sp
     if (r != NULL)
         freeReplyObject(r);
     return err;
+}
+
+fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+                           const sparse_optim_t *optim, const uint32_t *rows, size_t n,
+                           float *params, uint8_t *found, float *bias, uint64_t *epoch,
+                           int64_t *version)
+{
+    size_t queued = 0;
+    fr_err_t err = psstore_rows_pull_send(c, model, 0, 1, rows, n, &queued);
+    if (err != FR_OK)
+        return err;
+    return psstore_rows_pull_recv(c, model, spec, optim, n, queued, params, found, bias, epoch,
+                                  version);
 }
 
 fr_err_t psstore_sparse_meta_parse(const char *text, sparse_spec_t *spec, sparse_optim_t *optim,

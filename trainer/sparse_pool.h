@@ -32,9 +32,12 @@ typedef struct trainer_sparse_conf {
     int in_flight;        /* > 0: a worker pulls once its last gradient was
                              applied ([trainer] in_flight; 0: no bound)     */
     ingest_consumer_t *source;
-    psstore_applier_t *applier; /* freshet run: the model's applier in this process,
-                                   whose rows the workers read (rows it does not
-                                   hold come from the store); NULL: the store */
+    int shards; /* the model's shards (1..PSSTORE_SHARDS_MAX; 0 counts as 1):
+                   shard k holds the rows r with r % shards == k */
+    psstore_applier_t *appliers[PSSTORE_SHARDS_MAX]; /* freshet run: shard k's applier in
+                                   this process, whose rows the workers read
+                                   (rows it does not hold come from the
+                                   store); NULL: the store */
 } trainer_sparse_conf_t;
 
 typedef struct trainer_sparse_stats {

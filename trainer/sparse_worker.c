@@ -10,6 +10,14 @@
  * progressive logloss), and push the rows' summed gradients packed with
  * their rows (psstore_sparse_pack). An n = 0 batch (positions only) is
  * pushed with the store's epoch, so that its positions are marked.
+ *
+ * A model of S shards (docs/design.md "Sparse models on shards"): the
+ * batch's rows are grouped by shard (row % S, in batch order within a
+ * shard), each shard's are pulled from its applier or in a transaction
+ * of its own (all shards' sent before any is read), and every shard is
+ * pushed the gradient of its rows with its own (epoch, version), the bias
+ * on shard 0's, even a shard none of whose rows the batch holds: a
+ * position counts as applied once every shard applied it.
  */
 #include <math.h>
 #include <pthread.h>
@@ -32,20 +40,30 @@ typedef struct sworker {
     char id[128];
     pthread_t tid;
     int running;
-    psstore_client_t *cl; /* pushes          */
-    psstore_conn_t *c;    /* pulls           */
+    psstore_client_t *cl;                   /* pushes (a client per shard within) */
+    psstore_conn_t *pc[PSSTORE_SHARDS_MAX]; /* pulls: a connection per shard      */
     sparse_batch_t *b;
     float *params, *grad, *packed, *state, *p;
     uint8_t *found;
-    uint32_t *miss_rows, *miss_at; /* rows the applier does not hold, and their index */
+    /* the batch's rows grouped by shard: shard k's are order[off[k] ..
+     * off[k + 1]) (indices into the batch's rows), srows their rows */
+    uint32_t *order, *srows;
+    size_t off[PSSTORE_SHARDS_MAX + 1];
+    float *sparams; /* pulled, in that order */
+    uint8_t *sfound;
+    uint32_t *miss_at; /* a shard's rows its applier does not hold: their index */
+    uint32_t *miss_rows;
     float *miss_params;
     uint8_t *miss_found;
-    char flight[64]; /* the stream id of its last gradient not known applied ("": none) */
+    size_t miss_off[PSSTORE_SHARDS_MAX + 1];
+    /* the stream id of each shard's last gradient not known applied ("": none) */
+    char flight[PSSTORE_SHARDS_MAX][64];
 } sworker_t;
 
 struct trainer_sparse {
     trainer_sparse_conf_t conf;
     char url[512], model[65];
+    int S;
     sworker_t *w;
     atomic_int stop;
     int started;
@@ -57,7 +75,8 @@ struct trainer_sparse {
 static void worker_free(sworker_t *wk)
 {
     psstore_client_destroy(wk->cl);
-    psstore_conn_destroy(wk->c);
+    for (int k = 0; k < PSSTORE_SHARDS_MAX; k++)
+        psstore_conn_destroy(wk->pc[k]);
     sparse_batch_destroy(wk->b);
     free(wk->params);
     free(wk->grad);
@@ -65,6 +84,10 @@ static void worker_free(sworker_t *wk)
     free(wk->state);
     free(wk->p);
     free(wk->found);
+    free(wk->order);
+    free(wk->srows);
+    free(wk->sparams);
+    free(wk->sfound);
     free(wk->miss_rows);
     free(wk->miss_at);
     free(wk->miss_params);
@@ -99,66 +122,143 @@ static fr_err_t unpack(sworker_t *wk, const ingest_batch_t *b)
  */
 static void flight_wait(sworker_t *wk)
 {
-    if (wk->flight[0] == '\0')
-        return;
     uint64_t t0 = fr_clock_mono_ns();
-    psstore_applier_t *a = wk->pool->conf.applier;
-    while (!atomic_load(&wk->pool->stop) &&
-           fr_clock_mono_ns() - t0 < (uint64_t)PUSH_WAIT_MS * 1000000ull) {
-        int done = 0;
-        fr_err_t err =
-            a != NULL ? psstore_applier_decided_wait(a, wk->flight, BLOCK_MS, &done) : FR_ERR_STATE;
-        if (err == FR_ERR_STATE) /* no applier here, or not the lease holder */
-            err = psstore_applied_wait(wk->cl, wk->flight, BLOCK_MS, &done);
-        if (err != FR_OK || done)
-            break;
+    for (int k = 0; k < wk->pool->S; k++) {
+        if (wk->flight[k][0] == '\0')
+            continue;
+        psstore_applier_t *a = wk->pool->conf.appliers[k];
+        psstore_client_t *cl = psstore_client_shard(wk->cl, k);
+        while (!atomic_load(&wk->pool->stop) &&
+               fr_clock_mono_ns() - t0 < (uint64_t)PUSH_WAIT_MS * 1000000ull) {
+            int done = 0;
+            fr_err_t err = a != NULL
+                               ? psstore_applier_decided_wait(a, wk->flight[k], BLOCK_MS, &done)
+                               : FR_ERR_STATE;
+            if (err == FR_ERR_STATE) /* no applier here, or not the lease holder */
+                err = psstore_applied_wait(cl, wk->flight[k], BLOCK_MS, &done);
+            if (err != FR_OK || done)
+                break;
+        }
+        wk->flight[k][0] = '\0';
     }
-    wk->flight[0] = '\0';
+}
+
+/* Groups the batch's nrows rows by shard into order, srows and off (a
+ * counting sort: batch order within a shard, so one shard's order is the
+ * batch's). */
+static void group(sworker_t *wk, size_t nrows)
+{
+    int S = wk->pool->S;
+    const uint32_t *rows = wk->b->rows;
+    memset(wk->off, 0, sizeof(wk->off));
+    for (size_t i = 0; i < nrows; i++)
+        wk->off[psstore_sparse_shard(rows[i], S) + 1]++;
+    for (int k = 0; k < S; k++)
+        wk->off[k + 1] += wk->off[k];
+    size_t at[PSSTORE_SHARDS_MAX];
+    memcpy(at, wk->off, sizeof(at));
+    for (size_t i = 0; i < nrows; i++) {
+        size_t j = at[psstore_sparse_shard(rows[i], S)]++;
+        wk->order[j] = (uint32_t)i;
+        wk->srows[j] = rows[i];
+    }
 }
 
 /*
- * The rows of the batch, the bias and (epoch, version): in freshet run from
- * the applier's table (current, committed or not) and the rows it does not
- * hold from the store (they are as the store has them: the applier is the
- * only writer and has not touched them); elsewhere, or while the applier
- * holds no lease, all from the store.
+ * The rows of the batch, the bias and each shard's (epoch, version), in
+ * shard order (sparams, sfound), then in the batch's (params, found): in
+ * freshet run from the shard's applier's table (current, committed or not)
+ * and the rows it does not hold from the store (they are as the store has
+ * them: the applier is the only writer and has not touched them);
+ * elsewhere, or while the applier holds no lease, all from the store. The
+ * store's reads of every shard are sent before any is read.
  */
-static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epoch, int64_t *version)
+static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epochs, int64_t *versions)
 {
     const trainer_sparse_conf_t *conf = &wk->pool->conf;
-    const uint32_t *rows = wk->b->rows;
-    if (conf->applier == NULL || psstore_applier_rows(conf->applier, rows, nrows, wk->params,
-                                                      wk->found, bias, epoch, version) != FR_OK)
-        return psstore_rows_pull(wk->c, wk->pool->model, &conf->spec, &conf->optim, rows, nrows,
-                                 wk->params, wk->found, bias, epoch, version);
-    size_t k = 0, rowlen = sparse_row_len(&conf->spec);
-    for (size_t i = 0; i < nrows; i++)
-        if (!wk->found[i]) {
-            wk->miss_rows[k] = rows[i];
-            wk->miss_at[k++] = (uint32_t)i;
+    const char *model = wk->pool->model;
+    int S = wk->pool->S;
+    size_t rowlen = sparse_row_len(&conf->spec), queued[PSSTORE_SHARDS_MAX] = {0};
+    int local[PSSTORE_SHARDS_MAX]; /* the shard's applier answered */
+    fr_err_t err = FR_OK;
+    *bias = 0;
+    wk->miss_off[0] = 0;
+    for (int k = 0; k < S; k++) {
+        size_t lo = wk->off[k], m = wk->off[k + 1] - lo, nm = 0, mo = wk->miss_off[k];
+        float b = 0;
+        psstore_applier_t *a = conf->appliers[k];
+        local[k] = a != NULL &&
+                   psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen,
+                                        wk->sfound + lo, &b, &epochs[k], &versions[k]) == FR_OK;
+        if (local[k]) {
+            if (k == 0)
+                *bias = b;
+            for (size_t i = 0; i < m; i++)
+                if (!wk->sfound[lo + i]) {
+                    wk->miss_rows[mo + nm] = wk->srows[lo + i];
+                    wk->miss_at[mo + nm++] = (uint32_t)(lo + i);
+                }
+        } else { /* all of the shard's rows from the store */
+            for (size_t i = 0; i < m; i++) {
+                wk->miss_rows[mo + nm] = wk->srows[lo + i];
+                wk->miss_at[mo + nm++] = (uint32_t)(lo + i);
+            }
         }
-    if (k == 0)
-        return FR_OK;
-    float b2;
-    uint64_t e2;
-    int64_t v2;
-    fr_err_t err =
-        psstore_rows_pull(wk->c, wk->pool->model, &conf->spec, &conf->optim, wk->miss_rows, k,
-                          wk->miss_params, wk->miss_found, &b2, &e2, &v2);
-    for (size_t j = 0; err == FR_OK && j < k; j++) {
-        wk->found[wk->miss_at[j]] = wk->miss_found[j];
-        if (wk->miss_found[j])
-            memcpy(wk->params + (size_t)wk->miss_at[j] * rowlen, wk->miss_params + j * rowlen,
-                   rowlen * sizeof(float));
+        wk->miss_off[k + 1] = mo + nm;
+        if ((!local[k] || nm > 0) && err == FR_OK &&
+            (err = psstore_rows_pull_send(wk->pc[k], model, k, S, wk->miss_rows + mo, nm,
+                                          &queued[k])) != FR_OK)
+            fr_log(FR_LOG_WARN, "worker %s: pull of shard %d: %s", wk->id, k,
+                   psstore_conn_error(wk->pc[k]));
     }
-    return err;
+    for (int k = 0; k < S; k++) {
+        size_t mo = wk->miss_off[k], nm = wk->miss_off[k + 1] - mo;
+        if (queued[k] == 0)
+            continue;
+        float b;
+        uint64_t e;
+        int64_t v;
+        fr_err_t e2 =
+            psstore_rows_pull_recv(wk->pc[k], model, &conf->spec, &conf->optim, nm, queued[k],
+                                   wk->miss_params + mo * rowlen, wk->miss_found + mo, &b, &e, &v);
+        if (e2 != FR_OK) {
+            if (err == FR_OK)
+                fr_log(FR_LOG_WARN, "worker %s: pull of shard %d: %s", wk->id, k,
+                       psstore_conn_error(wk->pc[k]));
+            err = e2;
+            continue;
+        }
+        if (!local[k]) { /* the store's state of the shard */
+            epochs[k] = e;
+            versions[k] = v;
+            if (k == 0)
+                *bias = b;
+        }
+        for (size_t j = 0; j < nm; j++) {
+            size_t at = wk->miss_at[mo + j];
+            wk->sfound[at] = wk->miss_found[mo + j];
+            if (wk->miss_found[mo + j])
+                memcpy(wk->sparams + at * rowlen, wk->miss_params + (mo + j) * rowlen,
+                       rowlen * sizeof(float));
+        }
+    }
+    if (err != FR_OK)
+        return err;
+    for (size_t j = 0; j < nrows; j++) { /* back into the batch's order */
+        size_t i = wk->order[j];
+        wk->found[i] = wk->sfound[j];
+        if (wk->sfound[j])
+            memcpy(wk->params + i * rowlen, wk->sparams + j * rowlen, rowlen * sizeof(float));
+    }
+    return FR_OK;
 }
 
 /* Pulls, computes and pushes one batch. FR_OK, or the error after logging
  * it (the batch is then abandoned and read again by the gap rule). */
-static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss, const char **id)
+static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss)
 {
     const trainer_sparse_conf_t *conf = &wk->pool->conf;
+    int S = wk->pool->S;
     psstore_grad_t msg = {.generation = b->generation,
                           .worker = wk->id,
                           .n = (int64_t)b->n,
@@ -172,31 +272,33 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         return err;
     }
     size_t nrows = b->n > 0 ? wk->b->nrows : 0, rowlen = sparse_row_len(&conf->spec);
+    group(wk, nrows);
     uint64_t t0 = fr_clock_mono_ns();
     flight_wait(wk);
     uint64_t t1 = fr_clock_mono_ns();
-    float bias = 0;
-    uint64_t epoch = 0;
-    int64_t version = 0;
-    err = pull(wk, nrows, &bias, &epoch, &version);
-    if (err != FR_OK) {
-        fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_conn_error(wk->c));
+    float bias = 0, gbias = 0;
+    uint64_t epochs[PSSTORE_SHARDS_MAX];
+    int64_t versions[PSSTORE_SHARDS_MAX], version = 0;
+    if ((err = pull(wk, nrows, &bias, epochs, versions)) != FR_OK)
         return err;
-    }
+    for (int k = 0; k < S; k++)
+        version += versions[k]; /* the model's version: the sum of its shards' */
     uint64_t t2 = fr_clock_mono_ns();
+    int diverged = 0;
     if (b->n > 0) {
         for (size_t i = 0; i < nrows; i++)
             if (!wk->found[i])
                 sparse_row_init(&conf->spec, &conf->optim, wk->b->rows[i], wk->params + i * rowlen,
                                 wk->state);
-        float gbias = 0;
         *loss = sparse_fm_grad(&conf->spec, wk->b, wk->params, bias, wk->grad, &gbias, wk->p);
-        psstore_sparse_pack(wk->b->rows, nrows, wk->grad, conf->spec.dim, gbias, wk->packed);
-        msg.g = wk->packed;
-        msg.len = psstore_sparse_grad_len(nrows, conf->spec.dim);
+        /* each shard's rows, their gradients in shard order (sparams is
+         * free again), and the bias's on shard 0's */
+        for (size_t j = 0; j < nrows; j++)
+            memcpy(wk->sparams + j * rowlen, wk->grad + (size_t)wk->order[j] * rowlen,
+                   rowlen * sizeof(float));
         msg.loss_sum = *loss;
-        if (!isfinite(*loss)) { /* the applier drops it as non-finite: positions marked */
-            wk->packed[msg.len - 1] = NAN;
+        diverged = !isfinite(*loss);
+        if (diverged) { /* every shard drops it as non-finite: positions marked */
             msg.loss_sum = 0;
             *loss = 0;
         }
@@ -205,17 +307,33 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
             msg.ts_max_ms = b->max_ts_ms;
         }
     }
-    msg.epoch = epoch;
-    msg.version = version;
     uint64_t t3 = fr_clock_mono_ns();
-    err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
-    if (err != FR_OK) {
-        fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
-        return err;
+    float *out = wk->packed;
+    for (int k = 0; k < S; k++) {
+        psstore_grad_t part = msg;
+        size_t lo = wk->off[k], m = wk->off[k + 1] - lo;
+        part.epoch = epochs[k];
+        part.version = versions[k];
+        if (b->n > 0) {
+            psstore_sparse_pack(wk->srows + lo, m, wk->sparams + lo * rowlen, conf->spec.dim,
+                                k == 0 ? gbias : 0, out);
+            part.g = out;
+            part.len = psstore_sparse_grad_len(m, conf->spec.dim);
+            if (diverged)
+                out[part.len - 1] = NAN;
+            out += part.len;
+        }
+        psstore_client_t *cl = psstore_client_shard(wk->cl, k);
+        if ((err = psstore_push(cl, &part, PUSH_WAIT_MS)) != FR_OK) {
+            /* the shards before hold theirs: they drop it as a duplicate
+             * when the gap rule reads the batch again */
+            fr_log(FR_LOG_WARN, "worker %s: push to shard %d: %s", wk->id, k,
+                   psstore_client_error(cl));
+            return err;
+        }
+        if (conf->in_flight > 0 && b->n > 0)
+            snprintf(wk->flight[k], sizeof(wk->flight[k]), "%s", psstore_client_last_id(cl));
     }
-    *id = psstore_client_last_id(wk->cl);
-    if (conf->in_flight > 0 && b->n > 0)
-        snprintf(wk->flight, sizeof(wk->flight), "%s", *id);
     pthread_mutex_lock(&wk->pool->lock);
     sparse_prog_window_t w, closed[CLOSED_MAX];
     size_t nclosed = 0;
@@ -250,10 +368,10 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     /* the windows for the dashboard (the evals stream, as holdouts of dense
      * models); outside the lock, and a failure costs only the point */
     for (size_t k = 0; k < nclosed; k++)
-        if (psstore_eval_report_progressive(wk->c, wk->pool->model, version, closed[k].logloss,
+        if (psstore_eval_report_progressive(wk->pc[0], wk->pool->model, version, closed[k].logloss,
                                             closed[k].auc, closed[k].floor, closed[k].n) != FR_OK)
             fr_log(FR_LOG_WARN, "worker %s: progressive window not reported: %s", wk->id,
-                   psstore_conn_error(wk->c));
+                   psstore_conn_error(wk->pc[0]));
     return FR_OK;
 }
 
@@ -275,9 +393,11 @@ static void *worker_main(void *arg)
         if (b == NULL)
             continue;
         double loss = 0;
-        const char *id = NULL;
-        fr_err_t err = train_batch(wk, b, &loss, &id);
-        ingest_consumer_done(p->conf.source, b, err == FR_OK ? id : NULL);
+        fr_err_t err = train_batch(wk, b, &loss);
+        /* the id the consumer's gap rule looks up: the last shard's entry */
+        ingest_consumer_done(
+            p->conf.source, b,
+            err == FR_OK ? psstore_client_last_id(psstore_client_shard(wk->cl, p->S - 1)) : NULL);
         pthread_mutex_lock(&p->lock);
         if (err == FR_OK) {
             p->st.samples += b->n;
@@ -311,6 +431,14 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         return NULL;
     }
     p->conf = *conf;
+    p->S = conf->shards > 0 ? conf->shards : 1;
+    if (p->S > PSSTORE_SHARDS_MAX) {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "sparse workers: %d shards (at most %d)", p->S,
+                  PSSTORE_SHARDS_MAX);
+        free(p->w);
+        free(p);
+        return NULL;
+    }
     snprintf(p->url, sizeof(p->url), "%s", conf->redis_url);
     snprintf(p->model, sizeof(p->model), "%s", conf->model);
     p->conf.redis_url = p->url;
@@ -333,24 +461,34 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         wk->b = sparse_batch_new((size_t)conf->max_batch);
         wk->params = malloc(rows * rowlen * sizeof(float));
         wk->grad = malloc(rows * rowlen * sizeof(float));
-        wk->packed = malloc(psstore_sparse_grad_len(rows, conf->spec.dim) * sizeof(float));
+        /* a shard's gradient adds its bias float */
+        wk->packed =
+            malloc((psstore_sparse_grad_len(rows, conf->spec.dim) + (size_t)p->S) * sizeof(float));
         wk->state = malloc((sparse_state_len(&conf->spec, &conf->optim) + 1) * sizeof(float));
         wk->found = malloc(rows + 1);
         wk->p = malloc((size_t)conf->max_batch * sizeof(float));
+        wk->order = malloc((rows + 1) * sizeof(uint32_t));
+        wk->srows = malloc((rows + 1) * sizeof(uint32_t));
+        wk->sparams = malloc((rows + 1) * rowlen * sizeof(float));
+        wk->sfound = malloc(rows + 1);
         wk->miss_rows = malloc((rows + 1) * sizeof(uint32_t));
         wk->miss_at = malloc((rows + 1) * sizeof(uint32_t));
         wk->miss_params = malloc((rows + 1) * rowlen * sizeof(float));
         wk->miss_found = malloc(rows + 1);
         if (wk->b == NULL || wk->params == NULL || wk->grad == NULL || wk->packed == NULL ||
-            wk->state == NULL || wk->p == NULL || wk->found == NULL || wk->miss_rows == NULL ||
-            wk->miss_at == NULL || wk->miss_params == NULL || wk->miss_found == NULL) {
+            wk->state == NULL || wk->p == NULL || wk->found == NULL || wk->order == NULL ||
+            wk->srows == NULL || wk->sparams == NULL || wk->sfound == NULL ||
+            wk->miss_rows == NULL || wk->miss_at == NULL || wk->miss_params == NULL ||
+            wk->miss_found == NULL) {
             fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
             goto err;
         }
-        wk->c = psstore_conn_new(p->url, 5000, errstr, size);
-        if (wk->c == NULL)
-            goto err;
-        wk->cl = psstore_client_new(p->url, p->model, 1, conf->max_pending, errstr, size);
+        for (int k = 0; k < p->S; k++)
+            if ((wk->pc[k] = psstore_conn_new(p->url, 5000, errstr, size)) == NULL)
+                goto err;
+        /* the model's w is a float a shard (its bias on shard 0) */
+        wk->cl =
+            psstore_client_new(p->url, p->model, (size_t)p->S, conf->max_pending, errstr, size);
         if (wk->cl == NULL)
             goto err;
         psstore_client_any_length(wk->cl);

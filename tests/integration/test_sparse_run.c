@@ -162,9 +162,10 @@ static void served_table_equals_store(redisContext *c, const char *conf)
 /*
  * The rows model left in the store equal fit-sparse's table (the file
  * table) to 1e-5, and its bias; with conf, freshet serve of that
- * configuration serves the same table.
+ * configuration serves the same table. A model of S > 1 shards: shard k
+ * holds the rows r % S == k, shard 0's w:0 is the bias, the others' 0.
  */
-static void store_equals_fit(const char *model, const char *table, const char *conf)
+static void store_equals_fit_shards(const char *model, int S, const char *table, const char *conf)
 {
     char errstr[256];
     fr_st_file_t *st = fr_st_read_file(table, errstr, sizeof(errstr));
@@ -178,41 +179,61 @@ static void store_equals_fit(const char *model, const char *table, const char *c
 
     redisContext *c = redisConnect("127.0.0.1", redis.port);
     assert_true(c != NULL && c->err == 0);
-    redisReply *r = redisCommand(c, "HGETALL freshet:{%s}:rows", model);
-    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
-    size_t nrows = r->elements / 2;
+    size_t nrows = 0;
     double worst = 0;
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
-        const redisReply *k = r->element[i], *v = r->element[i + 1];
-        assert_int_equal(k->len, 4);
-        assert_int_equal(v->len, (ROWL + STATEL) * sizeof(float)); /* parameters, state */
-        const unsigned char *kb = (const unsigned char *)k->str;
-        uint32_t row = kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
-        assert_true(row < (1u << 16));
-        float got[ROWL], want[ROWL];
-        memcpy(got, v->str, sizeof(got));
-        memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
-        for (int j = 0; j < ROWL; j++) {
-            double d = fabs((double)got[j] - want[j]);
-            worst = d > worst ? d : worst;
-            if (d > 1e-5)
-                fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
+    char tag[S][80];
+    for (int k = 0; k < S; k++)
+        if (S == 1)
+            snprintf(tag[k], sizeof(tag[k]), "%s", model);
+        else
+            snprintf(tag[k], sizeof(tag[k]), "%s/s%d", model, k);
+    for (int sh = 0; sh < S; sh++) {
+        redisReply *r = redisCommand(c, "HGETALL freshet:{%s}:rows", tag[sh]);
+        assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
+        nrows += r->elements / 2;
+        for (size_t i = 0; i + 1 < r->elements; i += 2) {
+            const redisReply *k = r->element[i], *v = r->element[i + 1];
+            assert_int_equal(k->len, 4);
+            assert_int_equal(v->len, (ROWL + STATEL) * sizeof(float)); /* parameters, state */
+            const unsigned char *kb = (const unsigned char *)k->str;
+            uint32_t row =
+                kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
+            assert_true(row < (1u << 16));
+            assert_int_equal(row % (uint32_t)S, sh);
+            float got[ROWL], want[ROWL];
+            memcpy(got, v->str, sizeof(got));
+            memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
+            for (int j = 0; j < ROWL; j++) {
+                double d = fabs((double)got[j] - want[j]);
+                worst = d > worst ? d : worst;
+                if (d > 1e-5)
+                    fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
+            }
         }
+        freeReplyObject(r);
     }
-    freeReplyObject(r);
     if (conf != NULL)
         served_table_equals_store(c, conf);
-    r = redisCommand(c, "GET freshet:{%s}:w:0", model);
-    assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
-    float b;
-    memcpy(&b, r->str, 4);
-    assert_float_equal(b, ((const float *)bias->data)[0], 1e-5);
-    freeReplyObject(r);
+    float b = 0;
+    for (int sh = 0; sh < S; sh++) {
+        redisReply *r = redisCommand(c, "GET freshet:{%s}:w:0", tag[sh]);
+        assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
+        float x;
+        memcpy(&x, r->str, 4);
+        assert_float_equal(x, sh == 0 ? ((const float *)bias->data)[0] : 0.0f, 1e-5);
+        b = sh == 0 ? x : b;
+        freeReplyObject(r);
+    }
     redisFree(c);
     fr_st_destroy(st);
     fr_log(FR_LOG_INFO, "%zu rows in the store equal fit-sparse's (worst %.2g), bias %.6f", nrows,
            worst, b);
     assert_true(nrows > 1000);
+}
+
+static void store_equals_fit(const char *model, const char *table, const char *conf)
+{
+    store_equals_fit_shards(model, 1, table, conf);
 }
 
 /* Runs freshet with the arguments (NULL-terminated), logging to DIR/log;
@@ -261,6 +282,28 @@ static void records_and_fit(const char *topic, char *table)
                "--batch", "256", "--seed", "42", "--window", "2048", "--out", table, NULL);
 }
 
+/*
+ * The configuration of a run that fit-sparse's table checks: model on
+ * topic, batches of 256 that only a full batch closes, one worker that
+ * waits for its last gradient, audit on; extra is appended ("" or more
+ * lines of [psstore] or [sparse]).
+ */
+static void write_fit_conf(const char *conf, const char *model, const char *topic,
+                           const char *extra)
+{
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = %s\nsparse = " SPEC "\nseed = 42\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = %s\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
+            "[redis]\nurl = %s\n[serve]\nlisten =\n"
+            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n%s",
+            model, broker.bootstrap, topic, redis.url, extra);
+    assert_int_equal(fclose(f), 0);
+}
+
 static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once(void **state)
 {
     (void)state;
@@ -269,18 +312,7 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
     snprintf(limit, sizeof(limit), "%d", N);
     records_and_fit("sx1", table);
 
-    FILE *f = fopen(conf, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "[model]\nname = spr\nsparse = " SPEC "\nseed = 42\n"
-            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
-            "heartbeat.interval.ms = 500\n"
-            "[ingest]\ntopic = sx1\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
-            "[redis]\nurl = %s\n[serve]\nlisten =\n"
-            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n"
-            "[sparse]\nwindow = 2048\n",
-            broker.bootstrap, redis.url);
-    assert_int_equal(fclose(f), 0);
+    write_fit_conf(conf, "spr", "sx1", "[sparse]\nwindow = 2048\n");
     freshet_ok("run.log", "run", "--config", conf, "--samples", limit, NULL);
     progressive_windows_equal_fit_sparse();
 
@@ -488,17 +520,7 @@ static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
     path(lps, "ps.log");
     path(ltr, "train.log");
     records_and_fit("sx9", table);
-    FILE *f = fopen(conf, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "[model]\nname = spl\nsparse = " SPEC "\nseed = 42\n"
-            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
-            "heartbeat.interval.ms = 500\n"
-            "[ingest]\ntopic = sx9\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
-            "[redis]\nurl = %s\n[serve]\nlisten =\n"
-            "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n",
-            broker.bootstrap, redis.url);
-    assert_int_equal(fclose(f), 0);
+    write_fit_conf(conf, "spl", "sx9", "");
     char *ps_argv[] = {FRESHET_BIN, "ps", "--config", conf, NULL};
     char *train_argv[] = {FRESHET_BIN, "train", "--config", conf, NULL};
     pid_t ps = harness_spawn(ps_argv, lps), train = harness_spawn(train_argv, ltr);
@@ -514,14 +536,42 @@ static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
     int st_train = harness_wait(train, 20000), st_ps = harness_wait(ps, 20000);
     assert_true(st_train >= 0 && WIFEXITED(st_train) && WEXITSTATUS(st_train) == 0);
     assert_true(st_ps >= 0 && WIFEXITED(st_ps) && WEXITSTATUS(st_ps) == 0);
-    assert_true(harness_file_contains(ltr, "its applier runs in freshet ps"));
-    assert_true(harness_file_contains(lps, "applier of sparse model spl"));
+    assert_true(harness_file_contains(ltr, "its appliers run in freshet ps"));
+    assert_true(harness_file_contains(lps, "1 applier(s) of sparse model spl"));
     store_equals_fit("spl", table, NULL);
     int seen[N];
     assert_true(harness_audit_count(&redis, "spl", "sx9", 0, "applied", seen, N) == N / 256);
     for (int p = 0; p < N; p++)
         if (seen[p] != 1)
             fail_msg("position %d applied %d times", p, seen[p]);
+}
+
+/*
+ * A model of 2 shards (docs/design.md "Sparse models on shards"): one
+ * worker pushes each shard the gradient of its rows, each shard's applier
+ * steps them, and the two shards together hold fit-sparse's table over the
+ * same records in the same batches, each row on its shard, the bias on
+ * shard 0; every position applied once on each shard.
+ */
+static void test_two_shards_hold_fit_sparses_table_and_apply_each_record_once(void **state)
+{
+    (void)state;
+    char table[300], conf[300], limit[16];
+    path(conf, "shards.conf");
+    snprintf(limit, sizeof(limit), "%d", N);
+    records_and_fit("sx5", table);
+    write_fit_conf(conf, "sps", "sx5", "shards = 2\n");
+    freshet_ok("shards.log", "run", "--config", conf, "--samples", limit, NULL);
+    store_equals_fit_shards("sps", 2, table, NULL);
+    for (int k = 0; k < 2; k++) {
+        char tag[16];
+        snprintf(tag, sizeof(tag), "sps/s%d", k);
+        int seen[N];
+        assert_true(harness_audit_count(&redis, tag, "sx5", 0, "applied", seen, N) == N / 256);
+        for (int p = 0; p < N; p++)
+            if (seen[p] != 1)
+                fail_msg("shard %d: position %d applied %d times", k, p, seen[p]);
+    }
 }
 
 /*
@@ -582,7 +632,7 @@ static int setup(void **state)
     (void)state;
     return harness_stack_start(
         tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
-        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx8:2 --topic sx9:1");
+        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx5:1 --topic sx8:2 --topic sx9:1");
 }
 
 static int teardown(void **state)
@@ -598,6 +648,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once),
         cmocka_unit_test(test_a_killed_sparse_run_applies_every_record_once),
+        cmocka_unit_test(test_two_shards_hold_fit_sparses_table_and_apply_each_record_once),
         cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
         cmocka_unit_test(test_ps_and_train_apart_leave_fit_sparses_table),
         cmocka_unit_test(test_progressive_windows_carry_the_generators_floor),
