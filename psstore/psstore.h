@@ -243,16 +243,22 @@ fr_err_t psstore_sparse_meta_parse(const char *text, sparse_spec_t *spec, sparse
  * meta's delta_floor says from which version the history is whole.
  */
 typedef struct psstore_rows_page {
-    uint64_t epoch;
-    int64_t version; /* delta: the page covers (since, version], the next
-                        since; scan: the store's version at the first page */
-    int64_t floor;   /* delta: the oldest since answered                  */
-    int64_t head;    /* delta: the store's version when it was read        */
+    uint64_t epoch;  /* the sum of the shards' epochs (the model's at S = 1) */
+    int64_t version; /* the sum of at[]                                  */
+    int shards;      /* S: at[] holds S versions                          */
+    int64_t at[PSSTORE_SHARDS_MAX]; /* each shard's version: delta: the page
+                        covers (since[k], at[k]] on shard k, the next since;
+                        scan: the versions when the page was read         */
+    int64_t floor;   /* delta: the oldest since answered (expired: the
+                        expired shard's)                                   */
+    int64_t head;    /* delta: the store's version when it was read (ditto) */
     int expired;     /* delta: since is older than floor, or newer than the
                         model, or the model was created again: reload the
-                        table; nothing else set */
-    int more;        /* delta: entries after version remain               */
-    int64_t time_ms; /* delta: when version's entry was committed (0: none) */
+                        table; nothing else set                           */
+    int expired_shard; /* ... on this shard                               */
+    int more;        /* delta: entries after version remain (scan: pages)  */
+    int64_t time_ms; /* delta: when the newest commit it holds was written
+                        (0: none)                                          */
     float bias;
     size_t n; /* rows present, ids[n], params[n][1 + D]            */
     uint32_t *ids;
@@ -264,25 +270,28 @@ typedef struct psstore_rows_page {
 } psstore_rows_page_t;
 
 /*
- * The rows changed or evicted after version since, from at most
- * max_entries commits and about max_rows rows (a commit is never split):
- * present rows with their parameters (the latest, which may be newer than
- * page->version), deleted ones in gone. page->more when entries remain.
- * The caller zeroes page before the first call and frees it with
- * psstore_rows_page_fini.
+ * The rows changed or evicted after since[k] on each shard k of S (one
+ * version at S = 1), from at most max_entries commits and about max_rows
+ * rows a shard (a commit is never split): present rows with their
+ * parameters (the latest, which may be newer than page->at), deleted ones
+ * in gone. page->more when entries remain. The caller zeroes page before
+ * the first call and frees it with psstore_rows_page_fini.
  */
-fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
-                            const sparse_optim_t *optim, int64_t since, size_t max_entries,
-                            size_t max_rows, psstore_rows_page_t *page);
+fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, int S, const int64_t *since,
+                            const sparse_spec_t *spec, const sparse_optim_t *optim,
+                            size_t max_entries, size_t max_rows, psstore_rows_page_t *page);
 /*
  * One page of the whole table (HSCAN from cursor, about count rows), with
- * the store's epoch, version and bias at that moment; *next is the cursor
- * of the next page ("0" after the last). A client reads every page, then
- * follows with psstore_rows_delta since the first page's version.
+ * the store's epochs, versions and bias at that moment; *next is the cursor
+ * of the next page ("0" after the last). A model of S > 1 shards reads
+ * shard after shard: its cursors are "k.c" (HSCAN cursor c of shard k;
+ * "0" is shard 0's first page). A client reads every page, then follows
+ * with psstore_rows_delta since the first page's at[]. FR_ERR_INVAL for a
+ * cursor of another shape.
  */
-fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
+fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sparse_spec_t *spec,
                            const sparse_optim_t *optim, const char *cursor, size_t count,
-                           psstore_rows_page_t *page, char next[32]);
+                           psstore_rows_page_t *page, char next[48]);
 void psstore_rows_page_fini(psstore_rows_page_t *page);
 
 /* ------------------------------------------------------------------------

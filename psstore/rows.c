@@ -349,20 +349,20 @@ static int cmp_u32(const void *a, const void *b)
 #define DELTA_CHUNK 4096 /* rows a transaction reads        */
 
 /*
- * Lists the rows the changes entries after page->version name, whole
- * entries until about max_rows rows or max_entries entries, in XRANGEs of
+ * Lists the rows the changes entries after *version name, whole entries
+ * until about max_rows rows or max_entries entries, in XRANGEs of
  * DELTA_PAGE entries (entries are only ever trimmed from the old end, so
- * reading on from the last id read misses none). Moves page->version,
- * time_ms and more.
+ * reading on from the last id read misses none). Moves *version, *time_ms
+ * and *more.
  */
 static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *key,
-                             size_t max_entries, size_t max_rows, psstore_rows_page_t *page,
-                             row_list_t *l)
+                             size_t max_entries, size_t max_rows, int64_t *version, int *more,
+                             int64_t *time_ms, row_list_t *l)
 {
     size_t entries = 0;
     for (;;) {
         char from[32];
-        snprintf(from, sizeof(from), "%lld-0", (long long)page->version + 1);
+        snprintf(from, sizeof(from), "%lld-0", (long long)*version + 1);
         fr_err_t err;
         redisReply *r = ps_cmd(c, 0, &err, "XRANGE %s %s + COUNT %d", key, from, DELTA_PAGE);
         if (r == NULL)
@@ -381,7 +381,7 @@ static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *k
             }
             size_t named = (rows->len + gone->len) / 4;
             if (entries > 0 && (entries == max_entries || l->n + named > max_rows)) {
-                page->more = 1; /* a commit is never split: the next call starts at it */
+                *more = 1; /* a commit is never split: the next call starts at it */
                 freeReplyObject(r);
                 return FR_OK;
             }
@@ -390,8 +390,8 @@ static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *k
                 return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory for %zu rows", l->n);
             }
             entries++;
-            page->version = v;
-            page->time_ms = t;
+            *version = v;
+            *time_ms = t > *time_ms ? t : *time_ms;
         }
         int last_page = r->elements < DELTA_PAGE;
         freeReplyObject(r);
@@ -400,17 +400,47 @@ static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *k
     }
 }
 
-fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
-                            const sparse_optim_t *optim, int64_t since, size_t max_entries,
-                            size_t max_rows, psstore_rows_page_t *page)
+/* The values of rows v[n] of shard k of S, DELTA_CHUNK rows a transaction
+ * (a large commit never holds Redis in one), into page's buffers from
+ * index base; the bias, read at least once, into *bias. Sets
+ * page->expired when the shard's epoch is no longer epoch (the model was
+ * created again in between). */
+static fr_err_t read_values(psstore_conn_t *c, const char *model, int k, int S,
+                            const sparse_spec_t *spec, const sparse_optim_t *optim,
+                            const uint32_t *v, size_t n, size_t base, uint64_t epoch,
+                            psstore_rows_page_t *page, float *bias)
+{
+    size_t keep = sparse_row_len(spec);
+    fr_err_t err = FR_OK;
+    for (size_t at = 0; (at < n || at == 0) && err == FR_OK && !page->expired;
+         at += DELTA_CHUNK) { /* once at least: the bias */
+        size_t m = n - at < DELTA_CHUNK ? n - at : DELTA_CHUNK, queued = 0;
+        uint64_t e;
+        int64_t now;
+        err = psstore_rows_pull_send(c, model, k, S, n > 0 ? v + at : NULL, m, &queued);
+        if (err == FR_OK)
+            err = psstore_rows_pull_recv(c, model, spec, optim, m, queued,
+                                         n > 0 ? page->params + (base + at) * keep : NULL,
+                                         n > 0 ? page->found + base + at : NULL, bias, &e, &now);
+        if (err == FR_OK && e != epoch)
+            page->expired = 1;
+    }
+    return err;
+}
+
+/* Shard k's part of a delta since since (the model's at S = 1), appended
+ * to page; its epoch into *epoch. */
+static fr_err_t shard_delta(psstore_conn_t *c, const char *model, int k, int S, int64_t since,
+                            const sparse_spec_t *spec, const sparse_optim_t *optim,
+                            size_t max_entries, size_t max_rows, psstore_rows_page_t *page,
+                            uint64_t *epoch)
 {
     fr_err_t err;
-    if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
-        return err;
-    char meta[PS_KEY_MAX], ver[PS_KEY_MAX], changes[PS_KEY_MAX];
-    ps_key(meta, model, "meta");
-    ps_key(ver, model, "ver");
-    ps_key(changes, model, "changes");
+    char tag[PS_TAG_MAX], meta[PS_KEY_MAX], ver[PS_KEY_MAX], changes[PS_KEY_MAX];
+    ps_shard_tag(tag, model, k, S);
+    ps_key(meta, tag, "meta");
+    ps_key(ver, tag, "ver");
+    ps_key(changes, tag, "changes");
     const char *hget_e[] = {"HGET", meta, "epoch"}, *hget_f[] = {"HGET", meta, "delta_floor"};
     const char *get_ver[] = {"GET", ver};
     const char **argv[] = {hget_e, hget_f, get_ver};
@@ -418,15 +448,11 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_s
     redisReply *r = transaction(c, 3, argv, argc, &err);
     if (r == NULL)
         return err;
-    page->n = page->ngone = 0;
-    page->expired = page->more = 0;
-    page->time_ms = 0;
-    page->version = since;
     if (r->element[0]->type != REDIS_REPLY_STRING) {
         freeReplyObject(r);
         return ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
     }
-    page->epoch = strtoull(r->element[0]->str, NULL, 10);
+    *epoch = strtoull(r->element[0]->str, NULL, 10);
     page->floor =
         r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
     page->head =
@@ -436,10 +462,12 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_s
      * or writes lost): the client's rows are of another history */
     if (since < page->floor || since > page->head) {
         page->expired = 1;
+        page->expired_shard = k;
         return FR_OK;
     }
     row_list_t l = {0};
-    err = list_changes(c, model, changes, max_entries > 0 ? max_entries : 1, max_rows, page, &l);
+    err = list_changes(c, model, changes, max_entries > 0 ? max_entries : 1, max_rows, &page->at[k],
+                       &page->more, &page->time_ms, &l);
     size_t n = 0;
     if (err == FR_OK && l.n > 0) { /* distinct rows */
         qsort(l.v, l.n, sizeof(uint32_t), cmp_u32);
@@ -447,62 +475,115 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, const sparse_s
             if (n == 0 || l.v[i] != l.v[n - 1])
                 l.v[n++] = l.v[i];
     }
-    size_t keep = sparse_row_len(spec);
+    size_t keep = sparse_row_len(spec), base = page->n;
     if (err == FR_OK)
-        err = page_reserve(c, page, n, keep);
-    /* the values, DELTA_CHUNK rows a transaction: a large commit never
-     * holds Redis in one */
-    for (size_t at = 0; (at < n || at == 0) && err == FR_OK && !page->expired;
-         at += DELTA_CHUNK) { /* once at least: the bias */
-        size_t k = n - at < DELTA_CHUNK ? n - at : DELTA_CHUNK;
-        uint64_t epoch;
-        int64_t now;
-        err = psstore_rows_pull(c, model, spec, optim, n > 0 ? l.v + at : NULL, k,
-                                n > 0 ? page->params + at * keep : NULL,
-                                n > 0 ? page->found + at : NULL, &page->bias, &epoch, &now);
-        if (err == FR_OK && epoch != page->epoch) /* created again in between */
-            page->expired = 1;
-    }
+        err = page_reserve(c, page, page->n + page->ngone + n, keep);
+    float bias = 0;
+    if (err == FR_OK && (n > 0 || k == 0))
+        err = read_values(c, model, k, S, spec, optim, l.v, n, base, *epoch, page, &bias);
     if (err == FR_OK && !page->expired) {
+        if (k == 0)
+            page->bias = bias;
         /* present rows move down in place; the rest are tombstones */
         for (size_t i = 0; i < n; i++) {
-            if (!page->found[i]) {
+            if (!page->found[base + i]) {
                 page->gone[page->ngone++] = l.v[i];
                 continue;
             }
-            if (page->n != i)
-                memmove(page->params + page->n * keep, page->params + i * keep,
+            if (page->n != base + i)
+                memmove(page->params + page->n * keep, page->params + (base + i) * keep,
                         keep * sizeof(float));
             page->ids[page->n++] = l.v[i];
         }
     }
+    if (page->expired)
+        page->expired_shard = k;
     free(l.v);
     return err;
 }
 
-fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
-                           const sparse_optim_t *optim, const char *cursor, size_t count,
-                           psstore_rows_page_t *page, char next[32])
+fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, int S, const int64_t *since,
+                            const sparse_spec_t *spec, const sparse_optim_t *optim,
+                            size_t max_entries, size_t max_rows, psstore_rows_page_t *page)
 {
     fr_err_t err;
     if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
         return err;
+    if (S < 1 || S > PSSTORE_SHARDS_MAX)
+        return ps_fail(c, FR_ERR_INVAL, "rows: %d shards", S);
+    page->n = page->ngone = 0;
+    page->expired = page->more = page->expired_shard = 0;
+    page->time_ms = 0;
+    page->epoch = 0;
+    page->bias = 0;
+    page->shards = S;
+    for (int k = 0; k < S; k++)
+        page->at[k] = since[k];
+    /* each shard its share of the rows (at least one commit each) */
+    size_t share = max_rows / (size_t)S > 0 ? max_rows / (size_t)S : 1;
+    for (int k = 0; k < S && err == FR_OK && !page->expired; k++) {
+        uint64_t epoch = 0;
+        err = shard_delta(c, model, k, S, since[k], spec, optim, max_entries, share, page, &epoch);
+        page->epoch += epoch;
+    }
+    page->version = 0;
+    for (int k = 0; k < S; k++)
+        page->version += page->at[k];
+    return err;
+}
+
+/* "k.c" (S > 1; "0": shard 0 from its start) or "c" into the shard and
+ * its HSCAN cursor; -1 when it is no cursor of S shards. */
+static int parse_cursor(const char *cursor, int S, int *k, char hscan[32])
+{
+    const char *dot = strchr(cursor, '.');
+    *k = 0;
+    if (dot == NULL) {
+        if (S > 1 && strcmp(cursor, "0") != 0)
+            return -1;
+        snprintf(hscan, 32, "%s", cursor);
+    } else {
+        char *end;
+        long x = strtol(cursor, &end, 10);
+        if (S == 1 || end != dot || end == cursor || x < 0 || x >= S ||
+            strlen(dot + 1) >= 32 || dot[1] == '\0')
+            return -1;
+        *k = (int)x;
+        snprintf(hscan, 32, "%s", dot + 1);
+    }
+    return hscan[0] != '\0' && strspn(hscan, "0123456789") == strlen(hscan) ? 0 : -1;
+}
+
+fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sparse_spec_t *spec,
+                           const sparse_optim_t *optim, const char *cursor, size_t count,
+                           psstore_rows_page_t *page, char next[48])
+{
+    fr_err_t err;
+    if ((err = psstore_model_name_check(model, c->errstr, sizeof(c->errstr))) != FR_OK)
+        return err;
+    int k;
+    char at[32], tag[PS_TAG_MAX];
+    if (S < 1 || S > PSSTORE_SHARDS_MAX || parse_cursor(cursor, S, &k, at) != 0)
+        return ps_fail(c, FR_ERR_INVAL, "rows: '%.40s' is no cursor of a model of %d shard%s",
+                       cursor, S, S == 1 ? "" : "s");
+    ps_shard_tag(tag, model, k, S);
     char meta[PS_KEY_MAX], ver[PS_KEY_MAX], w[PS_KEY_MAX], key[PS_KEY_MAX], cnt[32];
-    ps_key(meta, model, "meta");
-    ps_key(ver, model, "ver");
-    ps_key_shard(w, model, "w", 0);
-    ps_key(key, model, "rows");
+    ps_key(meta, tag, "meta");
+    ps_key(ver, tag, "ver");
+    ps_key_shard(w, tag, "w", 0);
+    ps_key(key, tag, "rows");
     snprintf(cnt, sizeof(cnt), "%zu", count > 0 ? count : 1);
     const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver}, *get_w[] = {"GET", w};
-    const char *hscan[] = {"HSCAN", key, cursor, "COUNT", cnt};
+    const char *hscan[] = {"HSCAN", key, at, "COUNT", cnt};
     const char **argv[] = {hget, get_ver, get_w, hscan};
     const int argc[] = {3, 2, 2, 5};
     redisReply *r = transaction(c, 4, argv, argc, &err);
     if (r == NULL)
         return err;
     page->n = page->ngone = 0;
-    page->expired = page->more = 0;
+    page->expired = page->more = page->expired_shard = 0;
     page->time_ms = 0;
+    page->shards = S;
     if (r->element[0]->type != REDIS_REPLY_STRING)
         err = ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
     else if (r->element[2]->type != REDIS_REPLY_STRING || r->element[2]->len != 4)
@@ -517,10 +598,18 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_sp
         err = page_reserve(c, page, sc->element[1]->elements / 2, keep);
     if (err == FR_OK) {
         page->epoch = strtoull(r->element[0]->str, NULL, 10);
-        page->version =
+        page->at[k] =
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
         memcpy(&page->bias, r->element[2]->str, 4);
-        snprintf(next, 32, "%s", sc->element[0]->str);
+        const char *hnext = sc->element[0]->str;
+        if (S == 1)
+            snprintf(next, 48, "%s", hnext);
+        else if (strcmp(hnext, "0") != 0)
+            snprintf(next, 48, "%d.%s", k, hnext);
+        else if (k + 1 < S) /* the shard is read: the next one's first page */
+            snprintf(next, 48, "%d.0", k + 1);
+        else
+            snprintf(next, 48, "0");
         const redisReply *kv = sc->element[1];
         for (size_t i = 0; i + 1 < kv->elements && err == FR_OK; i += 2) {
             const redisReply *f = kv->element[i], *v = kv->element[i + 1];
@@ -536,5 +625,26 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, const sparse_sp
         page->more = strcmp(next, "0") != 0;
     }
     freeReplyObject(r);
+    /* the other shards' versions and epochs (and shard 0's bias) now: a
+     * client follows the table with a delta since the first page's */
+    for (int j = 0; j < S && S > 1 && err == FR_OK; j++) {
+        if (j == k)
+            continue;
+        size_t queued = 0;
+        float bias;
+        uint64_t e;
+        err = psstore_rows_pull_send(c, model, j, S, NULL, 0, &queued);
+        if (err == FR_OK)
+            err = psstore_rows_pull_recv(c, model, spec, optim, 0, queued, NULL, NULL, &bias, &e,
+                                         &page->at[j]);
+        if (err == FR_OK) {
+            page->epoch += e;
+            if (j == 0)
+                page->bias = bias;
+        }
+    }
+    page->version = 0;
+    for (int j = 0; j < S; j++)
+        page->version += page->at[j];
     return err;
 }

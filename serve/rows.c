@@ -50,9 +50,10 @@ struct sv_rows_job {
     char name[65];
     uint32_t *ids; /* rows: the ids asked */
     size_t nids;
-    int64_t since, max_rows; /* delta */
-    char epoch[24];          /* delta: "" when not given */
-    char cursor[24];         /* table */
+    char since[PSSTORE_SHARDS_MAX * 21]; /* delta: a version, or "v0.v1..." of S shards */
+    int64_t max_rows;                    /* delta */
+    char epoch[24];                      /* delta: "" when not given */
+    char cursor[48];                     /* table */
     int64_t count;
     /* the answer */
     int code;
@@ -90,7 +91,9 @@ typedef struct answer {
     const sparse_spec_t *spec;
     const psstore_rows_page_t *page;
     const uint32_t *stored; /* rows: 1 where the store holds the row, else NULL */
-    int64_t since;          /* delta */
+    const char *since;      /* delta: as asked */
+    const char *next;       /* delta and table: the next delta's since, the
+                               shards' versions ("v0.v1..."; the version at S = 1) */
     const char *cursor;     /* table: the next page's cursor */
 } answer_t;
 
@@ -118,9 +121,16 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
     sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"bias\":", (unsigned long long)p->epoch,
               (long long)p->version);
     sv_json_f32(&b, p->bias);
-    if (strcmp(a->kind, "delta") == 0)
-        sv_printf(&b, ",\"since\":%lld,\"more\":%s,\"time_ms\":%lld", (long long)a->since,
-                  p->more ? "true" : "false", (long long)p->time_ms);
+    if (strcmp(a->kind, "delta") == 0) {
+        sv_puts(&b, ",\"since\":");
+        sv_json_str(&b, a->since);
+        sv_printf(&b, ",\"more\":%s,\"time_ms\":%lld", p->more ? "true" : "false",
+                  (long long)p->time_ms);
+    }
+    if (a->next != NULL) {
+        sv_puts(&b, ",\"next\":");
+        sv_json_str(&b, a->next);
+    }
     if (a->cursor != NULL) {
         sv_puts(&b, ",\"cursor\":");
         sv_json_str(&b, a->cursor);
@@ -167,23 +177,24 @@ static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
 {
     const psstore_rows_page_t *p = a->page;
     int64_t keep = (int64_t)sparse_row_len(a->spec);
-    char table[64], ep[32], ver[32], since[32], more[8], t[32];
+    char table[64], ep[32], ver[32], more[8], t[32];
     sparse_spec_format(a->spec, table, sizeof(table));
     snprintf(ep, sizeof(ep), "%llu", (unsigned long long)p->epoch);
     snprintf(ver, sizeof(ver), "%lld", (long long)p->version);
-    snprintf(since, sizeof(since), "%lld", (long long)a->since);
     snprintf(more, sizeof(more), "%s", p->more ? "true" : "false");
     snprintf(t, sizeof(t), "%lld", (long long)p->time_ms);
-    fr_st_kv_t meta[8] = {{"freshet.model", a->model},
+    fr_st_kv_t meta[10] = {{"freshet.model", a->model},
                           {"freshet.sparse", table},
                           {"freshet.epoch", ep},
                           {"freshet.version", ver}};
     size_t nmeta = 4;
     if (strcmp(a->kind, "delta") == 0) {
-        meta[nmeta++] = (fr_st_kv_t){"freshet.since", since};
+        meta[nmeta++] = (fr_st_kv_t){"freshet.since", a->since};
         meta[nmeta++] = (fr_st_kv_t){"freshet.more", more};
         meta[nmeta++] = (fr_st_kv_t){"freshet.time_ms", t};
     }
+    if (a->next != NULL)
+        meta[nmeta++] = (fr_st_kv_t){"freshet.next", a->next};
     if (a->cursor != NULL)
         meta[nmeta++] = (fr_st_kv_t){"freshet.cursor", a->cursor};
     fr_st_tensor_t ts[4] = {
@@ -249,10 +260,10 @@ static void read_failed(sv_rows_job_t *j, psstore_conn_t **c, fr_err_t err)
     *c = NULL;
 }
 
-/* The sparse model's table and row initialisation, from its meta; 0 after
- * setting the error. */
+/* The sparse model's table, row initialisation and shards, from its
+ * meta; 0 after setting the error. */
 static int sparse_model(sv_rows_job_t *j, psstore_conn_t **c, sparse_spec_t *spec,
-                        sparse_optim_t *optim)
+                        sparse_optim_t *optim, int *S)
 {
     psstore_model_info_t info;
     fr_err_t err = psstore_model_info(*c, j->name, &info);
@@ -271,11 +282,53 @@ static int sparse_model(sv_rows_job_t *j, psstore_conn_t **c, sparse_spec_t *spe
         job_error(j, 500, "model '%s': %s", j->name, errstr);
         return 0;
     }
+    *S = info.shards > 1 ? info.shards : 1;
     return 1;
 }
 
+/* The shards' versions of p as the next delta's since: "v0.v1..." (the
+ * version alone at S = 1). */
+static void next_text(const psstore_rows_page_t *p, char *out, size_t size)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 0; k < p->shards && len < size; k++)
+        len += (size_t)snprintf(out + len, size - len, k ? ".%lld" : "%lld", (long long)p->at[k]);
+}
+
+/* j's since as S versions: one at S = 1; at S > 1 the S versions a page
+ * or delta gave as next, or "0" (nothing held). 0, or -1 after setting
+ * the error. */
+static int parse_since(sv_rows_job_t *j, int S, int64_t *since)
+{
+    const char *p = j->since;
+    if (strcmp(p, "0") == 0) {
+        memset(since, 0, (size_t)S * sizeof(*since));
+        return 0;
+    }
+    for (int k = 0; k < S; k++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || *p == '-' || *p == '+' || errno != 0 || v == INT64_MAX ||
+            (k + 1 < S ? *end != '.' : *end != '\0')) {
+            job_error(j, 400,
+                      "since '%.40s': model '%s' has %d shard%s; since is the next a table page or "
+                      "delta gave (%s)",
+                      j->since, j->name, S, S == 1 ? "" : "s",
+                      S == 1 ? "a version" : "the shards' versions, separated by '.'");
+            return -1;
+        }
+        since[k] = v;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* The latest value of j's rows, each read on its shard (row % S); the
+ * epoch and version are the sums of the shards', the bias shard 0's. */
 static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                     const sparse_optim_t *optim)
+                     const sparse_optim_t *optim, int S)
 {
     for (size_t i = 0; i < j->nids; i++) {
         if (j->ids[i] >> spec->bits != 0) {
@@ -287,39 +340,84 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     psstore_rows_page_t page = {.ids = j->ids, .n = n};
     page.params = malloc(n * keep * sizeof(float));
     page.found = malloc(n);
-    uint32_t *stored = malloc(n * sizeof(*stored));
+    uint32_t *stored = malloc(n * sizeof(*stored)), *sids = malloc(n * sizeof(*sids));
+    size_t *order = malloc(n * sizeof(*order));
+    float *sparams = malloc(n * keep * sizeof(float));
+    uint8_t *sfound = malloc(n);
     float *state = malloc((slen ? slen : 1) * sizeof(float));
-    fr_err_t err;
-    if (page.params == NULL || page.found == NULL || stored == NULL || state == NULL) {
+    fr_err_t err = FR_OK;
+    if (page.params == NULL || page.found == NULL || stored == NULL || sids == NULL ||
+        order == NULL || sparams == NULL || sfound == NULL || state == NULL) {
         job_error(j, 500, "out of memory");
-    } else if ((err = psstore_rows_pull(*c, j->name, spec, optim, j->ids, n, page.params,
-                                        page.found, &page.bias, &page.epoch, &page.version)) !=
-               FR_OK) {
-        read_failed(j, c, err);
-    } else {
-        /* a row the store lacks has its initial value: the one the model
-         * scores with */
-        for (size_t i = 0; i < n; i++) {
-            stored[i] = page.found[i];
-            if (!page.found[i])
-                sparse_row_init(spec, optim, j->ids[i], page.params + i * keep, state);
-        }
-        answer_t a = {
-            .model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
-        encode(j, &a);
+        goto out;
     }
+    size_t off[PSSTORE_SHARDS_MAX + 1] = {0}, at[PSSTORE_SHARDS_MAX];
+    for (size_t i = 0; i < n; i++) /* the ids grouped by shard */
+        off[psstore_sparse_shard(j->ids[i], S) + 1]++;
+    for (int k = 0; k < S; k++)
+        off[k + 1] += off[k];
+    memcpy(at, off, sizeof(at));
+    for (size_t i = 0; i < n; i++) {
+        size_t x = at[psstore_sparse_shard(j->ids[i], S)]++;
+        order[x] = i;
+        sids[x] = j->ids[i];
+    }
+    for (int k = 0; k < S && err == FR_OK; k++) {
+        size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
+        float bias;
+        uint64_t epoch;
+        int64_t version;
+        err = psstore_rows_pull_send(*c, j->name, k, S, sids + lo, m, &queued);
+        if (err == FR_OK)
+            err = psstore_rows_pull_recv(*c, j->name, spec, optim, m, queued, sparams + lo * keep,
+                                         sfound + lo, &bias, &epoch, &version);
+        if (err != FR_OK)
+            break;
+        page.epoch += epoch;
+        page.version += version;
+        if (k == 0)
+            page.bias = bias;
+    }
+    if (err != FR_OK) {
+        read_failed(j, c, err);
+        goto out;
+    }
+    /* in the order asked; a row the store lacks has its initial value: the
+     * one the model scores with */
+    for (size_t x = 0; x < n; x++) {
+        size_t i = order[x];
+        stored[i] = sfound[x];
+        if (sfound[x])
+            memcpy(page.params + i * keep, sparams + x * keep, keep * sizeof(float));
+        else
+            sparse_row_init(spec, optim, j->ids[i], page.params + i * keep, state);
+    }
+    answer_t a = {.model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
+    encode(j, &a);
+out:
     free(page.params);
     free(page.found);
     free(stored);
+    free(sids);
+    free(order);
+    free(sparams);
+    free(sfound);
     free(state);
 }
 
 static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                      const sparse_optim_t *optim)
+                      const sparse_optim_t *optim, int S)
 {
+    int64_t since[PSSTORE_SHARDS_MAX];
+    if (parse_since(j, S, since) != 0)
+        return;
     psstore_rows_page_t page = {0};
-    fr_err_t err = psstore_rows_delta(*c, j->name, spec, optim, j->since, SV_DELTA_COMMITS,
+    fr_err_t err = psstore_rows_delta(*c, j->name, S, since, spec, optim, SV_DELTA_COMMITS,
                                       (size_t)j->max_rows, &page);
+    char shard[32] = "", next[PSSTORE_SHARDS_MAX * 21];
+    if (S > 1)
+        snprintf(shard, sizeof(shard), " on shard %d", page.expired_shard);
+    int64_t asked = since[page.expired_shard];
     if (err != FR_OK)
         read_failed(j, c, err);
     else if (j->epoch[0] != '\0' && strtoull(j->epoch, NULL, 10) != page.epoch)
@@ -327,36 +425,49 @@ static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
                   "epoch %s is not the model's (%llu): it was created again or rolled back; "
                   "reload /v2/models/%s/table",
                   j->epoch, (unsigned long long)page.epoch, j->name);
-    else if (page.expired && j->since > page.head)
+    else if (page.expired && asked > page.head)
         job_error(j, 410,
-                  "version %lld is newer than the model's (%lld): it was created again or lost "
+                  "version %lld%s is newer than the model's (%lld): it was created again or lost "
                   "writes; reload /v2/models/%s/table",
-                  (long long)j->since, (long long)page.head, j->name);
+                  (long long)asked, shard, (long long)page.head, j->name);
     else if (page.expired)
         job_error(j, 410,
-                  "version %lld is older than the changes kept (from version %lld, [sparse] "
+                  "version %lld%s is older than the changes kept (from version %lld, [sparse] "
                   "delta_seconds); reload /v2/models/%s/table",
-                  (long long)j->since, (long long)page.floor, j->name);
+                  (long long)asked, shard, (long long)page.floor, j->name);
     else {
-        answer_t a = {
-            .model = j->name, .kind = "delta", .spec = spec, .page = &page, .since = j->since};
+        next_text(&page, next, sizeof(next));
+        answer_t a = {.model = j->name,
+                      .kind = "delta",
+                      .spec = spec,
+                      .page = &page,
+                      .since = j->since,
+                      .next = next};
         encode(j, &a);
     }
     psstore_rows_page_fini(&page);
 }
 
 static void run_table(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                      const sparse_optim_t *optim)
+                      const sparse_optim_t *optim, int S)
 {
     psstore_rows_page_t page = {0};
-    char next[32];
+    char cursor[48], next[PSSTORE_SHARDS_MAX * 21];
     fr_err_t err =
-        psstore_rows_scan(*c, j->name, spec, optim, j->cursor, (size_t)j->count, &page, next);
-    if (err != FR_OK) {
+        psstore_rows_scan(*c, j->name, S, spec, optim, j->cursor, (size_t)j->count, &page, cursor);
+    if (err == FR_ERR_INVAL) {
+        job_error(j, 400, "cursor '%s' is not one a page of this model gave: %s", j->cursor,
+                  psstore_conn_error(*c));
+    } else if (err != FR_OK) {
         read_failed(j, c, err);
     } else {
-        answer_t a = {
-            .model = j->name, .kind = "table", .spec = spec, .page = &page, .cursor = next};
+        next_text(&page, next, sizeof(next));
+        answer_t a = {.model = j->name,
+                      .kind = "table",
+                      .spec = spec,
+                      .page = &page,
+                      .next = next,
+                      .cursor = cursor};
         encode(j, &a);
     }
     psstore_rows_page_fini(&page);
@@ -388,12 +499,13 @@ static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
     }
     sparse_spec_t spec;
     sparse_optim_t optim;
-    if (!sparse_model(j, c, &spec, &optim))
+    int S = 1;
+    if (!sparse_model(j, c, &spec, &optim, &S))
         return;
     switch (j->kind) {
-    case JOB_ROWS: run_rows(j, c, &spec, &optim); break;
-    case JOB_DELTA: run_delta(j, c, &spec, &optim); break;
-    case JOB_TABLE: run_table(j, c, &spec, &optim); break;
+    case JOB_ROWS: run_rows(j, c, &spec, &optim, S); break;
+    case JOB_DELTA: run_delta(j, c, &spec, &optim, S); break;
+    case JOB_TABLE: run_table(j, c, &spec, &optim, S); break;
     }
 }
 
@@ -682,15 +794,17 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
                     struct evkeyvalq *params)
 {
     int json = param_json(s, req, params);
-    int64_t since, max_rows;
+    int64_t max_rows;
     const char *ep = evhttp_find_header(params, "epoch");
+    const char *since = evhttp_find_header(params, "since");
     if (json < 0)
         return;
-    if (evhttp_find_header(params, "since") == NULL ||
-        param_i64(params, "since", 0, INT64_MAX - 1, &since) != 0) {
+    /* its shape here, its values against the model's shards on the reader */
+    if (since == NULL || since[0] == '\0' || strspn(since, "0123456789.") != strlen(since) ||
+        strlen(since) >= sizeof(((sv_rows_job_t *)0)->since)) {
         sv_send_error(s, req, 400,
-                      "since is required: the version of the rows the client holds (0: none; "
-                      "a cold start reads /table first)");
+                      "since is required: the next a table page or delta gave, the version of "
+                      "the rows the client holds (0: none; a cold start reads /table first)");
         return;
     }
     if (param_i64(params, "max_rows", SV_ROWS_DEFAULT, SV_ROWS_MAX, &max_rows) != 0 ||
@@ -706,7 +820,7 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
     sv_rows_job_t *j = job_new(s, req, name, JOB_DELTA, json);
     if (j == NULL)
         return;
-    j->since = since;
+    snprintf(j->since, sizeof(j->since), "%s", since);
     j->max_rows = max_rows;
     snprintf(j->epoch, sizeof(j->epoch), "%s", ep != NULL ? ep : "");
     submit(s, req, j);
@@ -722,12 +836,17 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
         return;
     if (cursor == NULL || cursor[0] == '\0')
         cursor = "0";
+    /* "c", or "k.c" for a model of shards: its shape here, the shard on
+     * the reader */
+    const char *dot = strchr(cursor, '.');
     char *end;
     errno = 0;
-    (void)strtoull(cursor, &end, 10); /* HSCAN's cursors are unsigned 64-bit */
-    if (*end != '\0' || errno != 0 || strspn(cursor, "0123456789") != strlen(cursor) ||
+    (void)strtoull(dot != NULL ? dot + 1 : cursor, &end, 10); /* HSCAN's: unsigned 64-bit */
+    if (errno != 0 || strspn(cursor, "0123456789.") != strlen(cursor) ||
+        (dot != NULL && (dot == cursor || strchr(dot + 1, '.') != NULL || dot[1] == '\0')) ||
+        strlen(dot != NULL ? dot + 1 : cursor) > 20 ||
         strlen(cursor) >= sizeof(((sv_rows_job_t *)0)->cursor)) {
-        sv_send_error(s, req, 400, "cursor must be the decimal cursor a page gave");
+        sv_send_error(s, req, 400, "cursor must be the cursor a page gave");
         return;
     }
     if (param_i64(params, "count", SV_ROWS_DEFAULT, SV_ROWS_MAX, &count) != 0 || count == 0) {

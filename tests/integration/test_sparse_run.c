@@ -92,16 +92,56 @@ static void progressive_windows_equal_fit_sparse(void)
     redisFree(c);
 }
 
+/* GET path of serve on port as safetensors (200, or the test fails). */
+static fr_st_file_t *get_st(int port, const char *url)
+{
+    char errstr[256];
+    harness_resp_t resp;
+    harness_http(port, tmp_dir, &resp, "", url);
+    if (resp.code != 200)
+        fail_msg("GET %s: %d %s", url, resp.code, resp.body);
+    fr_st_file_t *st = fr_st_parse((const uint8_t *)resp.body, resp.len, errstr, sizeof(errstr));
+    if (st == NULL)
+        fail_msg("GET %s: %s", url, errstr);
+    harness_resp_free(&resp);
+    return st;
+}
+
+/* Marks the rows of answer st (its ids and rows tensors) in seen, each
+ * checked bit for bit against the store's value; the count of rows new to
+ * seen. */
+static size_t served_rows(const fr_st_file_t *st, const char **stored, uint8_t *seen)
+{
+    const fr_st_tensor_t *ids = fr_st_find(st, "ids"), *rows = fr_st_find(st, "rows");
+    assert_true(ids != NULL && rows != NULL);
+    size_t n = ids->nbytes / 4, fresh = 0;
+    assert_int_equal(rows->nbytes, n * ROWL * 4);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t row = ((const uint32_t *)ids->data)[i];
+        assert_true(row < (1u << 16));
+        if (stored[row] == NULL)
+            fail_msg("row %u served, not in the store", row);
+        assert_memory_equal((const float *)rows->data + i * ROWL, stored[row],
+                            ROWL * sizeof(float));
+        fresh += seen[row] == 0; /* HSCAN may give a row twice, never miss one */
+        seen[row] = 1;
+    }
+    return fresh;
+}
+
 /*
- * freshet serve on the store a run left (docs/design.md "Serving sparse
- * models"): ready (a sparse model has no weights to load), and its table,
- * read a page at a time, holds exactly the store's rows, each once, with
- * the store's parameters bit for bit.
+ * freshet serve on the store a run of model (S shards) left (docs/design.md
+ * "Serving sparse models"): ready (a sparse model has no weights to load);
+ * its table read a page at a time, and its deltas from nothing read until
+ * no more is waiting, each hold exactly the store's rows, each once, with
+ * the store's parameters bit for bit; the delta ends at the version the
+ * table's first page gave, as its next (the shards' versions); /rows gives
+ * stored rows and, for rows never written, their initial values.
  */
-static void served_table_equals_store(redisContext *c, const char *conf)
+static void served_table_equals_store(redisContext *c, const char *conf, const char *model, int S)
 {
     int port = harness_free_port();
-    char listen[64], lp[300], errstr[256];
+    char listen[64], lp[300];
     snprintf(listen, sizeof(listen), "serve.listen=127.0.0.1:%d", port);
     path(lp, "serve.log");
     char *argv[] = {FRESHET_BIN, "serve", "--config", (char *)conf, "--set", listen, NULL};
@@ -111,52 +151,85 @@ static void served_table_equals_store(redisContext *c, const char *conf)
     harness_await_code(port, tmp_dir, &resp, "/readyz", 200, 250, 20);
     assert_int_equal(resp.code, 200);
     harness_resp_free(&resp);
-    redisReply *r = redisCommand(c, "HGETALL freshet:{spr}:rows");
-    assert_true(r != NULL && r->type == REDIS_REPLY_ARRAY);
     const char **stored = calloc(1u << 16, sizeof(*stored)); /* row -> its value */
     assert_non_null(stored);
-    for (size_t k = 0; k + 1 < r->elements; k += 2) {
-        const unsigned char *kb = (const unsigned char *)r->element[k]->str;
-        stored[kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24] =
-            r->element[k + 1]->str;
-    }
-    uint8_t *served = calloc(1u << 16, 1);
-    assert_non_null(served);
-    size_t distinct = 0;
-    char cursor[32] = "0", url[128];
-    do {
-        snprintf(url, sizeof(url), "/v2/models/spr/table?count=1000&cursor=%s", cursor);
-        harness_http(port, tmp_dir, &resp, "", url);
-        assert_int_equal(resp.code, 200);
-        fr_st_file_t *st =
-            fr_st_parse((const uint8_t *)resp.body, resp.len, errstr, sizeof(errstr));
-        if (st == NULL)
-            fail_msg("%s", errstr);
-        const fr_st_tensor_t *ids = fr_st_find(st, "ids"), *rows = fr_st_find(st, "rows");
-        assert_true(ids != NULL && rows != NULL);
-        size_t n = ids->nbytes / 4;
-        assert_int_equal(rows->nbytes, n * ROWL * 4);
-        for (size_t i = 0; i < n; i++) {
-            uint32_t row = ((const uint32_t *)ids->data)[i];
-            assert_true(row < (1u << 16));
-            if (stored[row] == NULL)
-                fail_msg("row %u served, not in the store", row);
-            assert_memory_equal((const float *)rows->data + i * ROWL, stored[row],
-                                ROWL * sizeof(float));
-            distinct += served[row] == 0; /* HSCAN may give a row twice, never miss one */
-            served[row] = 1;
+    redisReply *r[S];
+    size_t nstored = 0;
+    for (int k = 0; k < S; k++) {
+        if (S == 1)
+            r[k] = redisCommand(c, "HGETALL freshet:{%s}:rows", model);
+        else
+            r[k] = redisCommand(c, "HGETALL freshet:{%s/s%d}:rows", model, k);
+        assert_true(r[k] != NULL && r[k]->type == REDIS_REPLY_ARRAY);
+        for (size_t i = 0; i + 1 < r[k]->elements; i += 2) {
+            const unsigned char *kb = (const unsigned char *)r[k]->element[i]->str;
+            stored[kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24] =
+                r[k]->element[i + 1]->str;
         }
+        nstored += r[k]->elements / 2;
+    }
+    uint8_t *seen = calloc(1u << 16, 1);
+    assert_non_null(seen);
+    size_t distinct = 0, pages = 0;
+    char cursor[64] = "0", url[256], first[256] = "";
+    do {
+        snprintf(url, sizeof(url), "/v2/models/%s/table?count=1000&cursor=%s", model, cursor);
+        fr_st_file_t *st = get_st(port, url);
+        distinct += served_rows(st, stored, seen);
+        if (pages++ == 0)
+            snprintf(first, sizeof(first), "%s", fr_st_meta(st, "freshet.next"));
         snprintf(cursor, sizeof(cursor), "%s", fr_st_meta(st, "freshet.cursor"));
         fr_st_destroy(st);
-        harness_resp_free(&resp);
     } while (strcmp(cursor, "0") != 0);
-    assert_int_equal(distinct, r->elements / 2);
-    free(served);
+    assert_int_equal(distinct, nstored);
+    /* no training since: a delta from nothing ends where the table began */
+    memset(seen, 0, 1u << 16);
+    distinct = 0;
+    char since[256] = "0", more[8];
+    do {
+        snprintf(url, sizeof(url), "/v2/models/%s/delta?since=%s&max_rows=4000", model, since);
+        fr_st_file_t *st = get_st(port, url);
+        distinct += served_rows(st, stored, seen);
+        assert_int_equal(fr_st_find(st, "tombstones")->nbytes, 0);
+        snprintf(since, sizeof(since), "%s", fr_st_meta(st, "freshet.next"));
+        snprintf(more, sizeof(more), "%s", fr_st_meta(st, "freshet.more"));
+        fr_st_destroy(st);
+    } while (strcmp(more, "true") == 0);
+    assert_int_equal(distinct, nstored);
+    assert_string_equal(since, first);
+    assert_int_equal(strchr(since, '.') != NULL, S > 1);
+    /* a stored row of each shard and a row never written, by id */
+    uint32_t ids[3] = {0, 0, 0};
+    int have = 0;
+    for (uint32_t row = 0; row < (1u << 16) && have < 3; row++) {
+        if (have < 2 && stored[row] != NULL && (int)(row % (uint32_t)S) == have % S)
+            ids[have++] = row;
+        else if (have == 2 && stored[row] == NULL)
+            ids[have++] = row;
+    }
+    assert_int_equal(have, 3);
+    snprintf(url, sizeof(url), "/v2/models/%s/rows?ids=%u,%u,%u", model, ids[0], ids[1], ids[2]);
+    fr_st_file_t *st = get_st(port, url);
+    const fr_st_tensor_t *flags = fr_st_find(st, "stored"), *rows = fr_st_find(st, "rows");
+    assert_true(flags != NULL && rows != NULL && flags->nbytes == 12);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(((const uint32_t *)flags->data)[i], i < 2);
+        if (i < 2)
+            assert_memory_equal((const float *)rows->data + i * ROWL, stored[ids[i]],
+                                ROWL * sizeof(float));
+        else /* never written: linear weight 0, a seeded embedding */
+            assert_float_equal(((const float *)rows->data)[i * ROWL], 0, 0);
+    }
+    fr_st_destroy(st);
+    free(seen);
     free(stored);
-    freeReplyObject(r);
+    for (int k = 0; k < S; k++)
+        freeReplyObject(r[k]);
     kill(pid, SIGTERM);
     int status = harness_wait(pid, 10000);
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fr_log(FR_LOG_INFO, "served %zu rows of %d shard(s): table in %zu pages, deltas to %s", nstored,
+           S, pages, since);
 }
 
 /*
@@ -213,7 +286,7 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
         freeReplyObject(r);
     }
     if (conf != NULL)
-        served_table_equals_store(c, conf);
+        served_table_equals_store(c, conf, model, S);
     float b = 0;
     for (int sh = 0; sh < S; sh++) {
         redisReply *r = redisCommand(c, "GET freshet:{%s}:w:0", tag[sh]);
@@ -562,7 +635,7 @@ static void test_two_shards_hold_fit_sparses_table_and_apply_each_record_once(vo
     records_and_fit("sx5", table);
     write_fit_conf(conf, "sps", "sx5", "shards = 2\n");
     freshet_ok("shards.log", "run", "--config", conf, "--samples", limit, NULL);
-    store_equals_fit_shards("sps", 2, table, NULL);
+    store_equals_fit_shards("sps", 2, table, conf);
     for (int k = 0; k < 2; k++) {
         char tag[16];
         snprintf(tag, sizeof(tag), "sps/s%d", k);
