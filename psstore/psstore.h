@@ -243,29 +243,29 @@ fr_err_t psstore_sparse_meta_parse(const char *text, sparse_spec_t *spec, sparse
  * meta's delta_floor says from which version the history is whole.
  */
 typedef struct psstore_rows_page {
-    uint64_t epoch;  /* the sum of the shards' epochs (the model's at S = 1) */
-    int64_t version; /* the sum of at[]                                  */
-    int shards;      /* S: at[] holds S versions                          */
-    int64_t at[PSSTORE_SHARDS_MAX]; /* each shard's version: delta: the page
-                        covers (since[k], at[k]] on shard k, the next since;
-                        scan: the versions when the page was read         */
-    int64_t floor;   /* delta: the oldest since answered (expired: the
-                        expired shard's)                                   */
-    int64_t head;    /* delta: the store's version when it was read (ditto) */
-    int expired;     /* delta: since is older than floor, or newer than the
-                        model, or the model was created again: reload the
-                        table; nothing else set                           */
-    int expired_shard; /* ... on this shard                               */
-    int more;        /* delta: entries after version remain (scan: pages)  */
-    int64_t time_ms; /* delta: when the newest commit it holds was written
-                        (0: none)                                          */
+    /* the sums of the shards' epochs and of at[] (the model's at S = 1) */
+    uint64_t epoch;
+    int64_t version;
+    /* each of the S shards' versions: delta: the page covers (since[k],
+     * at[k]] on shard k, the next since; scan: when the page was read */
+    int shards;
+    int64_t at[PSSTORE_SHARDS_MAX];
+    /* delta: the oldest since answered, and the store's version when it was
+     * read (expired: the expired shard's) */
+    int64_t floor, head;
+    /* delta: since is older than floor, or newer than the model, or the
+     * model was created again, on shard expired_shard: reload the table;
+     * nothing else set */
+    int expired, expired_shard;
+    int more;        /* delta: entries after at[] remain; scan: pages remain */
+    int64_t time_ms; /* delta: when the newest commit it holds was written (0: none) */
     float bias;
-    size_t n; /* rows present, ids[n], params[n][1 + D]            */
+    size_t n; /* rows present, ids[n], params[n][1 + D] */
     uint32_t *ids;
     float *params;
-    size_t ngone; /* delta: rows deleted since, gone[ngone]             */
+    size_t ngone; /* delta: rows deleted since, gone[ngone] */
     uint32_t *gone;
-    size_t cap; /* the buffers, kept from call to call            */
+    size_t cap; /* the buffers, kept from call to call */
     uint8_t *found;
 } psstore_rows_page_t;
 

@@ -545,8 +545,8 @@ static int parse_cursor(const char *cursor, int S, int *k, char hscan[32])
     } else {
         char *end;
         long x = strtol(cursor, &end, 10);
-        if (S == 1 || end != dot || end == cursor || x < 0 || x >= S ||
-            strlen(dot + 1) >= 32 || dot[1] == '\0')
+        if (S == 1 || end != dot || end == cursor || x < 0 || x >= S || strlen(dot + 1) >= 32 ||
+            dot[1] == '\0')
             return -1;
         *k = (int)x;
         snprintf(hscan, 32, "%s", dot + 1);

@@ -184,9 +184,9 @@ static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
     snprintf(more, sizeof(more), "%s", p->more ? "true" : "false");
     snprintf(t, sizeof(t), "%lld", (long long)p->time_ms);
     fr_st_kv_t meta[10] = {{"freshet.model", a->model},
-                          {"freshet.sparse", table},
-                          {"freshet.epoch", ep},
-                          {"freshet.version", ver}};
+                           {"freshet.sparse", table},
+                           {"freshet.epoch", ep},
+                           {"freshet.version", ver}};
     size_t nmeta = 4;
     if (strcmp(a->kind, "delta") == 0) {
         meta[nmeta++] = (fr_st_kv_t){"freshet.since", a->since};
