@@ -411,21 +411,46 @@ static void test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record
             fail_msg("position %d applied %d times", p, seen[p]);
 }
 
-/* The sum of the store's watermarks of topic/0 and topic/1, and its version. */
-static int64_t watermarks(const char *model, const char *topic, int64_t *version)
+/* The tag of shard k of model's S shards into tag[80] (the model at S = 1). */
+static void shard_tag(char *tag, const char *model, int k, int S)
+{
+    if (S == 1)
+        snprintf(tag, 80, "%s", model);
+    else
+        snprintf(tag, 80, "%s/s%d", model, k);
+}
+
+/* The sum of the store's watermarks of topic/0 and topic/1 (a partition's:
+ * the least over the S shards), and its version (the sum of the shards'). */
+static int64_t watermarks_of(const char *model, int S, const char *topic, int64_t *version)
 {
     int64_t sum = 0;
-    char out[64];
+    char out[64], tag[80];
+    *version = 0;
     for (int p = 0; p < 2; p++) {
-        assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
-                                             "HGET freshet:{%s}:offsets %s/%d", model, topic, p),
-                         0);
-        sum += strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+        int64_t least = INT64_MAX;
+        for (int k = 0; k < S; k++) {
+            shard_tag(tag, model, k, S);
+            assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                                 "HGET freshet:{%s}:offsets %s/%d", tag, topic, p),
+                             0);
+            int64_t w = strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+            least = w < least ? w : least;
+        }
+        sum += least;
     }
-    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "GET freshet:{%s}:ver", model),
-                     0);
-    *version = strtoll(out, NULL, 10);
+    for (int k = 0; k < S; k++) {
+        shard_tag(tag, model, k, S);
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "GET freshet:{%s}:ver", tag),
+                         0);
+        *version += strtoll(out, NULL, 10);
+    }
     return sum;
+}
+
+static int64_t watermarks(const char *model, const char *topic, int64_t *version)
+{
+    return watermarks_of(model, 1, topic, version);
 }
 
 /* Sends n records of the synthetic stream of seed to topic, round robin,
@@ -461,18 +486,27 @@ static void write_conf(const char *conf, const char *model, const char *topic)
 }
 
 /* Asserts that every position [0, per) of topic/0 and topic/1 was applied
- * exactly once by model. */
-static void assert_once(const char *model, const char *topic, int per)
+ * exactly once by each of model's S shards. */
+static void assert_once_of(const char *model, int S, const char *topic, int per)
 {
     int *seen = calloc((size_t)per, sizeof(int));
     assert_non_null(seen);
-    for (int p = 0; p < 2; p++) {
-        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, per) > 0);
-        for (int k = 0; k < per; k++)
-            if (seen[k] != 1)
-                fail_msg("%s/%d position %d applied %d times", topic, p, k, seen[k]);
+    for (int k = 0; k < S; k++) {
+        char tag[80];
+        shard_tag(tag, model, k, S);
+        for (int p = 0; p < 2; p++) {
+            assert_true(harness_audit_count(&redis, tag, topic, p, NULL, seen, per) > 0);
+            for (int x = 0; x < per; x++)
+                if (seen[x] != 1)
+                    fail_msg("%s: %s/%d position %d applied %d times", tag, topic, p, x, seen[x]);
+        }
     }
     free(seen);
+}
+
+static void assert_once(const char *model, const char *topic, int per)
+{
+    assert_once_of(model, 1, topic, per);
 }
 
 /*
@@ -482,41 +516,62 @@ static void assert_once(const char *model, const char *topic, int per)
  * the commit that writes the rows and the offsets, so what the kill lost
  * was never recorded, and is read and applied again).
  */
-static void test_a_killed_sparse_run_applies_every_record_once(void **state)
+static void killed_run_applies_every_record_once(const char *model, int S, const char *topic,
+                                                 const char *seed)
 {
-    (void)state;
     enum { PER = 8000 };
-    char conf[300], log[300];
-    path(conf, "kill.conf");
-    preload("sx2", "6", 2 * PER);
-    write_conf(conf, "spk", "sx2");
+    char conf[300], log[300], name[32];
+    snprintf(name, sizeof(name), "kill-%.12s.conf", model);
+    path(conf, name);
+    preload(topic, seed, 2 * PER);
+    write_conf(conf, model, topic);
+    FILE *f = fopen(conf, "a"); /* still in [psstore] */
+    assert_non_null(f);
+    fprintf(f, "shards = %d\n", S);
+    assert_int_equal(fclose(f), 0);
     char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
-    path(log, "kill1.log");
+    snprintf(name, sizeof(name), "kill1-%.12s.log", model);
+    path(log, name);
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
     int64_t version = 0, at_kill = 0, v_kill = 0;
-    for (int i = 0; i < 600 && version < 40; i++) {
+    for (int i = 0; i < 600 && version < 40 * S; i++) {
         harness_sleep_ms(50);
-        watermarks("spk", "sx2", &version);
+        watermarks_of(model, S, topic, &version);
     }
-    assert_true(version >= 40);
-    at_kill = watermarks("spk", "sx2", &v_kill);
+    assert_true(version >= 40 * S);
+    at_kill = watermarks_of(model, S, topic, &v_kill);
     assert_int_equal(kill(pid, SIGKILL), 0);
     harness_wait(pid, 5000);
-    path(log, "kill2.log");
+    snprintf(name, sizeof(name), "kill2-%.12s.log", model);
+    path(log, name);
     pid = harness_spawn(argv, log);
     assert_true(pid > 0);
-    for (int i = 0; i < WAIT_MS / 100 && watermarks("spk", "sx2", &version) < 2 * PER; i++)
+    for (int i = 0; i < WAIT_MS / 100 && watermarks_of(model, S, topic, &version) < 2 * PER; i++)
         harness_sleep_ms(100);
-    assert_int_equal(watermarks("spk", "sx2", &version), 2 * PER);
+    assert_int_equal(watermarks_of(model, S, topic, &version), 2 * PER);
     assert_int_equal(kill(pid, SIGTERM), 0);
     int status = harness_wait(pid, 20000);
     assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    assert_once("spk", "sx2", PER);
+    assert_once_of(model, S, topic, PER);
     fr_log(FR_LOG_INFO,
-           "killed at version %lld with %lld of %d positions committed; each applied once, "
-           "version %lld at the end",
-           (long long)v_kill, (long long)at_kill, 2 * PER, (long long)version);
+           "%d shard(s): killed at version %lld with %lld of %d positions committed; each "
+           "applied once on every shard, version %lld at the end",
+           S, (long long)v_kill, (long long)at_kill, 2 * PER, (long long)version);
+}
+
+static void test_a_killed_sparse_run_applies_every_record_once(void **state)
+{
+    (void)state;
+    killed_run_applies_every_record_once("spk", 1, "sx2", "6");
+}
+
+/* The same at 2 shards: each shard's applier commits its rows with its
+ * own offsets, and each applies every position once. */
+static void test_a_killed_run_of_two_shards_applies_every_record_once_on_each(void **state)
+{
+    (void)state;
+    killed_run_applies_every_record_once("spk2", 2, "sx6", "7");
 }
 
 /*
@@ -705,7 +760,8 @@ static int setup(void **state)
     (void)state;
     return harness_stack_start(
         tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
-        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx5:1 --topic sx8:2 --topic sx9:1");
+        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx5:1 --topic sx6:2 --topic sx8:2 "
+        "--topic sx9:1");
 }
 
 static int teardown(void **state)
@@ -721,6 +777,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once),
         cmocka_unit_test(test_a_killed_sparse_run_applies_every_record_once),
+        cmocka_unit_test(test_a_killed_run_of_two_shards_applies_every_record_once_on_each),
         cmocka_unit_test(test_two_shards_hold_fit_sparses_table_and_apply_each_record_once),
         cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
         cmocka_unit_test(test_ps_and_train_apart_leave_fit_sparses_table),
