@@ -15,8 +15,11 @@
 # run (INFO stats) over N, printed beside what a dense model of the
 # table's size would move (its weights pulled and its gradient pushed once
 # a batch); its rows/s the rows its workers pulled (and pushed) a second.
+# SHARDS > 1 cuts the table over that many shards (docs/design.md "Sparse
+# models on shards"), an applier each; the rate and loss then come from
+# shard 0's versions stream (every shard applies every batch).
 # usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
-#        bash bench/sparse_run.sh [WORKERS] [FRESHET]
+#        [SHARDS=1] bash bench/sparse_run.sh [WORKERS] [FRESHET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2}
@@ -25,6 +28,7 @@ n=${N:-200000}
 rounds=${ROUNDS:-3}
 spec=${SPEC:-fields:39,buckets:2^22,dim:8}
 batch=${BATCH:-256}
+shards=${SHARDS:-1}
 parts=$(((n + 9999) / 10000))
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 # shellcheck source=deploy/stack.sh
@@ -35,7 +39,7 @@ stack_start "$work" "$bin" "clicks:$parts"
     >"$work/synth.log" 2>&1
 "$bin" produce --data "$work/clicks.bin" --format binary --encode binary \
     --bootstrap "$stack_bootstrap" --topic clicks --partitions-by roundrobin >>"$work/produce.log"
-echo "sparse_run.sh: $n records in $parts partitions, $spec, batch $batch, $workers worker(s)," \
+echo "sparse_run.sh: $n records in $parts partitions, $spec, $shards shard(s), batch $batch, $workers worker(s)," \
     "$rounds rounds; floor: $(tail -1 "$work/synth.log")"
 
 # Bytes Redis received and sent so far (INFO stats): a run's traffic is the
@@ -82,12 +86,16 @@ url = redis://127.0.0.1:$stack_port/0
 listen =
 [trainer]
 workers = $workers
+[psstore]
+shards = $shards
 CONF
+    vtag=$model
+    [ "$shards" -gt 1 ] && vtag="$model/s0"
     before=$(redis_bytes)
     "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
     moved=$(($(redis_bytes) - before))
     # versions entries: version, epoch, tau, lr_eff, loss, n, worker, t (ms)
-    redis-cli -p "$stack_port" --no-raw XRANGE "freshet:{$model}:versions" - + |
+    redis-cli -p "$stack_port" --no-raw XRANGE "freshet:{$vtag}:versions" - + |
         awk '/"tau"/ {getline; gsub(/"/, ""); tau = $2}
              /"loss"/ {getline; gsub(/"/, ""); loss = $2}
              /"n"$/ {getline; gsub(/"/, ""); m = $2}

@@ -73,7 +73,8 @@ fr_err_t ps_rows_take(psstore_conn_t *c, const redisReply *r, size_t len, size_t
 /*
  * MULTI, HGET meta epoch, GET ver, GET w:0, HMGET rows (in chunks), EXEC,
  * under the tag of shard k of S (the model's own at S = 1); the EXEC's
- * reply holds them in that order. Queued only: psstore_rows_pull_recv
+ * reply holds them in that order. Queued and sent (so that the next
+ * shard's send overlaps this one's round trip): psstore_rows_pull_recv
  * reads it.
  */
 fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int S,
@@ -112,8 +113,9 @@ fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int
     if (err != FR_OK) {
         ps_pipeline_discard(c);
         *queued = 0;
+        return err;
     }
-    return err;
+    return ps_pipeline_flush(c);
 }
 
 fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
@@ -539,7 +541,7 @@ static int parse_cursor(const char *cursor, int S, int *k, char hscan[32])
     const char *dot = strchr(cursor, '.');
     *k = 0;
     if (dot == NULL) {
-        if (S > 1 && strcmp(cursor, "0") != 0)
+        if ((S > 1 && strcmp(cursor, "0") != 0) || strlen(cursor) >= 32)
             return -1;
         snprintf(hscan, 32, "%s", cursor);
     } else {

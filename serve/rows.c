@@ -122,14 +122,20 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
               (long long)p->version);
     sv_json_f32(&b, p->bias);
     if (strcmp(a->kind, "delta") == 0) {
-        sv_puts(&b, ",\"since\":");
-        sv_json_str(&b, a->since);
+        sv_puts(&b, ",\"since\":"); /* a number at one shard, as ever; the vector's text */
+        if (strchr(a->since, '.') == NULL)
+            sv_puts(&b, a->since);
+        else
+            sv_json_str(&b, a->since);
         sv_printf(&b, ",\"more\":%s,\"time_ms\":%lld", p->more ? "true" : "false",
                   (long long)p->time_ms);
     }
     if (a->next != NULL) {
         sv_puts(&b, ",\"next\":");
-        sv_json_str(&b, a->next);
+        if (strchr(a->next, '.') == NULL)
+            sv_puts(&b, a->next);
+        else
+            sv_json_str(&b, a->next);
     }
     if (a->cursor != NULL) {
         sv_puts(&b, ",\"cursor\":");
@@ -298,7 +304,8 @@ static void next_text(const psstore_rows_page_t *p, char *out, size_t size)
 
 /* j's since as S versions: one at S = 1; at S > 1 the S versions a page
  * or delta gave as next, or "0" (nothing held). 0, or -1 after setting
- * the error. */
+ * the error: 400 for text that is no list of versions, 410 for a list of
+ * another length (the model was made again with other shards: reload). */
 static int parse_since(sv_rows_job_t *j, int S, int64_t *since)
 {
     const char *p = j->since;
@@ -306,21 +313,32 @@ static int parse_since(sv_rows_job_t *j, int S, int64_t *since)
         memset(since, 0, (size_t)S * sizeof(*since));
         return 0;
     }
-    for (int k = 0; k < S; k++) {
+    int n = 0;
+    for (;;) {
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || *p == '-' || *p == '+' || errno != 0 || v == INT64_MAX ||
-            (k + 1 < S ? *end != '.' : *end != '\0')) {
+            (*end != '.' && *end != '\0')) {
             job_error(j, 400,
-                      "since '%.40s': model '%s' has %d shard%s; since is the next a table page or "
-                      "delta gave (%s)",
-                      j->since, j->name, S, S == 1 ? "" : "s",
-                      S == 1 ? "a version" : "the shards' versions, separated by '.'");
+                      "since '%.40s' is not the next a table page or delta gave (versions "
+                      "separated by '.')",
+                      j->since);
             return -1;
         }
-        since[k] = v;
+        if (n < S)
+            since[n] = v;
+        n++;
+        if (*end == '\0')
+            break;
         p = end + 1;
+    }
+    if (n != S) {
+        job_error(j, 410,
+                  "since names %d shard%s; model '%s' has %d: it was created again; reload "
+                  "/v2/models/%s/table",
+                  n, n == 1 ? "" : "s", j->name, S, j->name);
+        return -1;
     }
     return 0;
 }
@@ -414,17 +432,14 @@ static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
     psstore_rows_page_t page = {0};
     fr_err_t err = psstore_rows_delta(*c, j->name, S, since, spec, optim, SV_DELTA_COMMITS,
                                       (size_t)j->max_rows, &page);
-    char shard[32] = "", next[PSSTORE_SHARDS_MAX * 21];
+    char shard[32] = "", next[PSSTORE_SHARDS_MAX * 21], asked_text[PSSTORE_SHARDS_MAX * 21];
     if (S > 1)
         snprintf(shard, sizeof(shard), " on shard %d", page.expired_shard);
     int64_t asked = since[page.expired_shard];
+    /* the expired test first: an expired delta stops at that shard, so its
+     * epoch is not the whole model's */
     if (err != FR_OK)
         read_failed(j, c, err);
-    else if (j->epoch[0] != '\0' && strtoull(j->epoch, NULL, 10) != page.epoch)
-        job_error(j, 410,
-                  "epoch %s is not the model's (%llu): it was created again or rolled back; "
-                  "reload /v2/models/%s/table",
-                  j->epoch, (unsigned long long)page.epoch, j->name);
     else if (page.expired && asked > page.head)
         job_error(j, 410,
                   "version %lld%s is newer than the model's (%lld): it was created again or lost "
@@ -435,13 +450,22 @@ static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
                   "version %lld%s is older than the changes kept (from version %lld, [sparse] "
                   "delta_seconds); reload /v2/models/%s/table",
                   (long long)asked, shard, (long long)page.floor, j->name);
+    else if (j->epoch[0] != '\0' && strtoull(j->epoch, NULL, 10) != page.epoch)
+        job_error(j, 410,
+                  "epoch %s is not the model's (%llu): it was created again or rolled back; "
+                  "reload /v2/models/%s/table",
+                  j->epoch, (unsigned long long)page.epoch, j->name);
     else {
         next_text(&page, next, sizeof(next));
+        /* since as the versions it names ("007" is 7) */
+        psstore_rows_page_t asked_at = {.shards = S};
+        memcpy(asked_at.at, since, (size_t)S * sizeof(*since));
+        next_text(&asked_at, asked_text, sizeof(asked_text));
         answer_t a = {.model = j->name,
                       .kind = "delta",
                       .spec = spec,
                       .page = &page,
-                      .since = j->since,
+                      .since = asked_text,
                       .next = next};
         encode(j, &a);
     }
@@ -451,6 +475,16 @@ static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
 static void run_table(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
                       const sparse_optim_t *optim, int S)
 {
+    /* a cursor of another shard count: the model was made again */
+    const char *dot = strchr(j->cursor, '.');
+    if (dot != NULL ? S == 1 || strtol(j->cursor, NULL, 10) >= S
+                    : S > 1 && strcmp(j->cursor, "0") != 0) {
+        job_error(j, 410,
+                  "cursor '%s' is not one of model '%s', which has %d shard%s: it was created "
+                  "again; read its table again from cursor 0",
+                  j->cursor, j->name, S, S == 1 ? "" : "s");
+        return;
+    }
     psstore_rows_page_t page = {0};
     char cursor[48], next[PSSTORE_SHARDS_MAX * 21];
     fr_err_t err =

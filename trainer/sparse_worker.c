@@ -297,7 +297,12 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
             memcpy(wk->sparams + j * rowlen, wk->grad + (size_t)wk->order[j] * rowlen,
                    rowlen * sizeof(float));
         msg.loss_sum = *loss;
-        diverged = !isfinite(*loss);
+        /* decided once on the whole gradient, as dense shards decide: a
+         * score that overflowed can leave the loss finite and some rows'
+         * gradients not, and every shard must then drop its part */
+        diverged = !isfinite(*loss) || !isfinite(gbias);
+        for (size_t i = 0; i < nrows * rowlen && !diverged; i++)
+            diverged = !isfinite(wk->grad[i]);
         if (diverged) { /* every shard drops it as non-finite: positions marked */
             msg.loss_sum = 0;
             *loss = 0;
@@ -491,6 +496,12 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
             psstore_client_new(p->url, p->model, (size_t)p->S, conf->max_pending, errstr, size);
         if (wk->cl == NULL)
             goto err;
+        if (psstore_client_shard(wk->cl, p->S - 1) == NULL ||
+            psstore_client_shard(wk->cl, p->S) != NULL) { /* created again meanwhile */
+            fr_errorf(FR_ERR_STATE, errstr, size,
+                      "sparse workers: model '%s' no longer has %d shard(s)", p->model, p->S);
+            goto err;
+        }
         psstore_client_any_length(wk->cl);
     }
     return p;

@@ -35,17 +35,6 @@
 #define TOKEN   "t0ken-for-tests"
 #define WAITERS 500
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 static harness_redis_t redis;
 static harness_applier_t applier;
 static char tmp_dir[256];
@@ -628,7 +617,7 @@ static void test_500_waiters_wake_together_and_hangups_are_dropped(void **state)
             fail_msg("client %d got: %s", i, buf[i]);
     double ms = (double)(t_last - t_commit) * 1e-6;
     fprintf(stderr, "%d clients answered within %.1f ms of the commit\n", WAITERS - 1, ms);
-    assert_true(ms < (SANITIZED ? 500.0 : 50.0));
+    assert_true(ms < (HARNESS_SANITIZED ? 500.0 : 50.0));
     for (int i = 0; i < 200 && series_value("freshet_http_longpoll_waiting", NULL) > 0; i++)
         harness_sleep_ms(5);
     assert_true(series_value("freshet_http_longpoll_waiting", NULL) == 0);

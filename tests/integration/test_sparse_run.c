@@ -107,6 +107,15 @@ static fr_st_file_t *get_st(int port, const char *url)
     return st;
 }
 
+/* GET url of serve on port answers code, its body holding needle. */
+static void get_code(int port, const char *url, int code, const char *needle)
+{
+    harness_resp_t resp;
+    harness_http(port, tmp_dir, &resp, "", url);
+    harness_expect(&resp, code, needle);
+    harness_resp_free(&resp);
+}
+
 /* Marks the rows of answer st (its ids and rows tensors) in seen, each
  * checked bit for bit against the store's value; the count of rows new to
  * seen. */
@@ -198,6 +207,31 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
     assert_int_equal(distinct, nstored);
     assert_string_equal(since, first);
     assert_int_equal(strchr(since, '.') != NULL, S > 1);
+    /* positions of another history: a since beyond the first shard's
+     * version, one of another shard count, a cursor of another shard count
+     * (410: reload the table); a since that is no list of versions (400) */
+    char bad[300];
+    snprintf(bad, sizeof(bad), "/v2/models/%s/delta?since=9999999%s", model, S > 1 ? ".0" : "");
+    get_code(port, bad, 410, S > 1 ? "on shard 0 is newer" : "is newer than the model's");
+    snprintf(bad, sizeof(bad), "/v2/models/%s/delta?since=%s", model, S > 1 ? "5" : "5.5");
+    get_code(port, bad, 410, S > 1 ? "since names 1 shard" : "since names 2 shards");
+    snprintf(bad, sizeof(bad), "/v2/models/%s/delta?since=1..2", model);
+    get_code(port, bad, 400, "is not the next a table page or delta gave");
+    snprintf(bad, sizeof(bad), "/v2/models/%s/table?cursor=%s", model, S > 1 ? "17" : "0.17");
+    get_code(port, bad, 410, "read its table again from cursor 0");
+    /* the epoch a page gave is the model's: the delta from its next is empty */
+    snprintf(url, sizeof(url), "/v2/models/%s/table?count=1", model);
+    fr_st_file_t *head = get_st(port, url);
+    snprintf(bad, sizeof(bad), "/v2/models/%s/delta?since=%s&epoch=%s", model,
+             fr_st_meta(head, "freshet.next"), fr_st_meta(head, "freshet.epoch"));
+    fr_st_file_t *empty = get_st(port, bad);
+    assert_int_equal(fr_st_find(empty, "ids")->nbytes, 0);
+    assert_string_equal(fr_st_meta(empty, "freshet.next"), fr_st_meta(head, "freshet.next"));
+    fr_st_destroy(empty);
+    snprintf(bad, sizeof(bad), "/v2/models/%s/delta?since=%s&epoch=1", model,
+             fr_st_meta(head, "freshet.next"));
+    get_code(port, bad, 410, "epoch 1 is not the model's");
+    fr_st_destroy(head);
     /* a stored row of each shard and a row never written, by id */
     uint32_t ids[3] = {0, 0, 0};
     int have = 0;
@@ -233,10 +267,12 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
 }
 
 /*
- * The rows model left in the store equal fit-sparse's table (the file
- * table) to 1e-5, and its bias; with conf, freshet serve of that
- * configuration serves the same table. A model of S > 1 shards: shard k
- * holds the rows r % S == k, shard 0's w:0 is the bias, the others' 0.
+ * The rows model left in the store are fit-sparse's table (the file
+ * table), bit for bit, and so is its bias; every row the store lacks has
+ * in that table its initial value (fit-sparse never stepped it: the run
+ * lost no row); with conf, freshet serve of that configuration serves the
+ * same table. A model of S > 1 shards: shard k holds the rows r % S == k,
+ * shard 0's w:0 is the bias, the others' 0.
  */
 static void store_equals_fit_shards(const char *model, int S, const char *table, const char *conf)
 {
@@ -253,7 +289,8 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
     redisContext *c = redisConnect("127.0.0.1", redis.port);
     assert_true(c != NULL && c->err == 0);
     size_t nrows = 0;
-    double worst = 0;
+    uint8_t *held = calloc(1u << 16, 1);
+    assert_non_null(held);
     char tag[S][80];
     for (int k = 0; k < S; k++)
         if (S == 1)
@@ -273,18 +310,32 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
                 kb[0] | (uint32_t)kb[1] << 8 | (uint32_t)kb[2] << 16 | (uint32_t)kb[3] << 24;
             assert_true(row < (1u << 16));
             assert_int_equal(row % (uint32_t)S, sh);
+            held[row] = 1;
             float got[ROWL], want[ROWL];
             memcpy(got, v->str, sizeof(got));
             memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
-            for (int j = 0; j < ROWL; j++) {
-                double d = fabs((double)got[j] - want[j]);
-                worst = d > worst ? d : worst;
-                if (d > 1e-5)
+            for (int j = 0; j < ROWL; j++)
+                if (memcmp(&got[j], &want[j], sizeof(float)) != 0)
                     fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
-            }
         }
         freeReplyObject(r);
     }
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+    assert_int_equal(sparse_spec_parse(SPEC, &spec, errstr, sizeof(errstr)), FR_OK);
+    sparse_optim_defaults(&optim, SPARSE_OPTIM_FTRL);
+    optim.seed = 42;
+    size_t untouched = 0;
+    for (uint32_t row = 0; row < (1u << 16); row++) {
+        float init[ROWL], state[STATEL];
+        if (held[row])
+            continue;
+        sparse_row_init(&spec, &optim, row, init, state);
+        if (memcmp(init, (const float *)rows->data + (size_t)row * ROWL, sizeof(init)) != 0)
+            fail_msg("row %u: fit-sparse stepped it, the store lacks it", row);
+        untouched++;
+    }
+    free(held);
     if (conf != NULL)
         served_table_equals_store(c, conf, model, S);
     float b = 0;
@@ -293,14 +344,17 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
         assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
         float x;
         memcpy(&x, r->str, 4);
-        assert_float_equal(x, sh == 0 ? ((const float *)bias->data)[0] : 0.0f, 1e-5);
+        float want = sh == 0 ? ((const float *)bias->data)[0] : 0.0f;
+        assert_memory_equal(&x, &want, sizeof(x));
         b = sh == 0 ? x : b;
         freeReplyObject(r);
     }
     redisFree(c);
     fr_st_destroy(st);
-    fr_log(FR_LOG_INFO, "%zu rows in the store equal fit-sparse's (worst %.2g), bias %.6f", nrows,
-           worst, b);
+    fr_log(FR_LOG_INFO,
+           "%zu rows in the store are fit-sparse's bit for bit, the %zu others their initial "
+           "values in both; bias %.6f",
+           nrows, untouched, b);
     assert_true(nrows > 1000);
 }
 
@@ -640,38 +694,73 @@ static void test_two_sparse_runs_share_the_topic_and_apply_each_record_once(void
  * each gradient's commit): the store ends with fit-sparse's table over the
  * same records in the same batches, every record applied once.
  */
-static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
+static void apart_leave_fit_sparses_table(const char *model, int S, const char *topic)
 {
-    (void)state;
-    char table[300], conf[300], lps[300], ltr[300];
-    path(conf, "split.conf");
-    path(lps, "ps.log");
-    path(ltr, "train.log");
-    records_and_fit("sx9", table);
-    write_fit_conf(conf, "spl", "sx9", "");
-    char *ps_argv[] = {FRESHET_BIN, "ps", "--config", conf, NULL};
+    char table[300], conf[300], lps[2][300], ltr[300], name[32];
+    snprintf(name, sizeof(name), "split-%.12s.conf", model);
+    path(conf, name);
+    snprintf(name, sizeof(name), "train-%.12s.log", model);
+    path(ltr, name);
+    records_and_fit(topic, table);
+    write_fit_conf(conf, model, topic, S > 1 ? "shards = 2\n" : "");
+    /* at 2 shards an applier process each (ps --shards k) */
+    pid_t ps[2] = {0, 0};
+    for (int k = 0; k < S; k++) {
+        char list[8];
+        snprintf(list, sizeof(list), "%d", k);
+        snprintf(name, sizeof(name), "ps%d-%.12s.log", k, model);
+        path(lps[k], name);
+        char *one[] = {FRESHET_BIN, "ps", "--config", conf, NULL};
+        char *some[] = {FRESHET_BIN, "ps", "--config", conf, "--shards", list, NULL};
+        ps[k] = harness_spawn(S > 1 ? some : one, lps[k]);
+        assert_true(ps[k] > 0);
+    }
     char *train_argv[] = {FRESHET_BIN, "train", "--config", conf, NULL};
-    pid_t ps = harness_spawn(ps_argv, lps), train = harness_spawn(train_argv, ltr);
-    assert_true(ps > 0 && train > 0);
+    pid_t train = harness_spawn(train_argv, ltr);
+    assert_true(train > 0);
     int64_t version = 0, applied = 0;
     for (int i = 0; i < 1200 && applied < N; i++) { /* 60 s at most */
         harness_sleep_ms(50);
-        applied = watermarks("spl", "sx9", &version);
+        applied = watermarks_of(model, S, topic, &version);
     }
     assert_int_equal(applied, N);
     kill(train, SIGTERM);
-    kill(ps, SIGTERM);
-    int st_train = harness_wait(train, 20000), st_ps = harness_wait(ps, 20000);
-    assert_true(st_train >= 0 && WIFEXITED(st_train) && WEXITSTATUS(st_train) == 0);
-    assert_true(st_ps >= 0 && WIFEXITED(st_ps) && WEXITSTATUS(st_ps) == 0);
+    int st = harness_wait(train, 20000);
+    assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
     assert_true(harness_file_contains(ltr, "its appliers run in freshet ps"));
-    assert_true(harness_file_contains(lps, "1 applier(s) of sparse model spl"));
-    store_equals_fit("spl", table, NULL);
-    int seen[N];
-    assert_true(harness_audit_count(&redis, "spl", "sx9", 0, "applied", seen, N) == N / 256);
-    for (int p = 0; p < N; p++)
-        if (seen[p] != 1)
-            fail_msg("position %d applied %d times", p, seen[p]);
+    for (int k = 0; k < S; k++) {
+        kill(ps[k], SIGTERM);
+        st = harness_wait(ps[k], 20000);
+        assert_true(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        char says[64];
+        snprintf(says, sizeof(says), "1 applier(s) of sparse model %s", model);
+        assert_true(harness_file_contains(lps[k], says));
+    }
+    store_equals_fit_shards(model, S, table, NULL);
+    for (int k = 0; k < S; k++) {
+        char tag[80];
+        shard_tag(tag, model, k, S);
+        int seen[N];
+        assert_true(harness_audit_count(&redis, tag, topic, 0, "applied", seen, N) == N / 256);
+        for (int p = 0; p < N; p++)
+            if (seen[p] != 1)
+                fail_msg("%s: position %d applied %d times", tag, p, seen[p]);
+    }
+}
+
+static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
+{
+    (void)state;
+    apart_leave_fit_sparses_table("spl", 1, "sx9");
+}
+
+/* The same at 2 shards, each shard's applier in a freshet ps of its own
+ * (--shards 0, --shards 1): the workers pull every shard's rows from the
+ * store, both shards' transactions in flight at once. */
+static void test_two_shards_apart_in_three_processes_leave_fit_sparses_table(void **state)
+{
+    (void)state;
+    apart_leave_fit_sparses_table("spl2", 2, "sx7");
 }
 
 /*
@@ -760,7 +849,8 @@ static int setup(void **state)
     (void)state;
     return harness_stack_start(
         tmp_dir, "sparse", &redis, &broker, FRESHET_BIN,
-        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx5:1 --topic sx6:2 --topic sx8:2 "
+        "--topic sx1:1 --topic sx2:2 --topic sx3:2 --topic sx5:1 --topic sx6:2 --topic sx7:1 "
+        "--topic sx8:2 "
         "--topic sx9:1");
 }
 
@@ -781,6 +871,7 @@ int main(void)
         cmocka_unit_test(test_two_shards_hold_fit_sparses_table_and_apply_each_record_once),
         cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
         cmocka_unit_test(test_ps_and_train_apart_leave_fit_sparses_table),
+        cmocka_unit_test(test_two_shards_apart_in_three_processes_leave_fit_sparses_table),
         cmocka_unit_test(test_progressive_windows_carry_the_generators_floor),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
