@@ -260,6 +260,14 @@ static fr_err_t sub_failed(psstore_client_t *cl, int k, fr_err_t err)
     return ps_fail(cl->c, err, "shard %d: %s", k, psstore_conn_error(cl->sub[k]->c));
 }
 
+/* The same for shard k's client sub, which is cl itself at one shard. */
+static fr_err_t sub_failed_at(psstore_client_t *cl, psstore_client_t *sub, int k, fr_err_t err)
+{
+    if (sub == cl)
+        return err;
+    return ps_fail(cl->c, err, "shard %d: %s", k, psstore_conn_error(sub->c));
+}
+
 const char *psstore_client_error(const psstore_client_t *cl)
 {
     return cl != NULL ? psstore_conn_error(cl->c) : "psstore: no client";
@@ -613,6 +621,93 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
              r->str != NULL ? r->str : "");
     freeReplyObject(r);
     cl->bytes += g->len * sizeof(float);
+    return FR_OK;
+}
+
+/* One reply of a pipeline on c: an integer into *v (XLEN), or the id of
+ * an XADD into id[64] (v NULL). */
+static fr_err_t read_one(psstore_conn_t *c, long long *v, char *id)
+{
+    fr_err_t err;
+    redisReply *r = ps_pipeline_read(c, &err);
+    if (r == NULL)
+        return err;
+    if (v != NULL && r->type == REDIS_REPLY_INTEGER)
+        *v = r->integer;
+    else if (v == NULL && r->type == REDIS_REPLY_STRING)
+        snprintf(id, 64, "%.*s", (int)r->len, r->str);
+    else
+        err = ps_fail(c, FR_ERR_REDIS, "push: unexpected reply%s%.200s",
+                      r->type == REDIS_REPLY_ERROR ? ": " : "",
+                      r->type == REDIS_REPLY_ERROR ? r->str : "");
+    freeReplyObject(r);
+    return err;
+}
+
+fr_err_t psstore_push_each(psstore_client_t *cl, const psstore_grad_t *parts, int n,
+                           int timeout_ms)
+{
+    psstore_client_t *sh[PSSTORE_SHARDS_MAX];
+    fr_err_t first = FR_OK;
+    int at = -1; /* the shard of the first error */
+    if (n < 1 || n > PSSTORE_SHARDS_MAX)
+        return ps_fail(cl->c, FR_ERR_INVAL, "push: %d parts", n);
+    for (int k = 0; k < n; k++) {
+        if ((sh[k] = psstore_client_shard(cl, k)) == NULL)
+            return ps_fail(cl->c, FR_ERR_INVAL, "push: the model has no shard %d", k);
+        const psstore_grad_t *g = &parts[k];
+        if (g->n > 0 && (sh[k]->any_length ? g->len == 0 : g->len != sh[k]->nparams))
+            return ps_fail(cl->c, FR_ERR_INVAL,
+                           "push: shard %d: gradient of %zu floats, %zu parameters", k, g->len,
+                           sh[k]->nparams);
+        fr_err_t err = ps_grad_encode(&sh[k]->args, sh[k]->key_grads, g);
+        if (err != FR_OK)
+            return ps_fail(cl->c, err, "push: shard %d: %s", k,
+                           err == FR_ERR_INVAL && sh[k]->args.text ? sh[k]->args.text
+                                                                   : "bad gradient");
+    }
+    /* room: every shard's XLEN in flight at once; a full stream waits */
+    long long pending[PSSTORE_SHARDS_MAX];
+    int sent[PSSTORE_SHARDS_MAX];
+    for (int k = 0; k < n; k++) {
+        const char *argv[] = {"XLEN", sh[k]->key_grads};
+        pending[k] = 0;
+        sent[k] = ps_pipeline_append(sh[k]->c, 2, argv, NULL) == FR_OK &&
+                  ps_pipeline_flush(sh[k]->c) == FR_OK;
+    }
+    for (int k = 0; k < n; k++) {
+        fr_err_t err = sent[k] ? read_one(sh[k]->c, &pending[k], NULL) : FR_ERR_REDIS;
+        /* a full stream waits; a broken connection asks again, reconnected */
+        if (err != FR_OK || pending[k] >= sh[k]->max_pending)
+            err = wait_for_room(sh[k], timeout_ms);
+        if (err != FR_OK && first == FR_OK) {
+            first = err;
+            at = k;
+        }
+    }
+    if (first != FR_OK)
+        return sub_failed_at(cl, sh[at], at, first);
+    /* the gradients: every XADD in flight at once. A failure leaves the
+     * shards that added theirs holding it: the gap rule reads the batch
+     * again and they drop it as a duplicate */
+    for (int k = 0; k < n; k++)
+        sent[k] = ps_pipeline_append(sh[k]->c, sh[k]->args.argc, sh[k]->args.argv,
+                                     sh[k]->args.lens) == FR_OK &&
+                  ps_pipeline_flush(sh[k]->c) == FR_OK;
+    for (int k = 0; k < n; k++) {
+        fr_err_t err = sent[k] ? read_one(sh[k]->c, NULL, sh[k]->last_id) : FR_ERR_REDIS;
+        if (err == FR_OK)
+            sh[k]->bytes += parts[k].len * sizeof(float);
+        else if (first == FR_OK) {
+            first = err;
+            at = k;
+        }
+    }
+    if (first != FR_OK)
+        return sub_failed_at(cl, sh[at], at, first);
+    /* the in-flight bound and the gap rule look up the last shard's entry */
+    if (sh[n - 1] != cl)
+        memcpy(cl->last_id, sh[n - 1]->last_id, sizeof(cl->last_id));
     return FR_OK;
 }
 

@@ -390,6 +390,16 @@ fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout
 /* A sparse model's client (psstore.h "Sparse models"): its gradients pack
  * a batch's rows, so their length varies; the applier checks each one. */
 void psstore_client_any_length(psstore_client_t *cl);
+/* Pushes parts[k] to shard k's grads stream, k < n (the model's shards:
+ * a sparse model's worker pushes each shard the gradient of its rows, with
+ * that shard's epoch and version), each as psstore_push would, but every
+ * shard's room check and then every XADD in flight at once: n shards in
+ * two round trips' time. A failure leaves the shards that added theirs
+ * holding it (the gap rule reads the batch again; they drop it as a
+ * duplicate). psstore_client_last_id(cl) is then the last shard's entry,
+ * psstore_client_last_id(psstore_client_shard(cl, k)) shard k's. */
+fr_err_t psstore_push_each(psstore_client_t *cl, const psstore_grad_t *parts, int n,
+                           int timeout_ms);
 /* Shard k's own client (cl itself for a model of one shard; NULL for no
  * such shard): a sparse model's worker pushes each shard the gradient of
  * that shard's rows, and waits on each shard's entry. It belongs to cl. */

@@ -314,31 +314,32 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     }
     uint64_t t3 = fr_clock_mono_ns();
     float *out = wk->packed;
+    psstore_grad_t parts[PSSTORE_SHARDS_MAX];
     for (int k = 0; k < S; k++) {
-        psstore_grad_t part = msg;
         size_t lo = wk->off[k], m = wk->off[k + 1] - lo;
-        part.epoch = epochs[k];
-        part.version = versions[k];
+        parts[k] = msg;
+        parts[k].epoch = epochs[k];
+        parts[k].version = versions[k];
         if (b->n > 0) {
             psstore_sparse_pack(wk->srows + lo, m, wk->sparams + lo * rowlen, conf->spec.dim,
                                 k == 0 ? gbias : 0, out);
-            part.g = out;
-            part.len = psstore_sparse_grad_len(m, conf->spec.dim);
+            parts[k].g = out;
+            parts[k].len = psstore_sparse_grad_len(m, conf->spec.dim);
             if (diverged)
-                out[part.len - 1] = NAN;
-            out += part.len;
+                out[parts[k].len - 1] = NAN;
+            out += parts[k].len;
         }
-        psstore_client_t *cl = psstore_client_shard(wk->cl, k);
-        if ((err = psstore_push(cl, &part, PUSH_WAIT_MS)) != FR_OK) {
-            /* the shards before hold theirs: they drop it as a duplicate
-             * when the gap rule reads the batch again */
-            fr_log(FR_LOG_WARN, "worker %s: push to shard %d: %s", wk->id, k,
-                   psstore_client_error(cl));
-            return err;
-        }
-        if (conf->in_flight > 0 && b->n > 0)
-            snprintf(wk->flight[k], sizeof(wk->flight[k]), "%s", psstore_client_last_id(cl));
     }
+    /* every shard's push in flight at once; a failure leaves the shards
+     * that took theirs holding it: they drop it as a duplicate when the gap
+     * rule reads the batch again */
+    if ((err = psstore_push_each(wk->cl, parts, S, PUSH_WAIT_MS)) != FR_OK) {
+        fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
+        return err;
+    }
+    for (int k = 0; k < S && conf->in_flight > 0 && b->n > 0; k++)
+        snprintf(wk->flight[k], sizeof(wk->flight[k]), "%s",
+                 psstore_client_last_id(psstore_client_shard(wk->cl, k)));
     pthread_mutex_lock(&wk->pool->lock);
     sparse_prog_window_t w, closed[CLOSED_MAX];
     size_t nclosed = 0;
