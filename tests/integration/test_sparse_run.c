@@ -180,7 +180,7 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
     uint8_t *seen = calloc(1u << 16, 1);
     assert_non_null(seen);
     size_t distinct = 0, pages = 0;
-    char cursor[64] = "0", url[256], first[256] = "";
+    char cursor[64] = "0", url[512], first[256] = "";
     do {
         snprintf(url, sizeof(url), "/v2/models/%s/table?count=1000&cursor=%s", model, cursor);
         fr_st_file_t *st = get_st(port, url);
@@ -706,7 +706,7 @@ static void apart_leave_fit_sparses_table(const char *model, int S, const char *
     /* at 2 shards an applier process each (ps --shards k) */
     pid_t ps[2] = {0, 0};
     for (int k = 0; k < S; k++) {
-        char list[8];
+        char list[16];
         snprintf(list, sizeof(list), "%d", k);
         snprintf(name, sizeof(name), "ps%d-%.12s.log", k, model);
         path(lps[k], name);
