@@ -171,8 +171,9 @@ static const conf_key_t schema[] = {
           "every record scored before the model learned from it."),
 
     K_INT("psstore", "shards", "1", 1, 64,
-          "Shards a new model's weights are cut into, each with its own applier and Redis "
-          "Cluster slot (chosen when the model is created; 1 keeps one)."),
+          "Shards a new model is cut into (a dense model's weights at row boundaries, a "
+          "sparse model's rows by row % S), each with its own applier and Redis Cluster slot "
+          "(chosen when the model is created; 1 keeps one)."),
     K_INT("psstore", "max_pending", "64", 1, NO_MAX,
           "Gradients that may wait in the grads stream; a push waits beyond it (backpressure)."),
     K_INT("psstore", "commit_ms", "10", 0, NO_MAX,

@@ -644,8 +644,7 @@ static fr_err_t read_one(psstore_conn_t *c, long long *v, char *id)
     return err;
 }
 
-fr_err_t psstore_push_each(psstore_client_t *cl, const psstore_grad_t *parts, int n,
-                           int timeout_ms)
+fr_err_t psstore_push_each(psstore_client_t *cl, const psstore_grad_t *parts, int n, int timeout_ms)
 {
     psstore_client_t *sh[PSSTORE_SHARDS_MAX];
     fr_err_t first = FR_OK;
