@@ -717,6 +717,11 @@ void psstore_client_any_length(psstore_client_t *cl)
         cl->sub[k]->any_length = 1;
 }
 
+psstore_conn_t *psstore_client_conn(psstore_client_t *cl)
+{
+    return cl->c;
+}
+
 psstore_client_t *psstore_client_shard(psstore_client_t *cl, int k)
 {
     if (cl->nsub == 0)

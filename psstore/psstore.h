@@ -404,6 +404,10 @@ fr_err_t psstore_push_each(psstore_client_t *cl, const psstore_grad_t *parts, in
  * such shard): a sparse model's worker pushes each shard the gradient of
  * that shard's rows, and waits on each shard's entry. It belongs to cl. */
 psstore_client_t *psstore_client_shard(psstore_client_t *cl, int k);
+/* The connection of client cl (of its shard's node), for the reads a
+ * worker makes besides pulls and pushes (a sparse model's rows): one
+ * connection a shard serves both. It belongs to cl and its thread. */
+psstore_conn_t *psstore_client_conn(psstore_client_t *cl);
 
 /* The stream id of the last gradient this client pushed ("" before any). */
 const char *psstore_client_last_id(const psstore_client_t *cl);

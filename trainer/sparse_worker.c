@@ -40,8 +40,8 @@ typedef struct sworker {
     char id[128];
     pthread_t tid;
     int running;
-    psstore_client_t *cl;                   /* pushes (a client per shard within) */
-    psstore_conn_t *pc[PSSTORE_SHARDS_MAX]; /* pulls: a connection per shard      */
+    psstore_client_t *cl; /* pushes and pulls (a client per shard within, each with
+                             the connection of its shard's node) */
     sparse_batch_t *b;
     float *params, *grad, *packed, *state, *p;
     uint8_t *found;
@@ -75,8 +75,6 @@ struct trainer_sparse {
 static void worker_free(sworker_t *wk)
 {
     psstore_client_destroy(wk->cl);
-    for (int k = 0; k < PSSTORE_SHARDS_MAX; k++)
-        psstore_conn_destroy(wk->pc[k]);
     sparse_batch_destroy(wk->b);
     free(wk->params);
     free(wk->grad);
@@ -143,6 +141,12 @@ static void flight_wait(sworker_t *wk)
     }
 }
 
+/* The connection of shard k's client: its pulls share it with its pushes. */
+static psstore_conn_t *shard_conn(sworker_t *wk, int k)
+{
+    return psstore_client_conn(psstore_client_shard(wk->cl, k));
+}
+
 /* Groups the batch's nrows rows by shard into order, srows and off (a
  * counting sort: batch order within a shard, so one shard's order is the
  * batch's). */
@@ -206,10 +210,10 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epochs,
         }
         wk->miss_off[k + 1] = mo + nm;
         if ((!local[k] || nm > 0) && err == FR_OK &&
-            (err = psstore_rows_pull_send(wk->pc[k], model, k, S, wk->miss_rows + mo, nm,
+            (err = psstore_rows_pull_send(shard_conn(wk, k), model, k, S, wk->miss_rows + mo, nm,
                                           &queued[k])) != FR_OK)
             fr_log(FR_LOG_WARN, "worker %s: pull of shard %d: %s", wk->id, k,
-                   psstore_conn_error(wk->pc[k]));
+                   psstore_conn_error(shard_conn(wk, k)));
     }
     for (int k = 0; k < S; k++) {
         size_t mo = wk->miss_off[k], nm = wk->miss_off[k + 1] - mo;
@@ -218,13 +222,13 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epochs,
         float b;
         uint64_t e;
         int64_t v;
-        fr_err_t e2 =
-            psstore_rows_pull_recv(wk->pc[k], model, &conf->spec, &conf->optim, nm, queued[k],
-                                   wk->miss_params + mo * rowlen, wk->miss_found + mo, &b, &e, &v);
+        fr_err_t e2 = psstore_rows_pull_recv(shard_conn(wk, k), model, &conf->spec, &conf->optim,
+                                             nm, queued[k], wk->miss_params + mo * rowlen,
+                                             wk->miss_found + mo, &b, &e, &v);
         if (e2 != FR_OK) {
             if (err == FR_OK)
                 fr_log(FR_LOG_WARN, "worker %s: pull of shard %d: %s", wk->id, k,
-                       psstore_conn_error(wk->pc[k]));
+                       psstore_conn_error(shard_conn(wk, k)));
             err = e2;
             continue;
         }
@@ -374,10 +378,11 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     /* the windows for the dashboard (the evals stream, as holdouts of dense
      * models); outside the lock, and a failure costs only the point */
     for (size_t k = 0; k < nclosed; k++)
-        if (psstore_eval_report_progressive(wk->pc[0], wk->pool->model, version, closed[k].logloss,
-                                            closed[k].auc, closed[k].floor, closed[k].n) != FR_OK)
+        if (psstore_eval_report_progressive(psstore_client_conn(wk->cl), wk->pool->model, version,
+                                            closed[k].logloss, closed[k].auc, closed[k].floor,
+                                            closed[k].n) != FR_OK)
             fr_log(FR_LOG_WARN, "worker %s: progressive window not reported: %s", wk->id,
-                   psstore_conn_error(wk->pc[0]));
+                   psstore_conn_error(psstore_client_conn(wk->cl)));
     return FR_OK;
 }
 
@@ -489,9 +494,6 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
             fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
             goto err;
         }
-        for (int k = 0; k < p->S; k++)
-            if ((wk->pc[k] = psstore_conn_new(p->url, 5000, errstr, size)) == NULL)
-                goto err;
         /* the model's w is a float a shard (its bias on shard 0) */
         wk->cl =
             psstore_client_new(p->url, p->model, (size_t)p->S, conf->max_pending, errstr, size);
