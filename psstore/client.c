@@ -573,8 +573,9 @@ static fr_err_t wait_for_room(psstore_client_t *cl, int timeout_ms)
  * A sharded model (docs/design.md "Shards"): each shard gets its slice,
  * with the (epoch, version) of that shard the gradient was computed on
  * and the whole gradient's L2 norm, so that every shard rejects a
- * non-finite gradient and clips alike. The slices go out one after
- * another; a failure leaves the earlier shards holding theirs, and the
+ * non-finite gradient and clips alike. The slices go out together
+ * (psstore_push_each: every room check, then every XADD, in flight at
+ * once); a failure leaves the shards that took theirs holding it, and the
  * gap rule reads the batch again (those shards drop it as a duplicate).
  */
 static fr_err_t push_shards(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms)
@@ -584,16 +585,10 @@ static fr_err_t push_shards(psstore_client_t *cl, const psstore_grad_t *g, int t
         return ps_fail(cl->c, FR_ERR_INVAL, "push: the gradient names %d shards, the model %d",
                        at->n, cl->nsub);
     double norm = ps_grad_norm(g);
-    for (int k = 0; k < cl->nsub; k++) {
-        psstore_grad_t slice;
-        ps_grad_slice(g, at, k, norm, &slice);
-        fr_err_t err = psstore_push(cl->sub[k], &slice, timeout_ms);
-        if (err != FR_OK)
-            return sub_failed(cl, k, err);
-    }
-    /* the in-flight bound waits on the last shard's entry */
-    memcpy(cl->last_id, cl->sub[cl->nsub - 1]->last_id, sizeof(cl->last_id));
-    return FR_OK;
+    psstore_grad_t slices[PSSTORE_SHARDS_MAX];
+    for (int k = 0; k < cl->nsub; k++)
+        ps_grad_slice(g, at, k, norm, &slices[k]);
+    return psstore_push_each(cl, slices, cl->nsub, timeout_ms);
 }
 
 fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms)

@@ -222,6 +222,11 @@ static inline int psstore_sparse_shard(uint32_t row, int S)
 {
     return S > 1 ? (int)(row % (uint32_t)S) : 0;
 }
+/* Groups rows[n] by shard of S, keeping their order within a shard (a
+ * counting sort): shard k's are sorted[off[k] .. off[k + 1]), and
+ * sorted[j] = rows[order[j]]. off has S + 1 entries. */
+void psstore_sparse_group(const uint32_t *rows, size_t n, int S, uint32_t *order, uint32_t *sorted,
+                          size_t *off);
 fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int S,
                                 const uint32_t *rows, size_t n, size_t *queued);
 fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,

@@ -20,6 +20,22 @@ void ps_row_field(uint32_t row, unsigned char f[4])
     f[3] = (unsigned char)(row >> 24);
 }
 
+void psstore_sparse_group(const uint32_t *rows, size_t n, int S, uint32_t *order, uint32_t *sorted,
+                          size_t *off)
+{
+    size_t at[PSSTORE_SHARDS_MAX + 1] = {0};
+    for (size_t i = 0; i < n; i++)
+        at[psstore_sparse_shard(rows[i], S) + 1]++;
+    for (int k = 0; k < S; k++)
+        at[k + 1] += at[k];
+    memcpy(off, at, ((size_t)S + 1) * sizeof(*off));
+    for (size_t i = 0; i < n; i++) {
+        size_t j = at[psstore_sparse_shard(rows[i], S)]++;
+        order[j] = (uint32_t)i;
+        sorted[j] = rows[i];
+    }
+}
+
 void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim, float gbias,
                          float *out)
 {

@@ -359,7 +359,7 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     page.params = malloc(n * keep * sizeof(float));
     page.found = malloc(n);
     uint32_t *stored = malloc(n * sizeof(*stored)), *sids = malloc(n * sizeof(*sids));
-    size_t *order = malloc(n * sizeof(*order));
+    uint32_t *order = malloc(n * sizeof(*order));
     float *sparams = malloc(n * keep * sizeof(float));
     uint8_t *sfound = malloc(n);
     float *state = malloc((slen ? slen : 1) * sizeof(float));
@@ -369,17 +369,8 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
         job_error(j, 500, "out of memory");
         goto out;
     }
-    size_t off[PSSTORE_SHARDS_MAX + 1] = {0}, at[PSSTORE_SHARDS_MAX];
-    for (size_t i = 0; i < n; i++) /* the ids grouped by shard */
-        off[psstore_sparse_shard(j->ids[i], S) + 1]++;
-    for (int k = 0; k < S; k++)
-        off[k + 1] += off[k];
-    memcpy(at, off, sizeof(at));
-    for (size_t i = 0; i < n; i++) {
-        size_t x = at[psstore_sparse_shard(j->ids[i], S)]++;
-        order[x] = i;
-        sids[x] = j->ids[i];
-    }
+    size_t off[PSSTORE_SHARDS_MAX + 1];
+    psstore_sparse_group(j->ids, n, S, order, sids, off); /* the ids grouped by shard */
     for (int k = 0; k < S && err == FR_OK; k++) {
         size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
         float bias;

@@ -147,27 +147,6 @@ static psstore_conn_t *shard_conn(sworker_t *wk, int k)
     return psstore_client_conn(psstore_client_shard(wk->cl, k));
 }
 
-/* Groups the batch's nrows rows by shard into order, srows and off (a
- * counting sort: batch order within a shard, so one shard's order is the
- * batch's). */
-static void group(sworker_t *wk, size_t nrows)
-{
-    int S = wk->pool->S;
-    const uint32_t *rows = wk->b->rows;
-    memset(wk->off, 0, sizeof(wk->off));
-    for (size_t i = 0; i < nrows; i++)
-        wk->off[psstore_sparse_shard(rows[i], S) + 1]++;
-    for (int k = 0; k < S; k++)
-        wk->off[k + 1] += wk->off[k];
-    size_t at[PSSTORE_SHARDS_MAX];
-    memcpy(at, wk->off, sizeof(at));
-    for (size_t i = 0; i < nrows; i++) {
-        size_t j = at[psstore_sparse_shard(rows[i], S)]++;
-        wk->order[j] = (uint32_t)i;
-        wk->srows[j] = rows[i];
-    }
-}
-
 /*
  * The rows of the batch, the bias and each shard's (epoch, version), in
  * shard order (sparams, sfound), then in the batch's (params, found): in
@@ -276,7 +255,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         return err;
     }
     size_t nrows = b->n > 0 ? wk->b->nrows : 0, rowlen = sparse_row_len(&conf->spec);
-    group(wk, nrows);
+    psstore_sparse_group(wk->b->rows, nrows, wk->pool->S, wk->order, wk->srows, wk->off);
     uint64_t t0 = fr_clock_mono_ns();
     flight_wait(wk);
     uint64_t t1 = fr_clock_mono_ns();
