@@ -1352,12 +1352,18 @@ static void test_sharded_appliers_decide_snapshot_and_roll_back_alike(void **sta
     assert_int_equal(psstore_model_weights(c, "sn", now, m.nparams, &epoch, &version), FR_OK);
     assert_memory_equal(now, snap6, sizeof(now));
     /* each shard's offsets are its own part's (each part was taken at that
-     * shard's next commit: shard 0's at position 6, the other's maybe later) */
+     * shard's next commit: shard 0's at position 6, the other's wherever
+     * shard 1 stood when the request reached it, perhaps before it had
+     * applied any gradient: then the part has no offsets, and neither has
+     * the shard after the rollback) */
     for (int k = 0; k < 2; k++) {
         r = raw(rc, "HGET freshet:{sn/s%d}:offsets t/0", k);
         redisReply *sr = raw(rc, "HGET freshet:{sn/s%d}:snap:6 offsets", k);
-        char want[64];
-        snprintf(want, sizeof(want), "t/0=%s\n", r->str);
+        char want[64] = "";
+        if (r->type == REDIS_REPLY_STRING)
+            snprintf(want, sizeof(want), "t/0=%s\n", r->str);
+        else
+            assert_int_equal(k, 1);
         assert_string_equal(sr->str, want);
         if (k == 0)
             assert_string_equal(r->str, "7"); /* gradients 0..6, 4 dropped: version 6 */
