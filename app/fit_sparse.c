@@ -31,7 +31,9 @@ static void fit_sparse_usage(FILE *out)
                  "input), with progressive validation: each batch is scored before the model\n"
                  "learns from it. One line per window: the window's mean logloss, AUC and\n"
                  "click rate, and samples/s; at the end the mean logloss of every record.\n"
-                 "D = 0 is hashed logistic regression, D > 0 a factorization machine.\n"
+                 "D = 0 is hashed logistic regression, D > 0 a factorization machine;\n"
+                 "fields:F,buckets:2^B,dim:D,tower:64-32 adds a dense ReLU tower over the\n"
+                 "fields' embeddings.\n"
                  "\n"
                  "  --sparse S           the table: fields per record (criteo: 39), 2^B rows,\n"
                  "                       embedding width D\n"
@@ -54,7 +56,8 @@ static void fit_sparse_usage(FILE *out)
                  "                       rest with the model frozen (how a model that stops\n"
                  "                       training falls behind a drifting stream)\n"
                  "  --out W              write the table as safetensors: \"rows\" [2^B, 1+D] and\n"
-                 "                       \"bias\" [1], the shape in its metadata\n"
+                 "                       \"bias\" [1] (and \"tower\" [P] with a tower), the shape\n"
+                 "                       in its metadata\n"
                  "  -h, --help           this text\n"
                  "\n"
                  "Malformed records are skipped and counted by reason. Exit status: 0 done,\n"
@@ -129,12 +132,13 @@ static int parse_opts(fit_sparse_opts_t *o, int argc, char **argv)
     return 0;
 }
 
-/* The model in memory: the table, its optimizer state and the bias. */
+/* The model in memory: the table, its optimizer state and the dense part
+ * (the bias and the tower) with its state. */
 typedef struct table {
     sparse_spec_t spec;
     sparse_optim_t optim;
     size_t rl, sl;
-    float *rows, *state, bias, bias_state[2];
+    float *rows, *state, *dense, *dense_state, *gdense;
 } table_t;
 
 static int table_init(table_t *t, uint64_t nrows)
@@ -143,7 +147,11 @@ static int table_init(table_t *t, uint64_t nrows)
     t->sl = sparse_state_len(&t->spec, &t->optim);
     t->rows = malloc(nrows * t->rl * sizeof(float));
     t->state = malloc(nrows * t->sl * sizeof(float));
-    if (t->rows == NULL || t->state == NULL) {
+    t->dense = malloc(sparse_dense_len(&t->spec) * sizeof(float));
+    t->gdense = malloc(sparse_dense_len(&t->spec) * sizeof(float));
+    t->dense_state = calloc(sparse_dense_state_len(&t->spec), sizeof(float));
+    if (t->rows == NULL || t->state == NULL || t->dense == NULL || t->gdense == NULL ||
+        t->dense_state == NULL) {
         fprintf(stderr, "freshet %s: out of memory for %llu rows\n", CMD,
                 (unsigned long long)nrows);
         return APP_EXIT_FAILURE;
@@ -151,6 +159,7 @@ static int table_init(table_t *t, uint64_t nrows)
     for (uint64_t r = 0; r < nrows; r++)
         sparse_row_init(&t->spec, &t->optim, (uint32_t)r, t->rows + r * t->rl,
                         t->state + r * t->sl);
+    sparse_dense_init(&t->spec, t->optim.seed, t->dense); /* as the store's creation */
     return 0;
 }
 
@@ -161,21 +170,21 @@ static void table_step(table_t *t, const sparse_batch_t *b, float *params, float
 {
     for (size_t r = 0; r < b->nrows; r++)
         memcpy(params + r * t->rl, t->rows + (size_t)b->rows[r] * t->rl, t->rl * sizeof(float));
-    float gbias;
-    sparse_fm_grad(&t->spec, b, params, t->bias, grad, &gbias, p);
+    sparse_fm_grad(&t->spec, b, params, t->dense, grad, t->gdense, p);
     if (!learn)
         return;
     for (size_t r = 0; r < b->nrows; r++)
         sparse_row_step(&t->spec, &t->optim, t->rows + (size_t)b->rows[r] * t->rl,
                         t->state + (size_t)b->rows[r] * t->sl, grad + r * t->rl);
-    sparse_bias_step(&t->optim, &t->bias, t->bias_state, gbias);
+    sparse_dense_step(&t->spec, &t->optim, t->dense, t->dense_state, t->gdense);
 }
 
 static int table_write(const table_t *t, const char *path, uint64_t nrows)
 {
-    char spec[64], errstr[512];
+    char spec[128], errstr[512];
     sparse_spec_format(&t->spec, spec, sizeof(spec));
-    fr_st_tensor_t tensors[2] = {
+    size_t ntower = sparse_tower_len(&t->spec);
+    fr_st_tensor_t tensors[3] = {
         {.name = "rows",
          .dtype = "F32",
          .ndim = 2,
@@ -186,11 +195,18 @@ static int table_write(const table_t *t, const char *path, uint64_t nrows)
          .dtype = "F32",
          .ndim = 1,
          .shape = {1},
-         .data = &t->bias,
+         .data = t->dense,
          .nbytes = sizeof(float)},
+        {.name = "tower", /* the layers' W[in][out] and b[out], in order */
+         .dtype = "F32",
+         .ndim = 1,
+         .shape = {(int64_t)ntower},
+         .data = t->dense + 1,
+         .nbytes = ntower * sizeof(float)},
     };
     fr_st_kv_t meta[2] = {{"sparse", spec}, {"optimizer", sparse_optim_name(t->optim.kind)}};
-    if (fr_st_write_file(path, tensors, 2, meta, 2, errstr, sizeof(errstr)) != FR_OK) {
+    if (fr_st_write_file(path, tensors, ntower > 0 ? 3 : 2, meta, 2, errstr, sizeof(errstr)) !=
+        FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", CMD, errstr);
         return APP_EXIT_FAILURE;
     }
@@ -377,6 +393,9 @@ int app_cmd_fit_sparse(int argc, char **argv)
     free(ps.p);
     free(t.rows);
     free(t.state);
+    free(t.dense);
+    free(t.gdense);
+    free(t.dense_state);
     return rc;
 }
 #endif

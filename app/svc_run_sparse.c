@@ -173,15 +173,24 @@ static int ensure_model(sparse_run_t *r)
                              name, info.sparse[0] ? "sparse " : "",
                              info.sparse[0] ? info.sparse : info.layers, spec);
     } else if (err == FR_ERR_NOTFOUND) {
-        /* a float a shard: shard 0's is the bias, the others' stay 0 */
-        const float bias[PSSTORE_SHARDS_MAX] = {0};
+        /* shard 0's w is the dense part (the bias 0, the tower at its
+         * initial values), each other shard's one float held at 0 */
         int S = (int)fr_config_get_int(r->cfg, "psstore", "shards");
-        psstore_model_spec_t ms = {"sparse", "logistic", (size_t)S, S, spec};
-        if (psstore_model_create(c, name, &ms, bias, 0) != FR_OK &&
-            psstore_model_info(c, name, &info) != FR_OK) /* another process created it: fine */
-            rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
-        else if (psstore_model_info(c, name, &info) != FR_OK)
-            rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
+        size_t nd = sparse_dense_len(&r->dec.spec), n = nd + (size_t)S - 1;
+        float *w = calloc(n, sizeof(float));
+        psstore_model_spec_t ms = {"sparse", "logistic", n, S, spec};
+        if (w == NULL) {
+            fprintf(stderr, "freshet %s: out of memory\n", r->cmd);
+            rc = APP_EXIT_FAILURE;
+        } else {
+            sparse_dense_init(&r->dec.spec, r->optim.seed, w);
+            if (psstore_model_create(c, name, &ms, w, 0) != FR_OK &&
+                psstore_model_info(c, name, &info) != FR_OK) /* another process created it: fine */
+                rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
+            else if (psstore_model_info(c, name, &info) != FR_OK)
+                rc = app_usage_error(r->cmd, "%s", psstore_conn_error(c));
+        }
+        free(w);
     } else if (err != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, psstore_conn_error(c));
         rc = APP_EXIT_USAGE;

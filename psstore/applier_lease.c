@@ -84,8 +84,18 @@ static fr_err_t load_weights(psstore_applier_t *a)
     }
     a->n = r->len / 4;
     a->opt_len = psstore_optim_state_len(a->conf.ctl.optim, a->n);
-    if (a->sp != NULL)
-        a->opt_len = 2; /* a sparse model's w is its bias (sparse_bias_step's state) */
+    if (a->sp != NULL) {
+        /* a sparse model's w is its dense part on shard 0 (the bias and the
+         * tower: sparse_dense_step's state), one float held at 0 elsewhere */
+        size_t want = a->shard == 0 ? sparse_dense_len(&a->sp->spec) : 1;
+        if (a->n != want) {
+            freeReplyObject(r);
+            return ps_fail(a->c, FR_ERR_PARSE,
+                           "model '%s': w:0 holds %zu floats; the table %s wants %zu", a->model,
+                           a->n, a->shard == 0 ? "with its tower" : "of a shard past 0", want);
+        }
+        a->opt_len = 1 + a->n;
+    }
     if (a->conf.requests_only)
         a->opt_len = a->n; /* kept verbatim from snapshots: room for any optimizer */
     a->w = malloc(a->n * sizeof(float));

@@ -188,7 +188,8 @@ fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int 
 }
 
 fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
-                              uint8_t *found, float *bias, uint64_t *epoch, int64_t *version)
+                              uint8_t *found, float *bias, float *tower, uint64_t *epoch,
+                              int64_t *version)
 {
     ps_sparse_t *sp = a->sp;
     if (sp == NULL)
@@ -206,6 +207,8 @@ fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t
                    sp->rowlen * sizeof(float));
     }
     *bias = a->w[0];
+    if (tower != NULL && a->n > 1)
+        memcpy(tower, a->w + 1, (a->n - 1) * sizeof(float));
     *epoch = a->epoch;
     *version = a->version;
     pthread_rwlock_unlock(&sp->rw);
@@ -384,10 +387,10 @@ static fr_err_t insert_missing(ps_sparse_t *sp)
 int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t *m)
 {
     const ps_sparse_t *sp = a->sp;
-    size_t per = 2 + (size_t)sp->spec.dim;
-    if (g->len < 1 || (g->len - 1) % per != 0)
+    size_t per = 2 + (size_t)sp->spec.dim; /* then the shard's dense part, a->n floats */
+    if (g->len < a->n || (g->len - a->n) % per != 0)
         return 0;
-    *m = (g->len - 1) / per;
+    *m = (g->len - a->n) / per;
     if (*m > (size_t)1 << sp->spec.bits) /* more rows than the table: no batch's */
         return 0;
     for (size_t i = 0; i < *m; i++) {
@@ -435,10 +438,10 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
             sp->dirty_list[sp->ndirty++] = (uint32_t)s;
         }
     }
-    float gb;
-    memcpy(&gb, g->g + g->len - 1, sizeof(gb));
-    if (a->shard == 0) /* the bias is shard 0's; the other shards' w:0 stays 0 */
-        sparse_bias_step(&sp->optim, &a->w[0], a->opt, gb);
+    /* the dense part (the bias and the tower) is shard 0's; the other
+     * shards' w:0 stays 0 */
+    if (a->shard == 0)
+        sparse_dense_step(&sp->spec, &sp->optim, a->w, a->opt, g->g + g->len - a->n);
     a->version++;
     pthread_rwlock_unlock(&sp->rw);
     return FR_OK;

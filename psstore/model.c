@@ -523,11 +523,22 @@ static fr_err_t check_spec(psstore_conn_t *c, const psstore_model_spec_t *spec, 
                        "psstore: %zu parameters: a model holds 1 to 2^27 floats (Redis strings "
                        "hold at most 512 MiB)",
                        spec->nparams);
-    /* a sparse model's w is one float a shard: shard 0's is the bias, the
-     * others' stay 0 (docs/design.md "Sparse models on shards") */
-    if (spec->sparse != NULL && spec->nparams != (size_t)(spec->shards > 1 ? spec->shards : 1))
-        return ps_fail(c, FR_ERR_INVAL,
-                       "psstore: a sparse model's w is one float a shard (its bias on shard 0)");
+    /* a sparse model's w is its dense part (the bias and the tower) on
+     * shard 0, one float held at 0 on each other shard (docs/design.md
+     * "Sparse models on shards") */
+    if (spec->sparse != NULL) {
+        sparse_spec_t table;
+        sparse_optim_t optim;
+        char why[200];
+        if (psstore_sparse_meta_parse(spec->sparse, &table, &optim, why, sizeof(why)) != FR_OK)
+            return ps_fail(c, FR_ERR_INVAL, "psstore: %s", why);
+        size_t want = sparse_dense_len(&table) + (size_t)(spec->shards > 1 ? spec->shards - 1 : 0);
+        if (spec->nparams != want)
+            return ps_fail(c, FR_ERR_INVAL,
+                           "psstore: a sparse model's w is its dense part (%zu floats) and a "
+                           "float a shard past 0: %zu floats, not %zu",
+                           sparse_dense_len(&table), want, spec->nparams);
+    }
     return FR_OK;
 }
 
@@ -629,9 +640,11 @@ static fr_err_t create_sharded(psstore_conn_t *c, const char *name,
     size_t bounds[PSSTORE_SHARDS_MAX + 1];
     char ep[300];
     fr_err_t err;
-    if (spec->sparse != NULL) { /* rows go by row % S; w is a float a shard */
-        for (int k = 0; k <= S; k++)
-            bounds[k] = (size_t)k;
+    if (spec->sparse != NULL) { /* rows go by row % S; w is shard 0's dense part, a float a
+                                   shard past it (check_spec) */
+        bounds[0] = 0;
+        for (int k = 1; k <= S; k++)
+            bounds[k] = spec->nparams - (size_t)(S - k);
     } else if (psstore_shard_bounds(spec->layers, spec->nparams, S, bounds, c->errstr,
                                     sizeof(c->errstr)) != FR_OK) {
         return FR_ERR_INVAL;

@@ -179,44 +179,48 @@ fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys
  * Rows live in the hash freshet:{m}:rows (field: the row as 4 bytes
  * little-endian; value: its 1 + D parameters, then its optimizer state,
  * float32 LE: one field a row to read and write); a row never written
- * reads as sparse_row_init's value. The bias is the model's w:0 (one float), its
+ * reads as sparse_row_init's value. The dense part (the bias, then the
+ * tower's parameters: sparse_dense_len floats) is the model's w:0, its
  * state opt:0. A gradient (psstore_grad_t.g) packs the m rows of a batch,
- * their gradients and the bias's: [row bits x m, grad (1 + D) x m, bias],
- * m (2 + D) + 1 floats, the rows' 32 bits held as they are.
+ * their gradients and the dense part's: [row bits x m, grad (1 + D) x m,
+ * dense], m (2 + D) + ndense floats, the rows' 32 bits held as they are.
  * ---------------------------------------------------------------------- */
 
-/* The floats of a packed gradient of m rows of dimension dim. */
-static inline size_t psstore_sparse_grad_len(size_t m, int dim)
+/* The floats of a packed gradient of m rows of dimension dim and a dense
+ * part of ndense floats. */
+static inline size_t psstore_sparse_grad_len(size_t m, int dim, size_t ndense)
 {
-    return m * (size_t)(2 + dim) + 1;
+    return m * (size_t)(2 + dim) + ndense;
 }
 
-/* Packs rows[m], their gradients grads[m][1 + dim] and the bias's gbias
- * into out[psstore_sparse_grad_len(m, dim)]. */
-void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim, float gbias,
-                         float *out);
+/* Packs rows[m], their gradients grads[m][1 + dim] and the dense part's
+ * gdense[ndense] into out[psstore_sparse_grad_len(m, dim, ndense)]. */
+void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim,
+                         const float *gdense, size_t ndense, float *out);
 
 /*
  * A worker's pull, in one transaction: the parameters of rows[n] (each
  * sparse_row_len floats, the stored value's first: spec and optim give its
  * size) into params[n][1 + D], found[i] = 1 where the store has row i
  * (absent rows are left as they were: the caller fills them with
- * sparse_row_init), the bias, and the epoch and version they are.
- * FR_ERR_NOTFOUND for a model that does not exist, FR_ERR_PARSE for a row
- * of another size.
+ * sparse_row_init), the bias, the tower's parameters into
+ * tower[sparse_tower_len] (may be NULL: not read), and the epoch and
+ * version they are. FR_ERR_NOTFOUND for a model that does not exist,
+ * FR_ERR_PARSE for a row or a dense part of another size.
  */
 fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
                            const sparse_optim_t *optim, const uint32_t *rows, size_t n,
-                           float *params, uint8_t *found, float *bias, uint64_t *epoch,
-                           int64_t *version);
+                           float *params, uint8_t *found, float *bias, float *tower,
+                           uint64_t *epoch, int64_t *version);
 
 /*
  * A sparse model of S shards (docs/design.md "Sparse models on shards"):
  * shard k holds the rows r with r % S == k, under its own tag, with its own
- * applier; shard 0's w:0 is the bias. psstore_rows_pull in two halves for
- * shard k of S, so that the shards' transactions, each on the connection of
- * its node, overlap: send queues it (*queued replies to read), recv reads
- * it, with that shard's epoch and version (its bias: 0 on shards 1..S-1).
+ * applier; shard 0's w:0 is the dense part. psstore_rows_pull in two halves
+ * for shard k of S, so that the shards' transactions, each on the
+ * connection of its node, overlap: send queues it (*queued replies to
+ * read), recv reads it, with that shard's epoch and version (its bias: 0
+ * on shards 1..S-1, which have no tower: pass NULL).
  */
 static inline int psstore_sparse_shard(uint32_t row, int S)
 {
@@ -231,7 +235,8 @@ fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int
                                 const uint32_t *rows, size_t n, size_t *queued);
 fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
                                 const sparse_optim_t *optim, size_t n, size_t queued, float *params,
-                                uint8_t *found, float *bias, uint64_t *epoch, int64_t *version);
+                                uint8_t *found, float *bias, float *tower, uint64_t *epoch,
+                                int64_t *version);
 
 /* Parses meta's `sparse` text ("fields:39,buckets:2^22,dim:8;optimizer:
  * ftrl;seed:42;init_std:0.01") into the table and what gives a row its
@@ -265,7 +270,9 @@ typedef struct psstore_rows_page {
     int more;        /* delta: entries after at[] remain; scan: pages remain */
     int64_t time_ms; /* delta: when the newest commit it holds was written (0: none) */
     float bias;
-    size_t n; /* rows present, ids[n], params[n][1 + D] */
+    size_t ntower; /* the tower's parameters (shard 0's w:0 after the bias), */
+    float *tower;  /* tower[ntower]: sparse_tower_len of the table          */
+    size_t n;      /* rows present, ids[n], params[n][1 + D] */
     uint32_t *ids;
     float *params;
     size_t ngone; /* delta: rows deleted since, gone[ngone] */
@@ -308,12 +315,14 @@ typedef struct psstore_applier psstore_applier_t;
 
 /* Copies the rows among rows[n] that applier a holds into params[n][1 + D]
  * (found[i] = 1; rows it does not hold are untouched, found[i] = 0: the
- * store has their value), the bias, and the epoch and version they are
- * at, which may be newer than the store's. FR_ERR_STATE while a holds no
- * lease (read the store instead), FR_ERR_INVAL for a dense model.
- * Thread-safe. */
+ * store has their value), the bias, the tower's parameters into
+ * tower[sparse_tower_len] (may be NULL; shard 0's applier only), and the
+ * epoch and version they are at, which may be newer than the store's.
+ * FR_ERR_STATE while a holds no lease (read the store instead),
+ * FR_ERR_INVAL for a dense model. Thread-safe. */
 fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
-                              uint8_t *found, float *bias, uint64_t *epoch, int64_t *version);
+                              uint8_t *found, float *bias, float *tower, uint64_t *epoch,
+                              int64_t *version);
 /* Waits up to timeout_ms until applier a decided the grads entry id
  * (applied or dropped; committed or not): *decided. FR_ERR_STATE while a
  * holds no lease (another process's applier decides: psstore_applied_wait

@@ -36,12 +36,12 @@ void psstore_sparse_group(const uint32_t *rows, size_t n, int S, uint32_t *order
     }
 }
 
-void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim, float gbias,
-                         float *out)
+void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim,
+                         const float *gdense, size_t ndense, float *out)
 {
     memcpy(out, rows, m * sizeof(uint32_t));
     memcpy(out + m, grads, m * (size_t)(1 + dim) * sizeof(float));
-    out[m * (size_t)(2 + dim)] = gbias;
+    memcpy(out + m * (size_t)(2 + dim), gdense, ndense * sizeof(float));
 }
 
 fr_err_t ps_rows_queue(psstore_conn_t *c, const char *key, const unsigned char *fields, size_t n,
@@ -136,9 +136,11 @@ fr_err_t psstore_rows_pull_send(psstore_conn_t *c, const char *model, int k, int
 
 fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
                                 const sparse_optim_t *optim, size_t n, size_t queued, float *params,
-                                uint8_t *found, float *bias, uint64_t *epoch, int64_t *version)
+                                uint8_t *found, float *bias, float *tower, uint64_t *epoch,
+                                int64_t *version)
 {
     fr_err_t err = FR_OK;
+    size_t ndense = sparse_dense_len(spec);
     redisReply *r = NULL;
     for (size_t i = 0; i < queued; i++) { /* +OK, QUEUED..., then EXEC's array */
         fr_err_t e;
@@ -157,13 +159,18 @@ fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const spar
         err = ps_fail(c, FR_ERR_REDIS, "rows: the pull's transaction did not run");
     if (err == FR_OK && r->element[0]->type != REDIS_REPLY_STRING)
         err = ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
-    if (err == FR_OK && (r->element[2]->type != REDIS_REPLY_STRING || r->element[2]->len != 4))
-        err = ps_fail(c, FR_ERR_PARSE, "model '%s': its bias (w:0) is not one float", model);
+    /* w:0: the dense part on shard 0, one float on the others */
+    if (err == FR_OK && (r->element[2]->type != REDIS_REPLY_STRING ||
+                         (r->element[2]->len != 4 && (size_t)r->element[2]->len != ndense * 4)))
+        err = ps_fail(c, FR_ERR_PARSE, "model '%s': its dense part (w:0) is not %zu floats", model,
+                      ndense);
     if (err == FR_OK) {
         *epoch = strtoull(r->element[0]->str, NULL, 10);
         *version =
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
         memcpy(bias, r->element[2]->str, 4);
+        if (tower != NULL && ndense > 1 && (size_t)r->element[2]->len == ndense * 4)
+            memcpy(tower, r->element[2]->str + 4, (ndense - 1) * 4);
         size_t keep = sparse_row_len(spec), len = keep + sparse_state_len(spec, optim);
         for (size_t k = 0; k < chunks && err == FR_OK; k++) {
             size_t at = k * PS_ROWS_CHUNK, m = n - at < PS_ROWS_CHUNK ? n - at : PS_ROWS_CHUNK;
@@ -177,15 +184,15 @@ fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const spar
 
 fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
                            const sparse_optim_t *optim, const uint32_t *rows, size_t n,
-                           float *params, uint8_t *found, float *bias, uint64_t *epoch,
-                           int64_t *version)
+                           float *params, uint8_t *found, float *bias, float *tower,
+                           uint64_t *epoch, int64_t *version)
 {
     size_t queued = 0;
     fr_err_t err = psstore_rows_pull_send(c, model, 0, 1, rows, n, &queued);
     if (err != FR_OK)
         return err;
-    return psstore_rows_pull_recv(c, model, spec, optim, n, queued, params, found, bias, epoch,
-                                  version);
+    return psstore_rows_pull_recv(c, model, spec, optim, n, queued, params, found, bias, tower,
+                                  epoch, version);
 }
 
 fr_err_t psstore_sparse_meta_parse(const char *text, sparse_spec_t *spec, sparse_optim_t *optim,
@@ -237,7 +244,24 @@ void psstore_rows_page_fini(psstore_rows_page_t *page)
     free(page->params);
     free(page->gone);
     free(page->found);
+    free(page->tower);
     memset(page, 0, sizeof(*page));
+}
+
+/* Room in page for the tower of spec's table (none without one). */
+static fr_err_t page_tower(psstore_conn_t *c, psstore_rows_page_t *page, const sparse_spec_t *spec)
+{
+    size_t n = sparse_tower_len(spec);
+    if (n == page->ntower)
+        return FR_OK;
+    float *t = n > 0 ? realloc(page->tower, n * sizeof(float)) : NULL;
+    if (n > 0 && t == NULL)
+        return ps_fail(c, FR_ERR_NOMEM, "rows: out of memory for a tower of %zu floats", n);
+    if (n == 0)
+        free(page->tower);
+    page->tower = t;
+    page->ntower = n;
+    return FR_OK;
 }
 
 /* Room for n rows of keep floats in page (and n tombstones). */
@@ -420,7 +444,8 @@ static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *k
 
 /* The values of rows v[n] of shard k of S, DELTA_CHUNK rows a transaction
  * (a large commit never holds Redis in one), into page's buffers from
- * index base; the bias, read at least once, into *bias. Sets
+ * index base; the bias, read at least once, into *bias (and on shard 0
+ * the tower into page->tower). Sets
  * page->expired when the shard's epoch is no longer epoch (the model was
  * created again in between). */
 static fr_err_t read_values(psstore_conn_t *c, const char *model, int k, int S,
@@ -439,7 +464,8 @@ static fr_err_t read_values(psstore_conn_t *c, const char *model, int k, int S,
         if (err == FR_OK)
             err = psstore_rows_pull_recv(c, model, spec, optim, m, queued,
                                          n > 0 ? page->params + (base + at) * keep : NULL,
-                                         n > 0 ? page->found + base + at : NULL, bias, &e, &now);
+                                         n > 0 ? page->found + base + at : NULL, bias,
+                                         k == 0 ? page->tower : NULL, &e, &now);
         if (err == FR_OK && e != epoch)
             page->expired = 1;
     }
@@ -496,6 +522,8 @@ static fr_err_t shard_delta(psstore_conn_t *c, const char *model, int k, int S, 
     size_t keep = sparse_row_len(spec), base = page->n;
     if (err == FR_OK)
         err = page_reserve(c, page, page->n + page->ngone + n, keep);
+    if (err == FR_OK)
+        err = page_tower(c, page, spec);
     float bias = 0;
     if (err == FR_OK && (n > 0 || k == 0))
         err = read_values(c, model, k, S, spec, optim, l.v, n, base, *epoch, page, &bias);
@@ -604,8 +632,10 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sp
     page->shards = S;
     if (r->element[0]->type != REDIS_REPLY_STRING)
         err = ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
-    else if (r->element[2]->type != REDIS_REPLY_STRING || r->element[2]->len != 4)
-        err = ps_fail(c, FR_ERR_PARSE, "model '%s': its bias (w:0) is not one float", model);
+    else if (r->element[2]->type != REDIS_REPLY_STRING ||
+             (size_t)r->element[2]->len != 4 * (k == 0 ? sparse_dense_len(spec) : 1))
+        err = ps_fail(c, FR_ERR_PARSE, "model '%s': its dense part (w:0) is not %zu floats", model,
+                      k == 0 ? sparse_dense_len(spec) : 1);
     const redisReply *sc = r->element[3];
     if (err == FR_OK &&
         (sc->type != REDIS_REPLY_ARRAY || sc->elements != 2 ||
@@ -614,11 +644,15 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sp
     size_t keep = sparse_row_len(spec), len = keep + sparse_state_len(spec, optim);
     if (err == FR_OK)
         err = page_reserve(c, page, sc->element[1]->elements / 2, keep);
+    if (err == FR_OK)
+        err = page_tower(c, page, spec);
     if (err == FR_OK) {
         page->epoch = strtoull(r->element[0]->str, NULL, 10);
         page->at[k] =
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
         memcpy(&page->bias, r->element[2]->str, 4);
+        if (k == 0 && page->ntower > 0)
+            memcpy(page->tower, r->element[2]->str + 4, page->ntower * sizeof(float));
         const char *hnext = sc->element[0]->str;
         if (S == 1)
             snprintf(next, 48, "%s", hnext);
@@ -653,8 +687,8 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sp
         uint64_t e;
         err = psstore_rows_pull_send(c, model, j, S, NULL, 0, &queued);
         if (err == FR_OK)
-            err = psstore_rows_pull_recv(c, model, spec, optim, 0, queued, NULL, NULL, &bias, &e,
-                                         &page->at[j]);
+            err = psstore_rows_pull_recv(c, model, spec, optim, 0, queued, NULL, NULL, &bias,
+                                         j == 0 ? page->tower : NULL, &e, &page->at[j]);
         if (err == FR_OK) {
             page->epoch += e;
             if (j == 0)

@@ -121,6 +121,15 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
     sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"bias\":", (unsigned long long)p->epoch,
               (long long)p->version);
     sv_json_f32(&b, p->bias);
+    if (p->ntower > 0) { /* the dense tower's parameters, layer after layer */
+        sv_puts(&b, ",\"tower\":[");
+        for (size_t i = 0; i < p->ntower; i++) {
+            if (i > 0)
+                sv_puts(&b, ",");
+            sv_json_f32(&b, p->tower[i]);
+        }
+        sv_puts(&b, "]");
+    }
     if (strcmp(a->kind, "delta") == 0) {
         sv_puts(&b, ",\"since\":"); /* a number at one shard, as ever; the vector's text */
         if (strchr(a->since, '.') == NULL)
@@ -176,9 +185,9 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
 }
 
 /* The answer as safetensors: ids (U32 [n]), rows (F32 [n, 1 + D]), bias
- * (F32 [1]), and stored (U32 [n]) for /rows or tombstones (U32 [g]) for
- * /delta; the metadata names the model, table, epoch, version and what
- * comes next. */
+ * (F32 [1]), tower (F32 [P]) for a table with a tower (not on /rows), and stored (U32 [n]) for
+ * /rows or tombstones (U32 [g]) for /delta; the metadata names the model, table, epoch, version and
+ * what comes next. */
 static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
 {
     const psstore_rows_page_t *p = a->page;
@@ -203,7 +212,7 @@ static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
         meta[nmeta++] = (fr_st_kv_t){"freshet.next", a->next};
     if (a->cursor != NULL)
         meta[nmeta++] = (fr_st_kv_t){"freshet.cursor", a->cursor};
-    fr_st_tensor_t ts[4] = {
+    fr_st_tensor_t ts[5] = {
         {.name = "ids",
          .dtype = "U32",
          .ndim = 1,
@@ -219,6 +228,13 @@ static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
         {.name = "bias", .dtype = "F32", .ndim = 1, .shape = {1}, .data = &p->bias, .nbytes = 4},
     };
     size_t nt = 3;
+    if (p->ntower > 0)
+        ts[nt++] = (fr_st_tensor_t){.name = "tower",
+                                    .dtype = "F32",
+                                    .ndim = 1,
+                                    .shape = {(int64_t)p->ntower},
+                                    .data = p->tower,
+                                    .nbytes = p->ntower * 4};
     if (a->stored != NULL)
         ts[nt++] = (fr_st_tensor_t){.name = "stored",
                                     .dtype = "U32",
@@ -379,7 +395,7 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
         err = psstore_rows_pull_send(*c, j->name, k, S, sids + lo, m, &queued);
         if (err == FR_OK)
             err = psstore_rows_pull_recv(*c, j->name, spec, optim, m, queued, sparams + lo * keep,
-                                         sfound + lo, &bias, &epoch, &version);
+                                         sfound + lo, &bias, NULL, &epoch, &version);
         if (err != FR_OK)
             break;
         page.epoch += epoch;

@@ -7,6 +7,11 @@
  * 1/2 sum_d ((sum_i v_id x_i)^2 - sum_i v_id^2 x_i^2), so a sample costs
  * O(n * D) instead of O(n^2 * D); its gradient in v_id is
  * x_i (S_d - v_id x_i) with S_d = sum_j v_jd x_j.
+ *
+ * The dense tower (docs/design.md "The dense tower") is a small MLP over
+ * the fields' embeddings, run one sample at a time: its weights are laid
+ * out input-major, so that the forward pass and the weight gradient are
+ * axpy loops the compiler vectorises without reordering any sum.
  */
 #include <errno.h>
 #include <math.h>
@@ -36,6 +41,21 @@ static long long parse_count(const char **p)
     return errno == 0 && v <= COUNT_MAX ? v : -1;
 }
 
+/* tower:H1-H2...: the widths into spec; 0, or -1 when malformed. */
+static int parse_tower(const char **p, sparse_spec_t *spec)
+{
+    spec->ntower = 0;
+    for (;;) {
+        long long h = parse_count(p);
+        if (h < 1 || h > SPARSE_TOWER_WIDTH || spec->ntower == SPARSE_TOWER_MAX)
+            return -1;
+        spec->tower[spec->ntower++] = (int)h;
+        if (**p != '-')
+            return 0;
+        (*p)++;
+    }
+}
+
 /* buckets:2^B or buckets:N, N a power of two. */
 static int parse_bits(const char **p)
 {
@@ -57,7 +77,8 @@ fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, 
 {
     if (text == NULL || spec == NULL)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "sparse: no specification");
-    sparse_spec_t s = {.fields = -1, .bits = -1, .dim = 0};
+    sparse_spec_t s = {.fields = -1, .bits = -1, .dim = 0, .ntower = 0};
+    int tower_bad = 0;
     const char *p = text;
     while (*p != '\0') {
         const char *colon = strchr(p, ':');
@@ -71,10 +92,17 @@ fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, 
             s.bits = parse_bits(&v);
         else if (klen == 3 && strncmp(p, "dim", 3) == 0)
             s.dim = (int)parse_count(&v);
+        else if (klen == 5 && strncmp(p, "tower", 5) == 0)
+            tower_bad = parse_tower(&v, &s) != 0;
         else
             return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "sparse: unknown key '%.*s' in '%s' (fields, buckets, dim)", (int)klen,
-                             p, text);
+                             "sparse: unknown key '%.*s' in '%s' (fields, buckets, dim, tower)",
+                             (int)klen, p, text);
+        if (tower_bad)
+            return fr_errorf(FR_ERR_INVAL, errstr, size,
+                             "sparse: tower must be 1 to %d hidden widths of 1..%d joined by '-' "
+                             "in '%s'",
+                             SPARSE_TOWER_MAX, SPARSE_TOWER_WIDTH, text);
         if (*v != ',' && *v != '\0')
             return fr_errorf(FR_ERR_INVAL, errstr, size, "sparse: bad value of '%.*s' in '%s'",
                              (int)klen, p, text);
@@ -95,14 +123,155 @@ fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, 
     if (s.dim < 0 || s.dim > SPARSE_DIM_MAX)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "sparse: dim must be 0..%d in '%s'",
                          SPARSE_DIM_MAX, text);
+    if (s.ntower > 0 && s.dim == 0)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "sparse: a tower runs over the embeddings: it needs dim 1 or more in '%s'",
+                         text);
     *spec = s;
     return FR_OK;
 }
 
 int sparse_spec_format(const sparse_spec_t *spec, char *buf, size_t size)
 {
-    return snprintf(buf, size, "fields:%d,buckets:2^%d,dim:%d", spec->fields, spec->bits,
-                    spec->dim);
+    int n =
+        snprintf(buf, size, "fields:%d,buckets:2^%d,dim:%d", spec->fields, spec->bits, spec->dim);
+    for (int l = 0; l < spec->ntower && n >= 0; l++) {
+        size_t at = (size_t)n < size ? (size_t)n : size;
+        int more = snprintf(buf + at, size - at, "%s%d", l == 0 ? ",tower:" : "-", spec->tower[l]);
+        n = more < 0 ? more : n + more;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------------
+ * The dense tower
+ * ---------------------------------------------------------------------- */
+
+/* Layer l's input and output widths (l = 0 .. ntower; the last has one
+ * output). */
+static void layer_dims(const sparse_spec_t *spec, int l, size_t *in, size_t *out)
+{
+    *in = l == 0 ? (size_t)spec->fields * (size_t)spec->dim : (size_t)spec->tower[l - 1];
+    *out = l == spec->ntower ? 1 : (size_t)spec->tower[l];
+}
+
+size_t sparse_tower_len(const sparse_spec_t *spec)
+{
+    size_t n = 0;
+    for (int l = 0; spec->ntower > 0 && l <= spec->ntower; l++) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        n += in * out + out;
+    }
+    return n;
+}
+
+void sparse_dense_init(const sparse_spec_t *spec, uint64_t seed, float *dense)
+{
+    dense[0] = 0;
+    float *t = dense + 1;
+    uint64_t h = sparse_mix64(seed ^ 0x746f776572ull); /* "tower": apart from the rows' streams */
+    for (int l = 0; spec->ntower > 0 && l <= spec->ntower; l++) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        const double a = sqrt(6.0 / (double)(in + out));
+        for (size_t i = 0; i < in * out; i++) {
+            h = sparse_mix64(h);
+            double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
+            t[i] = (float)((2 * u - 1) * a);
+        }
+        memset(t + in * out, 0, out * sizeof(float));
+        t += in * out + out;
+    }
+}
+
+/* Scratch of one sample's pass through the tower: the activations of
+ * every layer's input (the first the embeddings), then its gradients. */
+typedef struct tower_pass {
+    float act[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX + SPARSE_TOWER_MAX * SPARSE_TOWER_WIDTH];
+    float del[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX + SPARSE_TOWER_MAX * SPARSE_TOWER_WIDTH];
+} tower_pass_t;
+
+/* The tower's output on t->act's first F * D floats (the embeddings),
+ * leaving every layer's input activation in t->act. */
+static float tower_forward(const sparse_spec_t *spec, const float *tw, tower_pass_t *t)
+{
+    float *x = t->act;
+    float y = 0;
+    for (int l = 0; l <= spec->ntower; l++) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        const float *W = tw, *bias = tw + in * out;
+        float *z = x + in; /* the next layer's input */
+        if (l == spec->ntower) {
+            double s = bias[0];
+            for (size_t i = 0; i < in; i++)
+                s += (double)x[i] * W[i];
+            y = (float)s;
+        } else {
+            memcpy(z, bias, out * sizeof(float));
+            for (size_t i = 0; i < in; i++) {
+                const float xi = x[i];
+                if (xi == 0.0f)
+                    continue;
+                const float *Wi = W + i * out;
+                for (size_t o = 0; o < out; o++)
+                    z[o] += xi * Wi[o];
+            }
+            for (size_t o = 0; o < out; o++)
+                z[o] = z[o] > 0.0f ? z[o] : 0.0f; /* ReLU */
+        }
+        tw += in * out + out;
+        x = z;
+    }
+    return y;
+}
+
+/* Back through the tower from dL/dy = g: adds the parameters' gradients
+ * into gt and leaves dL/d(embeddings) in t->del's first F * D floats. */
+static void tower_backward(const sparse_spec_t *spec, const float *tw, float *gt, float g,
+                           tower_pass_t *t)
+{
+    size_t off[SPARSE_TOWER_MAX + 2], poff[SPARSE_TOWER_MAX + 2];
+    off[0] = poff[0] = 0;
+    for (int l = 0; l <= spec->ntower; l++) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        off[l + 1] = off[l] + in;
+        poff[l + 1] = poff[l] + in * out + out;
+    }
+    float dy = g; /* the last layer's output gradient */
+    for (int l = spec->ntower; l >= 0; l--) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        const float *W = tw + poff[l], *x = t->act + off[l];
+        const float *dz = l == spec->ntower ? &dy : t->del + off[l + 1];
+        float *gW = gt + poff[l], *gb = gW + in * out, *dx = t->del + off[l];
+        for (size_t o = 0; o < out; o++)
+            gb[o] += dz[o];
+        for (size_t i = 0; i < in; i++) {
+            const float xi = x[i];
+            if (l > 0 && !(xi > 0.0f)) { /* the ReLU that made x was off: nothing flows */
+                dx[i] = 0.0f;
+                continue;
+            }
+            const float *Wi = W + i * out;
+            float *gWi = gW + i * out;
+            for (size_t o = 0; o < out; o++)
+                gWi[o] += xi * dz[o];
+            /* dx[i] = <W_i, dz> in 8 lanes, a fixed order the compiler vectorises */
+            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            size_t o = 0;
+            for (; o + 8 <= out; o += 8)
+                for (int j = 0; j < 8; j++)
+                    lane[j] += Wi[o + j] * dz[o + j];
+            float s = ((lane[0] + lane[4]) + (lane[1] + lane[5])) +
+                      ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+            for (; o < out; o++)
+                s += Wi[o] * dz[o];
+            dx[i] = s;
+        }
+    }
 }
 
 uint32_t sparse_hash(int field, const void *value, size_t len, int bits)
@@ -230,13 +399,16 @@ static double logistic_loss(double s, double y)
 }
 
 double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const float *params,
-                      float bias, float *grad, float *gbias, float *p)
+                      const float *dense, float *grad, float *gdense, float *p)
 {
-    const size_t rl = sparse_row_len(spec);
+    const size_t rl = sparse_row_len(spec), FD = (size_t)spec->fields * (size_t)spec->dim;
     const int D = spec->dim;
+    const float bias = dense[0];
     memset(grad, 0, b->nrows * rl * sizeof(*grad));
+    memset(gdense, 0, sparse_dense_len(spec) * sizeof(*gdense));
     double loss = 0, gb = 0;
     float sum[SPARSE_DIM_MAX];
+    static _Thread_local tower_pass_t t; /* 64 KB: not on a worker's stack */
     for (size_t i = 0; i < b->n; i++) {
         const sparse_sample_t *s = &b->samples[i];
         const uint32_t *slot = b->slot + i * SPARSE_FIELDS_MAX;
@@ -257,6 +429,16 @@ double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const 
         for (int d = 0; d < D; d++)
             pair += (double)sum[d] * sum[d];
         score += 0.5 * (pair - sq);
+        if (spec->ntower > 0) { /* the fields' embeddings through the tower */
+            memset(t.act, 0, FD * sizeof(float));
+            for (int k = 0; k < s->n; k++) {
+                const float *v = params + slot[k] * rl + 1;
+                float *e = t.act + (size_t)(s->field[k] % spec->fields) * (size_t)D;
+                for (int d = 0; d < D; d++)
+                    e[d] += v[d] * s->val[k];
+            }
+            score += tower_forward(spec, dense + 1, &t);
+        }
         double prob = 1.0 / (1.0 + exp(-score));
         if (p != NULL)
             p[i] = (float)prob;
@@ -271,16 +453,25 @@ double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const 
             for (int d = 0; d < D; d++)
                 gw[1 + d] += g * x * (sum[d] - w[1 + d] * x);
         }
+        if (spec->ntower > 0) {
+            tower_backward(spec, dense + 1, gdense + 1, g, &t);
+            for (int k = 0; k < s->n; k++) {
+                float *gv = grad + slot[k] * rl + 1;
+                const float *de = t.del + (size_t)(s->field[k] % spec->fields) * (size_t)D;
+                for (int d = 0; d < D; d++)
+                    gv[d] += de[d] * s->val[k];
+            }
+        }
     }
-    *gbias = (float)gb;
+    gdense[0] = (float)gb;
     return loss;
 }
 
 double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
-                           const double *params, double bias)
+                           const double *params, const double *dense)
 {
     const size_t rl = sparse_row_len(spec);
-    double score = bias;
+    double score = dense[0];
     for (int i = 0; i < s->n; i++) {
         score += params[i * rl] * s->val[i];
         for (int j = i + 1; j < s->n; j++) {
@@ -290,5 +481,27 @@ double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
             score += dot * s->val[i] * s->val[j];
         }
     }
-    return score;
+    if (spec->ntower == 0)
+        return score;
+    /* the tower by its definition: y = W_L relu(... relu(W_1 e + b_1) ...) + b_L */
+    double x[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX], z[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX];
+    size_t width = (size_t)spec->fields * (size_t)spec->dim;
+    memset(x, 0, width * sizeof(double));
+    for (int i = 0; i < s->n; i++)
+        for (int d = 0; d < spec->dim; d++)
+            x[(s->field[i] % spec->fields) * spec->dim + d] += params[i * rl + 1 + d] * s->val[i];
+    const double *tw = dense + 1;
+    for (int l = 0; l <= spec->ntower; l++) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        for (size_t o = 0; o < out; o++) {
+            double acc = tw[in * out + o];
+            for (size_t i = 0; i < in; i++)
+                acc += tw[i * out + o] * x[i];
+            z[o] = l < spec->ntower && acc < 0 ? 0 : acc;
+        }
+        memcpy(x, z, out * sizeof(double));
+        tw += in * out + out;
+    }
+    return score + x[0];
 }

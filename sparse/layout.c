@@ -119,6 +119,7 @@ static void ids_rows(const sparse_spec_t *spec, const sparse_ids_t *r, sparse_sa
     for (int k = 0; k < r->n; k++) {
         s->row[k] = sparse_id_row(r->field[k], r->id[k], spec->bits);
         s->val[k] = 1;
+        s->field[k] = r->field[k];
     }
 }
 
@@ -206,6 +207,7 @@ fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t
         if (s->n == spec->fields || s->n == SPARSE_FIELDS_MAX)
             return refuse(reason, "features");
         s->row[s->n] = sparse_id_row(0, sparse_value_id(tok, (size_t)(colon - tok)), spec->bits);
+        s->field[s->n] = 0;
         s->val[s->n++] = v;
     }
     if (first)

@@ -63,8 +63,7 @@ size_t sparse_state_len(const sparse_spec_t *spec, const sparse_optim_t *o)
     return (o->kind == SPARSE_OPTIM_FTRL ? 2 : 1) + (size_t)spec->dim;
 }
 
-/* splitmix64: a good 64-bit mix of x. */
-static uint64_t mix64(uint64_t x)
+uint64_t sparse_mix64(uint64_t x)
 {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -78,9 +77,9 @@ void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_
     param[0] = 0;
     /* uniform on [-a, a] has standard deviation a / sqrt(3) */
     const double a = (double)o->init_std * sqrt(3.0);
-    uint64_t h = mix64(mix64(o->seed) + row);
+    uint64_t h = sparse_mix64(sparse_mix64(o->seed) + row);
     for (int d = 0; d < spec->dim; d++) {
-        h = mix64(h);
+        h = sparse_mix64(h);
         double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
         param[1 + d] = (float)((2 * u - 1) * a);
     }
@@ -135,4 +134,13 @@ void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float 
         ftrl(bias, &state[0], &state[1], g, o->alpha, o->beta, 0, 0);
     else
         adagrad(bias, &state[0], g, o->lr);
+}
+
+void sparse_dense_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *dense,
+                       float *state, const float *gdense)
+{
+    sparse_bias_step(o, &dense[0], state, gdense[0]);
+    size_t n = sparse_tower_len(spec);
+    for (size_t i = 0; i < n; i++) /* Adagrad, as the embeddings under either kind */
+        adagrad(&dense[1 + i], &state[2 + i], gdense[1 + i], o->lr);
 }

@@ -19,32 +19,39 @@
 #include "common/common.h"
 #include "ingest/ingest.h"
 
-#define SPARSE_FIELDS_MAX    64  /* features of one record, at most         */
-#define SPARSE_DIM_MAX       64  /* embedding width D, at most               */
-#define SPARSE_BITS_MIN      4   /* a table of 2^4 rows, at least            */
-#define SPARSE_BITS_MAX      30  /* 2^30 rows, at most (rows fit a uint32_t) */
-#define SPARSE_VALUE_MAX     1e9 /* a feature value's magnitude, at most      */
+#define SPARSE_FIELDS_MAX    64   /* features of one record, at most         */
+#define SPARSE_DIM_MAX       64   /* embedding width D, at most               */
+#define SPARSE_BITS_MIN      4    /* a table of 2^4 rows, at least            */
+#define SPARSE_BITS_MAX      30   /* 2^30 rows, at most (rows fit a uint32_t) */
+#define SPARSE_VALUE_MAX     1e9  /* a feature value's magnitude, at most      */
+#define SPARSE_TOWER_MAX     4    /* hidden layers of the dense tower, at most */
+#define SPARSE_TOWER_WIDTH   1024 /* a hidden layer's width, at most          */
 #define SPARSE_CRITEO_INTS   13
 #define SPARSE_CRITEO_CATS   26
 #define SPARSE_CRITEO_FIELDS (SPARSE_CRITEO_INTS + SPARSE_CRITEO_CATS)
 
 /* ------------------------------------------------------------------------
- * The model's shape: [model] sparse = fields:F,buckets:2^B,dim:D
+ * The model's shape: [model] sparse = fields:F,buckets:2^B,dim:D[,tower:H-H]
  * ---------------------------------------------------------------------- */
 
 typedef struct sparse_spec {
-    int fields; /* F: features of one record, at most            */
-    int bits;   /* B: the table has 2^B rows                      */
-    int dim;    /* D: embedding width; 0 is hashed logistic regression */
+    int fields; /* F: features of one record, at most                  */
+    int bits;   /* B: the table has 2^B rows                            */
+    int dim;    /* D: embedding width; 0 is hashed logistic regression  */
+    int ntower; /* hidden layers of the dense tower; 0: none            */
+    /* their widths, from the embeddings up */
+    int tower[SPARSE_TOWER_MAX];
 } sparse_spec_t;
 
 /* Parses "fields:F,buckets:2^B,dim:D" (buckets also as a power of two
- * written out, "buckets:4194304"; dim defaults to 0). FR_ERR_INVAL with
- * errstr on anything else. */
+ * written out, "buckets:4194304"; dim defaults to 0), with optionally
+ * ",tower:H1-H2..." (1 to SPARSE_TOWER_MAX hidden widths of 1 to
+ * SPARSE_TOWER_WIDTH; dim 1 or more). FR_ERR_INVAL with errstr on
+ * anything else. */
 fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, size_t size);
 
-/* Writes the canonical text of spec ("fields:39,buckets:2^22,dim:8");
- * snprintf's return. */
+/* Writes the canonical text of spec ("fields:39,buckets:2^22,dim:8", then
+ * ",tower:64-32" when it has one); snprintf's return. */
 int sparse_spec_format(const sparse_spec_t *spec, char *buf, size_t size);
 
 /* Floats per row of parameters: the linear weight, then the embedding. */
@@ -52,6 +59,34 @@ static inline size_t sparse_row_len(const sparse_spec_t *spec)
 {
     return 1 + (size_t)spec->dim;
 }
+
+/*
+ * The dense part of a sparse model (docs/design.md "The dense tower"):
+ * the bias, then the tower's parameters, layer after layer, each its
+ * weights W[in][out] (input-major) then its biases b[out]. The first
+ * layer's input is the fields' embeddings, F * D floats (field f's slot
+ * the sum of the embeddings of its features times their values, a field
+ * beyond F folded onto f % F); the hidden layers are ReLU; the last layer
+ * has one output, added to the score.
+ */
+
+/* The tower's parameters (0 without a tower). */
+size_t sparse_tower_len(const sparse_spec_t *spec);
+
+/* Floats of the dense part: 1 + sparse_tower_len. */
+static inline size_t sparse_dense_len(const sparse_spec_t *spec)
+{
+    return 1 + sparse_tower_len(spec);
+}
+
+/* The initial dense part into dense[sparse_dense_len]: bias 0, each
+ * layer's weights uniform on +-sqrt(6 / (in + out)) (Glorot) from seed
+ * alone, biases 0. */
+void sparse_dense_init(const sparse_spec_t *spec, uint64_t seed, float *dense);
+
+/* splitmix64's output function: a good 64-bit mix of x (the seeded
+ * streams of initial values and of the synthetic stream). */
+uint64_t sparse_mix64(uint64_t x);
 
 /* The row of value[len] of field (xxHash64 seeded by the field), in
  * [0, 2^bits). */
@@ -70,12 +105,14 @@ uint32_t sparse_id_row(int field, uint64_t id, int bits);
  * Samples and batches
  * ---------------------------------------------------------------------- */
 
-/* One record: n features, each a row and a value (1 for a categorical). */
+/* One record: n features, each a row, a value (1 for a categorical) and
+ * the field it came from (the tower's input slot). */
 typedef struct sparse_sample {
     float label; /* 0 or 1 */
     int n;
     uint32_t row[SPARSE_FIELDS_MAX];
     float val[SPARSE_FIELDS_MAX];
+    uint8_t field[SPARSE_FIELDS_MAX];
     float planted; /* the synthetic stream's click probability of the record (its
                       Kafka header freshet-p), NAN when it carries none */
 } sparse_sample_t;
@@ -113,21 +150,24 @@ fr_err_t sparse_batch_add(sparse_batch_t *b, const sparse_sample_t *s);
 
 /*
  * The logistic loss of each sample of b under the rows' parameters
- * params[nrows][1 + D] (in b->rows order) and bias, and its gradient:
- * grad[nrows][1 + D] and *gbias receive the sums over the batch (zeroed
- * first). score = bias + sum_i w_i x_i + sum_{i<j} <v_i, v_j> x_i x_j,
- * the pairwise term in O(n * D). p[n] (may be NULL) receives each
- * sample's predicted probability, computed before any update: the
- * progressive validation of docs/design.md. Returns the summed logloss.
+ * params[nrows][1 + D] (in b->rows order) and the dense part
+ * dense[sparse_dense_len] (the bias, then the tower), and its gradient:
+ * grad[nrows][1 + D] and gdense[sparse_dense_len] receive the sums over
+ * the batch (zeroed first). score = bias + sum_i w_i x_i + sum_{i<j}
+ * <v_i, v_j> x_i x_j + tower(embeddings), the pairwise term in O(n * D).
+ * p[n] (may be NULL) receives each sample's predicted probability,
+ * computed before any update: the progressive validation of
+ * docs/design.md. Returns the summed logloss.
  */
 double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const float *params,
-                      float bias, float *grad, float *gbias, float *p);
+                      const float *dense, float *grad, float *gdense, float *p);
 
 /* The score of one sample by the O(n^2 * D) definition, in double, with
- * its features' parameters given per feature: params[n][1 + D]. The
- * reference sparse_fm_grad is tested against. */
+ * its features' parameters given per feature: params[n][1 + D], and the
+ * dense part dense[sparse_dense_len] (the bias first). The reference
+ * sparse_fm_grad is tested against. */
 double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
-                           const double *params, double bias);
+                           const double *params, const double *dense);
 
 /* The logistic loss of probability p against label y, clamped away from
  * 0 and 1 by 1e-7 as scikit-learn's log_loss does. */
@@ -179,6 +219,20 @@ void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *
 /* One step of the bias (its state: 2 floats) on gradient g; FTRL without
  * regularization, Adagrad as for a row. */
 void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float g);
+
+/* Floats of the dense part's state: the bias's 2, then one per tower
+ * parameter (Adagrad's squared sums). */
+static inline size_t sparse_dense_state_len(const sparse_spec_t *spec)
+{
+    return 2 + sparse_tower_len(spec);
+}
+
+/* One step of the dense part dense[sparse_dense_len] (state
+ * [sparse_dense_state_len]) on gdense: the bias by sparse_bias_step, the
+ * tower by Adagrad at o->lr, a coordinate whose gradient is not finite
+ * left unchanged. */
+void sparse_dense_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *dense,
+                       float *state, const float *gdense);
 
 /* ------------------------------------------------------------------------
  * Progressive validation: each prediction is made before the model learns
@@ -286,14 +340,15 @@ fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, 
 
 /* ------------------------------------------------------------------------
  * Sparse records through ingest's batcher (stream.c): a sample packed into
- * one float row of 2 + 2F floats, [n, row_1..row_F, val_1..val_F,
- * planted], each row's 32 bits held as they are in a float slot (the
+ * one float row of 2 + 3F floats, [n, row_1..row_F, val_1..val_F,
+ * field_1..field_F, planted], each row's 32 bits held as they are in a
+ * float slot (the
  * batcher only moves rows). SPARSE_PACKED(F) is the batcher schema's
  * feature count; SPARSE_PLANTED_SLOT(F) the slot the batcher fills from a
  * record's freshet-p header (ingest_schema_t.aux).
  * ---------------------------------------------------------------------- */
-#define SPARSE_PACKED(fields)       (2 + 2 * (fields))
-#define SPARSE_PLANTED_SLOT(fields) (1 + 2 * (fields))
+#define SPARSE_PACKED(fields)       (2 + 3 * (fields))
+#define SPARSE_PLANTED_SLOT(fields) (1 + 3 * (fields))
 
 /* Packs s (at most fields features) into x[SPARSE_PACKED(fields)]. */
 void sparse_pack(const sparse_sample_t *s, int fields, float *x);

@@ -2,7 +2,8 @@
  * stream.c - sparse records through ingest's batcher (docs/design.md
  * "Sparse models"): a record of any sparse layout is decoded by the
  * batcher's schema hook (ingest_schema_t.decode) into one float row of the
- * batch, packed as [n, row_1..row_F, val_1..val_F] with each row's 32 bits
+ * batch, packed as [n, row_1..row_F, val_1..val_F, field_1..field_F,
+ * planted] with each row's 32 bits
  * stored as they are in a float slot. The batcher moves rows of floats and
  * never computes on them, so a batch carries sparse samples without a
  * second representation or a copy; the trainer unpacks them.
@@ -44,6 +45,7 @@ void sparse_pack(const sparse_sample_t *s, int fields, float *x)
         uint32_t row = k < s->n ? s->row[k] : 0;
         memcpy(&x[1 + k], &row, sizeof(row));
         x[1 + fields + k] = k < s->n ? s->val[k] : 0.0f;
+        x[1 + 2 * fields + k] = k < s->n ? (float)s->field[k] : 0.0f;
     }
     x[SPARSE_PLANTED_SLOT(fields)] = s->planted;
 }
@@ -61,8 +63,10 @@ fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse
     for (int k = 0; k < n; k++) {
         memcpy(&s->row[k], &x[1 + k], sizeof(s->row[k]));
         s->val[k] = x[1 + fields + k];
-        if (s->row[k] >> bits != 0)
+        float f = x[1 + 2 * fields + k];
+        if (s->row[k] >> bits != 0 || !(f >= 0.0f && f < (float)SPARSE_FIELDS_MAX))
             return FR_ERR_PARSE;
+        s->field[k] = (uint8_t)f;
     }
     return FR_OK;
 }

@@ -51,14 +51,6 @@ struct sparse_synth {
     int64_t win_n;
 };
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 /* A uniform in (0, 1) from h. */
 static double unit(uint64_t h)
 {
@@ -67,14 +59,14 @@ static double unit(uint64_t h)
 
 static double next_unit(sparse_synth_t *g)
 {
-    g->rng = mix64(g->rng);
+    g->rng = sparse_mix64(g->rng);
     return unit(g->rng);
 }
 
 /* A standard normal from key (Box-Muller on two hashes of it). */
 static double normal(uint64_t key)
 {
-    uint64_t a = mix64(key), b = mix64(a ^ 0x5851F42D4C957F2Dull);
+    uint64_t a = sparse_mix64(key), b = sparse_mix64(a ^ 0x5851F42D4C957F2Dull);
     return sqrt(-2.0 * log(unit(a))) * cos(6.283185307179586 * unit(b));
 }
 
@@ -133,7 +125,7 @@ static void calibrate(sparse_synth_t *g)
     double *score = malloc(CALIBRATE * sizeof(*score));
     uint64_t ids[FIELDS];
     uint64_t saved = g->rng;
-    g->rng = mix64(g->seed ^ 0xCA11B4A7Eull);
+    g->rng = sparse_mix64(g->seed ^ 0xCA11B4A7Eull);
     if (score == NULL) { /* a fixed guess: about right for these spreads */
         g->bias = log(BASE_CTR / (1 - BASE_CTR)) - 1.0;
         g->rng = saved;
@@ -169,8 +161,8 @@ sparse_synth_t *sparse_synth_new(uint64_t seed, double drift, size_t window, cha
         fr_errorf(FR_ERR_NOMEM, errstr, size, "synthetic ctr: out of memory");
         return NULL;
     }
-    g->seed = mix64(seed);
-    g->rng = mix64(g->seed ^ 0x5EED);
+    g->seed = sparse_mix64(seed);
+    g->rng = sparse_mix64(g->seed ^ 0x5EED);
     g->drift = drift;
     g->window = window;
     g->last = NAN;
@@ -202,7 +194,7 @@ static void window_roll(sparse_synth_t *g)
     g->win_n = 0;
     for (int f = 0; f < FIELDS && g->drift > 0; f++)
         if (next_unit(g) < g->drift)
-            g->shift[f] = mix64(g->rng ^ (uint64_t)f) % (uint64_t)g->vocab[f];
+            g->shift[f] = sparse_mix64(g->rng ^ (uint64_t)f) % (uint64_t)g->vocab[f];
 }
 
 size_t sparse_synth_next(sparse_synth_t *g, char *buf, size_t size, double *p)
@@ -222,7 +214,7 @@ size_t sparse_synth_next(sparse_synth_t *g, char *buf, size_t size, double *p)
         n += w > 0 ? (size_t)w : 0;
     }
     for (int f = 0; f < FIELDS && n < size; f++) {
-        uint32_t h = (uint32_t)mix64(g->seed ^ 0xC0FFEEull ^ ((uint64_t)f << 48) ^ ids[f]);
+        uint32_t h = (uint32_t)sparse_mix64(g->seed ^ 0xC0FFEEull ^ ((uint64_t)f << 48) ^ ids[f]);
         w = snprintf(buf + n, size - n, "\t%08x", h);
         n += w > 0 ? (size_t)w : 0;
     }

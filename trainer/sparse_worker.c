@@ -3,20 +3,19 @@
  * docs/design.md "Sparse models").
  *
  * Per batch: unpack its samples (sparse_unpack), list their distinct rows
- * (sparse_batch_add), pull those rows, the bias and the (epoch, version)
- * they are at in one transaction (psstore_rows_pull; a row the store does
- * not hold starts at sparse_row_init's value, which every process
- * computes alike), score every sample before learning from it (the
- * progressive logloss), and push the rows' summed gradients packed with
- * their rows (psstore_sparse_pack). An n = 0 batch (positions only) is
- * pushed with the store's epoch, so that its positions are marked.
+ * (sparse_batch_add), pull those rows, the dense part (the bias and the
+ * tower) and the (epoch, version) they are at in one transaction (psstore_rows_pull; a row the
+ * store does not hold starts at sparse_row_init's value, which every process computes alike), score
+ * every sample before learning from it (the progressive logloss), and push the rows' summed
+ * gradients packed with their rows (psstore_sparse_pack). An n = 0 batch (positions only) is pushed
+ * with the store's epoch, so that its positions are marked.
  *
  * A model of S shards (docs/design.md "Sparse models on shards"): the
  * batch's rows are grouped by shard (row % S, in batch order within a
  * shard), each shard's are pulled from its applier or in a transaction
  * of its own (all shards' sent before any is read), and every shard is
- * pushed the gradient of its rows with its own (epoch, version), the bias
- * on shard 0's, even a shard none of whose rows the batch holds: a
+ * pushed the gradient of its rows with its own (epoch, version), the dense
+ * part's on shard 0's, even a shard none of whose rows the batch holds: a
  * position counts as applied once every shard applied it.
  */
 #include <math.h>
@@ -44,6 +43,7 @@ typedef struct sworker {
                              the connection of its shard's node) */
     sparse_batch_t *b;
     float *params, *grad, *packed, *state, *p;
+    float *dense, *gdense; /* the dense part pulled (bias, tower), its gradient */
     uint8_t *found;
     /* the batch's rows grouped by shard: shard k's are order[off[k] ..
      * off[k + 1]) (indices into the batch's rows), srows their rows */
@@ -78,6 +78,8 @@ static void worker_free(sworker_t *wk)
     sparse_batch_destroy(wk->b);
     free(wk->params);
     free(wk->grad);
+    free(wk->dense);
+    free(wk->gdense);
     free(wk->packed);
     free(wk->state);
     free(wk->p);
@@ -148,7 +150,8 @@ static psstore_conn_t *shard_conn(sworker_t *wk, int k)
 }
 
 /*
- * The rows of the batch, the bias and each shard's (epoch, version), in
+ * The rows of the batch, the dense part (into wk->dense) and each shard's
+ * (epoch, version), in
  * shard order (sparams, sfound), then in the batch's (params, found): in
  * freshet run from the shard's applier's table (current, committed or not)
  * and the rows it does not hold from the store (they are as the store has
@@ -156,8 +159,9 @@ static psstore_conn_t *shard_conn(sworker_t *wk, int k)
  * elsewhere, or while the applier holds no lease, all from the store. The
  * store's reads of every shard are sent before any is read.
  */
-static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epochs, int64_t *versions)
+static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *versions)
 {
+    float *bias = &wk->dense[0], *tower = wk->dense + 1;
     const trainer_sparse_conf_t *conf = &wk->pool->conf;
     const char *model = wk->pool->model;
     int S = wk->pool->S;
@@ -170,9 +174,10 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epochs,
         size_t lo = wk->off[k], m = wk->off[k + 1] - lo, nm = 0, mo = wk->miss_off[k];
         float b = 0;
         psstore_applier_t *a = conf->appliers[k];
-        local[k] = a != NULL &&
-                   psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen,
-                                        wk->sfound + lo, &b, &epochs[k], &versions[k]) == FR_OK;
+        local[k] =
+            a != NULL &&
+            psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen, wk->sfound + lo,
+                                 &b, k == 0 ? tower : NULL, &epochs[k], &versions[k]) == FR_OK;
         if (local[k]) {
             if (k == 0)
                 *bias = b;
@@ -201,9 +206,11 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, float *bias, uint64_t *epochs,
         float b;
         uint64_t e;
         int64_t v;
-        fr_err_t e2 = psstore_rows_pull_recv(shard_conn(wk, k), model, &conf->spec, &conf->optim,
-                                             nm, queued[k], wk->miss_params + mo * rowlen,
-                                             wk->miss_found + mo, &b, &e, &v);
+        /* the store's tower only when the store's bias is taken too */
+        fr_err_t e2 =
+            psstore_rows_pull_recv(shard_conn(wk, k), model, &conf->spec, &conf->optim, nm,
+                                   queued[k], wk->miss_params + mo * rowlen, wk->miss_found + mo,
+                                   &b, k == 0 && !local[k] ? tower : NULL, &e, &v);
         if (e2 != FR_OK) {
             if (err == FR_OK)
                 fr_log(FR_LOG_WARN, "worker %s: pull of shard %d: %s", wk->id, k,
@@ -259,10 +266,10 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     uint64_t t0 = fr_clock_mono_ns();
     flight_wait(wk);
     uint64_t t1 = fr_clock_mono_ns();
-    float bias = 0, gbias = 0;
     uint64_t epochs[PSSTORE_SHARDS_MAX];
     int64_t versions[PSSTORE_SHARDS_MAX], version = 0;
-    if ((err = pull(wk, nrows, &bias, epochs, versions)) != FR_OK)
+    size_t ndense = sparse_dense_len(&conf->spec);
+    if ((err = pull(wk, nrows, epochs, versions)) != FR_OK)
         return err;
     for (int k = 0; k < S; k++)
         version += versions[k]; /* the model's version: the sum of its shards' */
@@ -273,9 +280,10 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
             if (!wk->found[i])
                 sparse_row_init(&conf->spec, &conf->optim, wk->b->rows[i], wk->params + i * rowlen,
                                 wk->state);
-        *loss = sparse_fm_grad(&conf->spec, wk->b, wk->params, bias, wk->grad, &gbias, wk->p);
+        *loss =
+            sparse_fm_grad(&conf->spec, wk->b, wk->params, wk->dense, wk->grad, wk->gdense, wk->p);
         /* each shard's rows, their gradients in shard order (sparams is
-         * free again), and the bias's on shard 0's */
+         * free again), and the dense part's on shard 0's */
         for (size_t j = 0; j < nrows; j++)
             memcpy(wk->sparams + j * rowlen, wk->grad + (size_t)wk->order[j] * rowlen,
                    rowlen * sizeof(float));
@@ -283,9 +291,11 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         /* decided once on the whole gradient, as dense shards decide: a
          * score that overflowed can leave the loss finite and some rows'
          * gradients not, and every shard must then drop its part */
-        diverged = !isfinite(*loss) || !isfinite(gbias);
+        diverged = !isfinite(*loss);
         for (size_t i = 0; i < nrows * rowlen && !diverged; i++)
             diverged = !isfinite(wk->grad[i]);
+        for (size_t i = 0; i < ndense && !diverged; i++)
+            diverged = !isfinite(wk->gdense[i]);
         if (diverged) { /* every shard drops it as non-finite: positions marked */
             msg.loss_sum = 0;
             *loss = 0;
@@ -297,6 +307,7 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     }
     uint64_t t3 = fr_clock_mono_ns();
     float *out = wk->packed;
+    static const float zero = 0; /* the dense part of a shard past 0: a float held at 0 */
     psstore_grad_t parts[PSSTORE_SHARDS_MAX];
     for (int k = 0; k < S; k++) {
         size_t lo = wk->off[k], m = wk->off[k + 1] - lo;
@@ -304,10 +315,11 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         parts[k].epoch = epochs[k];
         parts[k].version = versions[k];
         if (b->n > 0) {
+            size_t nd = k == 0 ? ndense : 1;
             psstore_sparse_pack(wk->srows + lo, m, wk->sparams + lo * rowlen, conf->spec.dim,
-                                k == 0 ? gbias : 0, out);
+                                k == 0 ? wk->gdense : &zero, nd, out);
             parts[k].g = out;
-            parts[k].len = psstore_sparse_grad_len(m, conf->spec.dim);
+            parts[k].len = psstore_sparse_grad_len(m, conf->spec.dim, nd);
             if (diverged)
                 out[parts[k].len - 1] = NAN;
             out += parts[k].len;
@@ -451,9 +463,12 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         wk->b = sparse_batch_new((size_t)conf->max_batch);
         wk->params = malloc(rows * rowlen * sizeof(float));
         wk->grad = malloc(rows * rowlen * sizeof(float));
-        /* a shard's gradient adds its bias float */
-        wk->packed =
-            malloc((psstore_sparse_grad_len(rows, conf->spec.dim) + (size_t)p->S) * sizeof(float));
+        /* each shard's gradient adds its dense part: shard 0's, a float each past it */
+        size_t ndense = sparse_dense_len(&conf->spec);
+        wk->packed = malloc(psstore_sparse_grad_len(rows, conf->spec.dim, ndense + (size_t)p->S) *
+                            sizeof(float));
+        wk->dense = calloc(ndense, sizeof(float));
+        wk->gdense = malloc(ndense * sizeof(float));
         wk->state = malloc((sparse_state_len(&conf->spec, &conf->optim) + 1) * sizeof(float));
         wk->found = malloc(rows + 1);
         wk->p = malloc((size_t)conf->max_batch * sizeof(float));
@@ -466,16 +481,16 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         wk->miss_params = malloc((rows + 1) * rowlen * sizeof(float));
         wk->miss_found = malloc(rows + 1);
         if (wk->b == NULL || wk->params == NULL || wk->grad == NULL || wk->packed == NULL ||
-            wk->state == NULL || wk->p == NULL || wk->found == NULL || wk->order == NULL ||
-            wk->srows == NULL || wk->sparams == NULL || wk->sfound == NULL ||
-            wk->miss_rows == NULL || wk->miss_at == NULL || wk->miss_params == NULL ||
-            wk->miss_found == NULL) {
+            wk->state == NULL || wk->p == NULL || wk->dense == NULL || wk->gdense == NULL ||
+            wk->found == NULL || wk->order == NULL || wk->srows == NULL || wk->sparams == NULL ||
+            wk->sfound == NULL || wk->miss_rows == NULL || wk->miss_at == NULL ||
+            wk->miss_params == NULL || wk->miss_found == NULL) {
             fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
             goto err;
         }
-        /* the model's w is a float a shard (its bias on shard 0) */
-        wk->cl =
-            psstore_client_new(p->url, p->model, (size_t)p->S, conf->max_pending, errstr, size);
+        /* the model's w: the dense part on shard 0, a float a shard past it */
+        wk->cl = psstore_client_new(p->url, p->model, ndense + (size_t)p->S - 1, conf->max_pending,
+                                    errstr, size);
         if (wk->cl == NULL)
             goto err;
         if (psstore_client_shard(wk->cl, p->S - 1) == NULL ||

@@ -27,7 +27,8 @@
 #include "sparse/sparse.h"
 
 #define SPEC    "fields:39,buckets:2^16,dim:4"
-#define ROWL    5     /* 1 + dim */
+#define TOWER   "fields:39,buckets:2^16,dim:4,tower:16" /* SPEC with a dense tower */
+#define ROWL    5                                       /* 1 + dim */
 #define STATEL  6     /* FTRL: z and n of the linear weight, Adagrad: the embedding sums */
 #define N       10240 /* 40 batches of 256: one partition under the dev broker's 5 MiB */
 #define WAIT_MS 120000
@@ -116,11 +117,27 @@ static void get_code(int port, const char *url, int code, const char *needle)
     harness_resp_free(&resp);
 }
 
+/* The table fit-sparse and the runs of the test running use: SPEC, or
+ * TOWER where a test says so. */
+static const char *table_spec = SPEC;
+
+/* The store's w:0 of shard 0 (the bias, then the tower): set by
+ * served_table_equals_store for served_rows. */
+static const redisReply *served_w0;
+
 /* Marks the rows of answer st (its ids and rows tensors) in seen, each
  * checked bit for bit against the store's value; the count of rows new to
- * seen. */
+ * seen. Its tower (none without one) is the store's, bit for bit. */
 static size_t served_rows(const fr_st_file_t *st, const char **stored, uint8_t *seen)
 {
+    const fr_st_tensor_t *tower = fr_st_find(st, "tower");
+    if (served_w0->len == 4) {
+        assert_null(tower);
+    } else {
+        assert_non_null(tower);
+        assert_int_equal(tower->nbytes, served_w0->len - 4);
+        assert_memory_equal(tower->data, served_w0->str + 4, tower->nbytes);
+    }
     const fr_st_tensor_t *ids = fr_st_find(st, "ids"), *rows = fr_st_find(st, "rows");
     assert_true(ids != NULL && rows != NULL);
     size_t n = ids->nbytes / 4, fresh = 0;
@@ -177,6 +194,10 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
         }
         nstored += r[k]->elements / 2;
     }
+    redisReply *w0 = S == 1 ? redisCommand(c, "GET freshet:{%s}:w:0", model)
+                            : redisCommand(c, "GET freshet:{%s/s0}:w:0", model);
+    assert_true(w0 != NULL && w0->type == REDIS_REPLY_STRING);
+    served_w0 = w0;
     uint8_t *seen = calloc(1u << 16, 1);
     assert_non_null(seen);
     size_t distinct = 0, pages = 0;
@@ -259,6 +280,8 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
     free(stored);
     for (int k = 0; k < S; k++)
         freeReplyObject(r[k]);
+    freeReplyObject(w0);
+    served_w0 = NULL;
     kill(pid, SIGTERM);
     int status = harness_wait(pid, 10000);
     assert_true(status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -322,7 +345,7 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
     }
     sparse_spec_t spec;
     sparse_optim_t optim;
-    assert_int_equal(sparse_spec_parse(SPEC, &spec, errstr, sizeof(errstr)), FR_OK);
+    assert_int_equal(sparse_spec_parse(table_spec, &spec, errstr, sizeof(errstr)), FR_OK);
     sparse_optim_defaults(&optim, SPARSE_OPTIM_FTRL);
     optim.seed = 42;
     size_t untouched = 0;
@@ -339,13 +362,19 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
     if (conf != NULL)
         served_table_equals_store(c, conf, model, S);
     float b = 0;
-    for (int sh = 0; sh < S; sh++) {
+    const fr_st_tensor_t *tower = fr_st_find(st, "tower");
+    size_t ntower = sparse_tower_len(&spec);
+    assert_int_equal(tower != NULL ? tower->nbytes : 0, ntower * 4);
+    for (int sh = 0; sh < S; sh++) { /* shard 0's w:0 the bias and the tower, the others' 0 */
         redisReply *r = redisCommand(c, "GET freshet:{%s}:w:0", tag[sh]);
-        assert_true(r != NULL && r->type == REDIS_REPLY_STRING && r->len == 4);
+        assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
+        assert_int_equal(r->len, sh == 0 ? 4 * (1 + ntower) : 4);
         float x;
         memcpy(&x, r->str, 4);
         float want = sh == 0 ? ((const float *)bias->data)[0] : 0.0f;
         assert_memory_equal(&x, &want, sizeof(x));
+        if (sh == 0 && ntower > 0)
+            assert_memory_equal(r->str + 4, tower->data, ntower * 4);
         b = sh == 0 ? x : b;
         freeReplyObject(r);
     }
@@ -405,7 +434,7 @@ static void records_and_fit(const char *topic, char *table)
     freshet_ok("produce.log", "produce", "--data", records, "--format", "binary", "--encode",
                "binary", "--bootstrap", broker.bootstrap, "--topic", topic, NULL);
     snprintf(name, sizeof(name), "fit-%s.log", topic);
-    freshet_ok(name, "fit-sparse", "--sparse", SPEC, "--data", records, "--format", "binary",
+    freshet_ok(name, "fit-sparse", "--sparse", table_spec, "--data", records, "--format", "binary",
                "--batch", "256", "--seed", "42", "--window", "2048", "--out", table, NULL);
 }
 
@@ -421,13 +450,13 @@ static void write_fit_conf(const char *conf, const char *model, const char *topi
     FILE *f = fopen(conf, "w");
     assert_non_null(f);
     fprintf(f,
-            "[model]\nname = %s\nsparse = " SPEC "\nseed = 42\n"
+            "[model]\nname = %s\nsparse = %s\nseed = 42\n"
             "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
             "heartbeat.interval.ms = 500\n"
             "[ingest]\ntopic = %s\nformat = binary\nbatch = 256\nlinger_ms = 600000\n"
             "[redis]\nurl = %s\n[serve]\nlisten =\n"
             "[trainer]\nworkers = 1\nin_flight = 1\n[psstore]\naudit = true\n%s",
-            model, broker.bootstrap, topic, redis.url, extra);
+            model, table_spec, broker.bootstrap, topic, redis.url, extra);
     assert_int_equal(fclose(f), 0);
 }
 
@@ -764,15 +793,18 @@ static void test_two_shards_apart_in_three_processes_leave_fit_sparses_table(voi
 }
 
 /*
- * A model of 2 shards (docs/design.md "Sparse models on shards"): one
- * worker pushes each shard the gradient of its rows, each shard's applier
- * steps them, and the two shards together hold fit-sparse's table over the
- * same records in the same batches, each row on its shard, the bias on
- * shard 0; every position applied once on each shard.
+ * A model of 2 shards (docs/design.md "Sparse models on shards") with a
+ * dense tower (docs/design.md "The dense tower"): one worker pushes each
+ * shard the gradient of its rows, and shard 0 the dense part's, each
+ * shard's applier steps them, and the two shards together hold
+ * fit-sparse's table, bias and tower over the same records in the same
+ * batches, each row on its shard; every position applied once on each
+ * shard; serve's table and deltas carry the tower.
  */
 static void test_two_shards_hold_fit_sparses_table_and_apply_each_record_once(void **state)
 {
     (void)state;
+    table_spec = TOWER;
     char table[300], conf[300], limit[16];
     path(conf, "shards.conf");
     snprintf(limit, sizeof(limit), "%d", N);
@@ -789,6 +821,7 @@ static void test_two_shards_hold_fit_sparses_table_and_apply_each_record_once(vo
             if (seen[p] != 1)
                 fail_msg("shard %d: position %d applied %d times", k, p, seen[p]);
     }
+    table_spec = SPEC;
 }
 
 /*

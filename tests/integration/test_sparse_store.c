@@ -109,9 +109,9 @@ static void push(psstore_client_t *cl, const uint32_t *rows, size_t m, const flo
                  float gbias, int64_t from, int64_t to, uint64_t epoch, int64_t version)
 {
     float packed[64];
-    assert_true(psstore_sparse_grad_len(m, DIM) <= 64);
-    psstore_sparse_pack(rows, m, grads, DIM, gbias, packed);
-    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM), 0, from, to,
+    assert_true(psstore_sparse_grad_len(m, DIM, 1) <= 64);
+    psstore_sparse_pack(rows, m, grads, DIM, &gbias, 1, packed);
+    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM, 1), 0, from, to,
                                         epoch, version, 5000),
                      FR_OK);
 }
@@ -146,9 +146,9 @@ static void check_pull(psstore_conn_t *c, const char *model, const expect_t *e,
     uint8_t found[16];
     const sparse_optim_t o = optim();
     int64_t v = -1;
-    assert_int_equal(
-        psstore_rows_pull(c, model, &spec, &o, rows, n, &params[0][0], found, &bias, epoch, &v),
-        FR_OK);
+    assert_int_equal(psstore_rows_pull(c, model, &spec, &o, rows, n, &params[0][0], found, &bias,
+                                       NULL, epoch, &v),
+                     FR_OK);
     assert_int_equal(v, version);
     assert_float_equal(bias, e->bias, 1e-6);
     for (size_t i = 0; i < n; i++) {
@@ -199,7 +199,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     push(cl, r2, 1, nan_g, 0, 40, 48, epoch, 2);
     wait_for(&t, model, 2, 3);
     /* more rows than the table (2^14): no batch's, and memory it must not take */
-    size_t big = ((size_t)1 << BITS) + 1, blen = psstore_sparse_grad_len(big, DIM);
+    size_t big = ((size_t)1 << BITS) + 1, blen = psstore_sparse_grad_len(big, DIM, 1);
     float *huge = calloc(blen, sizeof(float));
     assert_non_null(huge);
     assert_int_equal(harness_push_range(cl, huge, blen, 1, 0, 8, epoch, 2, 5000), FR_OK);
@@ -638,15 +638,15 @@ static void push_span(psstore_client_t *cl, expect_t *e, uint32_t lo, uint32_t h
     size_t m = hi - lo;
     uint32_t *rows = malloc(m * sizeof(*rows));
     float *grads = malloc(m * ROWL * sizeof(float)),
-          *packed = malloc(psstore_sparse_grad_len(m, DIM) * sizeof(float));
+          *packed = malloc(psstore_sparse_grad_len(m, DIM, 1) * sizeof(float));
     assert_true(rows != NULL && grads != NULL && packed != NULL);
     for (size_t i = 0; i < m; i++) {
         rows[i] = lo + (uint32_t)i;
         for (int k = 0; k < ROWL; k++)
             grads[i * ROWL + k] = g * (float)(1 + k);
     }
-    psstore_sparse_pack(rows, m, grads, DIM, g, packed);
-    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM), 0, from, to,
+    psstore_sparse_pack(rows, m, grads, DIM, &g, 1, packed);
+    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM, 1), 0, from, to,
                                         epoch, version, 5000),
                      FR_OK);
     expect_step(e, &o, rows, m, grads, g);

@@ -34,9 +34,21 @@ static void test_spec_is_parsed_and_bad_ones_refused(void **state)
     assert_int_equal(s.dim, 8);
     sparse_spec_format(&s, text, sizeof(text));
     assert_string_equal(text, "fields:39,buckets:2^22,dim:8");
+    assert_int_equal(s.ntower, 0);
+    assert_int_equal(sparse_tower_len(&s), 0);
+    assert_int_equal(sparse_dense_len(&s), 1); /* the bias alone */
     assert_int_equal(sparse_spec_parse("buckets:1048576,fields:26", &s, err, sizeof(err)), FR_OK);
     assert_int_equal(s.bits, 20);
     assert_int_equal(s.dim, 0); /* hashed logistic regression */
+    assert_int_equal(
+        sparse_spec_parse("fields:26,buckets:2^22,dim:8,tower:64-32", &s, err, sizeof(err)), FR_OK);
+    assert_int_equal(s.ntower, 2);
+    assert_int_equal(s.tower[0], 64);
+    assert_int_equal(s.tower[1], 32);
+    /* 208 x 64 + 64, 64 x 32 + 32, 32 x 1 + 1 */
+    assert_int_equal(sparse_tower_len(&s), 208 * 64 + 64 + 64 * 32 + 32 + 32 + 1);
+    sparse_spec_format(&s, text, sizeof(text));
+    assert_string_equal(text, "fields:26,buckets:2^22,dim:8,tower:64-32");
     static const char *const bad[] = {
         "fields:39",                      /* no buckets */
         "fields:0,buckets:2^20",          /* no fields */
@@ -50,6 +62,12 @@ static void test_spec_is_parsed_and_bad_ones_refused(void **state)
         "fields:3,buckets:2^20,",         /* trailing comma */
         "fields:4294967335,buckets:2^20", /* 39 after a cast to int */
         "fields:3,buckets:2^20,dim:4294967304",
+        "fields:3,buckets:2^20,tower:8",               /* a tower needs embeddings */
+        "fields:3,buckets:2^20,dim:2,tower:",          /* no widths */
+        "fields:3,buckets:2^20,dim:2,tower:0",         /* an empty layer */
+        "fields:3,buckets:2^20,dim:2,tower:1025",      /* too wide */
+        "fields:3,buckets:2^20,dim:2,tower:4-4-4-4-4", /* too deep */
+        "fields:3,buckets:2^20,dim:2,tower:4--4",
         "",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -121,9 +139,10 @@ static void test_a_batch_pulls_each_row_once(void **state)
     sparse_batch_destroy(b);
 }
 
-/* The summed logloss of b by the reference, on rows' parameters in double. */
+/* The summed logloss of b by the reference, on rows' parameters and the
+ * dense part (bias, tower) in double. */
 static double reference_loss(const sparse_spec_t *spec, const sparse_batch_t *b, const double *rowp,
-                             double bias)
+                             const double *dense)
 {
     const size_t rl = sparse_row_len(spec);
     double loss = 0, per[SPARSE_FIELDS_MAX * (1 + 4)];
@@ -132,18 +151,43 @@ static double reference_loss(const sparse_spec_t *spec, const sparse_batch_t *b,
         for (int k = 0; k < s->n; k++)
             memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl,
                    rl * sizeof(double));
-        double score = sparse_fm_reference(spec, s, per, bias);
+        double score = sparse_fm_reference(spec, s, per, dense);
         loss += log1p(exp(score)) - s->label * score;
     }
     return loss;
 }
 
-/* The FM's gradient, with repeated rows within and across samples and
- * non-unit values, against central differences of the O(n^2 D) loss. */
-static void check_fm_gradient(int dim)
+/* grad[n], the gradient in x[n] (rowp or densep), against central
+ * differences of reference_loss: to 1e-4, relative above 1. */
+static void check_differences(const sparse_spec_t *spec, const sparse_batch_t *b, double *rowp,
+                              double *densep, double *x, const float *grad, size_t n,
+                              const char *what)
 {
-    sparse_spec_t spec = {.fields = 8, .bits = 10, .dim = dim};
-    const size_t rl = sparse_row_len(&spec);
+    const double eps = 1e-4;
+    for (size_t j = 0; j < n; j++) {
+        double keep = x[j];
+        x[j] = keep + eps;
+        double up = reference_loss(spec, b, rowp, densep);
+        x[j] = keep - eps;
+        double down = reference_loss(spec, b, rowp, densep);
+        x[j] = keep;
+        double fd = (up - down) / (2 * eps);
+        if (fabs(grad[j] - fd) > 1e-4 * fmax(1.0, fabs(fd)))
+            fail_msg("dim %d, tower %d: %s %zu of %zu: gradient %.7f, differences %.7f", spec->dim,
+                     spec->ntower, what, j, n, grad[j], fd);
+    }
+}
+
+/* The FM's gradient, with repeated rows within and across samples and
+ * non-unit values, against central differences of the O(n^2 D) loss;
+ * with a tower of hidden widths tower[ntower], several features in one
+ * field and a field beyond F (folded), the tower's gradient too. */
+static void check_fm_gradient(int dim, int ntower, const int *tower)
+{
+    sparse_spec_t spec = {.fields = 8, .bits = 10, .dim = dim, .ntower = ntower};
+    for (int l = 0; l < ntower; l++)
+        spec.tower[l] = tower[l];
+    const size_t rl = sparse_row_len(&spec), nd = sparse_dense_len(&spec);
     sparse_batch_t *b = sparse_batch_new(8);
     assert_non_null(b);
     uint64_t h = 12345;
@@ -157,20 +201,32 @@ static void check_fm_gradient(int dim)
             vals[k] = k % 3 == 2 ? 0.5f + 0.25f * (float)k : 1.0f;
         }
         sparse_sample_t s = sample_of((float)(i % 2), n, rows, vals);
+        for (int k = 0; k < n; k++) /* fields 0..2, two features in some; 9 folds onto 1 */
+            s.field[k] = (uint8_t)(k == 4 ? 9 : (k * 5) % 3);
         assert_int_equal(sparse_batch_add(b, &s), FR_OK);
     }
     float *params = calloc(b->nrows * rl, sizeof(float)), *grad = calloc(b->nrows * rl, 4);
     double *rowp = calloc(b->nrows * rl, sizeof(double));
-    assert_true(params != NULL && grad != NULL && rowp != NULL);
+    float *dense = calloc(nd, sizeof(float)), *gdense = calloc(nd, sizeof(float));
+    double *densep = calloc(nd, sizeof(double));
+    assert_true(params != NULL && grad != NULL && rowp != NULL && dense != NULL && gdense != NULL &&
+                densep != NULL);
     for (size_t j = 0; j < b->nrows * rl; j++) {
         h = h * 6364136223846793005ull + 1442695040888963407ull;
         params[j] = (float)((double)(h >> 40) / (double)(1 << 24) - 0.5) * 0.8f;
         rowp[j] = params[j];
     }
-    float p[8], gbias;
-    const float bias = -0.3f;
-    double loss = sparse_fm_grad(&spec, b, params, bias, grad, &gbias, p);
-    assert_float_equal(loss, reference_loss(&spec, b, rowp, bias), 1e-4);
+    sparse_dense_init(&spec, 5, dense);
+    dense[0] = -0.3f;
+    for (size_t j = 1; j < nd; j++) { /* biases off zero, so that every path is exercised */
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        dense[j] += (float)((double)(h >> 40) / (double)(1 << 24) - 0.5) * 0.2f;
+    }
+    for (size_t j = 0; j < nd; j++)
+        densep[j] = dense[j];
+    float p[8];
+    double loss = sparse_fm_grad(&spec, b, params, dense, grad, gdense, p);
+    assert_float_equal(loss, reference_loss(&spec, b, rowp, densep), 1e-4);
     for (size_t i = 0; i < b->n; i++) { /* the probabilities, one by one */
         sparse_batch_t *one = sparse_batch_new(1);
         assert_int_equal(sparse_batch_add(one, &b->samples[i]), FR_OK);
@@ -178,37 +234,30 @@ static void check_fm_gradient(int dim)
         for (int k = 0; k < b->samples[i].n; k++)
             memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl,
                    rl * sizeof(double));
-        double want = 1 / (1 + exp(-sparse_fm_reference(&spec, &b->samples[i], per, bias)));
+        double want = 1 / (1 + exp(-sparse_fm_reference(&spec, &b->samples[i], per, densep)));
         assert_float_equal(p[i], want, 1e-5);
         sparse_batch_destroy(one);
     }
-    const double eps = 1e-4;
-    for (size_t j = 0; j < b->nrows * rl; j++) {
-        double keep = rowp[j];
-        rowp[j] = keep + eps;
-        double up = reference_loss(&spec, b, rowp, bias);
-        rowp[j] = keep - eps;
-        double down = reference_loss(&spec, b, rowp, bias);
-        rowp[j] = keep;
-        double fd = (up - down) / (2 * eps);
-        if (fabs(grad[j] - fd) > 1e-4 * fmax(1.0, fabs(fd)))
-            fail_msg("dim %d, row %zu coordinate %zu: gradient %.7f, differences %.7f", dim, j / rl,
-                     j % rl, grad[j], fd);
-    }
-    double up = reference_loss(&spec, b, rowp, bias + eps);
-    double down = reference_loss(&spec, b, rowp, bias - eps);
-    assert_float_equal(gbias, (up - down) / (2 * eps), 1e-4);
+    check_differences(&spec, b, rowp, densep, rowp, grad, b->nrows * rl, "row parameter");
+    /* the bias, then every tower parameter */
+    check_differences(&spec, b, rowp, densep, densep, gdense, nd, "dense parameter");
     free(params);
     free(grad);
     free(rowp);
+    free(dense);
+    free(gdense);
+    free(densep);
     sparse_batch_destroy(b);
 }
 
 static void test_fm_gradient_matches_finite_differences(void **state)
 {
     (void)state;
-    check_fm_gradient(4);
-    check_fm_gradient(0); /* hashed logistic regression: g_w = sum (p - y) x */
+    check_fm_gradient(4, 0, NULL);
+    check_fm_gradient(0, 0, NULL); /* hashed logistic regression: g_w = sum (p - y) x */
+    static const int one[] = {5}, two[] = {6, 3};
+    check_fm_gradient(4, 1, one); /* a tower over the 8 fields' embeddings */
+    check_fm_gradient(3, 2, two);
 }
 
 /* ------------------------------------------------------------------------
@@ -727,6 +776,7 @@ static double learn(int dim, float lr, double *floor_out, double *base_out)
     sparse_synth_t *g = sparse_synth_new(11, 0, N, err, sizeof(err));
     sparse_batch_t *b = sparse_batch_new(B);
     float bias = 0, bst[2] = {0, 0}, p[B], gbias;
+    assert_int_equal(sparse_dense_len(&spec), 1);
     double tail = 0;
     for (int i = 0; i < N; i += B) {
         sparse_batch_clear(b);
@@ -738,7 +788,7 @@ static double learn(int dim, float lr, double *floor_out, double *base_out)
         }
         for (size_t r = 0; r < b->nrows; r++) /* pull */
             memcpy(params + r * rl, table + (size_t)b->rows[r] * rl, rl * sizeof(float));
-        sparse_fm_grad(&spec, b, params, bias, grad, &gbias, p);
+        sparse_fm_grad(&spec, b, params, &bias, grad, &gbias, p);
         for (int k = 0; k < B; k++)
             if (i + k >= N - TAIL)
                 tail += sparse_logloss(p[k], b->samples[k].label);
