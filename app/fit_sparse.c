@@ -33,7 +33,7 @@ static void fit_sparse_usage(FILE *out)
                  "click rate, and samples/s; at the end the mean logloss of every record.\n"
                  "D = 0 is hashed logistic regression, D > 0 a factorization machine;\n"
                  "fields:F,buckets:2^B,dim:D,tower:64-32 adds a dense ReLU tower over the\n"
-                 "fields' embeddings.\n"
+                 "fields' embeddings; ,classes:C a softmax over C classes (labels 0..C-1).\n"
                  "\n"
                  "  --sparse S           the table: fields per record (criteo: 39), 2^B rows,\n"
                  "                       embedding width D\n"
@@ -55,9 +55,9 @@ static void fit_sparse_usage(FILE *out)
                  "  --freeze-after N     learn from the first N records only, and score the\n"
                  "                       rest with the model frozen (how a model that stops\n"
                  "                       training falls behind a drifting stream)\n"
-                 "  --out W              write the table as safetensors: \"rows\" [2^B, 1+D] and\n"
-                 "                       \"bias\" [1] (and \"tower\" [P] with a tower), the shape\n"
-                 "                       in its metadata\n"
+                 "  --out W              write the table as safetensors: \"rows\" [2^B, K+D] and\n"
+                 "                       \"bias\" [K] (K = 1, or the classes of a softmax), and\n"
+                 "                       \"tower\" [P] with a tower; the shape in its metadata\n"
                  "  -h, --help           this text\n"
                  "\n"
                  "Malformed records are skipped and counted by reason. Exit status: 0 done,\n"
@@ -183,7 +183,7 @@ static int table_write(const table_t *t, const char *path, uint64_t nrows)
 {
     char spec[128], errstr[512];
     sparse_spec_format(&t->spec, spec, sizeof(spec));
-    size_t ntower = sparse_tower_len(&t->spec);
+    size_t ntower = sparse_tower_len(&t->spec), K = (size_t)sparse_outputs(&t->spec);
     fr_st_tensor_t tensors[3] = {
         {.name = "rows",
          .dtype = "F32",
@@ -194,14 +194,14 @@ static int table_write(const table_t *t, const char *path, uint64_t nrows)
         {.name = "bias",
          .dtype = "F32",
          .ndim = 1,
-         .shape = {1},
+         .shape = {(int64_t)K},
          .data = t->dense,
-         .nbytes = sizeof(float)},
+         .nbytes = K * sizeof(float)},
         {.name = "tower", /* the layers' W[in][out] and b[out], in order */
          .dtype = "F32",
          .ndim = 1,
          .shape = {(int64_t)ntower},
-         .data = t->dense + 1,
+         .data = t->dense + K,
          .nbytes = ntower * sizeof(float)},
     };
     fr_st_kv_t meta[2] = {{"sparse", spec}, {"optimizer", sparse_optim_name(t->optim.kind)}};
@@ -249,7 +249,9 @@ static void flush_batch(pass_t *ps)
     table_step(ps->t, ps->b, ps->params, ps->grad, ps->p, learn);
     for (size_t i = 0; i < ps->b->n; i++) {
         sparse_prog_window_t w;
-        if (!sparse_prog_add(ps->pv, ps->p[i], ps->b->samples[i].label, &w))
+        /* a softmax's p is its own class's: scored as a positive */
+        float y = ps->t->spec.classes > 0 ? 1.0f : ps->b->samples[i].label;
+        if (!sparse_prog_add(ps->pv, ps->p[i], y, &w))
             continue;
         uint64_t now = fr_clock_mono_ns();
         double secs = (double)(now - ps->tw) * 1e-9; /* ~0 for a window inside a batch */
@@ -356,6 +358,8 @@ int app_cmd_fit_sparse(int argc, char **argv)
     size_t cap = (size_t)o.batch * SPARSE_FIELDS_MAX * sparse_row_len(&t.spec);
     ps.b = sparse_batch_new((size_t)o.batch);
     ps.pv = sparse_prog_new((size_t)o.window);
+    if (ps.pv != NULL && t.spec.classes > 0)
+        sparse_prog_multiclass(ps.pv);
     ps.params = malloc(cap * sizeof(float));
     ps.grad = malloc(cap * sizeof(float));
     ps.p = malloc((size_t)o.batch * sizeof(float));

@@ -80,7 +80,8 @@ static const conf_key_t schema[] = {
     K_STR("model", "sparse", "",
           "A sparse model's table, fields:F,buckets:2^B,dim:D (hashed logistic regression at "
           "D = 0, a factorization machine above), with ,tower:H1-H2 a dense ReLU tower over the "
-          "embeddings; empty: the dense model of layers."),
+          "embeddings, with ,classes:C a softmax over C classes; empty: the dense model of "
+          "layers."),
 
     K_STR("ingest", "topic", "freshet.samples", "Kafka topic to consume."),
     K_ENUM("ingest", "format", "f32", "csv|libsvm|f32|criteo|binary",

@@ -91,8 +91,9 @@ static fr_err_t load_weights(psstore_applier_t *a)
         if (a->n != want) {
             freeReplyObject(r);
             return ps_fail(a->c, FR_ERR_PARSE,
-                           "model '%s': w:0 holds %zu floats; the table %s wants %zu", a->model,
-                           a->n, a->shard == 0 ? "with its tower" : "of a shard past 0", want);
+                           "model '%s': w:0 of shard %d holds %zu floats; its table wants %zu "
+                           "(shard 0: the biases and the tower; past it: one)",
+                           a->model, a->shard, a->n, want);
         }
         a->opt_len = 1 + a->n;
     }

@@ -206,9 +206,11 @@ fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t
             memcpy(params + i * sp->rowlen, sp->vals + (size_t)sp->slot_of[pos] * sp->vlen,
                    sp->rowlen * sizeof(float));
     }
-    *bias = a->w[0];
-    if (tower != NULL && a->n > 1)
-        memcpy(tower, a->w + 1, (a->n - 1) * sizeof(float));
+    /* shard 0's w: the biases, then the tower; the others' one float */
+    size_t K = a->n == 1 ? 1 : (size_t)sparse_outputs(&sp->spec);
+    memcpy(bias, a->w, K * sizeof(float));
+    if (tower != NULL && a->n > K)
+        memcpy(tower, a->w + K, (a->n - K) * sizeof(float));
     *epoch = a->epoch;
     *version = a->version;
     pthread_rwlock_unlock(&sp->rw);
@@ -387,7 +389,7 @@ static fr_err_t insert_missing(ps_sparse_t *sp)
 int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t *m)
 {
     const ps_sparse_t *sp = a->sp;
-    size_t per = 2 + (size_t)sp->spec.dim; /* then the shard's dense part, a->n floats */
+    size_t per = 1 + sp->rowlen; /* then the shard's dense part, a->n floats */
     if (g->len < a->n || (g->len - a->n) % per != 0)
         return 0;
     *m = (g->len - a->n) / per;

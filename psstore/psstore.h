@@ -94,7 +94,8 @@ typedef struct psstore_model_spec {
     size_t nparams;     /* floats in the weights                      */
     int shards;         /* 0 or 1: one shard; up to PSSTORE_SHARDS_MAX */
     const char *sparse; /* a sparse model: its table, "fields:F,buckets:2^B,dim:D"
-                           (meta's `sparse`; its w is the bias alone); else NULL */
+                           (meta's `sparse`; its w the dense part: the biases
+                           and the tower, then a float a shard past 0); else NULL */
 } psstore_model_spec_t;
 
 /* Creates model name with weights w[nparams] as version 0 of a fresh
@@ -182,20 +183,21 @@ fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys
  * reads as sparse_row_init's value. The dense part (the bias, then the
  * tower's parameters: sparse_dense_len floats) is the model's w:0, its
  * state opt:0. A gradient (psstore_grad_t.g) packs the m rows of a batch,
- * their gradients and the dense part's: [row bits x m, grad (1 + D) x m,
- * dense], m (2 + D) + ndense floats, the rows' 32 bits held as they are.
+ * their gradients and the dense part's: [row bits x m, grad (K + D) x m,
+ * dense], m (1 + K + D) + ndense floats (K = sparse_outputs), the rows'
+ * 32 bits held as they are.
  * ---------------------------------------------------------------------- */
 
-/* The floats of a packed gradient of m rows of dimension dim and a dense
- * part of ndense floats. */
-static inline size_t psstore_sparse_grad_len(size_t m, int dim, size_t ndense)
+/* The floats of a packed gradient of m rows of rowlen floats
+ * (sparse_row_len) and a dense part of ndense floats. */
+static inline size_t psstore_sparse_grad_len(size_t m, size_t rowlen, size_t ndense)
 {
-    return m * (size_t)(2 + dim) + ndense;
+    return m * (1 + rowlen) + ndense;
 }
 
-/* Packs rows[m], their gradients grads[m][1 + dim] and the dense part's
- * gdense[ndense] into out[psstore_sparse_grad_len(m, dim, ndense)]. */
-void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim,
+/* Packs rows[m], their gradients grads[m][rowlen] and the dense part's
+ * gdense[ndense] into out[psstore_sparse_grad_len(m, rowlen, ndense)]. */
+void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, size_t rowlen,
                          const float *gdense, size_t ndense, float *out);
 
 /*
@@ -203,9 +205,11 @@ void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int
  * sparse_row_len floats, the stored value's first: spec and optim give its
  * size) into params[n][1 + D], found[i] = 1 where the store has row i
  * (absent rows are left as they were: the caller fills them with
- * sparse_row_init), the bias, the tower's parameters into
- * tower[sparse_tower_len] (may be NULL: not read), and the epoch and
- * version they are. FR_ERR_NOTFOUND for a model that does not exist,
+ * sparse_row_init), the biases into bias[sparse_outputs] (past shard 0:
+ * its one float, then zeros), the tower's parameters into
+ * tower[sparse_tower_len] (may be NULL: not read; when given, the shard's
+ * w:0 must be shard 0's whole dense part), and the epoch and version they
+ * are. FR_ERR_NOTFOUND for a model that does not exist,
  * FR_ERR_PARSE for a row or a dense part of another size.
  */
 fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_spec_t *spec,
@@ -219,8 +223,8 @@ fr_err_t psstore_rows_pull(psstore_conn_t *c, const char *model, const sparse_sp
  * applier; shard 0's w:0 is the dense part. psstore_rows_pull in two halves
  * for shard k of S, so that the shards' transactions, each on the
  * connection of its node, overlap: send queues it (*queued replies to
- * read), recv reads it, with that shard's epoch and version (its bias: 0
- * on shards 1..S-1, which have no tower: pass NULL).
+ * read), recv reads it, with that shard's epoch and version (its bias: one
+ * float 0 on shards 1..S-1, which have no tower: pass NULL).
  */
 static inline int psstore_sparse_shard(uint32_t row, int S)
 {
@@ -269,10 +273,11 @@ typedef struct psstore_rows_page {
     int expired, expired_shard;
     int more;        /* delta: entries after at[] remain; scan: pages remain */
     int64_t time_ms; /* delta: when the newest commit it holds was written (0: none) */
-    float bias;
-    size_t ntower; /* the tower's parameters (shard 0's w:0 after the bias), */
-    float *tower;  /* tower[ntower]: sparse_tower_len of the table          */
-    size_t n;      /* rows present, ids[n], params[n][1 + D] */
+    int nbias;       /* the table's outputs (sparse_outputs):    */
+    float bias[SPARSE_CLASSES_MAX]; /* bias[nbias], shard 0's                   */
+    size_t ntower;                  /* the tower's parameters (shard 0's w:0 after the biases), */
+    float *tower;                   /* tower[ntower]: sparse_tower_len of the table            */
+    size_t n;                       /* rows present, ids[n], params[n][1 + D] */
     uint32_t *ids;
     float *params;
     size_t ngone; /* delta: rows deleted since, gone[ngone] */
@@ -315,7 +320,8 @@ typedef struct psstore_applier psstore_applier_t;
 
 /* Copies the rows among rows[n] that applier a holds into params[n][1 + D]
  * (found[i] = 1; rows it does not hold are untouched, found[i] = 0: the
- * store has their value), the bias, the tower's parameters into
+ * store has their value), the biases into bias[sparse_outputs] (one
+ * float past shard 0), the tower's parameters into
  * tower[sparse_tower_len] (may be NULL; shard 0's applier only), and the
  * epoch and version they are at, which may be newer than the store's.
  * FR_ERR_STATE while a holds no lease (read the store instead),

@@ -36,12 +36,12 @@ void psstore_sparse_group(const uint32_t *rows, size_t n, int S, uint32_t *order
     }
 }
 
-void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, int dim,
+void psstore_sparse_pack(const uint32_t *rows, size_t m, const float *grads, size_t rowlen,
                          const float *gdense, size_t ndense, float *out)
 {
     memcpy(out, rows, m * sizeof(uint32_t));
-    memcpy(out + m, grads, m * (size_t)(1 + dim) * sizeof(float));
-    memcpy(out + m * (size_t)(2 + dim), gdense, ndense * sizeof(float));
+    memcpy(out + m, grads, m * rowlen * sizeof(float));
+    memcpy(out + m * (1 + rowlen), gdense, ndense * sizeof(float));
 }
 
 fr_err_t ps_rows_queue(psstore_conn_t *c, const char *key, const unsigned char *fields, size_t n,
@@ -159,18 +159,23 @@ fr_err_t psstore_rows_pull_recv(psstore_conn_t *c, const char *model, const spar
         err = ps_fail(c, FR_ERR_REDIS, "rows: the pull's transaction did not run");
     if (err == FR_OK && r->element[0]->type != REDIS_REPLY_STRING)
         err = ps_fail(c, FR_ERR_NOTFOUND, "model '%s' does not exist", model);
-    /* w:0: the dense part on shard 0, one float on the others */
+    /* w:0: the dense part on shard 0 (a caller that asks for the tower
+     * reads shard 0: it must have all of it), one float on the others */
     if (err == FR_OK && (r->element[2]->type != REDIS_REPLY_STRING ||
-                         (r->element[2]->len != 4 && (size_t)r->element[2]->len != ndense * 4)))
+                         (r->element[2]->len != 4 && (size_t)r->element[2]->len != ndense * 4) ||
+                         (tower != NULL && (size_t)r->element[2]->len != ndense * 4)))
         err = ps_fail(c, FR_ERR_PARSE, "model '%s': its dense part (w:0) is not %zu floats", model,
                       ndense);
     if (err == FR_OK) {
         *epoch = strtoull(r->element[0]->str, NULL, 10);
         *version =
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
-        memcpy(bias, r->element[2]->str, 4);
-        if (tower != NULL && ndense > 1 && (size_t)r->element[2]->len == ndense * 4)
-            memcpy(tower, r->element[2]->str + 4, (ndense - 1) * 4);
+        /* the biases (one float past shard 0: the others 0), then the tower */
+        size_t K = (size_t)sparse_outputs(spec), wlen = (size_t)r->element[2]->len;
+        memset(bias, 0, K * 4);
+        memcpy(bias, r->element[2]->str, wlen == 4 ? 4 : K * 4);
+        if (tower != NULL)
+            memcpy(tower, r->element[2]->str + K * 4, (ndense - K) * 4);
         size_t keep = sparse_row_len(spec), len = keep + sparse_state_len(spec, optim);
         for (size_t k = 0; k < chunks && err == FR_OK; k++) {
             size_t at = k * PS_ROWS_CHUNK, m = n - at < PS_ROWS_CHUNK ? n - at : PS_ROWS_CHUNK;
@@ -248,9 +253,11 @@ void psstore_rows_page_fini(psstore_rows_page_t *page)
     memset(page, 0, sizeof(*page));
 }
 
-/* Room in page for the tower of spec's table (none without one). */
+/* Room in page for the biases and the tower of spec's table (no tower
+ * without one). */
 static fr_err_t page_tower(psstore_conn_t *c, psstore_rows_page_t *page, const sparse_spec_t *spec)
 {
+    page->nbias = sparse_outputs(spec);
     size_t n = sparse_tower_len(spec);
     if (n == page->ntower)
         return FR_OK;
@@ -444,7 +451,7 @@ static fr_err_t list_changes(psstore_conn_t *c, const char *model, const char *k
 
 /* The values of rows v[n] of shard k of S, DELTA_CHUNK rows a transaction
  * (a large commit never holds Redis in one), into page's buffers from
- * index base; the bias, read at least once, into *bias (and on shard 0
+ * index base; the biases, read at least once, into bias (and on shard 0
  * the tower into page->tower). Sets
  * page->expired when the shard's epoch is no longer epoch (the model was
  * created again in between). */
@@ -524,12 +531,12 @@ static fr_err_t shard_delta(psstore_conn_t *c, const char *model, int k, int S, 
         err = page_reserve(c, page, page->n + page->ngone + n, keep);
     if (err == FR_OK)
         err = page_tower(c, page, spec);
-    float bias = 0;
+    float bias[SPARSE_CLASSES_MAX];
     if (err == FR_OK && (n > 0 || k == 0))
-        err = read_values(c, model, k, S, spec, optim, l.v, n, base, *epoch, page, &bias);
+        err = read_values(c, model, k, S, spec, optim, l.v, n, base, *epoch, page, bias);
     if (err == FR_OK && !page->expired) {
         if (k == 0)
-            page->bias = bias;
+            memcpy(page->bias, bias, (size_t)page->nbias * sizeof(float));
         /* present rows move down in place; the rest are tombstones */
         for (size_t i = 0; i < n; i++) {
             if (!page->found[base + i]) {
@@ -561,7 +568,7 @@ fr_err_t psstore_rows_delta(psstore_conn_t *c, const char *model, int S, const i
     page->expired = page->more = page->expired_shard = 0;
     page->time_ms = 0;
     page->epoch = 0;
-    page->bias = 0;
+    memset(page->bias, 0, sizeof(page->bias));
     page->shards = S;
     for (int k = 0; k < S; k++)
         page->at[k] = since[k];
@@ -650,9 +657,11 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sp
         page->epoch = strtoull(r->element[0]->str, NULL, 10);
         page->at[k] =
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
-        memcpy(&page->bias, r->element[2]->str, 4);
-        if (k == 0 && page->ntower > 0)
-            memcpy(page->tower, r->element[2]->str + 4, page->ntower * sizeof(float));
+        if (k == 0) { /* the biases, then the tower */
+            memcpy(page->bias, r->element[2]->str, (size_t)page->nbias * sizeof(float));
+            memcpy(page->tower, r->element[2]->str + (size_t)page->nbias * sizeof(float),
+                   page->ntower * sizeof(float));
+        }
         const char *hnext = sc->element[0]->str;
         if (S == 1)
             snprintf(next, 48, "%s", hnext);
@@ -677,22 +686,22 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sp
         page->more = strcmp(next, "0") != 0;
     }
     freeReplyObject(r);
-    /* the other shards' versions and epochs (and shard 0's bias) now: a
+    /* the other shards' versions and epochs (and shard 0's biases) now: a
      * client follows the table with a delta since the first page's */
     for (int j = 0; j < S && S > 1 && err == FR_OK; j++) {
         if (j == k)
             continue;
         size_t queued = 0;
-        float bias;
+        float bias[SPARSE_CLASSES_MAX];
         uint64_t e;
         err = psstore_rows_pull_send(c, model, j, S, NULL, 0, &queued);
         if (err == FR_OK)
-            err = psstore_rows_pull_recv(c, model, spec, optim, 0, queued, NULL, NULL, &bias,
+            err = psstore_rows_pull_recv(c, model, spec, optim, 0, queued, NULL, NULL, bias,
                                          j == 0 ? page->tower : NULL, &e, &page->at[j]);
         if (err == FR_OK) {
             page->epoch += e;
             if (j == 0)
-                page->bias = bias;
+                memcpy(page->bias, bias, (size_t)page->nbias * sizeof(float));
         }
     }
     page->version = 0;

@@ -120,7 +120,17 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
     sv_json_str(&b, a->model);
     sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"bias\":", (unsigned long long)p->epoch,
               (long long)p->version);
-    sv_json_f32(&b, p->bias);
+    if (p->nbias <= 1) { /* one logistic output: a number, as ever */
+        sv_json_f32(&b, p->bias[0]);
+    } else { /* a softmax's, one a class */
+        sv_puts(&b, "[");
+        for (int c = 0; c < p->nbias; c++) {
+            if (c > 0)
+                sv_puts(&b, ",");
+            sv_json_f32(&b, p->bias[c]);
+        }
+        sv_puts(&b, "]");
+    }
     if (p->ntower > 0) { /* the dense tower's parameters, layer after layer */
         sv_puts(&b, ",\"tower\":[");
         for (size_t i = 0; i < p->ntower; i++) {
@@ -184,10 +194,11 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
     job_answer(j, a, "application/json", b.p, b.len);
 }
 
-/* The answer as safetensors: ids (U32 [n]), rows (F32 [n, 1 + D]), bias
- * (F32 [1]), tower (F32 [P]) for a table with a tower (not on /rows), and stored (U32 [n]) for
- * /rows or tombstones (U32 [g]) for /delta; the metadata names the model, table, epoch, version and
- * what comes next. */
+/* The answer as safetensors: ids (U32 [n]), rows (F32 [n, K + D]), bias
+ * (F32 [K], K the table's outputs), tower (F32 [P]) for a table with a
+ * tower (not on /rows), and stored (U32 [n]) for /rows or tombstones (U32
+ * [g]) for /delta; the metadata names the model, table, epoch, version
+ * and what comes next. */
 static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
 {
     const psstore_rows_page_t *p = a->page;
@@ -225,7 +236,12 @@ static void encode_safetensors(sv_rows_job_t *j, const answer_t *a)
          .shape = {(int64_t)p->n, keep},
          .data = p->params,
          .nbytes = p->n * (size_t)keep * 4},
-        {.name = "bias", .dtype = "F32", .ndim = 1, .shape = {1}, .data = &p->bias, .nbytes = 4},
+        {.name = "bias", /* one an output */
+         .dtype = "F32",
+         .ndim = 1,
+         .shape = {p->nbias > 1 ? p->nbias : 1},
+         .data = p->bias,
+         .nbytes = (size_t)(p->nbias > 1 ? p->nbias : 1) * 4},
     };
     size_t nt = 3;
     if (p->ntower > 0)
@@ -371,7 +387,7 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
         }
     }
     size_t keep = sparse_row_len(spec), slen = sparse_state_len(spec, optim), n = j->nids;
-    psstore_rows_page_t page = {.ids = j->ids, .n = n};
+    psstore_rows_page_t page = {.ids = j->ids, .n = n, .nbias = sparse_outputs(spec)};
     page.params = malloc(n * keep * sizeof(float));
     page.found = malloc(n);
     uint32_t *stored = malloc(n * sizeof(*stored)), *sids = malloc(n * sizeof(*sids));
@@ -389,19 +405,19 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     psstore_sparse_group(j->ids, n, S, order, sids, off); /* the ids grouped by shard */
     for (int k = 0; k < S && err == FR_OK; k++) {
         size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
-        float bias;
+        float bias[SPARSE_CLASSES_MAX];
         uint64_t epoch;
         int64_t version;
         err = psstore_rows_pull_send(*c, j->name, k, S, sids + lo, m, &queued);
         if (err == FR_OK)
             err = psstore_rows_pull_recv(*c, j->name, spec, optim, m, queued, sparams + lo * keep,
-                                         sfound + lo, &bias, NULL, &epoch, &version);
+                                         sfound + lo, bias, NULL, &epoch, &version);
         if (err != FR_OK)
             break;
         page.epoch += epoch;
         page.version += version;
         if (k == 0)
-            page.bias = bias;
+            memcpy(page.bias, bias, (size_t)page.nbias * sizeof(float));
     }
     if (err != FR_OK) {
         read_failed(j, c, err);

@@ -77,7 +77,7 @@ fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, 
 {
     if (text == NULL || spec == NULL)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "sparse: no specification");
-    sparse_spec_t s = {.fields = -1, .bits = -1, .dim = 0, .ntower = 0};
+    sparse_spec_t s = {.fields = -1, .bits = -1, .dim = 0, .ntower = 0, .classes = 0};
     int tower_bad = 0;
     const char *p = text;
     while (*p != '\0') {
@@ -94,9 +94,12 @@ fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, 
             s.dim = (int)parse_count(&v);
         else if (klen == 5 && strncmp(p, "tower", 5) == 0)
             tower_bad = parse_tower(&v, &s) != 0;
+        else if (klen == 7 && strncmp(p, "classes", 7) == 0)
+            s.classes = (int)parse_count(&v);
         else
             return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "sparse: unknown key '%.*s' in '%s' (fields, buckets, dim, tower)",
+                             "sparse: unknown key '%.*s' in '%s' (fields, buckets, dim, tower, "
+                             "classes)",
                              (int)klen, p, text);
         if (tower_bad)
             return fr_errorf(FR_ERR_INVAL, errstr, size,
@@ -127,6 +130,19 @@ fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, 
         return fr_errorf(FR_ERR_INVAL, errstr, size,
                          "sparse: a tower runs over the embeddings: it needs dim 1 or more in '%s'",
                          text);
+    if (s.classes != 0 && (s.classes < 2 || s.classes > SPARSE_CLASSES_MAX))
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "sparse: classes must be 2..%d in '%s'",
+                         SPARSE_CLASSES_MAX, text);
+    if (sparse_tower_len(&s) > SPARSE_TOWER_PARAMS)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "sparse: the tower has %zu parameters, at most %d (its gradient travels "
+                         "with every batch) in '%s'",
+                         sparse_tower_len(&s), SPARSE_TOWER_PARAMS, text);
+    if (s.classes != 0 && s.dim > 0 && s.ntower == 0)
+        return fr_errorf(FR_ERR_INVAL, errstr, size,
+                         "sparse: a softmax model's embeddings need a tower (the FM's pairs are "
+                         "the same for every class, and a softmax cancels them) in '%s'",
+                         text);
     *spec = s;
     return FR_OK;
 }
@@ -140,6 +156,11 @@ int sparse_spec_format(const sparse_spec_t *spec, char *buf, size_t size)
         int more = snprintf(buf + at, size - at, "%s%d", l == 0 ? ",tower:" : "-", spec->tower[l]);
         n = more < 0 ? more : n + more;
     }
+    if (spec->classes > 0 && n >= 0) {
+        size_t at = (size_t)n < size ? (size_t)n : size;
+        int more = snprintf(buf + at, size - at, ",classes:%d", spec->classes);
+        n = more < 0 ? more : n + more;
+    }
     return n;
 }
 
@@ -147,12 +168,12 @@ int sparse_spec_format(const sparse_spec_t *spec, char *buf, size_t size)
  * The dense tower
  * ---------------------------------------------------------------------- */
 
-/* Layer l's input and output widths (l = 0 .. ntower; the last has one
- * output). */
+/* Layer l's input and output widths (l = 0 .. ntower; the last has an
+ * output a class, or one). */
 static void layer_dims(const sparse_spec_t *spec, int l, size_t *in, size_t *out)
 {
     *in = l == 0 ? (size_t)spec->fields * (size_t)spec->dim : (size_t)spec->tower[l - 1];
-    *out = l == spec->ntower ? 1 : (size_t)spec->tower[l];
+    *out = l == spec->ntower ? (size_t)sparse_outputs(spec) : (size_t)spec->tower[l];
 }
 
 size_t sparse_tower_len(const sparse_spec_t *spec)
@@ -168,8 +189,9 @@ size_t sparse_tower_len(const sparse_spec_t *spec)
 
 void sparse_dense_init(const sparse_spec_t *spec, uint64_t seed, float *dense)
 {
-    dense[0] = 0;
-    float *t = dense + 1;
+    const size_t K = (size_t)sparse_outputs(spec);
+    memset(dense, 0, K * sizeof(float)); /* the biases */
+    float *t = dense + K;
     uint64_t h = sparse_mix64(seed ^ 0x746f776572ull); /* "tower": apart from the rows' streams */
     for (int l = 0; spec->ntower > 0 && l <= spec->ntower; l++) {
         size_t in, out;
@@ -192,22 +214,24 @@ typedef struct tower_pass {
     float del[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX + SPARSE_TOWER_MAX * SPARSE_TOWER_WIDTH];
 } tower_pass_t;
 
-/* The tower's output on t->act's first F * D floats (the embeddings),
- * leaving every layer's input activation in t->act. */
-static float tower_forward(const sparse_spec_t *spec, const float *tw, tower_pass_t *t)
+/* The tower on t->act's first F * D floats (the embeddings): its outputs
+ * added to y[sparse_outputs], every layer's input activation left in
+ * t->act. */
+static void tower_forward(const sparse_spec_t *spec, const float *tw, tower_pass_t *t, double *y)
 {
     float *x = t->act;
-    float y = 0;
     for (int l = 0; l <= spec->ntower; l++) {
         size_t in, out;
         layer_dims(spec, l, &in, &out);
         const float *W = tw, *bias = tw + in * out;
         float *z = x + in; /* the next layer's input */
         if (l == spec->ntower) {
-            double s = bias[0];
-            for (size_t i = 0; i < in; i++)
-                s += (double)x[i] * W[i];
-            y = (float)s;
+            for (size_t o = 0; o < out; o++) {
+                double s = bias[o];
+                for (size_t i = 0; i < in; i++)
+                    s += (double)x[i] * W[i * out + o];
+                y[o] += s;
+            }
         } else {
             memcpy(z, bias, out * sizeof(float));
             for (size_t i = 0; i < in; i++) {
@@ -224,12 +248,12 @@ static float tower_forward(const sparse_spec_t *spec, const float *tw, tower_pas
         tw += in * out + out;
         x = z;
     }
-    return y;
 }
 
-/* Back through the tower from dL/dy = g: adds the parameters' gradients
- * into gt and leaves dL/d(embeddings) in t->del's first F * D floats. */
-static void tower_backward(const sparse_spec_t *spec, const float *tw, float *gt, float g,
+/* Back through the tower from its outputs' gradient g[sparse_outputs]:
+ * adds the parameters' gradients into gt and leaves dL/d(embeddings) in
+ * t->del's first F * D floats. */
+static void tower_backward(const sparse_spec_t *spec, const float *tw, float *gt, const float *g,
                            tower_pass_t *t)
 {
     size_t off[SPARSE_TOWER_MAX + 2], poff[SPARSE_TOWER_MAX + 2];
@@ -240,12 +264,11 @@ static void tower_backward(const sparse_spec_t *spec, const float *tw, float *gt
         off[l + 1] = off[l] + in;
         poff[l + 1] = poff[l] + in * out + out;
     }
-    float dy = g; /* the last layer's output gradient */
     for (int l = spec->ntower; l >= 0; l--) {
         size_t in, out;
         layer_dims(spec, l, &in, &out);
         const float *W = tw + poff[l], *x = t->act + off[l];
-        const float *dz = l == spec->ntower ? &dy : t->del + off[l + 1];
+        const float *dz = l == spec->ntower ? g : t->del + off[l + 1];
         float *gW = gt + poff[l], *gb = gW + in * out, *dx = t->del + off[l];
         for (size_t o = 0; o < out; o++)
             gb[o] += dz[o];
@@ -401,96 +424,124 @@ static double logistic_loss(double s, double y)
 double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const float *params,
                       const float *dense, float *grad, float *gdense, float *p)
 {
-    const size_t rl = sparse_row_len(spec), FD = (size_t)spec->fields * (size_t)spec->dim;
-    const int D = spec->dim;
-    const float bias = dense[0];
+    const int K = sparse_outputs(spec), D = spec->dim;
+    const size_t rl = sparse_row_len(spec), FD = (size_t)spec->fields * (size_t)D;
     memset(grad, 0, b->nrows * rl * sizeof(*grad));
     memset(gdense, 0, sparse_dense_len(spec) * sizeof(*gdense));
-    double loss = 0, gb = 0;
-    float sum[SPARSE_DIM_MAX];
+    double loss = 0, gb[SPARSE_CLASSES_MAX], score[SPARSE_CLASSES_MAX];
+    float sum[SPARSE_DIM_MAX], g[SPARSE_CLASSES_MAX];
     static _Thread_local tower_pass_t t; /* 64 KB: not on a worker's stack */
+    for (int c = 0; c < K; c++)
+        gb[c] = 0;
     for (size_t i = 0; i < b->n; i++) {
         const sparse_sample_t *s = &b->samples[i];
         const uint32_t *slot = b->slot + i * SPARSE_FIELDS_MAX;
-        double score = bias, sq = 0;
+        double sq = 0;
+        for (int c = 0; c < K; c++)
+            score[c] = dense[c];
         for (int d = 0; d < D; d++)
             sum[d] = 0;
         for (int k = 0; k < s->n; k++) {
             const float *w = params + slot[k] * rl;
             const float x = s->val[k];
-            score += (double)w[0] * x;
+            for (int c = 0; c < K; c++)
+                score[c] += (double)w[c] * x;
             for (int d = 0; d < D; d++) {
-                float vx = w[1 + d] * x;
+                float vx = w[K + d] * x;
                 sum[d] += vx;
                 sq += (double)vx * vx;
             }
         }
-        double pair = 0;
-        for (int d = 0; d < D; d++)
-            pair += (double)sum[d] * sum[d];
-        score += 0.5 * (pair - sq);
+        if (K == 1) { /* the FM's pairs; a softmax would cancel them */
+            double pair = 0;
+            for (int d = 0; d < D; d++)
+                pair += (double)sum[d] * sum[d];
+            score[0] += 0.5 * (pair - sq);
+        }
         if (spec->ntower > 0) { /* the fields' embeddings through the tower */
             memset(t.act, 0, FD * sizeof(float));
             for (int k = 0; k < s->n; k++) {
-                const float *v = params + slot[k] * rl + 1;
+                const float *v = params + slot[k] * rl + K;
                 float *e = t.act + (size_t)(s->field[k] % spec->fields) * (size_t)D;
                 for (int d = 0; d < D; d++)
                     e[d] += v[d] * s->val[k];
             }
-            score += tower_forward(spec, dense + 1, &t);
+            tower_forward(spec, dense + K, &t, score);
         }
-        double prob = 1.0 / (1.0 + exp(-score));
-        if (p != NULL)
-            p[i] = (float)prob;
-        loss += logistic_loss(score, s->label);
-        const float g = (float)(prob - s->label); /* dL/dscore */
-        gb += g;
+        if (K == 1) {
+            double prob = 1.0 / (1.0 + exp(-score[0]));
+            if (p != NULL)
+                p[i] = (float)prob;
+            loss += logistic_loss(score[0], s->label);
+            g[0] = (float)(prob - s->label); /* dL/dscore */
+        } else { /* -log p_y = logsumexp(score) - score_y; dL/dscore_c = p_c - [c = y] */
+            /* 0 .. K - 1: the layouts and the workers refuse any other */
+            int y = s->label >= 0 && s->label < (float)K ? (int)s->label : 0;
+            double top = score[0], z = 0;
+            for (int c = 1; c < K; c++)
+                top = score[c] > top ? score[c] : top;
+            for (int c = 0; c < K; c++)
+                z += exp(score[c] - top);
+            double lse = top + log(z);
+            loss += lse - score[y];
+            for (int c = 0; c < K; c++)
+                g[c] = (float)(exp(score[c] - lse) - (c == y));
+            if (p != NULL)
+                p[i] = (float)exp(score[y] - lse);
+        }
+        for (int c = 0; c < K; c++)
+            gb[c] += g[c];
         for (int k = 0; k < s->n; k++) {
             const float *w = params + slot[k] * rl;
             float *gw = grad + slot[k] * rl;
             const float x = s->val[k];
-            gw[0] += g * x;
-            for (int d = 0; d < D; d++)
-                gw[1 + d] += g * x * (sum[d] - w[1 + d] * x);
+            for (int c = 0; c < K; c++)
+                gw[c] += g[c] * x;
+            for (int d = 0; d < D && K == 1; d++)
+                gw[1 + d] += g[0] * x * (sum[d] - w[1 + d] * x);
         }
         if (spec->ntower > 0) {
-            tower_backward(spec, dense + 1, gdense + 1, g, &t);
+            tower_backward(spec, dense + K, gdense + K, g, &t);
             for (int k = 0; k < s->n; k++) {
-                float *gv = grad + slot[k] * rl + 1;
+                float *gv = grad + slot[k] * rl + K;
                 const float *de = t.del + (size_t)(s->field[k] % spec->fields) * (size_t)D;
                 for (int d = 0; d < D; d++)
                     gv[d] += de[d] * s->val[k];
             }
         }
     }
-    gdense[0] = (float)gb;
+    for (int c = 0; c < K; c++)
+        gdense[c] = (float)gb[c];
     return loss;
 }
 
 double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
-                           const double *params, const double *dense)
+                           const double *params, const double *dense, double *score)
 {
+    const int K = sparse_outputs(spec);
     const size_t rl = sparse_row_len(spec);
-    double score = dense[0];
+    for (int c = 0; c < K; c++)
+        score[c] = dense[c];
     for (int i = 0; i < s->n; i++) {
-        score += params[i * rl] * s->val[i];
-        for (int j = i + 1; j < s->n; j++) {
+        for (int c = 0; c < K; c++)
+            score[c] += params[i * rl + c] * s->val[i];
+        for (int j = i + 1; j < s->n && K == 1; j++) {
             double dot = 0;
             for (int d = 0; d < spec->dim; d++)
                 dot += params[i * rl + 1 + d] * params[j * rl + 1 + d];
-            score += dot * s->val[i] * s->val[j];
+            score[0] += dot * s->val[i] * s->val[j];
         }
     }
     if (spec->ntower == 0)
-        return score;
+        return score[0];
     /* the tower by its definition: y = W_L relu(... relu(W_1 e + b_1) ...) + b_L */
     double x[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX], z[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX];
     size_t width = (size_t)spec->fields * (size_t)spec->dim;
     memset(x, 0, width * sizeof(double));
     for (int i = 0; i < s->n; i++)
         for (int d = 0; d < spec->dim; d++)
-            x[(s->field[i] % spec->fields) * spec->dim + d] += params[i * rl + 1 + d] * s->val[i];
-    const double *tw = dense + 1;
+            x[(s->field[i] % spec->fields) * spec->dim + d] += params[i * rl + K + d] * s->val[i];
+    const double *tw = dense + K;
     for (int l = 0; l <= spec->ntower; l++) {
         size_t in, out;
         layer_dims(spec, l, &in, &out);
@@ -503,5 +554,7 @@ double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
         memcpy(x, z, out * sizeof(double));
         tw += in * out + out;
     }
-    return score + x[0];
+    for (int c = 0; c < K; c++)
+        score[c] += x[c];
+    return score[0];
 }

@@ -156,7 +156,7 @@ fr_err_t sparse_parse_binary(const sparse_spec_t *spec, const uint8_t *rec, size
 {
     if (len < 2 || len != 2 + 9 * (size_t)rec[1])
         return refuse(reason, "length");
-    if (rec[0] > 1)
+    if (rec[0] > (spec->classes > 0 ? spec->classes - 1 : 1)) /* a class, or a click */
         return refuse(reason, "label");
     if (rec[1] > spec->fields || rec[1] > SPARSE_FIELDS_MAX)
         return refuse(reason, "features");
@@ -192,9 +192,17 @@ fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t
         size_t tlen = (size_t)(p - tok);
         if (first) {
             float y;
-            if (parse_float(tok, tlen, &y) != 0 || (y != 0 && y != 1 && y != -1))
+            if (parse_float(tok, tlen, &y) != 0)
                 return refuse(reason, "label");
-            s->label = y > 0 ? 1.0f : 0.0f;
+            if (spec->classes > 0) { /* a class: an integer 0 .. C - 1 */
+                if (!(y >= 0 && y < (float)spec->classes) || y != floorf(y))
+                    return refuse(reason, "label");
+                s->label = y;
+            } else {
+                if (y != 0 && y != 1 && y != -1)
+                    return refuse(reason, "label");
+                s->label = y > 0 ? 1.0f : 0.0f;
+            }
             first = 0;
             continue;
         }

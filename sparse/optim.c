@@ -60,7 +60,8 @@ const char *sparse_optim_name(sparse_optim_kind_t kind)
 
 size_t sparse_state_len(const sparse_spec_t *spec, const sparse_optim_t *o)
 {
-    return (o->kind == SPARSE_OPTIM_FTRL ? 2 : 1) + (size_t)spec->dim;
+    return (o->kind == SPARSE_OPTIM_FTRL ? 2 : 1) * (size_t)sparse_outputs(spec) +
+           (size_t)spec->dim;
 }
 
 uint64_t sparse_mix64(uint64_t x)
@@ -74,14 +75,16 @@ uint64_t sparse_mix64(uint64_t x)
 void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_t row, float *param,
                      float *state)
 {
-    param[0] = 0;
+    const int K = sparse_outputs(spec);
+    for (int c = 0; c < K; c++)
+        param[c] = 0;
     /* uniform on [-a, a] has standard deviation a / sqrt(3) */
     const double a = (double)o->init_std * sqrt(3.0);
     uint64_t h = sparse_mix64(sparse_mix64(o->seed) + row);
     for (int d = 0; d < spec->dim; d++) {
         h = sparse_mix64(h);
         double u = (double)(h >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) */
-        param[1 + d] = (float)((2 * u - 1) * a);
+        param[K + d] = (float)((2 * u - 1) * a);
     }
     memset(state, 0, sparse_state_len(spec, o) * sizeof(*state));
 }
@@ -117,15 +120,19 @@ static void ftrl(float *w, float *z, float *n, float g, float alpha, float beta,
 void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *param, float *state,
                      const float *grad)
 {
-    float *acc = state;
-    if (o->kind == SPARSE_OPTIM_FTRL) {
-        ftrl(&param[0], &state[0], &state[1], grad[0], o->alpha, o->beta, o->l1, o->l2);
-        acc = state + 1; /* acc[1 + d] below is the embedding's */
-    } else {
-        adagrad(&param[0], &acc[0], grad[0], o->lr);
+    const int K = sparse_outputs(spec);
+    float *acc = state; /* acc[K + d]: the embedding's */
+    for (int c = 0; c < K; c++) {
+        if (o->kind == SPARSE_OPTIM_FTRL)
+            ftrl(&param[c], &state[2 * c], &state[2 * c + 1], grad[c], o->alpha, o->beta, o->l1,
+                 o->l2);
+        else
+            adagrad(&param[c], &acc[c], grad[c], o->lr);
     }
+    if (o->kind == SPARSE_OPTIM_FTRL)
+        acc = state + K; /* past the K (z, n) pairs */
     for (int d = 0; d < spec->dim; d++)
-        adagrad(&param[1 + d], &acc[1 + d], grad[1 + d], o->lr);
+        adagrad(&param[K + d], &acc[K + d], grad[K + d], o->lr);
 }
 
 void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float g)
@@ -139,8 +146,9 @@ void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float 
 void sparse_dense_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *dense,
                        float *state, const float *gdense)
 {
-    sparse_bias_step(o, &dense[0], state, gdense[0]);
-    size_t n = sparse_tower_len(spec);
+    const size_t K = (size_t)sparse_outputs(spec), n = sparse_tower_len(spec);
+    for (size_t c = 0; c < K; c++)
+        sparse_bias_step(o, &dense[c], state + 2 * c, gdense[c]);
     for (size_t i = 0; i < n; i++) /* Adagrad, as the embeddings under either kind */
-        adagrad(&dense[1 + i], &state[2 + i], gdense[1 + i], o->lr);
+        adagrad(&dense[K + i], &state[2 * K + i], gdense[K + i], o->lr);
 }

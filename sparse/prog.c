@@ -16,6 +16,7 @@ struct sparse_prog {
     double loss, total_loss;
     double entropy; /* the open window's planted probabilities' entropy, summed */
     size_t planted; /* ... over this many of its records                      */
+    int multiclass; /* sparse_prog_multiclass: no AUC or click rate            */
 };
 
 sparse_prog_t *sparse_prog_new(size_t window)
@@ -112,8 +113,8 @@ static void window_figures(sparse_prog_t *pv, sparse_prog_window_t *w)
     w->index = pv->index;
     w->n = pv->n;
     w->logloss = pv->n > 0 ? pv->loss / (double)pv->n : NAN;
-    w->ctr = pv->n > 0 ? (double)pos / (double)pv->n : NAN;
-    w->auc = sparse_auc(pv->p, pv->y, pv->idx, pv->n);
+    w->ctr = pv->n > 0 && !pv->multiclass ? (double)pos / (double)pv->n : NAN;
+    w->auc = pv->multiclass ? NAN : sparse_auc(pv->p, pv->y, pv->idx, pv->n);
     w->floor = pv->n > 0 && pv->planted == pv->n ? pv->entropy / (double)pv->n : NAN;
 }
 
@@ -146,6 +147,11 @@ int sparse_prog_add_planted(sparse_prog_t *pv, float p, float y, float planted,
     pv->entropy = 0;
     pv->planted = 0;
     return 1;
+}
+
+void sparse_prog_multiclass(sparse_prog_t *pv)
+{
+    pv->multiclass = 1;
 }
 
 void sparse_prog_open(sparse_prog_t *pv, sparse_prog_window_t *w)

@@ -19,19 +19,23 @@
 #include "common/common.h"
 #include "ingest/ingest.h"
 
-#define SPARSE_FIELDS_MAX    64   /* features of one record, at most         */
-#define SPARSE_DIM_MAX       64   /* embedding width D, at most               */
-#define SPARSE_BITS_MIN      4    /* a table of 2^4 rows, at least            */
-#define SPARSE_BITS_MAX      30   /* 2^30 rows, at most (rows fit a uint32_t) */
-#define SPARSE_VALUE_MAX     1e9  /* a feature value's magnitude, at most      */
-#define SPARSE_TOWER_MAX     4    /* hidden layers of the dense tower, at most */
-#define SPARSE_TOWER_WIDTH   1024 /* a hidden layer's width, at most          */
+#define SPARSE_FIELDS_MAX  64   /* features of one record, at most         */
+#define SPARSE_DIM_MAX     64   /* embedding width D, at most               */
+#define SPARSE_BITS_MIN    4    /* a table of 2^4 rows, at least            */
+#define SPARSE_BITS_MAX    30   /* 2^30 rows, at most (rows fit a uint32_t) */
+#define SPARSE_VALUE_MAX   1e9  /* a feature value's magnitude, at most      */
+#define SPARSE_TOWER_MAX   4    /* hidden layers of the dense tower, at most */
+#define SPARSE_TOWER_WIDTH 1024 /* a hidden layer's width, at most          */
+#define SPARSE_TOWER_PARAMS                                                                        \
+    (1 << 20)                    /* the tower's parameters, at most: its                           \
+                                    gradient rides with every batch */
+#define SPARSE_CLASSES_MAX   256 /* classes of a softmax model, at most        */
 #define SPARSE_CRITEO_INTS   13
 #define SPARSE_CRITEO_CATS   26
 #define SPARSE_CRITEO_FIELDS (SPARSE_CRITEO_INTS + SPARSE_CRITEO_CATS)
 
 /* ------------------------------------------------------------------------
- * The model's shape: [model] sparse = fields:F,buckets:2^B,dim:D[,tower:H-H]
+ * The model's shape: [model] sparse = fields:F,buckets:2^B,dim:D[,tower:H-H][,classes:C]
  * ---------------------------------------------------------------------- */
 
 typedef struct sparse_spec {
@@ -41,45 +45,57 @@ typedef struct sparse_spec {
     int ntower; /* hidden layers of the dense tower; 0: none            */
     /* their widths, from the embeddings up */
     int tower[SPARSE_TOWER_MAX];
+    int classes; /* C: a softmax over C classes; 0: one logistic output */
 } sparse_spec_t;
 
 /* Parses "fields:F,buckets:2^B,dim:D" (buckets also as a power of two
  * written out, "buckets:4194304"; dim defaults to 0), with optionally
  * ",tower:H1-H2..." (1 to SPARSE_TOWER_MAX hidden widths of 1 to
- * SPARSE_TOWER_WIDTH; dim 1 or more). FR_ERR_INVAL with errstr on
- * anything else. */
+ * SPARSE_TOWER_WIDTH, SPARSE_TOWER_PARAMS parameters at most; dim 1 or
+ * more) and ",classes:C" (a softmax over 2
+ * to SPARSE_CLASSES_MAX classes; with dim 1 or more it needs a tower:
+ * the FM's pairwise term is the same for every class, and a softmax
+ * cancels it). FR_ERR_INVAL with errstr on anything else. */
 fr_err_t sparse_spec_parse(const char *text, sparse_spec_t *spec, char *errstr, size_t size);
 
 /* Writes the canonical text of spec ("fields:39,buckets:2^22,dim:8", then
- * ",tower:64-32" when it has one); snprintf's return. */
+ * ",tower:64-32" and ",classes:C" when it has them); snprintf's return. */
 int sparse_spec_format(const sparse_spec_t *spec, char *buf, size_t size);
 
-/* Floats per row of parameters: the linear weight, then the embedding. */
+/* The model's outputs K: its classes under softmax, else 1. */
+static inline int sparse_outputs(const sparse_spec_t *spec)
+{
+    return spec->classes > 0 ? spec->classes : 1;
+}
+
+/* Floats per row of parameters: the linear weights (one an output), then
+ * the embedding. */
 static inline size_t sparse_row_len(const sparse_spec_t *spec)
 {
-    return 1 + (size_t)spec->dim;
+    return (size_t)sparse_outputs(spec) + (size_t)spec->dim;
 }
 
 /*
  * The dense part of a sparse model (docs/design.md "The dense tower"):
- * the bias, then the tower's parameters, layer after layer, each its
- * weights W[in][out] (input-major) then its biases b[out]. The first
- * layer's input is the fields' embeddings, F * D floats (field f's slot
- * the sum of the embeddings of its features times their values, a field
- * beyond F folded onto f % F); the hidden layers are ReLU; the last layer
- * has one output, added to the score.
+ * the bias (one an output), then the tower's parameters, layer after
+ * layer, each its weights W[in][out] (input-major) then its biases b[out].
+ * The first layer's input is the fields' embeddings, F * D floats (field
+ * f's slot the sum of the embeddings of its features times their values,
+ * a field beyond F folded onto f % F); the hidden layers are ReLU; the
+ * last layer has one output per class (1 under the logistic loss), added
+ * to the scores.
  */
 
 /* The tower's parameters (0 without a tower). */
 size_t sparse_tower_len(const sparse_spec_t *spec);
 
-/* Floats of the dense part: 1 + sparse_tower_len. */
+/* Floats of the dense part: the biases, then sparse_tower_len. */
 static inline size_t sparse_dense_len(const sparse_spec_t *spec)
 {
-    return 1 + sparse_tower_len(spec);
+    return (size_t)sparse_outputs(spec) + sparse_tower_len(spec);
 }
 
-/* The initial dense part into dense[sparse_dense_len]: bias 0, each
+/* The initial dense part into dense[sparse_dense_len]: biases 0, each
  * layer's weights uniform on +-sqrt(6 / (in + out)) (Glorot) from seed
  * alone, biases 0. */
 void sparse_dense_init(const sparse_spec_t *spec, uint64_t seed, float *dense);
@@ -108,7 +124,7 @@ uint32_t sparse_id_row(int field, uint64_t id, int bits);
 /* One record: n features, each a row, a value (1 for a categorical) and
  * the field it came from (the tower's input slot). */
 typedef struct sparse_sample {
-    float label; /* 0 or 1 */
+    float label; /* 0 or 1; under softmax the class, 0 .. C - 1 */
     int n;
     uint32_t row[SPARSE_FIELDS_MAX];
     float val[SPARSE_FIELDS_MAX];
@@ -150,24 +166,27 @@ fr_err_t sparse_batch_add(sparse_batch_t *b, const sparse_sample_t *s);
 
 /*
  * The logistic loss of each sample of b under the rows' parameters
- * params[nrows][1 + D] (in b->rows order) and the dense part
- * dense[sparse_dense_len] (the bias, then the tower), and its gradient:
- * grad[nrows][1 + D] and gdense[sparse_dense_len] receive the sums over
- * the batch (zeroed first). score = bias + sum_i w_i x_i + sum_{i<j}
- * <v_i, v_j> x_i x_j + tower(embeddings), the pairwise term in O(n * D).
- * p[n] (may be NULL) receives each sample's predicted probability,
- * computed before any update: the progressive validation of
- * docs/design.md. Returns the summed logloss.
+ * params[nrows][sparse_row_len] (in b->rows order) and the dense part
+ * dense[sparse_dense_len] (the biases, then the tower), and its gradient:
+ * grad[nrows][sparse_row_len] and gdense[sparse_dense_len] receive the
+ * sums over the batch (zeroed first). score = bias + sum_i w_i x_i +
+ * sum_{i<j} <v_i, v_j> x_i x_j + tower(embeddings), the pairwise term in
+ * O(n * D). Under softmax (spec->classes = C) the loss is -log p_y of
+ * the scores s_c = bias_c + sum_i w_ic x_i + tower_c(embeddings). p[n]
+ * (may be NULL) receives each sample's predicted probability (of a click;
+ * under softmax, of its own class), computed before any update: the
+ * progressive validation of docs/design.md. Returns the summed loss.
  */
 double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const float *params,
                       const float *dense, float *grad, float *gdense, float *p);
 
-/* The score of one sample by the O(n^2 * D) definition, in double, with
- * its features' parameters given per feature: params[n][1 + D], and the
- * dense part dense[sparse_dense_len] (the bias first). The reference
- * sparse_fm_grad is tested against. */
+/* The scores of one sample by the O(n^2 * D) definition, in double,
+ * with its features' parameters given per feature:
+ * params[n][sparse_row_len], and the dense part dense[sparse_dense_len]
+ * (the biases first), into score[sparse_outputs]; returns score[0]. The
+ * reference sparse_fm_grad is tested against. */
 double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
-                           const double *params, const double *dense);
+                           const double *params, const double *dense, double *score);
 
 /* The logistic loss of probability p against label y, clamped away from
  * 0 and 1 by 1e-7 as scikit-learn's log_loss does. */
@@ -201,16 +220,18 @@ void sparse_optim_defaults(sparse_optim_t *o, sparse_optim_kind_t kind);
 fr_err_t sparse_optim_parse(const char *name, sparse_optim_kind_t *kind);
 const char *sparse_optim_name(sparse_optim_kind_t kind);
 
-/* Floats of optimizer state per row: Adagrad 1 + D (the squared sums);
- * FTRL 2 + D (z and n of the linear weight, then the embedding's sums). */
+/* Floats of optimizer state per row, K = sparse_outputs: Adagrad K + D
+ * (the squared sums); FTRL 2K + D (z and n of each linear weight, then
+ * the embedding's sums). */
 size_t sparse_state_len(const sparse_spec_t *spec, const sparse_optim_t *o);
 
-/* A row never written: linear weight 0, embedding from (seed, row) alone,
- * state 0. Any process computes the same value. */
+/* A row never written: linear weights 0, embedding from (seed, row)
+ * alone, state 0. Any process computes the same value. */
 void sparse_row_init(const sparse_spec_t *spec, const sparse_optim_t *o, uint32_t row, float *param,
                      float *state);
 
-/* One step of row (param[1 + D], state[sparse_state_len]) on grad[1 + D].
+/* One step of row (param[sparse_row_len], state[sparse_state_len]) on
+ * grad[sparse_row_len].
  * A coordinate whose gradient is not finite, or whose state would
  * overflow, is left unchanged. */
 void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *param, float *state,
@@ -220,15 +241,15 @@ void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *
  * regularization, Adagrad as for a row. */
 void sparse_bias_step(const sparse_optim_t *o, float *bias, float *state, float g);
 
-/* Floats of the dense part's state: the bias's 2, then one per tower
+/* Floats of the dense part's state: 2 a bias, then one per tower
  * parameter (Adagrad's squared sums). */
 static inline size_t sparse_dense_state_len(const sparse_spec_t *spec)
 {
-    return 2 + sparse_tower_len(spec);
+    return 2 * (size_t)sparse_outputs(spec) + sparse_tower_len(spec);
 }
 
 /* One step of the dense part dense[sparse_dense_len] (state
- * [sparse_dense_state_len]) on gdense: the bias by sparse_bias_step, the
+ * [sparse_dense_state_len]) on gdense: each bias by sparse_bias_step, the
  * tower by Adagrad at o->lr, a coordinate whose gradient is not finite
  * left unchanged. */
 void sparse_dense_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *dense,
@@ -268,6 +289,11 @@ int sparse_prog_add_planted(sparse_prog_t *pv, float p, float y, float planted,
 /* The figures of the records of the open window (n = 0 when none). */
 void sparse_prog_open(sparse_prog_t *pv, sparse_prog_window_t *w);
 
+/* Predictions of a softmax model: each p the probability of the record's
+ * own class, added with y = 1, so that the windows' logloss is the
+ * multi-class one; their AUC and click rate are then NaN. */
+void sparse_prog_multiclass(sparse_prog_t *pv);
+
 /* The mean logloss over every record so far, and their count. */
 double sparse_prog_mean(const sparse_prog_t *pv, int64_t *n);
 
@@ -292,9 +318,9 @@ typedef struct sparse_ids {
 } sparse_ids_t;
 
 /* The binary record (for throughput: no text to scan): byte 0 the label
- * (0 or 1), byte 1 the count n (0..64), then n times the field (1 byte)
- * and the value's id (8 bytes, little-endian): 2 + 9n bytes. In files,
- * each record follows its length as 4 bytes little-endian. */
+ * (0 or 1; under softmax the class, 0 .. C - 1), byte 1 the count n (0..64), then n times the field
+ * (1 byte) and the value's id (8 bytes, little-endian): 2 + 9n bytes. In files, each record follows
+ * its length as 4 bytes little-endian. */
 #define SPARSE_BINARY_MAX (2 + 9 * SPARSE_FIELDS_MAX)
 
 /* Writes r as a binary record into out[cap]; its length, or 0 when cap is
@@ -319,8 +345,8 @@ fr_err_t sparse_parse_criteo(const sparse_spec_t *spec, const char *line, size_t
                              sparse_sample_t *s, const char **reason);
 
 /* A libsvm line: "label index:value ..." with any index text (hashed,
- * field 0); label 0/1 or -1/+1; values within +-SPARSE_VALUE_MAX. At most
- * spec->fields features. */
+ * field 0); label 0/1 or -1/+1 (under softmax an integer 0 .. C - 1);
+ * values within +-SPARSE_VALUE_MAX. At most spec->fields features. */
 fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t len,
                              sparse_sample_t *s, const char **reason);
 

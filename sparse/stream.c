@@ -64,7 +64,8 @@ fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse
         memcpy(&s->row[k], &x[1 + k], sizeof(s->row[k]));
         s->val[k] = x[1 + fields + k];
         float f = x[1 + 2 * fields + k];
-        if (s->row[k] >> bits != 0 || !(f >= 0.0f && f < (float)SPARSE_FIELDS_MAX))
+        if (s->row[k] >> bits != 0 || !(f >= 0.0f && f < (float)SPARSE_FIELDS_MAX) ||
+            f != (float)(int)f)
             return FR_ERR_PARSE;
         s->field[k] = (uint8_t)f;
     }

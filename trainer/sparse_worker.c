@@ -104,6 +104,8 @@ static fr_err_t unpack(sworker_t *wk, const ingest_batch_t *b)
         sparse_sample_t s;
         if (sparse_unpack(b->x + i * (size_t)b->features, conf->spec.fields, conf->spec.bits,
                           b->y[i], &s) != FR_OK ||
+            (conf->spec.classes > 0 && /* a class the table has (the decoder checked it) */
+             !(s.label >= 0 && s.label < (float)conf->spec.classes && s.label == (int)s.label)) ||
             sparse_batch_add(wk->b, &s) != FR_OK)
             return FR_ERR_PARSE;
     }
@@ -161,26 +163,24 @@ static psstore_conn_t *shard_conn(sworker_t *wk, int k)
  */
 static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *versions)
 {
-    float *bias = &wk->dense[0], *tower = wk->dense + 1;
+    size_t K = (size_t)sparse_outputs(&wk->pool->conf.spec);
+    float *bias = wk->dense, *tower = wk->dense + K; /* shard 0's: the others' are 0 */
     const trainer_sparse_conf_t *conf = &wk->pool->conf;
     const char *model = wk->pool->model;
     int S = wk->pool->S;
     size_t rowlen = sparse_row_len(&conf->spec), queued[PSSTORE_SHARDS_MAX] = {0};
     int local[PSSTORE_SHARDS_MAX]; /* the shard's applier answered */
     fr_err_t err = FR_OK;
-    *bias = 0;
+    float scratch[SPARSE_CLASSES_MAX]; /* a bias past shard 0 */
     wk->miss_off[0] = 0;
     for (int k = 0; k < S; k++) {
         size_t lo = wk->off[k], m = wk->off[k + 1] - lo, nm = 0, mo = wk->miss_off[k];
-        float b = 0;
         psstore_applier_t *a = conf->appliers[k];
-        local[k] =
-            a != NULL &&
-            psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen, wk->sfound + lo,
-                                 &b, k == 0 ? tower : NULL, &epochs[k], &versions[k]) == FR_OK;
+        local[k] = a != NULL &&
+                   psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen,
+                                        wk->sfound + lo, k == 0 ? bias : scratch,
+                                        k == 0 ? tower : NULL, &epochs[k], &versions[k]) == FR_OK;
         if (local[k]) {
-            if (k == 0)
-                *bias = b;
             for (size_t i = 0; i < m; i++)
                 if (!wk->sfound[lo + i]) {
                     wk->miss_rows[mo + nm] = wk->srows[lo + i];
@@ -203,14 +203,15 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
         size_t mo = wk->miss_off[k], nm = wk->miss_off[k + 1] - mo;
         if (queued[k] == 0)
             continue;
-        float b;
         uint64_t e;
         int64_t v;
-        /* the store's tower only when the store's bias is taken too */
+        /* the store's biases and tower only where the applier's were not
+         * taken (the store's may be older) */
+        int store = k == 0 && !local[k];
         fr_err_t e2 =
             psstore_rows_pull_recv(shard_conn(wk, k), model, &conf->spec, &conf->optim, nm,
                                    queued[k], wk->miss_params + mo * rowlen, wk->miss_found + mo,
-                                   &b, k == 0 && !local[k] ? tower : NULL, &e, &v);
+                                   store ? bias : scratch, store ? tower : NULL, &e, &v);
         if (e2 != FR_OK) {
             if (err == FR_OK)
                 fr_log(FR_LOG_WARN, "worker %s: pull of shard %d: %s", wk->id, k,
@@ -221,8 +222,6 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
         if (!local[k]) { /* the store's state of the shard */
             epochs[k] = e;
             versions[k] = v;
-            if (k == 0)
-                *bias = b;
         }
         for (size_t j = 0; j < nm; j++) {
             size_t at = wk->miss_at[mo + j];
@@ -316,10 +315,10 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         parts[k].version = versions[k];
         if (b->n > 0) {
             size_t nd = k == 0 ? ndense : 1;
-            psstore_sparse_pack(wk->srows + lo, m, wk->sparams + lo * rowlen, conf->spec.dim,
+            psstore_sparse_pack(wk->srows + lo, m, wk->sparams + lo * rowlen, rowlen,
                                 k == 0 ? wk->gdense : &zero, nd, out);
             parts[k].g = out;
-            parts[k].len = psstore_sparse_grad_len(m, conf->spec.dim, nd);
+            parts[k].len = psstore_sparse_grad_len(m, rowlen, nd);
             if (diverged)
                 out[parts[k].len - 1] = NAN;
             out += parts[k].len;
@@ -339,8 +338,9 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     sparse_prog_window_t w, closed[CLOSED_MAX];
     size_t nclosed = 0;
     for (size_t i = 0; msg.loss_sum > 0 && i < b->n; i++) { /* a diverged batch is not scored */
-        if (sparse_prog_add_planted(wk->pool->pv, wk->p[i], wk->b->samples[i].label,
-                                    wk->b->samples[i].planted, &w)) {
+        /* a softmax's p is its own class's: scored as a positive */
+        float y = conf->spec.classes > 0 ? 1.0f : wk->b->samples[i].label;
+        if (sparse_prog_add_planted(wk->pool->pv, wk->p[i], y, wk->b->samples[i].planted, &w)) {
             if (isnan(w.floor))
                 fr_log(FR_LOG_INFO,
                        "sparse: window %lld: %zu records, progressive logloss %.5f, auc %.4f, "
@@ -451,6 +451,8 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
         goto err;
     }
+    if (conf->spec.classes > 0)
+        sparse_prog_multiclass(p->pv);
     char host[64] = "host";
     gethostname(host, sizeof(host) - 1);
     size_t rows = (size_t)conf->max_batch * (size_t)conf->spec.fields;
@@ -465,8 +467,8 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
         wk->grad = malloc(rows * rowlen * sizeof(float));
         /* each shard's gradient adds its dense part: shard 0's, a float each past it */
         size_t ndense = sparse_dense_len(&conf->spec);
-        wk->packed = malloc(psstore_sparse_grad_len(rows, conf->spec.dim, ndense + (size_t)p->S) *
-                            sizeof(float));
+        wk->packed =
+            malloc(psstore_sparse_grad_len(rows, rowlen, ndense + (size_t)p->S) * sizeof(float));
         wk->dense = calloc(ndense, sizeof(float));
         wk->gdense = malloc(ndense * sizeof(float));
         wk->state = malloc((sparse_state_len(&conf->spec, &conf->optim) + 1) * sizeof(float));

@@ -28,8 +28,7 @@
 
 #define SPEC    "fields:39,buckets:2^16,dim:4"
 #define TOWER   "fields:39,buckets:2^16,dim:4,tower:16" /* SPEC with a dense tower */
-#define ROWL    5                                       /* 1 + dim */
-#define STATEL  6     /* FTRL: z and n of the linear weight, Adagrad: the embedding sums */
+#define SOFTMAX TOWER ",classes:2" /* and a softmax over the clicks' two classes */
 #define N       10240 /* 40 batches of 256: one partition under the dev broker's 5 MiB */
 #define WAIT_MS 120000
 
@@ -121,6 +120,33 @@ static void get_code(int port, const char *url, int code, const char *needle)
  * TOWER where a test says so. */
 static const char *table_spec = SPEC;
 
+/* The table of table_spec (FTRL, seed 42, as every run here). */
+static void table_of(sparse_spec_t *spec, sparse_optim_t *optim)
+{
+    char errstr[256];
+    if (sparse_spec_parse(table_spec, spec, errstr, sizeof(errstr)) != FR_OK)
+        fail_msg("%s", errstr);
+    sparse_optim_defaults(optim, SPARSE_OPTIM_FTRL);
+    optim->seed = 42;
+}
+
+/* After a test that set table_spec, passed or failed: SPEC again. */
+static int spec_reset(void **state)
+{
+    (void)state;
+    table_spec = SPEC;
+    return 0;
+}
+
+/* Floats of a row of table_spec (K + D). */
+static size_t rowl(void)
+{
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+    table_of(&spec, &optim);
+    return sparse_row_len(&spec);
+}
+
 /* The store's w:0 of shard 0 (the bias, then the tower): set by
  * served_table_equals_store for served_rows. */
 static const redisReply *served_w0;
@@ -130,17 +156,25 @@ static const redisReply *served_w0;
  * seen. Its tower (none without one) is the store's, bit for bit. */
 static size_t served_rows(const fr_st_file_t *st, const char **stored, uint8_t *seen)
 {
-    const fr_st_tensor_t *tower = fr_st_find(st, "tower");
-    if (served_w0->len == 4) {
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+    table_of(&spec, &optim);
+    size_t K = (size_t)sparse_outputs(&spec);
+    const fr_st_tensor_t *tower = fr_st_find(st, "tower"), *bias = fr_st_find(st, "bias");
+    assert_non_null(bias); /* the biases, and the tower after them */
+    assert_int_equal(bias->nbytes, 4 * K);
+    assert_memory_equal(bias->data, served_w0->str, 4 * K);
+    if ((size_t)served_w0->len == 4 * K) {
         assert_null(tower);
     } else {
         assert_non_null(tower);
-        assert_int_equal(tower->nbytes, served_w0->len - 4);
-        assert_memory_equal(tower->data, served_w0->str + 4, tower->nbytes);
+        assert_int_equal(tower->nbytes, served_w0->len - 4 * K);
+        assert_memory_equal(tower->data, served_w0->str + 4 * K, tower->nbytes);
     }
     const fr_st_tensor_t *ids = fr_st_find(st, "ids"), *rows = fr_st_find(st, "rows");
     assert_true(ids != NULL && rows != NULL);
     size_t n = ids->nbytes / 4, fresh = 0;
+    const size_t ROWL = rowl();
     assert_int_equal(rows->nbytes, n * ROWL * 4);
     for (size_t i = 0; i < n; i++) {
         uint32_t row = ((const uint32_t *)ids->data)[i];
@@ -267,6 +301,7 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
     fr_st_file_t *st = get_st(port, url);
     const fr_st_tensor_t *flags = fr_st_find(st, "stored"), *rows = fr_st_find(st, "rows");
     assert_true(flags != NULL && rows != NULL && flags->nbytes == 12);
+    const size_t ROWL = rowl();
     for (int i = 0; i < 3; i++) {
         assert_int_equal(((const uint32_t *)flags->data)[i], i < 2);
         if (i < 2)
@@ -300,6 +335,11 @@ static void served_table_equals_store(redisContext *c, const char *conf, const c
 static void store_equals_fit_shards(const char *model, int S, const char *table, const char *conf)
 {
     char errstr[256];
+    sparse_spec_t spec;
+    sparse_optim_t optim;
+    table_of(&spec, &optim);
+    const size_t ROWL = sparse_row_len(&spec), STATEL = sparse_state_len(&spec, &optim);
+    const size_t K = (size_t)sparse_outputs(&spec);
     fr_st_file_t *st = fr_st_read_file(table, errstr, sizeof(errstr));
     if (st == NULL)
         fail_msg("%s", errstr);
@@ -334,27 +374,24 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
             assert_true(row < (1u << 16));
             assert_int_equal(row % (uint32_t)S, sh);
             held[row] = 1;
-            float got[ROWL], want[ROWL];
-            memcpy(got, v->str, sizeof(got));
-            memcpy(want, (const float *)rows->data + (size_t)row * ROWL, sizeof(want));
-            for (int j = 0; j < ROWL; j++)
+            float got[16], want[16];
+            assert_true(ROWL <= 16);
+            memcpy(got, v->str, ROWL * sizeof(float));
+            memcpy(want, (const float *)rows->data + (size_t)row * ROWL, ROWL * sizeof(float));
+            for (size_t j = 0; j < ROWL; j++)
                 if (memcmp(&got[j], &want[j], sizeof(float)) != 0)
-                    fail_msg("row %u [%d]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
+                    fail_msg("row %u [%zu]: store %.9g, fit-sparse %.9g", row, j, got[j], want[j]);
         }
         freeReplyObject(r);
     }
-    sparse_spec_t spec;
-    sparse_optim_t optim;
-    assert_int_equal(sparse_spec_parse(table_spec, &spec, errstr, sizeof(errstr)), FR_OK);
-    sparse_optim_defaults(&optim, SPARSE_OPTIM_FTRL);
-    optim.seed = 42;
     size_t untouched = 0;
     for (uint32_t row = 0; row < (1u << 16); row++) {
-        float init[ROWL], state[STATEL];
+        float init[16], state[32];
+        assert_true(STATEL <= 32);
         if (held[row])
             continue;
         sparse_row_init(&spec, &optim, row, init, state);
-        if (memcmp(init, (const float *)rows->data + (size_t)row * ROWL, sizeof(init)) != 0)
+        if (memcmp(init, (const float *)rows->data + (size_t)row * ROWL, ROWL * sizeof(float)) != 0)
             fail_msg("row %u: fit-sparse stepped it, the store lacks it", row);
         untouched++;
     }
@@ -365,16 +402,19 @@ static void store_equals_fit_shards(const char *model, int S, const char *table,
     const fr_st_tensor_t *tower = fr_st_find(st, "tower");
     size_t ntower = sparse_tower_len(&spec);
     assert_int_equal(tower != NULL ? tower->nbytes : 0, ntower * 4);
-    for (int sh = 0; sh < S; sh++) { /* shard 0's w:0 the bias and the tower, the others' 0 */
+    assert_int_equal(bias->nbytes, K * 4);
+    for (int sh = 0; sh < S; sh++) { /* shard 0's w:0 the biases and the tower, the others' 0 */
         redisReply *r = redisCommand(c, "GET freshet:{%s}:w:0", tag[sh]);
         assert_true(r != NULL && r->type == REDIS_REPLY_STRING);
-        assert_int_equal(r->len, sh == 0 ? 4 * (1 + ntower) : 4);
+        assert_int_equal(r->len, sh == 0 ? 4 * (K + ntower) : 4);
         float x;
         memcpy(&x, r->str, 4);
-        float want = sh == 0 ? ((const float *)bias->data)[0] : 0.0f;
-        assert_memory_equal(&x, &want, sizeof(x));
+        if (sh == 0)
+            assert_memory_equal(r->str, bias->data, K * 4);
+        else
+            assert_float_equal(x, 0, 0);
         if (sh == 0 && ntower > 0)
-            assert_memory_equal(r->str + 4, tower->data, ntower * 4);
+            assert_memory_equal(r->str + 4 * K, tower->data, ntower * 4);
         b = sh == 0 ? x : b;
         freeReplyObject(r);
     }
@@ -785,10 +825,14 @@ static void test_ps_and_train_apart_leave_fit_sparses_table(void **state)
 
 /* The same at 2 shards, each shard's applier in a freshet ps of its own
  * (--shards 0, --shards 1): the workers pull every shard's rows from the
- * store, both shards' transactions in flight at once. */
+ * store, both shards' transactions in flight at once. The model is a
+ * softmax over the clicks' two classes with a tower (docs/design.md "The
+ * dense tower"): two linear weights a row, two biases with the tower in
+ * shard 0's w:0, pulled from the store. */
 static void test_two_shards_apart_in_three_processes_leave_fit_sparses_table(void **state)
 {
     (void)state;
+    table_spec = SOFTMAX;
     apart_leave_fit_sparses_table("spl2", 2, "sx7");
 }
 
@@ -821,7 +865,6 @@ static void test_two_shards_hold_fit_sparses_table_and_apply_each_record_once(vo
             if (seen[p] != 1)
                 fail_msg("shard %d: position %d applied %d times", k, p, seen[p]);
     }
-    table_spec = SPEC;
 }
 
 /*
@@ -901,10 +944,12 @@ int main(void)
         cmocka_unit_test(test_one_worker_run_leaves_fit_sparses_table_and_applies_each_record_once),
         cmocka_unit_test(test_a_killed_sparse_run_applies_every_record_once),
         cmocka_unit_test(test_a_killed_run_of_two_shards_applies_every_record_once_on_each),
-        cmocka_unit_test(test_two_shards_hold_fit_sparses_table_and_apply_each_record_once),
+        cmocka_unit_test_teardown(test_two_shards_hold_fit_sparses_table_and_apply_each_record_once,
+                                  spec_reset),
         cmocka_unit_test(test_two_sparse_runs_share_the_topic_and_apply_each_record_once),
         cmocka_unit_test(test_ps_and_train_apart_leave_fit_sparses_table),
-        cmocka_unit_test(test_two_shards_apart_in_three_processes_leave_fit_sparses_table),
+        cmocka_unit_test_teardown(test_two_shards_apart_in_three_processes_leave_fit_sparses_table,
+                                  spec_reset),
         cmocka_unit_test(test_progressive_windows_carry_the_generators_floor),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -109,10 +109,10 @@ static void push(psstore_client_t *cl, const uint32_t *rows, size_t m, const flo
                  float gbias, int64_t from, int64_t to, uint64_t epoch, int64_t version)
 {
     float packed[64];
-    assert_true(psstore_sparse_grad_len(m, DIM, 1) <= 64);
-    psstore_sparse_pack(rows, m, grads, DIM, &gbias, 1, packed);
-    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM, 1), 0, from, to,
-                                        epoch, version, 5000),
+    assert_true(psstore_sparse_grad_len(m, 1 + DIM, 1) <= 64);
+    psstore_sparse_pack(rows, m, grads, 1 + DIM, &gbias, 1, packed);
+    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, 1 + DIM, 1), 0, from,
+                                        to, epoch, version, 5000),
                      FR_OK);
 }
 
@@ -199,7 +199,7 @@ static void test_rows_are_applied_once_and_read_back_by_a_new_applier(void **sta
     push(cl, r2, 1, nan_g, 0, 40, 48, epoch, 2);
     wait_for(&t, model, 2, 3);
     /* more rows than the table (2^14): no batch's, and memory it must not take */
-    size_t big = ((size_t)1 << BITS) + 1, blen = psstore_sparse_grad_len(big, DIM, 1);
+    size_t big = ((size_t)1 << BITS) + 1, blen = psstore_sparse_grad_len(big, 1 + DIM, 1);
     float *huge = calloc(blen, sizeof(float));
     assert_non_null(huge);
     assert_int_equal(harness_push_range(cl, huge, blen, 1, 0, 8, epoch, 2, 5000), FR_OK);
@@ -638,16 +638,16 @@ static void push_span(psstore_client_t *cl, expect_t *e, uint32_t lo, uint32_t h
     size_t m = hi - lo;
     uint32_t *rows = malloc(m * sizeof(*rows));
     float *grads = malloc(m * ROWL * sizeof(float)),
-          *packed = malloc(psstore_sparse_grad_len(m, DIM, 1) * sizeof(float));
+          *packed = malloc(psstore_sparse_grad_len(m, 1 + DIM, 1) * sizeof(float));
     assert_true(rows != NULL && grads != NULL && packed != NULL);
     for (size_t i = 0; i < m; i++) {
         rows[i] = lo + (uint32_t)i;
         for (int k = 0; k < ROWL; k++)
             grads[i * ROWL + k] = g * (float)(1 + k);
     }
-    psstore_sparse_pack(rows, m, grads, DIM, &g, 1, packed);
-    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, DIM, 1), 0, from, to,
-                                        epoch, version, 5000),
+    psstore_sparse_pack(rows, m, grads, 1 + DIM, &g, 1, packed);
+    assert_int_equal(harness_push_range(cl, packed, psstore_sparse_grad_len(m, 1 + DIM, 1), 0, from,
+                                        to, epoch, version, 5000),
                      FR_OK);
     expect_step(e, &o, rows, m, grads, g);
     free(rows);

@@ -68,6 +68,10 @@ static void test_spec_is_parsed_and_bad_ones_refused(void **state)
         "fields:3,buckets:2^20,dim:2,tower:1025",      /* too wide */
         "fields:3,buckets:2^20,dim:2,tower:4-4-4-4-4", /* too deep */
         "fields:3,buckets:2^20,dim:2,tower:4--4",
+        "fields:3,buckets:2^20,classes:1",         /* a softmax has 2 classes at least */
+        "fields:64,buckets:2^20,dim:64,tower:256", /* 4096 x 256: a tower too big to push */
+        "fields:3,buckets:2^20,classes:257",       /* too many */
+        "fields:3,buckets:2^20,dim:2,classes:3",   /* embeddings with no tower: pairs cancel */
         "",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -139,21 +143,38 @@ static void test_a_batch_pulls_each_row_once(void **state)
     sparse_batch_destroy(b);
 }
 
-/* The summed logloss of b by the reference, on rows' parameters and the
- * dense part (bias, tower) in double. */
+/* Sample i of b's loss by the reference, on rows' parameters and the
+ * dense part (biases, tower) in double; its predicted probability (of a
+ * click, or of its own class) into *p. */
+static double reference_sample(const sparse_spec_t *spec, const sparse_batch_t *b, size_t i,
+                               const double *rowp, const double *dense, double *p)
+{
+    const size_t rl = sparse_row_len(spec);
+    const int K = sparse_outputs(spec);
+    const sparse_sample_t *s = &b->samples[i];
+    double per[SPARSE_FIELDS_MAX * 16], score[SPARSE_CLASSES_MAX];
+    assert_true(rl <= 16);
+    for (int k = 0; k < s->n; k++)
+        memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl, rl * sizeof(double));
+    sparse_fm_reference(spec, s, per, dense, score);
+    if (K == 1) {
+        *p = 1 / (1 + exp(-score[0]));
+        return log1p(exp(score[0])) - s->label * score[0];
+    }
+    double z = 0; /* the softmax by its definition: -log(e^s_y / sum_c e^s_c) */
+    for (int c = 0; c < K; c++)
+        z += exp(score[c]);
+    *p = exp(score[(int)s->label]) / z;
+    return -log(*p);
+}
+
+/* The summed loss of b by the reference. */
 static double reference_loss(const sparse_spec_t *spec, const sparse_batch_t *b, const double *rowp,
                              const double *dense)
 {
-    const size_t rl = sparse_row_len(spec);
-    double loss = 0, per[SPARSE_FIELDS_MAX * (1 + 4)];
-    for (size_t i = 0; i < b->n; i++) {
-        const sparse_sample_t *s = &b->samples[i];
-        for (int k = 0; k < s->n; k++)
-            memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl,
-                   rl * sizeof(double));
-        double score = sparse_fm_reference(spec, s, per, dense);
-        loss += log1p(exp(score)) - s->label * score;
-    }
+    double loss = 0, p;
+    for (size_t i = 0; i < b->n; i++)
+        loss += reference_sample(spec, b, i, rowp, dense, &p);
     return loss;
 }
 
@@ -181,10 +202,12 @@ static void check_differences(const sparse_spec_t *spec, const sparse_batch_t *b
 /* The FM's gradient, with repeated rows within and across samples and
  * non-unit values, against central differences of the O(n^2 D) loss;
  * with a tower of hidden widths tower[ntower], several features in one
- * field and a field beyond F (folded), the tower's gradient too. */
-static void check_fm_gradient(int dim, int ntower, const int *tower)
+ * field and a field beyond F (folded), the tower's gradient too; with
+ * classes > 0, a softmax's over that many classes. */
+static void check_fm_gradient(int dim, int ntower, const int *tower, int classes)
 {
-    sparse_spec_t spec = {.fields = 8, .bits = 10, .dim = dim, .ntower = ntower};
+    sparse_spec_t spec = {
+        .fields = 8, .bits = 10, .dim = dim, .ntower = ntower, .classes = classes};
     for (int l = 0; l < ntower; l++)
         spec.tower[l] = tower[l];
     const size_t rl = sparse_row_len(&spec), nd = sparse_dense_len(&spec);
@@ -200,7 +223,7 @@ static void check_fm_gradient(int dim, int ntower, const int *tower)
             rows[k] = (uint32_t)(h >> 60); /* 16 rows: many repeats */
             vals[k] = k % 3 == 2 ? 0.5f + 0.25f * (float)k : 1.0f;
         }
-        sparse_sample_t s = sample_of((float)(i % 2), n, rows, vals);
+        sparse_sample_t s = sample_of((float)(i % (classes > 0 ? classes : 2)), n, rows, vals);
         for (int k = 0; k < n; k++) /* fields 0..2, two features in some; 9 folds onto 1 */
             s.field[k] = (uint8_t)(k == 4 ? 9 : (k * 5) % 3);
         assert_int_equal(sparse_batch_add(b, &s), FR_OK);
@@ -217,8 +240,7 @@ static void check_fm_gradient(int dim, int ntower, const int *tower)
         rowp[j] = params[j];
     }
     sparse_dense_init(&spec, 5, dense);
-    dense[0] = -0.3f;
-    for (size_t j = 1; j < nd; j++) { /* biases off zero, so that every path is exercised */
+    for (size_t j = 0; j < nd; j++) { /* biases off zero, so that every path is exercised */
         h = h * 6364136223846793005ull + 1442695040888963407ull;
         dense[j] += (float)((double)(h >> 40) / (double)(1 << 24) - 0.5) * 0.2f;
     }
@@ -228,15 +250,9 @@ static void check_fm_gradient(int dim, int ntower, const int *tower)
     double loss = sparse_fm_grad(&spec, b, params, dense, grad, gdense, p);
     assert_float_equal(loss, reference_loss(&spec, b, rowp, densep), 1e-4);
     for (size_t i = 0; i < b->n; i++) { /* the probabilities, one by one */
-        sparse_batch_t *one = sparse_batch_new(1);
-        assert_int_equal(sparse_batch_add(one, &b->samples[i]), FR_OK);
-        double per[SPARSE_FIELDS_MAX * (1 + 4)];
-        for (int k = 0; k < b->samples[i].n; k++)
-            memcpy(per + k * rl, rowp + b->slot[i * SPARSE_FIELDS_MAX + k] * rl,
-                   rl * sizeof(double));
-        double want = 1 / (1 + exp(-sparse_fm_reference(&spec, &b->samples[i], per, densep)));
+        double want;
+        reference_sample(&spec, b, i, rowp, densep, &want);
         assert_float_equal(p[i], want, 1e-5);
-        sparse_batch_destroy(one);
     }
     check_differences(&spec, b, rowp, densep, rowp, grad, b->nrows * rl, "row parameter");
     /* the bias, then every tower parameter */
@@ -253,11 +269,17 @@ static void check_fm_gradient(int dim, int ntower, const int *tower)
 static void test_fm_gradient_matches_finite_differences(void **state)
 {
     (void)state;
-    check_fm_gradient(4, 0, NULL);
-    check_fm_gradient(0, 0, NULL); /* hashed logistic regression: g_w = sum (p - y) x */
+    check_fm_gradient(4, 0, NULL, 0);
+    check_fm_gradient(0, 0, NULL, 0); /* hashed logistic regression: g_w = sum (p - y) x */
     static const int one[] = {5}, two[] = {6, 3};
-    check_fm_gradient(4, 1, one); /* a tower over the 8 fields' embeddings */
-    check_fm_gradient(3, 2, two);
+    check_fm_gradient(4, 1, one, 0); /* a tower over the 8 fields' embeddings */
+    check_fm_gradient(3, 2, two, 0);
+    static const int wide[] = {16, 9}; /* W dz in 8 lanes, and a tail */
+    check_fm_gradient(2, 2, wide, 0);
+    check_fm_gradient(2, 2, wide, 3);
+    check_fm_gradient(0, 0, NULL, 3); /* hashed multinomial regression: g_wc = (p_c - [c = y]) x */
+    check_fm_gradient(3, 1, one, 4);  /* a softmax over a tower's 4 outputs */
+    check_fm_gradient(2, 2, two, 2);
 }
 
 /* ------------------------------------------------------------------------
@@ -282,6 +304,54 @@ static void test_adagrad_row_matches_torch_by_hand(void **state)
     assert_float_equal(st[0], 0.05f, 1e-7);
     assert_float_equal(w[1], -0.25f, 0); /* a NaN coordinate is left alone */
     assert_float_equal(st[1], 0.0f, 0);
+}
+
+/* A softmax row over 3 classes (D = 2): each linear weight takes its own
+ * FTRL step, state (z, n) pairs first, then the embedding's Adagrad sums;
+ * the biases each their FTRL step, then the tower... here none. */
+static void test_a_softmax_row_steps_each_class_by_hand(void **state)
+{
+    (void)state;
+    sparse_spec_t spec = {.fields = 2, .bits = 8, .dim = 2, .classes = 3};
+    char err[200];
+    assert_int_equal(sparse_row_len(&spec), 5);
+    sparse_optim_t o;
+    sparse_optim_defaults(&o, SPARSE_OPTIM_FTRL); /* alpha 0.1, beta 1, l1 0, l2 0; lr 0.02 */
+    assert_int_equal(sparse_state_len(&spec, &o), 8);
+    float param[5] = {0, 0, 0, 0.1f, -0.1f}, st[8] = {0};
+    const float g[5] = {0.5f, -1.0f, 0.0f, 0.2f, 0.4f};
+    sparse_row_step(&spec, &o, param, st, g);
+    /* z = g, n = g^2 from a zero state: w = -g alpha / (beta + |g|) */
+    assert_float_equal(param[0], -0.05 / 1.5, 1e-7);
+    assert_float_equal(param[1], 0.1 / 2.0, 1e-7);
+    assert_float_equal(param[2], 0, 0);
+    /* Adagrad's first step is lr sign(g) */
+    assert_float_equal(param[3], 0.08, 1e-7);
+    assert_float_equal(param[4], -0.12, 1e-7);
+    const float want_state[8] = {0.5f, 0.25f, -1.0f, 1.0f, 0, 0, 0.04f, 0.16f};
+    for (int i = 0; i < 8; i++)
+        assert_float_equal(st[i], want_state[i], 1e-7);
+    /* the dense part: 3 biases, each an FTRL step on its own (z, n) */
+    assert_int_equal(sparse_dense_len(&spec), 3);
+    assert_int_equal(sparse_dense_state_len(&spec), 6);
+    float dense[3] = {0, 0, 0}, dst[6] = {0}, gd[3] = {1.0f, 0.0f, -0.5f};
+    sparse_dense_step(&spec, &o, dense, dst, gd);
+    assert_float_equal(dense[0], -0.1 / 2.0, 1e-7);
+    assert_float_equal(dense[1], 0, 0);
+    assert_float_equal(dense[2], 0.05 / 1.5, 1e-7);
+    /* the shape: a tower's last layer has a unit a class */
+    assert_int_equal(
+        sparse_spec_parse("fields:26,buckets:2^20,dim:8,tower:64,classes:5", &spec, err, 200),
+        FR_OK);
+    assert_int_equal(spec.classes, 5);
+    assert_int_equal(sparse_tower_len(&spec), 208 * 64 + 64 + 64 * 5 + 5);
+    assert_int_equal(sparse_dense_len(&spec), 5 + sparse_tower_len(&spec));
+    char text[96];
+    sparse_spec_format(&spec, text, sizeof(text));
+    assert_string_equal(text, "fields:26,buckets:2^20,dim:8,tower:64,classes:5");
+    assert_int_equal(sparse_spec_parse("fields:26,buckets:2^20,classes:3", &spec, err, 200),
+                     FR_OK); /* hashed multinomial regression */
+    assert_int_equal(sparse_row_len(&spec), 3);
 }
 
 static void test_ftrl_row_matches_mcmahan_by_hand(void **state)
@@ -623,6 +693,7 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
                 assert_int_equal(s.n, want[i].n);
                 assert_memory_equal(s.row, want[i].row, (size_t)s.n * sizeof(s.row[0]));
                 assert_memory_equal(s.val, want[i].val, (size_t)s.n * sizeof(s.val[0]));
+                assert_memory_equal(s.field, want[i].field, (size_t)s.n); /* the tower's slots */
                 if (l == 1)
                     assert_float_equal(s.planted, (float)planted[i], 0);
                 else
@@ -647,6 +718,14 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
     assert_int_equal(sparse_unpack(x, 39, 20, 0, &s), FR_ERR_PARSE);
     x[0] = 1.5f;
     assert_int_equal(sparse_unpack(x, 39, 20, 0, &s), FR_ERR_PARSE);
+    /* a field that is no field: below 0, 64 or more, not a whole number, NaN */
+    const float bad_field[] = {-1.0f, 64.0f, 2.5f, NAN};
+    for (size_t i = 0; i < sizeof(bad_field) / sizeof(bad_field[0]); i++) {
+        sparse_pack(&want[0], 39, x);
+        assert_true(want[0].n > 0);
+        x[1 + 2 * 39] = bad_field[i];
+        assert_int_equal(sparse_unpack(x, 39, 20, 0, &s), FR_ERR_PARSE);
+    }
     sparse_layout_t layout;
     assert_int_equal(sparse_layout_parse("binary", &layout), FR_OK);
     assert_int_equal(layout, SPARSE_LAYOUT_BINARY);
@@ -690,6 +769,27 @@ static void test_libsvm_lines_are_hashed_and_bad_ones_refused(void **state)
                          FR_ERR_PARSE);
         assert_string_equal(why, bad[i].why);
     }
+    /* a softmax over 3 classes: the label is a class, 0, 1 or 2 */
+    spec.classes = 3;
+    assert_int_equal(sparse_parse_libsvm(&spec, "2 a:1", 5, &s, &why), FR_OK);
+    assert_float_equal(s.label, 2, 0);
+    assert_int_equal(sparse_parse_libsvm(&spec, "0 a:1", 5, &s, &why), FR_OK);
+    assert_float_equal(s.label, 0, 0);
+    static const char *const no_class[] = {"3 a:1", "-1 a:1", "1.5 a:1", "+3 a:1", "nan a:1"};
+    for (size_t i = 0; i < sizeof(no_class) / sizeof(no_class[0]); i++) {
+        why = NULL;
+        if (sparse_parse_libsvm(&spec, no_class[i], strlen(no_class[i]), &s, &why) != FR_ERR_PARSE)
+            fail_msg("'%s' was accepted by a model of 3 classes", no_class[i]);
+        assert_string_equal(why, "label");
+    }
+    /* and a binary record's byte 0 */
+    const uint8_t rec2[2] = {2, 0}, rec3[2] = {3, 0};
+    assert_int_equal(sparse_parse_binary(&spec, rec2, 2, &s, &why), FR_OK);
+    assert_float_equal(s.label, 2, 0);
+    assert_int_equal(sparse_parse_binary(&spec, rec3, 2, &s, &why), FR_ERR_PARSE);
+    assert_string_equal(why, "label");
+    spec.classes = 0;
+    assert_int_equal(sparse_parse_binary(&spec, rec2, 2, &s, &why), FR_ERR_PARSE);
 }
 
 /* ------------------------------------------------------------------------
@@ -822,6 +922,121 @@ static void test_a_model_learns_the_planted_stream(void **state)
     assert_true(fm > floor); /* nothing beats the floor */
 }
 
+/* A normal from h (Box-Muller on two of its uniforms). */
+static double normal_of(uint64_t h)
+{
+    uint64_t a = sparse_mix64(h), b = sparse_mix64(a);
+    double u = ((double)(a >> 11) + 0.5) / 9007199254740992.0;
+    double v = (double)(b >> 11) / 9007199254740992.0;
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/*
+ * A softmax model trained online (progressive validation) on records of 6
+ * fields of 200 values each, whose classes (4) are drawn from a planted
+ * multinomial regression (weights N(0, 0.8) per field, value and class):
+ * over the last 30,000 of 150,016 records its logloss closes most of the
+ * gap from the classes' marginal entropy to the Bayes floor (the mean
+ * entropy of the planted probabilities). Hashed multinomial regression
+ * (D = 0) and embeddings through a tower (D = 4, tower:16) alike.
+ */
+static double learn_softmax(const char *text, double *floor_out, double *base_out)
+{
+    enum { B = 256, N = 586 * B, TAIL = 30000, F = 6, V = 200, C = 4 };
+    sparse_spec_t spec;
+    char err[256];
+    assert_int_equal(sparse_spec_parse(text, &spec, err, sizeof(err)), FR_OK);
+    assert_int_equal(spec.classes, C);
+    sparse_optim_t o;
+    sparse_optim_defaults(&o, SPARSE_OPTIM_FTRL);
+    o.lr = 0.05f;
+    const size_t rows = (size_t)1 << spec.bits, rl = sparse_row_len(&spec),
+                 sl = sparse_state_len(&spec, &o), nd = sparse_dense_len(&spec);
+    float *table = malloc(rows * rl * sizeof(float)), *st = calloc(rows * sl, sizeof(float));
+    float *params = malloc(B * SPARSE_FIELDS_MAX * rl * sizeof(float));
+    float *grad = malloc(B * SPARSE_FIELDS_MAX * rl * sizeof(float));
+    float *dense = malloc(nd * sizeof(float)), *gdense = malloc(nd * sizeof(float));
+    float *dst = calloc(sparse_dense_state_len(&spec), sizeof(float));
+    assert_true(table != NULL && st != NULL && params != NULL && grad != NULL && dense != NULL &&
+                gdense != NULL && dst != NULL);
+    for (uint32_t r = 0; r < rows; r++)
+        sparse_row_init(&spec, &o, r, table + r * rl, st + r * sl);
+    sparse_dense_init(&spec, 3, dense);
+    sparse_batch_t *b = sparse_batch_new(B);
+    float p[B];
+    double tail = 0, floor = 0, counts[C] = {0};
+    uint64_t h = 99;
+    for (int i = 0; i < N; i += B) {
+        sparse_batch_clear(b);
+        for (int k = 0; k < B; k++) {
+            sparse_sample_t s = {.n = F, .planted = NAN};
+            double z[C] = {0}, zs = 0;
+            for (int f = 0; f < F; f++) {
+                h = sparse_mix64(h);
+                uint64_t v = h % V;
+                s.row[f] = sparse_id_row(f, v, spec.bits);
+                s.val[f] = 1;
+                s.field[f] = (uint8_t)f;
+                for (int c = 0; c < C; c++)
+                    z[c] += 0.8 * normal_of(((uint64_t)f << 40) ^ (v << 8) ^ (uint64_t)c);
+            }
+            for (int c = 0; c < C; c++)
+                zs += (z[c] = exp(z[c]));
+            h = sparse_mix64(h);
+            double u = (double)(h >> 11) / 9007199254740992.0 * zs, acc = 0;
+            int y = C - 1;
+            for (int c = 0; c < C; c++)
+                if (u < (acc += z[c])) {
+                    y = c;
+                    break;
+                }
+            s.label = (float)y;
+            if (i + k >= N - TAIL) {
+                for (int c = 0; c < C; c++)
+                    floor -= z[c] / zs * log(z[c] / zs);
+                counts[y]++;
+            }
+            assert_int_equal(sparse_batch_add(b, &s), FR_OK);
+        }
+        for (size_t r = 0; r < b->nrows; r++)
+            memcpy(params + r * rl, table + (size_t)b->rows[r] * rl, rl * sizeof(float));
+        sparse_fm_grad(&spec, b, params, dense, grad, gdense, p);
+        for (int k = 0; k < B; k++)
+            if (i + k >= N - TAIL)
+                tail += sparse_logloss(p[k], 1.0); /* p is the true class's */
+        for (size_t r = 0; r < b->nrows; r++)
+            sparse_row_step(&spec, &o, table + (size_t)b->rows[r] * rl,
+                            st + (size_t)b->rows[r] * sl, grad + r * rl);
+        sparse_dense_step(&spec, &o, dense, dst, gdense);
+    }
+    *floor_out = floor / TAIL;
+    *base_out = 0;
+    for (int c = 0; c < C; c++)
+        *base_out -= counts[c] / TAIL * log(counts[c] / TAIL);
+    sparse_batch_destroy(b);
+    free(table);
+    free(st);
+    free(params);
+    free(grad);
+    free(dense);
+    free(gdense);
+    free(dst);
+    return tail / TAIL;
+}
+
+static void test_a_softmax_model_learns_a_planted_multinomial(void **state)
+{
+    (void)state;
+    double floor, base;
+    double lr = learn_softmax("fields:6,buckets:2^14,classes:4", &floor, &base);
+    double tw = learn_softmax("fields:6,buckets:2^14,dim:4,tower:16,classes:4", &floor, &base);
+    printf("marginal entropy %.5f, multinomial %.5f, tower %.5f, floor %.5f\n", base, lr, tw,
+           floor);
+    assert_true(lr > floor - 0.01); /* no learner beats the floor by more than noise */
+    assert_true(lr < base - 0.75 * (base - floor));
+    assert_true(tw < base - 0.75 * (base - floor));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -831,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_fm_gradient_matches_finite_differences),
         cmocka_unit_test(test_adagrad_row_matches_torch_by_hand),
         cmocka_unit_test(test_ftrl_row_matches_mcmahan_by_hand),
+        cmocka_unit_test(test_a_softmax_row_steps_each_class_by_hand),
         cmocka_unit_test(test_rows_start_at_a_value_of_seed_and_row_alone),
         cmocka_unit_test(test_auc_and_windows_of_progressive_validation),
         cmocka_unit_test(test_criteo_lines_are_hashed_and_bad_ones_refused),
@@ -839,6 +1055,7 @@ int main(void)
         cmocka_unit_test(test_sparse_records_pass_through_the_batcher_packed),
         cmocka_unit_test(test_synthetic_stream_is_seeded_criteo_with_a_floor),
         cmocka_unit_test(test_a_model_learns_the_planted_stream),
+        cmocka_unit_test(test_a_softmax_model_learns_a_planted_multinomial),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
