@@ -95,7 +95,7 @@ static fr_err_t load_weights(psstore_applier_t *a)
                            "(shard 0: the biases and the tower; past it: one)",
                            a->model, a->shard, a->n, want);
         }
-        a->opt_len = 1 + a->n;
+        a->opt_len = a->shard == 0 ? sparse_dense_state_len(&a->sp->spec) : 2;
     }
     if (a->conf.requests_only)
         a->opt_len = a->n; /* kept verbatim from snapshots: room for any optimizer */

@@ -659,8 +659,9 @@ fr_err_t psstore_rows_scan(psstore_conn_t *c, const char *model, int S, const sp
             r->element[1]->type == REDIS_REPLY_STRING ? strtoll(r->element[1]->str, NULL, 10) : 0;
         if (k == 0) { /* the biases, then the tower */
             memcpy(page->bias, r->element[2]->str, (size_t)page->nbias * sizeof(float));
-            memcpy(page->tower, r->element[2]->str + (size_t)page->nbias * sizeof(float),
-                   page->ntower * sizeof(float));
+            if (page->ntower > 0)
+                memcpy(page->tower, r->element[2]->str + (size_t)page->nbias * sizeof(float),
+                       page->ntower * sizeof(float));
         }
         const char *hnext = sc->element[0]->str;
         if (S == 1)

@@ -792,6 +792,13 @@ static void apart_leave_fit_sparses_table(const char *model, int S, const char *
         harness_sleep_ms(50);
         applied = watermarks_of(model, S, topic, &version);
     }
+    if (applied != N) { /* what the processes said */
+        char cmd[1000];
+        snprintf(cmd, sizeof(cmd), "tail -n 15 '%s' '%s' %s%s%s >&2", ltr, lps[0], S > 1 ? "'" : "",
+                 S > 1 ? lps[1] : "", S > 1 ? "'" : "");
+        if (system(cmd) != 0)
+            fprintf(stderr, "(no logs)\n");
+    }
     assert_int_equal(applied, N);
     kill(train, SIGTERM);
     int st = harness_wait(train, 20000);
