@@ -24,6 +24,7 @@ packages=(
     python3-sklearn python3-matplotlib     # bench/sparse_quality.sh: its peer (SGDClassifier), the drift plot
     curl openssl chromium                  # serve test: HTTP client, TLS certificate, the dashboard
     wrk                                    # bench/serve.sh load generator
+    systemd                                # systemd-analyze verify of the service units
 )
 
 missing=()

@@ -518,9 +518,9 @@ static void deny(struct serve *s, struct evhttp_request *req)
     sv_send_error(s, req, 401, "missing or wrong bearer token");
 }
 
-/* The request's parameters: the query string, and for a POST a form body
- * (application/x-www-form-urlencoded) added after it. -1 on a malformed
- * query or body. */
+/* The request's query string's parameters; -1 when it is malformed. A
+ * POST's body is read by its route, once the token was checked
+ * (sv_body_params). */
 static int read_params(struct evhttp_request *req, struct evkeyvalq *params)
 {
     TAILQ_INIT(params);
@@ -528,28 +528,6 @@ static int read_params(struct evhttp_request *req, struct evkeyvalq *params)
     const char *q = u != NULL ? evhttp_uri_get_query(u) : NULL;
     if (q != NULL && evhttp_parse_query_str(q, params) != 0)
         return -1;
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST)
-        return 0;
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    size_t len = evbuffer_get_length(in);
-    if (len == 0)
-        return 0;
-    char *body = malloc(len + 1);
-    if (body == NULL)
-        return -1;
-    evbuffer_copyout(in, body, len);
-    body[len] = '\0';
-    struct evkeyvalq form;
-    TAILQ_INIT(&form);
-    int rc = strlen(body) == len ? evhttp_parse_query_str(body, &form) : -1;
-    free(body);
-    if (rc != 0) {
-        evhttp_clear_headers(&form);
-        return -1;
-    }
-    for (struct evkeyval *kv = form.tqh_first; kv != NULL; kv = kv->next.tqe_next)
-        evhttp_add_header(params, kv->key, kv->value);
-    evhttp_clear_headers(&form);
     return 0;
 }
 
@@ -585,12 +563,15 @@ static void on_model_request(struct serve *s, struct evhttp_request *req, const 
         sv_send_error(s, req, 404, "no such model: names match [A-Za-z0-9._-]{1,64}");
         return;
     }
-    char vtext[32];
+    char vtext[32], why[256];
+    int code;
     if (strcmp(rest, "/replay") == 0 || strcmp(rest, "/rollback") == 0) {
         if (!post)
             method_not_allowed(s, req, "POST");
-        else if (!authorized(s, req))
+        else if (!authorized(s, req)) /* before the body is even read */
             deny(s, req);
+        else if (sv_body_params(req, params, &code, why, sizeof(why)) != 0)
+            sv_send_error(s, req, code, "%s", why);
         else if (rest[2] == 'e')
             sv_route_replay(s, req, name, params);
         else
@@ -653,7 +634,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (read_params(req, &params) != 0) {
         evhttp_clear_headers(&params);
         free(path);
-        sv_send_error(s, req, 400, "malformed query string or form body");
+        sv_send_error(s, req, 400, "malformed query string");
         return;
     }
 

@@ -256,6 +256,11 @@ void sv_route_weights(struct serve *s, struct evhttp_request *req, const char *n
 void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
                        const char *vtext, struct evkeyvalq *params);
 void sv_route_stats(struct serve *s, struct evhttp_request *req, const char *name);
+/* A POST's body (body.c), a form or a JSON object, added to params; read
+ * only once the request is authorized. 0, or -1 with *code (400, 415 or
+ * 503) and why. */
+int sv_body_params(struct evhttp_request *req, struct evkeyvalq *params, int *code, char *why,
+                   size_t size);
 void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *name,
                      struct evkeyvalq *params);
 void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *name,

@@ -805,6 +805,18 @@ static void test_replay_and_rollback_need_the_token(void **state)
         harness_expect(&r, 401, NULL);
         harness_resp_free(&r);
     }
+    /* the token is checked before the body is read: a malformed body
+     * without it is a 401 too, saying nothing of the body */
+    static const char *const junk[] = {
+        "-X POST -H 'Content-Type: application/json' -d '{\"version\":'",
+        "-X POST -d '%zz'",
+        "-X POST -H 'Content-Type: text/plain' -d version=2",
+    };
+    for (size_t i = 0; i < sizeof(junk) / sizeof(junk[0]); i++) {
+        http(&r, junk[i], "/v2/models/" MODEL "/rollback");
+        harness_expect(&r, 401, "bearer token");
+        harness_resp_free(&r);
+    }
     /* nothing changed: no request, same weights, no replay published */
     assert_int_equal(redis_int("XLEN freshet:{%s}:requests", MODEL), 0);
     assert_int_equal(redis_int("HGET freshet:{%s}:meta replay_generation", MODEL), -1);
@@ -838,6 +850,37 @@ static void test_replay_and_rollback_need_the_token(void **state)
          "/v2/models/" MODEL "/rollback");
     harness_expect(&r, 400, "version");
     harness_resp_free(&r);
+    /* the same fields as a JSON object: the dry run's plan is the form's */
+    http(&r,
+         "-H 'Authorization: Bearer " TOKEN "' -H 'Content-Type: application/json; charset=utf-8' "
+         "-d '{\"verb\": \"shift-by\", \"arg\": -5, \"execute\": false}'",
+         "/v2/models/" MODEL "/replay");
+    harness_expect(&r, 200, "\"dry_run\":true");
+    harness_expect(&r, 200, want);
+    harness_resp_free(&r);
+    /* bad JSON bodies, with the token: 400 saying what, or 415 */
+    static const char *const bad_json[][2] = {
+        {"{\"version\":", "malformed JSON body"},
+        {"[2]", "must be an object"},
+        {"{\"version\": null}", "JSON member 'version'"},
+        {"{\"version\": [2]}", "JSON member 'version'"},
+        {"{\"version\": 2, \"version\": 3}", "malformed JSON body"},
+        {"{\"version\": \"abc\"}", "version"},
+    };
+    for (size_t i = 0; i < sizeof(bad_json) / sizeof(bad_json[0]); i++) {
+        char args[256];
+        snprintf(args, sizeof(args),
+                 "-H 'Authorization: Bearer " TOKEN "' -H 'Content-Type: application/json' -d '%s'",
+                 bad_json[i][0]);
+        http(&r, args, "/v2/models/" MODEL "/rollback");
+        harness_expect(&r, 400, bad_json[i][1]);
+        harness_resp_free(&r);
+    }
+    http(&r, "-H 'Authorization: Bearer " TOKEN "' -H 'Content-Type: text/plain' -d version=2",
+         "/v2/models/" MODEL "/rollback");
+    harness_expect(&r, 415, "application/json");
+    harness_resp_free(&r);
+    assert_int_equal(redis_int("XLEN freshet:{%s}:requests", MODEL), 0);
 
     /* executed: the applier publishes the replay under generation 1 */
     http(&r, "-H 'Authorization: Bearer " TOKEN "' -d verb=to-earliest -d execute=true",
@@ -863,8 +906,10 @@ static void test_replay_and_rollback_need_the_token(void **state)
     assert_int_equal(psstore_snapshot_weights(c, MODEL, snap, ws, NPARAMS, &sep), FR_OK);
     psstore_conn_destroy(c);
     store_weights(w0, &epoch0, &v0);
-    char body[64];
-    snprintf(body, sizeof(body), "-H 'Authorization: Bearer " TOKEN "' -d version=%lld",
+    char body[160]; /* as JSON: the version a number */
+    snprintf(body, sizeof(body),
+             "-H 'Authorization: Bearer " TOKEN "' -H 'Content-Type: application/json' "
+             "-d '{\"version\": %lld}'",
              (long long)snap);
     http(&r, body, "/v2/models/" MODEL "/rollback");
     harness_expect(&r, 202, "\"request_id\":");
