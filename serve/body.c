@@ -1,6 +1,6 @@
 /*
  * body.c - the body of a POST (replay and rollback; docs/http.md
- * "Operations"): a form (application/x-www-form-urlencoded, or no
+ * "`POST /v2/models/{m}/replay`"): a form (application/x-www-form-urlencoded, or no
  * Content-Type) or a JSON object (application/json) of parameters, added
  * to the query string's. The caller reads it only after the bearer token
  * was checked, so a client without the token learns nothing about its
