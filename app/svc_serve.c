@@ -33,6 +33,8 @@ static void serve_usage(FILE *out)
         "  POST /v2/models/{m}/replay    verb=to-earliest|to-latest|to-offset|to-datetime|\n"
         "                                by-duration|shift-by [arg=..] [topic=T] [execute=true]\n"
         "  POST /v2/models/{m}/rollback  version=N\n"
+        "  POST /v2/models/{m}/infer     {\"inputs\": [{\"name\": \"x\", \"shape\": [n, d],\n"
+        "                                \"datatype\": \"FP32\", \"data\": [...]}]} (KServe v2)\n"
         "\n"
         "  --config F           INI configuration (deploy/freshet.conf.example)\n"
         "  --set S.K=V          override one key (repeatable)\n"
@@ -55,6 +57,9 @@ int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     conf->tls_key = fr_config_get(cfg, "serve", "tls_key");
     conf->chartjs = fr_config_get(cfg, "serve", "chartjs");
     conf->max_body = (size_t)fr_config_get_int(cfg, "serve", "max_body");
+    conf->infer = fr_config_get_bool(cfg, "serve", "infer");
+    conf->infer_threads = (int)fr_config_get_int(cfg, "serve", "infer_threads");
+    conf->infer_queue = (int)fr_config_get_int(cfg, "serve", "infer_queue");
     conf->metrics = metrics;
     if (conf->protect_reads && conf->token[0] == '\0')
         return app_usage_error(cmd, "[serve] protect_reads needs [serve] token (or "

@@ -207,7 +207,14 @@ static const conf_key_t schema[] = {
     K_STR("serve", "tls_key", "", "TLS private key, PEM."),
     K_STR("serve", "chartjs", "/usr/share/javascript/chart.js/chart.min.js",
           "Chart.js (UMD build) the dashboard draws with (Debian: libjs-chart.js)."),
-    K_INT("serve", "max_body", "65536", 1024, 16777216, "Largest request body in bytes."),
+    K_INT("serve", "max_body", "1048576", 1024, 67108864,
+          "Largest request body in bytes (an infer request's JSON takes about 10 bytes a "
+          "feature)."),
+    K_BOOL("serve", "infer", "true",
+           "Answer POST /v2/models/{m}/infer with predictions from the weights served."),
+    K_INT("serve", "infer_threads", "2", 1, 16, "Threads computing predictions."),
+    K_INT("serve", "infer_queue", "256", 1, 65536,
+          "Predictions waiting for a thread at most; beyond it a request gets 503."),
 
     K_STR("eval", "data", "", "Evaluation data file (empty: no evaluation)."),
     K_STR("eval", "labels", "", "Labels file (format = idx)."),

@@ -62,6 +62,17 @@ int model_equal(const model_t *a, const model_t *b);
 void model_params_init(const model_t *m, float *w, uint64_t seed);
 
 /* ------------------------------------------------------------------------
+ * Predictions (forward.c): ReLU between layers, then the loss's link.
+ * ---------------------------------------------------------------------- */
+/* Floats of scratch model_forward needs for n samples. */
+size_t model_forward_scratch(const model_t *m, size_t n);
+/* The predictions for n samples x [n x dims[0]] (row-major) under weights
+ * w, into out [n x dims[L]]: the class probabilities (softmax), the
+ * probability of class 1 (logistic) or the score (mse). */
+void model_forward(const model_t *m, const float *w, const float *x, size_t n, float *out,
+                   float *scratch);
+
+/* ------------------------------------------------------------------------
  * Model files: safetensors with tensors layers.{i}.weight [out, in] and
  * layers.{i}.bias [out] (F32) and metadata format=pt, freshet.layers,
  * freshet.loss, plus the extra pairs given.

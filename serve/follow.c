@@ -743,11 +743,19 @@ static void build_meta(sv_model_t *m)
         if (m->snaps[i]->version != info->version)
             sv_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->snaps[i]->version);
     sv_printf(&b, "%s\"%lld\"],\"platform\":\"freshet\"", n ? "," : "", (long long)info->version);
-    if (ndims >= 2)
-        sv_printf(&b,
-                  ",\"inputs\":[{\"name\":\"input\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}],"
-                  "\"outputs\":[{\"name\":\"output\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}]",
-                  dims[0], dims[ndims - 1]);
+    if (ndims >= 2) { /* what POST .../infer takes and gives (infer.c) */
+        sv_printf(&b, ",\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}]",
+                  dims[0]);
+        if (strcmp(info->loss, "softmax") == 0)
+            sv_printf(&b,
+                      ",\"outputs\":[{\"name\":\"probabilities\",\"datatype\":\"FP32\","
+                      "\"shape\":[-1,%d]},{\"name\":\"argmax\",\"datatype\":\"INT64\","
+                      "\"shape\":[-1]}]",
+                      dims[ndims - 1]);
+        else
+            sv_printf(&b, ",\"outputs\":[{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[-1,1]}]",
+                      strcmp(info->loss, "logistic") == 0 ? "probability" : "score");
+    }
     sv_puts(&b, ",\"parameters\":{\"layers\":");
     sv_json_str(&b, info->layers);
     sv_puts(&b, ",\"loss\":");

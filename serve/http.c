@@ -33,6 +33,7 @@
 #define CONN_TIMEOUT_S (SERVE_MAX_WAIT_S + 30)
 #define MAX_HEADERS    16384
 #define CHARTJS_MAX    (8u << 20)
+#define ROWS_QUEUE_MAX 1024 /* rows requests waiting for the reader at most */
 
 void serve_conf_init(serve_conf_t *conf)
 {
@@ -45,7 +46,10 @@ void serve_conf_init(serve_conf_t *conf)
     conf->tls_cert = "";
     conf->tls_key = "";
     conf->chartjs = "/usr/share/javascript/chart.js/chart.min.js";
-    conf->max_body = 64 * 1024;
+    conf->max_body = 1024 * 1024;
+    conf->infer = 1;
+    conf->infer_threads = 2;
+    conf->infer_queue = 256;
     conf->max_models = 64;
 }
 
@@ -82,6 +86,8 @@ static const char *route_name(const char *path)
             return "rollback";
         if (strcmp(last, "/ready") == 0)
             return "ready";
+        if (strcmp(last, "/infer") == 0)
+            return "infer";
         if (strcmp(last, "/rows") == 0 || strcmp(last, "/delta") == 0 ||
             strcmp(last, "/table") == 0)
             return last + 1; /* a sparse model's */
@@ -578,6 +584,15 @@ static void on_model_request(struct serve *s, struct evhttp_request *req, const 
             sv_route_rollback(s, req, name, params);
         return;
     }
+    if (strcmp(rest, "/infer") == 0) { /* a read, though a POST */
+        if (!post)
+            method_not_allowed(s, req, "POST");
+        else if (s->conf.protect_reads && !authorized(s, req))
+            deny(s, req);
+        else
+            sv_route_infer(s, req, name, params);
+        return;
+    }
     if (!get) {
         method_not_allowed(s, req, "GET, HEAD");
         return;
@@ -799,7 +814,8 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
             evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
             sv_send_error(s, req, 503, "server shutting down");
         }
-    sv_rows_drain(s);
+    sv_pool_drain(&s->rows);
+    sv_pool_drain(&s->infer);
     struct timeval tv = {0, 100000}; /* lets the answers go out */
     event_base_loopexit(s->base, &tv);
 }
@@ -833,9 +849,16 @@ static int register_metrics(struct serve *s, char *errstr, size_t size)
                                    "Weights encoded as JSON, by the follower or for a request "
                                    "(on the HTTP loop)",
                                    2, model_by);
+    s->m_predictions =
+        fr_metrics_counter(reg, "freshet_serve_predictions_total",
+                           "Samples predicted by POST /v2/models/{m}/infer", 1, model);
+    s->m_infer_batches = fr_metrics_counter(
+        reg, "freshet_serve_infer_batches_total",
+        "Forward passes run for predictions (requests that queued together share one)", 1, model);
     if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
         s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
-        s->m_loads == NULL || s->m_json == NULL) {
+        s->m_loads == NULL || s->m_json == NULL || s->m_predictions == NULL ||
+        s->m_infer_batches == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
         return -1;
     }
@@ -850,9 +873,13 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
         fr_errorf(FR_ERR_INVAL, errstr, size, "serve: a metrics registry is required");
         return NULL;
     }
-    if (conf->refresh_ms < 0 || conf->max_body < 1024 || conf->max_models < 1) {
+    if (conf->refresh_ms < 0 || conf->max_body < 1024 || conf->max_models < 1 ||
+        conf->infer_threads < 1 || conf->infer_threads > SV_POOL_THREADS_MAX ||
+        conf->infer_queue < 1) {
         fr_errorf(FR_ERR_INVAL, errstr, size,
-                  "serve: refresh_ms >= 0, max_body >= 1024 and max_models >= 1");
+                  "serve: refresh_ms >= 0, max_body >= 1024, max_models >= 1, infer_threads "
+                  "1..%d and infer_queue >= 1",
+                  SV_POOL_THREADS_MAX);
         return NULL;
     }
     if ((conf->tls_cert[0] != '\0') != (conf->tls_key[0] != '\0')) {
@@ -888,8 +915,6 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     s->models = calloc((size_t)conf->max_models, sizeof(*s->models));
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
-    pthread_mutex_init(&s->rows_lock, NULL);
-    pthread_cond_init(&s->rows_wake, NULL);
     atomic_init(&s->stop, 0);
     s->base = event_base_new();
     s->http = s->base != NULL ? evhttp_new(s->base) : NULL;
@@ -926,8 +951,9 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     s->stop_ev = event_new(s->base, -1, 0, on_stop, s);
-    s->rows_ev = event_new(s->base, -1, 0, sv_rows_on_done, s);
-    if (s->notify == NULL || s->stop_ev == NULL || s->rows_ev == NULL) {
+    if (s->notify == NULL || s->stop_ev == NULL ||
+        sv_pool_init(&s->rows, s, "rows", ROWS_QUEUE_MAX) != 0 ||
+        sv_pool_init(&s->infer, s, "infer", (size_t)conf->infer_queue) != 0) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
         serve_destroy(s);
         return NULL;
@@ -960,20 +986,15 @@ fr_err_t serve_start(serve_t *s, char *errstr, size_t size)
         return FR_OK;
     if (pthread_create(&s->follow_thread, NULL, sv_follow_main, s) != 0)
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
-    if (pthread_create(&s->rows_thread, NULL, sv_rows_main, s) != 0) {
+    if (sv_pool_start(&s->rows, 1, sv_rows_main) != 0 ||
+        (s->conf.infer &&
+         sv_pool_start(&s->infer, (size_t)s->conf.infer_threads, sv_infer_main) != 0) ||
+        pthread_create(&s->loop_thread, NULL, loop_main, s) != 0) {
         atomic_store(&s->stop, 1);
         pthread_cond_broadcast(&s->wake);
         pthread_join(s->follow_thread, NULL);
-        return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
-    }
-    if (pthread_create(&s->loop_thread, NULL, loop_main, s) != 0) {
-        atomic_store(&s->stop, 1);
-        pthread_cond_broadcast(&s->wake);
-        pthread_mutex_lock(&s->rows_lock);
-        pthread_cond_broadcast(&s->rows_wake);
-        pthread_mutex_unlock(&s->rows_lock);
-        pthread_join(s->follow_thread, NULL);
-        pthread_join(s->rows_thread, NULL);
+        sv_pool_join(&s->rows);
+        sv_pool_join(&s->infer);
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
     }
     s->started = 1;
@@ -991,13 +1012,11 @@ void serve_stop(serve_t *s)
     atomic_store(&s->stop, 1);
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->lock);
-    pthread_mutex_lock(&s->rows_lock);
-    pthread_cond_broadcast(&s->rows_wake);
-    pthread_mutex_unlock(&s->rows_lock);
     event_active(s->stop_ev, EV_READ, 0);
     pthread_join(s->loop_thread, NULL);
     pthread_join(s->follow_thread, NULL);
-    pthread_join(s->rows_thread, NULL);
+    sv_pool_join(&s->rows);
+    sv_pool_join(&s->infer);
     s->started = 0;
 }
 
@@ -1008,11 +1027,10 @@ void serve_destroy(serve_t *s)
     serve_stop(s);
     if (s->http != NULL)
         evhttp_free(s->http); /* closes connections: waiters' and jobs' close callbacks run */
-    sv_rows_free_all(s);
+    sv_pool_fini(&s->rows);
+    sv_pool_fini(&s->infer);
     if (s->notify != NULL)
         event_free(s->notify);
-    if (s->rows_ev != NULL)
-        event_free(s->rows_ev);
     if (s->stop_ev != NULL)
         event_free(s->stop_ev);
     if (s->base != NULL)
@@ -1043,7 +1061,5 @@ void serve_destroy(serve_t *s)
     free(s->chartjs);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->wake);
-    pthread_mutex_destroy(&s->rows_lock);
-    pthread_cond_destroy(&s->rows_wake);
     free(s);
 }

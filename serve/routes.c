@@ -40,10 +40,8 @@ static int parse_i64(const char *text, int64_t *v)
     return 0;
 }
 
-/* Reads the model for a request: NULL after answering 404/503. Marks its
- * weights (or stats) wanted. */
-static sv_model_t *find_model(struct serve *s, struct evhttp_request *req, const char *name,
-                              int stats, int *was_followed)
+sv_model_t *sv_find_model(struct serve *s, struct evhttp_request *req, const char *name, int stats,
+                          int *was_followed)
 {
     pthread_mutex_lock(&s->lock);
     int listed = 0;
@@ -109,7 +107,7 @@ void sv_route_models(struct serve *s, struct evhttp_request *req)
 
 void sv_route_model(struct serve *s, struct evhttp_request *req, const char *name)
 {
-    sv_model_t *m = find_model(s, req, name, 0, NULL);
+    sv_model_t *m = sv_find_model(s, req, name, 0, NULL);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -124,7 +122,7 @@ void sv_route_model(struct serve *s, struct evhttp_request *req, const char *nam
 
 void sv_route_model_ready(struct serve *s, struct evhttp_request *req, const char *name)
 {
-    sv_model_t *m = find_model(s, req, name, 0, NULL);
+    sv_model_t *m = sv_find_model(s, req, name, 0, NULL);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -204,39 +202,51 @@ void sv_route_weights(struct serve *s, struct evhttp_request *req, const char *n
         sv_send_error(s, req, 400, "wait needs after_version");
         return;
     }
-    int followed = 0;
-    sv_model_t *m = find_model(s, req, name, 0, &followed);
+    sv_latest_t l;
+    sv_model_t *m = sv_find_latest(s, req, name, &l);
     if (m == NULL)
         return;
-    pthread_mutex_lock(&s->lock);
-    sv_view_t *cur = sv_view_ref(m->cur);
-    uint64_t known_epoch = m->info.epoch;
-    int64_t known_version = m->present ? m->info.version : -1;
-    pthread_mutex_unlock(&s->lock);
-    /* the weights of a model nobody asked for lately are not kept current:
-     * the follower reads the newest now, and the request waits for them */
-    int stale =
-        cur == NULL || (!followed && (cur->epoch != known_epoch || cur->version < known_version));
-    if (stale) {
-        int64_t want = cur == NULL ? -1 : known_version;
-        uint64_t had_epoch = cur != NULL ? cur->epoch : 0;
-        int64_t had_version = cur != NULL ? cur->version : -1;
-        sv_view_unref(cur);
+    if (l.stale) { /* the follower reads the newest now, and the request waits for them */
+        int64_t want = l.had_version < 0 ? -1 : l.known_version;
         sv_waiter_t *w =
-            sv_waiter_add(s, req, m, f, SV_W_FRESH, known_epoch, want, 1, FRESH_WAIT_MS);
+            sv_waiter_add(s, req, m, f, SV_W_FRESH, l.known_epoch, want, 1, FRESH_WAIT_MS);
         if (w == NULL) {
             sv_send_error(s, req, 500, "out of memory");
             return;
         }
-        w->had_epoch = had_epoch;
-        w->had_version = had_version;
+        w->had_epoch = l.had_epoch;
+        w->had_version = l.had_version;
         w->after = after;
         w->wait_ms = (int)wait * 1000;
         w->t0_ns = fr_clock_mono_ns();
         pthread_cond_broadcast(&s->wake);
         return;
     }
-    sv_send_weights(s, req, m, cur, f, after, (int)wait * 1000);
+    sv_send_weights(s, req, m, l.cur, f, after, (int)wait * 1000);
+}
+
+sv_model_t *sv_find_latest(struct serve *s, struct evhttp_request *req, const char *name,
+                           sv_latest_t *l)
+{
+    int followed = 0;
+    sv_model_t *m = sv_find_model(s, req, name, 0, &followed);
+    if (m == NULL)
+        return NULL;
+    pthread_mutex_lock(&s->lock);
+    sv_view_t *cur = sv_view_ref(m->cur);
+    l->known_epoch = m->info.epoch;
+    l->known_version = m->present ? m->info.version : -1;
+    l->sparse = m->present && m->info.sparse[0] != '\0';
+    pthread_mutex_unlock(&s->lock);
+    l->had_epoch = cur != NULL ? cur->epoch : 0;
+    l->had_version = cur != NULL ? cur->version : -1;
+    /* the weights of a model nobody asked for lately are not kept current */
+    l->stale = cur == NULL ||
+               (!followed && (cur->epoch != l->known_epoch || cur->version < l->known_version));
+    if (l->stale)
+        sv_view_unref(cur);
+    l->cur = l->stale ? NULL : cur;
+    return m;
 }
 
 /* Answers a weights request with cur (whose reference it takes), or, for a
@@ -279,7 +289,7 @@ void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *
         sv_send_error(s, req, 400, "bad version '%s'", vtext);
         return;
     }
-    sv_model_t *m = find_model(s, req, name, 0, NULL);
+    sv_model_t *m = sv_find_model(s, req, name, 0, NULL);
     if (m == NULL)
         return;
     pthread_mutex_lock(&s->lock);
@@ -320,7 +330,7 @@ void sv_send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m)
 void sv_route_stats(struct serve *s, struct evhttp_request *req, const char *name)
 {
     int followed = 0;
-    sv_model_t *m = find_model(s, req, name, 1, &followed);
+    sv_model_t *m = sv_find_model(s, req, name, 1, &followed);
     if (m == NULL)
         return;
     /* stats are built while someone asks for them: the first request (or
@@ -423,7 +433,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
         sv_send_error(s, req, 400, "not a valid replay request (topic or values out of range)");
         return;
     }
-    if (find_model(s, req, name, 0, NULL) == NULL) {
+    if (sv_find_model(s, req, name, 0, NULL) == NULL) {
         free(r);
         return;
     }
@@ -501,7 +511,7 @@ void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *
         sv_send_error(s, req, 400, "version (a retained snapshot's version) is required");
         return;
     }
-    if (find_model(s, req, name, 0, NULL) == NULL)
+    if (sv_find_model(s, req, name, 0, NULL) == NULL)
         return;
     psstore_conn_t *c = op_conn(s, req);
     if (c == NULL)

@@ -6,14 +6,12 @@
  *
  * Unlike the weights of a dense model, which the follower reads once for
  * every client, these answers depend on the request, so each is read from
- * Redis for its request, on a reader thread of its own: the loop checks
- * the request, queues it as a job and goes on serving; the reader reads
- * the store on its own connection and encodes the answer; the loop sends
- * it (on_done). A client that hangs up meanwhile is forgotten (the job's
- * answer is dropped), and stop answers the jobs still queued with 503.
+ * Redis for its request, by a reader thread of its own (a pool of one,
+ * job.c): the loop checks the request and queues it; the reader reads the
+ * store on its own connection and encodes the answer; the loop sends it.
  *
- * Threads: sv_route_* and on_done run on the loop; reader_main on the
- * reader; the queues are under s->rows_lock.
+ * Threads: sv_route_* run on the loop; sv_rows_main and what it calls on
+ * the reader.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -33,18 +31,13 @@
 #define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
 #define SV_DELTA_COMMITS 256   /* commits one delta reads at most              */
 #define READ_TIMEOUT_MS  5000  /* the reader's Redis timeout                   */
-#define QUEUE_MAX        1024  /* jobs waiting for the reader at most          */
 
 enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE };
 
-/* One request for the reader: what the loop parsed, then the answer. */
-struct sv_rows_job {
-    sv_rows_job_t *next;
-    struct serve *s;
-    struct evhttp_request *req; /* NULL once the client hung up */
-    struct evhttp_connection *evcon;
-    struct event *hup; /* the client's close, watched while the job waits */
-    int gone;          /* the client hung up: not read (under rows_lock) */
+/* One request for the reader: what the loop parsed (the answer is in
+ * the head). */
+typedef struct sv_rows_job {
+    sv_job_t job;
     enum job_kind kind;
     int json;
     char name[65];
@@ -55,34 +48,11 @@ struct sv_rows_job {
     char epoch[24];                      /* delta: "" when not given */
     char cursor[48];                     /* table */
     int64_t count;
-    /* the answer */
-    int code;
-    const char *type;
-    char *body; /* malloc'ed */
-    size_t len;
-    char version[24], epoch_out[24]; /* headers ("" none) */
-};
+} sv_rows_job_t;
 
 /* ---- answers, on the reader ------------------------------------------------------ */
 
-/* j's answer: an error {"error": "..."} with code. */
-static void job_error(sv_rows_job_t *j, int code, const char *fmt, ...) FR_PRINTF(3, 4);
-static void job_error(sv_rows_job_t *j, int code, const char *fmt, ...)
-{
-    sv_buf_t b = {0};
-    va_list ap;
-    va_start(ap, fmt);
-    sv_json_error(&b, fmt, ap);
-    va_end(ap);
-    free(j->body);
-    j->code = code;
-    j->type = "application/json";
-    j->body = b.failed ? NULL : b.p;
-    j->len = b.failed ? 0 : b.len;
-    if (b.failed)
-        sv_buf_fini(&b);
-    j->version[0] = j->epoch_out[0] = '\0';
-}
+#define job_error(j, ...) sv_job_error(&(j)->job, __VA_ARGS__)
 
 /* What an answer says besides its rows. */
 typedef struct answer {
@@ -101,13 +71,9 @@ typedef struct answer {
 static void job_answer(sv_rows_job_t *j, const answer_t *a, const char *type, char *body,
                        size_t len)
 {
-    free(j->body);
-    j->code = 200;
-    j->type = type;
-    j->body = body;
-    j->len = len;
-    snprintf(j->version, sizeof(j->version), "%lld", (long long)a->page->version);
-    snprintf(j->epoch_out, sizeof(j->epoch_out), "%llu", (unsigned long long)a->page->epoch);
+    sv_job_answer(&j->job, 200, type, body, len);
+    snprintf(j->job.version, sizeof(j->job.version), "%lld", (long long)a->page->version);
+    snprintf(j->job.epoch, sizeof(j->job.epoch), "%llu", (unsigned long long)a->page->epoch);
 }
 
 /* The answer as JSON, for people. */
@@ -571,174 +537,20 @@ void *sv_rows_main(void *arg)
     struct serve *s = arg;
     fr_thread_name("fr-http-rows");
     psstore_conn_t *c = NULL;
-    pthread_mutex_lock(&s->rows_lock);
-    for (;;) {
-        while (s->rows_queue == NULL && !atomic_load(&s->stop))
-            pthread_cond_wait(&s->rows_wake, &s->rows_lock);
-        if (atomic_load(&s->stop))
-            break; /* stop answers what is still queued */
-        sv_rows_job_t *j = s->rows_queue;
-        s->rows_queue = j->next;
-        s->rows_queued--;
-        int gone = j->gone;
-        pthread_mutex_unlock(&s->rows_lock);
-        if (!gone) /* a client that hung up costs no read */
-            run_job(s, j, &c);
-        pthread_mutex_lock(&s->rows_lock);
-        j->next = s->rows_done;
-        s->rows_done = j;
-        event_active(s->rows_ev, EV_READ, 0);
+    sv_job_t *j;
+    while (sv_pool_take(&s->rows, &j, 1) == 1) {
+        run_job(s, (sv_rows_job_t *)j, &c);
+        sv_pool_finish(&s->rows, &j, 1);
     }
-    pthread_mutex_unlock(&s->rows_lock);
     psstore_conn_destroy(c);
     return NULL;
 }
 
 /* ---- jobs, on the loop --------------------------------------------------------------- */
 
-static void job_free(sv_rows_job_t *j)
+static void job_fini(sv_job_t *j)
 {
-    if (j->hup != NULL)
-        event_free(j->hup);
-    free(j->ids);
-    free(j->body);
-    free(j);
-}
-
-/* The client hung up (or the server closes the connection): the answer
- * will be dropped. */
-static void job_closed(struct evhttp_connection *evcon, void *arg)
-{
-    sv_rows_job_t *j = arg;
-    /* a request detached from its dead connection is ours to free; one
-     * still queued on it is freed by libevent */
-    if (j->req != NULL && evhttp_request_get_connection(j->req) == NULL)
-        evhttp_request_free(j->req);
-    j->req = NULL;
-    j->evcon = NULL;
-    if (j->hup != NULL) {
-        event_free(j->hup);
-        j->hup = NULL;
-    }
-    pthread_mutex_lock(&j->s->rows_lock);
-    j->gone = 1;
-    pthread_mutex_unlock(&j->s->rows_lock);
-}
-
-/* evhttp reads nothing from a connection while its request is pending, so
- * a hang-up shows only as the socket's close (EPOLLRDHUP): the connection
- * is freed at once, which runs job_closed. */
-static void job_hup(evutil_socket_t fd, short what, void *arg)
-{
-    sv_rows_job_t *j = arg;
-    evhttp_connection_free(j->evcon);
-}
-
-/* Sends j's answer (when its client is still there) and frees it. */
-static void job_send(struct serve *s, sv_rows_job_t *j)
-{
-    if (j->hup != NULL) {
-        event_free(j->hup);
-        j->hup = NULL;
-    }
-    if (j->evcon != NULL)
-        evhttp_connection_set_closecb(j->evcon, NULL, NULL);
-    if (j->req != NULL) {
-        struct evkeyvalq *h = evhttp_request_get_output_headers(j->req);
-        if (j->version[0] != '\0') {
-            evhttp_add_header(h, "X-Freshet-Version", j->version);
-            evhttp_add_header(h, "X-Freshet-Epoch", j->epoch_out);
-        }
-        evhttp_add_header(h, "Cache-Control", "no-store");
-        if (j->body != NULL)
-            sv_send_text(s, j->req, j->code, j->type, j->body, j->len);
-        else
-            sv_send_error(s, j->req, 500, "out of memory");
-    }
-    job_free(j);
-}
-
-void sv_rows_on_done(int fd, short what, void *arg)
-{
-    struct serve *s = arg;
-    pthread_mutex_lock(&s->rows_lock);
-    sv_rows_job_t *done = s->rows_done;
-    s->rows_done = NULL;
-    pthread_mutex_unlock(&s->rows_lock);
-    while (done != NULL) {
-        sv_rows_job_t *j = done;
-        done = j->next;
-        job_send(s, j);
-    }
-}
-
-void sv_rows_drain(struct serve *s)
-{
-    pthread_mutex_lock(&s->rows_lock);
-    sv_rows_job_t *queued = s->rows_queue;
-    s->rows_queue = NULL;
-    s->rows_queued = 0;
-    pthread_mutex_unlock(&s->rows_lock);
-    while (queued != NULL) {
-        sv_rows_job_t *j = queued;
-        queued = j->next;
-        job_error(j, 503, "server shutting down");
-        if (j->req != NULL)
-            evhttp_add_header(evhttp_request_get_output_headers(j->req), "Connection", "close");
-        job_send(s, j);
-    }
-    sv_rows_on_done(-1, 0, s); /* the answers the reader finished */
-}
-
-void sv_rows_free_all(struct serve *s)
-{
-    sv_rows_job_t *lists[2] = {s->rows_queue, s->rows_done};
-    s->rows_queue = s->rows_done = NULL;
-    for (int k = 0; k < 2; k++)
-        while (lists[k] != NULL) {
-            sv_rows_job_t *j = lists[k];
-            lists[k] = j->next;
-            job_free(j);
-        }
-}
-
-/* Queues j for the reader (or answers 503 when serve stops or too many
- * wait); its client's hang-up is watched. */
-static void submit(struct serve *s, struct evhttp_request *req, sv_rows_job_t *j)
-{
-    pthread_mutex_lock(&s->rows_lock);
-    size_t queued = s->rows_queued;
-    pthread_mutex_unlock(&s->rows_lock);
-    if (atomic_load(&s->stop) || queued >= QUEUE_MAX) {
-        job_free(j);
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
-        sv_send_error(s, req, 503, "%s",
-                      atomic_load(&s->stop) ? "server shutting down"
-                                            : "too many rows requests waiting; try again");
-        return;
-    }
-    j->s = s;
-    j->req = req;
-    j->evcon = evhttp_request_get_connection(req);
-    if (j->evcon != NULL) {
-        struct bufferevent *bev = evhttp_connection_get_bufferevent(j->evcon);
-        evutil_socket_t fd = bev != NULL ? bufferevent_getfd(bev) : -1;
-        if (fd >= 0 && (event_base_get_features(s->base) & EV_FEATURE_EARLY_CLOSE) &&
-            (j->hup = event_new(s->base, fd, EV_CLOSED, job_hup, j)) != NULL &&
-            event_add(j->hup, NULL) != 0) {
-            event_free(j->hup);
-            j->hup = NULL; /* unwatched: a hang-up is seen when the answer is written */
-        }
-        evhttp_connection_set_closecb(j->evcon, job_closed, j);
-    }
-    pthread_mutex_lock(&s->rows_lock);
-    sv_rows_job_t **tail = &s->rows_queue; /* first come, first read */
-    while (*tail != NULL)
-        tail = &(*tail)->next;
-    *tail = j;
-    s->rows_queued++;
-    pthread_cond_signal(&s->rows_wake);
-    pthread_mutex_unlock(&s->rows_lock);
+    free(((sv_rows_job_t *)j)->ids);
 }
 
 /* A new job of kind for model name, or NULL after answering 500. */
@@ -750,10 +562,18 @@ static sv_rows_job_t *job_new(struct serve *s, struct evhttp_request *req, const
         sv_send_error(s, req, 500, "out of memory");
         return NULL;
     }
+    j->job.fini = job_fini;
     j->kind = kind;
     j->json = json;
     snprintf(j->name, sizeof(j->name), "%s", name);
     return j;
+}
+
+/* A job the route turned down before queueing it. */
+static void job_free(sv_rows_job_t *j)
+{
+    free(j->ids);
+    free(j);
 }
 
 /* ---- the routes, on the loop ------------------------------------------------------- */
@@ -844,7 +664,7 @@ void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name
     uint32_t *fit = realloc(j->ids, (size_t)n * sizeof(*j->ids)); /* a queued job keeps its own */
     if (fit != NULL)
         j->ids = fit;
-    submit(s, req, j);
+    sv_pool_submit(&s->rows, req, &j->job);
 }
 
 void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *name,
@@ -880,7 +700,7 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
     snprintf(j->since, sizeof(j->since), "%s", since);
     j->max_rows = max_rows;
     snprintf(j->epoch, sizeof(j->epoch), "%s", ep != NULL ? ep : "");
-    submit(s, req, j);
+    sv_pool_submit(&s->rows, req, &j->job);
 }
 
 void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
@@ -915,5 +735,5 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
         return;
     snprintf(j->cursor, sizeof(j->cursor), "%s", cursor);
     j->count = count;
-    submit(s, req, j);
+    sv_pool_submit(&s->rows, req, &j->job);
 }

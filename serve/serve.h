@@ -40,12 +40,16 @@ typedef struct serve_conf {
     const char *tls_key;
     const char *chartjs;   /* Chart.js (UMD) served at /dashboard/chart.min.js   */
     size_t max_body;       /* request body cap in bytes                          */
+    int infer;             /* POST /v2/models/{m}/infer answered                 */
+    int infer_threads;     /* threads computing predictions (1..16)              */
+    int infer_queue;       /* predictions waiting at most (then 503)             */
     int max_models;        /* models followed at most                            */
     fr_metrics_t *metrics; /* rendered at /metrics, serve's own added (required) */
 } serve_conf_t;
 
-/* [serve]'s defaults: 127.0.0.1:8080, refresh 20 ms, 64 KiB bodies, 64
- * models, Chart.js from Debian's libjs-chart.js. */
+/* [serve]'s defaults: 127.0.0.1:8080, refresh 20 ms, 1 MiB bodies, 64
+ * models, predictions on 2 threads with 256 waiting, Chart.js from
+ * Debian's libjs-chart.js. */
 void serve_conf_init(serve_conf_t *conf);
 
 typedef struct serve serve_t;

@@ -86,6 +86,83 @@ typedef void (*sv_f32_writer_t)(sv_buf_t *b, float x);
 sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writer_t put);
 
 /* ------------------------------------------------------------------------
+ * Requests answered off the loop (job.c): the loop checks a request and
+ * queues it as a job; a pool's threads take jobs, compute their answers
+ * and hand them back; the loop sends them. A client that hangs up
+ * meanwhile is forgotten (its job costs no work and its answer is
+ * dropped); stop answers the jobs still queued with 503.
+ * ---------------------------------------------------------------------- */
+#define SV_POOL_THREADS_MAX 16
+
+struct serve;
+struct evhttp_request;
+struct evhttp_connection;
+struct event;
+
+typedef struct sv_job sv_job_t;
+typedef struct sv_pool sv_pool_t;
+
+/* The head of every job; a kind's job embeds it first. */
+struct sv_job {
+    sv_job_t *next;
+    sv_pool_t *pool;
+    struct evhttp_request *req; /* NULL once the client hung up */
+    struct evhttp_connection *evcon;
+    struct event *hup;         /* the client's close, watched while the job waits */
+    int gone;                  /* the client hung up (under pool->lock) */
+    void (*fini)(sv_job_t *j); /* frees what the kind added, not j (NULL: nothing) */
+    /* the answer */
+    int code;
+    const char *type;
+    char *body; /* malloc'ed */
+    size_t len;
+    char version[24], epoch[24]; /* X-Freshet-Version and -Epoch ("" none) */
+};
+
+struct sv_pool {
+    struct serve *s;
+    const char *what; /* "rows", "infer": in a full queue's 503 */
+    size_t queue_max;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    sv_job_t *queue; /* for the threads, oldest first  */
+    size_t queued;   /* ... how many                   */
+    sv_job_t *done;  /* for the loop to send           */
+    struct event *done_ev;
+    size_t nthreads;
+    pthread_t threads[SV_POOL_THREADS_MAX];
+    int ready; /* initialised */
+};
+
+/* Sets p up on s's loop; -1 when out of memory. */
+int sv_pool_init(sv_pool_t *p, struct serve *s, const char *what, size_t queue_max);
+/* Starts n threads running main(s); -1 when one cannot start (those
+ * started run until s->stop and sv_pool_join). */
+int sv_pool_start(sv_pool_t *p, size_t n, void *(*main)(void *));
+/* Wakes the threads to see s->stop and joins them. */
+void sv_pool_join(sv_pool_t *p);
+/* On the loop, at stop: answers the queued jobs with 503 and sends the
+ * finished ones. */
+void sv_pool_drain(sv_pool_t *p);
+/* Frees the jobs left and p's own, once every thread has stopped and the
+ * connections are closed. */
+void sv_pool_fini(sv_pool_t *p);
+/* Queues j (calloc'ed by the route, its kind's fields set) for req, or
+ * answers 503 and frees j when serve stops or the queue is full; the
+ * client's hang-up is watched. On the loop. */
+void sv_pool_submit(sv_pool_t *p, struct evhttp_request *req, sv_job_t *j);
+/* A thread's next jobs, up to max, oldest first, with the lock released;
+ * blocks while there are none. 0 when serve stops. Jobs whose clients
+ * hung up are not returned (they go straight back to the loop). */
+size_t sv_pool_take(sv_pool_t *p, sv_job_t **jobs, size_t max);
+/* Hands n finished jobs back to the loop. */
+void sv_pool_finish(sv_pool_t *p, sv_job_t **jobs, size_t n);
+/* A job's answer: 200-type answers take body (malloc'ed); an error is
+ * {"error": "..."} with code. */
+void sv_job_answer(sv_job_t *j, int code, const char *type, char *body, size_t len);
+void sv_job_error(sv_job_t *j, int code, const char *fmt, ...) FR_PRINTF(3, 4);
+
+/* ------------------------------------------------------------------------
  * A model followed by the server. The follower writes the fields under
  * s->lock; the loop reads them under it and owns the waiters.
  * ---------------------------------------------------------------------- */
@@ -96,7 +173,6 @@ sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writ
 #define SV_STATS_WANTED_MS 30000 /* ... and its stats                       */
 
 typedef struct sv_waiter sv_waiter_t;
-typedef struct sv_rows_job sv_rows_job_t;
 
 typedef struct sv_model {
     char name[65];
@@ -158,20 +234,15 @@ struct serve {
     size_t nnames;
     char *chartjs_data; /* Chart.js, read once at start             */
     size_t chartjs_len;
-    void *op_conn; /* psstore_conn_t for requests, loop thread   */
-    /* a sparse model's rows, deltas and table pages (rows.c) */
-    pthread_t rows_thread;
-    pthread_mutex_t rows_lock;
-    pthread_cond_t rows_wake;
-    sv_rows_job_t *rows_queue; /* for the reader, oldest first           */
-    size_t rows_queued;        /* ... how many                            */
-    sv_rows_job_t *rows_done;  /* for the loop to send                   */
-    struct event *rows_ev;     /* the reader finished a job              */
-    size_t waiting;            /* long-poll clients now                      */
+    void *op_conn;   /* psstore_conn_t for requests, loop thread   */
+    sv_pool_t rows;  /* a sparse model's rows, deltas and table pages (rows.c) */
+    sv_pool_t infer; /* predictions (infer.c); no threads when [serve] infer is off */
+    size_t waiting;  /* long-poll clients now                      */
     /* metrics */
     fr_metric_t *m_requests, *m_bytes;
     fr_series_t *m_waiting, *m_store_up;
     fr_metric_t *m_version, *m_published, *m_loads, *m_json;
+    fr_metric_t *m_predictions, *m_infer_batches;
 };
 
 /* Wakes the loop to look at what the follower published (any thread). */
@@ -246,6 +317,25 @@ sv_waiter_t *sv_waiter_add(struct serve *s, struct evhttp_request *req, sv_model
                            enum sv_fmt f, enum sv_wkind kind, uint64_t epoch, int64_t version,
                            int any_epoch, int wait_ms);
 
+/* The model a request names (routes.c): NULL after answering 404 or 503.
+ * Marks its weights (or stats, when stats) wanted; *was_followed (when
+ * not NULL): whether they were wanted lately, so kept current. */
+sv_model_t *sv_find_model(struct serve *s, struct evhttp_request *req, const char *name, int stats,
+                          int *was_followed);
+/* The model a request names (sv_find_model) and the latest weights the
+ * request may use (routes.c): cur, a
+ * reference, unless stale (nothing held yet, or a model not followed
+ * lately whose weights moved since): then the request waits for the
+ * follower's read of (known_epoch, known_version), the view it held being
+ * (had_epoch, had_version; -1: none). sparse: a sparse model's. */
+typedef struct sv_latest {
+    sv_view_t *cur;
+    int stale, sparse;
+    uint64_t known_epoch, had_epoch;
+    int64_t known_version, had_version;
+} sv_latest_t;
+sv_model_t *sv_find_latest(struct serve *s, struct evhttp_request *req, const char *name,
+                           sv_latest_t *l);
 /* Routes (routes.c): each answers req, or hands it to a waiter. name is a
  * checked model name; params are the query and form parameters. */
 void sv_route_models(struct serve *s, struct evhttp_request *req);
@@ -273,15 +363,14 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
                     struct evkeyvalq *params);
 void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
                     struct evkeyvalq *params);
-/* The reader of those routes (rows.c): its thread, its done event's
- * callback (answers the jobs it finished), and what stop runs on the loop
- * (answers the jobs still queued with 503, and the finished ones). */
+/* The rows reader's thread (rows.c): one job at a time on its own
+ * connection to the store. */
 void *sv_rows_main(void *arg);
-void sv_rows_on_done(int fd, short what, void *arg);
-void sv_rows_drain(struct serve *s);
-/* Frees the jobs left once every thread has stopped and the connections
- * are closed. */
-void sv_rows_free_all(struct serve *s);
+/* Predictions (infer.c): the request checked and queued on the loop, the
+ * body parsed and the model run by the inference workers. */
+void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *name,
+                    struct evkeyvalq *params);
+void *sv_infer_main(void *arg);
 void sv_route_metrics(struct serve *s, struct evhttp_request *req);
 void sv_route_ready(struct serve *s, struct evhttp_request *req);
 void sv_route_dashboard(struct serve *s, struct evhttp_request *req, const char *path);

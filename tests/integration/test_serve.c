@@ -1089,6 +1089,372 @@ static void test_readiness_follows_the_store_and_the_guard(void **state)
 
 /* ---- fixture ------------------------------------------------------------------ */
 
+/* ---- predictions --------------------------------------------------------- */
+
+/* The class probabilities of x under w (5-4-3, ReLU, softmax), in double:
+ * the reference a prediction is checked against. */
+static void ref_forward(const float *w, const float *x, double p[3])
+{
+    double h[4], z[3], top = -INFINITY, sum = 0.0;
+    for (int o = 0; o < 4; o++) {
+        h[o] = w[20 + o];
+        for (int i = 0; i < 5; i++)
+            h[o] += (double)w[o * 5 + i] * x[i];
+        h[o] = h[o] > 0.0 ? h[o] : 0.0;
+    }
+    for (int o = 0; o < 3; o++) {
+        z[o] = w[24 + 12 + o];
+        for (int i = 0; i < 4; i++)
+            z[o] += (double)w[24 + o * 4 + i] * h[i];
+        top = z[o] > top ? z[o] : top;
+    }
+    for (int o = 0; o < 3; o++)
+        sum += (p[o] = exp(z[o] - top));
+    for (int o = 0; o < 3; o++)
+        p[o] /= sum;
+}
+
+/* The numbers of output name's data in an infer answer; their count. */
+static size_t output_data(const harness_resp_t *r, const char *name, double *v, size_t cap)
+{
+    char needle[64];
+    snprintf(needle, sizeof(needle), "{\"name\":\"%s\"", name);
+    const char *p = strstr(r->body, needle);
+    if (p == NULL)
+        return 0;
+    p = strstr(p, "\"data\":[");
+    assert_non_null(p);
+    p += 8;
+    size_t n = 0;
+    while (*p != ']' && n < cap) {
+        char *end;
+        v[n++] = strtod(p, &end);
+        assert_true(end != p);
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+/* POSTs body (JSON) to model m's infer route of the server on port pt. */
+static void infer_at(int pt, harness_resp_t *r, const char *m, const char *body, const char *extra)
+{
+    char file[320], args[1024], path[128];
+    snprintf(file, sizeof(file), "%s/infer.json", tmp_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    snprintf(args, sizeof(args), "-X POST %s %s --data-binary @%s",
+             strstr(extra, "Content-Type") ? "" : "-H 'Content-Type: application/json'", extra,
+             file);
+    snprintf(path, sizeof(path), "/v2/models/%s/infer", m);
+    harness_http(pt, tmp_dir, r, args, path);
+}
+
+static void infer(harness_resp_t *r, const char *body)
+{
+    infer_at(port, r, MODEL, body, "");
+}
+
+/* Three samples as a request body, flat or as nested rows, with extra
+ * members. */
+static void infer_body(char *out, size_t size, const float x[3][5], int nested, const char *extra)
+{
+    size_t len = (size_t)snprintf(out, size,
+                                  "{%s\"inputs\":[{\"name\":\"x\",\"shape\":[3,5],\"datatype\":"
+                                  "\"FP32\",\"data\":[",
+                                  extra);
+    for (int i = 0; i < 3; i++) {
+        len += (size_t)snprintf(out + len, size - len, "%s%s", i ? "," : "", nested ? "[" : "");
+        for (int k = 0; k < 5; k++)
+            len += (size_t)snprintf(out + len, size - len, "%s%.9g", k ? "," : "", x[i][k]);
+        len += (size_t)snprintf(out + len, size - len, "%s", nested ? "]" : "");
+    }
+    snprintf(out + len, size - len, "]}]}");
+}
+
+/* The answer holds w's predictions for x: probabilities to 1e-6, argmax
+ * exact, model_version v. */
+static void expect_predictions(const harness_resp_t *r, const float *w, const float x[3][5],
+                               int64_t v)
+{
+    harness_expect(r, 200, "\"model_name\":\"" MODEL "\"");
+    char want[64];
+    snprintf(want, sizeof(want), "\"model_version\":\"%lld\"", (long long)v);
+    harness_expect(r, 200, want);
+    snprintf(want, sizeof(want), "%lld", (long long)v);
+    harness_expect_header(r, "X-Freshet-Version", want);
+    harness_expect(r, 200, "\"shape\":[3,3]");
+    double probs[16], arg[16];
+    assert_int_equal(output_data(r, "probabilities", probs, 16), 9);
+    assert_int_equal(output_data(r, "argmax", arg, 16), 3);
+    for (int i = 0; i < 3; i++) {
+        double p[3];
+        ref_forward(w, x[i], p);
+        int best = 0;
+        for (int c = 0; c < 3; c++) {
+            if (fabs(probs[i * 3 + c] - p[c]) > 1e-6)
+                fail_msg("sample %d class %d: %.9g, the double forward pass %.9g", i, c,
+                         probs[i * 3 + c], p[c]);
+            best = p[c] > p[best] ? c : best;
+        }
+        assert_int_equal((int)arg[i], best);
+    }
+}
+
+/* Pushes a gradient, waits until serve publishes its version, and reads
+ * the store's weights into w; the version. */
+static int64_t push_and_read(float *w)
+{
+    int64_t v = push();
+    await_version(v);
+    uint64_t epoch;
+    int64_t version;
+    store_weights(w, &epoch, &version);
+    assert_int_equal(version, v);
+    return v;
+}
+
+static void test_infer_predicts_as_a_double_forward_pass(void **state)
+{
+    (void)state;
+    float w[NPARAMS], x[3][5];
+    uint64_t epoch;
+    int64_t version, v = push_and_read(w);
+    harness_gradient(&x[0][0], 15, 99);
+    for (int k = 0; k < 5; k++)
+        x[2][k] *= 40.0f; /* large activations: the softmax must not overflow */
+    double before = series_value("freshet_serve_predictions_total", MODEL);
+    before = isnan(before) ? 0.0 : before; /* none yet */
+    char body[4096];
+    harness_resp_t r;
+    for (int nested = 0; nested < 2; nested++) { /* flat and as rows: the same */
+        infer_body(body, sizeof(body), x, nested, "\"id\":\"req-7\",");
+        infer(&r, body);
+        expect_predictions(&r, w, x, v);
+        harness_expect(&r, 200, "\"id\":\"req-7\"");
+        harness_resp_free(&r);
+    }
+    assert_true(series_value("freshet_serve_predictions_total", MODEL) - before == 6.0);
+    /* one output asked for: that one only */
+    infer_body(body, sizeof(body), x, 0, "\"outputs\":[{\"name\":\"argmax\"}],");
+    infer(&r, body);
+    harness_expect(&r, 200, "\"argmax\"");
+    assert_null(strstr(r.body, "probabilities"));
+    harness_resp_free(&r);
+
+    /* a retained snapshot by parameters.version: its weights, its version */
+    push();
+    v = push();
+    await_version(v);
+    int64_t snap = redis_int("ZRANGE freshet:{%s}:snaps -2 -2", MODEL);
+    assert_true(snap > 0 && snap < v);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    float ws[NPARAMS];
+    assert_int_equal(psstore_snapshot_weights(c, MODEL, snap, ws, NPARAMS, &epoch), FR_OK);
+    psstore_conn_destroy(c);
+    char extra[128];
+    snprintf(extra, sizeof(extra), "\"parameters\":{\"version\":%lld},", (long long)snap);
+    infer_body(body, sizeof(body), x, 0, extra);
+    for (int i = 0; i < 100; i++) { /* serve lists the snapshot once it read it */
+        infer(&r, body);
+        if (r.code == 200)
+            break;
+        harness_resp_free(&r);
+        harness_sleep_ms(20);
+    }
+    expect_predictions(&r, ws, x, snap);
+    harness_resp_free(&r);
+    /* the latest again: the newest weights */
+    store_weights(w, &epoch, &version);
+    infer_body(body, sizeof(body), x, 1, "");
+    infer(&r, body);
+    expect_predictions(&r, w, x, version);
+    harness_resp_free(&r);
+
+    /* what is refused, and why */
+    static const struct {
+        const char *body;
+        int code;
+        const char *says;
+    } bad[] = {
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,4],\"datatype\":\"FP32\",\"data\":[1,2,3,4]}]}",
+         400, "takes 5 features"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[2,5],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}",
+         400, "holds 3 numbers"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,5],\"datatype\":\"FP32\",\"data\":[1,2,3,4,"
+         "1e39]}]}",
+         400, "beyond float32"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,5],\"datatype\":\"FP32\",\"data\":[1,2,\"3\","
+         "4,5]}]}",
+         400, "data[2] is not a number"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,5],\"datatype\":\"INT8\",\"data\":[1,2,3,4,5]}"
+         "]}",
+         400, "datatype"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[0,5],\"datatype\":\"FP32\",\"data\":[]}]}", 400,
+         "shape"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,5],\"datatype\":\"FP32\",\"data\":[1,2,3,4,5]}"
+         "],\"outputs\":[{\"name\":\"score\"}]}",
+         400, "gives no score"},
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,5],\"datatype\":\"FP32\",\"data\":[1,2,3,4,5]}"
+         "],\"parameters\":{\"version\":999999}}",
+         404, "no snapshot of version 999999"},
+        {"{\"inputs\":[]}", 400, "one input tensor"},
+        {"{\"inputs\":[{\"name\":\"x\"", 400, "malformed JSON"},
+        {"[1,2]", 400, "one input tensor"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        infer(&r, bad[i].body);
+        if (r.code != bad[i].code || strstr(r.body, bad[i].says) == NULL)
+            fail_msg("%s: %d %s, expected %d '%s'", bad[i].body, r.code, r.body, bad[i].code,
+                     bad[i].says);
+        harness_resp_free(&r);
+    }
+    infer_at(port, &r, "nosuch", body, "");
+    harness_expect(&r, 404, "no model 'nosuch'");
+    harness_resp_free(&r);
+    infer_at(port, &r, MODEL, body, "-H 'Content-Type: text/plain'");
+    harness_expect(&r, 415, "application/json");
+    harness_resp_free(&r);
+    http(&r, "", "/v2/models/" MODEL "/infer");
+    harness_expect(&r, 405, "POST");
+    harness_resp_free(&r);
+    /* the metadata names what infer takes and gives */
+    http(&r, "", "/v2/models/" MODEL);
+    harness_expect(&r, 200, "\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[-1,5]}]");
+    harness_expect(&r, 200, "{\"name\":\"argmax\",\"datatype\":\"INT64\",\"shape\":[-1]}");
+    harness_resp_free(&r);
+}
+
+/* Concurrent requests get the answers they would get alone, batched or
+ * not; infer = false turns the route off; a full queue answers 503. */
+static void test_infer_batches_and_bounds_its_queue(void **state)
+{
+    (void)state;
+    float w[NPARAMS];
+    int64_t v = push_and_read(w);
+    /* 40 clients at once, each its own samples */
+    enum { N = 40 };
+    char cmd[8192];
+    size_t len = 0;
+    float xs[N][3][5];
+    for (int k = 0; k < N; k++) {
+        char body[2048], file[320];
+        harness_gradient(&xs[k][0][0], 15, 500 + (uint64_t)k);
+        infer_body(body, sizeof(body), xs[k], k & 1, "");
+        snprintf(file, sizeof(file), "%s/in%d.json", tmp_dir, k);
+        FILE *f = fopen(file, "w");
+        assert_non_null(f);
+        fputs(body, f);
+        fclose(f);
+        len +=
+            (size_t)snprintf(cmd + len, sizeof(cmd) - len,
+                             "curl -sS -o %s/out%d.json -H 'Content-Type: application/json' "
+                             "--data-binary @%s http://127.0.0.1:%d/v2/models/" MODEL "/infer & ",
+                             tmp_dir, k, file, port);
+    }
+    snprintf(cmd + len, sizeof(cmd) - len, "wait");
+    double batches = series_value("freshet_serve_infer_batches_total", MODEL);
+    batches = isnan(batches) ? 0.0 : batches;
+    assert_int_equal(system(cmd), 0);
+    for (int k = 0; k < N; k++) {
+        char file[320];
+        snprintf(file, sizeof(file), "%s/out%d.json", tmp_dir, k);
+        harness_resp_t r = {.code = 200};
+        r.body = harness_read_file(file, &r.len);
+        assert_non_null(r.body);
+        snprintf(r.headers, sizeof(r.headers), "X-Freshet-Version: %lld\r\n", (long long)v);
+        expect_predictions(&r, w, xs[k], v);
+        free(r.body);
+    }
+    double ran = series_value("freshet_serve_infer_batches_total", MODEL) - batches;
+    assert_true(ran >= 1 && ran <= N);
+    print_message("40 concurrent requests ran in %.0f forward passes\n", ran);
+
+    /* infer = false: no route; a queue of one with one thread: the third of
+     * three requests waiting on a model whose weights cannot be read gets 503 */
+    serve_conf_t conf;
+    test_conf(&conf);
+    conf.infer = 0;
+    serve_t *off = serve_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(off);
+    assert_int_equal(serve_start(off, errstr, sizeof(errstr)), FR_OK);
+    harness_resp_t r;
+    char body[2048];
+    infer_body(body, sizeof(body), xs[0], 0, "");
+    infer_at(serve_port(off), &r, MODEL, body, "");
+    harness_expect(&r, 404, "[serve] infer = false");
+    harness_resp_free(&r);
+    serve_destroy(off);
+    /* a read: behind the token when reads are */
+    test_conf(&conf);
+    conf.protect_reads = 1;
+    serve_t *pr = serve_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(pr);
+    assert_int_equal(serve_start(pr, errstr, sizeof(errstr)), FR_OK);
+    infer_at(serve_port(pr), &r, MODEL, body, "");
+    harness_expect(&r, 401, "bearer token");
+    harness_resp_free(&r);
+    infer_at(serve_port(pr), &r, MODEL, body, "-H 'Authorization: Bearer " TOKEN "'");
+    expect_predictions(&r, w, xs[0], v);
+    harness_resp_free(&r);
+    serve_destroy(pr);
+
+    float w0[NPARAMS];
+    harness_gradient(w0, NPARAMS, 3);
+    assert_int_equal(harness_model_create(&redis, "cold", LAYERS, "softmax", w0, NPARAMS), 0);
+    test_conf(&conf);
+    conf.infer_threads = 1;
+    conf.infer_queue = 1;
+    serve_t *q = serve_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(q);
+    assert_int_equal(serve_start(q, errstr, sizeof(errstr)), FR_OK);
+    for (int i = 0; i < 200; i++) { /* listed: known, never read */
+        harness_http(serve_port(q), tmp_dir, &r, "", "/v2/models");
+        int listed = r.code == 200 && strstr(r.body, "\"cold\"") != NULL;
+        harness_resp_free(&r);
+        if (listed)
+            break;
+        harness_sleep_ms(20);
+    }
+    kill(redis.pid, SIGSTOP); /* the follower cannot read cold's weights */
+    char file[320];
+    snprintf(file, sizeof(file), "%s/cold.json", tmp_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    snprintf(cmd, sizeof(cmd),
+             "for k in 1 2; do curl -sS -o %s/cold$k.out -w '%%{http_code}' -H 'Content-Type: "
+             "application/json' --data-binary @%s http://127.0.0.1:%d/v2/models/cold/infer > "
+             "%s/cold$k.code & sleep 0.3; done",
+             tmp_dir, file, serve_port(q), tmp_dir);
+    assert_int_equal(system(cmd), 0);
+    infer_at(serve_port(q), &r, "cold", body, "");
+    harness_expect(&r, 503, "too many infer requests waiting");
+    harness_expect_header(&r, "Retry-After", "1");
+    harness_resp_free(&r);
+    kill(redis.pid, SIGCONT);
+    snprintf(cmd, sizeof(cmd), "wait; sleep 0.1"); /* the two waiting get their answers */
+    for (int k = 1; k <= 2; k++) {
+        char path[320], *code = NULL;
+        size_t n;
+        snprintf(path, sizeof(path), "%s/cold%d.code", tmp_dir, k);
+        for (int i = 0; i < 300 && (code == NULL || n < 3); i++) {
+            free(code);
+            code = harness_read_file(path, &n);
+            if (code == NULL || n < 3)
+                harness_sleep_ms(20);
+        }
+        assert_non_null(code);
+        if (strcmp(code, "200") != 0)
+            fail_msg("waiting request %d: %s", k, code);
+        free(code);
+    }
+    serve_destroy(q);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -1164,6 +1530,9 @@ int main(void)
         cmocka_unit_test(test_dashboard_loads_in_chromium_with_data),
         cmocka_unit_test(test_tls_serves_https),
         cmocka_unit_test(test_protect_reads_needs_the_token_for_reads),
+        cmocka_unit_test(test_infer_predicts_as_a_double_forward_pass),
+        cmocka_unit_test(test_infer_batches_and_bounds_its_queue),
+        /* last: it stops the applier (the guard) */
         cmocka_unit_test(test_readiness_follows_the_store_and_the_guard),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
