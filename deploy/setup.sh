@@ -21,6 +21,7 @@ packages=(
     dataset-fashion-mnist                  # the quickstart's data set
     python3 python3-numpy python3-torch    # reference tests and benchmarks (/usr/bin/python3)
     python3-prometheus-client              # parses /metrics in the serve test
+    python3-pytest python3-venv            # the Python client's tests, in a venv (clients/python)
     python3-sklearn python3-matplotlib     # bench/sparse_quality.sh: its peer (SGDClassifier), the drift plot
     curl openssl chromium                  # serve test: HTTP client, TLS certificate, the dashboard
     wrk                                    # bench/serve.sh load generator
