@@ -26,6 +26,8 @@ packages=(
     curl openssl chromium                  # serve test: HTTP client, TLS certificate, the dashboard
     wrk                                    # bench/serve.sh load generator
     systemd                                # systemd-analyze verify of the service units
+    prometheus                             # promtool and a real server for the alert rules' tests
+    docker-compose                         # docker-compose config checks deploy/compose.yml
 )
 
 missing=()

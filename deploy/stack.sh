@@ -14,6 +14,16 @@
 #                                           replica each on free loopback ports;
 #                                           sets stack_cluster_url (every node a
 #                                           seed) and stack_cluster_port (one node)
+#   stack_produce_clouds WORK BIN TOPIC RATE
+#                                           a small dense stream for tests: 3 classes
+#                                           of 4 features (Gaussian clouds), csv,
+#                                           produced into TOPIC at RATE a second,
+#                                           in a loop, until stack_stop
+#   stack_conf FILE BOOTSTRAP URL [LINE]... a freshet configuration for tests: the
+#                                           broker, the group's timeouts, Redis,
+#                                           no HTTP, one worker, then the lines
+#   stack_fail WORK MESSAGE                 MESSAGE and the last lines of every log in
+#                                           WORK on stderr, then exit 1
 #   stack_pids+=($!)                        a process of the caller's, stopped too
 #   stack_stop WORK                         SIGTERM and wait, last started first;
 #                                           removes WORK
@@ -95,6 +105,41 @@ stack_start_fashion() {
             --labels "$fm/train-labels-idx1-ubyte.gz" --partitions-by roundrobin \
             >>"$work/produce.log" || return 1
     done
+}
+
+stack_produce_clouds() {
+    local work=$1 bin=$2 topic=$3 rate=$4
+    python3 -c 'import random
+random.seed(3)
+c = [(2, 0, 0, 1), (0, 2, 1, 0), (-1, -1, 2, 2)]
+for i in range(3000):
+    y = i % 3
+    print(",".join([str(y)] + ["%.4f" % (v + random.gauss(0, 0.7)) for v in c[y]]))' \
+        >"$work/$topic.csv"
+    "$bin" produce --bootstrap "$stack_bootstrap" --topic "$topic" --data "$work/$topic.csv" \
+        --format csv --encode csv --features 4 --rate "$rate" --loop >"$work/produce-$topic.log" 2>&1 &
+    stack_pids+=($!)
+}
+
+stack_conf() {
+    local file=$1 bootstrap=$2 url=$3
+    shift 3
+    {
+        printf '[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n' "$bootstrap"
+        printf 'heartbeat.interval.ms = 500\n[redis]\nurl = %s\n[serve]\nlisten =\n' "$url"
+        printf '[trainer]\nworkers = 1\n'
+        printf '%s\n' "$@"
+    } >"$file"
+}
+
+stack_fail() {
+    local work=$1 f
+    echo "$2" >&2
+    for f in "$work"/*.log; do
+        echo "== $f" >&2
+        tail -n 5 "$f" >&2
+    done
+    exit 1
 }
 
 stack_stop() {

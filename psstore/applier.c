@@ -109,6 +109,8 @@ void ps_applier_stats_update(psstore_applier_t *a)
             snprintf(a->shown_epoch, sizeof(a->shown_epoch), "%s", epoch);
         }
     }
+    if (a->m_stopped != NULL && a->active)
+        fr_series_set(a->m_stopped, a->stopped[0] != '\0');
     pthread_mutex_lock(&a->lock);
     a->stats.active = a->active;
     a->stats.epoch = a->epoch;
@@ -209,6 +211,23 @@ static void register_metrics(psstore_applier_t *a)
                            "A sparse model's rows deleted after [sparse] ttl_seconds without a "
                            "step, each published as a tombstone",
                            1, model_l),
+        mv);
+    a->m_stopped = fr_metric_series(
+        fr_metrics_gauge(reg, "freshet_model_stopped",
+                         "1 while the divergence guard stops the model (until a rollback), "
+                         "as this applier last saw it",
+                         1, model_l),
+        mv);
+    a->m_updated = fr_metric_series(
+        fr_metrics_gauge(reg, "freshet_model_updated_timestamp_seconds",
+                         "Unix time this applier last committed a new version (or took the "
+                         "lease)",
+                         1, model_l),
+        mv);
+    a->m_takeovers = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_applier_lease_takeovers_total",
+                           "Times this applier took the model's lease and became its writer", 1,
+                           model_l),
         mv);
 }
 

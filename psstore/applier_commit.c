@@ -583,6 +583,8 @@ static void committed(psstore_applier_t *a, int snap)
             fr_series_observe(a->m_fresh, (double)(now - a->ts_pending[i]) * 1e-3);
         a->nts_pending = 0;
     }
+    if (fr_series_value(a->m_version) != (double)a->committed)
+        fr_series_set(a->m_updated, (double)fr_clock_unix_ms() * 1e-3);
     fr_series_set(a->m_version, (double)a->committed);
     ps_applier_stats_update(a);
 }

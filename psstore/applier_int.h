@@ -250,6 +250,9 @@ struct psstore_applier {
         *m_bytes, *m_latency, *m_commits, *m_fenced;
     fr_series_t *m_unreplicated; /* commits short of wait_replicas replicas */
     fr_series_t *m_evicted;      /* a sparse model's rows evicted after ttl  */
+    fr_series_t *m_stopped;      /* 1 while the divergence guard stops it    */
+    fr_series_t *m_takeovers;    /* times this applier took the lease        */
+    fr_series_t *m_updated;      /* unix time of its last new version        */
     fr_metric_t *m_epoch;        /* freshet_model_epoch_info{model,epoch} 1 */
     char shown_epoch[32];        /* the epoch that metric shows as current */
     int64_t taus[TAU_RING];      /* staleness of the last applied gradients (lock) */

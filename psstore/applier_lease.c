@@ -278,6 +278,8 @@ fr_err_t ps_applier_try_acquire(psstore_applier_t *a)
     }
     a->active = 1;
     a->renew_ns = fr_clock_mono_ns();
+    fr_series_add(a->m_takeovers, 1);
+    fr_series_set(a->m_updated, (double)fr_clock_unix_ms() * 1e-3);
     if ((err = load_state(a)) != FR_OK || (err = ps_sparse_load(a)) != FR_OK ||
         (err = ps_applier_claim_pending(a, 0)) != FR_OK) {
         fr_log(FR_LOG_ERROR, "applier %s: taking over failed: %s", a->model,

@@ -892,6 +892,17 @@ static void test_divergence_guard_stops_the_model(void **state)
     assert_string_equal(st.stopped, out);
     assert_int_equal(st.applied, 20);
     assert_int_equal(query_int("GET freshet:{%s}:ver", model), 20);
+    /* the metrics an alert reads (deploy/prometheus/freshet.rules.yml):
+     * stopped, the applier's one takeover, its last new version just now */
+    char *text = fr_metrics_render(metrics, NULL);
+    assert_non_null(strstr(text, "\nfreshet_model_stopped{model=\"diverge\"} 1\n"));
+    assert_non_null(strstr(text, "\nfreshet_applier_lease_takeovers_total{model=\"diverge\"} 1\n"));
+    const char *upd = strstr(text, "\nfreshet_model_updated_timestamp_seconds{model=\"diverge\"} ");
+    assert_non_null(upd);
+    double t =
+        strtod(upd + strlen("\nfreshet_model_updated_timestamp_seconds{model=\"diverge\"} "), NULL);
+    assert_true(fabs(t - (double)fr_clock_unix_ms() * 1e-3) < 30.0);
+    free(text);
     /* the good gradients after the stop wait, unapplied */
     assert_true(query_int("XLEN freshet:{%s}:grads", model) >= 4);
     /* a rollback (to the snapshot of version 0 kept here by hand) lifts it */
@@ -908,6 +919,10 @@ static void test_divergence_guard_stops_the_model(void **state)
     applier_stop(&at, &st);
     assert_string_equal(st.stopped, "");
     assert_int_equal(query_int("HEXISTS freshet:{%s}:meta stopped", model), 0);
+    text = fr_metrics_render(metrics, NULL); /* lifted; a second takeover */
+    assert_non_null(strstr(text, "\nfreshet_model_stopped{model=\"diverge\"} 0\n"));
+    assert_non_null(strstr(text, "\nfreshet_applier_lease_takeovers_total{model=\"diverge\"} 2\n"));
+    free(text);
     psstore_conn_destroy(c);
     psstore_client_destroy(cl);
 }

@@ -88,7 +88,8 @@ for f in ./usr/bin/freshet ./etc/freshet/freshet.conf \
     ./lib/systemd/system/freshet-run.service ./lib/systemd/system/freshet-serve.service \
     ./lib/systemd/system/freshet-ps@.service ./lib/systemd/system/freshet-train@.service \
     ./usr/share/doc/freshet/README.md ./usr/share/doc/freshet/design.md \
-    ./usr/share/doc/freshet/http.md ./usr/share/doc/freshet/operations.md; do
+    ./usr/share/doc/freshet/http.md ./usr/share/doc/freshet/operations.md \
+    ./usr/share/doc/freshet/prometheus/freshet.rules.yml; do
     check "the package holds $f" grep -qx "$f" "$work/files"
 done
 # the units as installed: systemd-analyze verify resolves ExecStart in the

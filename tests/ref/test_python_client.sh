@@ -28,36 +28,16 @@ stack_pids+=($!)
 for _ in $(seq 100); do [ -s "$work/bootstrap2" ] && break; sleep 0.1; done
 url=redis://127.0.0.1:$stack_port/0
 
-# three classes, each a cloud around its own centre: learnable in a few
-# hundred samples
-$py -c 'import random
-random.seed(3)
-c = [(2, 0, 0, 1), (0, 2, 1, 0), (-1, -1, 2, 2)]
-for i in range(3000):
-    y = i % 3
-    print(",".join([str(y)] + ["%.4f" % (v + random.gauss(0, 0.7)) for v in c[y]]))' >"$work/dense.csv"
-"$bin" produce --bootstrap "$stack_bootstrap" --topic dense --data "$work/dense.csv" --format csv --encode csv \
-    --features 4 --rate 300 --loop >"$work/produce.log" 2>&1 &
-stack_pids+=($!)
+# three classes of four features, learnable in a few hundred samples
+stack_produce_clouds "$work" "$bin" dense 300
 "$bin" produce --bootstrap "$(cat "$work/bootstrap2")" --synthetic ctr --topic clicks --rate 500 \
     >"$work/produce2.log" 2>&1 &
 stack_pids+=($!)
 
-# conf FILE BOOTSTRAP [section lines...]: a run's configuration
-conf() {
-    local file=$1 bootstrap=$2
-    shift 2
-    {
-        printf '[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n' "$bootstrap"
-        printf 'heartbeat.interval.ms = 500\n[redis]\nurl = %s\n[serve]\nlisten =\n' "$url"
-        printf '[trainer]\nworkers = 1\n'
-        printf '%s\n' "$@"
-    } >"$file"
-}
-conf "$work/dense.conf" "$stack_bootstrap" "[model]" "name = dense" "layers = 4-16-3" \
+stack_conf "$work/dense.conf" "$stack_bootstrap" "$url" "[model]" "name = dense" "layers = 4-16-3" \
     "loss = softmax" "[ingest]" "topic = dense" "format = csv" "features = 4" "batch = 16" \
     "[psstore]" "snapshot_every = 20" "snapshot_seconds = 0" "[controller]" "lr = 0.05"
-conf "$work/sparse.conf" "$(cat "$work/bootstrap2")" "[model]" "name = clicks" \
+stack_conf "$work/sparse.conf" "$(cat "$work/bootstrap2")" "$url" "[model]" "name = clicks" \
     "sparse = fields:39,buckets:2^16,dim:4" "[ingest]" "topic = clicks" "format = criteo" \
     "batch = 64"
 "$bin" run --config "$work/dense.conf" >"$work/run-dense.log" 2>&1 &
@@ -87,14 +67,7 @@ for _ in $(seq 150); do
     [ "$ok" = 1 ] && break
     sleep 0.2
 done
-if [ "$ok" != 1 ]; then
-    echo "test_python_client: the models did not train:" >&2
-    for f in "$work"/*.log; do
-        echo "== $f" >&2
-        tail -n 5 "$f" >&2
-    done
-    exit 1
-fi
+[ "$ok" = 1 ] || stack_fail "$work" "test_python_client: the models did not train:"
 cd "$work"
 FRESHET_URL=http://127.0.0.1:$port FRESHET_TOKEN=py-client-token FRESHET_README=$root/README.md \
     "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "$root/clients/python/tests"
