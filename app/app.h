@@ -109,6 +109,7 @@ int app_compare_measure(psstore_conn_t *c, const app_holdout_t *h, size_t keep, 
 
 #include "serve/serve.h"
 int app_cmd_serve(int argc, char **argv); /* svc_serve.c */
+int app_cmd_check(int argc, char **argv); /* svc_check.c */
 /* [serve], [redis] url and [model] name as a serve conf (strings borrowed
  * from cfg). Returns 0 or an exit status. */
 int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,

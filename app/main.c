@@ -32,6 +32,7 @@ static const struct {
      "run freshet run per mode, workers and seed; report accuracy, speed and cost"},
     {"serve", app_cmd_serve,
      "publish weights, snapshots, stats, metrics and the dashboard over HTTP"},
+    {"check", app_cmd_check, "check a configuration without starting anything"},
 #endif
 };
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))

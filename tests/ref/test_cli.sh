@@ -42,6 +42,14 @@ expect 2 "unknown mode 'fast'" -- "$F" compare --config /dev/null --modes async,
 expect 2 "--workers expects an integer in 1..1024, got '-1'" -- "$F" compare --config /dev/null --workers -1
 expect 0 "freshet replay --model" -- "$F" replay --help
 expect 0 "freshet serve --config" -- "$F" serve --help
+expect 0 "freshet check --config" -- "$F" check --help
+printf '[kafka]\nbootstrap.servers = k:9092\n[model]\nlayers = 4-8-3\n' >"$work/ok.conf"
+expect 0 "ok: model default (4-8-3 softmax, 67 parameters), 1 shard, mode async; redis server; kafka k:9092, topic freshet.samples (f32)" -- "$F" check --config "$work/ok.conf"
+expect 2 "bootstrap.servers is not set" -- "$F" check --set model.layers=4-8-3
+expect 2 "a dense model reads csv, libsvm or f32" -- "$F" check --config "$work/ok.conf" --set ingest.format=criteo
+expect 2 "\[model\] sparse" -- "$F" check --config "$work/ok.conf" --set model.sparse=fields:0
+expect 2 "\[redis\] url" -- "$F" check --config "$work/ok.conf" --set redis.url=rediss://h:1
+expect 2 "logistic" -- "$F" check --config "$work/ok.conf" --set model.loss=logistic
 expect 2 "listen 'nowhere': expected host:port" -- "$F" serve --set serve.listen=nowhere
 expect 2 "tls_cert and tls_key go together" -- "$F" serve --set serve.listen=127.0.0.1:0 --set serve.tls_cert=/x.pem
 expect 2 "protect_reads needs \[serve\] token" -- "$F" serve --set serve.protect_reads=true
