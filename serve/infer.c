@@ -9,7 +9,10 @@
  * jobs queued at that moment, up to INFER_BATCH_JOBS, parse their bodies,
  * and run each group of jobs on the same weights as one batch through
  * model_forward (a weight row is then read once for all of them); the
- * loop sends the answers. A full queue answers 503 at once.
+ * loop sends the answers. A full queue answers 503 at once. A sparse
+ * model's request goes to the rows reader instead (rows.c), from the
+ * route or, when the loop could not tell what the model is yet, from the
+ * worker.
  *
  * Threads: sv_route_infer on the loop; sv_infer_main and what it calls on
  * the workers, which read a model's views under s->lock only.
@@ -255,6 +258,32 @@ static int check_body(infer_job_t *j, const model_t *md)
 }
 
 /* ---- the weights, on a worker ------------------------------------------------------- */
+
+/* Whether j's model is a sparse one, once the follower read what it is
+ * (waited for up to FRESH_WAIT_MS). */
+static int model_sparse(infer_job_t *j)
+{
+    struct serve *s = j->s;
+    uint64_t t0 = fr_clock_mono_ns();
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        int known = j->m->present, sparse = known && j->m->info.sparse[0] != '\0';
+        pthread_mutex_unlock(&s->lock);
+        if (known || atomic_load(&s->stop) || fr_clock_mono_ns() - t0 > FRESH_WAIT_MS * 1000000ull)
+            return sparse;
+        struct timespec ts = {0, FRESH_POLL_NS};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A sparse model's request, passed on to the rows reader (on the loop). */
+static void to_rows(sv_job_t *jb, struct evhttp_request *req)
+{
+    infer_job_t *j = (infer_job_t *)jb;
+    char *body = j->body;
+    j->body = NULL;
+    sv_rows_infer(j->s, req, j->name, body, j->blen);
+}
 
 /* The view j runs on: the retained snapshot asked for, or the latest
  * (waiting for the follower when the loop found them stale). NULL after
@@ -508,7 +537,11 @@ void *sv_infer_main(void *arg)
         for (size_t i = 0; i < n; i++) {
             infer_job_t *j = (infer_job_t *)jobs[i];
             j->want_version = -1;
-            views[i] = parse_body(j) == 0 ? job_view(j) : NULL;
+            views[i] = NULL;
+            if (j->latest.cur == NULL && model_sparse(j)) /* the loop could not tell yet */
+                j->job.then = to_rows;
+            else if (parse_body(j) == 0)
+                views[i] = job_view(j);
         }
         /* one group per view, in the order the jobs came */
         for (size_t i = 0; i < n; i++) {
@@ -561,17 +594,9 @@ void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *nam
     sv_model_t *m = sv_find_latest(s, req, name, &l);
     if (m == NULL)
         return;
-    if (l.sparse) {
-        sv_view_unref(l.cur);
-        sv_send_error(s, req, 400,
-                      "model '%s' is a sparse model: predictions serve dense models (read its "
-                      "rows at /v2/models/%s/rows)",
-                      name, name);
-        return;
-    }
-    infer_job_t *j = calloc(1, sizeof(*j));
     char *body = malloc(len + 1);
-    if (j == NULL || body == NULL) {
+    infer_job_t *j = l.sparse ? NULL : calloc(1, sizeof(*j));
+    if (body == NULL || (!l.sparse && j == NULL)) {
         free(j);
         free(body);
         sv_view_unref(l.cur);
@@ -580,6 +605,10 @@ void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *nam
     }
     evbuffer_copyout(in, body, len);
     body[len] = '\0';
+    if (l.sparse) { /* its rows are read for the request, by the rows reader */
+        sv_rows_infer(s, req, name, body, len);
+        return;
+    }
     j->job.fini = job_fini;
     j->s = s;
     j->m = m;

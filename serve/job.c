@@ -136,7 +136,9 @@ static void job_send(struct serve *s, sv_job_t *j)
     }
     if (j->evcon != NULL)
         evhttp_connection_set_closecb(j->evcon, NULL, NULL);
-    if (j->req != NULL) {
+    if (j->req != NULL && j->then != NULL) {
+        j->then(j, j->req);
+    } else if (j->req != NULL) {
         struct evkeyvalq *h = evhttp_request_get_output_headers(j->req);
         if (j->version[0] != '\0') {
             evhttp_add_header(h, "X-Freshet-Version", j->version);

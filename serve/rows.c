@@ -14,6 +14,7 @@
  * the reader.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <jansson.h>
 
 #include "psstore/psstore.h"
 #include "serve/serve_int.h"
@@ -32,7 +34,7 @@
 #define SV_DELTA_COMMITS 256   /* commits one delta reads at most              */
 #define READ_TIMEOUT_MS  5000  /* the reader's Redis timeout                   */
 
-enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE };
+enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE, JOB_INFER };
 
 /* One request for the reader: what the loop parsed (the answer is in
  * the head). */
@@ -48,6 +50,8 @@ typedef struct sv_rows_job {
     char epoch[24];                      /* delta: "" when not given */
     char cursor[48];                     /* table */
     int64_t count;
+    char *body; /* infer: the request's JSON, NUL-terminated */
+    size_t blen;
 } sv_rows_job_t;
 
 /* ---- answers, on the reader ------------------------------------------------------ */
@@ -341,8 +345,72 @@ static int parse_since(sv_rows_job_t *j, int S, int64_t *since)
     return 0;
 }
 
-/* The latest value of j's rows, each read on its shard (row % S); the
- * epoch and version are the sums of the shards', the bias shard 0's. */
+/* The latest value of rows ids[n], each read on its shard (row % S), in
+ * the order asked, into params[n][sparse_row_len] (a row the store lacks
+ * has its initial value: the one the model scores with; stored[i] says
+ * which), shard 0's biases into bias[K] and, when tower is not NULL, its
+ * tower; the epoch and version are the sums of the shards'. 0, or -1
+ * after setting j's error. */
+static int read_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                     const sparse_optim_t *optim, int S, const uint32_t *ids, size_t n,
+                     float *params, uint32_t *stored, float *bias, float *tower,
+                     psstore_rows_page_t *at)
+{
+    size_t keep = sparse_row_len(spec), slen = sparse_state_len(spec, optim);
+    uint32_t *sids = malloc((n ? n : 1) * sizeof(*sids)),
+             *order = malloc((n ? n : 1) * sizeof(*order));
+    float *sparams = malloc((n ? n : 1) * keep * sizeof(float));
+    uint8_t *sfound = malloc(n ? n : 1);
+    float *state = malloc((slen ? slen : 1) * sizeof(float));
+    fr_err_t err = FR_OK;
+    int rc = -1;
+    if (sids == NULL || order == NULL || sparams == NULL || sfound == NULL || state == NULL) {
+        job_error(j, 500, "out of memory");
+        goto out;
+    }
+    size_t off[PSSTORE_SHARDS_MAX + 1];
+    psstore_sparse_group(ids, n, S, order, sids, off); /* the ids grouped by shard */
+    at->epoch = 0;
+    at->version = 0;
+    for (int k = 0; k < S && err == FR_OK; k++) {
+        size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
+        float b[SPARSE_CLASSES_MAX];
+        uint64_t epoch;
+        int64_t version;
+        err = psstore_rows_pull_send(*c, j->name, k, S, sids + lo, m, &queued);
+        if (err == FR_OK)
+            err = psstore_rows_pull_recv(*c, j->name, spec, optim, m, queued, sparams + lo * keep,
+                                         sfound + lo, b, k == 0 ? tower : NULL, &epoch, &version);
+        if (err != FR_OK)
+            break;
+        at->epoch += epoch;
+        at->version += version;
+        if (k == 0)
+            memcpy(bias, b, (size_t)sparse_outputs(spec) * sizeof(float));
+    }
+    if (err != FR_OK) {
+        read_failed(j, c, err);
+        goto out;
+    }
+    for (size_t x = 0; x < n; x++) {
+        size_t i = order[x];
+        stored[i] = sfound[x];
+        if (sfound[x])
+            memcpy(params + i * keep, sparams + x * keep, keep * sizeof(float));
+        else
+            sparse_row_init(spec, optim, ids[i], params + i * keep, state);
+    }
+    rc = 0;
+out:
+    free(sids);
+    free(order);
+    free(sparams);
+    free(sfound);
+    free(state);
+    return rc;
+}
+
+/* The latest value of j's rows; the bias shard 0's. */
 static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
                      const sparse_optim_t *optim, int S)
 {
@@ -352,64 +420,20 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
             return;
         }
     }
-    size_t keep = sparse_row_len(spec), slen = sparse_state_len(spec, optim), n = j->nids;
+    size_t keep = sparse_row_len(spec), n = j->nids;
     psstore_rows_page_t page = {.ids = j->ids, .n = n, .nbias = sparse_outputs(spec)};
     page.params = malloc(n * keep * sizeof(float));
-    page.found = malloc(n);
-    uint32_t *stored = malloc(n * sizeof(*stored)), *sids = malloc(n * sizeof(*sids));
-    uint32_t *order = malloc(n * sizeof(*order));
-    float *sparams = malloc(n * keep * sizeof(float));
-    uint8_t *sfound = malloc(n);
-    float *state = malloc((slen ? slen : 1) * sizeof(float));
-    fr_err_t err = FR_OK;
-    if (page.params == NULL || page.found == NULL || stored == NULL || sids == NULL ||
-        order == NULL || sparams == NULL || sfound == NULL || state == NULL) {
+    uint32_t *stored = malloc(n * sizeof(*stored));
+    if (page.params == NULL || stored == NULL)
         job_error(j, 500, "out of memory");
-        goto out;
+    else if (read_rows(j, c, spec, optim, S, j->ids, n, page.params, stored, page.bias, NULL,
+                       &page) == 0) {
+        answer_t a = {
+            .model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
+        encode(j, &a);
     }
-    size_t off[PSSTORE_SHARDS_MAX + 1];
-    psstore_sparse_group(j->ids, n, S, order, sids, off); /* the ids grouped by shard */
-    for (int k = 0; k < S && err == FR_OK; k++) {
-        size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
-        float bias[SPARSE_CLASSES_MAX];
-        uint64_t epoch;
-        int64_t version;
-        err = psstore_rows_pull_send(*c, j->name, k, S, sids + lo, m, &queued);
-        if (err == FR_OK)
-            err = psstore_rows_pull_recv(*c, j->name, spec, optim, m, queued, sparams + lo * keep,
-                                         sfound + lo, bias, NULL, &epoch, &version);
-        if (err != FR_OK)
-            break;
-        page.epoch += epoch;
-        page.version += version;
-        if (k == 0)
-            memcpy(page.bias, bias, (size_t)page.nbias * sizeof(float));
-    }
-    if (err != FR_OK) {
-        read_failed(j, c, err);
-        goto out;
-    }
-    /* in the order asked; a row the store lacks has its initial value: the
-     * one the model scores with */
-    for (size_t x = 0; x < n; x++) {
-        size_t i = order[x];
-        stored[i] = sfound[x];
-        if (sfound[x])
-            memcpy(page.params + i * keep, sparams + x * keep, keep * sizeof(float));
-        else
-            sparse_row_init(spec, optim, j->ids[i], page.params + i * keep, state);
-    }
-    answer_t a = {.model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
-    encode(j, &a);
-out:
     free(page.params);
-    free(page.found);
     free(stored);
-    free(sids);
-    free(order);
-    free(sparams);
-    free(sfound);
-    free(state);
 }
 
 static void run_delta(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
@@ -496,6 +520,187 @@ static void run_table(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
     psstore_rows_page_fini(&page);
 }
 
+/* ---- predictions of a sparse model, on the reader ------------------------------- */
+
+/* A sparse model's infer request: records in the layout the model trains
+ * on (the label is read and ignored), parsed into samples[n]; the id
+ * echoed. 0, or -1 after setting the error. */
+static int infer_parse(sv_rows_job_t *j, const sparse_spec_t *spec, sparse_sample_t **samples,
+                       size_t *n, char *id, size_t idsize)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(j->body, j->blen, JSON_REJECT_DUPLICATES, &jerr);
+    if (root == NULL) {
+        job_error(j, 400, "malformed JSON body: %s (line %d, column %d)", jerr.text, jerr.line,
+                  jerr.column);
+        return -1;
+    }
+    int rc = -1;
+    json_t *t = json_array_get(json_object_get(root, "inputs"), 0);
+    json_t *data = json_object_get(t, "data"), *shape = json_object_get(t, "shape");
+    const char *dt = json_string_value(json_object_get(t, "datatype"));
+    const char *lname =
+        json_string_value(json_object_get(json_object_get(root, "parameters"), "layout"));
+    json_t *idv = json_object_get(root, "id");
+    sparse_layout_t layout = SPARSE_LAYOUT_CRITEO;
+    size_t count = json_array_size(data);
+    if (!json_is_object(root) || json_array_size(json_object_get(root, "inputs")) != 1 ||
+        dt == NULL || strcmp(dt, "BYTES") != 0 || !json_is_array(data) || count == 0 ||
+        count > SV_ROWS_MAX || json_array_size(shape) != 1 ||
+        json_integer_value(json_array_get(shape, 0)) != (json_int_t)count) {
+        job_error(j, 400,
+                  "a sparse model takes {\"inputs\": [{\"name\": \"records\", \"shape\": [n], "
+                  "\"datatype\": \"BYTES\", \"data\": [\"<record>\", ...]}]}: n from 1 to %d "
+                  "records as the topic carries them",
+                  SV_ROWS_MAX);
+        goto out;
+    }
+    if (lname != NULL &&
+        (sparse_layout_parse(lname, &layout) != FR_OK || layout == SPARSE_LAYOUT_BINARY)) {
+        job_error(j, 400, "parameters.layout must be criteo or libsvm");
+        goto out;
+    }
+    if (idv != NULL && (!json_is_string(idv) || strlen(json_string_value(idv)) >= idsize)) {
+        job_error(j, 400, "id must be a string of at most %zu bytes", idsize - 1);
+        goto out;
+    }
+    snprintf(id, idsize, "%s", idv != NULL ? json_string_value(idv) : "");
+    if ((*samples = malloc(count * sizeof(**samples))) == NULL) {
+        job_error(j, 500, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < count; i++) {
+        json_t *r = json_array_get(data, i);
+        const char *why = "not a string";
+        if (!json_is_string(r) ||
+            sparse_parse_record(spec, layout, json_string_value(r), json_string_length(r),
+                                *samples + i, &why) != FR_OK) {
+            job_error(j, 400, "inputs[0].data[%zu]: not a %s record of this model (%s)", i,
+                      layout == SPARSE_LAYOUT_CRITEO ? "criteo" : "libsvm", why);
+            free(*samples);
+            *samples = NULL;
+            goto out;
+        }
+    }
+    *n = count;
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* The answer: each sample's probability (one output) or class
+ * probabilities and argmax (softmax), from its scores. */
+static void infer_encode(sv_rows_job_t *j, const char *id, const double *score, size_t n, int K,
+                         const psstore_rows_page_t *at)
+{
+    sv_buf_t b = {0};
+    sv_puts(&b, "{\"model_name\":");
+    sv_json_str(&b, j->name);
+    sv_printf(&b, ",\"model_version\":\"%lld\"", (long long)at->version);
+    if (id[0] != '\0') {
+        sv_puts(&b, ",\"id\":");
+        sv_json_str(&b, id);
+    }
+    sv_printf(&b,
+              ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[{\"name\":\"%s\","
+              "\"datatype\":\"FP32\",\"shape\":[%zu,%d],\"data\":[",
+              (unsigned long long)at->epoch, K == 1 ? "probability" : "probabilities", n, K);
+    for (size_t i = 0; i < n; i++) {
+        const double *z = score + i * (size_t)K;
+        double top = z[0], sum = 0.0;
+        for (int c = 1; c < K; c++)
+            top = z[c] > top ? z[c] : top;
+        for (int c = 0; c < K; c++)
+            sum += exp(z[c] - top);
+        for (int c = 0; c < K; c++) {
+            sv_puts(&b, i + (size_t)c > 0 ? "," : "");
+            sv_json_f32(&b, (float)(K == 1 ? 1.0 / (1.0 + exp(-z[0])) : exp(z[c] - top) / sum));
+        }
+    }
+    sv_puts(&b, "]}");
+    if (K > 1) {
+        sv_printf(&b, ",{\"name\":\"argmax\",\"datatype\":\"INT64\",\"shape\":[%zu],\"data\":[", n);
+        for (size_t i = 0; i < n; i++) {
+            int best = 0;
+            for (int c = 1; c < K; c++)
+                best = score[i * (size_t)K + c] > score[i * (size_t)K + best] ? c : best;
+            sv_printf(&b, i ? ",%d" : "%d", best);
+        }
+        sv_puts(&b, "]}");
+    }
+    sv_puts(&b, "]}\n");
+    if (b.failed) {
+        sv_buf_fini(&b);
+        job_error(j, 500, "out of memory");
+        return;
+    }
+    sv_job_answer(&j->job, 200, "application/json", b.p, b.len);
+    snprintf(j->job.version, sizeof(j->job.version), "%lld", (long long)at->version);
+    snprintf(j->job.epoch, sizeof(j->job.epoch), "%llu", (unsigned long long)at->epoch);
+}
+
+/* Predictions of a sparse model (docs/design.md "Predictions"): the
+ * records' rows read as /rows reads them, the dense part (biases, tower)
+ * from shard 0, each sample scored by the model's definition
+ * (sparse_fm_reference, in double). */
+static void run_infer(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                      const sparse_optim_t *optim, int S)
+{
+    sparse_sample_t *samples = NULL;
+    size_t n = 0;
+    char id[128];
+    if (infer_parse(j, spec, &samples, &n, id, sizeof(id)) != 0)
+        return;
+    const int K = sparse_outputs(spec);
+    const size_t rl = sparse_row_len(spec), P = sparse_tower_len(spec);
+    sparse_batch_t *b = sparse_batch_new(n);
+    float *params = NULL, *dense = malloc((K + P) * sizeof(float));
+    double *ddense = malloc((K + P) * sizeof(double));
+    double *fp = malloc(SPARSE_FIELDS_MAX * rl * sizeof(double));
+    double *score = malloc(n * (size_t)K * sizeof(double));
+    uint32_t *stored = NULL;
+    psstore_rows_page_t at = {0};
+    if (b == NULL || dense == NULL || ddense == NULL || fp == NULL || score == NULL) {
+        job_error(j, 500, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (sparse_batch_add(b, &samples[i]) != FR_OK) {
+            job_error(j, 400, "inputs[0].data[%zu]: more than %d features", i, SPARSE_FIELDS_MAX);
+            goto out;
+        }
+    params = malloc((b->nrows ? b->nrows : 1) * rl * sizeof(float));
+    stored = malloc((b->nrows ? b->nrows : 1) * sizeof(*stored));
+    if (params == NULL || stored == NULL) {
+        job_error(j, 500, "out of memory");
+        goto out;
+    }
+    if (read_rows(j, c, spec, optim, S, b->rows, b->nrows, params, stored, dense,
+                  P > 0 ? dense + K : NULL, &at) != 0)
+        goto out;
+    for (size_t k = 0; k < (size_t)K + P; k++)
+        ddense[k] = dense[k];
+    for (size_t i = 0; i < n; i++) {
+        const sparse_sample_t *s = &b->samples[i];
+        for (int k = 0; k < s->n; k++) /* each feature's row, in double */
+            for (size_t e = 0; e < rl; e++)
+                fp[(size_t)k * rl + e] =
+                    params[(size_t)b->slot[i * SPARSE_FIELDS_MAX + k] * rl + e];
+        sparse_fm_reference(spec, s, fp, ddense, score + i * (size_t)K);
+    }
+    infer_encode(j, id, score, n, K, &at);
+out:
+    sparse_batch_destroy(b);
+    free(samples);
+    free(params);
+    free(stored);
+    free(dense);
+    free(ddense);
+    free(fp);
+    free(score);
+}
+
 /* The reader connection's cancel test: serve is stopping. */
 static int stopping(void *arg)
 {
@@ -529,6 +734,7 @@ static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
     case JOB_ROWS: run_rows(j, c, &spec, &optim, S); break;
     case JOB_DELTA: run_delta(j, c, &spec, &optim, S); break;
     case JOB_TABLE: run_table(j, c, &spec, &optim, S); break;
+    case JOB_INFER: run_infer(j, c, &spec, &optim, S); break;
     }
 }
 
@@ -551,6 +757,7 @@ void *sv_rows_main(void *arg)
 static void job_fini(sv_job_t *j)
 {
     free(((sv_rows_job_t *)j)->ids);
+    free(((sv_rows_job_t *)j)->body);
 }
 
 /* A new job of kind for model name, or NULL after answering 500. */
@@ -700,6 +907,19 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
     snprintf(j->since, sizeof(j->since), "%s", since);
     j->max_rows = max_rows;
     snprintf(j->epoch, sizeof(j->epoch), "%s", ep != NULL ? ep : "");
+    sv_pool_submit(&s->rows, req, &j->job);
+}
+
+void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
+                   size_t len)
+{
+    sv_rows_job_t *j = job_new(s, req, name, JOB_INFER, 1);
+    if (j == NULL) {
+        free(body);
+        return;
+    }
+    j->body = body;
+    j->blen = len;
     sv_pool_submit(&s->rows, req, &j->job);
 }
 

@@ -111,6 +111,9 @@ struct sv_job {
     struct event *hup;         /* the client's close, watched while the job waits */
     int gone;                  /* the client hung up (under pool->lock) */
     void (*fini)(sv_job_t *j); /* frees what the kind added, not j (NULL: nothing) */
+    /* set by a thread instead of an answer: the loop passes the request on
+     * (to another pool) by calling it, and frees j */
+    void (*then)(sv_job_t *j, struct evhttp_request *req);
     /* the answer */
     int code;
     const char *type;
@@ -366,6 +369,10 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
 /* The rows reader's thread (rows.c): one job at a time on its own
  * connection to the store. */
 void *sv_rows_main(void *arg);
+/* A sparse model's predictions (rows.c): body (malloc'ed, taken), records
+ * as the topic carries them, scored on the rows reader. */
+void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
+                   size_t len);
 /* Predictions (infer.c): the request checked and queued on the loop, the
  * body parsed and the model run by the inference workers. */
 void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *name,

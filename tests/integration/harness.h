@@ -196,6 +196,10 @@ void harness_resp_free(harness_resp_t *r);
 char *harness_read_file(const char *path, size_t *len);
 /* curl -sS [args] http://127.0.0.1:port<path>: status, headers and body,
  * through the files tmp_dir/h.txt and tmp_dir/b.bin. */
+/* POSTs body (JSON, written to a file in tmp_dir) to path, with extra curl
+ * arguments (a Content-Type among them replaces application/json). */
+void harness_post_json(int port, const char *tmp_dir, harness_resp_t *r, const char *path,
+                       const char *body, const char *extra);
 void harness_http(int port, const char *tmp_dir, harness_resp_t *r, const char *args,
                   const char *path);
 /* The value of header name (case-insensitive) into out; 0 if present. */

@@ -79,6 +79,22 @@ void harness_http(int port, const char *tmp_dir, harness_resp_t *r, const char *
     unlink(body);
 }
 
+void harness_post_json(int port, const char *tmp_dir, harness_resp_t *r, const char *path,
+                       const char *body, const char *extra)
+{
+    char file[320], args[1024];
+    snprintf(file, sizeof(file), "%s/post.json", tmp_dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    snprintf(args, sizeof(args), "-X POST %s %s --data-binary @%s",
+             strstr(extra, "Content-Type") ? "" : "-H 'Content-Type: application/json'", extra,
+             file);
+    harness_http(port, tmp_dir, r, args, path);
+    unlink(file);
+}
+
 int harness_resp_header(const harness_resp_t *r, const char *name, char *out, size_t size)
 {
     size_t n = strlen(name);

@@ -1138,17 +1138,9 @@ static size_t output_data(const harness_resp_t *r, const char *name, double *v, 
 /* POSTs body (JSON) to model m's infer route of the server on port pt. */
 static void infer_at(int pt, harness_resp_t *r, const char *m, const char *body, const char *extra)
 {
-    char file[320], args[1024], path[128];
-    snprintf(file, sizeof(file), "%s/infer.json", tmp_dir);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    snprintf(args, sizeof(args), "-X POST %s %s --data-binary @%s",
-             strstr(extra, "Content-Type") ? "" : "-H 'Content-Type: application/json'", extra,
-             file);
+    char path[128];
     snprintf(path, sizeof(path), "/v2/models/%s/infer", m);
-    harness_http(pt, tmp_dir, r, args, path);
+    harness_post_json(pt, tmp_dir, r, path, body, extra);
 }
 
 static void infer(harness_resp_t *r, const char *body)

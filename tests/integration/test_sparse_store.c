@@ -573,6 +573,145 @@ static void test_rows_deltas_and_tombstones_are_served(void **state)
     psstore_conn_destroy(c);
 }
 
+/* A sparse model in training and served: its applier, a client that
+ * pushes, a connection, a server on a free port, the model's epoch. */
+typedef struct served {
+    psstore_conn_t *c;
+    harness_applier_t t;
+    psstore_client_t *cl;
+    fr_metrics_t *metrics;
+    serve_t *srv;
+    int port;
+    uint64_t epoch;
+} served_t;
+
+static void served_open(served_t *m, const char *model, int min_count)
+{
+    char path[128];
+    m->cl = open_model(model, min_count, 0, 0, &m->t, &m->c);
+    m->metrics = fr_metrics_new();
+    m->srv = serve_open(m->metrics, &m->port);
+    snprintf(path, sizeof(path), "/v2/models/%s/table", model);
+    fr_st_file_t *st = get_st(m->port, path);
+    m->epoch = (uint64_t)strtoull(fr_st_meta(st, "freshet.epoch"), NULL, 10);
+    fr_st_destroy(st);
+}
+
+static void served_close(served_t *m)
+{
+    serve_destroy(m->srv);
+    fr_metrics_destroy(m->metrics);
+    harness_applier_stop(&m->t, NULL);
+    psstore_client_destroy(m->cl);
+    psstore_conn_destroy(m->c);
+}
+
+static void post_json(int port, harness_resp_t *r, const char *path, const char *body)
+{
+    harness_post_json(port, tmp_dir, r, path, body, "");
+}
+
+/*
+ * Predictions of a sparse model: records as the topic carries them (libsvm
+ * lines here), scored on the rows the store holds (and the initial value of
+ * the others), to 1e-6 of the model's definition computed here: bias +
+ * sum w_i x_i + sum_{i<j} <v_i, v_j> x_i x_j, through the sigmoid.
+ */
+static void test_sparse_predictions_score_the_rows_held(void **state)
+{
+    (void)state;
+    served_t sm;
+    served_open(&sm, "spi", 1);
+    int port = sm.port;
+    static expect_t e;
+    memset(&e, 0, sizeof(e));
+    const sparse_optim_t o = optim();
+
+    static const char *const lines[] = {"0 alpha:1 beta:0.5 gamma:2", "1 beta:1 delta:-1.5",
+                                        "0 epsilon:1"};
+    sparse_sample_t smp[3];
+    for (int i = 0; i < 3; i++) {
+        const char *why = NULL;
+        assert_int_equal(sparse_parse_libsvm(&spec, lines[i], strlen(lines[i]), &smp[i], &why),
+                         FR_OK);
+    }
+    /* the rows of the first two records learn; epsilon's stays unseen */
+    uint32_t rows[8];
+    size_t m = 0;
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < smp[i].n; k++) {
+            size_t x = 0;
+            while (x < m && rows[x] != smp[i].row[k])
+                x++;
+            if (x == m)
+                rows[m++] = smp[i].row[k];
+        }
+    float g[8 * ROWL];
+    for (size_t i = 0; i < m * ROWL; i++)
+        g[i] = 0.3f * (float)(i % 5) - 0.5f;
+    push(sm.cl, rows, m, g, 0.4f, 0, 16, sm.epoch, 0);
+    expect_step(&e, &o, rows, m, g, 0.4f);
+    wait_for(&sm.t, "spi", 1, 0);
+
+    char body[1024];
+    snprintf(body, sizeof(body),
+             "{\"id\":\"s1\",\"parameters\":{\"layout\":\"libsvm\"},\"inputs\":[{\"name\":"
+             "\"records\",\"shape\":[3],\"datatype\":\"BYTES\",\"data\":[\"%s\",\"%s\",\"%s\"]}]}",
+             lines[0], lines[1], lines[2]);
+    harness_resp_t r;
+    post_json(port, &r, "/v2/models/spi/infer", body);
+    harness_expect(&r, 200, "\"model_version\":\"1\"");
+    harness_expect(&r, 200, "\"id\":\"s1\"");
+    harness_expect(&r, 200, "\"name\":\"probability\",\"datatype\":\"FP32\",\"shape\":[3,1]");
+    harness_expect_header(&r, "X-Freshet-Version", "1");
+    const char *p = strstr(r.body, "\"data\":[");
+    assert_non_null(p);
+    p += 8;
+    for (int i = 0; i < 3; i++) {
+        double score = e.bias, w[SPARSE_FIELDS_MAX][ROWL];
+        for (int k = 0; k < smp[i].n; k++) {
+            uint32_t row = smp[i].row[k];
+            float init[ROWL], st0[2 + DIM];
+            if (!e.touched[row])
+                sparse_row_init(&spec, &o, row, init, st0);
+            for (int d = 0; d < ROWL; d++)
+                w[k][d] = e.touched[row] ? e.param[row][d] : init[d];
+            score += w[k][0] * smp[i].val[k];
+        }
+        for (int a = 0; a < smp[i].n; a++)
+            for (int b = a + 1; b < smp[i].n; b++)
+                for (int d = 1; d < ROWL; d++)
+                    score += w[a][d] * w[b][d] * smp[i].val[a] * smp[i].val[b];
+        char *end;
+        double got = strtod(p, &end);
+        assert_true(end != p);
+        p = end + 1;
+        if (fabs(got - 1.0 / (1.0 + exp(-score))) > 1e-6)
+            fail_msg("record %d: probability %.9g, by hand %.9g", i, got,
+                     1.0 / (1.0 + exp(-score)));
+    }
+    harness_resp_free(&r);
+
+    /* what is refused, and why */
+    static const char *const bad[][2] = {
+        {"{\"inputs\":[{\"name\":\"x\",\"shape\":[1,3],\"datatype\":\"FP32\",\"data\":[1,2,3]}]}",
+         "a sparse model takes"},
+        /* criteo by default: 3 fields cannot hold a Criteo line */
+        {"{\"inputs\":[{\"name\":\"records\",\"shape\":[1],\"datatype\":\"BYTES\",\"data\":"
+         "[\"0 a:1\"]}]}",
+         "not a criteo record"},
+        {"{\"parameters\":{\"layout\":\"libsvm\"},\"inputs\":[{\"name\":\"records\",\"shape\":"
+         "[2],\"datatype\":\"BYTES\",\"data\":[\"0 a:1\",\"x y\"]}]}",
+         "data[1]: not a libsvm record"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        post_json(port, &r, "/v2/models/spi/infer", bad[i][0]);
+        harness_expect(&r, 400, bad[i][1]);
+        harness_resp_free(&r);
+    }
+    served_close(&sm);
+}
+
 /*
  * The changes stream keeps delta_ms of history: past it, entries are
  * trimmed, meta's delta_floor rises, and a delta since an older version is
@@ -758,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_rows_are_applied_once_and_read_back_by_a_new_applier),
         cmocka_unit_test(test_a_row_is_admitted_at_its_min_count_th_gradient),
         cmocka_unit_test(test_rows_deltas_and_tombstones_are_served),
+        cmocka_unit_test(test_sparse_predictions_score_the_rows_held),
         cmocka_unit_test(test_a_delta_older_than_the_window_is_refused),
         cmocka_unit_test(test_eviction_keeps_the_table_whole),
     };

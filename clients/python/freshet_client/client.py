@@ -274,13 +274,30 @@ class Client:
             body["id"] = request_id
         _, _, data = self._request("POST", self._path(model, "/infer"), body=json.dumps(body).encode(),
                                    headers={"Content-Type": "application/json"})
-        ans = json.loads(data)
+        return self._prediction(json.loads(data))
+
+    @staticmethod
+    def _prediction(ans) -> Prediction:
         outs = {}
         for o in ans["outputs"]:
             dt = np.int64 if o["datatype"] == "INT64" else np.float32
             outs[o["name"]] = np.asarray(o["data"], dtype=dt).reshape(o["shape"])
         return Prediction(model_version=int(ans["model_version"]), epoch=ans.get("parameters", {}).get("epoch", ""),
                           outputs=outs, id=ans.get("id"))
+
+    def infer_records(self, records: Sequence[str], layout: Optional[str] = None,
+                      model: Optional[str] = None, request_id: Optional[str] = None) -> Prediction:
+        """A sparse model's predictions for records as its topic carries
+        them: Criteo lines (default) or libsvm lines (layout="libsvm")."""
+        body = {"inputs": [{"name": "records", "shape": [len(records)], "datatype": "BYTES",
+                            "data": list(records)}]}
+        if layout is not None:
+            body["parameters"] = {"layout": layout}
+        if request_id is not None:
+            body["id"] = request_id
+        _, _, data = self._request("POST", self._path(model, "/infer"), body=json.dumps(body).encode(),
+                                   headers={"Content-Type": "application/json"})
+        return self._prediction(json.loads(data))
 
     # ---- sparse models -------------------------------------------------------
 

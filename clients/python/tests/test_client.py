@@ -179,6 +179,19 @@ def test_delta_of_the_sparse_model():
     assert json.loads(body)["since"] == int(d.next)
 
 
+def test_a_sparse_model_predicts_from_its_records():
+    c = Client(URL, model="clicks", token=TOKEN)
+    line = "\t".join(["0"] + ["3"] * 13 + ["68fd1e64"] * 26)  # a Criteo line
+    p = c.infer_records([line, line.replace("68fd1e64", "80e26c9b")], request_id="sp")
+    assert p.id == "sp" and p.model_version > 0
+    assert p.probability.shape == (2, 1)
+    assert ((p.probability > 0) & (p.probability < 1)).all()
+    assert p.probability[0, 0] != p.probability[1, 0]  # other values, other rows
+    with pytest.raises(FreshetError) as e:
+        c.infer_records(["not a record"])
+    assert e.value.status == 400 and "not a criteo record" in e.value.message
+
+
 def test_the_readme_example_runs():
     text = open(os.environ["FRESHET_README"]).read()
     m = re.search(r"<!-- python client example -->\s*```python\n(.*?)```", text, re.S)
