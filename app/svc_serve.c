@@ -60,6 +60,7 @@ int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     conf->infer = fr_config_get_bool(cfg, "serve", "infer");
     conf->infer_threads = (int)fr_config_get_int(cfg, "serve", "infer_threads");
     conf->infer_queue = (int)fr_config_get_int(cfg, "serve", "infer_queue");
+    conf->allowed_hosts = fr_config_get(cfg, "serve", "allowed_hosts");
     conf->metrics = metrics;
     if (conf->protect_reads && conf->token[0] == '\0')
         return app_usage_error(cmd, "[serve] protect_reads needs [serve] token (or "

@@ -215,6 +215,9 @@ static const conf_key_t schema[] = {
     K_INT("serve", "infer_threads", "2", 1, 16, "Threads computing predictions."),
     K_INT("serve", "infer_queue", "256", 1, 65536,
           "Predictions waiting for a thread at most; beyond it a request gets 503."),
+    K_STR("serve", "allowed_hosts", "",
+          "Host header names answered, comma-separated (* any; empty: localhost, 127.0.0.1, ::1 "
+          "and the listen host, or any when listening on every address)."),
 
     K_STR("eval", "data", "", "Evaluation data file (empty: no evaluation)."),
     K_STR("eval", "labels", "", "Labels file (format = idx)."),

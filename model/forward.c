@@ -53,8 +53,8 @@ static void layer(const float *W, const float *b, size_t nin, size_t nout, const
 void model_forward(const model_t *m, const float *w, const float *x, size_t n, float *out,
                    float *scratch)
 {
-    size_t widest = model_forward_scratch(m, 1) / 2;
-    float *buf[2] = {scratch, scratch + n * widest};
+    size_t widest = model_forward_scratch(m, 1) / 2; /* 0: no hidden layer, no scratch */
+    float *buf[2] = {scratch, widest > 0 ? scratch + n * widest : scratch};
     const float *in = x;
     for (int l = 0; l < m->nlayers; l++) {
         int last = l == m->nlayers - 1;

@@ -130,6 +130,8 @@ static void model_gone(struct serve *s, sv_model_t *m, int *changed)
         for (size_t i = 0; i < m->nsnaps; i++)
             sv_view_unref(m->snaps[i]);
         m->nsnaps = 0;
+        m->nlisted = 0;
+        m->published_ms = 0;
         m->seq++;
         *changed = 1;
     }
@@ -159,14 +161,31 @@ static fr_err_t refresh_info(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     }
     if (err != FR_OK)
         return err;
+    /* the retained snapshots: listed for stats and metadata whether or not
+     * anyone reads weights here (freshet run's own serve, say) */
+    psstore_snapshot_info_t listed[SV_MAX_SNAPS];
+    size_t nlisted = 0;
+    if ((err = psstore_snapshots_list(c, m->name, listed, SV_MAX_SNAPS, &nlisted)) != FR_OK)
+        return err;
+    int64_t published = 0;
+    for (size_t i = 0; i < nlisted; i++)
+        published = listed[i].time_ms > published ? listed[i].time_ms : published;
     pthread_mutex_lock(&s->lock);
     int was_present = m->present;
-    int info_moved = memcmp(&m->info, info, sizeof(*info)) != 0;
+    int info_moved = memcmp(&m->info, info, sizeof(*info)) != 0 || nlisted != m->nlisted ||
+                     memcmp(m->listed, listed, nlisted * sizeof(listed[0])) != 0;
     m->info = *info;
     m->present = 1;
+    memcpy(m->listed, listed, nlisted * sizeof(listed[0]));
+    m->nlisted = nlisted;
+    m->published_ms = published;
     if (!was_present || info_moved) {
         m->seq++;
         *changed = 1;
+    }
+    if (published > 0) {
+        const char *lv[] = {m->name};
+        fr_series_set(fr_metric_series(s->m_published, lv), (double)published / 1000.0);
     }
     /* kept current while asked for; read once in any case (readiness) */
     int wanted = fr_clock_unix_ms() - m->wanted_ms < SV_WANTED_MS || m->cur == NULL;
@@ -262,21 +281,21 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
 /*
  * The retained snapshots of epoch into snaps[SV_MAX_SNAPS] (each a
  * reference the caller owns): each read once, kept until it leaves the
- * retained set; w is scratch of tm's size. *published is the newest
- * snapshot's time. Returns FR_ERR_REDIS-class errors, holding no reference.
+ * retained set; w is scratch of tm's size. Returns FR_ERR_REDIS-class
+ * errors, holding no reference.
  */
 static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t *m,
                                   const model_t *tm, float *w, uint64_t epoch, sv_view_t **snaps,
-                                  size_t *nsnaps, int64_t *published)
+                                  size_t *nsnaps)
 {
     psstore_snapshot_info_t list[SV_MAX_SNAPS];
-    size_t nlist = 0;
     char why[256] = "";
+    fr_err_t err;
     *nsnaps = 0;
-    *published = 0;
-    fr_err_t err = psstore_snapshots_list(c, m->name, list, SV_MAX_SNAPS, &nlist);
-    if (err != FR_OK)
-        return err;
+    pthread_mutex_lock(&s->lock); /* as refresh_info listed them just now */
+    size_t nlist = m->nlisted;
+    memcpy(list, m->listed, nlist * sizeof(list[0]));
+    pthread_mutex_unlock(&s->lock);
     for (size_t i = 0; i < nlist; i++) {
         sv_view_t *have = NULL;
         pthread_mutex_lock(&s->lock);
@@ -302,8 +321,6 @@ static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t
                 continue;
         }
         snaps[(*nsnaps)++] = have;
-        if (list[i].time_ms > *published)
-            *published = list[i].time_ms;
     }
     return FR_OK;
 }
@@ -311,7 +328,7 @@ static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t
 /* Serves v and snaps from now on (their references move into m) and
  * clears m's error. */
 static void refresh_publish(struct serve *s, sv_model_t *m, sv_view_t *v, sv_view_t **snaps,
-                            size_t nsnaps, int64_t published, int *changed)
+                            size_t nsnaps, int *changed)
 {
     int64_t version = v->version;
     pthread_mutex_lock(&s->lock);
@@ -320,7 +337,6 @@ static void refresh_publish(struct serve *s, sv_model_t *m, sv_view_t *v, sv_vie
         sv_view_unref(m->snaps[i]);
     memcpy(m->snaps, snaps, nsnaps * sizeof(snaps[0]));
     m->nsnaps = nsnaps;
-    m->published_ms = published;
     m->error[0] = '\0';
     m->seq++;
     pthread_mutex_unlock(&s->lock);
@@ -328,8 +344,6 @@ static void refresh_publish(struct serve *s, sv_model_t *m, sv_view_t *v, sv_vie
     const char *lv[] = {m->name};
     fr_series_set(fr_metric_series(s->m_version, lv), (double)version);
     fr_series_add(fr_metric_series(s->m_loads, lv), 1);
-    if (published > 0)
-        fr_series_set(fr_metric_series(s->m_published, lv), (double)published / 1000.0);
 }
 
 /*
@@ -352,13 +366,12 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         return err;
     sv_view_t *snaps[SV_MAX_SNAPS];
     size_t nsnaps;
-    int64_t published;
-    err = refresh_snapshots(s, c, m, &tm, *w, v->epoch, snaps, &nsnaps, &published);
+    err = refresh_snapshots(s, c, m, &tm, *w, v->epoch, snaps, &nsnaps);
     if (err != FR_OK) {
         sv_view_unref(v);
         return err;
     }
-    refresh_publish(s, m, v, snaps, nsnaps, published, changed);
+    refresh_publish(s, m, v, snaps, nsnaps, changed);
     return FR_OK;
 }
 
@@ -552,9 +565,9 @@ static int64_t stats_model(sv_buf_t *b, struct serve *s, sv_model_t *m, int64_t 
     sv_printf(b, ",\"mode_switches\":%lld", (long long)info.mode_switches);
     sv_printf(b, ",\"time_ms\":%lld,", (long long)now);
     sv_puts(b, "\"snapshots\":[");
-    for (size_t i = 0; i < m->nsnaps; i++)
+    for (size_t i = 0; i < m->nlisted; i++)
         sv_printf(b, "%s{\"version\":%lld,\"time_ms\":%lld}", i ? "," : "",
-                  (long long)m->snaps[i]->version, (long long)m->snaps[i]->time_ms);
+                  (long long)m->listed[i].version, (long long)m->listed[i].time_ms);
     sv_puts(b, "],");
     pthread_mutex_unlock(&s->lock);
     return published;
@@ -739,9 +752,9 @@ static void build_meta(sv_model_t *m)
     sv_json_str(&b, m->name);
     sv_puts(&b, ",\"versions\":[");
     size_t n = 0;
-    for (size_t i = 0; i < m->nsnaps; i++)
-        if (m->snaps[i]->version != info->version)
-            sv_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->snaps[i]->version);
+    for (size_t i = 0; i < m->nlisted; i++)
+        if (m->listed[i].version != info->version)
+            sv_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->listed[i].version);
     sv_printf(&b, "%s\"%lld\"],\"platform\":\"freshet\"", n ? "," : "", (long long)info->version);
     if (ndims >= 2) { /* what POST .../infer takes and gives (infer.c) */
         sv_printf(&b, ",\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}]",

@@ -11,10 +11,12 @@
  * it hangs up. Only replay and rollback talk to Redis from the loop: an
  * operator's rare request, on its own connection with a short timeout.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
 
@@ -24,6 +26,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <event2/thread.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -34,6 +37,7 @@
 #define MAX_HEADERS    16384
 #define CHARTJS_MAX    (8u << 20)
 #define ROWS_QUEUE_MAX 1024 /* rows requests waiting for the reader at most */
+#define STOP_JOBS_MS   2000 /* stop waits this long for the jobs threads hold */
 
 void serve_conf_init(serve_conf_t *conf)
 {
@@ -50,6 +54,7 @@ void serve_conf_init(serve_conf_t *conf)
     conf->infer = 1;
     conf->infer_threads = 2;
     conf->infer_queue = 256;
+    conf->allowed_hosts = "";
     conf->max_models = 64;
 }
 
@@ -619,9 +624,86 @@ static void on_model_request(struct serve *s, struct evhttp_request *req, const 
         sv_send_error(s, req, 404, "no route %s", path);
 }
 
+/* RFC 9110's token characters: a header name has no others (no space
+ * before its colon). */
+static int token_char(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* Headers a handler must never see (RFC 9112 6.3, 5.1): a name that is
+ * no token, more than one Content-Length or Host, Content-Length beside
+ * Transfer-Encoding. libevent framed the body by the first length it
+ * found, so the connection is closed after the 400: nothing smuggled
+ * behind it is read. NULL, or why. */
+static const char *bad_headers(struct evhttp_request *req)
+{
+    int lengths = 0, hosts = 0, chunked = 0;
+    struct evkeyval *h;
+    TAILQ_FOREACH(h, evhttp_request_get_input_headers(req), next)
+    {
+        for (const unsigned char *p = (const unsigned char *)h->key; *p; p++)
+            if (!token_char(*p))
+                return "a header name holds a character no name may have (a space before the "
+                       "colon?)";
+        lengths += strcasecmp(h->key, "Content-Length") == 0;
+        hosts += strcasecmp(h->key, "Host") == 0;
+        chunked += strcasecmp(h->key, "Transfer-Encoding") == 0;
+    }
+    if (lengths > 1)
+        return "more than one Content-Length";
+    if (hosts > 1)
+        return "more than one Host";
+    if (lengths > 0 && chunked > 0)
+        return "both Content-Length and Transfer-Encoding";
+    return NULL;
+}
+
+/* Whether the request's Host (its port cut) is one serve answers: a page
+ * that rebinds a name of its own to 127.0.0.1 reads nothing. */
+static int host_allowed(struct serve *s, struct evhttp_request *req)
+{
+    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Host");
+    if (s->hosts[0] == '\0' || h == NULL) /* any; HTTP/1.0 sends none */
+        return 1;
+    char name[260];
+    size_t n;
+    if (h[0] == '[') {
+        const char *end = strchr(h, ']');
+        n = end != NULL ? (size_t)(end - h - 1) : 0;
+        h++;
+    } else {
+        const char *colon = strchr(h, ':');
+        n = colon != NULL ? (size_t)(colon - h) : strlen(h);
+    }
+    if (n == 0 || n > 253)
+        return 0;
+    snprintf(name, sizeof(name), ",%.*s,", (int)n, h);
+    for (char *p = name; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    return strstr(s->hosts, name) != NULL;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct serve *s = arg;
+    /* every answer, the errors and the deferred ones too */
+    evhttp_add_header(evhttp_request_get_output_headers(req), "X-Content-Type-Options", "nosniff");
+    const char *bad = bad_headers(req);
+    if (bad != NULL) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        fr_series_add(s->m_refused, 1);
+        sv_send_error(s, req, 400, "malformed request: %s", bad);
+        return;
+    }
+    if (!host_allowed(s, req)) {
+        fr_series_add(s->m_refused, 1);
+        sv_send_error(s, req, 403,
+                      "Host not allowed here: add it to [serve] allowed_hosts (a page that "
+                      "rebinds its name to this address must not read it)");
+        return;
+    }
     if (atomic_load(&s->stop)) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
         sv_send_error(s, req, 503, "server shutting down");
@@ -706,6 +788,100 @@ static void on_request(struct evhttp_request *req, void *arg)
 out:
     evhttp_clear_headers(&params);
     free(path);
+}
+
+/* ---- accept() failures --------------------------------------------------------- */
+
+/*
+ * When accept() fails (no descriptor left: EMFILE, ENFILE; no memory), the
+ * listening socket stays readable and libevent would call accept() again at
+ * once, forever. The listener is paused instead, for 10 ms doubling to 1 s
+ * while the failures go on, each pause logged once with the failures it
+ * counted; connections already open keep being served, and their closing
+ * frees the descriptors the next accept() needs.
+ */
+#define ACCEPT_PAUSE_MIN_MS 10
+#define ACCEPT_PAUSE_MAX_MS 1000
+
+static pthread_mutex_t listeners_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    struct evconnlistener *lev;
+    struct serve *s;
+} listeners[64]; /* which server a listener's error callback is about */
+
+static void on_accept_again(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)fd;
+    (void)what;
+    evconnlistener_enable(evhttp_bound_socket_get_listener(s->bound));
+}
+
+static void on_accept_error(struct evconnlistener *lev, void *ctx)
+{
+    int err = EVUTIL_SOCKET_ERROR();
+    struct serve *s = NULL;
+    (void)ctx;
+    pthread_mutex_lock(&listeners_lock);
+    for (size_t i = 0; i < sizeof(listeners) / sizeof(listeners[0]) && s == NULL; i++)
+        if (listeners[i].lev == lev)
+            s = listeners[i].s;
+    pthread_mutex_unlock(&listeners_lock);
+    if (s == NULL)
+        return;
+    fr_series_add(s->m_accept_errors, 1);
+    evconnlistener_disable(lev);
+    uint64_t now = fr_clock_mono_ns();
+    if (now - s->accept_error_ns > 2 * (uint64_t)ACCEPT_PAUSE_MAX_MS * 1000000u)
+        s->accept_pause_ms = ACCEPT_PAUSE_MIN_MS; /* a new spell of failures */
+    s->accept_error_ns = now;
+    int pause = s->accept_pause_ms;
+    s->accept_pause_ms = pause * 2 > ACCEPT_PAUSE_MAX_MS ? ACCEPT_PAUSE_MAX_MS : pause * 2;
+    if (pause == ACCEPT_PAUSE_MIN_MS || pause == ACCEPT_PAUSE_MAX_MS / 2)
+        fr_log(FR_LOG_WARN,
+               "serve: accept() failed: %s; not accepting for %d ms (then up to %d ms a "
+               "time while it fails; freshet_http_accept_errors_total counts them)",
+               evutil_socket_error_to_string(err), pause, ACCEPT_PAUSE_MAX_MS);
+    struct timeval tv = {pause / 1000, (pause % 1000) * 1000};
+    event_add(s->accept_again, &tv);
+}
+
+static void listener_register(struct serve *s, int add)
+{
+    struct evconnlistener *lev = evhttp_bound_socket_get_listener(s->bound);
+    pthread_mutex_lock(&listeners_lock);
+    for (size_t i = 0; i < sizeof(listeners) / sizeof(listeners[0]); i++)
+        if (add ? listeners[i].lev == NULL : listeners[i].s == s) {
+            listeners[i].lev = add ? lev : NULL;
+            listeners[i].s = add ? s : NULL;
+            if (add)
+                break;
+        }
+    pthread_mutex_unlock(&listeners_lock);
+    if (add)
+        evconnlistener_set_error_cb(lev, on_accept_error);
+}
+
+/* ",name,name,": the Host names answered ("" any). */
+static char *hosts_list(const char *allowed, const char *listen_host)
+{
+    sv_buf_t b = {0};
+    if (strcmp(allowed, "*") == 0 ||
+        (allowed[0] == '\0' && (listen_host[0] == '\0' || strcmp(listen_host, "0.0.0.0") == 0 ||
+                                strcmp(listen_host, "::") == 0)))
+        return strdup(""); /* every address listened on: any name reaches it */
+    if (allowed[0] == '\0')
+        sv_printf(&b, ",localhost,127.0.0.1,::1,%s,", listen_host);
+    else
+        sv_printf(&b, ",%s,", allowed);
+    if (b.failed)
+        return NULL;
+    char *w = b.p;
+    for (const char *r = b.p; *r; r++) /* lower case, no spaces */
+        if (*r != ' ')
+            *w++ = (char)tolower((unsigned char)*r);
+    *w = '\0';
+    return b.p;
 }
 
 /* ---- lifecycle -------------------------------------------------------------------- */
@@ -797,6 +973,22 @@ static void read_chartjs(struct serve *s)
     s->chartjs_len = n;
 }
 
+/* At stop: answers the jobs the pools queued or finished, and looks again
+ * every 10 ms while their threads hold some (for STOP_JOBS_MS at most);
+ * then lets the answers go out and ends the loop. */
+static void on_stop_wait(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    size_t held = sv_pool_drain(&s->rows) + sv_pool_drain(&s->infer);
+    if (held > 0 && fr_clock_mono_ns() < s->stop_deadline_ns) {
+        struct timeval again = {0, 10000};
+        event_add(s->stop_wait, &again);
+        return;
+    }
+    struct timeval tv = {0, 100000};
+    event_base_loopexit(s->base, &tv);
+}
+
 static void on_stop(evutil_socket_t fd, short what, void *arg)
 {
     struct serve *s = arg;
@@ -814,10 +1006,8 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
             evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
             sv_send_error(s, req, 503, "server shutting down");
         }
-    sv_pool_drain(&s->rows);
-    sv_pool_drain(&s->infer);
-    struct timeval tv = {0, 100000}; /* lets the answers go out */
-    event_base_loopexit(s->base, &tv);
+    s->stop_deadline_ns = fr_clock_mono_ns() + STOP_JOBS_MS * 1000000ull;
+    on_stop_wait(-1, 0, s);
 }
 
 /* Registers serve's metrics in s->conf.metrics; -1 (errstr filled) when
@@ -852,13 +1042,25 @@ static int register_metrics(struct serve *s, char *errstr, size_t size)
     s->m_predictions =
         fr_metrics_counter(reg, "freshet_serve_predictions_total",
                            "Samples predicted by POST /v2/models/{m}/infer", 1, model);
+    s->m_refused = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_http_refused_total",
+                           "Requests refused before any route: malformed headers (400) or a Host "
+                           "not in [serve] allowed_hosts (403)",
+                           0, NULL),
+        NULL);
+    s->m_accept_errors = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_http_accept_errors_total",
+                           "accept() failures (no descriptor left, say); each pauses the "
+                           "listener",
+                           0, NULL),
+        NULL);
     s->m_infer_batches = fr_metrics_counter(
         reg, "freshet_serve_infer_batches_total",
         "Forward passes run for predictions (requests that queued together share one)", 1, model);
     if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
         s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
         s->m_loads == NULL || s->m_json == NULL || s->m_predictions == NULL ||
-        s->m_infer_batches == NULL) {
+        s->m_infer_batches == NULL || s->m_refused == NULL || s->m_accept_errors == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
         return -1;
     }
@@ -912,6 +1114,7 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     s->tls_cert = dup_or_empty(conf->tls_cert);
     s->tls_key = dup_or_empty(conf->tls_key);
     s->chartjs = dup_or_empty(conf->chartjs);
+    s->hosts = hosts_list(conf->allowed_hosts != NULL ? conf->allowed_hosts : "", host);
     s->models = calloc((size_t)conf->max_models, sizeof(*s->models));
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->wake, NULL);
@@ -920,7 +1123,7 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     s->http = s->base != NULL ? evhttp_new(s->base) : NULL;
     if (s->listen == NULL || s->redis_url == NULL || s->model == NULL || s->token == NULL ||
         s->tls_cert == NULL || s->tls_key == NULL || s->chartjs == NULL || s->models == NULL ||
-        s->http == NULL) {
+        s->hosts == NULL || s->http == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
         serve_destroy(s);
         return NULL;
@@ -944,6 +1147,7 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
         serve_destroy(s);
         return NULL;
     }
+    listener_register(s, 1);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     if (getsockname(evhttp_bound_socket_get_fd(s->bound), (struct sockaddr *)&ss, &sl) == 0)
@@ -951,8 +1155,11 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
                                            : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     s->notify = event_new(s->base, -1, 0, on_notify, s);
     s->stop_ev = event_new(s->base, -1, 0, on_stop, s);
-    if (s->notify == NULL || s->stop_ev == NULL ||
-        sv_pool_init(&s->rows, s, "rows", ROWS_QUEUE_MAX) != 0 ||
+    s->stop_wait = evtimer_new(s->base, on_stop_wait, s);
+    s->accept_again = evtimer_new(s->base, on_accept_again, s);
+    s->accept_pause_ms = ACCEPT_PAUSE_MIN_MS;
+    if (s->notify == NULL || s->stop_ev == NULL || s->stop_wait == NULL ||
+        s->accept_again == NULL || sv_pool_init(&s->rows, s, "rows", ROWS_QUEUE_MAX) != 0 ||
         sv_pool_init(&s->infer, s, "infer", (size_t)conf->infer_queue) != 0) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
         serve_destroy(s);
@@ -990,11 +1197,14 @@ fr_err_t serve_start(serve_t *s, char *errstr, size_t size)
         (s->conf.infer &&
          sv_pool_start(&s->infer, (size_t)s->conf.infer_threads, sv_infer_main) != 0) ||
         pthread_create(&s->loop_thread, NULL, loop_main, s) != 0) {
+        pthread_mutex_lock(&s->lock);
         atomic_store(&s->stop, 1);
         pthread_cond_broadcast(&s->wake);
+        pthread_mutex_unlock(&s->lock);
         pthread_join(s->follow_thread, NULL);
         sv_pool_join(&s->rows);
         sv_pool_join(&s->infer);
+        atomic_store(&s->stop, 0); /* nothing runs: a later start may try again */
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot start a thread");
     }
     s->started = 1;
@@ -1033,6 +1243,12 @@ void serve_destroy(serve_t *s)
         event_free(s->notify);
     if (s->stop_ev != NULL)
         event_free(s->stop_ev);
+    if (s->stop_wait != NULL)
+        event_free(s->stop_wait);
+    if (s->accept_again != NULL)
+        event_free(s->accept_again);
+    if (s->bound != NULL)
+        listener_register(s, 0);
     if (s->base != NULL)
         event_base_free(s->base);
     if (s->ssl_ctx != NULL)
@@ -1059,6 +1275,7 @@ void serve_destroy(serve_t *s)
     free(s->tls_cert);
     free(s->tls_key);
     free(s->chartjs);
+    free(s->hosts);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->wake);
     free(s);

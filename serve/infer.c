@@ -33,11 +33,10 @@
 #include "model/model.h"
 #include "serve/serve_int.h"
 
-#define INFER_BATCH_JOBS 64      /* requests one worker takes at once at most       */
-#define INFER_BATCH_ROWS 256     /* samples one forward pass runs at most           */
-#define INFER_ROWS_MAX   65536   /* samples one request may send                    */
-#define FRESH_WAIT_MS    5000    /* a model's weights being read for a request      */
-#define FRESH_POLL_NS    2000000 /* ... looked at this often                        */
+#define INFER_BATCH_JOBS 64    /* requests one worker takes at once at most       */
+#define INFER_BATCH_ROWS 256   /* samples one forward pass runs at most           */
+#define INFER_ROWS_MAX   65536 /* samples one request may send                    */
+#define FRESH_WAIT_MS    5000  /* a model's weights being read for a request      */
 
 /* One request: what the loop saw, then what the worker parsed and
  * computed. */
@@ -55,6 +54,8 @@ typedef struct infer_job {
     char id[128];         /* echoed */
     int has_id;
     unsigned outputs; /* bit k: out_names[k] asked (0: all the model gives) */
+    int parsed;       /* the body was parsed (or refused)             */
+    uint64_t t0_ns;   /* when a worker first took the job             */
     float *x;         /* [n x d] */
     size_t n, d;
     float *out; /* [n x K] */
@@ -86,37 +87,48 @@ static void job_fini(sv_job_t *jb)
 
 /* ---- the request's body, on a worker ------------------------------------------------ */
 
-/* Appends the numbers of data (nested arrays, row-major) to x[*n..cap);
- * 0, or -1 after setting the error. */
-static int flatten(infer_job_t *j, json_t *data, float *x, size_t cap, size_t *n, int depth)
+/* One number of the input into *x; 0, or -1 after setting the error. */
+static int number(infer_job_t *j, json_t *v, size_t at, float *x)
 {
-    if (!json_is_array(data) || depth > 2) {
-        job_error(j, 400, "inputs[0].data must be an array of numbers (or of rows of them)");
+    if (!json_is_number(v)) {
+        job_error(j, 400, "inputs[0].data[%zu] is not a number", at);
         return -1;
     }
-    size_t i;
-    json_t *v;
-    json_array_foreach(data, i, v)
-    {
-        if (json_is_array(v)) {
-            if (flatten(j, v, x, cap, n, depth + 1) != 0)
+    double d = json_number_value(v);
+    if (!(fabs(d) <= FLT_MAX)) {
+        job_error(j, 400, "inputs[0].data[%zu] = %g is beyond float32", at, d);
+        return -1;
+    }
+    *x = (float)d;
+    return 0;
+}
+
+/* The input's numbers into x[n * d]: n * d of them flat, or n rows of d
+ * (row-major, as KServe allows); 0, or -1 after setting the error. */
+static int read_data(infer_job_t *j, json_t *data, float *x)
+{
+    size_t n = j->n, d = j->d;
+    int rows = json_is_array(json_array_get(data, 0));
+    size_t want = rows ? n : n * d;
+    if (!json_is_array(data) || json_array_size(data) != want) {
+        job_error(j, 400, "inputs[0].data holds %zu %s; shape [%zu, %zu] needs %zu",
+                  json_array_size(data), rows ? "rows" : "numbers", n, d, want);
+        return -1;
+    }
+    for (size_t i = 0; i < want; i++) {
+        json_t *v = json_array_get(data, i);
+        if (!rows) {
+            if (number(j, v, i, x + i) != 0)
                 return -1;
             continue;
         }
-        if (!json_is_number(v)) {
-            job_error(j, 400, "inputs[0].data[%zu] is not a number", *n);
+        if (!json_is_array(v) || json_array_size(v) != d) {
+            job_error(j, 400, "inputs[0].data[%zu] must be a row of %zu numbers", i, d);
             return -1;
         }
-        double d = json_number_value(v);
-        if (!(fabs(d) <= FLT_MAX)) {
-            job_error(j, 400, "inputs[0].data[%zu] = %g is beyond float32", *n, d);
-            return -1;
-        }
-        if (*n == cap) {
-            job_error(j, 400, "inputs[0].data holds more than shape's %zu numbers", cap);
-            return -1;
-        }
-        x[(*n)++] = (float)d;
+        for (size_t k = 0; k < d; k++)
+            if (number(j, json_array_get(v, k), i * d + k, x + i * d + k) != 0)
+                return -1;
     }
     return 0;
 }
@@ -220,19 +232,19 @@ static int parse_body(infer_job_t *j)
             j->outputs |= 1 << k;
         }
     }
-    size_t cap = j->n * j->d, got = 0;
+    size_t cap = j->n * j->d;
+    if (cap > j->blen / 2 + 1) { /* each number takes a digit and a comma at least */
+        job_error(j, 400, "inputs[0].shape [%zu, %zu] asks for more numbers than the body holds",
+                  j->n, j->d);
+        goto out;
+    }
     j->x = malloc(cap * sizeof(float));
     if (j->x == NULL) {
         job_error(j, 503, "out of memory for %zu inputs", cap);
         goto out;
     }
-    if (flatten(j, json_object_get(t, "data"), j->x, cap, &got, 1) != 0)
+    if (read_data(j, json_object_get(t, "data"), j->x) != 0)
         goto out;
-    if (got != cap) {
-        job_error(j, 400, "inputs[0].data holds %zu numbers; shape [%zu, %zu] needs %zu", got, j->n,
-                  j->d, cap);
-        goto out;
-    }
     rc = 0;
 out:
     json_decref(root);
@@ -259,23 +271,6 @@ static int check_body(infer_job_t *j, const model_t *md)
 
 /* ---- the weights, on a worker ------------------------------------------------------- */
 
-/* Whether j's model is a sparse one, once the follower read what it is
- * (waited for up to FRESH_WAIT_MS). */
-static int model_sparse(infer_job_t *j)
-{
-    struct serve *s = j->s;
-    uint64_t t0 = fr_clock_mono_ns();
-    for (;;) {
-        pthread_mutex_lock(&s->lock);
-        int known = j->m->present, sparse = known && j->m->info.sparse[0] != '\0';
-        pthread_mutex_unlock(&s->lock);
-        if (known || atomic_load(&s->stop) || fr_clock_mono_ns() - t0 > FRESH_WAIT_MS * 1000000ull)
-            return sparse;
-        struct timespec ts = {0, FRESH_POLL_NS};
-        nanosleep(&ts, NULL);
-    }
-}
-
 /* A sparse model's request, passed on to the rows reader (on the loop). */
 static void to_rows(sv_job_t *jb, struct evhttp_request *req)
 {
@@ -285,51 +280,70 @@ static void to_rows(sv_job_t *jb, struct evhttp_request *req)
     sv_rows_infer(j->s, req, j->name, body, j->blen);
 }
 
-/* The view j runs on: the retained snapshot asked for, or the latest
- * (waiting for the follower when the loop found them stale). NULL after
- * setting the error. */
-static sv_view_t *job_view(infer_job_t *j)
+/* What a worker can do with a job now. */
+enum readiness { READY, ANSWERED, WAIT };
+
+/*
+ * Gets j ready without blocking: a model whose kind the loop could not
+ * tell (its metadata not read yet) is passed on when sparse; the body is
+ * parsed once; the view is the retained snapshot asked for (of the latest
+ * weights' epoch) or the latest weights, which the loop may have found
+ * stale: then the follower's read is awaited. WAIT means not yet (the job
+ * goes back to the queue); ANSWERED, an error set or the job passed on;
+ * READY, *view referenced.
+ */
+static enum readiness job_ready(infer_job_t *j, sv_view_t **view)
 {
     struct serve *s = j->s;
     sv_model_t *m = j->m;
-    if (j->want_version >= 0) {
-        sv_view_t *v = NULL;
-        pthread_mutex_lock(&s->lock);
-        if (j->latest.cur != NULL && j->latest.cur->version == j->want_version)
-            v = sv_view_ref(j->latest.cur);
-        for (size_t i = 0; i < m->nsnaps && v == NULL; i++)
-            if (m->snaps[i]->version == j->want_version)
-                v = sv_view_ref(m->snaps[i]);
-        pthread_mutex_unlock(&s->lock);
-        if (v == NULL)
-            job_error(j, 404, "model '%s' retains no snapshot of version %lld in this epoch",
-                      j->name, (long long)j->want_version);
-        return v;
+    *view = NULL;
+    pthread_mutex_lock(&s->lock);
+    int known = m->present, sparse = known && m->info.sparse[0] != '\0';
+    sv_view_t *cur = m->cur;
+    int fresh =
+        j->latest.cur != NULL ||
+        (cur != NULL &&
+         ((cur->epoch == j->latest.known_epoch && cur->version >= j->latest.known_version) ||
+          cur->epoch != j->latest.had_epoch || cur->version != j->latest.had_version));
+    char why[256];
+    snprintf(why, sizeof(why), "%s", m->error);
+    pthread_mutex_unlock(&s->lock);
+    int waited_out = fr_clock_mono_ns() - j->t0_ns > FRESH_WAIT_MS * 1000000ull;
+    if (j->latest.cur == NULL && sparse) {
+        j->job.then = to_rows;
+        return ANSWERED;
     }
-    if (j->latest.cur != NULL)
-        return sv_view_ref(j->latest.cur);
-    uint64_t t0 = fr_clock_mono_ns();
-    for (;;) {
-        pthread_mutex_lock(&s->lock);
-        sv_view_t *cur = m->cur;
-        int ready =
-            cur != NULL &&
-            ((cur->epoch == j->latest.known_epoch && cur->version >= j->latest.known_version) ||
-             cur->epoch != j->latest.had_epoch || cur->version != j->latest.had_version);
-        sv_view_t *v = ready ? sv_view_ref(cur) : NULL;
-        char why[256];
-        snprintf(why, sizeof(why), "%s", m->error);
-        pthread_mutex_unlock(&s->lock);
-        if (v != NULL)
-            return v;
-        if (atomic_load(&s->stop) || fr_clock_mono_ns() - t0 > FRESH_WAIT_MS * 1000000ull) {
-            job_error(j, 503, "model '%s': weights not read yet%s%s", j->name, why[0] ? ": " : "",
-                      why);
-            return NULL;
-        }
-        struct timespec ts = {0, FRESH_POLL_NS};
-        nanosleep(&ts, NULL);
+    if (j->latest.cur == NULL && !known && !waited_out)
+        return WAIT; /* dense or sparse: its body is read the one way or the other */
+    if (!j->parsed) {
+        j->parsed = 1;
+        if (parse_body(j) != 0)
+            return ANSWERED;
     }
+    if (!fresh) {
+        if (!waited_out)
+            return WAIT;
+        job_error(j, 503, "model '%s': weights not read yet%s%s", j->name, why[0] ? ": " : "", why);
+        return ANSWERED;
+    }
+    pthread_mutex_lock(&s->lock);
+    sv_view_t *latest = j->latest.cur != NULL ? j->latest.cur : m->cur;
+    if (j->want_version < 0) {
+        *view = sv_view_ref(latest);
+    } else if (latest->version == j->want_version) {
+        *view = sv_view_ref(latest);
+    } else {
+        for (size_t i = 0; i < m->nsnaps && *view == NULL; i++)
+            if (m->snaps[i]->version == j->want_version && m->snaps[i]->epoch == latest->epoch)
+                *view = sv_view_ref(m->snaps[i]);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (*view == NULL) {
+        job_error(j, 404, "model '%s' retains no snapshot of version %lld in this epoch", j->name,
+                  (long long)j->want_version);
+        return ANSWERED;
+    }
+    return READY;
 }
 
 /* The float32 weights of v for model md, in place when aligned, else
@@ -442,7 +456,7 @@ static void forward(const model_t *md, const float *w, infer_job_t **group, size
     if (n == 0)
         return;
     size_t chunk = rows < INFER_BATCH_ROWS ? rows : INFER_BATCH_ROWS;
-    if (grow(&sc->tmp, &sc->tmp_cap, model_forward_scratch(md, chunk)) != 0 ||
+    if (grow(&sc->tmp, &sc->tmp_cap, model_forward_scratch(md, chunk) + 1) != 0 ||
         (n > 1 && (grow(&sc->x, &sc->x_cap, rows * d) != 0 ||
                    grow(&sc->out, &sc->out_cap, rows * K) != 0))) {
         for (size_t k = lo; k < hi; k++)
@@ -526,23 +540,31 @@ void *sv_infer_main(void *arg)
 {
     struct serve *s = arg;
     fr_thread_name("fr-http-infer");
-    sv_job_t *jobs[INFER_BATCH_JOBS];
+    sv_job_t *jobs[INFER_BATCH_JOBS], *waiting[INFER_BATCH_JOBS];
     infer_job_t *group[INFER_BATCH_JOBS];
     sv_view_t *views[INFER_BATCH_JOBS];
     scratch_t sc = {0};
     size_t n;
     while ((n = sv_pool_take(&s->infer, jobs, INFER_BATCH_JOBS)) > 0) {
-        /* parsed first (a version asked for names a snapshot), then each
-         * on its weights */
+        /* each parsed and on its weights; those whose weights are being read
+         * go back to the queue, and a worker that found only such jobs
+         * pauses before it looks again */
+        size_t nwait = 0, nkept = 0;
         for (size_t i = 0; i < n; i++) {
             infer_job_t *j = (infer_job_t *)jobs[i];
-            j->want_version = -1;
-            views[i] = NULL;
-            if (j->latest.cur == NULL && model_sparse(j)) /* the loop could not tell yet */
-                j->job.then = to_rows;
-            else if (parse_body(j) == 0)
-                views[i] = job_view(j);
+            sv_view_t *v;
+            if (j->t0_ns == 0)
+                j->t0_ns = fr_clock_mono_ns();
+            if (job_ready(j, &v) == WAIT) {
+                waiting[nwait++] = jobs[i];
+                continue;
+            }
+            views[nkept] = v;
+            jobs[nkept++] = jobs[i];
         }
+        if (nwait > 0)
+            sv_pool_requeue(&s->infer, waiting, nwait, nwait == n);
+        n = nkept;
         /* one group per view, in the order the jobs came */
         for (size_t i = 0; i < n; i++) {
             sv_view_t *v = views[i];
@@ -559,7 +581,8 @@ void *sv_infer_main(void *arg)
             run_group(s, group, ng, v, &sc);
             sv_view_unref(v);
         }
-        sv_pool_finish(&s->infer, jobs, n);
+        if (n > 0)
+            sv_pool_finish(&s->infer, jobs, n);
     }
     free(sc.x);
     free(sc.out);
@@ -605,11 +628,13 @@ void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *nam
     }
     evbuffer_copyout(in, body, len);
     body[len] = '\0';
-    if (l.sparse) { /* its rows are read for the request, by the rows reader */
+    if (l.sparse) {           /* its rows are read for the request, by the rows reader */
+        sv_view_unref(l.cur); /* a dense model's of that name, before it was made again */
         sv_rows_infer(s, req, name, body, len);
         return;
     }
     j->job.fini = job_fini;
+    j->want_version = -1; /* the latest, unless the body names one */
     j->s = s;
     j->m = m;
     snprintf(j->name, sizeof(j->name), "%s", name);

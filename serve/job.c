@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -65,11 +66,32 @@ size_t sv_pool_take(sv_pool_t *p, sv_job_t **jobs, size_t max)
                 event_active(p->done_ev, EV_READ, 0);
             } else {
                 jobs[n++] = j;
+                p->inflight++;
             }
         }
     }
     pthread_mutex_unlock(&p->lock);
     return n;
+}
+
+void sv_pool_requeue(sv_pool_t *p, sv_job_t **jobs, size_t n, int pause)
+{
+    pthread_mutex_lock(&p->lock);
+    sv_job_t **tail = &p->queue; /* behind those that came meanwhile */
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    for (size_t i = 0; i < n; i++) {
+        jobs[i]->next = NULL;
+        *tail = jobs[i];
+        tail = &jobs[i]->next;
+    }
+    p->queued += n;
+    p->inflight -= n;
+    pthread_mutex_unlock(&p->lock);
+    if (pause) {
+        struct timespec ts = {0, SV_POOL_PAUSE_NS};
+        nanosleep(&ts, NULL);
+    }
 }
 
 void sv_pool_finish(sv_pool_t *p, sv_job_t **jobs, size_t n)
@@ -79,6 +101,7 @@ void sv_pool_finish(sv_pool_t *p, sv_job_t **jobs, size_t n)
         jobs[i]->next = p->done;
         p->done = jobs[i];
     }
+    p->inflight -= n;
     event_active(p->done_ev, EV_READ, 0);
     pthread_mutex_unlock(&p->lock);
 }
@@ -144,11 +167,12 @@ static void job_send(struct serve *s, sv_job_t *j)
             evhttp_add_header(h, "X-Freshet-Version", j->version);
             evhttp_add_header(h, "X-Freshet-Epoch", j->epoch);
         }
-        evhttp_add_header(h, "Cache-Control", "no-store");
-        if (j->body != NULL)
+        if (j->body != NULL) {
+            evhttp_add_header(h, "Cache-Control", "no-store");
             sv_send_text(s, j->req, j->code, j->type, j->body, j->len);
-        else
-            sv_send_error(s, j->req, 500, "out of memory");
+        } else {
+            sv_send_error(s, j->req, 500, "out of memory"); /* no-store too */
+        }
     }
     job_free(j);
 }
@@ -209,10 +233,10 @@ void sv_pool_submit(sv_pool_t *p, struct evhttp_request *req, sv_job_t *j)
     pthread_mutex_unlock(&p->lock);
 }
 
-void sv_pool_drain(sv_pool_t *p)
+size_t sv_pool_drain(sv_pool_t *p)
 {
     if (!p->ready)
-        return;
+        return 0;
     pthread_mutex_lock(&p->lock);
     sv_job_t *queued = p->queue;
     p->queue = NULL;
@@ -227,6 +251,10 @@ void sv_pool_drain(sv_pool_t *p)
         job_send(p->s, j);
     }
     on_done(-1, 0, p); /* the answers the threads finished */
+    pthread_mutex_lock(&p->lock);
+    size_t held = p->inflight;
+    pthread_mutex_unlock(&p->lock);
+    return held;
 }
 
 /* ---- lifecycle --------------------------------------------------------------------- */

@@ -294,10 +294,20 @@ void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *
         return;
     pthread_mutex_lock(&s->lock);
     sv_view_t *v = NULL;
+    int listed = 0;
     for (size_t i = 0; i < m->nsnaps && v == NULL; i++)
         if (m->snaps[i]->version == version)
             v = sv_view_ref(m->snaps[i]);
+    for (size_t i = 0; i < m->nlisted && !listed; i++)
+        listed = m->listed[i].version == version;
     pthread_mutex_unlock(&s->lock);
+    if (v == NULL && listed) { /* retained, not read here yet: asking made it wanted */
+        pthread_cond_broadcast(&s->wake);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+        sv_send_error(s, req, 503, "model '%s': snapshot %lld is being read; try again", name,
+                      (long long)version);
+        return;
+    }
     if (v == NULL) {
         sv_send_error(s, req, 404, "model '%s' retains no snapshot of version %lld in this epoch",
                       name, (long long)version);

@@ -38,13 +38,16 @@ typedef struct serve_conf {
     int64_t refresh_ms;    /* weights are read at most this often per model      */
     const char *tls_cert;  /* PEM certificate and key: HTTPS ("" plain HTTP)     */
     const char *tls_key;
-    const char *chartjs;   /* Chart.js (UMD) served at /dashboard/chart.min.js   */
-    size_t max_body;       /* request body cap in bytes                          */
-    int infer;             /* POST /v2/models/{m}/infer answered                 */
-    int infer_threads;     /* threads computing predictions (1..16)              */
-    int infer_queue;       /* predictions waiting at most (then 503)             */
-    int max_models;        /* models followed at most                            */
-    fr_metrics_t *metrics; /* rendered at /metrics, serve's own added (required) */
+    const char *chartjs;       /* Chart.js (UMD) served at /dashboard/chart.min.js   */
+    size_t max_body;           /* request body cap in bytes                          */
+    int infer;                 /* POST /v2/models/{m}/infer answered                 */
+    int infer_threads;         /* threads computing predictions (1..16)              */
+    int infer_queue;           /* predictions waiting at most (then 503)             */
+    const char *allowed_hosts; /* Host header values answered, comma-separated;
+                                  "*" any; "" loopback names and the listen
+                                  host (any when it listens on every address) */
+    int max_models;            /* models followed at most                            */
+    fr_metrics_t *metrics;     /* rendered at /metrics, serve's own added (required) */
 } serve_conf_t;
 
 /* [serve]'s defaults: 127.0.0.1:8080, refresh 20 ms, 1 MiB bodies, 64

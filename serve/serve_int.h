@@ -22,7 +22,9 @@ typedef fr_buf_t sv_buf_t;
 #define sv_puts     fr_buf_puts
 #define sv_printf   fr_buf_printf
 #define sv_take     fr_buf_take
-/* A JSON string literal of s (quotes included). */
+/* A JSON string literal of s (quotes included): control characters
+ * escaped, each byte that is not part of well-formed UTF-8 written as
+ * U+FFFD, so every JSON body serve writes is valid UTF-8. */
 void sv_json_str(sv_buf_t *b, const char *s);
 /* An error answer's body, {"error": "<fmt formatted>"} and a newline. */
 void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap);
@@ -131,6 +133,7 @@ struct sv_pool {
     sv_job_t *queue; /* for the threads, oldest first  */
     size_t queued;   /* ... how many                   */
     sv_job_t *done;  /* for the loop to send           */
+    size_t inflight; /* taken by a thread, not handed back yet */
     struct event *done_ev;
     size_t nthreads;
     pthread_t threads[SV_POOL_THREADS_MAX];
@@ -145,8 +148,8 @@ int sv_pool_start(sv_pool_t *p, size_t n, void *(*main)(void *));
 /* Wakes the threads to see s->stop and joins them. */
 void sv_pool_join(sv_pool_t *p);
 /* On the loop, at stop: answers the queued jobs with 503 and sends the
- * finished ones. */
-void sv_pool_drain(sv_pool_t *p);
+ * finished ones; the jobs the threads still hold. */
+size_t sv_pool_drain(sv_pool_t *p);
 /* Frees the jobs left and p's own, once every thread has stopped and the
  * connections are closed. */
 void sv_pool_fini(sv_pool_t *p);
@@ -158,6 +161,12 @@ void sv_pool_submit(sv_pool_t *p, struct evhttp_request *req, sv_job_t *j);
  * blocks while there are none. 0 when serve stops. Jobs whose clients
  * hung up are not returned (they go straight back to the loop). */
 size_t sv_pool_take(sv_pool_t *p, sv_job_t **jobs, size_t max);
+/* Puts n jobs a thread took but cannot answer yet back at the queue's
+ * tail (a client that hung up meanwhile is then dropped as usual); with
+ * pause, the thread then sleeps SV_POOL_PAUSE_NS (it had nothing else to
+ * do). */
+#define SV_POOL_PAUSE_NS 2000000
+void sv_pool_requeue(sv_pool_t *p, sv_job_t **jobs, size_t n, int pause);
 /* Hands n finished jobs back to the loop. */
 void sv_pool_finish(sv_pool_t *p, sv_job_t **jobs, size_t n);
 /* A job's answer: 200-type answers take body (malloc'ed); an error is
@@ -195,12 +204,16 @@ typedef struct sv_model {
     char error[256]; /* why its weights cannot be read ("" none)    */
     sv_view_t *cur;  /* the latest weights, NULL before the first   */
     size_t nsnaps;
-    sv_view_t *snaps[SV_MAX_SNAPS]; /* retained snapshots of cur's epoch     */
-    int64_t published_ms;           /* the newest snapshot's time, 0 when none      */
-    sv_blob_t *stats;               /* the stats JSON                              */
-    uint64_t stats_seq;             /* bumped by every stats build                 */
-    sv_blob_t *meta;                /* the metadata JSON                           */
-    uint64_t seq;                   /* bumped by every change (loop: wake waiters) */
+    sv_view_t *snaps[SV_MAX_SNAPS]; /* retained snapshots of cur's epoch, read while
+                                       its weights are wanted                 */
+    size_t nlisted;                 /* the retained snapshots, oldest first, read
+                                       with the model's info whatever is wanted */
+    psstore_snapshot_info_t listed[SV_MAX_SNAPS];
+    int64_t published_ms; /* the newest snapshot's time, 0 when none      */
+    sv_blob_t *stats;     /* the stats JSON                              */
+    uint64_t stats_seq;   /* bumped by every stats build                 */
+    sv_blob_t *meta;      /* the metadata JSON                           */
+    uint64_t seq;         /* bumped by every change (loop: wake waiters) */
     /* loop's own */
     uint64_t seen_seq;
     sv_waiter_t *waiters;
@@ -216,13 +229,19 @@ sv_model_t *sv_model_get(struct serve *s, const char *name, int create);
 struct serve {
     serve_conf_t conf;
     char *listen, *redis_url, *model, *token, *tls_cert, *tls_key, *chartjs;
+    char *hosts;                /* the allowed Host names, ",a,b,": "" any (http.c) */
+    struct event *accept_again; /* the listener paused after accept() failed */
+    int accept_pause_ms;
+    uint64_t accept_error_ns; /* the last failure */
     int port;
     struct event_base *base;
     struct evhttp *http;
     struct evhttp_bound_socket *bound;
-    void *ssl_ctx;         /* SSL_CTX, when TLS                        */
-    struct event *notify;  /* the follower published something         */
-    struct event *stop_ev; /* serve_stop asked the loop to finish      */
+    void *ssl_ctx;           /* SSL_CTX, when TLS                        */
+    struct event *notify;    /* the follower published something         */
+    struct event *stop_ev;   /* serve_stop asked the loop to finish      */
+    struct event *stop_wait; /* ... and waits for the jobs threads hold */
+    uint64_t stop_deadline_ns;
     pthread_t loop_thread, follow_thread;
     int started;
     atomic_int stop;
@@ -246,6 +265,7 @@ struct serve {
     fr_series_t *m_waiting, *m_store_up;
     fr_metric_t *m_version, *m_published, *m_loads, *m_json;
     fr_metric_t *m_predictions, *m_infer_batches;
+    fr_series_t *m_refused, *m_accept_errors;
 };
 
 /* Wakes the loop to look at what the follower published (any thread). */

@@ -409,7 +409,8 @@ static void reads_leave_the_loop_free(int port, fr_metrics_t *metrics)
     assert_true(pid > 0);
     for (int i = 0; i < 5; i++) { /* hang up with the request queued */
         char req[160];
-        snprintf(req, sizeof(req), "GET /v2/models/sp3/rows?ids=%d HTTP/1.1\r\nHost: x\r\n\r\n", i);
+        snprintf(req, sizeof(req),
+                 "GET /v2/models/sp3/rows?ids=%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", i);
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
         sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

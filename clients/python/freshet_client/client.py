@@ -8,7 +8,9 @@ weights with their ETag and asks with If-None-Match, so an unchanged model
 costs a 304 and no download.
 """
 
+import http.client
 import json
+import math
 import struct
 import time
 import urllib.error
@@ -98,8 +100,11 @@ def parse_safetensors(data: bytes):
     tensors = {}
     for name, t in header.items():
         a, b = t["data_offsets"]
+        if t["dtype"] not in _DTYPES:
+            raise FreshetError(None, f"safetensors: tensor {name} has dtype {t['dtype']}")
         dt = np.dtype(_DTYPES[t["dtype"]])
-        if base + b > len(data) or (b - a) != dt.itemsize * int(np.prod(t["shape"], dtype=np.int64)):
+        if not 0 <= a <= b or base + b > len(data) or (b - a) != dt.itemsize * int(
+                np.prod(t["shape"], dtype=np.int64)):
             raise FreshetError(None, f"safetensors: tensor {name} does not fit its bytes")
         tensors[name] = np.frombuffer(data, dtype=dt, count=(b - a) // dt.itemsize, offset=base + a).reshape(t["shape"]).copy()
     return tensors, meta
@@ -154,14 +159,14 @@ class Client:
                 if e.code not in _RETRY_STATUS or attempt == self.retries:
                     raise FreshetError(e.code, _message(data)) from None
                 retry_after = e.headers.get("Retry-After")
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError, http.client.HTTPException) as e:
                 if attempt == self.retries:
                     reason = getattr(e, "reason", e)
                     raise FreshetError(None, f"{url}: {reason}") from None
-            wait = pause
+            wait = min(pause, 5.0)
             if retry_after is not None and retry_after.isdigit():
-                wait = max(wait, float(retry_after))
-            time.sleep(min(wait, 5.0))
+                wait = max(wait, float(retry_after))  # the server's word, even if longer
+            time.sleep(wait)
             pause *= 2
         raise AssertionError("unreachable")
 
@@ -173,7 +178,10 @@ class Client:
         if model is not None:
             return model
         if self._model is None:
-            self._model = self._get_json("/v2/models")["default"]
+            default = self._get_json("/v2/models").get("default")
+            if not default:
+                raise FreshetError(None, "the server has no default model: name one (model=...)")
+            self._model = default
         return self._model
 
     def _path(self, model: Optional[str], rest: str) -> str:
@@ -265,6 +273,8 @@ class Client:
             a = a.reshape(1, -1)
         if a.ndim != 2:
             raise ValueError("x must be [n, d] or [d]")
+        if not np.isfinite(a).all():
+            raise ValueError("x holds a NaN or an infinity: JSON cannot carry it")
         body = {"inputs": [{"name": "x", "shape": list(a.shape), "datatype": "FP32", "data": a.ravel().tolist()}]}
         if version is not None:
             body["parameters"] = {"version": int(version)}
@@ -272,7 +282,7 @@ class Client:
             body["outputs"] = [{"name": o} for o in outputs]
         if request_id is not None:
             body["id"] = request_id
-        _, _, data = self._request("POST", self._path(model, "/infer"), body=json.dumps(body).encode(),
+        _, _, data = self._request("POST", self._path(model, "/infer"), body=json.dumps(body, allow_nan=False).encode(),
                                    headers={"Content-Type": "application/json"})
         return self._prediction(json.loads(data))
 
@@ -280,8 +290,11 @@ class Client:
     def _prediction(ans) -> Prediction:
         outs = {}
         for o in ans["outputs"]:
-            dt = np.int64 if o["datatype"] == "INT64" else np.float32
-            outs[o["name"]] = np.asarray(o["data"], dtype=dt).reshape(o["shape"])
+            if o["datatype"] == "INT64":
+                arr = np.asarray(o["data"], dtype=np.int64)
+            else:  # a non-finite prediction comes as null
+                arr = np.asarray([math.nan if v is None else v for v in o["data"]], dtype=np.float32)
+            outs[o["name"]] = arr.reshape(o["shape"])
         return Prediction(model_version=int(ans["model_version"]), epoch=ans.get("parameters", {}).get("epoch", ""),
                           outputs=outs, id=ans.get("id"))
 
@@ -295,7 +308,7 @@ class Client:
             body["parameters"] = {"layout": layout}
         if request_id is not None:
             body["id"] = request_id
-        _, _, data = self._request("POST", self._path(model, "/infer"), body=json.dumps(body).encode(),
+        _, _, data = self._request("POST", self._path(model, "/infer"), body=json.dumps(body, allow_nan=False).encode(),
                                    headers={"Content-Type": "application/json"})
         return self._prediction(json.loads(data))
 

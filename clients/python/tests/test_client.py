@@ -148,6 +148,8 @@ def test_errors_carry_the_server_s_status_and_message(client):
     with pytest.raises(FreshetError) as e:
         client.latest("no-such-model")
     assert e.value.status == 404
+    with pytest.raises(ValueError):  # JSON cannot carry it: refused before sending
+        client.infer(np.array([1.0, np.nan, 0.0, 0.0]))
 
 
 def test_retries_back_off_then_give_up():
