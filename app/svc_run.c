@@ -228,6 +228,7 @@ static ingest_consumer_t *consumer_open(const char *cmd, const fr_config_t *cfg,
     ingest_schema_t schema;
     ingest_format_t format;
     trainer_model_schema(m, &schema);
+    schema.max_abs = (float)fr_config_get_double(cfg, "ingest", "max_abs_feature");
     int64_t features = fr_config_get_int(cfg, "ingest", "features");
     if (features != 0 && features != schema.features) {
         app_usage_error(cmd, "[ingest] features is %lld but the model's input is %d",

@@ -63,7 +63,9 @@ fr_err_t fr_errorf(fr_err_t err, char *errstr, size_t size, const char *fmt, ...
 
 /* ------------------------------------------------------------------------
  * Logging. Lines go to stderr as "2026-11-29T19:00:00.123Z WARN message".
- * Thread-safe: each line is written with one write(2).
+ * Thread-safe: each line is written with one write(2). Warnings and errors
+ * are rate limited per call site: at most 10 lines a second each, the next
+ * line saying how many were dropped.
  * ---------------------------------------------------------------------- */
 typedef enum fr_log_level {
     FR_LOG_ERROR = 0,

@@ -88,6 +88,9 @@ static const conf_key_t schema[] = {
            "Record encoding (a sparse model: criteo, libsvm or binary)."),
     K_INT("ingest", "features", "0", 0, NO_MAX,
           "Features per sample (0: the model's input width)."),
+    K_DBL("ingest", "max_abs_feature", "1e6", 0, 3e38, 0,
+          "A record with a feature of larger magnitude is rejected (reason magnitude): finite, "
+          "it would still overflow a gradient (0: no limit)."),
     K_INT("ingest", "batch", "64", 1, 65536, "Samples per batch."),
     K_INT("ingest", "queue", "16", 1, 1 << 20,
           "Batches buffered for the trainers; when full, consumption pauses."),

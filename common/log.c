@@ -1,8 +1,14 @@
 /*
  * log.c - leveled logging to stderr, one write(2) per line so that lines
- * from several threads never interleave.
+ * from several threads never interleave. Warnings and errors are rate
+ * limited per call site (their format string): at most LOG_BURST lines a
+ * site in LOG_WINDOW_NS; the next line after a window that dropped some
+ * says how many, so a fault that repeats fast (a failing accept(), a
+ * store down) costs a few lines a second, not a disk.
  */
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +19,45 @@
 #include "common/common.h"
 
 static atomic_int log_level = -1; /* -1: not yet read from FRESHET_LOG */
+
+#define LOG_BURST     10
+#define LOG_WINDOW_NS 1000000000ull
+#define LOG_SITES     128 /* call sites tracked at once (a hash of the format) */
+
+static pthread_mutex_t sites_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    const char *fmt;
+    uint64_t window_ns; /* when its window began */
+    unsigned lines;     /* written in the window */
+    unsigned dropped;   /* dropped since the last line written */
+} sites[LOG_SITES];
+
+/* Whether a line of fmt may be written now; *dropped receives the lines
+ * of fmt dropped since its last one (to say so). */
+static int site_allows(const char *fmt, unsigned *dropped)
+{
+    uint64_t now = fr_clock_mono_ns();
+    size_t i = (size_t)(((uintptr_t)fmt >> 3) * 0x9E3779B97F4A7C15ull >> 57) % LOG_SITES;
+    int ok;
+    pthread_mutex_lock(&sites_lock);
+    if (sites[i].fmt != fmt || now - sites[i].window_ns >= LOG_WINDOW_NS) {
+        if (sites[i].fmt != fmt)
+            sites[i].dropped = 0; /* another site took the slot */
+        sites[i].fmt = fmt;
+        sites[i].window_ns = now;
+        sites[i].lines = 0;
+    }
+    ok = sites[i].lines < LOG_BURST;
+    if (ok) {
+        sites[i].lines++;
+        *dropped = sites[i].dropped;
+        sites[i].dropped = 0;
+    } else {
+        sites[i].dropped++;
+    }
+    pthread_mutex_unlock(&sites_lock);
+    return ok;
+}
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
@@ -51,6 +96,9 @@ void fr_log_write(fr_log_level_t level, const char *fmt, ...)
     char line[2048];
     struct timespec ts;
     struct tm tm;
+    unsigned dropped = 0;
+    if (level <= FR_LOG_WARN && !site_allows(fmt, &dropped))
+        return;
 
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
@@ -62,6 +110,10 @@ void fr_log_write(fr_log_level_t level, const char *fmt, ...)
     int n = vsnprintf(line + off, sizeof(line) - (size_t)off - 1, fmt, ap);
     va_end(ap);
     size_t len = (size_t)off + (n < 0 ? 0 : (size_t)n);
+    if (dropped > 0 && len < sizeof(line) - 2)
+        len += (size_t)snprintf(line + len, sizeof(line) - 1 - len,
+                                " (%u more like this dropped: at most %d a second)", dropped,
+                                LOG_BURST);
     if (len > sizeof(line) - 2)
         len = sizeof(line) - 2; /* truncated: keep the newline */
     line[len++] = '\n';

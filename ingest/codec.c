@@ -20,7 +20,8 @@
 static const char *const format_names[] = {"csv", "libsvm", "f32", "idx"};
 
 static const char *const reject_names[INGEST_REJECT_COUNT] = {
-    "ok", "bad_number", "feature_count", "index_range", "label_range", "nonfinite", "oversize",
+    "ok",          "bad_number", "feature_count", "index_range",
+    "label_range", "nonfinite",  "oversize",      "magnitude",
 };
 
 fr_err_t ingest_format_parse(const char *name, ingest_format_t *format)
@@ -451,8 +452,26 @@ static ingest_reject_t decode_f32(const ingest_schema_t *schema, const unsigned 
  * schema or output) accepts nothing: every record is "feature_count". The
  * idx format has no records of its own and answers "bad_number".
  */
+static ingest_reject_t decode_dense(const ingest_schema_t *schema, ingest_format_t format,
+                                    const void *rec, size_t len, float *x, float *y);
+
 ingest_reject_t ingest_decode(const ingest_schema_t *schema, ingest_format_t format,
                               const void *rec, size_t len, float *x, float *y)
+{
+    if (schema == NULL || schema->decode != NULL || schema->features <= 0 || x == NULL)
+        return decode_dense(schema, format, rec, len, x, y);
+    ingest_reject_t r = decode_dense(schema, format, rec, len, x, y);
+    if (r != INGEST_OK || !(schema->max_abs > 0.0f))
+        return r;
+    for (int i = 0; i < schema->features; i++) /* after nonfinite: NaN fails no compare */
+        if (fabsf(x[i]) > schema->max_abs)
+            return INGEST_REJECT_MAGNITUDE;
+    return INGEST_OK;
+}
+
+/* ingest_decode without the magnitude rule. */
+static ingest_reject_t decode_dense(const ingest_schema_t *schema, ingest_format_t format,
+                                    const void *rec, size_t len, float *x, float *y)
 {
     const char *p = rec != NULL ? (const char *)rec : "";
 

@@ -43,6 +43,7 @@ typedef enum ingest_reject {
     INGEST_REJECT_LABEL_RANGE,   /* "label_range": label invalid for the loss   */
     INGEST_REJECT_NONFINITE,     /* "nonfinite": NaN or infinity                */
     INGEST_REJECT_OVERSIZE,      /* "oversize": longer than max_record bytes    */
+    INGEST_REJECT_MAGNITUDE,     /* "magnitude": a feature beyond max_abs       */
     INGEST_REJECT_COUNT
 } ingest_reject_t;
 
@@ -70,9 +71,12 @@ typedef struct ingest_schema {
     ingest_decode_fn decode; /* NULL: the format's decoder; else this one, for
                                 every format, records up to the text limit  */
     const void *decode_arg;
-    int aux; /* > 0: x[aux] of a decoded record takes the record's aux value (its
-                Kafka header freshet-p: a sparse model's planted probability) when
-                it has one (ingest_batcher_add_aux); 0: none */
+    int aux;       /* > 0: x[aux] of a decoded record takes the record's aux value (its
+                      Kafka header freshet-p: a sparse model's planted probability) when
+                      it has one (ingest_batcher_add_aux); 0: none */
+    float max_abs; /* > 0: a record with a feature of larger magnitude is rejected
+                      (magnitude): finite, but it overflows a gradient; 0: no limit.
+                      Not applied to records a decode hook reads */
 } ingest_schema_t;
 
 /* Decodes one record (a csv or libsvm line without its newline, though a

@@ -567,6 +567,10 @@ static void audit(psstore_applier_t *a, const psstore_grad_t *g, const char *out
         ps_buf_kv(&a->audit, "first", "%lld", (long long)r->from);
         ps_buf_kv(&a->audit, "last", "%lld", (long long)r->to - 1);
         ps_buf_kv(&a->audit, "version", "%lld", (long long)a->version);
+        /* a rollback's re-application is in another epoch, a replay's in a
+         * newer generation: neither is a double apply */
+        ps_buf_kv(&a->audit, "epoch", "%llu", (unsigned long long)a->epoch);
+        ps_buf_kv(&a->audit, "generation", "%lld", (long long)g->generation);
         ps_buf_kv(&a->audit, "outcome", "%s", outcome);
         ps_buf_kv(&a->audit, "worker", "%s", g->worker);
     }

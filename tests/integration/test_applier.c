@@ -761,6 +761,37 @@ static void test_replay_rewind_drops_older_generations(void **state)
     expected_weights(want, ks, 4);
     read_model(model, w, &epoch, &version);
     assert_weights_near(w, want, 1e-5f);
+    /* the audit tells the replay's re-application from a double apply: t/0's
+     * positions 5-9 applied in generation 0, then again in generation 1,
+     * both in the model's one epoch */
+    char text[4096] = "", want_epoch[32];
+    snprintf(want_epoch, sizeof(want_epoch), "%llu", (unsigned long long)epoch);
+    redisContext *rc = redisConnect("127.0.0.1", redis.port);
+    redisReply *r = redisCommand(rc, "XRANGE freshet:{%s}:audit - +", model);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    for (size_t i = 0; i < r->elements; i++) {
+        const redisReply *kv = r->element[i]->element[1];
+        const char *f[8] = {0};
+        static const char *const names[] = {"topic", "partition",  "first",  "last",
+                                            "epoch", "generation", "outcome"};
+        for (size_t k = 0; k + 1 < kv->elements; k += 2)
+            for (int n = 0; n < 7; n++)
+                if (strcmp(kv->element[k]->str, names[n]) == 0)
+                    f[n] = kv->element[k + 1]->str;
+        for (int n = 0; n < 7; n++)
+            assert_non_null(f[n]);
+        assert_string_equal(f[4], want_epoch);
+        size_t len = strlen(text);
+        snprintf(text + len, sizeof(text) - len, "%s/%s %s-%s g%s %s\n", f[0], f[1], f[2], f[3],
+                 f[5], f[6]);
+    }
+    freeReplyObject(r);
+    redisFree(rc);
+    assert_string_equal(text, "t/0 0-9 g0 applied\n"
+                              "t/1 0-9 g0 applied\n"
+                              "t/0 10-19 g0 replay\n"
+                              "t/0 5-9 g1 applied\n"
+                              "t/1 10-19 g0 applied\n");
     psstore_conn_destroy(c);
     psstore_client_destroy(cl);
 }

@@ -94,6 +94,7 @@ static void test_reject_names_are_stable_metric_labels(void **state)
     assert_string_equal(ingest_reject_name(INGEST_REJECT_LABEL_RANGE), "label_range");
     assert_string_equal(ingest_reject_name(INGEST_REJECT_NONFINITE), "nonfinite");
     assert_string_equal(ingest_reject_name(INGEST_REJECT_OVERSIZE), "oversize");
+    assert_string_equal(ingest_reject_name(INGEST_REJECT_MAGNITUDE), "magnitude");
     assert_string_equal(ingest_reject_name(INGEST_REJECT_COUNT), "unknown");
 }
 
@@ -226,6 +227,38 @@ static void test_decode_csv_rejects_nonfinite_values(void **state)
     assert_int_equal(decode_str(&s, INGEST_FORMAT_CSV, "1,1e-40,1e-50", x, &y), INGEST_OK);
     assert_true(same_float(x[0], ref_strtof("1e-40")));
     assert_true(same_float(x[1], 0.0f));
+}
+
+/* A finite feature beyond max_abs (3e38: its gradient overflows) is
+ * rejected as magnitude, in every dense format, after nonfinite; at the
+ * bound and with no bound the record passes. */
+static void test_features_beyond_max_abs_are_rejected(void **state)
+{
+    (void)state;
+    ingest_schema_t s = schema_of(3, INGEST_LABEL_REAL, 0);
+    s.max_abs = 1e6f;
+    float x[3], y;
+    static const struct {
+        ingest_format_t format;
+        const char *rec;
+        ingest_reject_t want;
+    } cases[] = {
+        {INGEST_FORMAT_CSV, "1,3e38,3e38,3e38", INGEST_REJECT_MAGNITUDE},
+        {INGEST_FORMAT_CSV, "1,0.5,-1000001,2", INGEST_REJECT_MAGNITUDE},
+        {INGEST_FORMAT_LIBSVM, "1 2:2e6", INGEST_REJECT_MAGNITUDE},
+        {INGEST_FORMAT_CSV, "1,nan,3e38,0", INGEST_REJECT_NONFINITE}, /* the documented order */
+        {INGEST_FORMAT_CSV, "1,1e6,-1e6,0", INGEST_OK},               /* at the bound */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        if (decode_str(&s, cases[i].format, cases[i].rec, x, &y) != cases[i].want)
+            fail_msg("'%s': not %s", cases[i].rec, ingest_reject_name(cases[i].want));
+    assert_true(x[0] == 1e6f && x[1] == -1e6f);
+    float rec[4] = {1.0f, 3e38f, 0.0f, 1.0f}; /* f32: the label, then D features */
+    assert_int_equal(ingest_decode(&s, INGEST_FORMAT_F32, rec, sizeof(rec), x, &y),
+                     INGEST_REJECT_MAGNITUDE);
+    s.max_abs = 0; /* no limit */
+    assert_int_equal(decode_str(&s, INGEST_FORMAT_CSV, "1,3e38,3e38,3e38", x, &y), INGEST_OK);
+    assert_int_equal(ingest_decode(&s, INGEST_FORMAT_F32, rec, sizeof(rec), x, &y), INGEST_OK);
 }
 
 static void test_decode_csv_checks_reasons_in_the_documented_order(void **state)
@@ -839,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_decode_csv_rejects_wrong_feature_count),
         cmocka_unit_test(test_decode_csv_rejects_nonfinite_values),
         cmocka_unit_test(test_decode_csv_checks_reasons_in_the_documented_order),
+        cmocka_unit_test(test_features_beyond_max_abs_are_rejected),
         cmocka_unit_test(test_decode_csv_rejects_oversize_records),
         cmocka_unit_test(test_decode_csv_values_equal_strtof_bit_for_bit),
         cmocka_unit_test(test_decode_csv_printed_floats_and_midpoints_equal_strtof),

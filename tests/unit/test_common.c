@@ -7,8 +7,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -104,6 +107,52 @@ static void test_log_levels_parse(void **state)
     fr_log_set_level(FR_LOG_INFO);
 }
 
+/* A warning repeated fast is written 10 times a second at most; the next
+ * one after a second says how many were dropped; another call site and
+ * info lines are not held back. */
+static void same_fault(int i)
+{
+    fr_log(FR_LOG_WARN, "test: the same fault %d", i); /* one call site */
+}
+
+static void test_repeated_warnings_are_rate_limited(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/freshet-log-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    int saved = dup(STDERR_FILENO);
+    assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+    for (int i = 0; i < 100; i++)
+        same_fault(i);
+    fr_log(FR_LOG_WARN, "test: another fault");
+    for (int i = 0; i < 30; i++)
+        fr_log(FR_LOG_INFO, "test: progress %d", i);
+    struct timespec ts = {1, 100000000}; /* past the window */
+    nanosleep(&ts, NULL);
+    same_fault(100);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char text[16384];
+    ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+    close(fd);
+    unlink(path);
+    assert_true(n > 0);
+    text[n] = '\0';
+    int same = 0, other = 0, info = 0;
+    for (const char *p = text; (p = strstr(p, "test: ")) != NULL; p++) {
+        same += strncmp(p, "test: the same fault", 20) == 0;
+        other += strncmp(p, "test: another fault", 19) == 0;
+        info += strncmp(p, "test: progress", 14) == 0;
+    }
+    assert_int_equal(same, 11); /* 10 in the first second, then one */
+    assert_int_equal(other, 1);
+    assert_int_equal(info, 30);
+    assert_non_null(strstr(text, "the same fault 9\n"));
+    assert_null(strstr(text, "the same fault 10\n"));
+    assert_non_null(strstr(text, "the same fault 100 (90 more like this dropped"));
+}
+
 static void test_mem_touch_keeps_contents(void **state)
 {
     size_t n = 3 * 4096 + 17;
@@ -134,6 +183,7 @@ int main(void)
         cmocka_unit_test(test_errors_have_descriptions_and_fill_errstr),
         cmocka_unit_test(test_log_levels_parse),
         cmocka_unit_test(test_mem_touch_keeps_contents),
+        cmocka_unit_test(test_repeated_warnings_are_rate_limited),
         cmocka_unit_test(test_clocks_move_forward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
