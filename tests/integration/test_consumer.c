@@ -48,7 +48,7 @@ static const char *const test_props[][2] = {
  * Records.
  * ---------------------------------------------------------------------- */
 
-typedef enum kind { GOOD, GARBAGE, SHORT, NAN_FEATURE } kind_t;
+typedef enum kind { GOOD, GARBAGE, SHORT, NAN_FEATURE, POISON } kind_t;
 
 static void features_of(int64_t g, float *x)
 {
@@ -68,6 +68,7 @@ static size_t make_record(kind_t kind, int32_t partition, int64_t offset, char *
     case GARBAGE: memcpy(buf, "garbage!!", 9); return 9;
     case SHORT: memcpy(buf, v, 4 * D); return 4 * D;
     case NAN_FEATURE: v[2] = NAN; break;
+    case POISON: v[1] = v[2] = v[3] = 3e38f; break; /* finite: it overflows a gradient */
     case GOOD: break;
     }
     memcpy(buf, v, sizeof(v));
@@ -273,7 +274,7 @@ static ingest_consumer_t *consumer_new_props(const char *topic, const char *mode
         .topic = topic,
         .redis_url = redis.url,
         .model = model,
-        .schema = {.features = D, .label = INGEST_LABEL_REAL},
+        .schema = {.features = D, .label = INGEST_LABEL_REAL, .max_abs = 1e6f},
         .format = INGEST_FORMAT_F32,
         .batch = batch,
         .queue = queue,
@@ -314,6 +315,8 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
     kinds[1][PER - 1] = GARBAGE;
     kinds[2][0] = SHORT;
     kinds[2][PER - 1] = NAN_FEATURE;
+    kinds[0][40] = POISON;
+    kinds[2][50] = POISON;
     for (int p = 0; p < 3; p++)
         produce("c1", p, 0, kinds[p], PER);
 
@@ -334,13 +337,16 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
     assert_int_equal(st.consumed, 3 * PER);
     assert_int_equal(st.rejected[INGEST_REJECT_FEATURE_COUNT], 4);
     assert_int_equal(st.rejected[INGEST_REJECT_NONFINITE], 2);
-    assert_int_equal(st.dead_letters, 6);
+    assert_int_equal(st.rejected[INGEST_REJECT_MAGNITUDE], 2);
+    assert_int_equal(st.dead_letters, 8);
     assert_int_equal(st.fetch_wakeups, 0); /* the queue never came near librdkafka's limits */
     char *text = fr_metrics_render(reg, NULL);
     assert_non_null(text);
     assert_non_null(strstr(text, "freshet_ingest_records_consumed_total{topic=\"c1\"} 300"));
     assert_non_null(
         strstr(text, "freshet_ingest_records_rejected_total{topic=\"c1\",reason=\"nonfinite\"} 2"));
+    assert_non_null(
+        strstr(text, "freshet_ingest_records_rejected_total{topic=\"c1\",reason=\"magnitude\"} 2"));
     free(text);
     ingest_consumer_destroy(c); /* flushes the dead letters */
     fr_metrics_destroy(reg);
@@ -353,7 +359,7 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
              broker.bootstrap);
     FILE *f = popen(cmd, "r");
     assert_non_null(f);
-    int garbage = 0, shortrec = 0, nan = 0;
+    int garbage = 0, shortrec = 0, nan = 0, poison = 0;
     while (fgets(line, sizeof(line), f) != NULL) {
         int count = atoi(line);
         if (strstr(line, "freshet.reason=feature_count 9") != NULL)
@@ -362,6 +368,8 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
             shortrec += count;
         else if (strstr(line, "freshet.reason=nonfinite 16") != NULL)
             nan += count;
+        else if (strstr(line, "freshet.reason=magnitude 16") != NULL)
+            poison += count;
         else
             fail_msg("unexpected dead letter: %s", line);
     }
@@ -369,6 +377,7 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
     assert_int_equal(garbage, 2);
     assert_int_equal(shortrec, 2);
     assert_int_equal(nan, 2);
+    assert_int_equal(poison, 2);
 }
 
 /* The store says where to start and what was applied above that. */
