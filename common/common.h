@@ -25,8 +25,10 @@ extern "C" {
 
 /* A hot loop over a parameter vector, compiled also for AVX2 and chosen at
  * load time (GCC function multiversioning on x86-64), so the portable
- * binary still runs at the width of the CPU it lands on. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+ * binary still runs at the width of the CPU it lands on. Not under
+ * ThreadSanitizer: the chooser (an ifunc resolver) runs before its runtime
+ * is up and would crash the program at load. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define FR_VECTOR_LOOP __attribute__((target_clones("avx2", "default")))
 #else
 #define FR_VECTOR_LOOP

@@ -70,12 +70,13 @@ int harness_cluster_wait_ok(const harness_cluster_t *cl, const char *key, int ti
  * keys), then SETSLOT NODE on every node. 0 or -1. */
 int harness_cluster_migrate(const harness_cluster_t *cl, const char *key, int to, int pause_ms);
 
-/* 1 in a build under AddressSanitizer (gcc or clang), whose slowdown a
- * timing bound or a long quality test must allow for, else 0. */
-#if defined(__SANITIZE_ADDRESS__)
+/* 1 in a build under AddressSanitizer or ThreadSanitizer (gcc or clang),
+ * whose slowdown a timing bound or a long quality test must allow for,
+ * else 0. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define HARNESS_SANITIZED 1
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define HARNESS_SANITIZED 1
 #endif
 #endif
