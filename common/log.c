@@ -33,27 +33,45 @@ static struct {
 } sites[LOG_SITES];
 
 /* Whether a line of fmt may be written now; *dropped receives the lines
- * of fmt dropped since its last one (to say so). */
+ * of fmt dropped since its last one (to say so). A site's slot is one of
+ * LOG_PROBE from its hash: its own, else a free one, else the one idle the
+ * longest (whose count is then lost, never given to another site). */
+#define LOG_PROBE 4
 static int site_allows(const char *fmt, unsigned *dropped)
 {
-    uint64_t now = fr_clock_mono_ns();
-    size_t i = (size_t)(((uintptr_t)fmt >> 3) * 0x9E3779B97F4A7C15ull >> 57) % LOG_SITES;
+    size_t h = (size_t)(((uintptr_t)fmt >> 3) * 0x9E3779B97F4A7C15ull >> 57);
     int ok;
     pthread_mutex_lock(&sites_lock);
-    if (sites[i].fmt != fmt || now - sites[i].window_ns >= LOG_WINDOW_NS) {
-        if (sites[i].fmt != fmt)
-            sites[i].dropped = 0; /* another site took the slot */
-        sites[i].fmt = fmt;
-        sites[i].window_ns = now;
-        sites[i].lines = 0;
+    uint64_t now = fr_clock_mono_ns(); /* under the lock: windows only move forward */
+    size_t i = h % LOG_SITES, pick = LOG_SITES;
+    for (size_t k = 0; k < LOG_PROBE && pick == LOG_SITES; k++)
+        if (sites[(h + k) % LOG_SITES].fmt == fmt)
+            pick = (h + k) % LOG_SITES;
+    for (size_t k = 0; k < LOG_PROBE && pick == LOG_SITES; k++)
+        if (sites[(h + k) % LOG_SITES].fmt == NULL)
+            pick = (h + k) % LOG_SITES;
+    if (pick == LOG_SITES) {
+        pick = i;
+        for (size_t k = 1; k < LOG_PROBE; k++)
+            if (sites[(h + k) % LOG_SITES].window_ns < sites[pick].window_ns)
+                pick = (h + k) % LOG_SITES;
     }
-    ok = sites[i].lines < LOG_BURST;
+    if (sites[pick].fmt != fmt) {
+        sites[pick].fmt = fmt;
+        sites[pick].dropped = 0;
+        sites[pick].window_ns = now;
+        sites[pick].lines = 0;
+    } else if (now - sites[pick].window_ns >= LOG_WINDOW_NS) {
+        sites[pick].window_ns = now;
+        sites[pick].lines = 0;
+    }
+    ok = sites[pick].lines < LOG_BURST;
     if (ok) {
-        sites[i].lines++;
-        *dropped = sites[i].dropped;
-        sites[i].dropped = 0;
+        sites[pick].lines++;
+        *dropped = sites[pick].dropped;
+        sites[pick].dropped = 0;
     } else {
-        sites[i].dropped++;
+        sites[pick].dropped++;
     }
     pthread_mutex_unlock(&sites_lock);
     return ok;

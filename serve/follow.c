@@ -120,6 +120,14 @@ static void put_view(sv_view_t **slot, sv_view_t *v)
     sv_view_unref(old);
 }
 
+int sv_snapshot_unserved(const sv_model_t *m, int64_t version)
+{
+    for (size_t i = 0; i < m->nunserved; i++)
+        if (m->unserved[i] == version)
+            return 1;
+    return 0;
+}
+
 /* Drops m's weights and snapshots: the model left the store. */
 static void model_gone(struct serve *s, sv_model_t *m, int *changed)
 {
@@ -131,6 +139,7 @@ static void model_gone(struct serve *s, sv_model_t *m, int *changed)
             sv_view_unref(m->snaps[i]);
         m->nsnaps = 0;
         m->nlisted = 0;
+        m->nunserved = 0;
         m->published_ms = 0;
         m->seq++;
         *changed = 1;
@@ -286,12 +295,13 @@ static fr_err_t refresh_weights(struct serve *s, psstore_conn_t *c, sv_model_t *
  */
 static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t *m,
                                   const model_t *tm, float *w, uint64_t epoch, sv_view_t **snaps,
-                                  size_t *nsnaps)
+                                  size_t *nsnaps, int64_t *unserved, size_t *nunserved)
 {
     psstore_snapshot_info_t list[SV_MAX_SNAPS];
     char why[256] = "";
     fr_err_t err;
     *nsnaps = 0;
+    *nunserved = 0;
     pthread_mutex_lock(&s->lock); /* as refresh_info listed them just now */
     size_t nlist = m->nlisted;
     memcpy(list, m->listed, nlist * sizeof(list[0]));
@@ -313,12 +323,13 @@ static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t
                     sv_view_unref(snaps[j]);
                 return err;
             }
-            if (sep != epoch)
-                continue; /* another lineage: not served */
-            have = make_view(tm, m->name, w, sep, list[i].version, list[i].time_ms, NULL, why,
-                             sizeof(why));
-            if (have == NULL)
+            if (sep == epoch)
+                have = make_view(tm, m->name, w, sep, list[i].version, list[i].time_ms, NULL, why,
+                                 sizeof(why));
+            if (have == NULL) { /* another lineage (before a rollback), or unreadable */
+                unserved[(*nunserved)++] = list[i].version;
                 continue;
+            }
         }
         snaps[(*nsnaps)++] = have;
     }
@@ -328,7 +339,7 @@ static fr_err_t refresh_snapshots(struct serve *s, psstore_conn_t *c, sv_model_t
 /* Serves v and snaps from now on (their references move into m) and
  * clears m's error. */
 static void refresh_publish(struct serve *s, sv_model_t *m, sv_view_t *v, sv_view_t **snaps,
-                            size_t nsnaps, int *changed)
+                            size_t nsnaps, const int64_t *unserved, size_t nunserved, int *changed)
 {
     int64_t version = v->version;
     pthread_mutex_lock(&s->lock);
@@ -337,6 +348,8 @@ static void refresh_publish(struct serve *s, sv_model_t *m, sv_view_t *v, sv_vie
         sv_view_unref(m->snaps[i]);
     memcpy(m->snaps, snaps, nsnaps * sizeof(snaps[0]));
     m->nsnaps = nsnaps;
+    memcpy(m->unserved, unserved, nunserved * sizeof(unserved[0]));
+    m->nunserved = nunserved;
     m->error[0] = '\0';
     m->seq++;
     pthread_mutex_unlock(&s->lock);
@@ -366,12 +379,14 @@ static fr_err_t refresh_model(struct serve *s, psstore_conn_t *c, sv_model_t *m,
         return err;
     sv_view_t *snaps[SV_MAX_SNAPS];
     size_t nsnaps;
-    err = refresh_snapshots(s, c, m, &tm, *w, v->epoch, snaps, &nsnaps);
+    int64_t unserved[SV_MAX_SNAPS];
+    size_t nunserved;
+    err = refresh_snapshots(s, c, m, &tm, *w, v->epoch, snaps, &nsnaps, unserved, &nunserved);
     if (err != FR_OK) {
         sv_view_unref(v);
         return err;
     }
-    refresh_publish(s, m, v, snaps, nsnaps, changed);
+    refresh_publish(s, m, v, snaps, nsnaps, unserved, nunserved, changed);
     return FR_OK;
 }
 
@@ -753,7 +768,7 @@ static void build_meta(sv_model_t *m)
     sv_puts(&b, ",\"versions\":[");
     size_t n = 0;
     for (size_t i = 0; i < m->nlisted; i++)
-        if (m->listed[i].version != info->version)
+        if (m->listed[i].version != info->version && !sv_snapshot_unserved(m, m->listed[i].version))
             sv_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->listed[i].version);
     sv_printf(&b, "%s\"%lld\"],\"platform\":\"freshet\"", n ? "," : "", (long long)info->version);
     if (ndims >= 2) { /* what POST .../infer takes and gives (infer.c) */

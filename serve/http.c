@@ -807,7 +807,7 @@ static pthread_mutex_t listeners_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
     struct evconnlistener *lev;
     struct serve *s;
-} listeners[64]; /* which server a listener's error callback is about */
+} listeners[256]; /* which server a listener's error callback is about */
 
 static void on_accept_again(evutil_socket_t fd, short what, void *arg)
 {
@@ -837,7 +837,7 @@ static void on_accept_error(struct evconnlistener *lev, void *ctx)
     s->accept_error_ns = now;
     int pause = s->accept_pause_ms;
     s->accept_pause_ms = pause * 2 > ACCEPT_PAUSE_MAX_MS ? ACCEPT_PAUSE_MAX_MS : pause * 2;
-    if (pause == ACCEPT_PAUSE_MIN_MS || pause == ACCEPT_PAUSE_MAX_MS / 2)
+    if (pause == ACCEPT_PAUSE_MIN_MS) /* once a spell */
         fr_log(FR_LOG_WARN,
                "serve: accept() failed: %s; not accepting for %d ms (then up to %d ms a "
                "time while it fails; freshet_http_accept_errors_total counts them)",
@@ -846,20 +846,27 @@ static void on_accept_error(struct evconnlistener *lev, void *ctx)
     event_add(s->accept_again, &tv);
 }
 
+/* Adds s's listener to the registry (add), or removes s from it. A
+ * listener left out (the registry full) keeps libevent's own handling. */
 static void listener_register(struct serve *s, int add)
 {
-    struct evconnlistener *lev = evhttp_bound_socket_get_listener(s->bound);
+    struct evconnlistener *lev = add ? evhttp_bound_socket_get_listener(s->bound) : NULL;
+    int added = 0;
     pthread_mutex_lock(&listeners_lock);
-    for (size_t i = 0; i < sizeof(listeners) / sizeof(listeners[0]); i++)
+    for (size_t i = 0; i < sizeof(listeners) / sizeof(listeners[0]) && !added; i++)
         if (add ? listeners[i].lev == NULL : listeners[i].s == s) {
-            listeners[i].lev = add ? lev : NULL;
+            listeners[i].lev = lev;
             listeners[i].s = add ? s : NULL;
-            if (add)
-                break;
+            added = add;
         }
     pthread_mutex_unlock(&listeners_lock);
-    if (add)
+    if (added)
         evconnlistener_set_error_cb(lev, on_accept_error);
+    else if (add)
+        fr_log(FR_LOG_WARN,
+               "serve: more than %zu servers in this process: accept() failures are "
+               "not paused for this one",
+               sizeof(listeners) / sizeof(listeners[0]));
 }
 
 /* ",name,name,": the Host names answered ("" any). */
@@ -1235,6 +1242,7 @@ void serve_destroy(serve_t *s)
     if (s == NULL)
         return;
     serve_stop(s);
+    listener_register(s, 0); /* before evhttp_free frees the listener */
     if (s->http != NULL)
         evhttp_free(s->http); /* closes connections: waiters' and jobs' close callbacks run */
     sv_pool_fini(&s->rows);
@@ -1247,8 +1255,6 @@ void serve_destroy(serve_t *s)
         event_free(s->stop_wait);
     if (s->accept_again != NULL)
         event_free(s->accept_again);
-    if (s->bound != NULL)
-        listener_register(s, 0);
     if (s->base != NULL)
         event_base_free(s->base);
     if (s->ssl_ctx != NULL)

@@ -309,8 +309,12 @@ static enum readiness job_ready(infer_job_t *j, sv_view_t **view)
     snprintf(why, sizeof(why), "%s", m->error);
     pthread_mutex_unlock(&s->lock);
     int waited_out = fr_clock_mono_ns() - j->t0_ns > FRESH_WAIT_MS * 1000000ull;
-    if (j->latest.cur == NULL && sparse) {
-        j->job.then = to_rows;
+    if (j->latest.cur == NULL && sparse && !j->parsed) {
+        j->job.then = to_rows; /* the body, unparsed, goes with it */
+        return ANSWERED;
+    }
+    if (j->latest.cur == NULL && sparse) { /* made again as a sparse model meanwhile */
+        job_error(j, 503, "model '%s' was made again as a sparse model; send again", j->name);
         return ANSWERED;
     }
     if (j->latest.cur == NULL && !known && !waited_out)
@@ -328,6 +332,11 @@ static enum readiness job_ready(infer_job_t *j, sv_view_t **view)
     }
     pthread_mutex_lock(&s->lock);
     sv_view_t *latest = j->latest.cur != NULL ? j->latest.cur : m->cur;
+    if (latest == NULL) { /* deleted while the body was parsed */
+        pthread_mutex_unlock(&s->lock);
+        job_error(j, 503, "model '%s' left the store; try again", j->name);
+        return ANSWERED;
+    }
     if (j->want_version < 0) {
         *view = sv_view_ref(latest);
     } else if (latest->version == j->want_version) {

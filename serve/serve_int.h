@@ -209,6 +209,8 @@ typedef struct sv_model {
     size_t nlisted;                 /* the retained snapshots, oldest first, read
                                        with the model's info whatever is wanted */
     psstore_snapshot_info_t listed[SV_MAX_SNAPS];
+    size_t nunserved; /* listed ones not served: another epoch's, or unreadable */
+    int64_t unserved[SV_MAX_SNAPS];
     int64_t published_ms; /* the newest snapshot's time, 0 when none      */
     sv_blob_t *stats;     /* the stats JSON                              */
     uint64_t stats_seq;   /* bumped by every stats build                 */
@@ -219,6 +221,9 @@ typedef struct sv_model {
     sv_waiter_t *waiters;
 } sv_model_t;
 
+/* Whether version is listed for m but not served (another epoch's
+ * snapshot, or unreadable). Under s->lock (follow.c). */
+int sv_snapshot_unserved(const sv_model_t *m, int64_t version);
 /* Follows the store for s (follow.c). */
 struct serve;
 void *sv_follow_main(void *arg);
