@@ -209,6 +209,9 @@ ingest_consumer_t *app_consumer_open(const char *cmd, const fr_config_t *cfg,
         .queue = (int)fr_config_get_int(cfg, "ingest", "queue"),
         .linger_ms = (int)fr_config_get_int(cfg, "ingest", "linger_ms"),
         .start_latest = strcmp(fr_config_get(cfg, "ingest", "start"), "latest") == 0,
+        .whole_topic = strcmp(fr_config_get(cfg, "ingest", "assignment"), "all") == 0 ||
+                       (strcmp(fr_config_get(cfg, "ingest", "assignment"), "auto") == 0 &&
+                        strcmp(cmd, "run") == 0),
         .dead_letter_topic = fr_config_get(cfg, "ingest", "dead_letter_topic"),
         .gap_timeout_ms = (int)ceil(fr_config_get_double(cfg, "psstore", "gap_timeout") * 1000),
         .metrics = metrics,

@@ -89,8 +89,8 @@ static const conf_key_t schema[] = {
     K_INT("ingest", "features", "0", 0, NO_MAX,
           "Features per sample (0: the model's input width)."),
     K_DBL("ingest", "max_abs_feature", "1e6", 0, 3e38, 0,
-          "A record with a feature of larger magnitude is rejected (reason magnitude): finite, "
-          "it would still overflow a gradient (0: no limit)."),
+          "A record with a feature (or an mse target) of larger magnitude is rejected (reason "
+          "magnitude): finite, it would still overflow a gradient (0: no limit)."),
     K_INT("ingest", "batch", "64", 1, 65536, "Samples per batch."),
     K_INT("ingest", "queue", "16", 1, 1 << 20,
           "Batches buffered for the trainers; when full, consumption pauses."),
@@ -99,6 +99,10 @@ static const conf_key_t schema[] = {
     K_ENUM("ingest", "start", "earliest", "earliest|latest",
            "Where a partition the store has never seen starts (Kafka's committed offsets are never "
            "used)."),
+    K_ENUM("ingest", "assignment", "auto", "auto|group|all",
+           "How partitions are shared: group (the consumer group freshet.<model>), all (this "
+           "process takes every partition without joining the group: restarts skip the group's "
+           "rebalance), auto (all for freshet run, group for freshet train)."),
     K_STR("ingest", "dead_letter_topic", "",
           "Topic that receives rejected records (empty: they are only counted)."),
 

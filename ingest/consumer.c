@@ -46,9 +46,10 @@
 #include "ingest/ingest_int.h"
 #include "psstore/psstore.h"
 
-#define POLL_MS         100  /* one poll waits at most this long       */
-#define COMMIT_EVERY_MS 1000 /* the store's watermarks go to Kafka     */
-#define DLQ_FLUSH_MS    5000 /* dead letters still queued at destroy    */
+#define POLL_MS         100   /* one poll waits at most this long       */
+#define COMMIT_EVERY_MS 1000  /* the store's watermarks go to Kafka     */
+#define WHOLE_CHECK_MS  10000 /* whole topic: look for new partitions   */
+#define DLQ_FLUSH_MS    5000  /* dead letters still queued at destroy    */
 #define DLQ_HEADER      "freshet.reason"
 #define GAP_TIMEOUT_MS  10000      /* [psstore] gap_timeout's default          */
 #define WAKE_TIMEOUT_MS 1000       /* a fetch wakeup's ListOffsets round trip, at most */
@@ -538,6 +539,51 @@ static void fetch_wake_check(ingest_consumer_t *c)
 }
 
 /*
+ * The whole topic without a group (docs/design.md "The whole topic without
+ * a group"): assigns every partition of the topic as a group's first
+ * assignment would, at the store's watermarks; once the topic has more
+ * partitions than were assigned, assigns them all again (the partitions
+ * held restart from the store's watermarks: what was in flight is read
+ * again and dropped as duplicate by position). Poll thread. 0 once
+ * assigned (or nothing new), -1 while the metadata cannot be had.
+ */
+static int assign_whole_topic(ingest_consumer_t *c, int timeout_ms)
+{
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, c->topic, NULL);
+    if (rkt == NULL)
+        return -1;
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t err = rd_kafka_metadata(c->rk, 0, rkt, &md, timeout_ms);
+    int n = -1;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 &&
+        md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        n = md->topics[0].partition_cnt;
+    else
+        fr_log(FR_LOG_WARN, "ingest: metadata of %s: %s", c->topic,
+               err != RD_KAFKA_RESP_ERR_NO_ERROR ? rd_kafka_err2str(err)
+               : md->topic_cnt == 1              ? rd_kafka_err2str(md->topics[0].err)
+                                                 : "no such topic");
+    if (md != NULL)
+        rd_kafka_metadata_destroy(md);
+    rd_kafka_topic_destroy(rkt);
+    if (n < 1)
+        return -1;
+    if (n <= c->whole_parts)
+        return 0;
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n);
+    if (parts == NULL)
+        return -1;
+    for (int p = 0; p < n; p++)
+        rd_kafka_topic_partition_list_add(parts, c->topic, p);
+    on_assign(c, parts, 0);
+    rd_kafka_topic_partition_list_destroy(parts);
+    fr_log(FR_LOG_INFO, "ingest: %s: assigned partitions 0-%d (%s, no consumer group)", c->topic,
+           n - 1, c->whole_parts == 0 ? "the whole topic" : "the topic grew");
+    c->whole_parts = n;
+    return 0;
+}
+
+/*
  * The poll thread: polls (which also runs the rebalance and commit
  * callbacks), batches, flushes a partial batch linger_ms after its first
  * record, applies backpressure and commits the store's watermarks every
@@ -556,6 +602,12 @@ static void *poll_main(void *arg)
         fr_log(FR_LOG_WARN, "ingest: %s (retrying at assignment)", errstr);
     else
         psstore_conn_set_cancel(c->ps, ingest_consumer_stopping, c);
+    while (c->whole_topic && !atomic_load(&c->stop) && assign_whole_topic(c, 1000) != 0) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS); /* errors, logs */
+        if (m != NULL)
+            rd_kafka_message_destroy(m);
+    }
+    int64_t next_whole = now_ms() + WHOLE_CHECK_MS;
     while (!atomic_load(&c->stop)) {
         int wait_ms = POLL_MS;
         if (dirty) { /* wake when the open batch is due */
@@ -580,6 +632,10 @@ static void *poll_main(void *arg)
         if (t >= next_commit) {
             ingest_consumer_store_tick(c, 0);
             next_commit = t + COMMIT_EVERY_MS;
+        }
+        if (c->whole_topic && t >= next_whole) {
+            assign_whole_topic(c, 1000);
+            next_whole = t + WHOLE_CHECK_MS;
         }
     }
     ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
@@ -663,6 +719,10 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
          * (bench/README.md "Where the time goes"); [kafka] may set it
          * back, and it is raised to message.max.bytes below */
         conf_set(kc, "fetch.max.bytes", FETCH_MAX_BYTES, errstr, size) != FR_OK ||
+        /* recovery: a broker back after an outage is tried again within a
+         * second (librdkafka backs off up to 10 s; the chaos suite measured
+         * 8 s of training lost after a 3 s outage) */
+        conf_set(kc, "reconnect.backoff.max.ms", "1000", errstr, size) != FR_OK ||
         /* a fetcher stopped by the prefetch limit looks again this soon
          * (librdkafka 2.1 and later; "Fetch wakeups" above for older ones) */
         (rd_kafka_version() >= RDK_2_1 &&
@@ -795,6 +855,7 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
                 : conf->gap_timeout_ms < 0 ? 0
                                            : conf->gap_timeout_ms;
     c->start_latest = conf->start_latest != 0;
+    c->whole_topic = conf->whole_topic != 0;
     c->qcap = (size_t)conf->queue;
     c->metrics = conf->metrics;
     c->replay = malloc(sizeof(*c->replay));
@@ -847,7 +908,9 @@ fr_err_t ingest_consumer_start(ingest_consumer_t *c)
     if (topics == NULL)
         return FR_ERR_NOMEM;
     rd_kafka_topic_partition_list_add(topics, c->topic, RD_KAFKA_PARTITION_UA);
-    rd_kafka_resp_err_t kerr = rd_kafka_subscribe(c->rk, topics);
+    /* the whole topic: the poll thread assigns it, nothing to join */
+    rd_kafka_resp_err_t kerr =
+        c->whole_topic ? RD_KAFKA_RESP_ERR_NO_ERROR : rd_kafka_subscribe(c->rk, topics);
     rd_kafka_topic_partition_list_destroy(topics);
     if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
         fr_log(FR_LOG_ERROR, "ingest: subscribe to %s: %s", c->topic, rd_kafka_err2str(kerr));

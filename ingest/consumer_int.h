@@ -69,6 +69,8 @@ struct ingest_consumer {
     ingest_resolver_t *rs;  /* poll thread only; made at the first replay */
     pthread_t thread;
     int started, joined; /* the owner's thread only */
+    int whole_topic;     /* assigns every partition itself, no group membership */
+    int whole_parts;     /* partitions assigned so far that way (poll thread) */
     atomic_int stop;     /* set by the owner, read by the poll thread */
 
     /* the assignment: poll thread only */

@@ -74,8 +74,9 @@ typedef struct ingest_schema {
     int aux;       /* > 0: x[aux] of a decoded record takes the record's aux value (its
                       Kafka header freshet-p: a sparse model's planted probability) when
                       it has one (ingest_batcher_add_aux); 0: none */
-    float max_abs; /* > 0: a record with a feature of larger magnitude is rejected
-                      (magnitude): finite, but it overflows a gradient; 0: no limit.
+    float max_abs; /* > 0: a record with a feature (or a real label: mse) of larger
+                      magnitude is rejected (magnitude): finite, but it overflows a
+                      gradient; 0: no limit.
                       Not applied to records a decode hook reads */
 } ingest_schema_t;
 
@@ -344,6 +345,8 @@ typedef struct ingest_consumer_conf {
     const char *dead_letter_topic; /* NULL or "": rejected records are only counted  */
     int gap_timeout_ms;            /* rule 3 after this long; 0: 10 s, < 0: never    */
     fr_metrics_t *metrics;         /* may be NULL                                    */
+    int whole_topic; /* 1: every partition of the topic, without joining the group (one
+                        process owns the topic: freshet run); 0: the consumer group */
 } ingest_consumer_conf_t;
 
 typedef struct ingest_consumer_stats {

@@ -176,7 +176,7 @@ struct psstore_applier {
                                "<model>/s<k>" for shard k of a sharded one */
     char name[65];          /* the model's name                        */
     int shard, nshards;     /* shard k of S (0 of 1 unsharded)           */
-    char token[96];         /* lease token and consumer name */
+    char token[128];        /* lease token and consumer name: host/pid/random/scope */
     char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
     char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
     char k_drops[PS_KEY_MAX];
@@ -346,7 +346,11 @@ fr_err_t ps_applier_run_requests(psstore_applier_t *a);
 
 /* A reply's string (or integer) as a NUL-terminated copy in out[size]. */
 void ps_reply_str(const redisReply *r, char *out, size_t size);
-/* Takes the lease when it is free and loads the state behind it. */
+/* "<boot id>.<pid namespace inode>" of this process ("" when unknown): the
+ * last part of its lease token. */
+void ps_applier_scope(char *out, size_t size);
+/* Takes the lease when it is free, or held by a dead process of this
+ * machine, and loads the state behind it. */
 fr_err_t ps_applier_try_acquire(psstore_applier_t *a);
 /* Claims the entries pending on other consumers for min_idle_ms or more. */
 fr_err_t ps_applier_claim_pending(psstore_applier_t *a, long long min_idle_ms);

@@ -8,11 +8,102 @@
  * Thread: the applier's.
  */
 #include <assert.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "psstore/applier_int.h"
+
+/*
+ * This process's machine and pid namespace, "<boot id>.<pid namespace
+ * inode>", into out[size] ("" when /proc does not tell): two tokens with
+ * the same host name and scope name processes that kill(2) can see.
+ */
+void ps_applier_scope(char *out, size_t size)
+{
+    char boot[64] = "", ns[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f != NULL) {
+        if (fgets(boot, sizeof(boot), f) == NULL)
+            boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n-")] = '\0'; /* its first 8 hex digits */
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+    ns[n > 0 ? n : 0] = '\0';
+    const char *ino = strchr(ns, '[');
+    if (boot[0] == '\0' || ino == NULL) {
+        out[0] = '\0';
+        return;
+    }
+    snprintf(out, size, "%s.%.*s", boot, (int)strcspn(ino + 1, "]"), ino + 1);
+}
+
+/* Splits a token host/pid/random/scope: its pid, host (the part before the
+ * first '/') and scope (after the last); 0, or -1 for another shape. */
+static int token_parts(const char *token, long *pid, const char **host, size_t *hostlen,
+                       const char **scope)
+{
+    const char *slash = strchr(token, '/'), *last = strrchr(token, '/');
+    if (slash == NULL || last == slash)
+        return -1;
+    char *end;
+    errno = 0;
+    *pid = strtol(slash + 1, &end, 10);
+    if (errno != 0 || *end != '/' || *pid <= 0)
+        return -1;
+    *host = token;
+    *hostlen = (size_t)(slash - token);
+    *scope = last + 1;
+    return 0;
+}
+
+/*
+ * 1 when the lease's holder is a process of this machine and pid namespace
+ * (same host name and scope in the token) that no longer exists: a crashed
+ * applier whose lease would otherwise run out its time. A pid reused since
+ * counts as alive, which only means waiting for the expiry.
+ */
+static int holder_dead(const psstore_applier_t *a, const char *holder)
+{
+    long mine, theirs;
+    const char *h1, *h2, *s1, *s2;
+    size_t l1, l2;
+    if (token_parts(a->token, &mine, &h1, &l1, &s1) != 0 ||
+        token_parts(holder, &theirs, &h2, &l2, &s2) != 0)
+        return 0;
+    if (s1[0] == '\0' || strcmp(s1, s2) != 0 || l1 != l2 || memcmp(h1, h2, l1) != 0 ||
+        theirs == mine)
+        return 0;
+    return kill((pid_t)theirs, 0) == -1 && errno == ESRCH;
+}
+
+/* Replaces the lease of a dead holder with ours, if it is still theirs
+ * (compare-and-set); *got = 1 when it is ours now. */
+static fr_err_t take_from_dead(psstore_applier_t *a, const char *holder, int *got)
+{
+    static const char script[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                                 "return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end "
+                                 "return false";
+    char ms[32];
+    snprintf(ms, sizeof(ms), "%lld", (long long)a->conf.lease_ms);
+    fr_err_t err;
+    redisReply *r =
+        ps_cmd(a->c, 0, &err, "EVAL %s 1 %s %s %s %s", script, a->k_lease, holder, a->token, ms);
+    if (r == NULL)
+        return err;
+    *got = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    if (*got)
+        fr_log(FR_LOG_WARN,
+               "applier %s: the lease's holder %s is dead (this machine, no such process): "
+               "taking the lease without waiting for it to expire",
+               a->model, holder);
+    return FR_OK;
+}
 
 /* A reply's string as a NUL-terminated copy in out (truncated to size). */
 void ps_reply_str(const redisReply *r, char *out, size_t size)
@@ -267,12 +358,17 @@ fr_err_t ps_applier_try_acquire(psstore_applier_t *a)
     int got = r->type == REDIS_REPLY_STATUS;
     freeReplyObject(r);
     if (!got) {
-        /* still ours after an error made us drop the state? then reload */
+        /* still ours after an error made us drop the state? then reload;
+         * a crashed holder on this machine: take it now */
         r = ps_cmd(a->c, 1, &err, "GET %s", a->k_lease);
         if (r == NULL)
             return err;
-        got = r->type == REDIS_REPLY_STRING && strcmp(r->str, a->token) == 0;
+        char holder[sizeof(a->token)] = "";
+        ps_reply_str(r, holder, sizeof(holder));
         freeReplyObject(r);
+        got = strcmp(holder, a->token) == 0;
+        if (!got && holder_dead(a, holder) && (err = take_from_dead(a, holder, &got)) != FR_OK)
+            return err;
         if (!got)
             return FR_OK;
     }

@@ -436,6 +436,84 @@ static void test_killed_applier_is_replaced_and_applies_everything_once(void **s
     psstore_client_destroy(cl);
 }
 
+/* This process's lease scope as docs/design.md "One writer and fencing"
+ * states it: the boot id's first 8 hex digits, '.', the pid namespace's
+ * inode (read here independently of the applier). */
+static void lease_scope(char *out, size_t size)
+{
+    char boot[64] = "", ns[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    assert_non_null(f);
+    assert_non_null(fgets(boot, sizeof(boot), f));
+    fclose(f);
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+    assert_true(n > 0);
+    ns[n] = '\0';
+    unsigned long long ino = 0;
+    assert_int_equal(sscanf(ns, "pid:[%llu]", &ino), 1);
+    snprintf(out, size, "%.8s.%llu", boot, ino);
+}
+
+/* Whether a standby applier of model takes a lease held (60 s left) by
+ * holder, polling for up to 1 s. */
+static int takes_lease_of(const char *model, const char *holder)
+{
+    char cmd[512], out[256], mine[64];
+    snprintf(cmd, sizeof(cmd), "SET freshet:{%s}:lease %s PX 60000", model, holder);
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), cmd), 0);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.lease_ms = 60000;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(a);
+    char host[64] = "host";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(mine, sizeof(mine), "%.60s/%d/", host, (int)getpid());
+    int taken = 0;
+    for (int i = 0; i < 20 && !taken; i++) {
+        assert_int_equal(psstore_applier_poll(a, 50), FR_OK);
+        snprintf(cmd, sizeof(cmd), "GET freshet:{%s}:lease", model);
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out), cmd), 0);
+        taken = strncmp(out, mine, strlen(mine)) == 0;
+    }
+    psstore_applier_destroy(a); /* releases what it took */
+    return taken;
+}
+
+/*
+ * A restarted applier on the same machine takes a crashed holder's lease
+ * at once instead of waiting out its 60 s: the holder's token names this
+ * host and scope and a pid that no longer exists. A live pid, another
+ * host or another scope (a container with its own pids) is waited for.
+ */
+static void test_a_dead_local_holders_lease_is_taken_at_once(void **state)
+{
+    (void)state;
+    const char *model = "deadlease";
+    create_model(model);
+    pid_t dead = fork();
+    if (dead == 0)
+        _exit(0);
+    assert_true(dead > 0);
+    assert_int_equal(waitpid(dead, NULL, 0), dead);
+    char host[64] = "host", scope[64], token[256];
+    gethostname(host, sizeof(host) - 1);
+    lease_scope(scope, sizeof(scope));
+
+    snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef/%s", host, (int)getppid(), scope);
+    assert_false(takes_lease_of(model, token)); /* alive */
+    snprintf(token, sizeof(token), "elsewhere/%d/0123456789abcdef/%s", (int)dead, scope);
+    assert_false(takes_lease_of(model, token)); /* another machine */
+    snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef/00000000.1", host, (int)dead);
+    assert_false(takes_lease_of(model, token)); /* another pid namespace */
+    snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef", host, (int)dead);
+    assert_false(takes_lease_of(model, token)); /* an older token: no scope */
+    snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef/%s", host, (int)dead, scope);
+    assert_true(takes_lease_of(model, token)); /* dead, here: taken */
+}
+
 static void test_stalled_applier_is_fenced_and_changes_nothing(void **state)
 {
     const char *model = "fence";
@@ -986,6 +1064,7 @@ int main(void)
         cmocka_unit_test(test_group_commit_drains_a_dead_appliers_entries_once),
         cmocka_unit_test(test_redis_restart_under_a_running_applier_starts_a_new_epoch),
         cmocka_unit_test(test_killed_applier_is_replaced_and_applies_everything_once),
+        cmocka_unit_test(test_a_dead_local_holders_lease_is_taken_at_once),
         cmocka_unit_test(test_stalled_applier_is_fenced_and_changes_nothing),
         cmocka_unit_test(test_redis_restart_starts_a_new_epoch_and_drops_old_gradients),
     };

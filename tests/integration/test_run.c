@@ -615,6 +615,10 @@ static void test_kill_and_restart_applies_every_record_once(void **state)
     pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, PER * NPARTS, log);
     stop_run(pid, log);
+    /* the restart took the dead run's lease without waiting for it, and
+     * both runs read the whole topic without joining the group */
+    assert_true(harness_file_contains(log, "is dead (this machine, no such process)"));
+    assert_true(harness_file_contains(log, "assigned partitions 0-3 (the whole topic"));
     static int seen[PER];
     for (int p = 0; p < NPARTS; p++) {
         assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
