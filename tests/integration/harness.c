@@ -393,6 +393,29 @@ void harness_applier_stop(harness_applier_t *t, psstore_applier_stats_t *stats)
     t->a = NULL;
 }
 
+void harness_audit_parse(const struct redisReply *kv, harness_audit_entry_t *e)
+{
+    *e = (harness_audit_entry_t){
+        .first = -1, .last = -1, .partition = -1, .topic = "", .outcome = ""};
+    for (size_t f = 0; f + 1 < kv->elements; f += 2) {
+        const char *k = kv->element[f]->str, *v = kv->element[f + 1]->str;
+        if (strcmp(k, "first") == 0)
+            e->first = atoll(v);
+        else if (strcmp(k, "last") == 0)
+            e->last = atoll(v);
+        else if (strcmp(k, "partition") == 0)
+            e->partition = atoll(v);
+        else if (strcmp(k, "generation") == 0)
+            e->generation = atoll(v);
+        else if (strcmp(k, "epoch") == 0)
+            e->epoch = strtoull(v, NULL, 10);
+        else if (strcmp(k, "topic") == 0)
+            e->topic = v;
+        else if (strcmp(k, "outcome") == 0)
+            e->outcome = v;
+    }
+}
+
 int harness_audit_count(const harness_redis_t *r, const char *model, const char *topic,
                         int32_t partition, const char *outcome, int *seen, int n)
 {
@@ -412,22 +435,10 @@ int harness_audit_count(const harness_redis_t *r, const char *model, const char 
     }
     int matched = 0;
     for (size_t i = 0; i < reply->elements; i++) {
-        const redisReply *kv = reply->element[i]->element[1];
-        long long first = -1, last = -1, part = -1;
-        const char *t = "", *o = "";
-        for (size_t f = 0; f + 1 < kv->elements; f += 2) {
-            const char *k = kv->element[f]->str, *v = kv->element[f + 1]->str;
-            if (strcmp(k, "first") == 0)
-                first = atoll(v);
-            else if (strcmp(k, "last") == 0)
-                last = atoll(v);
-            else if (strcmp(k, "partition") == 0)
-                part = atoll(v);
-            else if (strcmp(k, "topic") == 0)
-                t = v;
-            else if (strcmp(k, "outcome") == 0)
-                o = v;
-        }
+        harness_audit_entry_t e;
+        harness_audit_parse(reply->element[i]->element[1], &e);
+        long long first = e.first, last = e.last, part = e.partition;
+        const char *t = e.topic, *o = e.outcome;
         int want = outcome != NULL ? strcmp(o, outcome) == 0
                                    : strcmp(o, "duplicate") != 0 && strcmp(o, "replay") != 0;
         if (!want || (topic != NULL && (strcmp(t, topic) != 0 || part != partition)))

@@ -171,6 +171,18 @@ int harness_model_create(const harness_redis_t *r, const char *name, const char 
 int harness_model_weights(const harness_redis_t *r, const char *name, float *w, size_t n,
                           uint64_t *epoch, int64_t *version);
 
+/* One audit entry's fields (docs/operations.md "Check exactly-once with the
+ * audit"); the strings are borrowed from the reply. */
+typedef struct harness_audit_entry {
+    long long first, last, partition, generation; /* -1, -1, -1, 0 when absent */
+    unsigned long long epoch;
+    const char *topic, *outcome; /* "" when absent */
+} harness_audit_entry_t;
+
+struct redisReply;
+/* Reads an entry's field/value array (element[1] of an XRANGE item). */
+void harness_audit_parse(const struct redisReply *kv, harness_audit_entry_t *e);
+
 /* Counts, per position [0, n) of topic/partition (topic NULL: any), how
  * many audit entries of model with outcome `outcome` cover it, into
  * seen[n] (zeroed first); outcome NULL counts every outcome that marks

@@ -1,0 +1,815 @@
+/*
+ * chaos.c - the chaos suite (docs/operations.md "The chaos suite"): faults
+ * injected in a random order into a `freshet run` that trains from a live
+ * stream with the audit on, and exactly once checked from the audit after
+ * every recovery.
+ *
+ * The world: a real redis-server (AOF, fsync always), the dev broker, a
+ * producer thread streaming a synthetic regression at CHAOS_RATE records/s
+ * over 4 partitions, `freshet run` (2 async workers, lease 5 s, its own
+ * serve) restarted like a supervisor would when it dies, and a separate
+ * `freshet serve`. The fault kinds:
+ *
+ *   kill_run       SIGKILL of run, started again at once
+ *   stop_run       SIGSTOP of run past its lease, then SIGCONT
+ *   kill_serve     SIGKILL of the separate serve, started again at once
+ *   stop_redis     SIGSTOP of redis-server for 3 s
+ *   restart_redis  SIGKILL of redis-server, restarted on its AOF
+ *   broker         every broker down for 3 s, then up
+ *   descriptors    400 idle connections to run's HTTP port (run has 256
+ *                  descriptors) for 3 s: training must go on
+ *   poison         6 records of 3e38 and 6 of NaN in the stream: rejected,
+ *                  the model never stops
+ *
+ * Recovery is measured from the end of the fault (the kill, the SIGCONT,
+ * the restart, the brokers up, the connections closed, the poison
+ * delivered) to the service working again: a new version applied (serve:
+ * answering with the store's version; descriptors: /livez answering;
+ * poison: every partition's watermark past the poison).
+ *
+ * Exactly once, after each recovery and at the end: the audit entries that
+ * mark positions (every outcome but duplicate and replay) are counted per
+ * position; a position marked twice is doubled, a position below its
+ * partition's watermark marked never is lost. The suite injects no
+ * rollback or replay, so a position must be marked once across epochs (a
+ * Redis restart starts a new epoch without undoing anything) and every
+ * entry must be of generation 0.
+ *
+ * Profiles: CHAOS_PER_KIND faults of each kind (1 in the test command, 20
+ * for a release check), CHAOS_SEED (default: the clock), CHAOS_KINDS (a
+ * comma list, default all), CHAOS_RATE (records/s, default 1000),
+ * CHAOS_OUT (a JSON report). Exit 0 when every fault recovered within 60 s
+ * and nothing was lost or doubled.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "harness.h"
+#include "ingest/ingest.h"
+
+#define MODEL      "chaos"
+#define TOPIC      "chaos"
+#define NPARTS     4
+#define D          3
+#define RECOVER_MS 60000
+#define RUN_FDS    256
+
+enum kind {
+    K_KILL_RUN,
+    K_STOP_RUN,
+    K_KILL_SERVE,
+    K_STOP_REDIS,
+    K_RESTART_REDIS,
+    K_BROKER,
+    K_DESCRIPTORS,
+    K_POISON,
+    NKINDS
+};
+static const char *const kind_name[NKINDS] = {"kill_run",    "stop_run",      "kill_serve",
+                                              "stop_redis",  "restart_redis", "broker",
+                                              "descriptors", "poison"};
+
+static harness_redis_t redis;
+static harness_broker_t broker;
+static char dir[256], conf[320], run_log[320], serve_log[320];
+static pid_t run_pid, serve_pid;
+static int serve_port;
+static int lease_ms = 5000;
+
+/* ---------------------------------------------------------------- stream */
+
+static struct {
+    pthread_t tid;
+    ingest_producer_t *p;
+    int rate;
+    atomic_int stop, pause, paused, poison;
+    atomic_llong sent;
+} prod;
+
+/* Sample k: y = 0.5 x0 - 0.3 x1 + 0.2 x2 + 0.1, x uniform in [-1, 1]^3,
+ * packed as f32 [y, x0, x1, x2]. */
+static void sample(int64_t k, float *v)
+{
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 9000 + (uint64_t)k);
+    for (int i = 0; i < D; i++)
+        v[1 + i] = (float)(2.0 * fr_rng_uniform(&rng) - 1.0);
+    v[0] = 0.5f * v[1] - 0.3f * v[2] + 0.2f * v[3] + 0.1f;
+}
+
+static void *produce_loop(void *arg)
+{
+    (void)arg;
+    int64_t k = 0;
+    uint64_t t0 = fr_clock_mono_ns();
+    while (!atomic_load(&prod.stop)) {
+        if (atomic_load(&prod.pause)) {
+            atomic_store(&prod.paused, 1);
+            harness_sleep_ms(2);
+            continue;
+        }
+        atomic_store(&prod.paused, 0);
+        int64_t due = (int64_t)((double)(fr_clock_mono_ns() - t0) * 1e-9 * prod.rate);
+        if (k >= due) {
+            harness_sleep_ms(5);
+            continue;
+        }
+        float v[D + 1];
+        sample(k, v);
+        int poison = atomic_load(&prod.poison);
+        if (poison > 0) {
+            /* half magnitude (finite, 3e38), half NaN */
+            for (int i = 1; i <= D; i++)
+                v[i] = poison % 2 ? 3e38f : NAN;
+            atomic_fetch_sub(&prod.poison, 1);
+        }
+        if (ingest_producer_send(prod.p, TOPIC, (int32_t)(k % NPARTS), NULL, 0, v, sizeof(v), NULL,
+                                 NULL) != FR_OK) {
+            harness_sleep_ms(10);
+            continue;
+        }
+        atomic_fetch_add(&prod.sent, 1);
+        k++;
+    }
+    return NULL;
+}
+
+/* Holds the producer still and waits for every record sent so far to be
+ * delivered; returns how many were delivered in all (-1 on a timeout). */
+static int64_t producer_sync(void)
+{
+    atomic_store(&prod.pause, 1);
+    while (!atomic_load(&prod.paused))
+        harness_sleep_ms(1);
+    uint64_t delivered = 0, failed = 0;
+    fr_err_t err = ingest_producer_flush(prod.p, 30000, &delivered, &failed);
+    atomic_store(&prod.paused, 0);
+    atomic_store(&prod.pause, 0);
+    if (failed != 0)
+        fprintf(stderr, "chaos: %llu records failed delivery: %s\n", (unsigned long long)failed,
+                ingest_producer_error(prod.p));
+    return err == FR_OK ? (int64_t)delivered : -1;
+}
+
+/* ----------------------------------------------------------------- store */
+
+/* The integer reply of a Redis command (nil: 0), or -1 while Redis cannot
+ * answer. */
+static int64_t redis_int(const char *fmt, const char *a, const char *b)
+{
+    char out[128];
+    if (harness_redis_query(&redis, out, sizeof(out), fmt, a, b) != 0)
+        return -1;
+    return strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+}
+
+static int64_t store_version(void)
+{
+    return redis_int("GET freshet:{%s}:ver", MODEL, NULL);
+}
+
+/* The watermark of each partition into wm[NPARTS]; their sum, or -1. */
+static int64_t watermarks(int64_t *wm)
+{
+    int64_t sum = 0;
+    for (int p = 0; p < NPARTS; p++) {
+        char field[64];
+        snprintf(field, sizeof(field), TOPIC "/%d", p);
+        int64_t v = redis_int("HGET freshet:{%s}:offsets %s", MODEL, field);
+        if (v < 0)
+            return -1;
+        if (wm != NULL)
+            wm[p] = v;
+        sum += v;
+    }
+    return sum;
+}
+
+/* ------------------------------------------------------------ the audit */
+
+static struct {
+    char last[64]; /* the id of the last entry read */
+    int *marks[NPARTS];
+    size_t cap[NPARTS];
+    int64_t entries, doubled, lost, bad_generation;
+    uint64_t epochs[64];
+    int nepochs;
+    char outcomes[16][32];
+    int64_t outcome_positions[16];
+    int noutcomes;
+} au = {.last = "-"};
+
+static void mark(int p, int64_t first, int64_t last)
+{
+    if (first < 0 || last < first || p < 0 || p >= NPARTS)
+        return;
+    if ((size_t)last >= au.cap[p]) {
+        size_t cap = au.cap[p] ? au.cap[p] : 4096;
+        while (cap <= (size_t)last)
+            cap *= 2;
+        int *grown = realloc(au.marks[p], cap * sizeof(int));
+        if (grown == NULL)
+            abort();
+        memset(grown + au.cap[p], 0, (cap - au.cap[p]) * sizeof(int));
+        au.marks[p] = grown;
+        au.cap[p] = cap;
+    }
+    for (int64_t pos = first; pos <= last; pos++)
+        if (++au.marks[p][pos] == 2)
+            au.doubled++;
+}
+
+static void count_outcome(const char *o, int64_t positions)
+{
+    int i = 0;
+    while (i < au.noutcomes && strcmp(au.outcomes[i], o) != 0)
+        i++;
+    if (i == au.noutcomes && au.noutcomes < 16)
+        snprintf(au.outcomes[au.noutcomes++], sizeof(au.outcomes[0]), "%s", o);
+    if (i < 16)
+        au.outcome_positions[i] += positions;
+}
+
+/* Reads the audit entries added since the last call; 0, or -1 while Redis
+ * cannot answer. */
+static int audit_read(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    if (c == NULL || c->err) {
+        if (c != NULL)
+            redisFree(c);
+        return -1;
+    }
+    for (;;) {
+        char from[70];
+        snprintf(from, sizeof(from), "%s%s", strcmp(au.last, "-") == 0 ? "" : "(", au.last);
+        redisReply *r = redisCommand(c, "XRANGE freshet:{%s}:audit %s + COUNT 5000", MODEL, from);
+        if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
+            if (r != NULL)
+                freeReplyObject(r);
+            redisFree(c);
+            return -1;
+        }
+        for (size_t i = 0; i < r->elements; i++) {
+            harness_audit_entry_t e;
+            harness_audit_parse(r->element[i]->element[1], &e);
+            au.entries++;
+            int known = 0;
+            for (int k = 0; k < au.nepochs; k++)
+                known |= au.epochs[k] == e.epoch;
+            if (!known && au.nepochs < 64)
+                au.epochs[au.nepochs++] = e.epoch;
+            if (e.generation != 0)
+                au.bad_generation++;
+            if (strcmp(e.outcome, "duplicate") == 0 || strcmp(e.outcome, "replay") == 0)
+                continue;
+            count_outcome(e.outcome, e.last - e.first + 1);
+            mark((int)e.partition, e.first, e.last);
+        }
+        size_t n = r->elements;
+        if (n > 0)
+            snprintf(au.last, sizeof(au.last), "%s", r->element[n - 1]->element[0]->str);
+        freeReplyObject(r);
+        if (n < 5000)
+            break;
+    }
+    redisFree(c);
+    return 0;
+}
+
+/* Exactly once so far: the watermarks first, then the audit (an entry and
+ * the watermark it moves are one transaction). Counts the positions lost
+ * below the watermarks now; 0, or -1 while Redis cannot answer. */
+static int check_exactly_once(int64_t *lost_now)
+{
+    int64_t wm[NPARTS];
+    if (watermarks(wm) < 0 || audit_read() != 0)
+        return -1;
+    *lost_now = 0;
+    for (int p = 0; p < NPARTS; p++)
+        for (int64_t pos = 0; pos < wm[p]; pos++)
+            if ((size_t)pos >= au.cap[p] || au.marks[p][pos] == 0)
+                (*lost_now)++;
+    return 0;
+}
+
+/* ------------------------------------------------------------- processes */
+
+static pid_t spawn(const char *role, const char *log, int max_fds, const char *set)
+{
+    struct rlimit was, low;
+    getrlimit(RLIMIT_NOFILE, &was);
+    low = was;
+    if (max_fds > 0 && (rlim_t)max_fds < was.rlim_cur)
+        low.rlim_cur = (rlim_t)max_fds;
+    setrlimit(RLIMIT_NOFILE, &low);
+    char *argv[] = {FRESHET_BIN,          (char *)role, "--config", conf,
+                    set ? "--set" : NULL, (char *)set,  NULL};
+    pid_t pid = harness_spawn(argv, log);
+    setrlimit(RLIMIT_NOFILE, &was);
+    return pid;
+}
+
+/* The port of the last "serve: listening on" line of log (0: none). */
+static int logged_port(const char *log)
+{
+    FILE *f = fopen(log, "r");
+    if (f == NULL)
+        return 0;
+    char line[1024];
+    int port = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        const char *p = strstr(line, "serve: listening on ");
+        const char *q = p != NULL ? strstr(p, "(port ") : NULL;
+        if (q != NULL)
+            port = atoi(q + 6);
+    }
+    fclose(f);
+    return port;
+}
+
+/* GET path on port into resp[size] (what arrived in 2 s, '\0'-ended);
+ * the status, 0 when nothing answered. */
+static int http_exchange(int port, const char *path, char *resp, size_t size)
+{
+    resp[0] = '\0';
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char req[512];
+    size_t got = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        int n = snprintf(req, sizeof(req),
+                         "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", path);
+        if (write(fd, req, (size_t)n) == n) {
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            while (got + 1 < size && poll(&pf, 1, 2000) > 0) {
+                ssize_t r = read(fd, resp + got, size - 1 - got);
+                if (r <= 0)
+                    break;
+                got += (size_t)r;
+            }
+        }
+    }
+    close(fd);
+    resp[got] = '\0';
+    int code = 0;
+    return sscanf(resp, "HTTP/1.%*d %d", &code) == 1 ? code : 0;
+}
+
+/* GET path on port: the status, 0 when nothing answered; the value of
+ * X-Freshet-Version into *version when asked. */
+static int http_get(int port, const char *path, int64_t *version)
+{
+    char resp[4096];
+    int code = http_exchange(port, path, resp, sizeof(resp));
+    const char *v = strstr(resp, "X-Freshet-Version: ");
+    if (version != NULL)
+        *version = v != NULL ? strtoll(v + 19, NULL, 10) : -1;
+    return code;
+}
+
+/* Stops everything by PID and exits 1, keeping the logs. */
+static void die(const char *why)
+{
+    fprintf(stderr, "chaos: %s; logs kept in %s\n", why, dir);
+    harness_kill_children();
+    harness_broker_stop(&broker);
+    harness_redis_stop(&redis);
+    exit(1);
+}
+
+static void start_run(void)
+{
+    run_pid = spawn("run", run_log, RUN_FDS, NULL);
+    if (run_pid <= 0)
+        die("cannot start freshet run");
+}
+
+static void start_serve(void)
+{
+    char set[64];
+    snprintf(set, sizeof(set), "serve.listen=127.0.0.1:%d", serve_port);
+    serve_pid = spawn("serve", serve_log, 0, set);
+    if (serve_pid <= 0)
+        die("cannot start freshet serve");
+}
+
+/* A supervisor's restart: a run or serve that exited is started again
+ * (and said so). */
+static void supervise(void)
+{
+    int status;
+    if (run_pid > 0 && waitpid(run_pid, &status, WNOHANG) == run_pid) {
+        fprintf(stderr, "chaos: freshet run exited (status %d); starting it again\n", status);
+        start_run();
+    }
+    if (serve_pid > 0 && waitpid(serve_pid, &status, WNOHANG) == serve_pid) {
+        fprintf(stderr, "chaos: freshet serve exited (status %d); starting it again\n", status);
+        start_serve();
+    }
+}
+
+/* Waits until a version above `above` is applied; ms waited, or -1. */
+static int64_t await_version(int64_t above, uint64_t since_ns)
+{
+    for (;;) {
+        supervise();
+        int64_t v = store_version();
+        uint64_t now = fr_clock_mono_ns();
+        if (v > above)
+            return (int64_t)((now - since_ns) / 1000000);
+        if (now - since_ns > (uint64_t)RECOVER_MS * 1000000)
+            return -1;
+        harness_sleep_ms(5);
+    }
+}
+
+static long file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+/* --------------------------------------------------------------- faults */
+
+/* The sum of run's rejected-record counters of reasons magnitude and
+ * nonfinite on its /metrics (-1 when it does not answer). */
+static int64_t rejected(void)
+{
+    static char resp[1 << 18];
+    if (http_exchange(logged_port(run_log), "/metrics", resp, sizeof(resp)) != 200)
+        return -1;
+    int64_t sum = 0;
+    for (const char *l = resp; (l = strstr(l, "\nfreshet_ingest_records_rejected_total{")) != NULL;
+         l++) {
+        char labels[256];
+        size_t len = strcspn(l + 1, "}\n");
+        snprintf(labels, sizeof(labels), "%.*s", (int)len, l + 1);
+        if (l[1 + len] == '}' && (strstr(labels, "reason=\"magnitude\"") != NULL ||
+                                  strstr(labels, "reason=\"nonfinite\"") != NULL))
+            sum += strtoll(l + 2 + len, NULL, 10);
+    }
+    return sum;
+}
+
+/* A line in run's log, so that its timestamps can be read against the
+ * faults. */
+static void log_marker(const char *kind)
+{
+    FILE *f = fopen(run_log, "a");
+    if (f != NULL) {
+        fprintf(f, "=== chaos: %s at unix ms %lld\n", kind, (long long)fr_clock_unix_ms());
+        fclose(f);
+    }
+}
+
+/* Injects one fault and waits for the recovery; its time in ms, or -1. */
+static int64_t inject(enum kind k)
+{
+    int64_t v0 = store_version();
+    log_marker(kind_name[k]);
+    uint64_t t;
+    switch (k) {
+    case K_KILL_RUN:
+        kill(run_pid, SIGKILL);
+        harness_wait(run_pid, 5000);
+        t = fr_clock_mono_ns();
+        start_run();
+        return await_version(store_version(), t);
+    case K_STOP_RUN:
+        kill(run_pid, SIGSTOP);
+        harness_sleep_ms(lease_ms + 1000);
+        v0 = store_version();
+        kill(run_pid, SIGCONT);
+        return await_version(v0, fr_clock_mono_ns());
+    case K_KILL_SERVE: {
+        kill(serve_pid, SIGKILL);
+        harness_wait(serve_pid, 5000);
+        t = fr_clock_mono_ns();
+        start_serve();
+        char path[128];
+        snprintf(path, sizeof(path), "/v2/models/%s/weights?format=raw", MODEL);
+        for (;;) {
+            int64_t want = store_version(), got = -1;
+            if (http_get(serve_port, path, &got) == 200 && got >= want)
+                return (int64_t)((fr_clock_mono_ns() - t) / 1000000);
+            if (fr_clock_mono_ns() - t > (uint64_t)RECOVER_MS * 1000000)
+                return -1;
+            harness_sleep_ms(5);
+        }
+    }
+    case K_STOP_REDIS:
+        kill(redis.pid, SIGSTOP);
+        harness_sleep_ms(3000);
+        kill(redis.pid, SIGCONT);
+        return await_version(v0, fr_clock_mono_ns());
+    case K_RESTART_REDIS:
+        harness_redis_kill(&redis, SIGKILL);
+        if (harness_redis_restart(&redis) != 0) {
+            fprintf(stderr, "chaos: redis-server did not restart\n");
+            return -1;
+        }
+        t = fr_clock_mono_ns();
+        return await_version(store_version(), t);
+    case K_BROKER:
+        kill(broker.pid, SIGUSR1);
+        harness_sleep_ms(3000);
+        v0 = store_version();
+        kill(broker.pid, SIGUSR2);
+        return await_version(v0, fr_clock_mono_ns());
+    case K_DESCRIPTORS: {
+        int port = logged_port(run_log);
+        enum { N = 400 };
+        static int fds[N];
+        long log0 = file_size(run_log);
+        for (int i = 0; i < N; i++) {
+            fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            if (fds[i] >= 0)
+                connect(fds[i], (struct sockaddr *)&a, sizeof(a));
+        }
+        harness_sleep_ms(500);
+        v0 = store_version();
+        harness_sleep_ms(2500);
+        int64_t v1 = store_version();
+        for (int i = 0; i < N; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        t = fr_clock_mono_ns();
+        long grew = file_size(run_log) - log0;
+        if (v1 <= v0) {
+            fprintf(stderr, "chaos: training stopped while descriptors ran out (v %lld)\n",
+                    (long long)v0);
+            return -1;
+        }
+        if (grew > 64 * 1024) {
+            fprintf(stderr, "chaos: run's log grew by %ld bytes while descriptors ran out\n", grew);
+            return -1;
+        }
+        for (;;) {
+            if (http_get(logged_port(run_log), "/livez", NULL) == 200)
+                return (int64_t)((fr_clock_mono_ns() - t) / 1000000);
+            if (fr_clock_mono_ns() - t > (uint64_t)RECOVER_MS * 1000000)
+                return -1;
+            harness_sleep_ms(5);
+        }
+    }
+    case K_POISON: {
+        int64_t rej0 = rejected();
+        atomic_store(&prod.poison, 12);
+        while (atomic_load(&prod.poison) > 0)
+            harness_sleep_ms(1);
+        t = fr_clock_mono_ns();
+        int64_t delivered = producer_sync();
+        if (delivered < 0)
+            return -1;
+        for (;;) {
+            supervise();
+            int64_t sum = watermarks(NULL);
+            if (sum >= delivered)
+                break;
+            if (fr_clock_mono_ns() - t > (uint64_t)RECOVER_MS * 1000000)
+                return -1;
+            harness_sleep_ms(5);
+        }
+        int64_t ms = (int64_t)((fr_clock_mono_ns() - t) / 1000000);
+        char out[300];
+        if (harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped",
+                                MODEL) != 0 ||
+            strcmp(out, "(nil)") != 0) {
+            fprintf(stderr, "chaos: the poison stopped the model (%s)\n", out);
+            return -1;
+        }
+        int64_t rej1 = rejected();
+        if (rej0 < 0 || rej1 - rej0 != 12) {
+            fprintf(stderr, "chaos: run counted %lld poison records rejected, not 12\n",
+                    (long long)(rej1 - rej0));
+            return -1;
+        }
+        return ms;
+    }
+    default: return -1;
+    }
+}
+
+/* ------------------------------------------------------------------ main */
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile (nearest rank) of n sorted values. */
+static int64_t quantile(const int64_t *v, int n, double q)
+{
+    int i = (int)ceil(q * n) - 1;
+    return n == 0 ? -1 : v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v != NULL && *v != '\0' ? atoi(v) : def;
+}
+
+static void write_config(void)
+{
+    FILE *f = fopen(conf, "w");
+    if (f == NULL) {
+        perror(conf);
+        exit(1);
+    }
+    fprintf(f,
+            "[model]\nname = " MODEL "\nlayers = 3-16-1\nloss = mse\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n%s"
+            "[ingest]\ntopic = " TOPIC "\nformat = f32\nbatch = 16\nlinger_ms = 50\n"
+            "dead_letter_topic = chaos-dlq\n"
+            "[redis]\nurl = %s\n"
+            "[serve]\nlisten = 127.0.0.1:0\n"
+            "[trainer]\nworkers = 2\nmode = async\nbackend = cpu\n"
+            "[controller]\nlr = 0.05\n"
+            "[psstore]\naudit = true\nlease_ms = %d\n",
+            broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "", redis.url,
+            lease_ms);
+    fclose(f);
+}
+
+int main(void)
+{
+    int per_kind = env_int("CHAOS_PER_KIND", 1);
+    uint64_t seed = (uint64_t)env_int("CHAOS_SEED", (int)(fr_clock_unix_ms() % 1000000));
+    prod.rate = env_int("CHAOS_RATE", 1000);
+    int want[NKINDS];
+    const char *kinds = getenv("CHAOS_KINDS");
+    for (int k = 0; k < NKINDS; k++)
+        want[k] = kinds == NULL || *kinds == '\0' || strstr(kinds, kind_name[k]) != NULL;
+    signal(SIGPIPE, SIG_IGN);
+
+    if (harness_tmpdir(dir, "chaos") != 0 ||
+        harness_redis_start(&redis, "--appendonly yes --appendfsync always") != 0 ||
+        harness_broker_start(&broker, FRESHET_BIN, "--topic " TOPIC ":4 --topic chaos-dlq:1") !=
+            0) {
+        fprintf(stderr, "chaos: cannot start redis-server and the dev broker\n");
+        return 1;
+    }
+    snprintf(conf, sizeof(conf), "%s/chaos.conf", dir);
+    snprintf(run_log, sizeof(run_log), "%s/run.log", dir);
+    snprintf(serve_log, sizeof(serve_log), "%s/serve.log", dir);
+    write_config();
+    char errstr[256];
+    /* the stream's own producer retries a broker back from an outage within
+     * a second: the recovery measured is run's, not the producer's backoff */
+    static const char *const props[][2] = {{"reconnect.backoff.max.ms", "1000"}};
+    prod.p = ingest_producer_new(broker.bootstrap, props, 1, errstr, sizeof(errstr));
+    if (prod.p == NULL)
+        die(errstr);
+    pthread_create(&prod.tid, NULL, produce_loop, NULL);
+    start_run();
+    serve_port = harness_free_port();
+    start_serve();
+    if (await_version(0, fr_clock_mono_ns()) < 0)
+        die("freshet run never applied a version");
+
+    /* the plan: per_kind faults of each wanted kind, shuffled */
+    int nplan = 0;
+    enum kind *plan = calloc((size_t)(NKINDS * per_kind) + 1, sizeof(*plan));
+    for (int k = 0; k < NKINDS; k++)
+        for (int i = 0; want[k] && i < per_kind; i++)
+            plan[nplan++] = (enum kind)k;
+    fr_rng_t rng;
+    fr_rng_seed(&rng, seed);
+    for (int i = nplan - 1; i > 0; i--) {
+        int j = (int)(fr_rng_uniform(&rng) * (i + 1));
+        enum kind tmp = plan[i];
+        plan[i] = plan[j];
+        plan[j] = tmp;
+    }
+    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions\n",
+           (unsigned long long)seed, nplan, prod.rate, NPARTS);
+
+    int64_t *rec[NKINDS];
+    int nrec[NKINDS] = {0}, failed = 0;
+    for (int k = 0; k < NKINDS; k++)
+        rec[k] = calloc((size_t)per_kind + 1, sizeof(int64_t));
+    for (int i = 0; i < nplan; i++) {
+        /* steady state first: a second of training since the last fault */
+        int64_t v = store_version();
+        harness_sleep_ms(1000);
+        if (await_version(v, fr_clock_mono_ns()) < 0) {
+            fprintf(stderr, "chaos: no training before fault %d\n", i + 1);
+            failed++;
+            break;
+        }
+        enum kind k = plan[i];
+        int64_t ms = inject(k);
+        int64_t lost = 0;
+        int tries = 0;
+        while (check_exactly_once(&lost) != 0 && tries++ < 100)
+            harness_sleep_ms(50);
+        printf("chaos: fault %3d/%d %-13s recovered in %6lld ms; entries %lld, doubled %lld, "
+               "lost %lld, epochs %d\n",
+               i + 1, nplan, kind_name[k], (long long)ms, (long long)au.entries,
+               (long long)au.doubled, (long long)lost, au.nepochs);
+        fflush(stdout);
+        if (ms < 0 || lost != 0 || au.doubled != 0 || au.bad_generation != 0) {
+            failed++;
+            fprintf(stderr, "chaos: fault %d (%s) failed; logs in %s\n", i + 1, kind_name[k], dir);
+            break;
+        }
+        rec[k][nrec[k]++] = ms;
+    }
+
+    /* the end: the stream stops, every record delivered is trained once */
+    atomic_store(&prod.stop, 1);
+    pthread_join(prod.tid, NULL);
+    uint64_t delivered = 0, failed_delivery = 0;
+    ingest_producer_flush(prod.p, 30000, &delivered, &failed_delivery);
+    int64_t lost = 0, sum = 0;
+    uint64_t t = fr_clock_mono_ns();
+    while (!failed && (sum = watermarks(NULL)) < (int64_t)delivered &&
+           fr_clock_mono_ns() - t < (uint64_t)RECOVER_MS * 1000000) {
+        supervise();
+        harness_sleep_ms(50);
+    }
+    if (check_exactly_once(&lost) != 0 || sum < (int64_t)delivered)
+        failed++;
+    kill(serve_pid, SIGTERM);
+    kill(run_pid, SIGTERM);
+    harness_wait(serve_pid, 20000);
+    int status = harness_wait(run_pid, 20000);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "chaos: freshet run did not exit 0 on SIGTERM (status %d)\n", status);
+        failed++;
+    }
+
+    printf("\n| kind | faults | recovery p50 (ms) | p99 (ms) | max (ms) |\n"
+           "| --- | --- | --- | --- | --- |\n");
+    FILE *out = getenv("CHAOS_OUT") ? fopen(getenv("CHAOS_OUT"), "w") : NULL;
+    if (out != NULL)
+        fprintf(out, "{\"seed\": %llu, \"rate\": %d, \"kinds\": {", (unsigned long long)seed,
+                prod.rate);
+    int first = 1;
+    for (int k = 0; k < NKINDS; k++) {
+        if (nrec[k] == 0)
+            continue;
+        qsort(rec[k], (size_t)nrec[k], sizeof(int64_t), cmp_i64);
+        int64_t p50 = quantile(rec[k], nrec[k], 0.5), p99 = quantile(rec[k], nrec[k], 0.99);
+        printf("| %s | %d | %lld | %lld | %lld |\n", kind_name[k], nrec[k], (long long)p50,
+               (long long)p99, (long long)rec[k][nrec[k] - 1]);
+        if (out != NULL)
+            fprintf(out, "%s\"%s\": {\"faults\": %d, \"p50_ms\": %lld, \"p99_ms\": %lld}",
+                    first ? "" : ", ", kind_name[k], nrec[k], (long long)p50, (long long)p99);
+        first = 0;
+    }
+    printf("\nrecords delivered %llu, positions trained %lld (audit entries %lld, epochs %d): "
+           "lost %lld, doubled %lld\n",
+           (unsigned long long)delivered, (long long)sum, (long long)au.entries, au.nepochs,
+           (long long)lost, (long long)au.doubled);
+    printf("positions by outcome:");
+    for (int i = 0; i < au.noutcomes; i++)
+        printf(" %s %lld", au.outcomes[i], (long long)au.outcome_positions[i]);
+    printf("\n");
+    if (out != NULL) {
+        fprintf(out,
+                "}, \"delivered\": %llu, \"trained\": %lld, \"lost\": %lld, \"doubled\": %lld, "
+                "\"failed\": %d}\n",
+                (unsigned long long)delivered, (long long)sum, (long long)lost,
+                (long long)au.doubled, failed);
+        fclose(out);
+    }
+    ingest_producer_destroy(prod.p);
+    int ok = !failed && lost == 0 && au.doubled == 0 && au.bad_generation == 0;
+    harness_kill_children();
+    harness_broker_stop(&broker);
+    harness_redis_stop(&redis);
+    if (ok && getenv("CHAOS_KEEP") == NULL)
+        harness_rmdir(dir);
+    else if (ok)
+        fprintf(stderr, "chaos: logs kept in %s\n", dir);
+    else
+        fprintf(stderr, "chaos: FAILED; logs kept in %s\n", dir);
+    return ok ? 0 : 1;
+}
