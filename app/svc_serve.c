@@ -57,6 +57,8 @@ int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
     conf->tls_key = fr_config_get(cfg, "serve", "tls_key");
     conf->chartjs = fr_config_get(cfg, "serve", "chartjs");
     conf->max_body = (size_t)fr_config_get_int(cfg, "serve", "max_body");
+    conf->header_timeout_s = (int)fr_config_get_int(cfg, "serve", "header_timeout");
+    conf->max_connections = (int)fr_config_get_int(cfg, "serve", "max_connections");
     conf->infer = fr_config_get_bool(cfg, "serve", "infer");
     conf->infer_threads = (int)fr_config_get_int(cfg, "serve", "infer_threads");
     conf->infer_queue = (int)fr_config_get_int(cfg, "serve", "infer_queue");

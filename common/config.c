@@ -89,8 +89,8 @@ static const conf_key_t schema[] = {
     K_INT("ingest", "features", "0", 0, NO_MAX,
           "Features per sample (0: the model's input width)."),
     K_DBL("ingest", "max_abs_feature", "1e6", 0, 3e38, 0,
-          "A record with a feature (or an mse target) of larger magnitude is rejected (reason "
-          "magnitude): finite, it would still overflow a gradient (0: no limit)."),
+          "A record with a feature of larger magnitude is rejected (reason magnitude): finite, "
+          "it would still overflow a gradient (0: no limit)."),
     K_INT("ingest", "batch", "64", 1, 65536, "Samples per batch."),
     K_INT("ingest", "queue", "16", 1, 1 << 20,
           "Batches buffered for the trainers; when full, consumption pauses."),
@@ -217,6 +217,14 @@ static const conf_key_t schema[] = {
     K_INT("serve", "max_body", "1048576", 1024, 67108864,
           "Largest request body in bytes (an infer request's JSON takes about 10 bytes a "
           "feature)."),
+    K_INT("serve", "header_timeout", "10", 1, 60,
+          "Seconds a new connection has to send its first request, headers and body; a slow or "
+          "silent one is closed (slowloris). After it, a connection may wait 60 s (a long-poll's "
+          "30 s and a margin)."),
+    K_INT("serve", "max_connections", "0", 0, 1000000,
+          "HTTP connections open at most; more wait in the kernel's backlog until one closes, so "
+          "that descriptors remain for Redis and Kafka (0: half the process's descriptor limit, "
+          "at least 16)."),
     K_BOOL("serve", "infer", "true",
            "Answer POST /v2/models/{m}/infer with predictions from the weights served."),
     K_INT("serve", "infer_threads", "2", 1, 16, "Threads computing predictions."),

@@ -168,7 +168,7 @@ static void owned_rebuild(ingest_consumer_t *c)
  * resumed first (a partition librdkafka never saw, or not paused, is left
  * as it is), and paused again below when the consumer is paused now.
  */
-static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
+static int on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
 {
     for (int i = 0; i < parts->cnt; i++) {
         rd_kafka_topic_partition_t *tp = &parts->elems[i];
@@ -185,6 +185,7 @@ static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
         error = rd_kafka_incremental_assign(c->rk, parts);
     else
         kerr = rd_kafka_assign(c->rk, parts);
+    int failed = error != NULL || kerr != RD_KAFKA_RESP_ERR_NO_ERROR;
     if (error != NULL) {
         fr_log(FR_LOG_ERROR, "ingest: assign: %s", rd_kafka_error_string(error));
         rd_kafka_error_destroy(error);
@@ -203,6 +204,7 @@ static void on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
     owned_rebuild(c);
     if (c->paused)
         ingest_consumer_set_paused(c, 1);
+    return failed ? -1 : 0;
 }
 
 /*
@@ -250,7 +252,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     ingest_consumer_t *c = opaque;
     int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        on_assign(c, parts, coop);
+        (void)on_assign(c, parts, coop); /* logged; the group assigns again */
     } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
         on_revoke(c, parts, coop);
     } else {
@@ -541,11 +543,11 @@ static void fetch_wake_check(ingest_consumer_t *c)
 /*
  * The whole topic without a group (docs/design.md "The whole topic without
  * a group"): assigns every partition of the topic as a group's first
- * assignment would, at the store's watermarks; once the topic has more
- * partitions than were assigned, assigns them all again (the partitions
- * held restart from the store's watermarks: what was in flight is read
- * again and dropped as duplicate by position). Poll thread. 0 once
- * assigned (or nothing new), -1 while the metadata cannot be had.
+ * assignment would, at the store's watermarks; partitions added to the
+ * topic since are assigned incrementally (librdkafka allows it without a
+ * group), the others left as they are. Poll thread. 0 once assigned (or
+ * nothing new), -1 while the metadata or the assignment failed (tried
+ * again).
  */
 static int assign_whole_topic(ingest_consumer_t *c, int timeout_ms)
 {
@@ -570,15 +572,17 @@ static int assign_whole_topic(ingest_consumer_t *c, int timeout_ms)
         return -1;
     if (n <= c->whole_parts)
         return 0;
-    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n);
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n - c->whole_parts);
     if (parts == NULL)
         return -1;
-    for (int p = 0; p < n; p++)
+    for (int p = c->whole_parts; p < n; p++)
         rd_kafka_topic_partition_list_add(parts, c->topic, p);
-    on_assign(c, parts, 0);
+    int rc = on_assign(c, parts, c->whole_parts > 0);
     rd_kafka_topic_partition_list_destroy(parts);
-    fr_log(FR_LOG_INFO, "ingest: %s: assigned partitions 0-%d (%s, no consumer group)", c->topic,
-           n - 1, c->whole_parts == 0 ? "the whole topic" : "the topic grew");
+    if (rc != 0)
+        return -1;
+    fr_log(FR_LOG_INFO, "ingest: %s: assigned partitions %d-%d (%s, no consumer group)", c->topic,
+           c->whole_parts, n - 1, c->whole_parts == 0 ? "the whole topic" : "the topic grew");
     c->whole_parts = n;
     return 0;
 }
@@ -634,7 +638,8 @@ static void *poll_main(void *arg)
             next_commit = t + COMMIT_EVERY_MS;
         }
         if (c->whole_topic && t >= next_whole) {
-            assign_whole_topic(c, 1000);
+            /* briefly: the poll thread also flushes and pushes back */
+            assign_whole_topic(c, 200);
             next_whole = t + WHOLE_CHECK_MS;
         }
     }
@@ -666,17 +671,21 @@ static fr_err_t conf_set(rd_kafka_conf_t *conf, const char *key, const char *val
     return fr_errorf(FR_ERR_INVAL, errstr, size, "kafka property %s: %s", key, kerr);
 }
 
-/* librdkafka refuses a fetch.max.bytes below message.max.bytes: a caller
- * who raised the latter for large records gets the fetch raised with it. */
-static fr_err_t fetch_fits_messages(rd_kafka_conf_t *kc, char *errstr, size_t size)
+/* Raises property `key` to the value of `floor` when it is below it:
+ * librdkafka refuses a fetch.max.bytes below message.max.bytes and a
+ * reconnect.backoff.max.ms below reconnect.backoff.ms, so a caller who
+ * raised the latter (large records, a slower backoff) gets freshet's
+ * default of the former raised with it. */
+static fr_err_t at_least(rd_kafka_conf_t *kc, const char *key, const char *floor, char *errstr,
+                         size_t size)
 {
-    char fetch[32], msg[32];
-    size_t fl = sizeof(fetch), ml = sizeof(msg);
-    if (rd_kafka_conf_get(kc, "fetch.max.bytes", fetch, &fl) != RD_KAFKA_CONF_OK ||
-        rd_kafka_conf_get(kc, "message.max.bytes", msg, &ml) != RD_KAFKA_CONF_OK ||
-        strtoll(fetch, NULL, 10) >= strtoll(msg, NULL, 10))
+    char have[32], low[32];
+    size_t hl = sizeof(have), ll = sizeof(low);
+    if (rd_kafka_conf_get(kc, key, have, &hl) != RD_KAFKA_CONF_OK ||
+        rd_kafka_conf_get(kc, floor, low, &ll) != RD_KAFKA_CONF_OK ||
+        strtoll(have, NULL, 10) >= strtoll(low, NULL, 10))
         return FR_OK;
-    return conf_set(kc, "fetch.max.bytes", msg, errstr, size);
+    return conf_set(kc, key, low, errstr, size);
 }
 
 /* The consumer's librdkafka configuration, in this order: bootstrap, the
@@ -731,7 +740,8 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
     for (size_t i = 0; i < conf->nprops; i++)
         if (conf_set(kc, conf->props[i][0], conf->props[i][1], errstr, size) != FR_OK)
             goto err;
-    if (fetch_fits_messages(kc, errstr, size) != FR_OK)
+    if (at_least(kc, "fetch.max.bytes", "message.max.bytes", errstr, size) != FR_OK ||
+        at_least(kc, "reconnect.backoff.max.ms", "reconnect.backoff.ms", errstr, size) != FR_OK)
         goto err;
     if (conf_set(kc, "enable.auto.offset.store", "false", errstr, size) != FR_OK ||
         conf_set(kc, "enable.auto.commit", "false", errstr, size) != FR_OK)

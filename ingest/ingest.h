@@ -74,9 +74,8 @@ typedef struct ingest_schema {
     int aux;       /* > 0: x[aux] of a decoded record takes the record's aux value (its
                       Kafka header freshet-p: a sparse model's planted probability) when
                       it has one (ingest_batcher_add_aux); 0: none */
-    float max_abs; /* > 0: a record with a feature (or a real label: mse) of larger
-                      magnitude is rejected (magnitude): finite, but it overflows a
-                      gradient; 0: no limit.
+    float max_abs; /* > 0: a record with a feature of larger magnitude is rejected
+                      (magnitude): finite, but it overflows a gradient; 0: no limit.
                       Not applied to records a decode hook reads */
 } ingest_schema_t;
 

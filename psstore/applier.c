@@ -298,7 +298,7 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     }
     char host[64] = "host";
     gethostname(host, sizeof(host) - 1);
-    char scope[48];
+    char scope[64];
     ps_applier_scope(scope, sizeof(scope));
     snprintf(a->token, sizeof(a->token), "%.60s/%d/%016llx/%s", host, (int)getpid(),
              (unsigned long long)ps_random_u64(), scope);

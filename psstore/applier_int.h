@@ -176,7 +176,7 @@ struct psstore_applier {
                                "<model>/s<k>" for shard k of a sharded one */
     char name[65];          /* the model's name                        */
     int shard, nshards;     /* shard k of S (0 of 1 unsharded)           */
-    char token[128];        /* lease token and consumer name: host/pid/random/scope */
+    char token[160];        /* lease token and consumer name: host/pid/random/scope */
     char k_lease[PS_KEY_MAX], k_meta[PS_KEY_MAX], k_ver[PS_KEY_MAX], k_w[PS_KEY_MAX];
     char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
     char k_drops[PS_KEY_MAX];

@@ -18,8 +18,8 @@
 #include "psstore/applier_int.h"
 
 /*
- * This process's machine and pid namespace, "<boot id>.<pid namespace
- * inode>", into out[size] ("" when /proc does not tell): two tokens with
+ * This process's machine and pid namespace, "<boot id, 32 hex>.<pid
+ * namespace inode>", into out[size] ("" when /proc does not tell): two tokens with
  * the same host name and scope name processes that kill(2) can see.
  */
 void ps_applier_scope(char *out, size_t size)
@@ -31,7 +31,11 @@ void ps_applier_scope(char *out, size_t size)
             boot[0] = '\0';
         fclose(f);
     }
-    boot[strcspn(boot, "\n-")] = '\0'; /* its first 8 hex digits */
+    char *w = boot; /* the boot id's 32 hex digits, without dashes */
+    for (const char *r = boot; *r != '\0' && *r != '\n'; r++)
+        if (*r != '-')
+            *w++ = *r;
+    *w = '\0';
     ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
     ns[n > 0 ? n : 0] = '\0';
     const char *ino = strchr(ns, '[');

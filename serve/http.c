@@ -18,6 +18,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/queue.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -51,6 +52,7 @@ void serve_conf_init(serve_conf_t *conf)
     conf->tls_key = "";
     conf->chartjs = "/usr/share/javascript/chart.js/chart.min.js";
     conf->max_body = 1024 * 1024;
+    conf->header_timeout_s = 10;
     conf->infer = 1;
     conf->infer_threads = 2;
     conf->infer_queue = 256;
@@ -688,6 +690,11 @@ static int host_allowed(struct serve *s, struct evhttp_request *req)
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct serve *s = arg;
+    /* a request arrived whole: the connection may now wait as long as a
+     * long-poll (and stay open between requests as long) */
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    if (evcon != NULL)
+        evhttp_connection_set_timeout(evcon, CONN_TIMEOUT_S);
     /* every answer, the errors and the deferred ones too */
     evhttp_add_header(evhttp_request_get_output_headers(req), "X-Content-Type-Options", "nosniff");
     const char *bad = bad_headers(req);
@@ -809,12 +816,26 @@ static struct {
     struct serve *s;
 } listeners[256]; /* which server a listener's error callback is about */
 
+/* Accepts while neither a pause after a failure nor the connection cap
+ * holds the listener back. Loop thread. */
+static void listener_update(struct serve *s)
+{
+    if (s->closing || s->bound == NULL)
+        return;
+    struct evconnlistener *lev = evhttp_bound_socket_get_listener(s->bound);
+    if (s->accept_paused || s->open_conns >= s->max_conns)
+        evconnlistener_disable(lev);
+    else
+        evconnlistener_enable(lev);
+}
+
 static void on_accept_again(evutil_socket_t fd, short what, void *arg)
 {
     struct serve *s = arg;
     (void)fd;
     (void)what;
-    evconnlistener_enable(evhttp_bound_socket_get_listener(s->bound));
+    s->accept_paused = 0;
+    listener_update(s);
 }
 
 static void on_accept_error(struct evconnlistener *lev, void *ctx)
@@ -830,6 +851,7 @@ static void on_accept_error(struct evconnlistener *lev, void *ctx)
     if (s == NULL)
         return;
     fr_series_add(s->m_accept_errors, 1);
+    s->accept_paused = 1;
     evconnlistener_disable(lev);
     uint64_t now = fr_clock_mono_ns();
     if (now - s->accept_error_ns > 2 * (uint64_t)ACCEPT_PAUSE_MAX_MS * 1000000u)
@@ -891,16 +913,91 @@ static char *hosts_list(const char *allowed, const char *listen_host)
     return b.p;
 }
 
-/* ---- lifecycle -------------------------------------------------------------------- */
+/*
+ * The connection cap ([serve] max_connections). libevent 2.1 reports no
+ * connection's end (a connection can close before its first request), so
+ * serve makes every accepted connection's bufferevent itself (evhttp's
+ * bevcb) and holds a reference to it: when evhttp lets go of a connection
+ * (bufferevent_free) its callbacks are cleared, and a sweep every
+ * CONN_SWEEP_MS finds those, drops the reference (which closes the socket)
+ * and counts the connections still open. At the cap the listener stops
+ * accepting (new connections wait in the kernel's backlog, taking no
+ * descriptor) until the sweep finds one closed, so that descriptors remain
+ * for Redis, Kafka and files.
+ */
+#define CONN_SWEEP_MS 100
 
-static struct bufferevent *tls_bev(struct event_base *base, void *arg)
+static void conn_sweep(evutil_socket_t fd, short what, void *arg)
 {
-    SSL *ssl = SSL_new(arg);
-    if (ssl == NULL)
-        return NULL;
-    return bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                          BEV_OPT_CLOSE_ON_FREE);
+    struct serve *s = arg;
+    (void)fd;
+    (void)what;
+    int kept = 0;
+    for (int i = 0; i < s->open_conns; i++) {
+        /* evhttp sets a connection's callbacks as it takes the
+         * bufferevent from conn_bev, before the loop runs again, and
+         * bufferevent_free clears them: none set, evhttp let go of it */
+        bufferevent_event_cb eventcb = NULL;
+        bufferevent_getcb(s->conns[i], NULL, NULL, &eventcb, NULL);
+        if (eventcb == NULL)
+            bufferevent_decref(s->conns[i]); /* now it goes, its socket closed */
+        else
+            s->conns[kept++] = s->conns[i];
+    }
+    int was_capped = s->open_conns >= s->max_conns;
+    s->open_conns = kept;
+    fr_series_set(s->m_conns, kept);
+    if (was_capped && kept < s->max_conns)
+        listener_update(s);
 }
+
+static struct bufferevent *conn_bev(struct event_base *base, void *arg)
+{
+    struct serve *s = arg;
+    struct bufferevent *bev = NULL;
+    if (s->ssl_ctx != NULL) {
+        SSL *ssl = SSL_new(s->ssl_ctx);
+        if (ssl == NULL)
+            return NULL;
+        bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                             BEV_OPT_CLOSE_ON_FREE);
+    } else {
+        bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    }
+    if (bev == NULL || s->open_conns >= s->conns_cap)
+        return bev; /* the array is sized to the cap plus a margin: untracked */
+    bufferevent_incref(bev);
+    s->conns[s->open_conns++] = bev;
+    fr_series_set(s->m_conns, s->open_conns);
+    if (s->open_conns >= s->max_conns) {
+        fr_series_add(s->m_capped, 1);
+        uint64_t now = fr_clock_mono_ns();
+        if (s->capped_log_ns == 0 || now - s->capped_log_ns > 60 * (uint64_t)1000000000u) {
+            s->capped_log_ns = now;
+            fr_log(FR_LOG_WARN,
+                   "serve: %d connections open, [serve] max_connections: not accepting more "
+                   "until one closes (freshet_http_connection_cap_total counts these)",
+                   s->open_conns);
+        }
+        listener_update(s);
+    }
+    return bev;
+}
+
+/* [serve] max_connections, or its default: half the descriptors this
+ * process may open, at least 16. */
+static int conn_cap(int configured)
+{
+    if (configured > 0)
+        return configured;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return 4096;
+    rlim_t half = rl.rlim_cur / 2;
+    return half < 16 ? 16 : half > 1000000 ? 1000000 : (int)half;
+}
+
+/* ---- lifecycle -------------------------------------------------------------------- */
 
 static int tls_setup(struct serve *s, char *errstr, size_t size)
 {
@@ -921,7 +1018,6 @@ static int tls_setup(struct serve *s, char *errstr, size_t size)
         return -1;
     }
     s->ssl_ctx = ctx;
-    evhttp_set_bevcb(s->http, tls_bev, ctx);
     return 0;
 }
 
@@ -1061,13 +1157,23 @@ static int register_metrics(struct serve *s, char *errstr, size_t size)
                            "listener",
                            0, NULL),
         NULL);
+    s->m_conns = fr_metric_series(
+        fr_metrics_gauge(reg, "freshet_http_connections", "HTTP connections open now", 0, NULL),
+        NULL);
+    s->m_capped = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_http_connection_cap_total",
+                           "Times the connections open reached [serve] max_connections and "
+                           "accepting paused",
+                           0, NULL),
+        NULL);
     s->m_infer_batches = fr_metrics_counter(
         reg, "freshet_serve_infer_batches_total",
         "Forward passes run for predictions (requests that queued together share one)", 1, model);
     if (s->m_requests == NULL || s->m_bytes == NULL || s->m_waiting == NULL ||
         s->m_store_up == NULL || s->m_version == NULL || s->m_published == NULL ||
         s->m_loads == NULL || s->m_json == NULL || s->m_predictions == NULL ||
-        s->m_infer_batches == NULL || s->m_refused == NULL || s->m_accept_errors == NULL) {
+        s->m_infer_batches == NULL || s->m_refused == NULL || s->m_accept_errors == NULL ||
+        s->m_conns == NULL || s->m_capped == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: cannot register metrics");
         return -1;
     }
@@ -1084,11 +1190,12 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     }
     if (conf->refresh_ms < 0 || conf->max_body < 1024 || conf->max_models < 1 ||
         conf->infer_threads < 1 || conf->infer_threads > SV_POOL_THREADS_MAX ||
-        conf->infer_queue < 1) {
+        conf->infer_queue < 1 || conf->header_timeout_s < 1 ||
+        conf->header_timeout_s > CONN_TIMEOUT_S) {
         fr_errorf(FR_ERR_INVAL, errstr, size,
                   "serve: refresh_ms >= 0, max_body >= 1024, max_models >= 1, infer_threads "
-                  "1..%d and infer_queue >= 1",
-                  SV_POOL_THREADS_MAX);
+                  "1..%d, infer_queue >= 1 and header_timeout 1..%d",
+                  SV_POOL_THREADS_MAX, CONN_TIMEOUT_S);
         return NULL;
     }
     if ((conf->tls_cert[0] != '\0') != (conf->tls_key[0] != '\0')) {
@@ -1138,7 +1245,18 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_max_body_size(s->http, (ev_ssize_t)conf->max_body);
     evhttp_set_max_headers_size(s->http, MAX_HEADERS);
-    evhttp_set_timeout(s->http, CONN_TIMEOUT_S);
+    /* slowloris: a connection that does not finish its first request in
+     * header_timeout is closed; on_request then allows a long-poll's wait */
+    evhttp_set_timeout(s->http, conf->header_timeout_s);
+    s->max_conns = conn_cap(conf->max_connections);
+    s->conns_cap = s->max_conns + 64; /* accepts already under way when the cap closes */
+    s->conns = calloc((size_t)s->conns_cap, sizeof(*s->conns));
+    if (s->conns == NULL) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
+        serve_destroy(s);
+        return NULL;
+    }
+    evhttp_set_bevcb(s->http, conn_bev, s);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
                                             EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
                                             EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
@@ -1165,6 +1283,13 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     s->stop_wait = evtimer_new(s->base, on_stop_wait, s);
     s->accept_again = evtimer_new(s->base, on_accept_again, s);
     s->accept_pause_ms = ACCEPT_PAUSE_MIN_MS;
+    s->sweep = event_new(s->base, -1, EV_PERSIST, conn_sweep, s);
+    struct timeval sweep_tv = {0, CONN_SWEEP_MS * 1000};
+    if (s->sweep == NULL || event_add(s->sweep, &sweep_tv) != 0) {
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
+        serve_destroy(s);
+        return NULL;
+    }
     if (s->notify == NULL || s->stop_ev == NULL || s->stop_wait == NULL ||
         s->accept_again == NULL || sv_pool_init(&s->rows, s, "rows", ROWS_QUEUE_MAX) != 0 ||
         sv_pool_init(&s->infer, s, "infer", (size_t)conf->infer_queue) != 0) {
@@ -1243,8 +1368,15 @@ void serve_destroy(serve_t *s)
         return;
     serve_stop(s);
     listener_register(s, 0); /* before evhttp_free frees the listener */
+    s->closing = 1;          /* evhttp_free frees the listener before the connections */
     if (s->http != NULL)
         evhttp_free(s->http); /* closes connections: waiters' and jobs' close callbacks run */
+    for (int i = 0; i < s->open_conns; i++)
+        bufferevent_decref(s->conns[i]); /* their sockets close */
+    s->open_conns = 0;
+    free(s->conns);
+    if (s->sweep != NULL)
+        event_free(s->sweep);
     sv_pool_fini(&s->rows);
     sv_pool_fini(&s->infer);
     if (s->notify != NULL)

@@ -40,6 +40,10 @@ typedef struct serve_conf {
     const char *tls_key;
     const char *chartjs;       /* Chart.js (UMD) served at /dashboard/chart.min.js   */
     size_t max_body;           /* request body cap in bytes                          */
+    int header_timeout_s;      /* a new connection's first request (headers and body) must
+                                  arrive within this; then idle up to SERVE_MAX_WAIT_S + 30 */
+    int max_connections;       /* connections open at most (then accept waits); 0: half the
+                                  descriptor limit (RLIMIT_NOFILE), at least 16 */
     int infer;                 /* POST /v2/models/{m}/infer answered                 */
     int infer_threads;         /* threads computing predictions (1..16)              */
     int infer_queue;           /* predictions waiting at most (then 503)             */

@@ -237,7 +237,14 @@ struct serve {
     char *hosts;                /* the allowed Host names, ",a,b,": "" any (http.c) */
     struct event *accept_again; /* the listener paused after accept() failed */
     int accept_pause_ms;
-    uint64_t accept_error_ns; /* the last failure */
+    uint64_t accept_error_ns;   /* the last failure */
+    int accept_paused;          /* the pause after a failure is on (loop thread) */
+    int max_conns, open_conns;  /* the connection cap and the connections open (loop thread) */
+    struct bufferevent **conns; /* the open connections' bufferevents, a reference held */
+    int conns_cap;
+    struct event *sweep;    /* finds the connections evhttp let go of */
+    int closing;            /* serve_destroy frees the server: no listener to touch */
+    uint64_t capped_log_ns; /* the cap was last logged then */
     int port;
     struct event_base *base;
     struct evhttp *http;
@@ -270,7 +277,7 @@ struct serve {
     fr_series_t *m_waiting, *m_store_up;
     fr_metric_t *m_version, *m_published, *m_loads, *m_json;
     fr_metric_t *m_predictions, *m_infer_batches;
-    fr_series_t *m_refused, *m_accept_errors;
+    fr_series_t *m_refused, *m_accept_errors, *m_conns, *m_capped;
 };
 
 /* Wakes the loop to look at what the follower published (any thread). */

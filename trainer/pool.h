@@ -66,6 +66,7 @@ typedef struct trainer_pool_stats {
     uint64_t batches;    /* batches pushed (n = 0 ones included)                */
     uint64_t pulls;      /* weight pulls that brought a new version             */
     uint64_t failed;     /* batches abandoned (push or compute failed)          */
+    uint64_t poisoned;   /* samples dropped alone: non-finite loss or gradient  */
     double loss_sum;     /* summed training loss of the pushed samples          */
     uint64_t compute_ns; /* summed forward and backward time of the workers */
     uint64_t push_ns;    /* summed push time (backpressure waits included) */

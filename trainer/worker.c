@@ -78,6 +78,11 @@ typedef struct worker {
     int nflights, flight_head;
     psstore_phase_t phase; /* mode auto: the applier's, as last read */
     int in_ssp;            /* mode auto: this worker keeps ssp's bound */
+    /* per-sample isolation (isolate_nonfinite): the kept samples and one
+     * sample's gradient, allocated at the first poisoned batch */
+    float *iso_x, *iso_y, *iso_g;
+    size_t iso_cap;
+    size_t kept; /* samples of the last batch that went into its gradient */
 } worker_t;
 
 struct trainer_pool {
@@ -97,7 +102,8 @@ struct trainer_pool {
     atomic_uint_least64_t epoch;
     pthread_mutex_t lock; /* guards loss_sum */
     double loss_sum;
-    fr_series_t *m_samples, *m_failed, *m_step, *m_starved;
+    fr_series_t *m_samples, *m_failed, *m_step, *m_starved, *m_poison;
+    atomic_uint_least64_t poisoned;
 };
 
 static void sleep_ns(uint64_t ns)
@@ -192,6 +198,78 @@ static void flights_wait(worker_t *wk)
     atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
 }
 
+/* Whether the loss and every gradient entry are finite: x * 0 is 0 for a
+ * finite x and NaN for NaN or an infinity, summed in 8 lanes (a pass over
+ * the gradient at memory speed, every batch). */
+static int finite_all(const float *g, size_t n, double loss)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            acc[k] += g[i + (size_t)k] * 0.0f;
+    for (; i < n; i++)
+        acc[0] += g[i] * 0.0f;
+    float sum = 0.0f;
+    for (int k = 0; k < 8; k++)
+        sum += acc[k];
+    return isfinite(loss) && sum == 0.0f;
+}
+
+/*
+ * Per-sample isolation (docs/design.md "Poison in a batch"): the batch's
+ * loss or gradient is not finite. Each sample's gradient is computed alone;
+ * the samples whose own is not finite are dropped and counted, and the
+ * batch's gradient (into wk->g, its loss into *loss) is computed again over
+ * the others, whose positions, like the dropped ones', the batch's ranges
+ * still cover. Returns the samples kept: 0 when none is left, when every
+ * sample alone is finite (the sum overflows: the model itself diverged, a
+ * case for the divergence guard) or on an error (logged).
+ */
+static size_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *loss)
+{
+    trainer_pool_t *p = wk->pool;
+    size_t n = b->n, d = (size_t)b->features, np = p->m.nparams;
+    if (n > wk->iso_cap) {
+        free(wk->iso_x);
+        free(wk->iso_y);
+        wk->iso_x = malloc(n * d * sizeof(float));
+        wk->iso_y = malloc(n * sizeof(float));
+        wk->iso_cap = wk->iso_x != NULL && wk->iso_y != NULL ? n : 0;
+    }
+    if (wk->iso_g == NULL)
+        wk->iso_g = malloc(np * sizeof(float));
+    if (wk->iso_cap < n || wk->iso_g == NULL) {
+        fr_log(FR_LOG_ERROR, "worker %s: out of memory isolating a non-finite sample", wk->id);
+        return 0;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        double one = 0;
+        if (trainer_backend_gradient(wk->be, wk->iso_g, &one, b->x + i * d, b->y + i, 1) != FR_OK) {
+            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
+            return 0;
+        }
+        if (!finite_all(wk->iso_g, np, one))
+            continue;
+        memcpy(wk->iso_x + kept * d, b->x + i * d, d * sizeof(float));
+        wk->iso_y[kept++] = b->y[i];
+    }
+    if (kept == 0 || kept == n)
+        return 0;
+    if (trainer_backend_gradient(wk->be, wk->g, loss, wk->iso_x, wk->iso_y, (int)kept) != FR_OK ||
+        !finite_all(wk->g, np, *loss))
+        return 0;
+    atomic_fetch_add(&p->poisoned, n - kept);
+    if (p->m_poison != NULL)
+        fr_series_add(p->m_poison, (double)(n - kept));
+    fr_log(FR_LOG_WARN,
+           "worker %s: %zu of %zu samples gave a non-finite loss or gradient: dropped, the "
+           "other %zu learned",
+           wk->id, n - kept, n, kept);
+    return kept;
+}
+
 /*
  * Computes and pushes one batch. Returns FR_OK, or the error after logging
  * it (the caller reports the batch abandoned: the gap rule reads it again).
@@ -207,6 +285,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
                           .ranges = b->ranges, /* one range type: no copy */
                           .nranges = b->nranges};
     *loss = 0;
+    wk->kept = b->n;
     /* an n = 0 batch needs the store's epoch too, or the applier drops it
      * (reason "epoch") without marking its positions */
     int changed = 0;
@@ -256,7 +335,14 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
             msg.ts_min_ms = b->min_ts_ms; /* for the applier's freshness figures */
             msg.ts_max_ms = b->max_ts_ms;
         }
-        if (!isfinite(*loss)) {
+        size_t kept =
+            finite_all(wk->g, p->m.nparams, *loss) ? b->n : isolate_nonfinite(wk, b, loss);
+        if (kept > 0 && kept < b->n) {
+            wk->kept = kept; /* poison isolated: the rest is learned */
+            msg.n = (int64_t)kept;
+            msg.loss_sum = *loss;
+        }
+        if (kept == 0) {
             /* the model diverged on this batch: the message cannot carry
              * the loss, so the gradient carries the news, and the applier
              * drops it as non-finite (counted, positions marked) and its
@@ -489,7 +575,7 @@ static void *worker_main(void *arg)
                 round_wait(wk, round, local_round);
         }
         if (err == FR_OK) {
-            atomic_fetch_add(&p->samples, b->n);
+            atomic_fetch_add(&p->samples, wk->kept);
             atomic_fetch_add(&p->batches, 1);
             if (wk->version >= atomic_load(&p->version)) {
                 atomic_store(&p->version, wk->version);
@@ -499,7 +585,7 @@ static void *worker_main(void *arg)
             p->loss_sum += loss;
             pthread_mutex_unlock(&p->lock);
             if (p->m_samples != NULL)
-                fr_series_add(p->m_samples, (double)b->n);
+                fr_series_add(p->m_samples, (double)wk->kept);
         } else {
             atomic_fetch_add(&p->failed, 1);
             if (p->m_failed != NULL)
@@ -523,6 +609,11 @@ static void metrics_init(trainer_pool_t *p, fr_metrics_t *reg)
     m = fr_metrics_counter(reg, "freshet_trainer_batches_failed_total",
                            "Batches abandoned because a pull, compute or push failed.", 0, NULL);
     p->m_failed = m != NULL ? fr_metric_series(m, NULL) : NULL;
+    m = fr_metrics_counter(reg, "freshet_trainer_samples_poisoned_total",
+                           "Samples dropped alone because their loss or gradient was not finite; "
+                           "the rest of their batch was learned.",
+                           0, NULL);
+    p->m_poison = m != NULL ? fr_metric_series(m, NULL) : NULL;
     m = fr_metrics_histogram(reg, "freshet_trainer_step_seconds",
                              "Forward and backward pass of one batch.",
                              sizeof(step_bounds) / sizeof(step_bounds[0]), step_bounds, 0, NULL);
@@ -643,6 +734,9 @@ void trainer_pool_destroy(trainer_pool_t *p)
         free(wk->w);
         free(wk->g);
         free(wk->peers);
+        free(wk->iso_x);
+        free(wk->iso_y);
+        free(wk->iso_g);
     }
     free(p->workers);
     pthread_mutex_destroy(&p->lock);
@@ -653,6 +747,7 @@ void trainer_pool_stats(trainer_pool_t *p, trainer_pool_stats_t *st)
 {
     memset(st, 0, sizeof(*st));
     st->samples = atomic_load(&p->samples);
+    st->poisoned = atomic_load(&p->poisoned);
     st->batches = atomic_load(&p->batches);
     st->pulls = atomic_load(&p->pulls);
     st->failed = atomic_load(&p->failed);

@@ -437,8 +437,8 @@ static void test_killed_applier_is_replaced_and_applies_everything_once(void **s
 }
 
 /* This process's lease scope as docs/design.md "One writer and fencing"
- * states it: the boot id's first 8 hex digits, '.', the pid namespace's
- * inode (read here independently of the applier). */
+ * states it: the boot id's 32 hex digits, '.', the pid namespace's inode
+ * (read here independently of the applier). */
 static void lease_scope(char *out, size_t size)
 {
     char boot[64] = "", ns[64] = "";
@@ -451,7 +451,14 @@ static void lease_scope(char *out, size_t size)
     ns[n] = '\0';
     unsigned long long ino = 0;
     assert_int_equal(sscanf(ns, "pid:[%llu]", &ino), 1);
-    snprintf(out, size, "%.8s.%llu", boot, ino);
+    char hex[40];
+    size_t n_hex = 0;
+    for (const char *r = boot; *r != '\0' && *r != '\n' && n_hex + 1 < sizeof(hex); r++)
+        if (*r != '-')
+            hex[n_hex++] = *r;
+    hex[n_hex] = '\0';
+    assert_int_equal(n_hex, 32);
+    snprintf(out, size, "%s.%llu", hex, ino);
 }
 
 /* Whether a standby applier of model takes a lease held (60 s left) by
@@ -498,7 +505,7 @@ static void test_a_dead_local_holders_lease_is_taken_at_once(void **state)
         _exit(0);
     assert_true(dead > 0);
     assert_int_equal(waitpid(dead, NULL, 0), dead);
-    char host[64] = "host", scope[64], token[256];
+    char host[64] = "host", scope[80], token[256];
     gethostname(host, sizeof(host) - 1);
     lease_scope(scope, sizeof(scope));
 
@@ -506,7 +513,7 @@ static void test_a_dead_local_holders_lease_is_taken_at_once(void **state)
     assert_false(takes_lease_of(model, token)); /* alive */
     snprintf(token, sizeof(token), "elsewhere/%d/0123456789abcdef/%s", (int)dead, scope);
     assert_false(takes_lease_of(model, token)); /* another machine */
-    snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef/00000000.1", host, (int)dead);
+    snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef/%.32s.1", host, (int)dead, scope);
     assert_false(takes_lease_of(model, token)); /* another pid namespace */
     snprintf(token, sizeof(token), "%.60s/%d/0123456789abcdef", host, (int)dead);
     assert_false(takes_lease_of(model, token)); /* an older token: no scope */

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,14 +48,18 @@ static void sample(int k, float *x, float *y)
 }
 
 /* Produces samples [first, first + n) round robin over nparts partitions
- * of topic (sample k to partition k % nparts). */
-static void produce_from(const char *topic, int nparts, int first, int n)
+ * of topic (sample k to partition k % nparts); with poison_every > 0, the
+ * samples k with k % poison_every == poison_at get features of 3e38. */
+static void produce_poisoned(const char *topic, int nparts, int first, int n, int poison_every,
+                             int poison_at)
 {
     ingest_producer_t *p = ingest_producer_new(broker.bootstrap, NULL, 0, errstr, sizeof(errstr));
     assert_non_null(p);
     for (int k = first; k < first + n; k++) {
         float v[D + 1];
         sample(k, v + 1, &v[0]);
+        if (poison_every > 0 && k % poison_every == poison_at)
+            v[1] = v[2] = v[3] = 3e38f;
         assert_int_equal(
             ingest_producer_send(p, topic, k % nparts, NULL, 0, v, sizeof(v), NULL, NULL), FR_OK);
     }
@@ -62,6 +67,11 @@ static void produce_from(const char *topic, int nparts, int first, int n)
     assert_int_equal(ingest_producer_flush(p, 10000, &delivered, &failed), FR_OK);
     assert_int_equal(delivered, (uint64_t)n);
     ingest_producer_destroy(p);
+}
+
+static void produce_from(const char *topic, int nparts, int first, int n)
+{
+    produce_poisoned(topic, nparts, first, n, 0, 0);
 }
 
 static void produce(const char *topic, int nparts, int n)
@@ -234,12 +244,14 @@ static double store_loss(const char *model, int n, int64_t *version)
 /* freshet run serves HTTP ([serve] listen = 127.0.0.1:0: the port is in
  * its log): the weights it publishes are the store's, at the store's
  * version. */
-static void check_run_serves(const char *model, const char *log)
+/* The HTTP port freshet run logged ([serve] listen = 127.0.0.1:0: the last
+ * "listening on" line of its log); fails the test when there is none. */
+static int run_port(const char *log)
 {
     int port = 0;
     FILE *f = fopen(log, "r");
     char line[512];
-    while (f != NULL && port == 0 && fgets(line, sizeof(line), f) != NULL) {
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
         const char *p = strstr(line, "serve: listening on 127.0.0.1:0 (port ");
         if (p != NULL)
             port = atoi(p + strlen("serve: listening on 127.0.0.1:0 (port "));
@@ -248,6 +260,12 @@ static void check_run_serves(const char *model, const char *log)
         fclose(f);
     if (port <= 0)
         fail_msg("freshet run logged no HTTP port (see %s)", log);
+    return port;
+}
+
+static void check_run_serves(const char *model, const char *log)
+{
+    int port = run_port(log);
     char path[256];
     snprintf(path, sizeof(path), "/v2/models/%s/weights?format=raw", model);
     for (int tries = 0; tries < 50; tries++) {
@@ -630,6 +648,70 @@ static void test_kill_and_restart_applies_every_record_once(void **state)
            "killed at version %lld (watermarks %lld of the first run's %d records); every "
            "position of %d marked once",
            (long long)at_kill, (long long)marked, HALF, PER * NPARTS);
+}
+
+/* The value of a series (a metric line's start, labels included) in a
+ * /metrics text; 0 when absent. */
+static double metric_value(const char *text, const char *series)
+{
+    size_t len = strlen(series);
+    for (const char *l = text; l != NULL && *l != '\0'; l = strchr(l, '\n'), l = l ? l + 1 : l)
+        if (strncmp(l, series, len) == 0 && l[len] == ' ')
+            return strtod(l + len + 1, NULL);
+    return 0;
+}
+
+/*
+ * Poison isolated in its batch (docs/design.md "Poison in a batch"): with
+ * [ingest] max_abs_feature = 0 (no bound at ingest), 6 of 600 records carry
+ * features of 3e38, finite but overflowing their batch's loss and
+ * gradient. Each worker drops those samples alone and learns the rest of
+ * the batch: the run's counters say 6 poisoned and 594 trained, the
+ * applier drops no gradient as non-finite, the guard never stops the
+ * model, the weights stay finite and learn the stream, and every position
+ * is marked once.
+ */
+static void test_a_poisoned_sample_is_dropped_alone(void **state)
+{
+    (void)state;
+    enum { N = 600, NPARTS = 2, P = 6 };
+    const char *model = "po", *topic = "po1";
+    produce_poisoned(topic, NPARTS, 0, N, N / P, 50); /* 50, 150, ...: one in six batches */
+    char conf[PATH_LEN], log[PATH_LEN];
+    conf_path(model, conf);
+    log_path(model, "", log);
+    write_config_extra(conf, model, topic, 2, "async", "", 1, "max_abs_feature = 0\n", "");
+    pid_t pid = spawn_run(conf, log);
+    wait_watermarks(model, topic, NPARTS, N, log);
+
+    harness_resp_t r;
+    harness_http(run_port(log), tmp_dir, &r, "", "/metrics");
+    assert_int_equal(r.code, 200);
+    double poisoned = metric_value(r.body, "freshet_trainer_samples_poisoned_total");
+    double trained = metric_value(r.body, "freshet_trainer_samples_total");
+    double nonfinite =
+        metric_value(r.body, "freshet_gradients_dropped_total{model=\"po\",reason=\"nonfinite\"}");
+    harness_resp_free(&r);
+    stop_run(pid, log);
+    fr_log(FR_LOG_INFO, "poisoned %.0f, trained %.0f, gradients dropped as non-finite %.0f",
+           poisoned, trained, nonfinite);
+    assert_true(poisoned == P);
+    assert_true(trained == N - P);
+    assert_true(nonfinite == 0);
+    char out[256];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped", model), 0);
+    assert_string_equal(out, "(nil)");
+    int64_t version = 0;
+    double loss = store_loss(model, N, &version);
+    assert_true(isfinite(loss) && loss < 0.05);
+    static int seen[N / NPARTS];
+    for (int part = 0; part < NPARTS; part++) {
+        assert_true(harness_audit_count(&redis, model, topic, part, NULL, seen, N / NPARTS) > 0);
+        for (int pos = 0; pos < N / NPARTS; pos++)
+            if (seen[pos] != 1)
+                fail_msg("%s/%d position %d marked %d times", topic, part, pos, seen[pos]);
+    }
 }
 
 /*
@@ -1019,7 +1101,7 @@ static int setup(void **state)
     return harness_stack_start(
         tmp_dir, "run", &redis, &broker, FRESHET_BIN,
         "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2 --topic tt1:4 --topic sd1:2 "
-        "--topic rx1:3");
+        "--topic rx1:3 --topic po1:2");
 }
 
 static int teardown(void **state)
@@ -1046,6 +1128,7 @@ int main(void)
         cmocka_unit_test(test_backup_does_not_wait_for_a_straggler_and_sync_does),
         cmocka_unit_test(test_ssp_keeps_every_worker_within_the_bound),
         cmocka_unit_test(test_kill_and_restart_applies_every_record_once),
+        cmocka_unit_test(test_a_poisoned_sample_is_dropped_alone),
         cmocka_unit_test(test_start_latest_marks_the_positions_below_the_start),
         cmocka_unit_test(test_two_trainers_and_ps_split_the_topic_and_survive_a_kill),
         cmocka_unit_test(test_train_and_ps_learn_in_sync_mode_without_polling),

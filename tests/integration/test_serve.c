@@ -172,6 +172,42 @@ static void test_conf(serve_conf_t *conf)
 }
 
 /* ---- tests ----------------------------------------------------------------- */
+/* A connection to 127.0.0.1:to; fails the test when refused. */
+static int raw_connect(int to)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)to)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    return fd;
+}
+
+/* Reads from fd until the server closes it (read 0 or an error) or
+ * timeout_ms pass; the seconds it took, or -1 when it stayed open. Bytes
+ * read go into out[size] ('\0'-ended) when out is not NULL. */
+static double await_close(int fd, int timeout_ms, char *out, size_t size)
+{
+    uint64_t t0 = fr_clock_mono_ns();
+    size_t got = 0;
+    char sink[4096];
+    for (;;) {
+        int left = timeout_ms - (int)((fr_clock_mono_ns() - t0) / 1000000);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            return -1;
+        char *dst = out != NULL && got + 1 < size ? out + got : sink;
+        size_t room = out != NULL && got + 1 < size ? size - 1 - got : sizeof(sink);
+        ssize_t n = read(fd, dst, room);
+        if (n <= 0)
+            break;
+        if (dst != sink)
+            got += (size_t)n;
+    }
+    if (out != NULL)
+        out[got] = '\0';
+    return (double)(fr_clock_mono_ns() - t0) * 1e-9;
+}
 
 static void test_health_models_and_errors(void **state)
 {
@@ -1607,6 +1643,102 @@ static void test_the_edge_refuses_what_it_must(void **state)
     harness_resp_free(&r);
 }
 
+/*
+ * [serve] header_timeout (1 s here): a connection that sends half a
+ * request line, or nothing, is closed after it (slowloris); a request that
+ * arrived whole may wait longer (a 3 s long-poll is answered 304), and a
+ * kept-alive connection idle for 2 s still serves its next request.
+ */
+static void test_slow_connections_time_out_and_long_polls_do_not(void **state)
+{
+    (void)state;
+    int64_t v = push();
+    await_version(v);
+    serve_conf_t conf;
+    test_conf(&conf);
+    conf.header_timeout_s = 1;
+    serve_t *sv = serve_new(&conf, errstr, sizeof(errstr));
+    if (sv == NULL)
+        fail_msg("%s", errstr);
+    assert_int_equal(serve_start(sv, errstr, sizeof(errstr)), FR_OK);
+    int sport = serve_port(sv);
+
+    int half = raw_connect(sport), silent = raw_connect(sport);
+    const char partial[] = "GET /livez HTTP/1.1\r\nHo";
+    assert_int_equal(write(half, partial, sizeof(partial) - 1), (ssize_t)sizeof(partial) - 1);
+    double t_half = await_close(half, 5000, NULL, 0), t_silent = await_close(silent, 5000, NULL, 0);
+    close(half);
+    close(silent);
+    fr_log(FR_LOG_INFO, "closed after %.2f s (half a request) and %.2f s (nothing sent)", t_half,
+           t_silent);
+    assert_true(t_half >= 0.9 && t_half < 3.0);
+    assert_true(t_silent >= 0 && t_silent < 3.0); /* measured from after the first close */
+
+    char path[256];
+    snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=3",
+             (long long)v);
+    harness_resp_t r;
+    uint64_t t0 = fr_clock_mono_ns();
+    harness_http(sport, tmp_dir, &r, "", path);
+    double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    if (r.code != 304 || secs < 2.9)
+        fail_msg("a 3 s long-poll: %d after %.2f s (%s)", r.code, secs, r.body);
+    harness_resp_free(&r);
+
+    int keep = raw_connect(sport);
+    const char req[] = "GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    char out[2048];
+    for (int i = 0; i < 2; i++) {
+        if (i == 1)
+            harness_sleep_ms(2000); /* idle past the header timeout */
+        assert_int_equal(write(keep, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+        struct pollfd p = {.fd = keep, .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 3000), 1);
+        ssize_t n = read(keep, out, sizeof(out) - 1);
+        assert_true(n > 0);
+        out[n] = '\0';
+        if (strncmp(out, "HTTP/1.1 200", 12) != 0)
+            fail_msg("request %d on the kept-alive connection: %.40s", i + 1, out);
+    }
+    close(keep);
+    serve_destroy(sv);
+}
+
+/*
+ * [serve] max_connections (4 here): with four connections open the fifth
+ * is not accepted (its request waits unanswered in the backlog) until one
+ * of the four closes; then it is answered.
+ */
+static void test_connections_beyond_the_cap_wait(void **state)
+{
+    (void)state;
+    serve_conf_t conf;
+    test_conf(&conf);
+    conf.max_connections = 4;
+    serve_t *sv = serve_new(&conf, errstr, sizeof(errstr));
+    if (sv == NULL)
+        fail_msg("%s", errstr);
+    assert_int_equal(serve_start(sv, errstr, sizeof(errstr)), FR_OK);
+    int sport = serve_port(sv), idle[4];
+    for (int i = 0; i < 4; i++)
+        idle[i] = raw_connect(sport);
+    harness_sleep_ms(300);
+    int fifth = raw_connect(sport); /* the kernel completes it: the backlog */
+    const char req[] = "GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    assert_int_equal(write(fifth, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+    struct pollfd p = {.fd = fifth, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 1000), 0); /* not accepted: no answer */
+    close(idle[0]);
+    char out[2048];
+    double t = await_close(fifth, 3000, out, sizeof(out));
+    if (t < 0 || strncmp(out, "HTTP/1.1 200", 12) != 0)
+        fail_msg("the fifth connection after one closed: %.2f s, '%.40s'", t, out);
+    close(fifth);
+    for (int i = 1; i < 4; i++)
+        close(idle[i]);
+    serve_destroy(sv);
+}
+
 /* With no descriptor left, accept() fails: the listener pauses instead of
  * spinning (the process uses almost no CPU meanwhile, and logs a few
  * lines), connections already open keep being served, and once
@@ -1751,6 +1883,8 @@ int main(void)
         cmocka_unit_test(test_infer_batches_and_bounds_its_queue),
         cmocka_unit_test(test_the_edge_refuses_what_it_must),
         cmocka_unit_test(test_descriptor_exhaustion_pauses_accept),
+        cmocka_unit_test(test_slow_connections_time_out_and_long_polls_do_not),
+        cmocka_unit_test(test_connections_beyond_the_cap_wait),
         /* last: it stops the applier (the guard) */
         cmocka_unit_test(test_readiness_follows_the_store_and_the_guard),
     };
