@@ -59,7 +59,8 @@ struct ingest_consumer {
     char *(*props)[2]; /* [nprops] key, value: for the resolver */
     size_t nprops;
     int linger_ms, start_latest, gap_ms;
-    int aux; /* the schema's aux slot: records' freshet-p headers are read */
+    atomic_llong lost_ms; /* when a trainer last reported a lost batch (0: never) */
+    int aux;              /* the schema's aux slot: records' freshet-p headers are read */
     size_t qcap;
 
     rd_kafka_t *rk;

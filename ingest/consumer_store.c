@@ -37,6 +37,7 @@
 #define HELD_WARN_GAPS   10    /* gap timeouts a held watermark may stand */
 #define HELD_WARN_MS     30000 /* between two warnings of one partition   */
 #define LOG_END_QUERY_MS 1000  /* a log end asked of the broker, at most  */
+#define LOST_GAP_MS      1000  /* the gap rule's wait after a lost batch  */
 
 /* ------------------------------------------------------------------------
  * Where a partition starts.
@@ -401,7 +402,14 @@ static int64_t log_end(ingest_consumer_t *c, int32_t partition)
                : -1;
 }
 
-/* Rule 3: a watermark w stuck for gap_timeout that no outstanding batch
+void ingest_consumer_lost(ingest_consumer_t *c)
+{
+    if (c != NULL)
+        atomic_store(&c->lost_ms, (long long)now_ms());
+}
+
+/* Rule 3: a watermark w stuck for gap_timeout (LOST_GAP_MS for a while
+ * after a trainer reported a lost batch) that no outstanding batch
  * holds is read again from the store's position. One stuck and held for
  * HELD_WARN_GAPS gap timeouts is warned of, with what holds it, once per
  * HELD_WARN_MS: a trainer that stopped taking batches shows here. */
@@ -412,7 +420,11 @@ static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *
         o->since = tk->now;
         return;
     }
-    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < c->gap_ms)
+    /* a batch reported lost: its positions come back sooner */
+    int64_t limit = c->gap_ms, lost = atomic_load(&c->lost_ms);
+    if (lost > 0 && tk->now - lost < c->gap_ms && limit > LOST_GAP_MS)
+        limit = LOST_GAP_MS;
+    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < limit)
         return;
     const char *held = ingest_consumer_outstanding(c, o->partition, w);
     if (held != NULL) {

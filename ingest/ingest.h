@@ -389,6 +389,12 @@ ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms);
  * watermark only when no such outstanding batch holds it, so every batch
  * taken must be reported. Call before destroying the batch. Thread-safe. */
 void ingest_consumer_done(ingest_consumer_t *c, const ingest_batch_t *batch, const char *stream_id);
+/* A batch reported done was lost after all: its gradient was dropped by
+ * the in-process channel (the applier lost its lease) or its push failed.
+ * For the next gap_timeout the gap rule reads a stuck watermark again
+ * after 1 s instead of gap_timeout (docs/design.md "Offsets"). Any
+ * thread. */
+void ingest_consumer_lost(ingest_consumer_t *c);
 /* Stops the poll thread: the open batch is flushed into the queue, the
  * partitions are revoked (their batches queued too) and the group left.
  * Batches still queued remain available to ingest_consumer_next. Idempotent. */

@@ -183,8 +183,12 @@ static void flights_wait(worker_t *wk)
     uint64_t limit = (uint64_t)PUSH_WAIT_MS * 1000000ull;
     while (!atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
         if (f->ticket > 0) {
-            if (p->local == NULL ||
-                psstore_local_wait_applied(p->local, f->ticket, NEXT_WAIT_MS) != FR_ERR_TIMEOUT)
+            fr_err_t err = p->local != NULL
+                               ? psstore_local_wait_applied(p->local, f->ticket, NEXT_WAIT_MS)
+                               : FR_OK;
+            if (err == FR_ERR_STATE) /* the channel closed: the gradient is lost */
+                ingest_consumer_lost(p->source);
+            if (err != FR_ERR_TIMEOUT)
                 break;
         } else {
             int applied = 0;
@@ -588,6 +592,7 @@ static void *worker_main(void *arg)
                 fr_series_add(p->m_samples, (double)wk->kept);
         } else {
             atomic_fetch_add(&p->failed, 1);
+            ingest_consumer_lost(p->source); /* read again soon, not in gap_timeout */
             if (p->m_failed != NULL)
                 fr_series_add(p->m_failed, 1);
         }

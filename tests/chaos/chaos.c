@@ -21,15 +21,23 @@
  *   poison         6 records of 3e38 and 6 of NaN in the stream: rejected,
  *                  the model never stops
  *
+ * With CHAOS_CLUSTER=1 the store is a Redis Cluster of 3 masters with a
+ * replica each instead, and the two Redis kinds become:
+ *
+ *   kill_master    SIGKILL of the master serving the model (its replica
+ *                  takes over), the node restarted as a replica after
+ *   migrate        the model's slot moved to another master, key by key
+ *
  * Recovery is measured from the end of the fault (the kill, the SIGCONT,
  * the restart, the brokers up, the connections closed, the poison
  * delivered) to the service working again: a new version applied (serve:
  * answering with the store's version; descriptors: /livez answering;
  * poison: every partition's watermark past the poison).
  *
- * Exactly once, after each recovery and at the end: the audit entries that
- * mark positions (every outcome but duplicate and replay) are counted per
- * position; a position marked twice is doubled, a position below its
+ * Exactly once, after each recovery and at the end: the audit (read whole
+ * each time: a fail-over may lose writes not yet replicated, the audit's
+ * with the rest of their transaction) entries that mark positions (every outcome but duplicate and
+ * replay) are counted per position; a position marked twice is doubled, a position below its
  * partition's watermark marked never is lost. The suite injects no
  * rollback or replay, so a position must be marked once across epochs (a
  * Redis restart starts a new epoch without undoing anything) and every
@@ -80,13 +88,17 @@ enum kind {
     K_BROKER,
     K_DESCRIPTORS,
     K_POISON,
+    K_KILL_MASTER,
+    K_MIGRATE,
     NKINDS
 };
-static const char *const kind_name[NKINDS] = {"kill_run",    "stop_run",      "kill_serve",
-                                              "stop_redis",  "restart_redis", "broker",
-                                              "descriptors", "poison"};
+static const char *const kind_name[NKINDS] = {
+    "kill_run", "stop_run",    "kill_serve", "stop_redis",  "restart_redis",
+    "broker",   "descriptors", "poison",     "kill_master", "migrate"};
 
 static harness_redis_t redis;
+static harness_cluster_t cl;
+static int cluster_mode; /* CHAOS_CLUSTER=1: the store is cl, not redis */
 static harness_broker_t broker;
 static char dir[256], conf[320], run_log[320], serve_log[320];
 static pid_t run_pid, serve_pid;
@@ -170,12 +182,23 @@ static int64_t producer_sync(void)
 
 /* ----------------------------------------------------------------- store */
 
+/* The Redis that serves the model: the one redis-server, or the cluster's
+ * master of the model's slot (NULL while none does). */
+static const harness_redis_t *store_node(void)
+{
+    if (!cluster_mode)
+        return &redis;
+    int owner = harness_cluster_owner(&cl, "freshet:{" MODEL "}:meta");
+    return owner >= 0 ? &cl.node[owner] : NULL;
+}
+
 /* The integer reply of a Redis command (nil: 0), or -1 while Redis cannot
  * answer. */
 static int64_t redis_int(const char *fmt, const char *a, const char *b)
 {
     char out[128];
-    if (harness_redis_query(&redis, out, sizeof(out), fmt, a, b) != 0)
+    const harness_redis_t *node = store_node();
+    if (node == NULL || harness_redis_query(node, out, sizeof(out), fmt, a, b) != 0)
         return -1;
     return strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
 }
@@ -205,7 +228,6 @@ static int64_t watermarks(int64_t *wm)
 /* ------------------------------------------------------------ the audit */
 
 static struct {
-    char last[64]; /* the id of the last entry read */
     int *marks[NPARTS];
     size_t cap[NPARTS];
     int64_t entries, doubled, lost, bad_generation;
@@ -214,7 +236,7 @@ static struct {
     char outcomes[16][32];
     int64_t outcome_positions[16];
     int noutcomes;
-} au = {.last = "-"};
+} au;
 
 static void mark(int p, int64_t first, int64_t last)
 {
@@ -247,19 +269,26 @@ static void count_outcome(const char *o, int64_t positions)
         au.outcome_positions[i] += positions;
 }
 
-/* Reads the audit entries added since the last call; 0, or -1 while Redis
- * cannot answer. */
+/* Reads the whole audit again (what a fail-over lost is gone from it,
+ * with the watermarks it moved); 0, or -1 while Redis cannot answer. */
 static int audit_read(void)
 {
-    redisContext *c = redisConnect("127.0.0.1", redis.port);
+    const harness_redis_t *node = store_node();
+    redisContext *c = node != NULL ? redisConnect("127.0.0.1", node->port) : NULL;
     if (c == NULL || c->err) {
         if (c != NULL)
             redisFree(c);
         return -1;
     }
+    for (int p = 0; p < NPARTS; p++)
+        if (au.cap[p] > 0)
+            memset(au.marks[p], 0, au.cap[p] * sizeof(int));
+    au.entries = au.doubled = au.bad_generation = 0;
+    memset(au.outcome_positions, 0, sizeof(au.outcome_positions));
+    char last[64] = "-";
     for (;;) {
         char from[70];
-        snprintf(from, sizeof(from), "%s%s", strcmp(au.last, "-") == 0 ? "" : "(", au.last);
+        snprintf(from, sizeof(from), "%s%s", strcmp(last, "-") == 0 ? "" : "(", last);
         redisReply *r = redisCommand(c, "XRANGE freshet:{%s}:audit %s + COUNT 5000", MODEL, from);
         if (r == NULL || r->type != REDIS_REPLY_ARRAY) {
             if (r != NULL)
@@ -285,7 +314,7 @@ static int audit_read(void)
         }
         size_t n = r->elements;
         if (n > 0)
-            snprintf(au.last, sizeof(au.last), "%s", r->element[n - 1]->element[0]->str);
+            snprintf(last, sizeof(last), "%s", r->element[n - 1]->element[0]->str);
         freeReplyObject(r);
         if (n < 5000)
             break;
@@ -388,13 +417,22 @@ static int http_get(int port, const char *path, int64_t *version)
     return code;
 }
 
-/* Stops everything by PID and exits 1, keeping the logs. */
+/* Stops every process started, by PID. */
+static void stop_all(void)
+{
+    harness_kill_children();
+    harness_broker_stop(&broker);
+    if (cluster_mode)
+        harness_cluster_stop(&cl);
+    else
+        harness_redis_stop(&redis);
+}
+
+/* Stops everything and exits 1, keeping the logs. */
 static void die(const char *why)
 {
     fprintf(stderr, "chaos: %s; logs kept in %s\n", why, dir);
-    harness_kill_children();
-    harness_broker_stop(&broker);
-    harness_redis_stop(&redis);
+    stop_all();
     exit(1);
 }
 
@@ -575,6 +613,31 @@ static int64_t inject(enum kind k)
             harness_sleep_ms(5);
         }
     }
+    case K_KILL_MASTER: {
+        const char *key = "freshet:{" MODEL "}:meta";
+        int victim = harness_cluster_owner(&cl, key);
+        if (victim < 0)
+            return -1;
+        harness_redis_kill(&cl.node[victim], SIGKILL);
+        t = fr_clock_mono_ns();
+        v0 = -1;
+        for (int waited = 0; v0 < 0 && waited < RECOVER_MS; waited += 10) {
+            v0 = store_version(); /* the promoted replica's (writes may be lost) */
+            harness_sleep_ms(10);
+        }
+        int64_t ms = await_version(v0, t);
+        if (harness_cluster_revive(&cl, victim, key) != 0)
+            return -1;
+        return ms;
+    }
+    case K_MIGRATE: {
+        const char *key = "freshet:{" MODEL "}:meta";
+        int from = harness_cluster_owner(&cl, key), to = harness_cluster_other_master(&cl, from);
+        if (from < 0 || to < 0 || harness_cluster_migrate(&cl, key, to, 5) != 0)
+            return -1;
+        t = fr_clock_mono_ns();
+        return await_version(store_version(), t);
+    }
     case K_POISON: {
         int64_t rej0 = rejected();
         atomic_store(&prod.poison, 12);
@@ -595,7 +658,8 @@ static int64_t inject(enum kind k)
         }
         int64_t ms = (int64_t)((fr_clock_mono_ns() - t) / 1000000);
         char out[300];
-        if (harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped",
+        if (store_node() == NULL ||
+            harness_redis_query(store_node(), out, sizeof(out), "HGET freshet:{%s}:meta stopped",
                                 MODEL) != 0 ||
             strcmp(out, "(nil)") != 0) {
             fprintf(stderr, "chaos: the poison stopped the model (%s)\n", out);
@@ -652,8 +716,8 @@ static void write_config(void)
             "[trainer]\nworkers = 2\nmode = async\nbackend = cpu\n"
             "[controller]\nlr = 0.05\n"
             "[psstore]\naudit = true\nlease_ms = %d\n",
-            broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "", redis.url,
-            lease_ms);
+            broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
+            cluster_mode ? cl.url : redis.url, lease_ms);
     fclose(f);
 }
 
@@ -664,15 +728,23 @@ int main(void)
     prod.rate = env_int("CHAOS_RATE", 1000);
     int want[NKINDS];
     const char *kinds = getenv("CHAOS_KINDS");
-    for (int k = 0; k < NKINDS; k++)
-        want[k] = kinds == NULL || *kinds == '\0' || strstr(kinds, kind_name[k]) != NULL;
+    cluster_mode = env_int("CHAOS_CLUSTER", 0) != 0;
+    for (int k = 0; k < NKINDS; k++) {
+        int store_kind = k == K_STOP_REDIS || k == K_RESTART_REDIS;
+        int cluster_kind = k == K_KILL_MASTER || k == K_MIGRATE;
+        want[k] = (kinds == NULL || *kinds == '\0' || strstr(kinds, kind_name[k]) != NULL) &&
+                  !(cluster_mode ? store_kind : cluster_kind);
+    }
     signal(SIGPIPE, SIG_IGN);
 
     if (harness_tmpdir(dir, "chaos") != 0 ||
-        harness_redis_start(&redis, "--appendonly yes --appendfsync always") != 0 ||
+        (cluster_mode
+             ? harness_cluster_start(&cl, 3, 1)
+             : harness_redis_start(&redis, "--appendonly yes --appendfsync always")) != 0 ||
         harness_broker_start(&broker, FRESHET_BIN, "--topic " TOPIC ":4 --topic chaos-dlq:1") !=
             0) {
-        fprintf(stderr, "chaos: cannot start redis-server and the dev broker\n");
+        fprintf(stderr, "chaos: cannot start Redis and the dev broker\n");
+        stop_all();
         return 1;
     }
     snprintf(conf, sizeof(conf), "%s/chaos.conf", dir);
@@ -707,13 +779,16 @@ int main(void)
         plan[i] = plan[j];
         plan[j] = tmp;
     }
-    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions\n",
-           (unsigned long long)seed, nplan, prod.rate, NPARTS);
+    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions, %s\n",
+           (unsigned long long)seed, nplan, prod.rate, NPARTS,
+           cluster_mode ? "a Redis Cluster of 3 masters and 3 replicas" : "one redis-server (AOF)");
 
-    int64_t *rec[NKINDS];
+    int64_t *rec[NKINDS], *caught[NKINDS];
     int nrec[NKINDS] = {0}, failed = 0;
-    for (int k = 0; k < NKINDS; k++)
+    for (int k = 0; k < NKINDS; k++) {
         rec[k] = calloc((size_t)per_kind + 1, sizeof(int64_t));
+        caught[k] = calloc((size_t)per_kind + 1, sizeof(int64_t));
+    }
     for (int i = 0; i < nplan; i++) {
         /* steady state first: a second of training since the last fault */
         int64_t v = store_version();
@@ -724,21 +799,36 @@ int main(void)
             break;
         }
         enum kind k = plan[i];
-        int64_t ms = inject(k);
+        int64_t ms = inject(k), behind = -1;
+        if (ms >= 0) {
+            /* caught up: every record delivered by now is trained (what a
+             * fault left in flight comes back by the gap rule) */
+            uint64_t end_ns = fr_clock_mono_ns() - (uint64_t)ms * 1000000u;
+            int64_t due = producer_sync();
+            while (due >= 0 && fr_clock_mono_ns() - end_ns < (uint64_t)RECOVER_MS * 1000000u) {
+                supervise();
+                if (watermarks(NULL) >= due) {
+                    behind = (int64_t)((fr_clock_mono_ns() - end_ns) / 1000000u);
+                    break;
+                }
+                harness_sleep_ms(5);
+            }
+        }
         int64_t lost = 0;
         int tries = 0;
         while (check_exactly_once(&lost) != 0 && tries++ < 100)
             harness_sleep_ms(50);
-        printf("chaos: fault %3d/%d %-13s recovered in %6lld ms; entries %lld, doubled %lld, "
-               "lost %lld, epochs %d\n",
-               i + 1, nplan, kind_name[k], (long long)ms, (long long)au.entries,
+        printf("chaos: fault %3d/%d %-13s resumed in %6lld ms, caught up in %6lld ms; entries "
+               "%lld, doubled %lld, lost %lld, epochs %d\n",
+               i + 1, nplan, kind_name[k], (long long)ms, (long long)behind, (long long)au.entries,
                (long long)au.doubled, (long long)lost, au.nepochs);
         fflush(stdout);
-        if (ms < 0 || lost != 0 || au.doubled != 0 || au.bad_generation != 0) {
+        if (ms < 0 || behind < 0 || lost != 0 || au.doubled != 0 || au.bad_generation != 0) {
             failed++;
             fprintf(stderr, "chaos: fault %d (%s) failed; logs in %s\n", i + 1, kind_name[k], dir);
             break;
         }
+        caught[k][nrec[k]] = behind;
         rec[k][nrec[k]++] = ms;
     }
 
@@ -765,8 +855,8 @@ int main(void)
         failed++;
     }
 
-    printf("\n| kind | faults | recovery p50 (ms) | p99 (ms) | max (ms) |\n"
-           "| --- | --- | --- | --- | --- |\n");
+    printf("\n| kind | faults | resumed p50 (ms) | p99 | max | caught up p50 (ms) | p99 | max |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
     FILE *out = getenv("CHAOS_OUT") ? fopen(getenv("CHAOS_OUT"), "w") : NULL;
     if (out != NULL)
         fprintf(out, "{\"seed\": %llu, \"rate\": %d, \"kinds\": {", (unsigned long long)seed,
@@ -776,12 +866,18 @@ int main(void)
         if (nrec[k] == 0)
             continue;
         qsort(rec[k], (size_t)nrec[k], sizeof(int64_t), cmp_i64);
+        qsort(caught[k], (size_t)nrec[k], sizeof(int64_t), cmp_i64);
         int64_t p50 = quantile(rec[k], nrec[k], 0.5), p99 = quantile(rec[k], nrec[k], 0.99);
-        printf("| %s | %d | %lld | %lld | %lld |\n", kind_name[k], nrec[k], (long long)p50,
-               (long long)p99, (long long)rec[k][nrec[k] - 1]);
+        int64_t c50 = quantile(caught[k], nrec[k], 0.5), c99 = quantile(caught[k], nrec[k], 0.99);
+        printf("| %s | %d | %lld | %lld | %lld | %lld | %lld | %lld |\n", kind_name[k], nrec[k],
+               (long long)p50, (long long)p99, (long long)rec[k][nrec[k] - 1], (long long)c50,
+               (long long)c99, (long long)caught[k][nrec[k] - 1]);
         if (out != NULL)
-            fprintf(out, "%s\"%s\": {\"faults\": %d, \"p50_ms\": %lld, \"p99_ms\": %lld}",
-                    first ? "" : ", ", kind_name[k], nrec[k], (long long)p50, (long long)p99);
+            fprintf(out,
+                    "%s\"%s\": {\"faults\": %d, \"resumed_p50_ms\": %lld, \"resumed_p99_ms\": "
+                    "%lld, \"caught_up_p50_ms\": %lld, \"caught_up_p99_ms\": %lld}",
+                    first ? "" : ", ", kind_name[k], nrec[k], (long long)p50, (long long)p99,
+                    (long long)c50, (long long)c99);
         first = 0;
     }
     printf("\nrecords delivered %llu, positions trained %lld (audit entries %lld, epochs %d): "
@@ -802,9 +898,7 @@ int main(void)
     }
     ingest_producer_destroy(prod.p);
     int ok = !failed && lost == 0 && au.doubled == 0 && au.bad_generation == 0;
-    harness_kill_children();
-    harness_broker_stop(&broker);
-    harness_redis_stop(&redis);
+    stop_all();
     if (ok && getenv("CHAOS_KEEP") == NULL)
         harness_rmdir(dir);
     else if (ok)

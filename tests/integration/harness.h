@@ -65,6 +65,13 @@ int harness_cluster_node_id(const harness_cluster_t *cl, int i, char *id);
  * cluster_state:ok, every replica's link to its master is up and a master
  * serves key; 0 or -1 (each node's view and log on stderr). */
 int harness_cluster_wait_ok(const harness_cluster_t *cl, const char *key, int timeout_ms);
+/* A running master other than node `not` (-1 for any), or -1. */
+int harness_cluster_other_master(const harness_cluster_t *cl, int not_node);
+/* Restarts a killed node and waits up to 30 s until the cluster serves key
+ * and the node has rejoined as a replica with its link up (for a moment
+ * after its restart it still believes it serves its old slots, empty). 0 or
+ * -1. */
+int harness_cluster_revive(harness_cluster_t *cl, int node, const char *key);
 /* Moves key's slot from its master to node `to` while clients run:
  * IMPORTING/MIGRATING, MIGRATE of its keys one at a time (pause_ms between
  * keys), then SETSLOT NODE on every node. 0 or -1. */

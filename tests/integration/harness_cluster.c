@@ -166,3 +166,30 @@ int harness_cluster_migrate(const harness_cluster_t *cl, const char *key, int to
     }
     return harness_cluster_owner(cl, key) == to ? 0 : -1;
 }
+
+int harness_cluster_other_master(const harness_cluster_t *cl, int not_node)
+{
+    for (int i = 0; i < cl->n; i++) {
+        char role[64];
+        if (i != not_node && cl->node[i].pid > 0 &&
+            harness_redis_query(&cl->node[i], role, sizeof(role), "ROLE") == 0 &&
+            strncmp(role, "master", 6) == 0)
+            return i;
+    }
+    return -1;
+}
+
+int harness_cluster_revive(harness_cluster_t *cl, int node, const char *key)
+{
+    if (harness_redis_restart(&cl->node[node]) != 0 || harness_cluster_wait_ok(cl, key, 30000) != 0)
+        return -1;
+    for (int waited = 0; waited < 30000; waited += 100) {
+        char out[4096];
+        if (harness_redis_query(&cl->node[node], out, sizeof(out), "INFO replication") == 0 &&
+            strstr(out, "role:slave") != NULL && strstr(out, "master_link_status:up") != NULL)
+            return 0;
+        harness_sleep_ms(100);
+    }
+    fprintf(stderr, "harness: node %d did not rejoin as a replica\n", node);
+    return -1;
+}

@@ -48,16 +48,9 @@ static psstore_conn_t *conn_to(const char *url)
 }
 
 /* A running master other than node `not`, or -1. */
-static int other_master(int not )
+static int other_master(int not_node)
 {
-    for (int i = 0; i < cluster.n; i++) {
-        char role[64];
-        if (i != not &&cluster.node[i].pid > 0 &&
-            harness_redis_query(&cluster.node[i], role, sizeof(role), "ROLE") == 0 &&
-            strncmp(role, "master", 6) == 0)
-            return i;
-    }
-    return -1;
+    return harness_cluster_other_master(&cluster, not_node);
 }
 
 /* ------------------------------------------------------------------------
@@ -479,19 +472,8 @@ static int kill_master(const char *key)
  * one, and the cluster is whole again for the next test. */
 static void revive(int node, const char *key)
 {
-    assert_int_equal(harness_redis_restart(&cluster.node[node]), 0);
-    assert_int_equal(harness_cluster_wait_ok(&cluster, key, 30000), 0);
-    /* until it has taken the cluster's word that it is a replica now: for a
-     * moment after its restart it still believes it serves its old slots
-     * (empty), and a client that asks it first would find no model there */
-    for (int waited = 0; waited < 30000; waited += 100) {
-        char out[4096];
-        if (harness_redis_query(&cluster.node[node], out, sizeof(out), "INFO replication") == 0 &&
-            strstr(out, "role:slave") != NULL && strstr(out, "master_link_status:up") != NULL)
-            return;
-        harness_sleep_ms(100);
-    }
-    fail_msg("node %d did not rejoin as a replica", node);
+    if (harness_cluster_revive(&cluster, node, key) != 0)
+        fail_msg("node %d did not rejoin as a replica", node);
 }
 
 /* Shard k's tag of a model of S shards ("m/s<k>"; the model for S = 1). */

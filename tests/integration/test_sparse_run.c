@@ -698,11 +698,13 @@ static void test_a_killed_run_of_two_shards_applies_every_record_once_on_each(vo
 }
 
 /*
- * Two runs of one model: one applier holds the lease, the other is a
- * standby whose workers read and wait through the store (their process's
- * applier decides nothing). Both train their share of the partitions, and
- * every position is applied once; a standby's workers that waited on
- * their own applier would spend 5 s a batch and miss the deadline.
+ * Two runs of one model sharing the topic through the consumer group
+ * ([ingest] assignment = group; a run alone takes the whole topic): one
+ * applier holds the lease, the other is a standby whose workers read and
+ * wait through the store (their process's applier decides nothing). Both
+ * train their share of the partitions, and every position is applied once;
+ * a standby's workers that waited on their own applier would spend 5 s a
+ * batch and miss the deadline.
  */
 static void test_two_sparse_runs_share_the_topic_and_apply_each_record_once(void **state)
 {
@@ -712,7 +714,7 @@ static void test_two_sparse_runs_share_the_topic_and_apply_each_record_once(void
     path(conf, "two.conf");
     preload("sx3", "8", 2 * PER);
     write_conf(conf, "sp2", "sx3");
-    char *argv[] = {FRESHET_BIN, "run", "--config", conf, NULL};
+    char *argv[] = {FRESHET_BIN, "run", "--config", conf, "--set", "ingest.assignment=group", NULL};
     pid_t pid[2];
     for (int k = 0; k < 2; k++) {
         char name[32];
