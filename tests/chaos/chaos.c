@@ -428,6 +428,20 @@ static void stop_all(void)
         harness_redis_stop(&redis);
 }
 
+/* SIGTERM or SIGINT (a test timeout, Ctrl-C): every process started is
+ * killed by PID (kill(2) is async-signal-safe), the logs kept. */
+static void on_signal(int sig)
+{
+    (void)sig;
+    pid_t pids[4 + HARNESS_CLUSTER_MAX] = {run_pid, serve_pid, broker.pid, redis.pid};
+    for (int i = 0; i < cl.n; i++)
+        pids[4 + i] = cl.node[i].pid;
+    for (size_t i = 0; i < sizeof(pids) / sizeof(pids[0]); i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    _exit(1);
+}
+
 /* Stops everything and exits 1, keeping the logs. */
 static void die(const char *why)
 {
@@ -736,6 +750,8 @@ int main(void)
                   !(cluster_mode ? store_kind : cluster_kind);
     }
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
 
     if (harness_tmpdir(dir, "chaos") != 0 ||
         (cluster_mode
@@ -753,9 +769,14 @@ int main(void)
     write_config();
     char errstr[256];
     /* the stream's own producer retries a broker back from an outage within
-     * a second: the recovery measured is run's, not the producer's backoff */
-    static const char *const props[][2] = {{"reconnect.backoff.max.ms", "1000"}};
-    prod.p = ingest_producer_new(broker.bootstrap, props, 1, errstr, sizeof(errstr));
+     * a second: the recovery measured is run's, not the producer's backoff;
+     * and it sends batches of ~25 records: the dev broker walks a
+     * partition's batches on every fetch, and a long run of one-record
+     * batches saturated it within minutes (docs/operations.md "The dev
+     * broker's limits") */
+    static const char *const props[][2] = {{"reconnect.backoff.max.ms", "1000"},
+                                           {"linger.ms", "100"}};
+    prod.p = ingest_producer_new(broker.bootstrap, props, 2, errstr, sizeof(errstr));
     if (prod.p == NULL)
         die(errstr);
     pthread_create(&prod.tid, NULL, produce_loop, NULL);
