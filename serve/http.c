@@ -687,14 +687,27 @@ static int host_allowed(struct serve *s, struct evhttp_request *req)
     return strstr(s->hosts, name) != NULL;
 }
 
+/* A request arrived whole on the connection of bev: the sweep's first-
+ * request deadline no longer applies to it. Loop thread. */
+static void conn_seen(struct serve *s, const struct bufferevent *bev)
+{
+    for (int i = s->open_conns - 1; i >= 0; i--)
+        if (s->conns[i] == bev) {
+            s->conn_seen[i] = 1;
+            return;
+        }
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     struct serve *s = arg;
     /* a request arrived whole: the connection may now wait as long as a
      * long-poll (and stay open between requests as long) */
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    if (evcon != NULL)
+    if (evcon != NULL) {
         evhttp_connection_set_timeout(evcon, CONN_TIMEOUT_S);
+        conn_seen(s, evhttp_connection_get_bufferevent(evcon));
+    }
     /* every answer, the errors and the deferred ones too */
     evhttp_add_header(evhttp_request_get_output_headers(req), "X-Content-Type-Options", "nosniff");
     const char *bad = bad_headers(req);
@@ -923,7 +936,10 @@ static char *hosts_list(const char *allowed, const char *listen_host)
  * and counts the connections still open. At the cap the listener stops
  * accepting (new connections wait in the kernel's backlog, taking no
  * descriptor) until the sweep finds one closed, so that descriptors remain
- * for Redis, Kafka and files.
+ * for Redis, Kafka and files. The sweep also closes a connection that has
+ * not completed its first request header_timeout after it was accepted:
+ * libevent's timeouts count inactivity, which a client sending a byte now
+ * and then never reaches (slowloris).
  */
 #define CONN_SWEEP_MS 100
 
@@ -933,16 +949,24 @@ static void conn_sweep(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     int kept = 0;
+    uint64_t now = fr_clock_mono_ns();
+    uint64_t deadline = (uint64_t)s->conf.header_timeout_s * 1000000000u;
     for (int i = 0; i < s->open_conns; i++) {
         /* evhttp sets a connection's callbacks as it takes the
          * bufferevent from conn_bev, before the loop runs again, and
          * bufferevent_free clears them: none set, evhttp let go of it */
         bufferevent_event_cb eventcb = NULL;
-        bufferevent_getcb(s->conns[i], NULL, NULL, &eventcb, NULL);
-        if (eventcb == NULL)
+        void *evcon = NULL;
+        bufferevent_getcb(s->conns[i], NULL, NULL, &eventcb, &evcon);
+        if (eventcb == NULL) {
             bufferevent_decref(s->conns[i]); /* now it goes, its socket closed */
-        else
-            s->conns[kept++] = s->conns[i];
+            continue;
+        }
+        if (!s->conn_seen[i] && now - s->conn_since[i] > deadline && evcon != NULL)
+            evhttp_connection_free(evcon); /* too slow: the next sweep lets it go */
+        s->conn_since[kept] = s->conn_since[i];
+        s->conn_seen[kept] = s->conn_seen[i];
+        s->conns[kept++] = s->conns[i];
     }
     int was_capped = s->open_conns >= s->max_conns;
     s->open_conns = kept;
@@ -967,6 +991,8 @@ static struct bufferevent *conn_bev(struct event_base *base, void *arg)
     if (bev == NULL || s->open_conns >= s->conns_cap)
         return bev; /* the array is sized to the cap plus a margin: untracked */
     bufferevent_incref(bev);
+    s->conn_since[s->open_conns] = fr_clock_mono_ns();
+    s->conn_seen[s->open_conns] = 0;
     s->conns[s->open_conns++] = bev;
     fr_series_set(s->m_conns, s->open_conns);
     if (s->open_conns >= s->max_conns) {
@@ -1251,7 +1277,9 @@ serve_t *serve_new(const serve_conf_t *conf, char *errstr, size_t size)
     s->max_conns = conn_cap(conf->max_connections);
     s->conns_cap = s->max_conns + 64; /* accepts already under way when the cap closes */
     s->conns = calloc((size_t)s->conns_cap, sizeof(*s->conns));
-    if (s->conns == NULL) {
+    s->conn_since = calloc((size_t)s->conns_cap, sizeof(*s->conn_since));
+    s->conn_seen = calloc((size_t)s->conns_cap, sizeof(*s->conn_seen));
+    if (s->conns == NULL || s->conn_since == NULL || s->conn_seen == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "serve: out of memory");
         serve_destroy(s);
         return NULL;
@@ -1375,6 +1403,8 @@ void serve_destroy(serve_t *s)
         bufferevent_decref(s->conns[i]); /* their sockets close */
     s->open_conns = 0;
     free(s->conns);
+    free(s->conn_since);
+    free(s->conn_seen);
     if (s->sweep != NULL)
         event_free(s->sweep);
     sv_pool_fini(&s->rows);

@@ -241,6 +241,8 @@ struct serve {
     int accept_paused;          /* the pause after a failure is on (loop thread) */
     int max_conns, open_conns;  /* the connection cap and the connections open (loop thread) */
     struct bufferevent **conns; /* the open connections' bufferevents, a reference held */
+    uint64_t *conn_since;       /* when conns[i] was accepted (monotonic ns) */
+    unsigned char *conn_seen;   /* conns[i] completed a request */
     int conns_cap;
     struct event *sweep;    /* finds the connections evhttp let go of */
     int closing;            /* serve_destroy frees the server: no listener to touch */

@@ -220,17 +220,21 @@ static int finite_all(const float *g, size_t n, double loss)
     return isfinite(loss) && sum == 0.0f;
 }
 
+/* isolate_nonfinite's outcomes besides a count of samples kept. */
+enum { ISO_ERROR = -1, ISO_DIVERGED = -2 };
+
 /*
  * Per-sample isolation (docs/design.md "Poison in a batch"): the batch's
  * loss or gradient is not finite. Each sample's gradient is computed alone;
  * the samples whose own is not finite are dropped and counted, and the
  * batch's gradient (into wk->g, its loss into *loss) is computed again over
  * the others, whose positions, like the dropped ones', the batch's ranges
- * still cover. Returns the samples kept: 0 when none is left, when every
- * sample alone is finite (the sum overflows: the model itself diverged, a
- * case for the divergence guard) or on an error (logged).
+ * still cover. Returns the samples kept (0: every one was poison),
+ * ISO_DIVERGED when every sample alone is finite or the rest still is not
+ * (the weights themselves diverged: the divergence guard's case), or
+ * ISO_ERROR (logged) when memory or the backend failed.
  */
-static size_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *loss)
+static int64_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *loss)
 {
     trainer_pool_t *p = wk->pool;
     size_t n = b->n, d = (size_t)b->features, np = p->m.nparams;
@@ -245,25 +249,31 @@ static size_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *l
         wk->iso_g = malloc(np * sizeof(float));
     if (wk->iso_cap < n || wk->iso_g == NULL) {
         fr_log(FR_LOG_ERROR, "worker %s: out of memory isolating a non-finite sample", wk->id);
-        return 0;
+        return ISO_ERROR;
     }
     size_t kept = 0;
     for (size_t i = 0; i < n; i++) {
         double one = 0;
         if (trainer_backend_gradient(wk->be, wk->iso_g, &one, b->x + i * d, b->y + i, 1) != FR_OK) {
             fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
-            return 0;
+            return ISO_ERROR;
         }
         if (!finite_all(wk->iso_g, np, one))
             continue;
         memcpy(wk->iso_x + kept * d, b->x + i * d, d * sizeof(float));
         wk->iso_y[kept++] = b->y[i];
     }
-    if (kept == 0 || kept == n)
-        return 0;
-    if (trainer_backend_gradient(wk->be, wk->g, loss, wk->iso_x, wk->iso_y, (int)kept) != FR_OK ||
-        !finite_all(wk->g, np, *loss))
-        return 0;
+    if (kept == n)
+        return ISO_DIVERGED;
+    if (kept > 0) {
+        if (trainer_backend_gradient(wk->be, wk->g, loss, wk->iso_x, wk->iso_y, (int)kept) !=
+            FR_OK) {
+            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
+            return ISO_ERROR;
+        }
+        if (!finite_all(wk->g, np, *loss))
+            return ISO_DIVERGED;
+    }
     atomic_fetch_add(&p->poisoned, n - kept);
     if (p->m_poison != NULL)
         fr_series_add(p->m_poison, (double)(n - kept));
@@ -271,7 +281,7 @@ static size_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *l
            "worker %s: %zu of %zu samples gave a non-finite loss or gradient: dropped, the "
            "other %zu learned",
            wk->id, n - kept, n, kept);
-    return kept;
+    return (int64_t)kept;
 }
 
 /*
@@ -339,14 +349,23 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
             msg.ts_min_ms = b->min_ts_ms; /* for the applier's freshness figures */
             msg.ts_max_ms = b->max_ts_ms;
         }
-        size_t kept =
-            finite_all(wk->g, p->m.nparams, *loss) ? b->n : isolate_nonfinite(wk, b, loss);
-        if (kept > 0 && kept < b->n) {
-            wk->kept = kept; /* poison isolated: the rest is learned */
-            msg.n = (int64_t)kept;
+        int64_t kept =
+            finite_all(wk->g, p->m.nparams, *loss) ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
+        if (kept == ISO_ERROR)
+            return FR_ERR_BACKEND; /* abandoned: read again */
+        if (kept >= 0 && kept < (int64_t)b->n) {
+            wk->kept = (size_t)kept; /* poison isolated: the rest is learned */
+            msg.n = kept;
             msg.loss_sum = *loss;
         }
-        if (kept == 0) {
+        if (kept == 0) { /* all poison: the positions are covered, nothing learned */
+            msg.reason = "poison";
+            msg.g = NULL;
+            msg.len = 0;
+            msg.loss_sum = 0;
+            *loss = 0;
+        }
+        if (kept == ISO_DIVERGED) {
             /* the model diverged on this batch: the message cannot carry
              * the loss, so the gradient carries the news, and the applier
              * drops it as non-finite (counted, positions marked) and its
@@ -366,18 +385,18 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         /* weights of the channel may be newer than Redis's: a gradient on
          * them goes back the same way, or is abandoned (read again) */
         uint64_t ticket = 0;
-        err = b->n > 0 ? psstore_local_push_swap(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket)
-                       : psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
+        err = msg.n > 0 ? psstore_local_push_swap(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket)
+                        : psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
         if (err != FR_OK)
             fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
-        else if (b->n > 0)
+        else if (msg.n > 0)
             flight_add(wk, ticket, NULL);
     } else {
         err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
         if (err != FR_OK)
             fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
         *id = psstore_client_last_id(wk->cl);
-        if (err == FR_OK && b->n > 0)
+        if (err == FR_OK && msg.n > 0)
             flight_add(wk, 0, *id);
     }
     atomic_fetch_add(&p->push_ns, fr_clock_mono_ns() - t1);

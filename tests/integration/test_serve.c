@@ -1645,9 +1645,9 @@ static void test_the_edge_refuses_what_it_must(void **state)
 
 /*
  * [serve] header_timeout (1 s here): a connection that sends half a
- * request line, or nothing, is closed after it (slowloris); a request that
- * arrived whole may wait longer (a 3 s long-poll is answered 304), and a
- * kept-alive connection idle for 2 s still serves its next request.
+ * request line, or nothing, or trickles its header a byte at a time, is
+ * closed after it (slowloris); a request that arrived whole may wait longer (a 3 s long-poll is
+ * answered 304), and a kept-alive connection idle for 2 s still serves its next request.
  */
 static void test_slow_connections_time_out_and_long_polls_do_not(void **state)
 {
@@ -1674,11 +1674,28 @@ static void test_slow_connections_time_out_and_long_polls_do_not(void **state)
     assert_true(t_half >= 0.9 && t_half < 3.0);
     assert_true(t_silent >= 0 && t_silent < 3.0); /* measured from after the first close */
 
+    /* a header trickled a byte every 200 ms is never inactive, yet it is
+     * closed once the first request is overdue */
+    int trickle = raw_connect(sport);
+    const char slow[] = "GET /livez HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    uint64_t t0 = fr_clock_mono_ns();
+    double t_trickle = -1;
+    for (size_t i = 0; i < sizeof(slow) - 1 && t_trickle < 0; i++) {
+        struct pollfd pt = {.fd = trickle, .events = POLLIN};
+        char c;
+        if (send(trickle, &slow[i], 1, MSG_NOSIGNAL) != 1 ||
+            (poll(&pt, 1, 200) == 1 && read(trickle, &c, 1) <= 0))
+            t_trickle = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    }
+    close(trickle);
+    fr_log(FR_LOG_INFO, "a trickled header closed after %.2f s", t_trickle);
+    assert_true(t_trickle >= 0.9 && t_trickle < 3.0);
+
     char path[256];
     snprintf(path, sizeof(path), "/v2/models/" MODEL "/weights?after_version=%lld&wait=3",
              (long long)v);
     harness_resp_t r;
-    uint64_t t0 = fr_clock_mono_ns();
+    t0 = fr_clock_mono_ns();
     harness_http(sport, tmp_dir, &r, "", path);
     double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
     if (r.code != 304 || secs < 2.9)
