@@ -41,6 +41,13 @@ int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
  * also makes a peer's hang-up an error return instead of a signal. */
 extern atomic_int app_stop;
 void app_stop_on_signals(int ignore_sigpipe);
+/* A bounded stop: after SIGINT or SIGTERM a role names the stage it is in
+ * (app_stop_stage) and calls app_stop_watchdog once; if the process has not
+ * exited seconds later, the watchdog logs the stage it hung in and exits
+ * with APP_EXIT_FAILURE (nothing is lost: an unclean stop is a crash, which
+ * the store's transactions and the gap rule cover). */
+void app_stop_stage(const char *stage);
+void app_stop_watchdog(const char *cmd, int seconds);
 /* Loads "--config F" and "--set S.K=V" options into cfg, then the
  * environment. Returns 0, -1 after printing --help, or an exit status. */
 int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv,

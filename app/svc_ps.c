@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "model/model.h"
@@ -26,6 +27,48 @@ static void on_stop_signal(int sig)
 {
     (void)sig;
     atomic_store(&app_stop, 1);
+}
+
+static _Atomic(const char *) stop_stage = "stopping";
+
+void app_stop_stage(const char *stage)
+{
+    atomic_store(&stop_stage, stage);
+}
+
+typedef struct watchdog {
+    const char *cmd;
+    int seconds;
+} watchdog_t;
+
+static void *watchdog_main(void *arg)
+{
+    watchdog_t *w = arg;
+    struct timespec ts = {w->seconds, 0};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+    fr_log(FR_LOG_ERROR,
+           "%s: not stopped %d s after the signal (hung in: %s); exiting without a clean stop",
+           w->cmd, w->seconds, atomic_load(&stop_stage));
+    _exit(APP_EXIT_FAILURE);
+    return NULL;
+}
+
+void app_stop_watchdog(const char *cmd, int seconds)
+{
+    static watchdog_t w;
+    static atomic_int started;
+    if (atomic_exchange(&started, 1))
+        return;
+    w.cmd = cmd;
+    w.seconds = seconds;
+    pthread_t tid;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&tid, &attr, watchdog_main, &w) != 0)
+        fr_log(FR_LOG_WARN, "%s: no stop watchdog (thread creation failed)", cmd);
+    pthread_attr_destroy(&attr);
 }
 
 void app_stop_on_signals(int ignore_sigpipe)
@@ -302,6 +345,8 @@ static int run_shards(psstore_applier_conf_t *conf, int S, uint64_t mask)
         }
     }
     fr_log(FR_LOG_INFO, "ps: stopping");
+    app_stop_stage("the appliers (their last commits)");
+    app_stop_watchdog("ps", 20);
     for (int k = 0; k < S; k++) {
         if (t[k].running)
             pthread_join(t[k].tid, NULL);
@@ -386,6 +431,8 @@ int app_cmd_ps(int argc, char **argv)
         }
     }
     fr_log(FR_LOG_INFO, "ps: stopping");
+    app_stop_stage("the applier (its last commit)");
+    app_stop_watchdog("ps", 20);
     psstore_applier_run(a, &app_stop); /* commits and releases the lease */
 out:
     psstore_applier_destroy(a);

@@ -33,6 +33,7 @@
 #define SAMPLES_TICK_MS 10            /* --samples checks the applier this often */
 #define STORE_WAIT_MS   2000
 #define ROLE_SPARSE     1000 /* role_open: [model] sparse, run by svc_run_sparse.c */
+#define STOP_WATCHDOG_S 20   /* a stop that takes longer exits unclean (app_stop_watchdog) */
 
 static void usage_common(FILE *out, const char *cmd, const char *what, const char *extra)
 {
@@ -571,16 +572,21 @@ static void role_loop(role_t *r)
         }
     }
     fr_log(FR_LOG_INFO, "%s: stopping", r->cmd);
+    app_stop_watchdog(r->cmd, STOP_WATCHDOG_S);
 }
 
 /* Stops what runs, HTTP first, then the consumer, the workers and the
  * applier (which commits what it holds); their counters stay readable. */
 static void role_halt(role_t *r)
 {
+    app_stop_stage("the HTTP server");
     serve_destroy(r->http);
     r->http = NULL;
+    app_stop_stage("the consumer (its last commit, closing the Kafka client)");
     ingest_consumer_stop(r->src);
+    app_stop_stage("the workers (the batch in hand)");
     trainer_pool_stop(r->pool);
+    app_stop_stage("the applier (its last commit)");
     for (int k = 0; k < r->nat; k++)
         atomic_store(&r->at[k].stop, 1);
     for (int k = 0; k < r->nat; k++) {

@@ -411,11 +411,16 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         progress(&r, &prev, &aprev,
                  (double)(fr_clock_mono_ns() - last) * 1e-9); /* the last stretch */
         fr_log(FR_LOG_INFO, "%s: stopping", cmd);
+        app_stop_watchdog(cmd, 20);
     }
+    app_stop_stage("the HTTP server");
     if (r.http != NULL)
         serve_stop(r.http);
+    app_stop_stage("the consumer (its last commit, closing the Kafka client)");
     ingest_consumer_stop(r.src);
+    app_stop_stage("the workers (the batch in hand)");
     trainer_sparse_stop(r.pool);
+    app_stop_stage("the appliers (their last commits)");
     atomic_store(&r.applier_stop, 1);
     for (int k = 0; k < r.S; k++)
         if (r.ap[k].running)

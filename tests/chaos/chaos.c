@@ -887,7 +887,7 @@ int main(void)
     kill(serve_pid, SIGTERM);
     kill(run_pid, SIGTERM);
     harness_wait(serve_pid, 20000);
-    int status = harness_wait(run_pid, 20000);
+    int status = harness_wait(run_pid, 30000); /* past run's own 20 s stop watchdog */
     if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "chaos: freshet run did not exit 0 on SIGTERM (status %d)\n", status);
         failed++;
