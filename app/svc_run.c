@@ -602,6 +602,7 @@ static void role_close(role_t *r)
 {
     role_halt(r);
     trainer_pool_destroy(r->pool);
+    app_stop_stage("the Kafka client (rd_kafka_destroy)");
     ingest_consumer_destroy(r->src);
     for (int k = 0; k < r->nat; k++)
         psstore_applier_destroy(r->at[k].a);

@@ -426,6 +426,7 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
         if (r.ap[k].running)
             pthread_join(r.ap[k].tid, NULL);
     trainer_sparse_destroy(r.pool);
+    app_stop_stage("the Kafka client (rd_kafka_destroy)");
     ingest_consumer_destroy(r.src);
     for (int k = 0; k < r.S; k++)
         psstore_applier_destroy(r.ap[k].a);

@@ -645,6 +645,11 @@ static void *poll_main(void *arg)
     }
     ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
     ingest_consumer_store_tick(c, 1);
+    /* the whole topic was assigned by hand: no group revokes it at the
+     * close, and a partition left assigned (paused, say) kept
+     * rd_kafka_destroy waiting for its fetcher forever */
+    if (c->whole_topic)
+        rd_kafka_assign(c->rk, NULL);
     rd_kafka_resp_err_t kerr = rd_kafka_consumer_close(c->rk); /* revokes on this thread */
     if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
         fr_log(FR_LOG_WARN, "ingest: consumer close: %s", rd_kafka_err2str(kerr));
@@ -959,6 +964,13 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
     ingest_consumer_stop(c);
     if (c->cq != NULL)
         rd_kafka_queue_destroy(c->cq);
+    /* before rd_kafka_destroy: librdkafka caches partition references in
+     * a list it was handed (pause, resume), and waits for them forever
+     * (librdkafka issue 3796; the chaos suite's runs hung here after
+     * backpressure had paused partitions) */
+    if (c->assigned != NULL)
+        rd_kafka_topic_partition_list_destroy(c->assigned);
+    c->assigned = NULL;
     if (c->rk != NULL) {
         if (!c->started)
             rd_kafka_consumer_close(c->rk);
@@ -984,8 +996,6 @@ void ingest_consumer_destroy(ingest_consumer_t *c)
     free(c->bootstrap);
     free(c->replay);
     free(c->spec);
-    if (c->assigned != NULL)
-        rd_kafka_topic_partition_list_destroy(c->assigned);
     free(c->owned);
     free(c->topic);
     free(c->model);

@@ -669,6 +669,12 @@ static int cl_redirect_node(psstore_conn_t *c, const redisReply *r)
  * Reconnecting
  * ---------------------------------------------------------------------- */
 
+/* The owner's stop (psstore_conn_set_cancel): no more waiting. */
+static int cancelled(const psstore_conn_t *c)
+{
+    return c->cancel != NULL && c->cancel(c->cancel_arg);
+}
+
 /*
  * Reconnects, retrying after 10, 20, 40 ... ms while the next try still
  * starts within timeout_ms of the first; in a cluster each retry reads the
@@ -700,8 +706,7 @@ static fr_err_t conn_reconnect(psstore_conn_t *c)
             }
             return FR_OK;
         }
-        if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline ||
-            (c->cancel != NULL && c->cancel(c->cancel_arg)))
+        if (fatal || fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline || cancelled(c))
             return err;
         sleep_ms(delay_ms);
         delay_ms = c->cl != NULL ? next_delay(delay_ms) : delay_ms * 2;
@@ -872,7 +877,7 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
     for (int sent = 0;;) {
         if (c->cl != NULL && !asking && (*err = cl_route(c, slot)) != FR_OK) {
             if (*err != FR_ERR_REDIS ||
-                fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)
+                fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline || cancelled(c))
                 return NULL;
             c->cl->stale = 1;
             sleep_ms(delay_ms);
@@ -905,7 +910,7 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
         }
         if (kind == CL_WAIT) {
             c->cl->stale = 1;
-            if (fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline)
+            if (fr_clock_mono_ns() + (uint64_t)delay_ms * 1000000u > deadline || cancelled(c))
                 return check_reply(c, reply, err);
             freeReplyObject(reply);
             sleep_ms(delay_ms);

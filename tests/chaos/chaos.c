@@ -334,8 +334,23 @@ static int audit_read(void)
 static int check_exactly_once(int64_t *lost_now)
 {
     int64_t wm[NPARTS];
-    if (watermarks(wm) < 0 || audit_read() != 0)
+    const harness_redis_t *node = store_node();
+    int wm_failed = watermarks(wm) < 0, audit_failed = !wm_failed && audit_read() != 0;
+    if (wm_failed || audit_failed) {
+        static uint64_t said;
+        if (fr_clock_mono_ns() - said > 1000000000u) { /* why, once a second */
+            said = fr_clock_mono_ns();
+            char out[256] = "";
+            if (node != NULL)
+                harness_redis_query(node, out, sizeof(out), "HGET freshet:{%s}:offsets %s", MODEL,
+                                    TOPIC "/0");
+            fprintf(stderr, "chaos: the store cannot be read (%s): %s (port %d): %s\n",
+                    wm_failed ? "watermarks" : "audit",
+                    node == NULL ? "no master serves the model" : "its master",
+                    node != NULL ? node->port : 0, out);
+        }
         return -1;
+    }
     *lost_now = 0;
     for (int p = 0; p < NPARTS; p++)
         for (int64_t pos = 0; pos < wm[p]; pos++)
