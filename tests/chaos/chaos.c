@@ -202,9 +202,11 @@ static int64_t redis_int(const char *fmt, const char *a, const char *b)
         return -1;
     if (strcmp(out, "(nil)") == 0)
         return 0;
+    /* an offsets value is W, W;intervals or W@generation; anything else
+     * (LOADING, MOVED, CLUSTERDOWN...) is an error: unknown */
     char *end;
     long long v = strtoll(out, &end, 10);
-    return end != out && *end == '\0' ? v : -1; /* an error (LOADING, MOVED...): unknown */
+    return end != out && (*end == '\0' || *end == ';' || *end == '@') ? v : -1;
 }
 
 static int64_t store_version(void)
