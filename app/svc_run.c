@@ -29,7 +29,7 @@
 #include "trainer/trainer.h"
 
 #define PROGRESS_NS     5000000000ull /* a progress line this often */
-#define TICK_MS         200           /* the main loop's pace        */
+#define TICK_MS         50            /* the main loop's pace: holdout looks this often */
 #define SAMPLES_TICK_MS 10            /* --samples checks the applier this often */
 #define STORE_WAIT_MS   2000
 #define ROLE_SPARSE     1000 /* role_open: [model] sparse, run by svc_run_sparse.c */

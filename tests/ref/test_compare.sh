@@ -53,6 +53,7 @@ lr = 0.1
 data = $fm/t10k-images-idx3-ubyte.gz
 labels = $fm/t10k-labels-idx1-ubyte.gz
 format = idx
+every = 20
 EOC
 
 fails=0
@@ -153,8 +154,9 @@ for r in rep["runs"]:
     evals = {int(e["version"]): float(e["accuracy"]) for e in stream(work + "/" + m + ".evals")}
     curve = r["curve"]
     # the evaluation at version 0 and the final weights at least; run's
-    # holdout looks every 200 ms, so a run of half a second may have no
-    # point between them (checked over both runs below)
+    # holdout looks every 50 ms for 20 new versions, and a run here takes
+    # a quarter of a second: a point between them is checked over both runs
+    # below
     check(m + " curve has its first and final points", len(curve) >= 2, len(curve))
     mid += len(curve) - 2
     bad = [p for p in curve if by_v.get(p["version"]) != (p["samples"], p["t_s"])]
