@@ -952,6 +952,13 @@ int main(void)
         fclose(out);
     }
     ingest_producer_destroy(prod.p);
+    free(plan);
+    for (int k = 0; k < NKINDS; k++) {
+        free(rec[k]);
+        free(caught[k]);
+    }
+    for (int p = 0; p < NPARTS; p++)
+        free(au.marks[p]);
     int ok = !failed && lost == 0 && au.doubled == 0 && au.bad_generation == 0;
     stop_all();
     if (ok && getenv("CHAOS_KEEP") == NULL)

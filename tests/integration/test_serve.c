@@ -694,7 +694,9 @@ static void test_snapshots_metadata_and_metrics(void **state)
         assert_int_equal(psstore_snapshot_weights(c, MODEL, snaps[i], w, NPARAMS, &epoch), FR_OK);
         snprintf(path, sizeof(path), "/v2/models/" MODEL "/versions/%lld/weights?format=raw",
                  (long long)snaps[i]);
-        http(&r, "", path);
+        /* a snapshot listed but not read yet answers 503 (Retry-After)
+         * while the follower reads it: asked again, it is served */
+        harness_await_code(port, tmp_dir, &r, path, 200, 50, 100);
         harness_expect(&r, 200, NULL);
         assert_int_equal(r.len, sizeof(w));
         assert_memory_equal(r.body, w, sizeof(w));
