@@ -199,7 +199,18 @@ static fr_err_t refresh_info(struct serve *s, psstore_conn_t *c, sv_model_t *m,
     /* kept current while asked for; read once in any case (readiness) */
     int wanted = fr_clock_unix_ms() - m->wanted_ms < SV_WANTED_MS || m->cur == NULL;
     sv_view_t *cur = m->cur;
-    int moved = cur == NULL || cur->epoch != info->epoch || cur->version != info->version;
+    /* a retained snapshot listed but neither held nor known unservable is
+     * read with the weights, even when they did not move (a client that
+     * asked for it was told to try again) */
+    int missing = 0;
+    for (size_t i = 0; i < m->nlisted && !missing; i++) {
+        int held = sv_snapshot_unserved(m, m->listed[i].version);
+        for (size_t j = 0; j < m->nsnaps && !held; j++)
+            held = m->snaps[j]->version == m->listed[i].version;
+        missing = !held;
+    }
+    int moved =
+        cur == NULL || cur->epoch != info->epoch || cur->version != info->version || missing;
     pthread_mutex_unlock(&s->lock);
     m->pending = 0;
     if (!wanted || !moved)
