@@ -418,7 +418,9 @@ static int parse_value(const conf_key_t *k, const char *value, conf_val_t *v)
         if ((k->flags & CK_MAX_OPEN) ? !(x < k->dmax) : !(x <= k->dmax))
             return -1;
         v->d = x;
-        v->i = (int64_t)x;
+        /* a double key read as an integer: saturated (a cast of 3e38 is
+         * undefined behaviour; fuzz_config found it) */
+        v->i = x >= 9.2e18 ? INT64_MAX : x <= -9.2e18 ? INT64_MIN : (int64_t)x;
         return 0;
     }
     case CT_BOOL:
