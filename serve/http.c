@@ -687,13 +687,16 @@ static int host_allowed(struct serve *s, struct evhttp_request *req)
     return strstr(s->hosts, name) != NULL;
 }
 
+#define CONN_DOOMED 2 /* conn_seen: plain text on a TLS port, to close */
+
 /* A request arrived whole on the connection of bev: the sweep's first-
  * request deadline no longer applies to it. Loop thread. */
 static void conn_seen(struct serve *s, const struct bufferevent *bev)
 {
     for (int i = s->open_conns - 1; i >= 0; i--)
         if (s->conns[i] == bev) {
-            s->conn_seen[i] = 1;
+            if (s->conn_seen[i] != CONN_DOOMED)
+                s->conn_seen[i] = 1;
             return;
         }
 }
@@ -704,6 +707,11 @@ static void on_request(struct evhttp_request *req, void *arg)
     /* a request arrived whole: the connection may now wait as long as a
      * long-poll (and stay open between requests as long) */
     struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    /* plain text on a TLS port (conn_bev could not make a session): no
+     * answer, no action; the sweep closes it */
+    if (s->ssl_ctx != NULL && evcon != NULL &&
+        bufferevent_openssl_get_ssl(evhttp_connection_get_bufferevent(evcon)) == NULL)
+        return;
     if (evcon != NULL) {
         evhttp_connection_set_timeout(evcon, CONN_TIMEOUT_S);
         conn_seen(s, evhttp_connection_get_bufferevent(evcon));
@@ -962,8 +970,9 @@ static void conn_sweep(evutil_socket_t fd, short what, void *arg)
             bufferevent_decref(s->conns[i]); /* now it goes, its socket closed */
             continue;
         }
-        if (!s->conn_seen[i] && now - s->conn_since[i] > deadline && evcon != NULL)
-            evhttp_connection_free(evcon); /* too slow: the next sweep lets it go */
+        if (evcon != NULL && (s->conn_seen[i] == CONN_DOOMED ||
+                              (!s->conn_seen[i] && now - s->conn_since[i] > deadline)))
+            evhttp_connection_free(evcon); /* too slow, or doomed: the next sweep lets it go */
         s->conn_since[kept] = s->conn_since[i];
         s->conn_seen[kept] = s->conn_seen[i];
         s->conns[kept++] = s->conns[i];
@@ -975,16 +984,45 @@ static void conn_sweep(evutil_socket_t fd, short what, void *arg)
         listener_update(s);
 }
 
+/* A TLS session could not be made for a connection (no memory): evhttp
+ * would take a plain one instead, so what it gets writes nothing (its
+ * output frozen), on_request ignores it and the sweep closes it. Untracked
+ * (beyond conns_cap) it waits for libevent's timeout; should even this
+ * allocation fail, libevent makes a plain one, whose requests on_request
+ * still ignores. */
+static struct bufferevent *doomed_bev(struct serve *s, struct event_base *base)
+{
+    fr_series_add(s->m_accept_errors, 1);
+    uint64_t now = fr_clock_mono_ns();
+    if (s->tls_log_ns == 0 || now - s->tls_log_ns > 60 * (uint64_t)1000000000u) {
+        s->tls_log_ns = now;
+        const char *why = ERR_reason_error_string(ERR_get_error());
+        fr_log(FR_LOG_WARN,
+               "serve: TLS: cannot create a session (%s): closing the connection "
+               "(freshet_http_accept_errors_total counts these)",
+               why != NULL ? why : "out of memory");
+    }
+    ERR_clear_error(); /* (what the log line did not take) */
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (bev != NULL)
+        evbuffer_freeze(bufferevent_get_output(bev), 0);
+    return bev;
+}
+
 static struct bufferevent *conn_bev(struct event_base *base, void *arg)
 {
     struct serve *s = arg;
     struct bufferevent *bev = NULL;
+    int doomed = 0;
     if (s->ssl_ctx != NULL) {
         SSL *ssl = SSL_new(s->ssl_ctx);
-        if (ssl == NULL)
-            return NULL;
-        bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
-                                             BEV_OPT_CLOSE_ON_FREE);
+        if (ssl != NULL)
+            bev = bufferevent_openssl_socket_new(base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                 BEV_OPT_CLOSE_ON_FREE);
+        if (bev == NULL) { /* (libevent frees ssl or not by version: kept) */
+            bev = doomed_bev(s, base);
+            doomed = 1;
+        }
     } else {
         bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     }
@@ -992,7 +1030,7 @@ static struct bufferevent *conn_bev(struct event_base *base, void *arg)
         return bev; /* the array is sized to the cap plus a margin: untracked */
     bufferevent_incref(bev);
     s->conn_since[s->open_conns] = fr_clock_mono_ns();
-    s->conn_seen[s->open_conns] = 0;
+    s->conn_seen[s->open_conns] = doomed ? CONN_DOOMED : 0;
     s->conns[s->open_conns++] = bev;
     fr_series_set(s->m_conns, s->open_conns);
     if (s->open_conns >= s->max_conns) {
@@ -1179,8 +1217,8 @@ static int register_metrics(struct serve *s, char *errstr, size_t size)
         NULL);
     s->m_accept_errors = fr_metric_series(
         fr_metrics_counter(reg, "freshet_http_accept_errors_total",
-                           "accept() failures (no descriptor left, say); each pauses the "
-                           "listener",
+                           "accept() failures (no descriptor left, say; each pauses the "
+                           "listener) and TLS connections closed without a session",
                            0, NULL),
         NULL);
     s->m_conns = fr_metric_series(

@@ -242,11 +242,12 @@ struct serve {
     int max_conns, open_conns;  /* the connection cap and the connections open (loop thread) */
     struct bufferevent **conns; /* the open connections' bufferevents, a reference held */
     uint64_t *conn_since;       /* when conns[i] was accepted (monotonic ns) */
-    unsigned char *conn_seen;   /* conns[i] completed a request */
+    unsigned char *conn_seen;   /* conns[i] completed a request (CONN_DOOMED: to close) */
     int conns_cap;
     struct event *sweep;    /* finds the connections evhttp let go of */
     int closing;            /* serve_destroy frees the server: no listener to touch */
     uint64_t capped_log_ns; /* the cap was last logged then */
+    uint64_t tls_log_ns;    /* a TLS session failure was last logged then */
     int port;
     struct event_base *base;
     struct evhttp *http;

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <openssl/ssl.h>
 
 #include "harness.h"
 #include "psstore/psstore.h"
@@ -35,6 +37,16 @@
 #define NPARAMS 39 /* 5*4 + 4 + 4*3 + 3 */
 #define TOKEN   "t0ken-for-tests"
 #define WAITERS 500
+
+/* SSL_new, wrapped at link time (-Wl,--wrap=SSL_new in tests/CMakeLists.txt):
+ * fails while ssl_new_fails is set, as it does out of memory */
+static atomic_int ssl_new_fails;
+SSL *__real_SSL_new(SSL_CTX *ctx);
+SSL *__wrap_SSL_new(SSL_CTX *ctx);
+SSL *__wrap_SSL_new(SSL_CTX *ctx)
+{
+    return atomic_load(&ssl_new_fails) ? NULL : __real_SSL_new(ctx);
+}
 
 static harness_redis_t redis;
 static harness_applier_t applier;
@@ -1121,6 +1133,20 @@ static void test_tls_serves_https(void **state)
     harness_http(p, tmp_dir, &r, "--max-time 2", "/livez");
     assert_int_not_equal(r.code, 200);
     harness_resp_free(&r);
+    /* nor when no TLS session can be made for the connection (evhttp would
+     * take a plain one instead): no answer, counted, and the connection
+     * closed within a sweep */
+    double errors0 = series_value("freshet_http_accept_errors_total", NULL);
+    atomic_store(&ssl_new_fails, 1);
+    harness_http(p, tmp_dir, &r, "--max-time 2", "/livez");
+    assert_int_equal(r.code, 0);
+    harness_resp_free(&r);
+    harness_http(p, tmp_dir, &r, "--max-time 2 -X POST", "/v2/models/" MODEL "/rollback");
+    assert_int_equal(r.code, 0);
+    harness_resp_free(&r);
+    atomic_store(&ssl_new_fails, 0);
+    assert_true(series_value("freshet_http_accept_errors_total", NULL) - errors0 == 2);
+    assert_int_equal(system(cmd), 0); /* and TLS works again */
     serve_destroy(tls);
 
     /* a key that does not match is refused at start */
