@@ -28,16 +28,8 @@ int app_cmd_eval(int argc, char **argv);
 int app_cmd_fit_sparse(int argc, char **argv); /* fit_sparse.c */
 #endif
 
-#ifdef FRESHET_HAVE_SERVICES
-#include "psstore/psstore.h"
-
-int app_cmd_model(int argc, char **argv);   /* svc_model.c */
-int app_cmd_ps(int argc, char **argv);      /* svc_ps.c */
-int app_cmd_broker(int argc, char **argv);  /* svc_broker.c */
-int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
-
 /* The service roles' stop: set by SIGINT and SIGTERM once
- * app_stop_on_signals installed the handlers (svc_ps.c); ignore_sigpipe
+ * app_stop_on_signals installed the handlers (stop.c); ignore_sigpipe
  * also makes a peer's hang-up an error return instead of a signal. */
 extern atomic_int app_stop;
 void app_stop_on_signals(int ignore_sigpipe);
@@ -48,6 +40,15 @@ void app_stop_on_signals(int ignore_sigpipe);
  * the store's transactions and the gap rule cover). */
 void app_stop_stage(const char *stage);
 void app_stop_watchdog(const char *cmd, int seconds);
+
+#ifdef FRESHET_HAVE_SERVICES
+#include "psstore/psstore.h"
+
+int app_cmd_model(int argc, char **argv);   /* svc_model.c */
+int app_cmd_ps(int argc, char **argv);      /* svc_ps.c */
+int app_cmd_broker(int argc, char **argv);  /* svc_broker.c */
+int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
+
 /* Loads "--config F" and "--set S.K=V" options into cfg, then the
  * environment. Returns 0, -1 after printing --help, or an exit status. */
 int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv,
