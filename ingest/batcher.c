@@ -82,19 +82,23 @@ typedef struct part {
     int64_t (*skip)[2]; /* [nskip] sorted disjoint [from, to), all >= the seek target      */
     size_t nskip;
     int64_t gen;
-    int64_t skipped;  /* after the last record skipped as applied since the seek (0: none) */
-    int64_t alone_to; /* records below it go into batches of this partition alone */
-    int held;         /* listed in bt->open */
+    int64_t skipped;     /* after the last record skipped as applied since the seek (0: none) */
+    int64_t alone_to;    /* records below it go into batches of this partition alone */
+    int64_t *quarantine; /* [nquarantine] sorted: positions rejected as quarantined */
+    size_t nquarantine;
+    int held; /* listed in bt->open */
 } part_t;
 
 struct ingest_batcher {
     ingest_schema_t schema;
     ingest_format_t format;
-    size_t cap; /* B */
-    size_t d;   /* features */
-    float *x;   /* open batch samples [B x d]; handed to each finalized batch */
-    float *y;   /* [B] */
-    size_t n;   /* samples in the open batch */
+    size_t cap;  /* B */
+    size_t d;    /* features */
+    float *x;    /* open batch samples [B x d]; handed to each finalized batch */
+    float *y;    /* [B] */
+    int32_t *sp; /* [B]: each sample's partition, handed over like x */
+    int64_t *so; /* [B]: each sample's offset */
+    size_t n;    /* samples in the open batch */
     int64_t min_ts, max_ts;
     part_t **buckets; /* [nbuckets], a power of two */
     size_t nbuckets;
@@ -116,6 +120,8 @@ void ingest_batch_destroy(ingest_batch_t *batch)
         return;
     free(batch->x);
     free(batch->y);
+    free(batch->partition);
+    free(batch->offset);
     free(batch->ranges);
     free(batch);
 }
@@ -143,7 +149,10 @@ static ingest_batch_t *batch_alloc(size_t n, size_t cap, size_t d, size_t nrange
     if (n > 0) {
         batch->x = malloc(cap * d * sizeof(float));
         batch->y = malloc(cap * sizeof(float));
-        if (batch->x == NULL || batch->y == NULL)
+        batch->partition = malloc(cap * sizeof(int32_t));
+        batch->offset = malloc(cap * sizeof(int64_t));
+        if (batch->x == NULL || batch->y == NULL || batch->partition == NULL ||
+            batch->offset == NULL)
             goto err;
     }
     if (nranges > 0) {
@@ -244,6 +253,7 @@ static void part_remove(ingest_batcher_t *bt, part_t *p)
     *link = p->chain;
     bt->nparts--;
     free(p->skip);
+    free(p->quarantine);
     free(p);
 }
 
@@ -274,6 +284,20 @@ static size_t skip_first_after(const part_t *p, int64_t pos)
             hi = mid;
     }
     return lo;
+}
+
+/* Nonzero when offset is one of p's quarantined positions. */
+static int quarantine_contains(const part_t *p, int64_t offset)
+{
+    size_t lo = 0, hi = p->nquarantine;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->quarantine[mid] < offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < p->nquarantine && p->quarantine[lo] == offset;
 }
 
 /* Nonzero when offset lies inside one of p's skip intervals. */
@@ -388,10 +412,16 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
         /* no copy: the batch takes the open buffers, whose samples were
          * decoded in place, and the new empty ones become the open batch's */
         float *x = batch->x, *y = batch->y;
+        int32_t *sp = batch->partition;
+        int64_t *so = batch->offset;
         batch->x = bt->x;
         batch->y = bt->y;
+        batch->partition = bt->sp;
+        batch->offset = bt->so;
         bt->x = x;
         bt->y = y;
+        bt->sp = sp;
+        bt->so = so;
         batch->min_ts_ms = bt->min_ts;
         batch->max_ts_ms = bt->max_ts;
     } else {
@@ -453,9 +483,12 @@ ingest_batcher_t *ingest_batcher_new(const ingest_schema_t *schema, ingest_forma
     bt->d = (size_t)schema->features;
     bt->x = malloc(bt->cap * bt->d * sizeof(float));
     bt->y = malloc(bt->cap * sizeof(float));
+    bt->sp = malloc(bt->cap * sizeof(int32_t));
+    bt->so = malloc(bt->cap * sizeof(int64_t));
     bt->buckets = calloc(FIRST_BUCKETS, sizeof(*bt->buckets));
     bt->open = malloc(FIRST_BUCKETS * sizeof(*bt->open));
-    if (bt->x == NULL || bt->y == NULL || bt->buckets == NULL || bt->open == NULL)
+    if (bt->x == NULL || bt->y == NULL || bt->sp == NULL || bt->so == NULL || bt->buckets == NULL ||
+        bt->open == NULL)
         goto err;
     bt->nbuckets = FIRST_BUCKETS;
     bt->capopen = FIRST_BUCKETS;
@@ -480,6 +513,7 @@ void ingest_batcher_destroy(ingest_batcher_t *bt)
         while (p != NULL) {
             part_t *chain = p->chain;
             free(p->skip);
+            free(p->quarantine);
             free(p);
             p = chain;
         }
@@ -488,6 +522,8 @@ void ingest_batcher_destroy(ingest_batcher_t *bt)
     free(bt->open);
     free(bt->x);
     free(bt->y);
+    free(bt->sp);
+    free(bt->so);
     free(bt);
 }
 
@@ -539,6 +575,9 @@ fr_err_t ingest_batcher_seek(ingest_batcher_t *bt, const char *topic, int32_t pa
     p->skipped = 0;
     p->alone_to = 0;
     p->gen = gen;
+    free(p->quarantine);
+    p->quarantine = NULL;
+    p->nquarantine = 0;
     return FR_OK;
 nomem:
     free(fresh);
@@ -632,6 +671,7 @@ fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t
             p->skipped = offset + 1;
         return FR_OK; /* applied already (rule 2) */
     }
+    int quarantined = p->nquarantine > 0 && quarantine_contains(p, offset);
     /* A batch left full by the last record (below), or one this record
      * may not join, goes out first; the record then starts the next. */
     ingest_batch_t *before = NULL;
@@ -644,8 +684,9 @@ fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t
     if (below_alone(p))
         bt->alone = p;
 
-    ingest_reject_t r =
-        ingest_decode(&bt->schema, bt->format, rec, len, bt->x + bt->n * bt->d, bt->y + bt->n);
+    ingest_reject_t r = quarantined ? INGEST_REJECT_QUARANTINED
+                                    : ingest_decode(&bt->schema, bt->format, rec, len,
+                                                    bt->x + bt->n * bt->d, bt->y + bt->n);
     if (why != NULL)
         *why = r;
     int64_t old_end = p->end;
@@ -659,6 +700,8 @@ fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t
         return FR_OK;
     if (bt->schema.aux > 0 && !isnan(aux))
         bt->x[bt->n * bt->d + (size_t)bt->schema.aux] = aux;
+    bt->sp[bt->n] = partition;
+    bt->so[bt->n] = offset;
 
     int64_t old_min = bt->min_ts, old_max = bt->max_ts;
     if (bt->n == 0 || ts_ms < bt->min_ts)
@@ -761,6 +804,29 @@ fr_err_t ingest_batcher_alone(ingest_batcher_t *bt, const char *topic, int32_t p
     if (p->held)
         return FR_ERR_STATE;
     p->alone_to = to;
+    return FR_OK;
+}
+
+fr_err_t ingest_batcher_quarantine(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                   const int64_t *pos, size_t n)
+{
+    if (bt == NULL || !topic_ok(topic) || (pos == NULL && n > 0))
+        return FR_ERR_INVAL;
+    for (size_t i = 1; i < n; i++)
+        if (pos[i] < pos[i - 1])
+            return FR_ERR_INVAL;
+    part_t *p = part_find(bt, topic, partition);
+    if (p == NULL)
+        return FR_ERR_NOTFOUND;
+    int64_t *copy = NULL;
+    if (n > 0) {
+        if (n > SIZE_MAX / sizeof(*copy) || (copy = malloc(n * sizeof(*copy))) == NULL)
+            return FR_ERR_NOMEM;
+        memcpy(copy, pos, n * sizeof(*copy));
+    }
+    free(p->quarantine);
+    p->quarantine = copy;
+    p->nquarantine = n;
     return FR_OK;
 }
 

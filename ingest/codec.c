@@ -20,8 +20,8 @@
 static const char *const format_names[] = {"csv", "libsvm", "f32", "idx"};
 
 static const char *const reject_names[INGEST_REJECT_COUNT] = {
-    "ok",          "bad_number", "feature_count", "index_range",
-    "label_range", "nonfinite",  "oversize",      "magnitude",
+    "ok",        "bad_number", "feature_count", "index_range", "label_range",
+    "nonfinite", "oversize",   "magnitude",     "quarantined",
 };
 
 fr_err_t ingest_format_parse(const char *name, ingest_format_t *format)

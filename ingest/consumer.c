@@ -136,6 +136,7 @@ static void owned_rebuild(ingest_consumer_t *c)
         now[i].committed = -1;
         now[i].watermark = -1;
         now[i].since = now_ms();
+        now[i].dropped_at = -1;
         /* keep the bookkeeping of partitions that stay (cooperative) */
         for (int j = 0; j < c->nowned; j++) {
             if (old[j].partition == tp->partition) {
@@ -786,7 +787,9 @@ static void metrics_init(ingest_consumer_t *c)
         topic_counter(c, "freshet_ingest_records_consumed_total", "Records received from Kafka.");
     fr_metric_t *rej =
         fr_metrics_counter(reg, "freshet_ingest_records_rejected_total",
-                           "Records that could not be decoded, by reason.", 2, reason_label);
+                           "Records rejected, by reason: not decoded, out of range, or a "
+                           "quarantined position read again.",
+                           2, reason_label);
     for (int r = 1; r < INGEST_REJECT_COUNT && rej != NULL; r++) {
         const char *rv[2] = {c->topic, ingest_reject_name((ingest_reject_t)r)};
         c->m_rejected[r] = fr_metric_series(rej, rv);

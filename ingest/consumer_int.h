@@ -42,6 +42,7 @@ typedef struct owned {
     int64_t replay_seen; /* the newest replay generation considered here       */
     int rewinding;       /* paused until the applier executes our rewind       */
     int64_t held_warned; /* when a long-held watermark was last warned of (ms)  */
+    int64_t dropped_at;  /* the watermark a dropped gradient was last seen at (-1) */
     fr_series_t *lag;    /* freshet_kafka_consumergroup_lag{topic,partition}   */
 } owned_t;
 
@@ -179,9 +180,13 @@ void ingest_consumer_queue_fini(ingest_consumer_t *c);
  * belongs to an outstanding batch: the open one, a queued one, one a
  * trainer computes, or one whose gradient still waits in the grads
  * stream. A Redis error counts as outstanding (decide at the next tick).
- * Poll thread; takes qlock.
+ * *dropped (may be NULL) is set when a batch this consumer lent, holding
+ * pos, was pushed and its entry is gone from the stream: the applier
+ * consumed it without marking pos, so it dropped it (a new epoch, a replay,
+ * staleness). Poll thread; takes qlock.
  */
-const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos);
+const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos,
+                                        int *dropped);
 
 /* Forgets lent batches whose positions in this consumer's partitions are
  * all below the store's watermarks now (applied, dropped or re-read), and

@@ -164,8 +164,11 @@ static int ranges_hold(const ingest_range_t *ranges, size_t n, const char *topic
     return 0;
 }
 
-const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos)
+const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition, int64_t pos,
+                                        int *dropped)
 {
+    if (dropped != NULL)
+        *dropped = 0;
     int64_t next, end, skipped = 0;
     if (ingest_batcher_position(c->bt, c->topic, partition, &next, &end) != FR_OK ||
         ingest_batcher_skipped(c->bt, c->topic, partition, &skipped) != FR_OK)
@@ -202,6 +205,8 @@ const char *ingest_consumer_outstanding(ingest_consumer_t *c, int32_t partition,
             held = "a store error";
         else if (waiting)
             held = "a gradient in the grads stream";
+        else if (dropped != NULL)
+            *dropped = 1;
     }
     return held;
 }

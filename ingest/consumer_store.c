@@ -98,6 +98,31 @@ static fr_err_t log_bounds(ingest_consumer_t *c, const char *topic, int32_t part
     }
 }
 
+/* The store's quarantine of the partition from pos on, given to the
+ * batcher just seeked (docs/design.md "Poison in a batch"). Without it the
+ * partition still starts: a record still poisonous is dropped again by the
+ * worker that meets it. */
+static void quarantine_load(ingest_consumer_t *c, const char *topic, int32_t partition, int64_t pos)
+{
+    int64_t *q = NULL;
+    size_t nq = 0;
+    fr_err_t err = c->ps != NULL
+                       ? psstore_quarantine_read(c->ps, c->model, topic, partition, pos, &q, &nq)
+                       : FR_ERR_REDIS;
+    if (err == FR_OK && nq > 0)
+        err = ingest_batcher_quarantine(c->bt, topic, partition, q, nq);
+    if (err != FR_OK)
+        fr_log(FR_LOG_WARN, "ingest: quarantine of %s/%" PRId32 ": %s (starting without it)", topic,
+               partition,
+               c->ps != NULL && err == FR_ERR_REDIS ? psstore_conn_error(c->ps) : fr_strerror(err));
+    else if (nq > 0)
+        fr_log(FR_LOG_INFO,
+               "ingest: %s/%" PRId32 ": %zu quarantined position(s) from %" PRId64
+               " on are rejected",
+               topic, partition, nq, pos);
+    free(q);
+}
+
 /*
  * Decides where one newly assigned partition starts and seeks the batcher
  * there: the store's watermark with its applied intervals as the skip list
@@ -151,6 +176,8 @@ int64_t ingest_consumer_partition_start(ingest_consumer_t *c, const char *topic,
     if (err != FR_OK)
         fr_log(FR_LOG_ERROR, "ingest: seek of %s/%" PRId32 " to %" PRId64 ": %s", topic, partition,
                seek_at, fr_strerror(err));
+    else
+        quarantine_load(c, topic, partition, seek_at);
     ingest_consumer_queue_push(c, flushed);
     if (err == FR_OK && reason != NULL && start > seek_at)
         ingest_consumer_queue_push(c, ingest_batcher_cover(c->bt, topic, partition, start, reason));
@@ -424,9 +451,20 @@ static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *
     int64_t limit = c->gap_ms, lost = atomic_load(&c->lost_ms);
     if (lost > 0 && tk->now - lost < c->gap_ms && limit > LOST_GAP_MS)
         limit = LOST_GAP_MS;
-    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < limit)
+    if (tk->final || c->gap_ms <= 0 || tk->now - o->since < LOST_GAP_MS)
         return;
-    const char *held = ingest_consumer_outstanding(c, o->partition, w);
+    int dropped = 0;
+    const char *held = ingest_consumer_outstanding(c, o->partition, w, &dropped);
+    if (tk->now - o->since < limit) {
+        /* sooner too when a gradient this consumer pushed for w left the
+         * stream without marking it (it was dropped): seen at two ticks in a
+         * row at the same watermark, lest a commit between the watermark's
+         * read and the stream's look pass for a drop */
+        int again = held == NULL && dropped && o->dropped_at == w;
+        o->dropped_at = held == NULL && dropped ? w : -1;
+        if (!again)
+            return;
+    }
     if (held != NULL) {
         if (tk->now - o->since >= (int64_t)HELD_WARN_GAPS * c->gap_ms &&
             tk->now - o->held_warned >= HELD_WARN_MS && log_end(c, o->partition) > w) {
@@ -441,8 +479,10 @@ static void gap_rule(ingest_consumer_t *c, owned_t *o, int64_t w, const tick_t *
     }
     fr_log(FR_LOG_INFO,
            "ingest: %s/%" PRId32 ": watermark %" PRId64 " stuck for %" PRId64
-           " ms and held by no outstanding batch: reading again from it",
-           c->topic, o->partition, w, tk->now - o->since);
+           " ms and held by no outstanding batch%s: reading again from it",
+           c->topic, o->partition, w, tk->now - o->since,
+           tk->now - o->since < limit ? " (its gradient was dropped)" : "");
+    o->dropped_at = -1;
     restart(c, o);
     atomic_fetch_add(&c->gap_seeks, 1);
     if (c->m_gap != NULL)

@@ -44,6 +44,8 @@ typedef enum ingest_reject {
     INGEST_REJECT_NONFINITE,     /* "nonfinite": NaN or infinity                */
     INGEST_REJECT_OVERSIZE,      /* "oversize": longer than max_record bytes    */
     INGEST_REJECT_MAGNITUDE,     /* "magnitude": a feature beyond max_abs       */
+    INGEST_REJECT_QUARANTINED,   /* "quarantined": a position a trainer found
+                                    poisonous once (ingest_batcher_quarantine)   */
     INGEST_REJECT_COUNT
 } ingest_reject_t;
 
@@ -175,6 +177,11 @@ typedef struct ingest_batch {
     int features;
     float *x; /* [n x features], owned by the batch                  */
     float *y; /* [n]                                                 */
+    /* where each sample came from: partition[i] and offset[i] ([n]; NULL
+     * when n = 0 and for batches not made by a batcher); its topic is the
+     * one of the range of that partition holding the offset */
+    int32_t *partition;
+    int64_t *offset;
     ingest_range_t *ranges;
     size_t nranges;
     int64_t min_ts_ms, max_ts_ms; /* Kafka timestamps of its samples (n > 0)   */
@@ -236,6 +243,13 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
 fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t partition,
                                 int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                                 float aux, ingest_reject_t *why, ingest_batch_t **full);
+/* Positions of a partition (sorted ascending, duplicates allowed) whose
+ * records are rejected as INGEST_REJECT_QUARANTINED, covered like any
+ * rejected record, until the partition's next seek: the store's
+ * quarantine (docs/design.md "Poison in a batch"), set after each seek.
+ * FR_ERR_NOTFOUND for a partition not seeked, FR_ERR_NOMEM. */
+fr_err_t ingest_batcher_quarantine(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                   const int64_t *pos, size_t n);
 /* The Kafka header a record's aux value travels in: decimal text. */
 #define INGEST_AUX_HEADER "freshet-p"
 

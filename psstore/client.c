@@ -729,6 +729,11 @@ const char *psstore_client_last_id(const psstore_client_t *cl)
     return cl->last_id;
 }
 
+fr_err_t psstore_client_quarantine(psstore_client_t *cl, const psstore_range_t *pos, size_t n)
+{
+    return psstore_quarantine_add(cl->c, cl->model, pos, n);
+}
+
 /* ------------------------------------------------------------------------
  * Membership (docs/design.md "Membership")
  * ---------------------------------------------------------------------- */

@@ -37,9 +37,10 @@
 #define MODEL_UNLINK_BATCH 256
 /* The suffixes of the keys every model may have; snapshots (snap:<v>) and
  * other shards are found by SCAN. */
-static const char *const model_suffixes[] = {
-    "meta",  "lease",    "ver",   "w:0",    "opt:0", "offsets", "grads",  "members", "versions",
-    "snaps", "requests", "audit", "rounds", "drops", "evals",   "logend", "rows",    "changes"};
+static const char *const model_suffixes[] = {"meta",     "lease", "ver",     "w:0",       "opt:0",
+                                             "offsets",  "grads", "members", "versions",  "snaps",
+                                             "requests", "audit", "rounds",  "drops",     "evals",
+                                             "logend",   "rows",  "changes", "quarantine"};
 #define NSUFFIXES (sizeof(model_suffixes) / sizeof(model_suffixes[0]))
 
 /* A reply of the wrong shape: FR_ERR_REDIS naming the command. */

@@ -171,6 +171,17 @@ fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, si
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found);
 
+/* The quarantine (quarantine.c; docs/design.md "Poison in a batch"): the
+ * positions whose record a trainer found poisonous, rejected when read
+ * again. add: every position of the n ranges, in one command;
+ * FR_ERR_RANGE when that would take the model past 100,000 of them. read:
+ * the partition's positions >= from, sorted, into *offsets (caller frees;
+ * NULL when none). */
+fr_err_t psstore_quarantine_add(psstore_conn_t *c, const char *model, const psstore_range_t *pos,
+                                size_t n);
+fr_err_t psstore_quarantine_read(psstore_conn_t *c, const char *model, const char *topic,
+                                 int32_t partition, int64_t from, int64_t **offsets, size_t *n);
+
 /* The partitions the store keeps offsets for, as "topic/partition" keys
  * sorted by topic and partition; caller frees each and the array. */
 fr_err_t psstore_offsets_keys(psstore_conn_t *c, const char *model, char ***keys, size_t *n);
@@ -428,6 +439,9 @@ psstore_client_t *psstore_client_shard(psstore_client_t *cl, int k);
  * worker makes besides pulls and pushes (a sparse model's rows): one
  * connection a shard serves both. It belongs to cl and its thread. */
 psstore_conn_t *psstore_client_conn(psstore_client_t *cl);
+/* psstore_quarantine_add on the client's model (the model's own tag, its
+ * shards' too). */
+fr_err_t psstore_client_quarantine(psstore_client_t *cl, const psstore_range_t *pos, size_t n);
 
 /* The stream id of the last gradient this client pushed ("" before any). */
 const char *psstore_client_last_id(const psstore_client_t *cl);

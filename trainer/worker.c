@@ -82,6 +82,9 @@ typedef struct worker {
      * sample's gradient, allocated at the first poisoned batch */
     float *iso_x, *iso_y, *iso_g;
     size_t iso_cap;
+    size_t *iso_drop;         /* [iso_drop_cap]: the samples it dropped */
+    psstore_range_t *iso_pos; /* [iso_drop_cap]: their positions (quarantine) */
+    size_t iso_drop_cap;
     size_t kept; /* samples of the last batch that went into its gradient */
 } worker_t;
 
@@ -224,6 +227,43 @@ static int finite_all(const float *g, size_t n, double loss)
 enum { ISO_ERROR = -1, ISO_DIVERGED = -2 };
 
 /*
+ * The positions of the samples isolate_nonfinite dropped (wk->iso_drop[n],
+ * indices into b) go to the store's quarantine, so that a re-read of their
+ * partitions (a rollback, a replay, the gap rule) rejects them instead of
+ * learning them under other weights. A batch not made by a batcher has no
+ * positions; a store that fails is logged (the sample, still poisonous,
+ * would be dropped again).
+ */
+static void quarantine(worker_t *wk, const ingest_batch_t *b, size_t n)
+{
+    if (b->partition == NULL || b->offset == NULL || wk->cl == NULL)
+        return;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t s = wk->iso_drop[i];
+        const char *topic = NULL;
+        for (size_t r = 0; r < b->nranges && topic == NULL; r++)
+            if (b->ranges[r].partition == b->partition[s] && b->ranges[r].from <= b->offset[s] &&
+                b->offset[s] < b->ranges[r].to)
+                topic = b->ranges[r].topic;
+        if (topic != NULL) /* (always: every sample's position is in a range) */
+            wk->iso_pos[k++] =
+                (psstore_range_t){topic, b->partition[s], b->offset[s], b->offset[s] + 1};
+    }
+    if (k == 0)
+        return;
+    const psstore_range_t *q = &wk->iso_pos[0];
+    if (psstore_client_quarantine(wk->cl, wk->iso_pos, k) != FR_OK)
+        fr_log(FR_LOG_WARN, "worker %s: quarantine of %zu position(s) (%s/%d@%lld...): %s", wk->id,
+               k, q->topic, (int)q->partition, (long long)q->from, psstore_client_error(wk->cl));
+    else
+        fr_log(FR_LOG_INFO,
+               "worker %s: %zu position(s) quarantined (%s/%d@%lld...): a re-read "
+               "rejects them",
+               wk->id, k, q->topic, (int)q->partition, (long long)q->from);
+}
+
+/*
  * Per-sample isolation (docs/design.md "Poison in a batch"): the batch's
  * loss or gradient is not finite. Each sample's gradient is computed alone;
  * the samples whose own is not finite are dropped and counted, and the
@@ -245,21 +285,30 @@ static int64_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *
         wk->iso_y = malloc(n * sizeof(float));
         wk->iso_cap = wk->iso_x != NULL && wk->iso_y != NULL ? n : 0;
     }
+    if (n > wk->iso_drop_cap) {
+        free(wk->iso_drop);
+        free(wk->iso_pos);
+        wk->iso_drop = malloc(n * sizeof(*wk->iso_drop));
+        wk->iso_pos = malloc(n * sizeof(*wk->iso_pos));
+        wk->iso_drop_cap = wk->iso_drop != NULL && wk->iso_pos != NULL ? n : 0;
+    }
     if (wk->iso_g == NULL)
         wk->iso_g = malloc(np * sizeof(float));
-    if (wk->iso_cap < n || wk->iso_g == NULL) {
+    if (wk->iso_cap < n || wk->iso_drop_cap < n || wk->iso_g == NULL) {
         fr_log(FR_LOG_ERROR, "worker %s: out of memory isolating a non-finite sample", wk->id);
         return ISO_ERROR;
     }
-    size_t kept = 0;
+    size_t kept = 0, dropped = 0;
     for (size_t i = 0; i < n; i++) {
         double one = 0;
         if (trainer_backend_gradient(wk->be, wk->iso_g, &one, b->x + i * d, b->y + i, 1) != FR_OK) {
             fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
             return ISO_ERROR;
         }
-        if (!finite_all(wk->iso_g, np, one))
+        if (!finite_all(wk->iso_g, np, one)) {
+            wk->iso_drop[dropped++] = i;
             continue;
+        }
         memcpy(wk->iso_x + kept * d, b->x + i * d, d * sizeof(float));
         wk->iso_y[kept++] = b->y[i];
     }
@@ -277,6 +326,7 @@ static int64_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *
     atomic_fetch_add(&p->poisoned, n - kept);
     if (p->m_poison != NULL)
         fr_series_add(p->m_poison, (double)(n - kept));
+    quarantine(wk, b, dropped);
     fr_log(FR_LOG_WARN,
            "worker %s: %zu of %zu samples gave a non-finite loss or gradient: dropped, the "
            "other %zu learned",
@@ -761,6 +811,8 @@ void trainer_pool_destroy(trainer_pool_t *p)
         free(wk->iso_x);
         free(wk->iso_y);
         free(wk->iso_g);
+        free(wk->iso_drop);
+        free(wk->iso_pos);
     }
     free(p->workers);
     pthread_mutex_destroy(&p->lock);

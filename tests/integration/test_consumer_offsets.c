@@ -167,7 +167,18 @@ static void trainer_free(trainer_t *t)
 /* Records a batch's samples and pushes its gradient (as worker); the
  * stream id of the entry goes to id[64]. No cmocka assertion: the member
  * processes run it too. */
+static fr_err_t push_batch_epoch(trainer_t *t, const ingest_batch_t *b, const char *worker,
+                                 char *id, uint64_t wrong_epoch);
+
 static fr_err_t push_batch(trainer_t *t, const ingest_batch_t *b, const char *worker, char *id)
+{
+    return push_batch_epoch(t, b, worker, id, 0);
+}
+
+/* push_batch, the gradient stamped with wrong_epoch when it is not 0 (the
+ * applier drops it as computed on another epoch). */
+static fr_err_t push_batch_epoch(trainer_t *t, const ingest_batch_t *b, const char *worker,
+                                 char *id, uint64_t wrong_epoch)
 {
     float w[NPARAMS], g[NPARAMS] = {0};
     uint64_t epoch = 0;
@@ -175,6 +186,8 @@ static fr_err_t push_batch(trainer_t *t, const ingest_batch_t *b, const char *wo
     int changed;
     psstore_range_t ranges[16];
     fr_err_t err = psstore_pull(t->cl, w, &epoch, &version, &changed);
+    if (wrong_epoch != 0)
+        epoch = wrong_epoch;
     if (err != FR_OK || b->nranges > 16)
         return err != FR_OK ? err : FR_ERR_RANGE;
     for (size_t i = 0; i < b->nranges; i++) {
@@ -265,6 +278,27 @@ static void assert_marked_once(const char *model, const char *topic, int n, int 
  * ---------------------------------------------------------------------- */
 
 /*
+ * The end of a gap test of 40 records in batches of ten whose second batch
+ * was read again: offsets 10-19 arrived twice, the others once; then the
+ * consumer and the applier stop (its stats into *as), 4 batches applied,
+ * and every position marked once. Frees t.
+ */
+static void read_again_once(trainer_t *t, ingest_consumer_t *c, harness_applier_t *ap,
+                            const char *model, const char *topic, psstore_applier_stats_t *as)
+{
+    for (int k = 0; k < 40; k++) {
+        int want = k >= 10 && k < 20 ? 2 : 1;
+        if (t->seen[k] != want)
+            fail_msg("offset %d arrived %d times, expected %d", k, t->seen[k], want);
+    }
+    ingest_consumer_destroy(c);
+    harness_applier_stop(ap, as);
+    assert_int_equal(as->applied, 4);
+    assert_marked_once(model, topic, 40, 40, 1);
+    trainer_free(t);
+}
+
+/*
  * Four batches of ten: the gradient of the second is lost from the stream
  * (a write Redis lost) and the fourth is abandoned by its trainer. The
  * watermark sticks at 10 with [20, 30) applied above it; after gap_timeout
@@ -308,20 +342,51 @@ static void test_gap_rule_reads_lost_batches_again(void **state)
     ingest_consumer_stats_t st;
     ingest_consumer_stats(c, &st);
     assert_true(st.gap_seeks >= 1);
-    for (int k = 0; k < 40; k++) {
-        /* [10, 20) was pushed, lost and read again; [30, 40) was first
-         * abandoned (never pushed), then read again */
-        int want = k >= 10 && k < 20 ? 2 : 1;
-        if (t->seen[k] != want)
-            fail_msg("offset %d arrived %d times, expected %d", k, t->seen[k], want);
-    }
+    /* [10, 20) was pushed, lost and read again; [30, 40) was first
+     * abandoned (never pushed), then read again */
     psstore_applier_stats_t as;
-    ingest_consumer_destroy(c);
-    harness_applier_stop(&ap, &as);
-    assert_int_equal(as.applied, 4);
+    read_again_once(t, c, &ap, model, topic, &as);
     assert_int_equal(as.dropped[PSSTORE_DROPPED_DUPLICATE], 0);
-    assert_marked_once(model, topic, 40, 40, 1);
-    trainer_free(t);
+}
+
+/*
+ * A gradient the applier drops (here: stamped with another epoch, as after
+ * a Redis restart) leaves its positions unmarked and its entry gone from
+ * the stream. The consumer that pushed it sees that at two ticks in a row
+ * and reads the positions again within seconds, not after gap_timeout
+ * (60 s here): every position ends applied once, the dropped batch's
+ * samples twice seen.
+ */
+static void test_a_dropped_gradient_is_read_again_before_gap_timeout(void **state)
+{
+    (void)state;
+    const char *model = "gdrop", *topic = "gdrop1";
+    create_model(model);
+    produce(topic, 0, 40);
+    trainer_t *t = trainer_new(model);
+    ingest_consumer_t *c = consumer_start(topic, model, 10, 60000);
+    harness_applier_t ap;
+    applier_start(&ap, model);
+    for (int k = 0; k < 4; k++) {
+        ingest_batch_t *b = ingest_consumer_next(c, WAIT_MS);
+        assert_non_null(b);
+        assert_int_equal(b->ranges[0].from, 10 * k);
+        char id[64];
+        assert_int_equal(push_batch_epoch(t, b, "test/1/0", id, k == 1 ? 12345 : 0), FR_OK);
+        ingest_consumer_done(c, b, id);
+        ingest_batch_destroy(b);
+    }
+    uint64_t t0 = fr_clock_mono_ns();
+    train_until(t, c, topic, "40");
+    double took = (double)(fr_clock_mono_ns() - t0) / 1e9;
+    fr_log(FR_LOG_INFO, "the dropped batch was read again and applied in %.1f s", took);
+    assert_true(took < 30); /* gap_timeout is 60 s: only the drop's evidence explains it */
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(c, &st);
+    assert_int_equal(st.gap_seeks, 1);
+    psstore_applier_stats_t as;
+    read_again_once(t, c, &ap, model, topic, &as);
+    assert_int_equal(as.dropped[PSSTORE_DROPPED_EPOCH], 1);
 }
 
 /* ------------------------------------------------------------------------
@@ -614,8 +679,9 @@ static void test_a_killed_member_is_replaced_without_gap_or_duplicate(void **sta
 static int setup(void **state)
 {
     (void)state;
-    return harness_stack_start(tmp_dir, "replay", &redis, &broker, FRESHET_BIN,
-                               "--topic gap1:1 --topic rpo1:1 --topic rpd1:1 --topic kill1:4");
+    return harness_stack_start(
+        tmp_dir, "replay", &redis, &broker, FRESHET_BIN,
+        "--topic gap1:1 --topic gdrop1:1 --topic rpo1:1 --topic rpd1:1 --topic kill1:4");
 }
 
 static int teardown(void **state)
@@ -631,9 +697,13 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay_refuses_bad_requests),
         cmocka_unit_test(test_gap_rule_reads_lost_batches_again),
+        cmocka_unit_test(test_a_dropped_gradient_is_read_again_before_gap_timeout),
         cmocka_unit_test(test_replay_to_offset_redelivers_from_the_target),
         cmocka_unit_test(test_replay_to_datetime_redelivers_from_the_first_later_record),
         cmocka_unit_test(test_a_killed_member_is_replaced_without_gap_or_duplicate),
     };
+    /* TEST_FILTER=pattern runs the matching tests only (while debugging) */
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }

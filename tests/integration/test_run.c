@@ -669,7 +669,9 @@ static double metric_value(const char *text, const char *series)
  * the batch: the run's counters say 6 poisoned and 594 trained, the
  * applier drops no gradient as non-finite, the guard never stops the
  * model, the weights stay finite and learn the stream, and every position
- * is marked once.
+ * is marked once. The 6 positions are quarantined in the store: read again
+ * (a replay from the start), they are rejected at ingest as
+ * "quarantined" and no worker meets them.
  */
 static void test_a_poisoned_sample_is_dropped_alone(void **state)
 {
@@ -712,6 +714,48 @@ static void test_a_poisoned_sample_is_dropped_alone(void **state)
             if (seen[pos] != 1)
                 fail_msg("%s/%d position %d marked %d times", topic, part, pos, seen[pos]);
     }
+
+    /* quarantined: records 50, 150, ..., 550 are partition 0's positions
+     * 25, 75, ..., 275 */
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "SCARD freshet:{%s}:quarantine", model), 0);
+    assert_string_equal(out, "6");
+    for (int k = 50; k < N; k += N / P) {
+        char member[64];
+        snprintf(member, sizeof(member), "%s/%d/%d", topic, k % NPARTS, k / NPARTS);
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                             "SISMEMBER freshet:{%s}:quarantine %s", model, member),
+                         0);
+        if (strcmp(out, "1") != 0)
+            fail_msg("%s not quarantined", member);
+    }
+    /* read again from the start (a replay; a rollback re-reads the same
+     * way): the quarantined positions are rejected at ingest, no worker
+     * meets them, the rest is learned again */
+    pid = spawn_run(conf, log);
+    char rlog[PATH_LEN];
+    log_path(model, "-replay", rlog);
+    assert_int_equal(harness_command(rlog, 30000, FRESHET_BIN, "replay", "--config", conf,
+                                     "--to-earliest", "--execute", NULL),
+                     0);
+    double quarantined = 0;
+    trained = 0;
+    for (int waited = 0; trained < N - P && waited < 60000; waited += 100) {
+        harness_sleep_ms(100);
+        harness_http(run_port(log), tmp_dir, &r, "", "/metrics");
+        trained = metric_value(r.body, "freshet_trainer_samples_total");
+        poisoned = metric_value(r.body, "freshet_trainer_samples_poisoned_total");
+        quarantined = metric_value(r.body, "freshet_ingest_records_rejected_total{topic=\"po1\","
+                                           "reason=\"quarantined\"}");
+        harness_resp_free(&r);
+    }
+    stop_run(pid, log);
+    fr_log(FR_LOG_INFO, "after the replay: trained %.0f, poisoned %.0f, quarantined %.0f", trained,
+           poisoned, quarantined);
+    assert_true(trained == N - P);
+    assert_true(quarantined == P);
+    assert_true(poisoned == 0);
+    assert_true(harness_file_contains(log, "6 quarantined position(s) from 0 on are rejected"));
 }
 
 /*

@@ -232,6 +232,61 @@ static void test_rejected_records_are_covered_and_counted_by_reason(void **state
     ingest_batcher_destroy(bt);
 }
 
+/* Each sample carries its partition and offset; quarantined positions
+ * are rejected (and covered) until the partition's next seek. */
+static void test_quarantined_positions_are_rejected_until_the_next_seek(void **state)
+{
+    (void)state;
+    ingest_batcher_t *bt = batcher(4);
+    seek_plain(bt, "t", 0, 0);
+    seek_plain(bt, "t", 1, 10);
+    const int64_t q0[] = {1, 3, 3, 9}; /* 9: never read; 3 twice (sorted, duplicates allowed) */
+    assert_int_equal(ingest_batcher_quarantine(bt, "t", 0, q0, 4), FR_OK);
+    const int64_t unsorted[] = {5, 2};
+    assert_int_equal(ingest_batcher_quarantine(bt, "t", 0, unsorted, 2), FR_ERR_INVAL);
+    assert_int_equal(ingest_batcher_quarantine(bt, "t", 7, q0, 4), FR_ERR_NOTFOUND);
+    assert_int_equal(ingest_batcher_quarantine(bt, "t", 0, NULL, 1), FR_ERR_INVAL);
+    /* partition 1 has none: its offset 11 is learned */
+    const struct {
+        int32_t part;
+        int64_t off;
+        ingest_reject_t why;
+    } recs[] = {{0, 0, INGEST_OK}, {0, 1, INGEST_REJECT_QUARANTINED}, {1, 10, INGEST_OK},
+                {0, 2, INGEST_OK}, {0, 3, INGEST_REJECT_QUARANTINED}, {1, 11, INGEST_OK}};
+    ingest_batch_t *full = NULL;
+    for (size_t i = 0; i < 6; i++) {
+        ingest_reject_t why = INGEST_REJECT_COUNT;
+        assert_int_equal(add_rec(bt, "t", recs[i].part, recs[i].off, 0, 0, &why, &full), FR_OK);
+        assert_int_equal(why, recs[i].why);
+    }
+    assert_non_null(full);
+    assert_int_equal(full->n, 4);
+    const int32_t want_part[] = {0, 1, 0, 1};
+    const int64_t want_off[] = {0, 10, 2, 11};
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(full->partition[i], want_part[i]);
+        assert_int_equal(full->offset[i], want_off[i]);
+        assert_int_equal(sample_off(full, i), want_off[i]);
+    }
+    assert_int_equal(full->nranges, 2);
+    assert_range(full, 0, "t", 0, 0, 4); /* the quarantined positions covered */
+    assert_range(full, 1, "t", 1, 10, 12);
+    ingest_batch_destroy(full);
+
+    /* a seek forgets the quarantine: the caller sets it again */
+    seek_plain(bt, "t", 0, 0);
+    for (int64_t off = 0; off < 4; off++) {
+        ingest_reject_t why = INGEST_REJECT_COUNT;
+        assert_int_equal(add_rec(bt, "t", 0, off, 0, 0, &why, &full), FR_OK);
+        assert_int_equal(why, INGEST_OK);
+    }
+    assert_non_null(full);
+    assert_int_equal(full->n, 4);
+    ingest_batch_destroy(full);
+    assert_string_equal(ingest_reject_name(INGEST_REJECT_QUARANTINED), "quarantined");
+    ingest_batcher_destroy(bt);
+}
+
 static void test_records_below_next_and_redeliveries_are_ignored(void **state)
 {
     (void)state;
@@ -882,6 +937,7 @@ int main(void)
         cmocka_unit_test(test_flush_returns_the_final_partial_batch_and_then_nothing),
         cmocka_unit_test(test_offset_holes_are_covered_by_the_batch_that_follows),
         cmocka_unit_test(test_rejected_records_are_covered_and_counted_by_reason),
+        cmocka_unit_test(test_quarantined_positions_are_rejected_until_the_next_seek),
         cmocka_unit_test(test_records_below_next_and_redeliveries_are_ignored),
         cmocka_unit_test(test_skip_intervals_are_cut_out_of_coverage_and_their_records_ignored),
         cmocka_unit_test(test_two_partitions_interleaved_make_one_batch_with_sorted_ranges),
