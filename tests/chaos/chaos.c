@@ -21,6 +21,16 @@
  *   poison         6 records of 3e38 and 6 of NaN in the stream: rejected,
  *                  the model never stops
  *
+ * With CHAOS_SPLIT=1 the roles run apart instead of in one `freshet run`:
+ * `freshet ps` and two `freshet train` (a consumer group), each started
+ * again when it dies, the separate serve limited to 256 descriptors (the
+ * descriptors kind aims at it), and run's two kinds become:
+ *
+ *   kill_train     SIGKILL of a trainer, started again at once (its
+ *                  partitions come back through the group's rebalance)
+ *   kill_ps        SIGKILL of ps, started again at once
+ *   stop_ps        SIGSTOP of ps past its lease, then SIGCONT
+ *
  * With CHAOS_CLUSTER=1 the store is a Redis Cluster of 3 masters with a
  * replica each instead, and the two Redis kinds become:
  *
@@ -53,6 +63,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <librdkafka/rdkafka.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -90,18 +101,22 @@ enum kind {
     K_POISON,
     K_KILL_MASTER,
     K_MIGRATE,
+    K_KILL_TRAIN,
+    K_KILL_PS,
+    K_STOP_PS,
     NKINDS
 };
 static const char *const kind_name[NKINDS] = {
-    "kill_run", "stop_run",    "kill_serve", "stop_redis",  "restart_redis",
-    "broker",   "descriptors", "poison",     "kill_master", "migrate"};
+    "kill_run", "stop_run",    "kill_serve", "stop_redis", "restart_redis", "broker", "descriptors",
+    "poison",   "kill_master", "migrate",    "kill_train", "kill_ps",       "stop_ps"};
 
 static harness_redis_t redis;
 static harness_cluster_t cl;
 static int cluster_mode; /* CHAOS_CLUSTER=1: the store is cl, not redis */
 static harness_broker_t broker;
-static char dir[256], conf[320], run_log[320], serve_log[320];
-static pid_t run_pid, serve_pid;
+static int split; /* CHAOS_SPLIT=1: ps and two train instead of run */
+static char dir[256], conf[320], run_log[320], serve_log[320], ps_log[320], train_log[2][320];
+static pid_t run_pid, serve_pid, ps_pid, train_pid[2];
 static int serve_port;
 static int lease_ms = 5000;
 
@@ -455,9 +470,10 @@ static void stop_all(void)
 static void on_signal(int sig)
 {
     (void)sig;
-    pid_t pids[4 + HARNESS_CLUSTER_MAX] = {run_pid, serve_pid, broker.pid, redis.pid};
+    pid_t pids[7 + HARNESS_CLUSTER_MAX] = {run_pid,      serve_pid,    broker.pid, redis.pid,
+                                           train_pid[0], train_pid[1], ps_pid};
     for (int i = 0; i < cl.n; i++)
-        pids[4 + i] = cl.node[i].pid;
+        pids[7 + i] = cl.node[i].pid;
     for (size_t i = 0; i < sizeof(pids) / sizeof(pids[0]); i++)
         if (pids[i] > 0)
             kill(pids[i], SIGKILL);
@@ -479,11 +495,25 @@ static void start_run(void)
         die("cannot start freshet run");
 }
 
+static void start_ps(void)
+{
+    ps_pid = spawn("ps", ps_log, 0, NULL);
+    if (ps_pid <= 0)
+        die("cannot start freshet ps");
+}
+
+static void start_train(int i)
+{
+    train_pid[i] = spawn("train", train_log[i], 0, NULL);
+    if (train_pid[i] <= 0)
+        die("cannot start freshet train");
+}
+
 static void start_serve(void)
 {
     char set[64];
     snprintf(set, sizeof(set), "serve.listen=127.0.0.1:%d", serve_port);
-    serve_pid = spawn("serve", serve_log, 0, set);
+    serve_pid = spawn("serve", serve_log, split ? RUN_FDS : 0, set);
     if (serve_pid <= 0)
         die("cannot start freshet serve");
 }
@@ -501,6 +531,16 @@ static void supervise(void)
         fprintf(stderr, "chaos: freshet serve exited (status %d); starting it again\n", status);
         start_serve();
     }
+    if (ps_pid > 0 && waitpid(ps_pid, &status, WNOHANG) == ps_pid) {
+        fprintf(stderr, "chaos: freshet ps exited (status %d); starting it again\n", status);
+        start_ps();
+    }
+    for (int i = 0; i < 2; i++)
+        if (train_pid[i] > 0 && waitpid(train_pid[i], &status, WNOHANG) == train_pid[i]) {
+            fprintf(stderr, "chaos: freshet train %d exited (status %d); starting it again\n", i,
+                    status);
+            start_train(i);
+        }
 }
 
 /* Waits until a version above `above` is applied; ms waited, or -1. */
@@ -527,9 +567,29 @@ static long file_size(const char *path)
 /* --------------------------------------------------------------- faults */
 
 /* The sum of run's rejected-record counters of reasons magnitude and
- * nonfinite on its /metrics (-1 when it does not answer). */
+ * nonfinite on its /metrics; split, the records in the dead-letter topic
+ * (-1 when it does not answer). */
+static rd_kafka_t *dlq_rk; /* reads the dead-letter topic's end */
+
 static int64_t rejected(void)
 {
+    if (split) { /* the trainers have no /metrics: what they sent to the dead-letter topic */
+        char e[256];
+        if (dlq_rk == NULL) {
+            rd_kafka_conf_t *c = rd_kafka_conf_new();
+            if (rd_kafka_conf_set(c, "bootstrap.servers", broker.bootstrap, e, sizeof(e)) !=
+                    RD_KAFKA_CONF_OK ||
+                (dlq_rk = rd_kafka_new(RD_KAFKA_CONSUMER, c, e, sizeof(e))) == NULL) {
+                rd_kafka_conf_destroy(c);
+                return -1;
+            }
+        }
+        int64_t lo, hi;
+        return rd_kafka_query_watermark_offsets(dlq_rk, "chaos-dlq", 0, &lo, &hi, 5000) ==
+                       RD_KAFKA_RESP_ERR_NO_ERROR
+                   ? hi
+                   : -1;
+    }
     static char resp[1 << 18];
     if (http_exchange(logged_port(run_log), "/metrics", resp, sizeof(resp)) != 200)
         return -1;
@@ -550,7 +610,7 @@ static int64_t rejected(void)
  * faults. */
 static void log_marker(const char *kind)
 {
-    FILE *f = fopen(run_log, "a");
+    FILE *f = fopen(split ? ps_log : run_log, "a");
     if (f != NULL) {
         fprintf(f, "=== chaos: %s at unix ms %lld\n", kind, (long long)fr_clock_unix_ms());
         fclose(f);
@@ -566,6 +626,28 @@ static uint64_t fault_ended(void)
     return fault_end_ns;
 }
 
+/* SIGKILL of an applier's process (run, ps), started again at once by
+ * start: recovered at the next version applied. */
+static int64_t kill_and_restart(pid_t pid, void (*start)(void))
+{
+    kill(pid, SIGKILL);
+    harness_wait(pid, 5000);
+    uint64_t t = fault_ended();
+    start();
+    return await_version(store_version(), t);
+}
+
+/* SIGSTOP of an applier's process past its lease, then SIGCONT: recovered
+ * at the next version applied. */
+static int64_t stop_past_lease(pid_t pid)
+{
+    kill(pid, SIGSTOP);
+    harness_sleep_ms(lease_ms + 1000);
+    int64_t v0 = store_version();
+    kill(pid, SIGCONT);
+    return await_version(v0, fault_ended());
+}
+
 /* Injects one fault and waits for the recovery; its time in ms, or -1. */
 static int64_t inject(enum kind k)
 {
@@ -573,18 +655,8 @@ static int64_t inject(enum kind k)
     log_marker(kind_name[k]);
     uint64_t t;
     switch (k) {
-    case K_KILL_RUN:
-        kill(run_pid, SIGKILL);
-        harness_wait(run_pid, 5000);
-        t = fault_ended();
-        start_run();
-        return await_version(store_version(), t);
-    case K_STOP_RUN:
-        kill(run_pid, SIGSTOP);
-        harness_sleep_ms(lease_ms + 1000);
-        v0 = store_version();
-        kill(run_pid, SIGCONT);
-        return await_version(v0, fault_ended());
+    case K_KILL_RUN: return kill_and_restart(run_pid, start_run);
+    case K_STOP_RUN: return stop_past_lease(run_pid);
     case K_KILL_SERVE: {
         kill(serve_pid, SIGKILL);
         harness_wait(serve_pid, 5000);
@@ -601,6 +673,37 @@ static int64_t inject(enum kind k)
             harness_sleep_ms(5);
         }
     }
+    case K_KILL_TRAIN: {
+        /* the killed trainer's partitions are back when every partition
+         * has a record delivered after the kill trained: the stream's
+         * records go round-robin, so partition p then holds
+         * d / NPARTS + (p < d % NPARTS) of the d delivered by the kill
+         * (a watermark read at the kill would move at once, with the
+         * gradients the dead trainer had pushed) */
+        static int which;
+        int i = which++ % 2;
+        int64_t d = producer_sync(), wm[NPARTS];
+        if (d < 0)
+            return -1;
+        kill(train_pid[i], SIGKILL);
+        harness_wait(train_pid[i], 5000);
+        t = fault_ended();
+        start_train(i);
+        for (;;) {
+            supervise();
+            int moved = 0;
+            if (watermarks(wm) >= 0)
+                for (int p = 0; p < NPARTS; p++)
+                    moved += wm[p] > d / NPARTS + (p < d % NPARTS);
+            if (moved == NPARTS)
+                return (int64_t)((fr_clock_mono_ns() - t) / 1000000);
+            if (fr_clock_mono_ns() - t > (uint64_t)RECOVER_MS * 1000000)
+                return -1;
+            harness_sleep_ms(5);
+        }
+    }
+    case K_KILL_PS: return kill_and_restart(ps_pid, start_ps);
+    case K_STOP_PS: return stop_past_lease(ps_pid);
     case K_STOP_REDIS:
         kill(redis.pid, SIGSTOP);
         harness_sleep_ms(3000);
@@ -621,10 +724,12 @@ static int64_t inject(enum kind k)
         kill(broker.pid, SIGUSR2);
         return await_version(v0, fault_ended());
     case K_DESCRIPTORS: {
-        int port = logged_port(run_log);
+        /* at run's port, or split at the serve's (both have 256) */
+        const char *log = split ? serve_log : run_log;
+        int port = logged_port(log);
         enum { N = 400 };
         static int fds[N];
-        long log0 = file_size(run_log);
+        long log0 = file_size(log);
         for (int i = 0; i < N; i++) {
             fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
             struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -640,18 +745,18 @@ static int64_t inject(enum kind k)
             if (fds[i] >= 0)
                 close(fds[i]);
         t = fault_ended();
-        long grew = file_size(run_log) - log0;
+        long grew = file_size(log) - log0;
         if (v1 <= v0) {
             fprintf(stderr, "chaos: training stopped while descriptors ran out (v %lld)\n",
                     (long long)v0);
             return -1;
         }
         if (grew > 64 * 1024) {
-            fprintf(stderr, "chaos: run's log grew by %ld bytes while descriptors ran out\n", grew);
+            fprintf(stderr, "chaos: %s grew by %ld bytes while descriptors ran out\n", log, grew);
             return -1;
         }
         for (;;) {
-            if (http_get(logged_port(run_log), "/livez", NULL) == 200)
+            if (http_get(logged_port(log), "/livez", NULL) == 200)
                 return (int64_t)((fr_clock_mono_ns() - t) / 1000000);
             if (fr_clock_mono_ns() - t > (uint64_t)RECOVER_MS * 1000000)
                 return -1;
@@ -711,9 +816,14 @@ static int64_t inject(enum kind k)
             return -1;
         }
         int64_t rej1 = rejected();
+        uint64_t asked = fr_clock_mono_ns();
+        while (split && rej1 - rej0 < 12 && fr_clock_mono_ns() - asked < 10000000000u) {
+            harness_sleep_ms(50); /* the trainers' dead letters are sent in the background */
+            rej1 = rejected();
+        }
         if (rej0 < 0 || rej1 - rej0 < 12) { /* a re-read rejects them again: more */
-            fprintf(stderr, "chaos: run counted %lld poison records rejected, not 12\n",
-                    (long long)(rej1 - rej0));
+            fprintf(stderr, "chaos: %s %lld poison records rejected, not 12\n",
+                    split ? "the dead-letter topic got" : "run counted", (long long)(rej1 - rej0));
             return -1;
         }
         return ms;
@@ -774,11 +884,14 @@ int main(void)
     int want[NKINDS];
     const char *kinds = getenv("CHAOS_KINDS");
     cluster_mode = env_int("CHAOS_CLUSTER", 0) != 0;
+    split = env_int("CHAOS_SPLIT", 0) != 0;
     for (int k = 0; k < NKINDS; k++) {
         int store_kind = k == K_STOP_REDIS || k == K_RESTART_REDIS;
         int cluster_kind = k == K_KILL_MASTER || k == K_MIGRATE;
+        int run_kind = k == K_KILL_RUN || k == K_STOP_RUN;
+        int split_kind = k == K_KILL_TRAIN || k == K_KILL_PS || k == K_STOP_PS;
         want[k] = (kinds == NULL || *kinds == '\0' || strstr(kinds, kind_name[k]) != NULL) &&
-                  !(cluster_mode ? store_kind : cluster_kind);
+                  !(cluster_mode ? store_kind : cluster_kind) && !(split ? run_kind : split_kind);
     }
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
@@ -797,6 +910,9 @@ int main(void)
     snprintf(conf, sizeof(conf), "%s/chaos.conf", dir);
     snprintf(run_log, sizeof(run_log), "%s/run.log", dir);
     snprintf(serve_log, sizeof(serve_log), "%s/serve.log", dir);
+    snprintf(ps_log, sizeof(ps_log), "%s/ps.log", dir);
+    for (int i = 0; i < 2; i++)
+        snprintf(train_log[i], sizeof(train_log[i]), "%s/train%d.log", dir, i);
     write_config();
     char errstr[256];
     /* the stream's own producer retries a broker back from an outage within
@@ -811,11 +927,17 @@ int main(void)
     if (prod.p == NULL)
         die(errstr);
     pthread_create(&prod.tid, NULL, produce_loop, NULL);
-    start_run();
+    if (split) {
+        start_ps();
+        start_train(0);
+        start_train(1);
+    } else {
+        start_run();
+    }
     serve_port = harness_free_port();
     start_serve();
     if (await_version(0, fr_clock_mono_ns()) < 0)
-        die("freshet run never applied a version");
+        die(split ? "freshet ps never applied a version" : "freshet run never applied a version");
 
     /* the plan: per_kind faults of each wanted kind, shuffled */
     int nplan = 0;
@@ -831,8 +953,9 @@ int main(void)
         plan[i] = plan[j];
         plan[j] = tmp;
     }
-    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions, %s\n",
+    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions, %s, %s\n",
            (unsigned long long)seed, nplan, prod.rate, NPARTS,
+           split ? "ps and two train" : "one run",
            cluster_mode ? "a Redis Cluster of 3 masters and 3 replicas" : "one redis-server (AOF)");
 
     int64_t *rec[NKINDS], *caught[NKINDS];
@@ -902,12 +1025,23 @@ int main(void)
     if (check_exactly_once(&lost) != 0 || sum < (int64_t)delivered)
         failed++;
     kill(serve_pid, SIGTERM);
-    kill(run_pid, SIGTERM);
+    pid_t roles[3] = {split ? ps_pid : run_pid, split ? train_pid[0] : 0, split ? train_pid[1] : 0};
+    for (int i = 0; i < 3; i++)
+        if (roles[i] > 0)
+            kill(roles[i], SIGTERM);
     harness_wait(serve_pid, 20000);
-    int status = harness_wait(run_pid, 30000); /* past run's own 20 s stop watchdog */
-    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "chaos: freshet run did not exit 0 on SIGTERM (status %d)\n", status);
-        failed++;
+    for (int i = 0; i < 3; i++) {
+        if (roles[i] <= 0)
+            continue;
+        int status = harness_wait(roles[i], 30000); /* past the roles' own 20 s stop watchdog */
+        if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "chaos: freshet %s did not exit 0 on SIGTERM (status %d)\n",
+                    !split   ? "run"
+                    : i == 0 ? "ps"
+                             : "train",
+                    status);
+            failed++;
+        }
     }
 
     printf("\n| kind | faults | resumed p50 (ms) | p99 | max | caught up p50 (ms) | p99 | max |\n"
@@ -952,6 +1086,8 @@ int main(void)
         fclose(out);
     }
     ingest_producer_destroy(prod.p);
+    if (dlq_rk != NULL)
+        rd_kafka_destroy(dlq_rk);
     free(plan);
     for (int k = 0; k < NKINDS; k++) {
         free(rec[k]);
