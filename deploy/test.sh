@@ -6,11 +6,15 @@
 # (FUZZ_SECONDS each, default 20); and the clang-format check.
 #
 # --tsan runs only the ThreadSanitizer stage instead: the threaded tests
-# that need no Kafka client (serve's loop, follower, rows reader and
-# inference workers; the in-memory channel and its applier; the rounds;
-# the logging and metrics units) in a -fsanitize=thread build, any report
-# failing the run. librdkafka (Debian's, uninstrumented) crashes under
-# TSan, so the consumer's tests stay with ASan. About 10 minutes on 2 cores.
+# (serve's loop, follower, rows reader and inference workers; the
+# in-memory channel and its applier; the rounds; the consumer, its
+# failures, offsets and gap rule; freshet run's processes end to end; the
+# logging and metrics units) in a -fsanitize=thread build, any report
+# failing the run. TSan cannot follow the threads of Debian's
+# uninstrumented librdkafka, so deploy/tsan_rdkafka.sh first builds
+# Debian's source of the same version with -fsanitize=thread (network
+# once), which the TSan build's binaries load through their rpath (kcat
+# keeps the system's). About 20 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzz_seconds=${FUZZ_SECONDS:-20}
@@ -19,9 +23,12 @@ jobs=$(nproc)
 if [ "${1:-}" = "--tsan" ]; then
     bash deploy/setup.sh
     echo "== threaded tests under ThreadSanitizer"
-    tsan_tests="test_common test_metrics test_serve test_local test_rounds"
+    tsan_tests="test_common test_metrics test_serve test_local test_rounds test_consumer
+        test_consumer_failures test_consumer_offsets test_run"
+    rdkafka=$(bash deploy/tsan_rdkafka.sh build-tsan/rdkafka)
     cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DFRESHET_WERROR=ON \
-        -DFRESHET_SANITIZE=thread -DFRESHET_CUDA=OFF >/dev/null
+        -DFRESHET_SANITIZE=thread -DFRESHET_CUDA=OFF \
+        -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath,$rdkafka" >/dev/null
     # shellcheck disable=SC2086
     cmake --build build-tsan -j"$jobs" --target freshet $tsan_tests
     TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" \
