@@ -14,7 +14,7 @@
 # uninstrumented librdkafka, so deploy/tsan_rdkafka.sh first builds
 # Debian's source of the same version with -fsanitize=thread (network
 # once), which the TSan build's binaries load through their rpath (kcat
-# keeps the system's). About 20 minutes on 2 cores.
+# keeps the system's). About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fuzz_seconds=${FUZZ_SECONDS:-20}
