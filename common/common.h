@@ -121,6 +121,10 @@ void fr_mem_keep(void);
  * perf and gdb. */
 void fr_thread_name(const char *name);
 
+/* The cores this process may run on (its affinity mask, which taskset and
+ * cgroup cpusets narrow), at least 1. */
+int fr_cpu_count(void);
+
 /* ------------------------------------------------------------------------
  * Names.
  * ---------------------------------------------------------------------- */

@@ -96,6 +96,10 @@ static const conf_key_t schema[] = {
           "Batches buffered for the trainers; when full, consumption pauses."),
     K_INT("ingest", "linger_ms", "10", 0, 600000,
           "Milliseconds a batch may wait for more samples after its first; then it is sent short."),
+    K_INT("ingest", "decode_threads", "-1", -1, 16,
+          "Threads that decode records beside the poll thread while a backlog is read (0: the "
+          "poll thread decodes alone; -1: 1 on a machine of 2 or more cores, else 0). A dense "
+          "model's f32 records are never handed off: their decode is a copy."),
     K_ENUM("ingest", "start", "earliest", "earliest|latest",
            "Where a partition the store has never seen starts (Kafka's committed offsets are never "
            "used)."),

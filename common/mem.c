@@ -1,9 +1,11 @@
 /*
- * mem.c - memory helpers.
+ * mem.c - memory helpers, and the thread facts that need _GNU_SOURCE (a
+ * thread's name, the cores a process may use).
  */
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 
 #include "common/common.h"
@@ -32,4 +34,13 @@ void fr_thread_name(const char *name)
     char buf[16];
     snprintf(buf, sizeof(buf), "%s", name);
     pthread_setname_np(pthread_self(), buf);
+}
+
+int fr_cpu_count(void)
+{
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0)
+        return 1;
+    int n = CPU_COUNT(&cpus);
+    return n > 0 ? n : 1;
 }

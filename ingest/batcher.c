@@ -643,6 +643,11 @@ static int may_join(const ingest_batcher_t *bt, const part_t *p)
  * out of memory, the record's effects are undone and FR_ERR_NOMEM says it
  * was not taken.
  */
+static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                           int64_t offset, int64_t ts_ms, const void *rec, size_t len,
+                           const ingest_decoded_t *pre, float aux, ingest_reject_t *why,
+                           ingest_batch_t **full);
+
 fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t partition,
                             int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                             ingest_reject_t *why, ingest_batch_t **full)
@@ -653,6 +658,40 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
 fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t partition,
                                 int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                                 float aux, ingest_reject_t *why, ingest_batch_t **full)
+{
+    return add_record(bt, topic, partition, offset, ts_ms, rec, len, NULL, aux, why, full);
+}
+
+ingest_reject_t ingest_batcher_decode(const ingest_batcher_t *bt, const void *rec, size_t len,
+                                      float *x, float *y)
+{
+    if (bt == NULL || x == NULL || y == NULL || (rec == NULL && len > 0))
+        return INGEST_REJECT_BAD_NUMBER;
+    return ingest_decode(&bt->schema, bt->format, rec, len, x, y);
+}
+
+fr_err_t ingest_batcher_add_decoded(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                    int64_t offset, int64_t ts_ms, const ingest_decoded_t *pre,
+                                    float aux, ingest_reject_t *why, ingest_batch_t **full)
+{
+    if (pre == NULL || (pre->why == INGEST_OK && pre->x == NULL)) {
+        if (why != NULL)
+            *why = INGEST_OK;
+        if (full != NULL)
+            *full = NULL;
+        return FR_ERR_INVAL;
+    }
+    return add_record(bt, topic, partition, offset, ts_ms, NULL, 0, pre, aux, why, full);
+}
+
+/*
+ * ingest_batcher_add_aux's body: the record rec[len], or (pre not NULL) the
+ * result of decoding it ahead, copied into the open row when good.
+ */
+static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                           int64_t offset, int64_t ts_ms, const void *rec, size_t len,
+                           const ingest_decoded_t *pre, float aux, ingest_reject_t *why,
+                           ingest_batch_t **full)
 {
     if (why != NULL)
         *why = INGEST_OK;
@@ -684,9 +723,18 @@ fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t
     if (below_alone(p))
         bt->alone = p;
 
-    ingest_reject_t r = quarantined ? INGEST_REJECT_QUARANTINED
-                                    : ingest_decode(&bt->schema, bt->format, rec, len,
-                                                    bt->x + bt->n * bt->d, bt->y + bt->n);
+    ingest_reject_t r;
+    if (quarantined) {
+        r = INGEST_REJECT_QUARANTINED;
+    } else if (pre != NULL) {
+        r = pre->why;
+        if (r == INGEST_OK) {
+            memcpy(bt->x + bt->n * bt->d, pre->x, bt->d * sizeof(float));
+            bt->y[bt->n] = pre->y;
+        }
+    } else {
+        r = ingest_decode(&bt->schema, bt->format, rec, len, bt->x + bt->n * bt->d, bt->y + bt->n);
+    }
     if (why != NULL)
         *why = r;
     int64_t old_end = p->end;

@@ -29,6 +29,11 @@
  * Fetch wakeups: with librdkafka below 2.1 the poll thread wakes the
  * fetcher that librdkafka's own prefetch limit stopped (see "Fetch
  * wakeups" below).
+ *
+ * Decoding ahead: on a backlog the poll thread takes several records at
+ * once and decodes them with helper threads before it hands them to the
+ * batcher in order (consumer_decode.c; the rebalance callback drains such
+ * a window first).
  */
 #include <inttypes.h>
 #include <librdkafka/rdkafka.h>
@@ -39,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "ingest/consumer_int.h"
@@ -251,6 +257,7 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts, void *opaque)
 {
     ingest_consumer_t *c = opaque;
+    ingest_consumer_window_drain(c); /* the records polled before this event */
     int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
         (void)on_assign(c, parts, coop); /* logged; the group assigns again */
@@ -426,10 +433,11 @@ static float aux_value(const ingest_consumer_t *c, const rd_kafka_message_t *m)
     return *end == '\0' && isfinite(x) ? x : NAN;
 }
 
-/* One message from rd_kafka_consumer_poll (borrowed). Poll thread. */
-static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_t *open_since,
-                       int *dirty)
+void ingest_consumer_on_message(ingest_consumer_t *c, const rd_kafka_message_t *m,
+                                const ingest_decoded_t *pre)
 {
+    int64_t *open_since = &c->open_since;
+    int *dirty = &c->dirty;
     if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL) {
         retention_skip(c, rd_kafka_topic_name(m->rkt), m->partition);
         return;
@@ -446,9 +454,12 @@ static void on_message(ingest_consumer_t *c, const rd_kafka_message_t *m, int64_
     if (c->m_consumed != NULL)
         fr_series_add(c->m_consumed, 1);
     c->avg_len = c->avg_len > 0 ? 0.99 * c->avg_len + 0.01 * (double)m->len : (double)m->len;
-    fr_err_t err = ingest_batcher_add_aux(c->bt, topic, m->partition, m->offset,
-                                          rd_kafka_message_timestamp(m, NULL), m->payload, m->len,
-                                          aux_value(c, m), &why, &full);
+    int64_t ts = rd_kafka_message_timestamp(m, NULL);
+    fr_err_t err = pre != NULL
+                       ? ingest_batcher_add_decoded(c->bt, topic, m->partition, m->offset, ts, pre,
+                                                    aux_value(c, m), &why, &full)
+                       : ingest_batcher_add_aux(c->bt, topic, m->partition, m->offset, ts,
+                                                m->payload, m->len, aux_value(c, m), &why, &full);
     if (err != FR_OK) {
         /* FR_ERR_STATE: a partition assigned while stopping, never seeked */
         fr_log(err == FR_ERR_STATE ? FR_LOG_DEBUG : FR_LOG_ERROR,
@@ -598,9 +609,8 @@ static int assign_whole_topic(ingest_consumer_t *c, int timeout_ms)
 static void *poll_main(void *arg)
 {
     ingest_consumer_t *c = arg;
-    int64_t open_since = -1, next_commit = now_ms() + COMMIT_EVERY_MS;
+    int64_t next_commit = now_ms() + COMMIT_EVERY_MS;
     fr_thread_name("fr-consume");
-    int dirty = 0;
     char errstr[256];
     c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
     if (c->ps == NULL)
@@ -615,23 +625,25 @@ static void *poll_main(void *arg)
     int64_t next_whole = now_ms() + WHOLE_CHECK_MS;
     while (!atomic_load(&c->stop)) {
         int wait_ms = POLL_MS;
-        if (dirty) { /* wake when the open batch is due */
-            int64_t left = open_since + c->linger_ms - now_ms();
+        if (c->dirty) { /* wake when the open batch is due */
+            int64_t left = c->open_since + c->linger_ms - now_ms();
             wait_ms = left <= 0 ? 0 : left < POLL_MS ? (int)left : POLL_MS;
         }
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, wait_ms);
-        if (m != NULL) {
-            on_message(c, m, &open_since, &dirty);
+        if (m != NULL && c->ndecoders > 0 && m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+            ingest_consumer_window_take(c, m); /* with what queues behind it */
+        } else if (m != NULL) {
+            ingest_consumer_on_message(c, m, NULL);
             rd_kafka_message_destroy(m);
         }
         fetch_wake_check(c);
         int64_t t = now_ms();
         /* linger_ms counts from the open batch's first record, as Kafka's
          * producer counts it: a steady trickle cannot hold a sample longer */
-        if (dirty && t - open_since >= c->linger_ms) {
-            fill_done(c, &open_since);
+        if (c->dirty && t - c->open_since >= c->linger_ms) {
+            fill_done(c, &c->open_since);
             ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
-            dirty = 0;
+            c->dirty = 0;
         }
         ingest_consumer_backpressure(c);
         if (t >= next_commit) {
@@ -839,9 +851,24 @@ static fr_err_t conf_check(const ingest_consumer_conf_t *conf, char *errstr, siz
     if (conf->batch <= 0 || conf->queue <= 0 || conf->linger_ms < 0)
         return fr_errorf(FR_ERR_INVAL, errstr, size,
                          "ingest: batch and queue must be > 0 and linger_ms >= 0");
+    if (conf->decode_threads > DECODE_THREADS_MAX)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: decode_threads is at most %d",
+                         DECODE_THREADS_MAX);
     if (conf->nprops > 0 && conf->props == NULL)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "ingest: nprops without props");
     return FR_OK;
+}
+
+/* The decode helpers a consumer starts: none for f32 (a copy is not worth
+ * a hand-off); conf's count, or when it is negative 1 where the process
+ * may run on 2 or more cores, else none. */
+static int decoders_for(const ingest_consumer_conf_t *conf)
+{
+    if (conf->format == INGEST_FORMAT_F32 && conf->schema.decode == NULL)
+        return 0;
+    if (conf->decode_threads >= 0)
+        return conf->decode_threads;
+    return fr_cpu_count() >= 2 ? 1 : 0;
 }
 
 static char *dup_or_null(const char *s)
@@ -869,6 +896,9 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
     c->dlt = dup_or_null(conf->dead_letter_topic);
     c->bootstrap = dup_or_null(conf->bootstrap);
     c->linger_ms = conf->linger_ms;
+    c->open_since = -1;
+    c->ndecoders = decoders_for(conf);
+    c->win_d = (size_t)conf->schema.features;
     c->gap_ms = conf->gap_timeout_ms == 0  ? GAP_TIMEOUT_MS
                 : conf->gap_timeout_ms < 0 ? 0
                                            : conf->gap_timeout_ms;
@@ -934,7 +964,12 @@ fr_err_t ingest_consumer_start(ingest_consumer_t *c)
         fr_log(FR_LOG_ERROR, "ingest: subscribe to %s: %s", c->topic, rd_kafka_err2str(kerr));
         return FR_ERR_KAFKA;
     }
+    if (c->ndecoders > 0 && ingest_consumer_decode_start(c, c->ndecoders) != FR_OK) {
+        rd_kafka_unsubscribe(c->rk);
+        return FR_ERR_NOMEM;
+    }
     if (pthread_create(&c->thread, NULL, poll_main, c) != 0) {
+        ingest_consumer_decode_stop(c);
         rd_kafka_unsubscribe(c->rk);
         return FR_ERR_NOMEM;
     }
@@ -953,6 +988,7 @@ void ingest_consumer_stop(ingest_consumer_t *c)
         pthread_mutex_unlock(&c->qlock);
         pthread_join(c->thread, NULL);
         c->joined = 1;
+        ingest_consumer_decode_stop(c);
     }
     pthread_mutex_lock(&c->qlock);
     c->finished = 1;
@@ -1022,6 +1058,7 @@ void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
     st->gap_seeks = atomic_load(&c->gap_seeks);
     st->retention_skips = atomic_load(&c->retention_skips);
     st->fetch_wakeups = atomic_load(&c->fetch_wakeups);
+    st->decoded_ahead = atomic_load(&c->decoded_ahead);
     st->rewinds = atomic_load(&c->rewinds);
     st->paused = atomic_load(&c->npaused);
     st->assigned = atomic_load(&c->nassigned);

@@ -25,8 +25,10 @@
 #include "ingest/ingest.h"
 #include "psstore/psstore.h"
 
-#define STORE_TIMEOUT_MS 5000 /* Redis connect and command timeout      */
-#define QUERY_TIMEOUT_MS 5000 /* a ListOffsets question or a seek       */
+#define STORE_TIMEOUT_MS   5000 /* Redis connect and command timeout      */
+#define DECODE_WINDOW      32   /* messages held at once to decode ahead */
+#define DECODE_THREADS_MAX 16   /* decode helpers a consumer may start   */
+#define QUERY_TIMEOUT_MS   5000 /* a ListOffsets question or a seek       */
 
 typedef struct qnode {
     struct qnode *next;
@@ -89,6 +91,21 @@ struct ingest_consumer {
     double q_max_bytes;   /* its queued.max.messages.kbytes, in bytes     */
     double avg_len;       /* a record's mean payload, as consumed         */
 
+    /* the open batch: when its first record came (-1: none open), and
+     * whether one is open; poll thread only */
+    int64_t open_since;
+    int dirty;
+
+    /* decoding ahead (consumer_decode.c): the poll thread's, the helpers
+     * read the window's payloads and write their slices of win_x/y/why */
+    int ndecoders;            /* helper threads (0: none, no window)      */
+    struct decode_pool *pool; /* the helpers                             */
+    rd_kafka_message_t **win; /* [DECODE_WINDOW] messages held, in order  */
+    size_t nwin;              /* how many                                */
+    float *win_x, *win_y;     /* [DECODE_WINDOW][D], [DECODE_WINDOW]      */
+    ingest_reject_t *win_why; /* [DECODE_WINDOW]                          */
+    size_t win_d;             /* D, the schema's features                */
+
     /* replays: poll thread only */
     int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
     int replay_ok;            /* it parsed and has a target                     */
@@ -110,7 +127,7 @@ struct ingest_consumer {
 
     /* counters */
     atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
-        retention_skips, fetch_wakeups;
+        retention_skips, fetch_wakeups, decoded_ahead;
     int64_t beyond_logged_ms; /* last "beyond the log end" error (poll thread) */
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
@@ -157,6 +174,42 @@ void ingest_consumer_set_paused(ingest_consumer_t *c, int pause);
  */
 void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                                rd_kafka_topic_partition_list_t *offsets, void *opaque);
+
+/*
+ * One message, in Kafka's order: an error or end-of-partition event, or a
+ * record for the batcher, decoded here or (pre not NULL) ahead by
+ * consumer_decode.c. The message is borrowed. Poll thread.
+ */
+void ingest_consumer_on_message(ingest_consumer_t *c, const rd_kafka_message_t *m,
+                                const ingest_decoded_t *pre);
+
+/* ------------------------------------------------------------------------
+ * consumer_decode.c
+ * ---------------------------------------------------------------------- */
+
+/*
+ * Allocates the window and starts n helper threads (n > 0). FR_ERR_NOMEM,
+ * with nothing left started. Owner's thread, before the poll thread.
+ */
+fr_err_t ingest_consumer_decode_start(ingest_consumer_t *c, int n);
+
+/* Stops and joins the helpers and frees the window (empty by then). Owner's
+ * thread, after the poll thread has exited; safe when never started. */
+void ingest_consumer_decode_stop(ingest_consumer_t *c);
+
+/*
+ * Takes record m (ownership) and what else is queued behind it, up to
+ * DECODE_WINDOW messages; decodes them in parallel and hands each to
+ * ingest_consumer_on_message in order, then destroys them. Poll thread.
+ */
+void ingest_consumer_window_take(ingest_consumer_t *c, rd_kafka_message_t *m);
+
+/*
+ * Decodes and hands on the messages held so far, in order. The rebalance
+ * callback calls it first, so that no record of a partition is handed to
+ * the batcher after the partition's revocation or new start. Poll thread.
+ */
+void ingest_consumer_window_drain(ingest_consumer_t *c);
 
 /* ------------------------------------------------------------------------
  * consumer_queue.c

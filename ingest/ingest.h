@@ -243,6 +243,25 @@ fr_err_t ingest_batcher_add(ingest_batcher_t *bt, const char *topic, int32_t par
 fr_err_t ingest_batcher_add_aux(ingest_batcher_t *bt, const char *topic, int32_t partition,
                                 int64_t offset, int64_t ts_ms, const void *rec, size_t len,
                                 float aux, ingest_reject_t *why, ingest_batch_t **full);
+/* A record decoded ahead of its turn by ingest_batcher_decode: its row
+ * x[D] (read only when why is INGEST_OK), label and reason. */
+typedef struct ingest_decoded {
+    const float *x;
+    float y;
+    ingest_reject_t why;
+} ingest_decoded_t;
+/* Decodes rec[len] exactly as ingest_batcher_add would, into x[D] and *y.
+ * Reads nothing of bt but its schema and format, which never change, so
+ * any thread may call it while the owner adds. */
+ingest_reject_t ingest_batcher_decode(const ingest_batcher_t *bt, const void *rec, size_t len,
+                                      float *x, float *y);
+/* ingest_batcher_add_aux for a record decoded ahead: the same rules in the
+ * same order (redelivery, skip, quarantine, batch boundaries), with pre's
+ * result in place of decoding; a good row is copied in. FR_ERR_INVAL for
+ * a NULL pre, or a good one without its row. */
+fr_err_t ingest_batcher_add_decoded(ingest_batcher_t *bt, const char *topic, int32_t partition,
+                                    int64_t offset, int64_t ts_ms, const ingest_decoded_t *pre,
+                                    float aux, ingest_reject_t *why, ingest_batch_t **full);
 /* Positions of a partition (sorted ascending, duplicates allowed) whose
  * records are rejected as INGEST_REJECT_QUARANTINED, covered like any
  * rejected record, until the partition's next seek: the store's
@@ -358,8 +377,11 @@ typedef struct ingest_consumer_conf {
     const char *dead_letter_topic; /* NULL or "": rejected records are only counted  */
     int gap_timeout_ms;            /* rule 3 after this long; 0: 10 s, < 0: never    */
     fr_metrics_t *metrics;         /* may be NULL                                    */
-    int whole_topic; /* 1: every partition of the topic, without joining the group (one
-                        process owns the topic: freshet run); 0: the consumer group */
+    int whole_topic;    /* 1: every partition of the topic, without joining the group (one
+                           process owns the topic: freshet run); 0: the consumer group */
+    int decode_threads; /* helpers that decode a backlog's text records beside the poll
+                           thread (consumer_decode.c); 0: none; < 0: 1 where the machine
+                           has 2 or more cores. Never for f32, whose decode is a copy */
 } ingest_consumer_conf_t;
 
 typedef struct ingest_consumer_stats {
@@ -374,6 +396,8 @@ typedef struct ingest_consumer_stats {
                                  before they were read, marked dropped ("retention") */
     uint64_t fetch_wakeups;   /* librdkafka below 2.1: times the poll thread woke a fetcher
                                  stopped by its prefetch limit (consumer.c) */
+    uint64_t decoded_ahead;   /* records the decode helpers decoded, off the poll thread
+                                 (consumer_decode.c) */
     int paused;               /* partitions paused now                    */
     int assigned;             /* partitions assigned now                  */
     int64_t lag; /* records between the log ends and the store's watermarks, summed over

@@ -9,7 +9,8 @@
  *
  * Records are f32 samples of 3 features whose label is g = partition *
  * 10000 + offset, so every sample says where it came from; its features
- * are a function of g and are checked exactly.
+ * are a function of g and are checked exactly. Two tests write the same
+ * samples as csv and decode them ahead, on helper threads.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,9 +34,14 @@
 #define MAXOFF   1000
 #define WAIT_MS  60000
 #define REC_SIZE (4 * (D + 1))
+#define REC_CAP  128 /* a record's bytes at most, csv included */
 
 static harness_broker_t broker;
 static harness_redis_t redis;
+/* how records are written and read: f32, decoded on the poll thread,
+ * unless a csv test says otherwise for its duration */
+static ingest_format_t rec_format = INGEST_FORMAT_F32;
+static int decode_threads = 0;
 static char tmp_dir[256];
 
 /* The consumer properties every test uses (the dev broker's group timing). */
@@ -64,6 +70,16 @@ static size_t make_record(kind_t kind, int32_t partition, int64_t offset, char *
     int64_t g = (int64_t)partition * 10000 + offset;
     v[0] = (float)g;
     features_of(g, v + 1);
+    if (rec_format == INGEST_FORMAT_CSV) { /* "label,x0,x1,x2" */
+        switch (kind) {
+        case GARBAGE: memcpy(buf, "garbage!!", 9); return 9; /* bad_number */
+        case SHORT: return ingest_encode(INGEST_FORMAT_CSV, v + 1, D - 1, v[0], buf, REC_CAP);
+        case NAN_FEATURE: v[2] = NAN; break;
+        case POISON: v[1] = v[2] = v[3] = 3e38f; break;
+        case GOOD: break;
+        }
+        return ingest_encode(INGEST_FORMAT_CSV, v + 1, D, v[0], buf, REC_CAP);
+    }
     switch (kind) {
     case GARBAGE: memcpy(buf, "garbage!!", 9); return 9;
     case SHORT: memcpy(buf, v, 4 * D); return 4 * D;
@@ -89,7 +105,7 @@ static void produce(const char *topic, int32_t partition, int64_t first, const k
     size_t len = (size_t)snprintf(cmd, cap, "kcat -P -b %s -t %s -p %d", broker.bootstrap, topic,
                                   (int)partition);
     for (size_t k = 0; k < n; k++) {
-        char path[300], rec[64];
+        char path[300], rec[REC_CAP];
         snprintf(path, sizeof(path), "%s/%s-%d-%zu.rec", tmp_dir, topic, (int)partition, k);
         size_t rlen = make_record(kinds[k], partition, first + (int64_t)k, rec);
         FILE *f = fopen(path, "wb");
@@ -260,6 +276,31 @@ static void check_ranges(const collected_t *col, int32_t p, int64_t from, int64_
     assert_int_equal(at, end);
 }
 
+/* Collects from c until partitions 0..nparts-1 of topic are covered to
+ * per, then checks that each came in contiguous ranges from 0, that every
+ * good record (kinds[p * per + o] == GOOD) was a sample exactly once and
+ * no other was, and that all nparts x per records were consumed; *st
+ * receives the consumer's counters. The collection, for the caller to
+ * free. */
+static collected_t *collect_checked(ingest_consumer_t *c, const char *topic, int nparts, int per,
+                                    const kind_t *kinds, ingest_consumer_stats_t *st)
+{
+    collected_t *col = collected_new(topic, nparts);
+    int64_t end[MAXPART];
+    for (int p = 0; p < nparts; p++)
+        end[p] = per;
+    collect_until(c, col, end, 16);
+    for (int p = 0; p < nparts; p++) {
+        check_ranges(col, p, 0, per, 0, 0);
+        for (int o = 0; o < per; o++)
+            if (col->seen[p][o] != (kinds[p * per + o] == GOOD))
+                fail_msg("partition %d offset %d seen %d times", p, o, col->seen[p][o]);
+    }
+    ingest_consumer_stats(c, st);
+    assert_int_equal(st->consumed, (uint64_t)nparts * (uint64_t)per);
+    return col;
+}
+
 /* A started consumer of librdkafka properties props[nprops]. */
 static ingest_consumer_t *consumer_new_props(const char *topic, const char *model, int batch,
                                              int queue, int start_latest, const char *dlt,
@@ -275,7 +316,8 @@ static ingest_consumer_t *consumer_new_props(const char *topic, const char *mode
         .redis_url = redis.url,
         .model = model,
         .schema = {.features = D, .label = INGEST_LABEL_REAL, .max_abs = 1e6f},
-        .format = INGEST_FORMAT_F32,
+        .format = rec_format,
+        .decode_threads = decode_threads,
         .batch = batch,
         .queue = queue,
         .linger_ms = 200,
@@ -323,18 +365,8 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
     fr_metrics_t *reg = fr_metrics_new();
     assert_non_null(reg);
     ingest_consumer_t *c = consumer_new("c1", "m1", 16, 8, 0, "c1dlq", reg);
-    collected_t *col = collected_new("c1", 3);
-    int64_t end[3] = {PER, PER, PER};
-    collect_until(c, col, end, 16);
-    for (int p = 0; p < 3; p++) {
-        check_ranges(col, p, 0, PER, 0, 0);
-        for (int o = 0; o < PER; o++)
-            if (col->seen[p][o] != (kinds[p][o] == GOOD))
-                fail_msg("partition %d offset %d seen %d times", p, o, col->seen[p][o]);
-    }
     ingest_consumer_stats_t st;
-    ingest_consumer_stats(c, &st);
-    assert_int_equal(st.consumed, 3 * PER);
+    collected_t *col = collect_checked(c, "c1", 3, PER, &kinds[0][0], &st);
     assert_int_equal(st.rejected[INGEST_REJECT_FEATURE_COUNT], 4);
     assert_int_equal(st.rejected[INGEST_REJECT_NONFINITE], 2);
     assert_int_equal(st.rejected[INGEST_REJECT_MAGNITUDE], 2);
@@ -378,6 +410,53 @@ static void test_records_arrive_once_in_order_and_bad_ones_are_dead_lettered(voi
     assert_int_equal(shortrec, 2);
     assert_int_equal(nan, 2);
     assert_int_equal(poison, 2);
+}
+
+/*
+ * csv records over 3 partitions, some bad, decoded ahead by 3 helpers:
+ * every good sample arrives once with its exact values, in contiguous
+ * ranges, and every bad one is counted under its own reason, as when the
+ * poll thread decodes alone.
+ */
+static void test_csv_records_decoded_ahead_arrive_once_with_exact_values(void **state)
+{
+    (void)state;
+    enum { PER = 300 };
+    static kind_t kinds[3][PER];
+    for (int p = 0; p < 3; p++)
+        for (int o = 0; o < PER; o++)
+            kinds[p][o] = (o * 7 + p) % 53 == 0   ? GARBAGE
+                          : (o * 5 + p) % 61 == 0 ? SHORT
+                          : (o * 3 + p) % 67 == 0 ? NAN_FEATURE
+                          : (o + p) % 71 == 0     ? POISON
+                                                  : GOOD;
+    int want[INGEST_REJECT_COUNT] = {0};
+    static const ingest_reject_t reason_of[] = {[GARBAGE] = INGEST_REJECT_BAD_NUMBER,
+                                                [SHORT] = INGEST_REJECT_FEATURE_COUNT,
+                                                [NAN_FEATURE] = INGEST_REJECT_NONFINITE,
+                                                [POISON] = INGEST_REJECT_MAGNITUDE};
+    for (int p = 0; p < 3; p++) {
+        for (int o = 0; o < PER; o++)
+            if (kinds[p][o] != GOOD)
+                want[reason_of[kinds[p][o]]]++;
+        produce("d1", p, 0, kinds[p], PER);
+    }
+    ingest_consumer_t *c = consumer_new("d1", "md1", 16, 64, 0, NULL, NULL);
+    ingest_consumer_stats_t st;
+    collected_t *col = collect_checked(c, "d1", 3, PER, &kinds[0][0], &st);
+    for (int r = 1; r < INGEST_REJECT_COUNT; r++)
+        if ((int)st.rejected[r] != want[r])
+            fail_msg("%s: %d rejected, expected %d", ingest_reject_name((ingest_reject_t)r),
+                     (int)st.rejected[r], want[r]);
+    assert_true(want[INGEST_REJECT_BAD_NUMBER] > 0 && want[INGEST_REJECT_MAGNITUDE] > 0);
+    /* the backlog was there before the consumer: most records came in
+     * windows, whose slices the 3 helpers decode 3 of 4 */
+    fprintf(stderr, "decoded by the helpers: %llu of %d records\n",
+            (unsigned long long)st.decoded_ahead, 3 * PER);
+    assert_true(st.decoded_ahead > PER);
+    assert_true(st.decoded_ahead <= 3 * PER);
+    ingest_consumer_destroy(c);
+    free(col);
 }
 
 /* The store says where to start and what was applied above that. */
@@ -593,15 +672,14 @@ static void wait_assigned(ingest_consumer_t *c, int want)
 /* Two consumers in one group split the partitions; each starts its share
  * at the store's watermark read at that rebalance; when one leaves, the
  * other takes its partition back from the watermark. */
-static void test_group_members_split_partitions_and_restart_from_the_store(void **state)
+static void group_members_split(const char *topic, const char *model)
 {
-    (void)state;
     enum { PER = 100 };
     char out[256];
-    produce_good("c5", 0, PER);
-    produce_good("c5", 1, PER);
-    ingest_consumer_t *a = consumer_new("c5", "m5", 16, 64, 0, NULL, NULL);
-    collected_t *col = collected_new("c5", 2);
+    produce_good(topic, 0, PER);
+    produce_good(topic, 1, PER);
+    ingest_consumer_t *a = consumer_new(topic, model, 16, 64, 0, NULL, NULL);
+    collected_t *col = collected_new(topic, 2);
     int64_t end[2] = {PER, PER};
     collect_until(a, col, end, 16);
     check_partition(col, 0, 0, PER, 0, 0);
@@ -610,13 +688,15 @@ static void test_group_members_split_partitions_and_restart_from_the_store(void 
 
     /* nothing was applied; pretend part was, then a second member joins */
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
-                                         "HSET freshet:{m5}:offsets c5/0 60;70-80 c5/1 90"),
+                                         "HSET freshet:{%s}:offsets %s/0 60;70-80 %s/1 90", model,
+                                         topic, topic),
                      0);
-    ingest_consumer_t *b = consumer_new("c5", "m5", 16, 64, 0, NULL, NULL);
+    assert_string_equal(out, "2");
+    ingest_consumer_t *b = consumer_new(topic, model, 16, 64, 0, NULL, NULL);
     wait_assigned(b, 1);
     wait_assigned(a, 1);
     ingest_consumer_t *both[2] = {a, b};
-    col = collected_new("c5", 2);
+    col = collected_new(topic, 2);
     /* the broker may rebalance twice for one join (a holds partition 0
      * at the first, and again at the second): a partition delivered
      * again starts at the store's watermark once more */
@@ -631,18 +711,41 @@ static void test_group_members_split_partitions_and_restart_from_the_store(void 
     free(col);
 
     /* b leaves: a gets both again, from the store once more */
-    assert_int_equal(
-        harness_redis_query(&redis, out, sizeof(out), "HSET freshet:{m5}:offsets c5/1 95"), 0);
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{%s}:offsets %s/1 95", model, topic),
+                     0);
+    assert_string_equal(out, "0"); /* an update */
     ingest_consumer_destroy(b);
     wait_assigned(a, 2);
-    col = collected_new("c5", 2);
+    col = collected_new(topic, 2);
     col->restart_at[0] = 60;
     col->restart_at[1] = 95;
     collect_until(a, col, end, 16);
     check_partition(col, 0, 60, PER, 70, 80);
     check_partition(col, 1, 95, PER, 0, 0);
     free(col);
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(a, &st);
+    if (decode_threads > 0) /* the backlog came in windows, mostly decoded by the helpers */
+        assert_true(st.decoded_ahead > PER);
+    else
+        assert_int_equal(st.decoded_ahead, 0);
     ingest_consumer_destroy(a);
+}
+
+static void test_group_members_split_partitions_and_restart_from_the_store(void **state)
+{
+    (void)state;
+    group_members_split("c5", "m5");
+}
+
+/* The same with csv records decoded ahead by three helpers each: the
+ * rebalances come while windows of records are held, and each window
+ * reaches the batcher before the event, as single records would. */
+static void test_members_decoding_ahead_split_partitions_and_restart_from_the_store(void **state)
+{
+    (void)state;
+    group_members_split("d2", "md2");
 }
 
 /*
@@ -717,6 +820,10 @@ static void test_bad_configuration_is_refused(void **state)
     conf.batch = 0;
     assert_null(ingest_consumer_new(&conf, errstr, sizeof(errstr)));
     conf.batch = 16;
+    conf.decode_threads = 17;
+    assert_null(ingest_consumer_new(&conf, errstr, sizeof(errstr)));
+    assert_string_equal(errstr, "ingest: decode_threads is at most 16");
+    conf.decode_threads = 0;
     ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
     assert_non_null(c);
     assert_null(ingest_consumer_next(c, 0));
@@ -732,7 +839,25 @@ static int setup(void **state)
     (void)state;
     return harness_stack_start(tmp_dir, "consumer", &redis, &broker, FRESHET_BIN,
                                "--topic c1:3 --topic c1dlq:1 --topic c2:1 --topic c3:1 "
-                               "--topic c4:2 --topic c5:2 --topic c8:2");
+                               "--topic c4:2 --topic c5:2 --topic c8:2 --topic d1:3 --topic d2:2");
+}
+
+/* The csv tests' setup and teardown: csv records, 3 decode helpers, and
+ * back to f32 decoded on the poll thread whatever the test's outcome. */
+static int csv_ahead(void **state)
+{
+    (void)state;
+    rec_format = INGEST_FORMAT_CSV;
+    decode_threads = 3;
+    return 0;
+}
+
+static int f32_alone(void **state)
+{
+    (void)state;
+    rec_format = INGEST_FORMAT_F32;
+    decode_threads = 0;
+    return 0;
 }
 
 static int teardown(void **state)
@@ -755,6 +880,11 @@ int main(void)
         cmocka_unit_test(test_a_backlog_beyond_the_prefetch_limit_wakes_the_fetcher),
         cmocka_unit_test(test_group_members_split_partitions_and_restart_from_the_store),
         cmocka_unit_test(test_a_partition_paused_at_its_revocation_is_fetched_when_assigned_again),
+        cmocka_unit_test_setup_teardown(
+            test_csv_records_decoded_ahead_arrive_once_with_exact_values, csv_ahead, f32_alone),
+        cmocka_unit_test_setup_teardown(
+            test_members_decoding_ahead_split_partitions_and_restart_from_the_store, csv_ahead,
+            f32_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

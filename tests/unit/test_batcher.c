@@ -6,7 +6,10 @@
  * Records are csv "label,offset,partition" lines (D = 2, real labels), so
  * every sample says which record it came from. Each record is passed from
  * a heap buffer of exactly its length, so AddressSanitizer catches a read
- * past it. The last test is a randomized property test over 3 partitions.
+ * past it. The last tests are a randomized property test over 3 partitions,
+ * and the same tests again with every record decoded ahead
+ * (ingest_batcher_decode, then ingest_batcher_add_decoded), as the
+ * consumer's decode helpers do.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +28,10 @@
 /* ------------------------------------------------------------------------
  * Helpers.
  * ---------------------------------------------------------------------- */
+
+/* 1: add_rec decodes each record first and adds the result, as the
+ * consumer's decode helpers do; 0: the batcher decodes it itself. */
+static int decode_ahead;
 
 static ingest_batcher_t *batcher(int b)
 {
@@ -54,7 +62,15 @@ static fr_err_t add_rec(ingest_batcher_t *bt, const char *topic, int32_t partiti
     char *rec = malloc((size_t)len);
     assert_non_null(rec);
     memcpy(rec, text, (size_t)len);
-    fr_err_t err = ingest_batcher_add(bt, topic, partition, off, ts, rec, (size_t)len, why, full);
+    fr_err_t err;
+    if (decode_ahead) {
+        float x[2] = {NAN, NAN}, y = NAN;
+        ingest_reject_t r = ingest_batcher_decode(bt, rec, (size_t)len, x, &y);
+        ingest_decoded_t pre = {x, y, r};
+        free(rec); /* the batcher reads only the decoded row */
+        return ingest_batcher_add_decoded(bt, topic, partition, off, ts, &pre, NAN, why, full);
+    }
+    err = ingest_batcher_add(bt, topic, partition, off, ts, rec, (size_t)len, why, full);
     free(rec);
     return err;
 }
@@ -930,6 +946,63 @@ static void test_random_streams_cover_every_position_once_and_every_sample_once(
         run_random_stream(seed);
 }
 
+/* Records decoded ahead make the very same batches: the tests of
+ * rejection, quarantine, redeliveries, skips and the random streams pass
+ * unchanged through ingest_batcher_add_decoded, and a call without a
+ * decoded record, or a good one without its row, is refused. */
+static void test_records_decoded_ahead_make_the_same_batches(void **state)
+{
+    decode_ahead = 1;
+    test_rejected_records_are_covered_and_counted_by_reason(state);
+    test_quarantined_positions_are_rejected_until_the_next_seek(state);
+    test_records_below_next_and_redeliveries_are_ignored(state);
+    test_skip_intervals_are_cut_out_of_coverage_and_their_records_ignored(state);
+    test_random_streams_cover_every_position_once_and_every_sample_once(state);
+    decode_ahead = 0;
+
+    ingest_batcher_t *bt = batcher(4);
+    seek_plain(bt, "t", 0, 0);
+    ingest_reject_t why = INGEST_REJECT_COUNT;
+    ingest_batch_t *full = (ingest_batch_t *)1;
+    assert_int_equal(ingest_batcher_add_decoded(bt, "t", 0, 0, 0, NULL, NAN, &why, &full),
+                     FR_ERR_INVAL);
+    assert_int_equal(why, INGEST_OK);
+    assert_null(full);
+    ingest_decoded_t rowless = {NULL, 1.0f, INGEST_OK};
+    assert_int_equal(ingest_batcher_add_decoded(bt, "t", 0, 0, 0, &rowless, NAN, &why, &full),
+                     FR_ERR_INVAL);
+    /* a rejected record needs no row; it is covered like any other */
+    ingest_decoded_t bad = {NULL, 0.0f, INGEST_REJECT_BAD_NUMBER};
+    assert_int_equal(ingest_batcher_add_decoded(bt, "t", 0, 0, 0, &bad, NAN, &why, &full), FR_OK);
+    assert_int_equal(why, INGEST_REJECT_BAD_NUMBER);
+    ingest_batch_t *b = ingest_batcher_flush(bt);
+    assert_non_null(b);
+    assert_int_equal(b->n, 0);
+    assert_range(b, 0, "t", 0, 0, 1);
+    ingest_batch_destroy(b);
+    ingest_batcher_destroy(bt);
+
+    /* the aux slot takes the record's aux value over the decoded row's */
+    ingest_schema_t s = {.features = 2, .label = INGEST_LABEL_REAL, .aux = 1};
+    char err[256] = "";
+    bt = ingest_batcher_new(&s, INGEST_FORMAT_CSV, 2, err, sizeof(err));
+    assert_non_null(bt);
+    seek_plain(bt, "t", 0, 0);
+    const float row[2] = {5.0f, 6.0f};
+    ingest_decoded_t good = {row, 1.0f, INGEST_OK};
+    assert_int_equal(ingest_batcher_add_decoded(bt, "t", 0, 0, 0, &good, 0.25f, &why, &full),
+                     FR_OK);
+    assert_null(full);
+    assert_int_equal(ingest_batcher_add_decoded(bt, "t", 0, 1, 0, &good, NAN, &why, &full), FR_OK);
+    assert_non_null(full);
+    assert_int_equal(full->n, 2);
+    const float want[4] = {5.0f, 0.25f, 5.0f, 6.0f};
+    assert_memory_equal(full->x, want, sizeof(want));
+    assert_true(full->y[0] == 1.0f && full->y[1] == 1.0f);
+    ingest_batch_destroy(full);
+    ingest_batcher_destroy(bt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -951,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_bad_arguments_are_refused),
         cmocka_unit_test(test_many_partitions_are_all_kept_apart),
         cmocka_unit_test(test_random_streams_cover_every_position_once_and_every_sample_once),
+        cmocka_unit_test(test_records_decoded_ahead_make_the_same_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,10 @@
 /*
  * test_common.c - errors, logging levels, the seeded RNG (pinned to values
  * of an independent Python implementation of splitmix64 + xoshiro256**),
- * and memory touching.
+ * memory touching and the process's core count.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -173,6 +175,25 @@ static void test_clocks_move_forward(void **state)
     assert_true(fr_clock_unix_ms() > 1700000000000LL); /* after 2023 */
 }
 
+/* fr_cpu_count is the affinity mask's size: all the cores this process may
+ * use, and 1 once it is narrowed to one (as taskset or a cpuset would). */
+static void test_cpu_count_follows_the_affinity_mask(void **state)
+{
+    (void)state;
+    cpu_set_t all, one;
+    assert_int_equal(sched_getaffinity(0, sizeof(all), &all), 0);
+    assert_int_equal(fr_cpu_count(), CPU_COUNT(&all));
+    int first = 0;
+    while (!CPU_ISSET(first, &all))
+        first++;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+    int narrowed = fr_cpu_count();
+    assert_int_equal(sched_setaffinity(0, sizeof(all), &all), 0);
+    assert_int_equal(narrowed, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +206,7 @@ int main(void)
         cmocka_unit_test(test_mem_touch_keeps_contents),
         cmocka_unit_test(test_repeated_warnings_are_rate_limited),
         cmocka_unit_test(test_clocks_move_forward),
+        cmocka_unit_test(test_cpu_count_follows_the_affinity_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
