@@ -20,13 +20,19 @@
  * join and assignment are excluded. Every sample carries its record number
  * as feature 0, so each is checked: seen once, label and last feature
  * exact, and every feature of the first batch exact; counts must match.
- * A third workload, csv-int, has integer features 0..255 ("37"), which
- * the csv decoder's fast path reads; the csv one's 9-digit fractions go to
- * strtof. Prints records/s, MB/s of payload and freshet's ratio to raw for
- * each (the median round, with every round's ratio above the table).
- * Exits 1 when a check fails.
+ * A third workload, csv-int, has integer features 0..255 ("37"); the csv
+ * one has 9-digit fractions ("%.9g"). For the csv workloads each round
+ * also runs freshet's consumer with decode_threads 0 ("alone": the poll
+ * thread decodes every record itself), alternating which of the two goes
+ * first, so decoding ahead is measured against decoding alone in the same
+ * run. Prints records/s, MB/s of payload, freshet's ratio to raw and, for
+ * csv, to alone (the median round's rates, the median of the rounds'
+ * ratios, with every round's ratios above the table). Exits 1 when a
+ * check fails.
  *
- * usage: bench_consume [ROUNDS]        (default 3; the median is printed)
+ * usage: [DECODE_THREADS=N] bench_consume [ROUNDS]   (default 3; the median is printed)
+ *        DECODE_THREADS is the consumer's [ingest] decode_threads (default -1,
+ *        freshet's default: 1 helper on 2 or more cores; 0: none)
  */
 #include <librdkafka/rdkafka.h>
 #include <math.h>
@@ -48,6 +54,8 @@
 #define WAIT_S      60.0
 #define MAX_ROUNDS  9
 #define NLOADS      3
+
+static int decode_threads = -1; /* [ingest] decode_threads; DECODE_THREADS, -1: the default */
 
 static const char *const group_props[][2] = {
     {"session.timeout.ms", "6000"},
@@ -303,11 +311,13 @@ static int check_batch(const workload_t *w, const ingest_batch_t *b, unsigned ch
     return 0;
 }
 
-static run_t freshet_run(const workload_t *w, int round)
+static run_t freshet_run(const workload_t *w, int round, int threads)
 {
-    char errstr[512], group[64], model[64];
-    snprintf(group, sizeof(group), "bench-freshet-%s-%d-%d", w->topic, (int)getpid(), round);
-    snprintf(model, sizeof(model), "bench%s%d%d", ingest_format_name(w->format), w->ints, round);
+    char errstr[512], group[80], model[64];
+    snprintf(group, sizeof(group), "bench-freshet-%s-%d-%d-%d", w->topic, (int)getpid(), round,
+             threads + 1);
+    snprintf(model, sizeof(model), "bench%s%d%d-%d", ingest_format_name(w->format), w->ints, round,
+             threads + 1);
     ingest_consumer_conf_t conf = {
         .bootstrap = bootstrap,
         .props = group_props,
@@ -321,6 +331,7 @@ static run_t freshet_run(const workload_t *w, int round)
         .batch = BATCH,
         .queue = 4096,
         .linger_ms = 50,
+        .decode_threads = threads,
     };
     ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
     if (c == NULL)
@@ -370,10 +381,11 @@ static run_t freshet_run(const workload_t *w, int round)
             w->topic, samples, w->n, (unsigned long long)st.consumed, (unsigned long long)rejected);
         failed = 1;
     }
-    if (round == 0)
-        printf(" [freshet: %zu batches, %zu empty, %llu pauses, %llu fetch wakeups, %d partitions]",
+    if (round == 0 && threads == decode_threads) /* the measured consumer's, once */
+        printf(" [freshet: %zu batches, %zu empty, %llu pauses, %llu fetch wakeups, %d partitions, "
+               "%llu decoded by helpers]",
                batches, empty, (unsigned long long)st.pauses, (unsigned long long)st.fetch_wakeups,
-               st.assigned);
+               st.assigned, (unsigned long long)st.decoded_ahead);
     run_t r = {0};
     r.wall = t_last - t_first;
     if (r.wall > 0) {
@@ -394,10 +406,25 @@ static int cmp_run(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of n ratios (sorted in place). */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
 int main(int argc, char **argv)
 {
     fr_mem_keep(); /* as freshet's main does */
     int rounds = argc > 1 ? atoi(argv[1]) : 3;
+    const char *dt = getenv("DECODE_THREADS");
+    decode_threads = dt != NULL && dt[0] != '\0' ? atoi(dt) : -1;
     if (rounds < 1 || rounds > MAX_ROUNDS)
         die("ROUNDS must be 1..9");
     fr_log_set_level(FR_LOG_WARN);
@@ -413,10 +440,12 @@ int main(int argc, char **argv)
         {.format = INGEST_FORMAT_F32, .name = "f32", .topic = "bench-f32"},
         {.format = INGEST_FORMAT_CSV, .name = "csv", .topic = "bench-csv"},
         {.format = INGEST_FORMAT_CSV, .ints = 1, .name = "csv-int", .topic = "bench-csv-int"}};
-    run_t raw[NLOADS][MAX_ROUNDS], fr[NLOADS][MAX_ROUNDS];
+    run_t raw[NLOADS][MAX_ROUNDS], fr[NLOADS][MAX_ROUNDS], alone[NLOADS][MAX_ROUNDS];
+    double to_raw[NLOADS][MAX_ROUNDS], to_alone[NLOADS][MAX_ROUNDS];
     printf("bench_consume: %d features, batch %d, %d partitions, in-process mock broker, "
-           "median of %d round(s)\n",
-           FEATURES, BATCH, PARTITIONS, rounds);
+           "median of %d round(s), decode_threads %d%s\n",
+           FEATURES, BATCH, PARTITIONS, rounds, decode_threads,
+           decode_threads < 0 ? " (the default)" : "");
     for (int i = 0; i < NLOADS; i++) {
         double t0 = now_s();
         produce(broker, &loads[i]);
@@ -424,27 +453,43 @@ int main(int argc, char **argv)
         printf("  (%s: produced %zu records, %.1f MB, in %.1f s)\n", loads[i].topic, loads[i].n,
                (double)loads[i].bytes / 1e6, now_s() - t0);
         fflush(stdout);
-        /* alternate, so that drift hits both alike */
-        printf("  (%s ratio by round:", loads[i].name);
+        /* alternate, so that drift hits all alike */
+        int text = loads[i].format != INGEST_FORMAT_F32;
+        printf("  (%s ratio by round, to raw%s:", loads[i].name, text ? " / to alone" : "");
         for (int k = 0; k < rounds; k++) {
             raw[i][k] = raw_run(&loads[i], k);
-            fr[i][k] = freshet_run(&loads[i], k);
-            printf(" %.2f", raw[i][k].rate > 0 ? fr[i][k].rate / raw[i][k].rate : 0.0);
+            if (text && k % 2 == 1)
+                alone[i][k] = freshet_run(&loads[i], k, 0);
+            fr[i][k] = freshet_run(&loads[i], k, decode_threads);
+            if (text && k % 2 == 0)
+                alone[i][k] = freshet_run(&loads[i], k, 0);
+            to_raw[i][k] = raw[i][k].rate > 0 ? fr[i][k].rate / raw[i][k].rate : 0.0;
+            printf(" %.2f", to_raw[i][k]);
+            if (text) {
+                to_alone[i][k] = alone[i][k].rate > 0 ? fr[i][k].rate / alone[i][k].rate : 0.0;
+                printf(" / %.2f", to_alone[i][k]);
+            }
             fflush(stdout);
         }
         printf(")\n");
         qsort(raw[i], (size_t)rounds, sizeof(run_t), cmp_run);
         qsort(fr[i], (size_t)rounds, sizeof(run_t), cmp_run);
+        if (text)
+            qsort(alone[i], (size_t)rounds, sizeof(run_t), cmp_run);
     }
 
-    printf("  %-7s %8s %8s %14s %9s %14s %9s %7s\n", "format", "records", "bytes", "raw rec/s",
-           "MB/s", "freshet rec/s", "MB/s", "ratio");
+    printf("  %-7s %8s %8s %14s %9s %14s %9s %7s %12s %8s\n", "format", "records", "bytes",
+           "raw rec/s", "MB/s", "freshet rec/s", "MB/s", "ratio", "alone rec/s", "/alone");
     for (int i = 0; i < NLOADS; i++) {
         const workload_t *w = &loads[i];
         const run_t *r = &raw[i][rounds / 2], *f = &fr[i][rounds / 2];
         double rec_bytes = (double)w->bytes / (double)w->n;
-        printf("  %-7s %8zu %8.0f %14.0f %9.1f %14.0f %9.1f %7.2f\n", w->name, w->n, rec_bytes,
-               r->rate, r->mbps, f->rate, f->mbps, r->rate > 0 ? f->rate / r->rate : 0.0);
+        printf("  %-7s %8zu %8.0f %14.0f %9.1f %14.0f %9.1f %7.2f", w->name, w->n, rec_bytes,
+               r->rate, r->mbps, f->rate, f->mbps, median(to_raw[i], rounds));
+        if (w->format != INGEST_FORMAT_F32)
+            printf(" %12.0f %8.2f\n", alone[i][rounds / 2].rate, median(to_alone[i], rounds));
+        else
+            printf(" %12s %8s\n", "-", "-");
     }
     ingest_broker_destroy(broker);
     harness_redis_stop(&redis);
