@@ -44,7 +44,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "common/common.h"
 #include "ingest/consumer_int.h"
