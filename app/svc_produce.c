@@ -64,7 +64,11 @@ static void produce_usage(FILE *out)
                  "  --limit N            stop after N records\n"
                  "  --partitions-by P    key: partition -1 and the sample's index in the file\n"
                  "                       (decimal) as the key, the default; roundrobin:\n"
-                 "                       partition i mod the topic's partition count\n"
+                 "                       partition i mod the topic's partition count;\n"
+                 "                       sticky: no key, librdkafka's sticky partitioner\n"
+                 "                       (a run of records to one partition for\n"
+                 "                       sticky.partitioning.linger.ms, as Kafka's\n"
+                 "                       producers do with keyless records)\n"
                  "  -X key=value         a librdkafka property, as kcat's -X (repeatable;\n"
                  "                       overrides [kafka] of --config)\n"
                  "  --config F           a freshet INI file; its [kafka] properties are used\n"
@@ -178,8 +182,10 @@ static int parse_opts(produce_opts_t *o, int argc, char **argv)
     }
     if ((rc = app_opts_end(CMD, argc, argv, rc)) != 0)
         return rc;
-    if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0)
-        return app_usage_error(CMD, "--partitions-by must be key or roundrobin, got '%s'", o->by);
+    if (strcmp(o->by, "key") != 0 && strcmp(o->by, "roundrobin") != 0 &&
+        strcmp(o->by, "sticky") != 0)
+        return app_usage_error(CMD, "--partitions-by must be key, roundrobin or sticky, got '%s'",
+                               o->by);
     if (o->synthetic == NULL && (o->seed_given || o->drift > 0 || o->window_given))
         return app_usage_error(CMD, "--seed, --drift and --window go with --synthetic");
     if (o->synthetic != NULL) {
@@ -313,12 +319,14 @@ typedef struct produce_run {
     ingest_format_t encode;
     ingest_producer_t *p;
     int partitions; /* roundrobin: the topic's partition count; else 0 */
+    int keyless;    /* sticky: no key, librdkafka picks the partition   */
     uint64_t sent;
 } produce_run_t;
 
 /*
  * Queues record rec[len] to the topic under key `index` (decimal), to
  * partition sent mod the partition count with roundrobin, and counts it;
+ * sticky sends it without a key to partition -1 (librdkafka's choice);
  * planted (may be NULL) goes in its freshet-p header. Returns 0 or an exit
  * status (the producer's error printed).
  */
@@ -328,7 +336,8 @@ static int send_one(produce_run_t *r, const void *rec, size_t len, uint64_t inde
     char key[32];
     int klen = snprintf(key, sizeof(key), "%llu", (unsigned long long)index);
     int32_t part = r->partitions > 0 ? (int32_t)(r->sent % (uint64_t)r->partitions) : -1;
-    if (ingest_producer_send(r->p, r->o->topic, part, key, (size_t)klen, rec, len,
+    if (ingest_producer_send(r->p, r->o->topic, part, r->keyless ? NULL : key,
+                             r->keyless ? 0 : (size_t)klen, rec, len,
                              planted != NULL ? INGEST_AUX_HEADER : NULL, planted) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", CMD, ingest_producer_error(r->p));
         return APP_EXIT_FAILURE;
@@ -416,17 +425,22 @@ static int finish(produce_run_t *r, int rc)
     return rc;
 }
 
-/* Asks the cluster for the topic's partition count. Returns 0 or an exit
- * status. */
+/*
+ * Asks the cluster for the topic's partition count, which roundrobin
+ * keeps. sticky asks too: librdkafka then knows every partition's leader
+ * before the first record, and its sticky partitioner keeps one partition
+ * from the start (a partition without a known leader makes it pick again
+ * for every record). Returns 0 or an exit status.
+ */
 static int find_partitions(produce_run_t *r)
 {
     int n = ingest_producer_partitions(r->p, r->o->topic, 10000);
     if (n <= 0) {
-        fprintf(stderr, "freshet %s: --partitions-by roundrobin: %s\n", CMD,
+        fprintf(stderr, "freshet %s: --partitions-by %s: %s\n", CMD, r->o->by,
                 ingest_producer_error(r->p));
         return APP_EXIT_FAILURE;
     }
-    r->partitions = n;
+    r->partitions = r->keyless ? 0 : n;
     return 0;
 }
 
@@ -671,7 +685,8 @@ int app_cmd_produce(int argc, char **argv)
         rc = app_usage_error(CMD, "%s", errstr);
         goto out;
     }
-    if (strcmp(o.by, "roundrobin") == 0 && (rc = find_partitions(&r)) != 0)
+    r.keyless = strcmp(o.by, "sticky") == 0;
+    if (strcmp(o.by, "key") != 0 && (rc = find_partitions(&r)) != 0)
         goto out;
     stop_on_signals();
     rc = o.synthetic != NULL ? send_synthetic(&r, NULL)

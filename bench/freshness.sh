@@ -18,6 +18,7 @@ seconds=${2:-12}
 rounds=${ROUNDS:-3}
 workers=${3:-2}
 mode=${4:-adaptive}
+by=${BY:-sticky}
 bin=$(realpath "${5:-build/freshet}")
 fm=/usr/share/datasets/fashion-mnist
 export OPENBLAS_NUM_THREADS=1
@@ -69,7 +70,7 @@ EOF
     "$bin" produce --bootstrap "$stack_bootstrap" --topic fashion --format idx --encode f32 \
         --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
         --labels "$fm/train-labels-idx1-ubyte.gz" --rate "$rate" --loop \
-        --partitions-by roundrobin >"$work/$rate/produce.log" 2>&1 &
+        --partitions-by "$by" >"$work/$rate/produce.log" 2>&1 &
     stack_pids+=($!)
     sleep "$seconds"
     kill -TERM "$run_pid"

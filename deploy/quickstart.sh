@@ -66,7 +66,7 @@ echo "quickstart: redis at $redis_url; dev broker at $bootstrap; work dir $work"
 "$bin" produce --bootstrap "$bootstrap" --topic fashion --format idx --encode f32 \
     --features 784 --data "$fm/train-images-idx3-ubyte.gz" \
     --labels "$fm/train-labels-idx1-ubyte.gz" --rate "$rate" --loop \
-    --partitions-by roundrobin >"$work/produce.log" 2>&1 &
+    --partitions-by sticky >"$work/produce.log" 2>&1 &
 stack_pids+=($!)
 
 cat >"$work/freshet.conf" <<EOF

@@ -3,7 +3,7 @@
  * each other and against independent clients: kcat (producer and consumer)
  * and a plain librdkafka consumer written here.
  *
- * One broker process serves every test (topics t1..t5, see setup); data
+ * One broker process serves every test (topics t1..t11, see setup); data
  * files and logs go to a private temporary folder. Records are checked
  * value for value with ingest_decode against the floats the data file was
  * written from.
@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <librdkafka/rdkafka.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,66 @@ static void test_produce_f32_round_robin_is_read_back_exactly_by_kcat(void **sta
             check_record(INGEST_FORMAT_F32, out + k * rec, rec, (size_t)p + 4 * k);
         free(out);
     }
+}
+
+/*
+ * (a') --partitions-by sticky: no key, and librdkafka's sticky partitioner
+ * keeps one partition for sticky.partitioning.linger.ms (a minute here).
+ * Until it knows the partitions' leaders (a few ms after the metadata) it
+ * picks again for each record, so the records are paced at 50/s and only
+ * those sent after 200 ms (samples 10..24) must share one partition. Every
+ * sample arrives once, keyless (kcat's %K prints -1), exactly, and each
+ * partition holds its samples in file order.
+ */
+static void test_produce_sticky_sends_keyless_runs_to_one_partition(void **state)
+{
+    (void)state;
+    char log[400];
+    log_path(log, sizeof(log), "produce_sticky");
+    int rc = run_freshet(log, 30000, "produce", "--bootstrap", broker.bootstrap, "--topic", "t11",
+                         "--data", data_csv, "--format", "csv", "--features", "3", "--encode",
+                         "f32", "--rate", "50", "--partitions-by", "sticky", "-X",
+                         "sticky.partitioning.linger.ms=60000", NULL);
+    if (rc != 0)
+        dump(log);
+    assert_int_equal(rc, 0);
+    assert_true(harness_file_contains(log, "produced 25 records to t11 (0 failed)"));
+
+    size_t per[4];
+    assert_int_equal(count_partitions("t11", per, 4), NREC);
+    int seen[NREC] = {0}, late = -1;
+    size_t rec = 4 * (D + 1);
+    ingest_schema_t sch = {.features = D, .label = INGEST_LABEL_REAL};
+    for (int p = 0; p < 4; p++) {
+        size_t len;
+        char *keys = capture(&len, "kcat -C -b %s -t t11 -p %d -e -o beginning -q -f '%%K,'",
+                             broker.bootstrap, p);
+        assert_int_equal(len, 3 * per[p]);
+        for (size_t k = 0; k < per[p]; k++)
+            assert_memory_equal(keys + 3 * k, "-1,", 3);
+        free(keys);
+        char *out = capture(&len, "kcat -C -b %s -t t11 -p %d -e -o beginning -q -f '%%s'",
+                            broker.bootstrap, p);
+        assert_int_equal(len, per[p] * rec);
+        int last = -1;
+        for (size_t k = 0; k < per[p]; k++) {
+            float x[D], y;
+            assert_int_equal(ingest_decode(&sch, INGEST_FORMAT_F32, out + k * rec, rec, x, &y),
+                             INGEST_OK);
+            int i = (int)lrintf(x[0] * 3.0f); /* sample i has x0 = i / 3 */
+            assert_true(i > last && i < NREC);
+            check_record(INGEST_FORMAT_F32, out + k * rec, rec, (size_t)i);
+            seen[i]++;
+            last = i;
+            if (i >= 10) {
+                assert_true(late == -1 || late == p);
+                late = p;
+            }
+        }
+        free(out);
+    }
+    for (int i = 0; i < NREC; i++)
+        assert_int_equal(seen[i], 1);
 }
 
 /*
@@ -597,7 +658,7 @@ static int setup(void **state)
     return harness_broker_start(&broker, FRESHET_BIN,
                                 "--topic t1:4 --topic t2:1 --topic t3:2 --topic t4:2 "
                                 "--topic t5:1 --topic t6:3 --topic t7:1 --topic t8:2 --topic t9:2 "
-                                "--topic t10:2");
+                                "--topic t10:2 --topic t11:4");
 }
 
 static int teardown(void **state)
@@ -614,6 +675,7 @@ int main(void)
         cmocka_set_test_filter(getenv("TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_produce_f32_round_robin_is_read_back_exactly_by_kcat),
+        cmocka_unit_test(test_produce_sticky_sends_keyless_runs_to_one_partition),
         cmocka_unit_test(test_kcat_produced_records_are_consumed_intact),
         cmocka_unit_test(test_produce_csv_and_libsvm_round_trip_exactly),
         cmocka_unit_test(test_produce_waits_for_brokers_that_come_back),

@@ -103,7 +103,7 @@ if "$F" produce --help >/dev/null 2>&1; then
     expect 2 "--drift expects a number in \[0, 1\]" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --drift 2
     expect 2 "--seed, --drift and --window go with --synthetic" -- "$F" produce --topic t --data "$work/good.csv" --format csv --encode csv --features 2 --seed 3
     expect 2 "--out writes a file: --bootstrap" -- "$F" produce --synthetic ctr --out "$work/ctr" --limit 1 --bootstrap 127.0.0.1:1
-    expect 2 "--partitions-by must be key or roundrobin, got 'x'" -- "$F" produce --synthetic ctr --topic t --partitions-by x
+    expect 2 "--partitions-by must be key, roundrobin or sticky, got 'x'" -- "$F" produce --synthetic ctr --topic t --partitions-by x
     expect 2 "--out goes with --synthetic" -- "$F" produce --topic t --data "$work/good.csv" --format csv --encode csv --features 2 --out "$work/x"
     expect 0 "synthetic ctr: 3000 records, click rate 0.0[0-9]*, Bayes-optimal logloss 0.1" -- "$F" produce --synthetic ctr --seed 5 --out "$work/ctr1" --limit 3000
     "$F" produce --synthetic ctr --seed 5 --out "$work/ctr2" --limit 1000 >/dev/null 2>&1
