@@ -2,19 +2,25 @@
 # Freshness, measured: how long after a sample is produced to Kafka the
 # model version that contains it is committed (visible to readers). The
 # Fashion-MNIST training set streams at a steady rate (freshet produce
-# --rate, 48 partitions of the dev broker) into freshet run (784-256-10,
+# --rate, 48 partitions of the dev broker, keyless records in sticky runs:
+# see below) into freshet run (784-256-10,
 # softmax, batch 64, W workers, MODE); the applier measures, per applied
 # batch, the time from the Kafka timestamps of its oldest and newest
 # samples to the commit of its version. Prints the p50 and p99 over the
 # last 256 batches of each run and the throughput reached; ROUNDS rounds
 # alternate the rates, and the summary gives per rate the median of the
 # rounds with their range.
-# usage: [ROUNDS=N] bash bench/freshness.sh [RATES] [SECONDS] [WORKERS] [MODE] [FRESHET]
-#        (defaults: 3 rounds, "1000 4000", 12, 2, adaptive, build/freshet)
+# usage: [ROUNDS=N] [BY=P] bash bench/freshness.sh [RATES] [SECONDS] [WORKERS] [MODE] [FRESHET]
+#        (defaults: 3 rounds, sticky, "1000 4000", 30, 2, adaptive, build/freshet)
+# BY is the producer's --partitions-by. sticky fills each produce batch with a
+# run of records; with key or roundrobin each batch holds about one record,
+# and the dev broker, which walks a partition's list of batches on every
+# fetch, takes a whole core at 4,000/s within 20 s (bench/README.md, "Where
+# the time goes"): the run then measures the dev broker, not freshet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=${1:-1000 4000}
-seconds=${2:-12}
+seconds=${2:-30}
 rounds=${ROUNDS:-3}
 workers=${3:-2}
 mode=${4:-adaptive}
