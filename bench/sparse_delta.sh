@@ -10,7 +10,10 @@
 # of each batch's newest and oldest record) and the deltas' bytes a second;
 # the medians last.
 # usage: [RATE=10000] [DURATION=20] [PERIOD=50] [ROUNDS=3]
-#        [SPEC=fields:39,buckets:2^22,dim:8] bash bench/sparse_delta.sh [FRESHET]
+#        [SPEC=fields:39,buckets:2^22,dim:8] [BY=sticky] bash bench/sparse_delta.sh [FRESHET]
+# BY is the producer's --partitions-by: sticky (keyless runs, full batches) by
+# default; with key, small batches make the dev broker's fetches walk ever
+# longer lists (bench/README.md, "Where the time goes").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build/freshet}
@@ -19,6 +22,7 @@ seconds=${DURATION:-20}
 period=${PERIOD:-50}
 rounds=${ROUNDS:-3}
 spec=${SPEC:-fields:39,buckets:2^22,dim:8}
+by=${BY:-sticky}
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 # shellcheck source=deploy/stack.sh
 . deploy/stack.sh
@@ -59,7 +63,7 @@ CONF
         sleep 0.2
     done
     sleep 4 # the consumer group's first join
-    "$bin" produce --synthetic ctr --seed "$r" --encode binary --rate "$rate" \
+    "$bin" produce --synthetic ctr --seed "$r" --encode binary --rate "$rate" --partitions-by "$by" \
         --bootstrap "$stack_bootstrap" --topic "live$r" >"$work/produce$r.log" 2>&1 &
     produce_pid=$!
     out=$(/usr/bin/python3 bench/delta_poll.py "$http" "$stack_port" "$model" "$seconds" "$period")
