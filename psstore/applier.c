@@ -710,8 +710,15 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
         memcpy(gw, g->g, a->n * sizeof(float));
     }
     psstore_decision_t d;
-    psstore_outcome_t out = psstore_ctl_prepare_whole(a->ctl, gw, a->version, g->version, a->w,
-                                                      ps_applier_pushers(a), g->norm, &d);
+    /* an in-process gradient comes with its sum of squares, taken by its
+     * worker while the gradient was in that core's cache: no cold pass
+     * here before the step (docs/design.md "The co-located fast path") */
+    psstore_outcome_t out =
+        g->sq_known && g->norm == 0
+            ? psstore_ctl_prepare_sq(a->ctl, gw, a->version, g->version, a->w,
+                                     ps_applier_pushers(a), g->sq, &d)
+            : psstore_ctl_prepare_whole(a->ctl, gw, a->version, g->version, a->w,
+                                        ps_applier_pushers(a), g->norm, &d);
     ps_applier_guard_record(a, out == PSSTORE_DROP_NONFINITE);
     if (out != PSSTORE_APPLY) {
         psstore_drop_t why =

@@ -323,16 +323,15 @@ static unsigned window_p50(const psstore_ctl_t *ctl)
  * ---------------------------------------------------------------------- */
 
 /*
- * Sum of squares in double. A NaN or an infinity anywhere makes the sum
- * non-finite, and finite floats cannot overflow it, so this one pass is both
- * the finiteness check and the norm. Eight partial sums break the chain of
- * dependent additions (C forbids the compiler to reassociate them itself),
- * which makes this pass nearly twice as fast on large shards.
+ * Sum of squares (see psstore.h): 16 float lanes (vectorisable; C forbids
+ * the compiler to reassociate one chain of additions itself) over blocks
+ * of 4096, the block sums added in double, so the error stays near float's
+ * epsilon. A NaN or an infinity anywhere makes the sum non-finite, so this
+ * one pass is both the finiteness check and the norm. An entry above
+ * 1.8e19 in magnitude overflows its float lane: such a gradient counts as
+ * non-finite too.
  */
-/* Sum of squares: 16 float lanes (vectorisable) over blocks of 4096,
- * block sums added in double, so the error stays near float's epsilon
- * (a non-finite value makes it non-finite, as the check needs). */
-FR_VECTOR_LOOP static double sum_squares(const float *restrict g, size_t n)
+FR_VECTOR_LOOP double psstore_sum_squares(const float *restrict g, size_t n)
 {
     double total = 0;
     size_t i = 0;
@@ -472,9 +471,10 @@ psstore_outcome_t psstore_ctl_prepare(psstore_ctl_t *ctl, float *g, int64_t vers
     return psstore_ctl_prepare_whole(ctl, g, version_now, version_read, w_now, npushers, 0, d);
 }
 
-psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_t version_now,
-                                            int64_t version_read, const float *w_now, int npushers,
-                                            double whole_norm, psstore_decision_t *d)
+/* Steps 1-5 with sq, the sum of squares of g[n] (psstore_sum_squares). */
+static psstore_outcome_t prepare(psstore_ctl_t *ctl, float *g, int64_t version_now,
+                                 int64_t version_read, const float *w_now, int npushers,
+                                 double whole_norm, double sq, psstore_decision_t *d)
 {
     const psstore_ctl_conf_t *conf = &ctl->conf;
 
@@ -486,7 +486,6 @@ psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_
         d->tau = tau > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)tau;
     }
 
-    double sq = sum_squares(g, ctl->n);
     d->norm = sqrt(sq);
     if (whole_norm != 0 && isfinite(sq)) { /* a shard's slice: decide on the whole */
         d->norm = whole_norm;
@@ -518,6 +517,21 @@ psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_
         window_push(ctl, d->tau);
     ctl->stats.applied++;
     return d->outcome;
+}
+
+psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_t version_now,
+                                            int64_t version_read, const float *w_now, int npushers,
+                                            double whole_norm, psstore_decision_t *d)
+{
+    return prepare(ctl, g, version_now, version_read, w_now, npushers, whole_norm,
+                   psstore_sum_squares(g, ctl->n), d);
+}
+
+psstore_outcome_t psstore_ctl_prepare_sq(psstore_ctl_t *ctl, float *g, int64_t version_now,
+                                         int64_t version_read, const float *w_now, int npushers,
+                                         double sq, psstore_decision_t *d)
+{
+    return prepare(ctl, g, version_now, version_read, w_now, npushers, 0, sq, d);
 }
 
 /* Step 6: the optimizer step with d->lr_eff. A decision other than

@@ -147,6 +147,21 @@ psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_
                                             int64_t version_read, const float *w_now, int npushers,
                                             double whole_norm, psstore_decision_t *d);
 
+/* The sum of squares of g[n] in double: non-finite when an entry is NaN or
+ * infinite (or above 1.8e19 in magnitude), so one pass is both the
+ * controller's finiteness check and its norm. The same function on the
+ * same floats gives the same bits, which lets a worker compute it for the
+ * applier (psstore_grad_t.sq). */
+double psstore_sum_squares(const float *g, size_t n);
+
+/* As psstore_ctl_prepare for g, whose sum of squares sq the caller already
+ * has from psstore_sum_squares over exactly these n floats (a gradient's
+ * worker computed it while the gradient was in its cache): no pass over g
+ * before the step, with the decision psstore_ctl_prepare would take. */
+psstore_outcome_t psstore_ctl_prepare_sq(psstore_ctl_t *ctl, float *g, int64_t version_now,
+                                         int64_t version_read, const float *w_now, int npushers,
+                                         double sq, psstore_decision_t *d);
+
 /* Step 6: the optimizer step w -= ... with d->lr_eff; state has
  * psstore_optim_state_len() floats. Does nothing unless d->outcome is
  * PSSTORE_APPLY. */

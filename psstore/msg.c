@@ -721,6 +721,7 @@ void ps_grad_slice(const psstore_grad_t *g, const psstore_shard_at_t *at, int k,
     slice->epoch = at->epochs[k];
     slice->version = at->versions[k];
     slice->at = NULL;
+    slice->sq_known = 0; /* the whole gradient's, not the slice's */
     if (g->n > 0) {
         slice->g = g->g + at->bounds[k];
         slice->len = at->bounds[k + 1] - at->bounds[k];

@@ -372,6 +372,11 @@ typedef struct psstore_grad {
                                           (psstore_client_at); NULL: the
                                           client's last pull, or epoch and
                                           version for one shard            */
+    int sq_known;                      /* in-process pushes (psstore_local) only: sq is
+                                          psstore_sum_squares(g, len), so the applier
+                                          makes no pass of its own over g before its
+                                          step. Never sent to Redis; a slice drops it */
+    double sq;
 } psstore_grad_t;
 
 /* A sharded model as a worker holds it (docs/design.md "Shards"): the

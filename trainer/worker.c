@@ -206,8 +206,10 @@ static void flights_wait(worker_t *wk)
 }
 
 /* Whether the loss and every gradient entry are finite: x * 0 is 0 for a
- * finite x and NaN for NaN or an infinity, summed in 8 lanes (a pass over
- * the gradient at memory speed, every batch). */
+ * finite x and NaN for NaN or an infinity, summed in 8 lanes (a pass at
+ * memory speed). A batch's gradient needs it only when its sum of squares
+ * is not finite, which an entry above 1.8e19 also makes; each sample's
+ * gradient while isolating a non-finite one does. */
 static int finite_all(const float *g, size_t n, double loss)
 {
     float acc[8] = {0};
@@ -399,8 +401,16 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
             msg.ts_min_ms = b->min_ts_ms; /* for the applier's freshness figures */
             msg.ts_max_ms = b->max_ts_ms;
         }
-        int64_t kept =
-            finite_all(wk->g, p->m.nparams, *loss) ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
+        /* one pass, while the gradient is in this core's cache: its sum of
+         * squares, which the applier takes instead of a pass of its own,
+         * and, finite, the proof that every entry is (psstore.h) */
+        double sq = psstore_sum_squares(wk->g, p->m.nparams);
+        int finite = isfinite(*loss) && (isfinite(sq) || finite_all(wk->g, p->m.nparams, *loss));
+        int64_t kept = finite ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
+        if (kept > 0 && kept < (int64_t)b->n) /* the gradient of the samples kept */
+            sq = psstore_sum_squares(wk->g, p->m.nparams);
+        msg.sq_known = kept > 0;
+        msg.sq = sq;
         if (kept == ISO_ERROR)
             return FR_ERR_BACKEND; /* abandoned: read again */
         if (kept >= 0 && kept < (int64_t)b->n) {

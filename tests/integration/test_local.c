@@ -44,13 +44,15 @@ static void create_model(const char *name)
     assert_int_equal(harness_model_create(&redis, name, "299-1", "mse", w, NPARAMS), 0);
 }
 
-static psstore_applier_t *applier(const char *model, psstore_local_t *l)
+/* An applier of model on channel l, clipping at clip_norm (0: off). */
+static psstore_applier_t *applier_clipping(const char *model, psstore_local_t *l, double clip_norm)
 {
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);
     conf.url = redis.url;
     conf.model = model;
     conf.ctl.lr = LR;
+    conf.ctl.clip_norm = clip_norm;
     conf.lease_ms = 1000;
     conf.audit = 1;
     psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
@@ -58,6 +60,11 @@ static psstore_applier_t *applier(const char *model, psstore_local_t *l)
         fail_msg("%s", errstr);
     psstore_applier_set_local(a, l);
     return a;
+}
+
+static psstore_applier_t *applier(const char *model, psstore_local_t *l)
+{
+    return applier_clipping(model, l, 0);
 }
 
 /* Gradient k of n samples at [from, from + n) of t/0 on (epoch, version). */
@@ -108,16 +115,23 @@ static void assert_near(const float *got, const float *want)
             fail_msg("w[%d] = %.8g, expected %.8g", i, got[i], want[i]);
 }
 
-/* A new model, a channel of `slots` slots and its applier, polled once so
- * that it holds the lease and the channel is open. */
-static psstore_local_t *channel_open(const char *model, size_t slots, psstore_applier_t **a)
+/* A new model, a channel of `slots` slots and its applier (clipping at
+ * clip_norm; 0: off), polled once so that it holds the lease and the
+ * channel is open. */
+static psstore_local_t *channel_open_clipping(const char *model, size_t slots, double clip_norm,
+                                              psstore_applier_t **a)
 {
     create_model(model);
     psstore_local_t *l = psstore_local_new(NPARAMS, slots, errstr, sizeof(errstr));
     assert_non_null(l);
-    *a = applier(model, l);
+    *a = applier_clipping(model, l, clip_norm);
     assert_int_equal(psstore_applier_poll(*a, 20), FR_OK);
     return l;
+}
+
+static psstore_local_t *channel_open(const char *model, size_t slots, psstore_applier_t **a)
+{
+    return channel_open_clipping(model, slots, 0, a);
 }
 
 static void test_gradients_in_memory_are_applied_and_committed(void **state)
@@ -251,6 +265,59 @@ static void test_a_swapped_push_trades_buffers_and_applies_what_was_pushed(void 
     free(buf);
 }
 
+/*
+ * An in-process gradient carries its worker's sum of squares (sq_known),
+ * and the applier decides on it without a pass of its own: with clipping
+ * at half the smaller norm, gradient 1 pushed with its true sum is scaled
+ * by c / |g1|; gradient 2 pushed with a sum 100 times too small is applied
+ * whole, as that sum says. Without sq_known the applier would have clipped
+ * it: the figures show which sum was used.
+ */
+static void test_an_in_process_gradient_is_decided_on_its_sum_of_squares(void **state)
+{
+    (void)state;
+    const char *model = "local-sq";
+    float g1[NPARAMS], g2[NPARAMS];
+    gradient_k(g1, 1);
+    gradient_k(g2, 2);
+    double sq1 = psstore_sum_squares(g1, NPARAMS), sq2 = psstore_sum_squares(g2, NPARAMS);
+    double c = 0.5 * sqrt(sq1 < sq2 ? sq1 : sq2);
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open_clipping(model, 4, c, &a);
+    float w[NPARAMS], want[NPARAMS];
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed = 0;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+
+    psstore_range_t r1, r2;
+    psstore_grad_t m1 = grad(g1, &r1, 1, 0, 4, epoch, 0);
+    m1.sq_known = 1;
+    m1.sq = sq1;
+    uint64_t t = 0;
+    assert_int_equal(psstore_local_push(l, &m1, 100, &t), FR_OK);
+    psstore_grad_t m2 = grad(g2, &r2, 2, 4, 4, epoch, 1);
+    m2.sq_known = 1;
+    m2.sq = sq2 / 100;
+    assert_int_equal(psstore_local_push(l, &m2, 100, &t), FR_OK);
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 2; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t, 1000), FR_OK);
+    initial_weights(want);
+    float s1 = (float)(c / sqrt(sq1));
+    gradient_k(g1, 1);
+    gradient_k(g2, 2);
+    for (int i = 0; i < NPARAMS; i++) {
+        want[i] -= (float)LR * (g1[i] * s1);
+        want[i] -= (float)LR * g2[i];
+    }
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_int_equal(version, 2);
+    assert_near(w, want);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+}
+
 static void test_a_full_channel_pushes_back(void **state)
 {
     (void)state;
@@ -372,6 +439,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
         cmocka_unit_test(test_a_swapped_push_trades_buffers_and_applies_what_was_pushed),
+        cmocka_unit_test(test_an_in_process_gradient_is_decided_on_its_sum_of_squares),
         cmocka_unit_test(test_a_full_channel_pushes_back),
         cmocka_unit_test(test_rounds_are_published_with_their_weights),
     };

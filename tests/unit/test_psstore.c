@@ -368,6 +368,55 @@ static void test_a_slice_is_clipped_and_rejected_by_the_whole_norm(void **state)
     psstore_ctl_destroy(ctl);
 }
 
+/*
+ * psstore_ctl_prepare_sq with psstore_sum_squares of the same floats takes
+ * the decision psstore_ctl_prepare takes (outcome, norm and scale to the
+ * bit, the same clipped floats), on gradients below and above the clip
+ * norm, stale ones, a NaN and an entry whose square overflows a float;
+ * and the sum itself is the double-precision sum to 1e-6.
+ */
+static void test_a_known_sum_of_squares_decides_as_the_pass_would(void **state)
+{
+    (void)state;
+    enum { N = 10001 }; /* blocks of 4096 and a tail of lanes */
+    psstore_ctl_conf_t conf;
+    psstore_ctl_conf_init(&conf);
+    conf.clip_norm = 15.0;
+    psstore_ctl_t *pass = ctl_make(&conf, N), *known = ctl_make(&conf, N);
+    static float a[N], b[N];
+    uint64_t seed = 7;
+    for (int k = 0; k < 6; k++) {
+        double ref = 0;
+        for (int i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            a[i] = (float)((double)(seed >> 40) / (double)(1u << 24) - 0.5) * (float)(k + 1) * 0.2f;
+            ref += (double)a[i] * a[i];
+        }
+        double sq = psstore_sum_squares(a, N);
+        assert_true(fabs(sq - ref) <= 1e-6 * ref);
+        if (k == 4)
+            a[N - 1] = NAN;
+        if (k == 5)
+            a[17] = 2e19f; /* finite; its square is not a float */
+        sq = psstore_sum_squares(a, N);
+        assert_true(k < 4 ? isfinite(sq) : !isfinite(sq));
+        memcpy(b, a, sizeof(a));
+        psstore_decision_t d1, d2;
+        psstore_outcome_t o1 = psstore_ctl_prepare(pass, a, 10 + k, 10, NULL, 2, &d1);
+        psstore_outcome_t o2 = psstore_ctl_prepare_sq(known, b, 10 + k, 10, NULL, 2, sq, &d2);
+        assert_int_equal(o1, o2);
+        assert_int_equal(o1, k < 4 ? PSSTORE_APPLY : PSSTORE_DROP_NONFINITE);
+        assert_memory_equal(&d1, &d2, sizeof(d1));
+        assert_memory_equal(a, b, sizeof(a));
+        if (k == 0)
+            assert_int_equal(d1.clipped, 0); /* norm about 5.8 */
+        if (k == 3)
+            assert_int_equal(d1.clipped, 1); /* norm about 23 */
+    }
+    psstore_ctl_destroy(pass);
+    psstore_ctl_destroy(known);
+}
+
 static void test_clipping_scales_only_gradients_with_norm_above_c(void **state)
 {
     (void)state;
@@ -992,6 +1041,7 @@ int main(void)
         cmocka_unit_test(test_new_refuses_bad_conf_naming_the_field),
         cmocka_unit_test(test_destroy_of_null_is_a_noop),
         cmocka_unit_test(test_nonfinite_gradients_are_dropped_untouched),
+        cmocka_unit_test(test_a_known_sum_of_squares_decides_as_the_pass_would),
         cmocka_unit_test(test_clipping_scales_only_gradients_with_norm_above_c),
         cmocka_unit_test(test_a_slice_is_clipped_and_rejected_by_the_whole_norm),
         cmocka_unit_test(test_norm_and_finiteness_cover_every_element_of_odd_sizes),
