@@ -425,23 +425,33 @@ static int finish(produce_run_t *r, int rc)
     return rc;
 }
 
-/*
- * Asks the cluster for the topic's partition count, which roundrobin
- * keeps. sticky asks too: librdkafka then knows every partition's leader
- * before the first record, and its sticky partitioner keeps one partition
- * from the start (a partition without a known leader makes it pick again
- * for every record). Returns 0 or an exit status.
- */
+/* Asks the cluster for the topic's partition count. Returns 0 or an exit
+ * status. */
 static int find_partitions(produce_run_t *r)
 {
     int n = ingest_producer_partitions(r->p, r->o->topic, 10000);
     if (n <= 0) {
-        fprintf(stderr, "freshet %s: --partitions-by %s: %s\n", CMD, r->o->by,
+        fprintf(stderr, "freshet %s: --partitions-by roundrobin: %s\n", CMD,
                 ingest_producer_error(r->p));
         return APP_EXIT_FAILURE;
     }
-    r->partitions = r->keyless ? 0 : n;
+    r->partitions = n;
     return 0;
+}
+
+/*
+ * sticky: asks for the topic's metadata before the first record, so that
+ * librdkafka knows every partition's leader and its sticky partitioner
+ * keeps one partition from the start (while a partition's leader is
+ * unknown it picks again for every record). Best effort: without an
+ * answer the records still go, and librdkafka waits for the topic as it
+ * does for keyed ones.
+ */
+static void learn_leaders(produce_run_t *r)
+{
+    if (ingest_producer_partitions(r->p, r->o->topic, 10000) <= 0)
+        fr_log(FR_LOG_WARN, "produce: --partitions-by sticky: %s; sending anyway",
+               ingest_producer_error(r->p));
 }
 
 /* Logs the floor of each window as it closes. */
@@ -686,8 +696,10 @@ int app_cmd_produce(int argc, char **argv)
         goto out;
     }
     r.keyless = strcmp(o.by, "sticky") == 0;
-    if (strcmp(o.by, "key") != 0 && (rc = find_partitions(&r)) != 0)
+    if (strcmp(o.by, "roundrobin") == 0 && (rc = find_partitions(&r)) != 0)
         goto out;
+    if (r.keyless)
+        learn_leaders(&r);
     stop_on_signals();
     rc = o.synthetic != NULL ? send_synthetic(&r, NULL)
          : sparse            ? send_sparse_file(&r, from, to)

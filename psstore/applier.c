@@ -181,6 +181,12 @@ static void register_metrics(psstore_applier_t *a)
                                               "Time to decide and apply one gradient in memory", 12,
                                               lat_bounds, 1, model_l),
                          mv);
+    a->m_summed = fr_metric_series(
+        fr_metrics_counter(reg, "freshet_gradients_summed_by_worker_total",
+                           "Gradients decided on the sum of squares their worker sent with "
+                           "them (in-process), without a pass of the applier's own",
+                           1, model_l),
+        mv);
     static const double fresh_bounds[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
     a->m_fresh = fr_metric_series(
         fr_metrics_histogram(reg, "freshet_sample_freshness_seconds",
@@ -713,12 +719,14 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     /* an in-process gradient comes with its sum of squares, taken by its
      * worker while the gradient was in that core's cache: no cold pass
      * here before the step (docs/design.md "The co-located fast path") */
+    int summed = g->sq_known && g->norm == 0;
     psstore_outcome_t out =
-        g->sq_known && g->norm == 0
-            ? psstore_ctl_prepare_sq(a->ctl, gw, a->version, g->version, a->w,
-                                     ps_applier_pushers(a), g->sq, &d)
-            : psstore_ctl_prepare_whole(a->ctl, gw, a->version, g->version, a->w,
-                                        ps_applier_pushers(a), g->norm, &d);
+        summed ? psstore_ctl_prepare_sq(a->ctl, gw, a->version, g->version, a->w,
+                                        ps_applier_pushers(a), g->sq, &d)
+               : psstore_ctl_prepare_whole(a->ctl, gw, a->version, g->version, a->w,
+                                           ps_applier_pushers(a), g->norm, &d);
+    if (summed)
+        fr_series_add(a->m_summed, 1);
     ps_applier_guard_record(a, out == PSSTORE_DROP_NONFINITE);
     if (out != PSSTORE_APPLY) {
         psstore_drop_t why =

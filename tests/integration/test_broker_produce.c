@@ -183,8 +183,8 @@ static void test_produce_f32_round_robin_is_read_back_exactly_by_kcat(void **sta
  * (a') --partitions-by sticky: no key, and librdkafka's sticky partitioner
  * keeps one partition for sticky.partitioning.linger.ms (a minute here).
  * Until it knows the partitions' leaders (a few ms after the metadata) it
- * picks again for each record, so the records are paced at 50/s and only
- * those sent after 200 ms (samples 10..24) must share one partition. Every
+ * picks again for each record, so the records are paced at 25/s and only
+ * those sent after 400 ms (samples 10..24) must share one partition. Every
  * sample arrives once, keyless (kcat's %K prints -1), exactly, and each
  * partition holds its samples in file order.
  */
@@ -195,7 +195,7 @@ static void test_produce_sticky_sends_keyless_runs_to_one_partition(void **state
     log_path(log, sizeof(log), "produce_sticky");
     int rc = run_freshet(log, 30000, "produce", "--bootstrap", broker.bootstrap, "--topic", "t11",
                          "--data", data_csv, "--format", "csv", "--features", "3", "--encode",
-                         "f32", "--rate", "50", "--partitions-by", "sticky", "-X",
+                         "f32", "--rate", "25", "--partitions-by", "sticky", "-X",
                          "sticky.partitioning.linger.ms=60000", NULL);
     if (rc != 0)
         dump(log);

@@ -693,13 +693,23 @@ static void test_a_poisoned_sample_is_dropped_alone(void **state)
     double trained = metric_value(r.body, "freshet_trainer_samples_total");
     double nonfinite =
         metric_value(r.body, "freshet_gradients_dropped_total{model=\"po\",reason=\"nonfinite\"}");
+    /* every gradient came through the channel with its worker's sum of
+     * squares, the batches with poison too (summed again over the samples
+     * kept: the old sum, not finite, would have been dropped above) */
+    double decided =
+        metric_value(r.body, "freshet_gradients_applied_total{model=\"po\"}") +
+        metric_value(r.body, "freshet_gradients_dropped_total{model=\"po\",reason=\"staleness\"}");
+    double summed = metric_value(r.body, "freshet_gradients_summed_by_worker_total{model=\"po\"}");
     harness_resp_free(&r);
     stop_run(pid, log);
-    fr_log(FR_LOG_INFO, "poisoned %.0f, trained %.0f, gradients dropped as non-finite %.0f",
-           poisoned, trained, nonfinite);
+    fr_log(FR_LOG_INFO,
+           "poisoned %.0f, trained %.0f, gradients dropped as non-finite %.0f, decided %.0f, "
+           "on their worker's sum %.0f",
+           poisoned, trained, nonfinite, decided, summed);
     assert_true(poisoned == P);
     assert_true(trained == N - P);
     assert_true(nonfinite == 0);
+    assert_true(decided >= (N - P) / 64 && summed == decided);
     char out[256];
     assert_int_equal(
         harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped", model), 0);
