@@ -617,10 +617,7 @@ static void *worker_main(void *arg)
     fr_thread_name(name);
     psstore_client_set_cancel(wk->cl, pool_stopping, p);
     int rounds = psstore_mode_rounds(p->mode);
-    int fed = 0; /* a batch came */
-    if (p->mode == PSSTORE_MODE_SSP)
-        ssp_join(wk);
-    beat(wk);
+    int fed = 0; /* a batch came (the first beat was trainer_pool_start's) */
     while (!atomic_load(&p->stop)) {
         beat_due(wk);
         uint64_t tq = fr_clock_mono_ns();
@@ -784,6 +781,14 @@ fr_err_t trainer_pool_start(trainer_pool_t *p)
 {
     if (p->started)
         return FR_ERR_STATE;
+    /* every worker is a member before any trains: in ssp a worker that
+     * started first would otherwise run ahead of a sibling whose thread
+     * had not yet written its entry (the bound counts live members) */
+    for (int i = 0; i < p->nworkers; i++) {
+        if (p->mode == PSSTORE_MODE_SSP)
+            ssp_join(&p->workers[i]);
+        beat(&p->workers[i]);
+    }
     for (int i = 0; i < p->nworkers; i++) {
         if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
             atomic_store(&p->stop, 1);
