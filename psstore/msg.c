@@ -708,9 +708,9 @@ double ps_grad_norm(const psstore_grad_t *g)
 {
     if (g->n <= 0 || g->g == NULL)
         return 0;
-    double sq = 0;
-    for (size_t i = 0; i < g->len; i++)
-        sq += (double)g->g[i] * g->g[i];
+    /* the worker's sum when it sent one, taken by the controller's own
+     * function: every shard then drops what the unsharded model would */
+    double sq = g->sq_known ? g->sq : psstore_sum_squares(g->g, g->len);
     return isfinite(sq) ? sqrt(sq) : NAN;
 }
 

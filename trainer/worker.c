@@ -403,7 +403,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         }
         /* one pass, while the gradient is in this core's cache: its sum of
          * squares, which the applier takes instead of a pass of its own,
-         * and, finite, the proof that every entry is (psstore.h) */
+         * and, finite, the proof that every entry is (psstore/core.h) */
         double sq = psstore_sum_squares(wk->g, p->m.nparams);
         int finite = isfinite(*loss) && (isfinite(sq) || finite_all(wk->g, p->m.nparams, *loss));
         int64_t kept = finite ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
