@@ -545,6 +545,12 @@ static void test_backup_does_not_wait_for_a_straggler_and_sync_does(void **state
  * (gradients in the order they were applied) worker 0's count never leads
  * worker 1's by more than s + 1 (its step may start at a lead of s and be
  * applied before the straggler's next), and the bound is reached.
+ *
+ * Counts stand for clocks only while no worker idles: one back from idle
+ * starts at the others' minimum clock, not at its count. The group's first
+ * join takes longer than the default idle_ms, so both workers would start
+ * idle and the second fed would join at the first's clock, its count some
+ * gradients behind; a long idle_ms keeps both members from the start.
  */
 static void test_ssp_keeps_every_worker_within_the_bound(void **state)
 {
@@ -556,7 +562,7 @@ static void test_ssp_keeps_every_worker_within_the_bound(void **state)
     conf_path(model, conf);
     log_path(model, "", log);
     write_config_layers(conf, model, "3-512-512-1", 0.005, 256, topic, 2, "ssp", "1:10", 0, "",
-                        "ssp_bound = 1\n");
+                        "ssp_bound = 1\nidle_ms = 600000\n");
     pid_t pid = spawn_run(conf, log);
     wait_watermarks(model, topic, NPARTS, N, log);
     stop_run(pid, log);
