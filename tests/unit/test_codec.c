@@ -386,6 +386,39 @@ static int ref_field(const char *p, size_t len, float *out)
     return end == buf + len ? 0 : -1;
 }
 
+/* The reference decision on a csv record of D features: field by field
+ * (ref_field), then the count, then non-finite values; vals receives the
+ * fields (at most 64). */
+static ingest_reject_t ref_decode_csv(const char *rec, size_t len, size_t d, float *vals)
+{
+    /* the record's line end ("\n", "\r\n" or "\r") is not a field's */
+    char body[512];
+    size_t blen = len;
+    if (blen > 0 && rec[blen - 1] == '\n')
+        blen--;
+    if (blen > 0 && rec[blen - 1] == '\r')
+        blen--;
+    assert_true(blen < sizeof(body));
+    memcpy(body, rec, blen);
+    body[blen] = '\0';
+    size_t nf = 0;
+    int nonfinite = 0;
+    for (const char *p = body;;) {
+        const char *comma = strchr(p, ',');
+        size_t flen = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        if (nf == 64 || ref_field(p, flen, &vals[nf]) != 0)
+            return INGEST_REJECT_BAD_NUMBER;
+        nonfinite |= !isfinite(vals[nf]);
+        nf++;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    if (nf != d + 1)
+        return INGEST_REJECT_FEATURE_COUNT;
+    return nonfinite ? INGEST_REJECT_NONFINITE : INGEST_OK;
+}
+
 /* Records of short random fields over an alphabet of number syntax, blanks
  * and letters strtof knows (inf, nan, hex): the fused csv scanner and its
  * fallback together decide exactly what the field-by-field reference
@@ -425,37 +458,8 @@ static void test_decode_csv_syntax_agrees_with_the_reference(void **state)
                 rec[fr_rng_below(&rng, len)] = alphabet[fr_rng_below(&rng, sizeof(alphabet) - 1)];
         }
         rec[len] = '\0';
-        /* the reference, field by field */
-        ingest_reject_t want = INGEST_OK;
         float vals[64];
-        /* the record's line end ("\n", "\r\n" or "\r") is not a field's */
-        char body[160];
-        size_t blen = len;
-        if (blen > 0 && rec[blen - 1] == '\n')
-            blen--;
-        if (blen > 0 && rec[blen - 1] == '\r')
-            blen--;
-        memcpy(body, rec, blen);
-        body[blen] = '\0';
-        size_t nf = 0;
-        int nonfinite = 0;
-        for (const char *p = body;;) {
-            const char *comma = strchr(p, ',');
-            size_t flen = comma != NULL ? (size_t)(comma - p) : strlen(p);
-            if (ref_field(p, flen, &vals[nf]) != 0) {
-                want = INGEST_REJECT_BAD_NUMBER;
-                break;
-            }
-            nonfinite |= !isfinite(vals[nf]);
-            nf++;
-            if (comma == NULL)
-                break;
-            p = comma + 1;
-        }
-        if (want == INGEST_OK && nf != D + 1)
-            want = INGEST_REJECT_FEATURE_COUNT;
-        else if (want == INGEST_OK && nonfinite)
-            want = INGEST_REJECT_NONFINITE;
+        ingest_reject_t want = ref_decode_csv(rec, len, D, vals);
         ingest_reject_t got = decode_bytes(&s, INGEST_FORMAT_CSV, rec, len, x, &y);
         if (got != want)
             fail_msg("\"%s\": %s, expected %s", rec, ingest_reject_name(got),
@@ -470,6 +474,67 @@ static void test_decode_csv_syntax_agrees_with_the_reference(void **state)
                 fail_msg("\"%s\": x[%d] %a, expected %a", rec, j, x[j], vals[j + 1]);
     }
     assert_true(ok > 100000); /* most number-like records are valid */
+}
+
+/*
+ * Runs of digits of every length, at every distance from the record's end
+ * and with every kind of byte breaking them: the scanner takes eight digits
+ * at a time while eight bytes remain and are all digits, so the lengths
+ * around multiples of eight, the last eight bytes of a record and a
+ * stray byte at each position of a word (the neighbours of '0' and '9',
+ * and bytes whose low seven bits are a digit's) must decide exactly as the
+ * field-by-field reference does, reason and bits.
+ */
+static void test_decode_csv_digit_runs_of_every_length_agree_with_strtof(void **state)
+{
+    static const char strays[] = {'/', ':', 'x', ' ', '.', 'e', (char)0xb0, (char)0xb9, '\t'};
+    static const int int_lengths[] = {0, 1, 2, 7, 8, 9, 16};
+    fr_rng_t rng;
+    fr_rng_seed(&rng, 20261203);
+    char rec[160], field[64];
+    float x[2], y, vals[64];
+    int checked = 0, ok = 0;
+    for (size_t il = 0; il < sizeof(int_lengths) / sizeof(int_lengths[0]); il++) {
+        for (int fl = -1; fl <= 24; fl++) { /* -1: no '.' */
+            for (int stray = -1; stray < (int)sizeof(strays); stray++) {
+                for (int tail = 0; tail < 4; tail++) {
+                    size_t n = 0;
+                    for (int k = 0; k < int_lengths[il]; k++)
+                        field[n++] = (char)('0' + fr_rng_below(&rng, 10));
+                    if (fl >= 0)
+                        field[n++] = '.';
+                    for (int k = 0; k < fl; k++)
+                        field[n++] = (char)('0' + fr_rng_below(&rng, 10));
+                    if (n == 0)
+                        field[n++] = '5';
+                    if (stray >= 0) /* one byte of the field replaced */
+                        field[fr_rng_below(&rng, n)] = strays[stray];
+                    field[n] = '\0';
+                    /* what follows: nothing, a short field, a long one, a
+                     * short one after a blank (the distance to the end) */
+                    static const char *const tails[] = {"", ",7", ",12345678901234", " ,3"};
+                    int d = tail == 0 ? 1 : 2;
+                    size_t len = (size_t)snprintf(rec, sizeof(rec), "1,%s%s", field, tails[tail]);
+                    ingest_schema_t s = schema_of(d, INGEST_LABEL_REAL, 0);
+                    ingest_reject_t want = ref_decode_csv(rec, len, (size_t)d, vals);
+                    ingest_reject_t got = decode_bytes(&s, INGEST_FORMAT_CSV, rec, len, x, &y);
+                    if (got != want)
+                        fail_msg("\"%s\": %s, expected %s", rec, ingest_reject_name(got),
+                                 ingest_reject_name(want));
+                    checked++;
+                    if (got != INGEST_OK)
+                        continue;
+                    ok++;
+                    for (int j = 0; j < d; j++)
+                        if (!same_float(x[j], vals[j + 1]))
+                            fail_msg("\"%s\": x[%d] %a, expected %a", rec, j, x[j], vals[j + 1]);
+                }
+            }
+        }
+    }
+    /* every clean field is a number; most with a stray byte are not */
+    assert_int_equal(checked, 7 * 26 * 10 * 4);
+    assert_true(ok >= 7 * 26 * 4 && ok < checked / 2);
 }
 
 /* Decimals as other writers print floats ("%.9g" and friends, exponents),
@@ -932,6 +997,7 @@ int main(void)
         cmocka_unit_test(test_decode_csv_values_equal_strtof_bit_for_bit),
         cmocka_unit_test(test_decode_csv_printed_floats_and_midpoints_equal_strtof),
         cmocka_unit_test(test_decode_csv_syntax_agrees_with_the_reference),
+        cmocka_unit_test(test_decode_csv_digit_runs_of_every_length_agree_with_strtof),
         cmocka_unit_test(test_decode_libsvm_reads_sparse_features),
         cmocka_unit_test(test_decode_libsvm_allows_zero_features),
         cmocka_unit_test(test_decode_libsvm_rejects_indices_out_of_range),
