@@ -42,11 +42,11 @@
 #include <unistd.h>
 
 #include "../tests/integration/harness.h"
+#include "bench_records.h"
 #include "common/common.h"
 #include "ingest/ingest.h"
 
-#define FEATURES    784
-#define CLASSES     10
+#define FEATURES    BENCH_FEATURES
 #define PARTITIONS  48
 #define MAX_PER     1000               /* records a partition at most      */
 #define PART_BUDGET (4u * 1024 * 1024) /* payload bytes a partition at most */
@@ -94,38 +94,12 @@ static double now_s(void)
     return (double)fr_clock_mono_ns() * 1e-9;
 }
 
-/* ------------------------------------------------------------------------
- * Records: record number id has feature 0 = id (exact in float32 below
- * 2^24) and features 1..D-1 uniform in [0, 1) from a hash of (id, j).
- * ---------------------------------------------------------------------- */
-
-static uint64_t mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15u;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-static float feature_of(int ints, uint64_t id, int j)
-{
-    uint64_t h = mix(id * FEATURES + (uint64_t)j);
-    if (j == 0)
-        return (float)id;
-    return ints ? (float)(h % 256) : (float)(h >> 40) * 0x1p-24f;
-}
-
-static float label_of(uint64_t id)
-{
-    return (float)(mix(~id) % CLASSES);
-}
-
 static size_t encode(ingest_format_t format, int ints, uint64_t id, char *buf, size_t cap)
 {
     float x[FEATURES];
     for (int j = 0; j < FEATURES; j++)
-        x[j] = feature_of(ints, id, j);
-    return ingest_encode(format, x, FEATURES, label_of(id), buf, cap);
+        x[j] = bench_feature(ints, id, j);
+    return ingest_encode(format, x, FEATURES, bench_label(id), buf, cap);
 }
 
 /* ------------------------------------------------------------------------
@@ -301,11 +275,11 @@ static int check_batch(const workload_t *w, const ingest_batch_t *b, unsigned ch
         if (!(f >= 0.0f && f < (float)w->n) || f != floorf(f))
             return -1;
         uint64_t id = (uint64_t)f;
-        if (seen[id]++ != 0 || b->y[i] != label_of(id) ||
-            x[FEATURES - 1] != feature_of(w->ints, id, FEATURES - 1))
+        if (seen[id]++ != 0 || b->y[i] != bench_label(id) ||
+            x[FEATURES - 1] != bench_feature(w->ints, id, FEATURES - 1))
             return -1;
         for (int j = 1; full && j < FEATURES; j++)
-            if (x[j] != feature_of(w->ints, id, j))
+            if (x[j] != bench_feature(w->ints, id, j))
                 return -1;
     }
     return 0;
@@ -326,7 +300,7 @@ static run_t freshet_run(const workload_t *w, int round, int threads)
         .group_id = group,
         .redis_url = redis.url,
         .model = model,
-        .schema = {.features = FEATURES, .label = INGEST_LABEL_CLASS, .classes = CLASSES},
+        .schema = {.features = FEATURES, .label = INGEST_LABEL_CLASS, .classes = BENCH_CLASSES},
         .format = w->format,
         .batch = BATCH,
         .queue = 4096,
