@@ -369,6 +369,56 @@ static void test_a_slice_is_clipped_and_rejected_by_the_whole_norm(void **state)
 }
 
 /*
+ * psstore_sum_squares is exactly its documented order (psstore/core.h):
+ * lane k of 16 sums the float squares of entries i + k of each block of
+ * 4096 in order, then the block's tail in double, then the 16 lanes in
+ * order, and the blocks in double. Bit for bit, over lengths around the
+ * lanes and blocks and random values (a worker's sum and an applier's must
+ * agree, and a faster loop must not change a decision).
+ */
+static double sum_squares_reference(const float *g, size_t n)
+{
+    double total = 0;
+    for (size_t b = 0; b < n; b += 4096) {
+        size_t end = n - b > 4096 ? b + 4096 : n, full = b + (end - b) / 16 * 16;
+        float lane[16] = {0};
+        for (size_t i = b; i < full; i++) {
+            float sq = g[i] * g[i];
+            lane[(i - b) % 16] += sq;
+        }
+        double block = 0;
+        for (size_t i = full; i < end; i++)
+            block += (double)g[i] * (double)g[i];
+        for (int k = 0; k < 16; k++)
+            block += lane[k];
+        total += block;
+    }
+    return total;
+}
+
+static void test_sum_squares_is_its_documented_order_bit_for_bit(void **state)
+{
+    (void)state;
+    enum { CAP = 3 * 4096 + 40 };
+    static float g[CAP];
+    uint64_t x = 20261203;
+    int checked = 0;
+    for (size_t n = 0; n <= CAP; n += n < 40 ? 1 : (n < 4096 + 40 && n > 4096 - 40 ? 1 : 97)) {
+        for (size_t i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            /* magnitudes from 1e-3 to 1e3, both signs */
+            g[i] =
+                (float)((double)(int32_t)(x >> 32) / 2147483648.0 * pow(10.0, (double)(x % 7) - 3));
+        }
+        double want = sum_squares_reference(g, n), got = psstore_sum_squares(g, n);
+        if (memcmp(&want, &got, sizeof(want)) != 0)
+            fail_msg("n = %zu: %a, expected %a", n, got, want);
+        checked++;
+    }
+    assert_true(checked > 150);
+}
+
+/*
  * psstore_ctl_prepare_sq with psstore_sum_squares of the same floats takes
  * the decision psstore_ctl_prepare takes (outcome, norm and scale to the
  * bit, the same clipped floats), on gradients below and above the clip
@@ -1042,6 +1092,7 @@ int main(void)
         cmocka_unit_test(test_destroy_of_null_is_a_noop),
         cmocka_unit_test(test_nonfinite_gradients_are_dropped_untouched),
         cmocka_unit_test(test_a_known_sum_of_squares_decides_as_the_pass_would),
+        cmocka_unit_test(test_sum_squares_is_its_documented_order_bit_for_bit),
         cmocka_unit_test(test_clipping_scales_only_gradients_with_norm_above_c),
         cmocka_unit_test(test_a_slice_is_clipped_and_rejected_by_the_whole_norm),
         cmocka_unit_test(test_norm_and_finiteness_cover_every_element_of_odd_sizes),
