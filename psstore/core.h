@@ -151,7 +151,7 @@ psstore_outcome_t psstore_ctl_prepare_whole(psstore_ctl_t *ctl, float *g, int64_
  * infinite (or above 1.8e19 in magnitude), so one pass is both the
  * controller's finiteness check and its norm. The order is fixed: in each
  * block of 4096 entries, float lane k of 16 sums the squares of entries
- * i + k in order, the block's last n % 16 are added in double, then the
+ * i + k in order, the block's last (its length mod 16) in double, then the
  * 16 lanes in order, and the blocks in double. The same function on the
  * same floats gives the same bits, which lets a worker compute it for the
  * applier (psstore_grad_t.sq). */
