@@ -19,6 +19,7 @@
  *
  * usage: bench_decode [REPS]   (default 25)
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,8 @@ static double strtof_record(const char *p, size_t len, float *x)
     for (const char *end = p + len; p < end;) {
         const char *comma = memchr(p, ',', (size_t)(end - p));
         size_t flen = (size_t)((comma != NULL ? comma : end) - p);
+        if (flen >= sizeof(field))
+            return NAN; /* not one of this benchmark's fields */
         memcpy(field, p, flen);
         field[flen] = '\0';
         float v = strtof(field, NULL);
@@ -102,7 +105,7 @@ static int run(ingest_format_t format, int ints, const char *name, int reps)
             for (int j = 0; j < FEATURES; j++)
                 want[j] = bench_feature(ints, (uint64_t)r, j);
         }
-        if (memcmp(x, want, sizeof(x)) != 0) {
+        if (memcmp(x, want, sizeof(x)) != 0 || y != bench_label((uint64_t)r)) {
             fprintf(stderr, "bench_decode: %s record %d decodes other than strtof\n", name, r);
             return -1;
         }

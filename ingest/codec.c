@@ -198,7 +198,7 @@ static inline __attribute__((always_inline)) const char *scan_digits(const char 
                                                                      uint64_t *m)
 {
     uint64_t acc = *m;
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     const uint64_t ones = UINT64_C(0x0101010101010101);
     while (end - t >= 8) {
         uint64_t a;
@@ -510,7 +510,7 @@ static ingest_reject_t decode_f32(const ingest_schema_t *schema, const unsigned 
     if (len != 4 * (d + 1))
         return INGEST_REJECT_FEATURE_COUNT;
     float label = load_f32le(p);
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     memcpy(x, p + 4, 4 * d); /* the record's layout is the host's own */
 #else
     for (size_t i = 0; i < d; i++)
