@@ -9,8 +9,8 @@
  * decimal point is '.'.
  */
 #include <float.h>
-#include <stdint.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -243,7 +243,7 @@ static int scan_csv_field(const char *p, const char *end, float *out, const char
     int digits = (int)(t - p), frac = 0;
     if (t < end && *t == '.') {
         const char *f = ++t;
-        t = scan_digits(t, end, &m); /* an integer part is mostly short */
+        t = scan_digits(t, end, &m); /* integer parts, mostly 1-3 digits, go one by one */
         frac = (int)(t - f);
     }
     digits += frac;
