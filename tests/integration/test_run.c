@@ -981,34 +981,64 @@ static void test_train_and_ps_learn_in_sync_mode_without_polling(void **state)
                  (long long)rounds);
 }
 
-/* Staleness of every update in model's versions stream, sorted, into
- * taus[max]; returns their count. */
-static size_t taus_of(const char *model, int64_t *taus, size_t max)
+/* One update of a versions stream: its version, staleness and worker. */
+typedef struct {
+    int64_t version, tau;
+    char worker[64];
+} update_t;
+
+/* The value of field name at or after p in a flattened XRANGE reply (the
+ * line after "\nname\n"), copied into out[size]; NULL when absent. */
+static const char *entry_field(const char *p, const char *name, char *out, size_t size)
 {
-    static char out[4 << 20];
+    char needle[32];
+    snprintf(needle, sizeof(needle), "\n%s\n", name);
+    const char *f = strstr(p, needle);
+    if (f == NULL)
+        return NULL;
+    f += strlen(needle);
+    size_t len = strcspn(f, "\n");
+    if (len >= size)
+        len = size - 1;
+    memcpy(out, f, len);
+    out[len] = '\0';
+    return f + len;
+}
+
+/* Every update of model's versions stream, in stream order, into
+ * ups[max]; returns their count. */
+static size_t updates_of(const char *model, update_t *ups, size_t max)
+{
+    static char out[8 << 20];
     assert_int_equal(
         harness_redis_query(&redis, out, sizeof(out), "XRANGE freshet:{%s}:versions - +", model),
         0);
     size_t n = 0;
-    for (const char *p = out; n < max && (p = strstr(p, "\ntau\n")) != NULL; p += 5)
-        taus[n++] = strtoll(p + 5, NULL, 10);
-    for (size_t i = 1; i < n; i++) /* insertion sort: a few thousand */
-        for (size_t j = i; j > 0 && taus[j - 1] > taus[j]; j--) {
-            int64_t t = taus[j];
-            taus[j] = taus[j - 1];
-            taus[j - 1] = t;
-        }
+    char num[32];
+    for (const char *p = out; n < max && (p = entry_field(p, "version", num, sizeof(num))) != NULL;
+         n++) {
+        ups[n].version = strtoll(num, NULL, 10);
+        assert_non_null(p = entry_field(p, "tau", num, sizeof(num)));
+        ups[n].tau = strtoll(num, NULL, 10);
+        assert_non_null(p = entry_field(p, "worker", ups[n].worker, sizeof(ups[n].worker)));
+    }
     return n;
 }
 
 /*
  * The in-flight bound (docs/design.md "Staleness and the controller"):
  * four workers on a model so small that the applier is the bottleneck.
- * Without the bound the queue before the applier fills (two channel slots
- * per worker, or max_pending on the stream) and the typical staleness is
- * the queue's length, 2W - 1 = 7; with one gradient in flight per worker
- * it is what concurrency makes: p50 <= W - 1 and p99 <= 2W, in freshet run
- * (the in-process channel) and in train + ps (the Redis stream).
+ * The bound's guarantee is exact: a worker's next gradient is computed on
+ * weights that hold its previous one, so for consecutive updates a, b of
+ * one worker, b's base version (version - 1 - tau) is at least a's
+ * version. Without the bound a worker pulls while its gradient still
+ * waits in the queue, and most updates break this. The typical staleness
+ * is then what concurrency makes, p50 <= W - 1, where the queue (two
+ * channel slots per worker, or max_pending on the stream) made p50 7-9.
+ * The tail is not bounded: a worker the scheduler sets aside while the
+ * others push is as stale as they make it (p99 10, max 20 once in CI).
+ * Both paths: freshet run (the in-process channel) and train + ps (the
+ * Redis stream).
  */
 static void check_in_flight_bound(const char *model, const char *topic, int stream)
 {
@@ -1025,15 +1055,43 @@ static void check_in_flight_bound(const char *model, const char *topic, int stre
     stop_run(tr, log_a);
     if (stream)
         stop_run(ps, log_b);
+    static update_t ups[N];
     static int64_t taus[N];
-    size_t n = taus_of(model, taus, N);
+    size_t n = updates_of(model, ups, N);
     assert_true(n >= N / 16 / 2);
+    size_t broken = 0, followed = 0;
+    for (size_t i = 0; i < n; i++) {
+        taus[i] = ups[i].tau;
+        for (size_t j = i; j-- > 0;) /* the worker's previous update */
+            if (strcmp(ups[j].worker, ups[i].worker) == 0) {
+                followed++;
+                if (ups[i].version - 1 - ups[i].tau < ups[j].version) {
+                    if (broken++ == 0)
+                        fr_log(FR_LOG_ERROR,
+                               "%s: version %lld (tau %lld) was computed without its "
+                               "version %lld",
+                               ups[i].worker, (long long)ups[i].version, (long long)ups[i].tau,
+                               (long long)ups[j].version);
+                }
+                break;
+            }
+    }
+    for (size_t i = 1; i < n; i++) /* insertion sort: a few thousand */
+        for (size_t j = i; j > 0 && taus[j - 1] > taus[j]; j--) {
+            int64_t t = taus[j];
+            taus[j] = taus[j - 1];
+            taus[j - 1] = t;
+        }
     int64_t p50 = taus[n / 2], p99 = taus[n * 99 / 100], max = taus[n - 1];
-    fr_log(FR_LOG_INFO, "%s, %d async workers: %zu updates, staleness p50 %lld p99 %lld max %lld",
-           stream ? "train + ps" : "run", W, n, (long long)p50, (long long)p99, (long long)max);
-    if (p50 > W - 1 || p99 > 2 * W)
-        fail_msg("staleness p50 %lld (bound %d), p99 %lld (bound %d)", (long long)p50, W - 1,
-                 (long long)p99, 2 * W);
+    fr_log(FR_LOG_INFO,
+           "%s, %d async workers: %zu updates, staleness p50 %lld p99 %lld max %lld; %zu of %zu "
+           "computed without their worker's previous one",
+           stream ? "train + ps" : "run", W, n, (long long)p50, (long long)p99, (long long)max,
+           broken, followed);
+    assert_true(followed >= n - W);
+    if (broken > 0 || p50 > W - 1)
+        fail_msg("%zu updates without their worker's previous one; staleness p50 %lld (bound %d)",
+                 broken, (long long)p50, W - 1);
 }
 
 static void test_in_flight_bounds_staleness_in_run(void **state)
