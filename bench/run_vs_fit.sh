@@ -13,6 +13,13 @@
 # and the figures are the medians. Prints each round, the medians, run/fit
 # and run against min(W x fit, raw consume), the limit the pipeline could
 # reach if neither side took CPU from the other, and the test accuracies.
+# Each round also counts CPU time (/proc, user + system): fit's a sample
+# (its one thread, 1 / rate), the raw read's a record (the consumer and
+# the broker) and run's a sample (its process, the broker and Redis); the
+# cpu limit, cores / (fit's + the raw read's), is what the box gives when
+# training and reading share its cores and run costs nothing beyond them.
+# The last run's CPU is split by thread kind (workers, applier, freshet's
+# consume and decode threads, librdkafka's, the rest; broker + Redis).
 # OpenBLAS's fastest kernel for the CPU is set for both sides (SkylakeX
 # with AVX-512, Haswell with AVX2) unless OPENBLAS_CORETYPE is set already;
 # the kernel is printed.
@@ -36,6 +43,8 @@ rounds=${ROUNDS:-3}
 copies=${COPIES:-1}
 shards=${SHARDS:-1}
 fm=/usr/share/datasets/fashion-mnist
+hz=$(getconf CLK_TCK)
+ncpu=$(nproc)
 export OPENBLAS_NUM_THREADS=1
 if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
     if grep -qw avx512f /proc/cpuinfo; then
@@ -118,7 +127,11 @@ max_pending = ${MAX_PENDING:-64}
 shards = $shards
 ${COMMIT_MS:+commit_ms = $COMMIT_MS}
 EOF
-    "$bin" run --config "$work/run.conf" >"$work/run.log" 2>&1 &
+    local side0 redis0 broker0
+    redis0=$(redis_cpu)
+    broker0=$(broker_cpu)
+    side0=$(side_cpu)
+    "$bin" run --config "$work/run.conf" --summary "$work/summary.json" >"$work/run.log" 2>&1 &
     local pid=$!
     # the shards' tags ({M} for one shard); done once every shard's watermarks cover the topic
     local tags=("$model") least
@@ -130,6 +143,15 @@ EOF
         [ "$least" -ge $((60000 * copies)) ] && break
         sleep 0.5
     done
+    # CPU of the run's process, the broker and Redis, per sample of the topic
+    local cpu
+    cpu=$(awk -v a="$(cpu_s "$pid")" -v b="$(side_cpu)" -v s0="$side0" -v n=$((60000 * copies)) \
+        'BEGIN { printf "%.2f", (a + b - s0) * 1e6 / n }')
+    {
+        thread_cpu "$pid"
+        awk -v b="$(broker_cpu)" -v s0="$broker0" 'BEGIN { printf "broker %.2f\n", b - s0 }'
+        awk -v b="$(redis_cpu)" -v s0="$redis0" 'BEGIN { printf "redis %.2f\n", b - s0 }'
+    } >"$work/threads"
     kill -TERM "$pid" && wait "$pid"
     "$bin" model export --redis "$redis_url" --name "$model" \
         --out "$work/run.safetensors" >/dev/null
@@ -145,33 +167,77 @@ EOF
     tau=$(awk 'prev == "tau" { print $1 } { prev = $1 }' "$work/versions.txt" | sort -n |
         awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else
              printf "%d/%d", v[int((NR - 1) * 0.5) + 1], v[int((NR - 1) * 0.99) + 1] }')
-    echo "$rate $acc $tau"
+    echo "$rate $acc $tau $cpu"
 }
 
-# the raw librdkafka consumer over the whole topic; prints records/s
+# the raw librdkafka consumer over the whole topic; prints "records/s cpu",
+# cpu: microseconds of CPU a record, the consumer's and the broker's
 raw_once() {
-    "$raw_bin" --bootstrap "$bootstrap" --topic fashion |
-        awk '{ for (i = 1; i < NF; i++) if ($i == "records_per_s") print $(i + 1) }'
+    local b0
+    b0=$(side_cpu)
+    local TIMEFORMAT='%U %S'
+    { time "$raw_bin" --bootstrap "$bootstrap" --topic fashion >"$work/raw.out"; } 2>"$work/raw.time"
+    awk -v b0="$b0" -v b1="$(side_cpu)" -v n=$((60000 * copies)) \
+        'FNR == NR { for (i = 1; i < NF; i++) if ($i == "records_per_s") r = $(i + 1); next }
+         { c = $1 + $2 } END { printf "%s %.2f\n", r, (c + b1 - b0) * 1e6 / n }' \
+        "$work/raw.out" "$work/raw.time"
 }
+
+# CPU seconds a process has used (user + system, its exited threads too)
+cpu_s() { awk -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
+
+# the CPU seconds of each of process $1's threads, summed by kind of thread
+# (workers, applier, librdkafka's, the rest), one "kind seconds" a line
+thread_cpu() {
+    for f in /proc/"$1"/task/*/stat; do cat "$f"; done 2>/dev/null |
+        awk -v hz="$hz" '{ name = $0; sub(/^[0-9]+ \(/, "", name); sub(/\) .*$/, "", name)
+            rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
+            kind = "other"
+            if (name ~ /^fr-worker/) kind = "workers"
+            else if (name ~ /^fr-applier/) kind = "applier"
+            else if (name ~ /^fr-(consume|decode)/) kind = "consume"
+            else if (name ~ /^rdk:/) kind = "librdkafka"
+            s[kind] += (f[12] + f[13]) / hz }
+            END { for (k in s) printf "%s %.2f\n", k, s[k] }'
+}
+
+# CPU seconds of every redis-server (the stack's processes but the broker)
+redis_cpu() {
+    local i t=0
+    for i in "${!stack_pids[@]}"; do
+        [ "$i" = 1 ] && continue
+        t=$(awk -v t="$t" -v c="$(cpu_s "${stack_pids[$i]}")" 'BEGIN { print t + c }')
+    done
+    echo "$t"
+}
+broker_cpu() { cpu_s "${stack_pids[1]}"; } # stack_start's second process
+side_cpu() { awk -v a="$(redis_cpu)" -v b="$(broker_cpu)" 'BEGIN { print a + b }'; }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "run vs fit: Fashion-MNIST x $copies, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
     "freshet run with $workers workers, $mode, Kafka + Redis (${REDIS:-single}), $shards shard(s)"
-echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume)"
-printf '  %-6s %10s %8s %10s %8s %10s %8s %10s %9s\n' round "run/s" "run acc" "fit/s" "fit acc" \
-    "raw/s" "run/fit" "run/limit" "tau 50/99"
+echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume);" \
+    "cpu limit = $ncpu cores / (CPU a sample of fit + of the raw read, broker included)"
+printf '  %-5s %8s %7s %8s %7s %8s %7s %9s %9s %6s %6s %8s %9s\n' round "run/s" "run acc" "fit/s" \
+    "fit acc" "raw/s" run/fit run/limit "tau 50/99" "us run" "us f+r" "cpulimit" run/cpulim
 : >"$work/rounds"
 for r in $(seq "$rounds"); do
     read -r fit_rate fit_acc < <(fit_once)
-    raw_rate=$(raw_once)
-    read -r run_rate run_acc run_tau < <(run_once "bench$r")
-    echo "$run_rate $run_acc $fit_rate $fit_acc $raw_rate $run_tau" >>"$work/rounds"
-    printf '  %-6s %10s %8s %10s %8s %10s %8s %10s %9s\n' "$r" "$run_rate" "$run_acc" "$fit_rate" \
-        "$fit_acc" "$raw_rate" \
+    read -r raw_rate raw_cpu < <(raw_once)
+    read -r run_rate run_acc run_tau run_cpu < <(run_once "bench$r")
+    # CPU a sample: fit's is its one thread's time; the cpu limit is what the
+    # cores would give if run cost no more than training and reading do
+    fr_cpu=$(awk -v f="$fit_rate" -v c="$raw_cpu" 'BEGIN { printf "%.2f", 1e6 / f + c }')
+    cpu_lim=$(awk -v n="$ncpu" -v u="$fr_cpu" 'BEGIN { printf "%.0f", n * 1e6 / u }')
+    echo "$run_rate $run_acc $fit_rate $fit_acc $raw_rate $run_tau $run_cpu $fr_cpu $cpu_lim" >>"$work/rounds"
+    printf '  %-5s %8s %7s %8s %7s %8s %7s %9s %9s %6s %6s %8s %9s\n' "$r" "$run_rate" "$run_acc" \
+        "$fit_rate" "$fit_acc" "$raw_rate" \
         "$(awk -v a="$run_rate" -v b="$fit_rate" 'BEGIN { printf "%.2f", a / b }')" \
         "$(awk -v a="$run_rate" -v f="$fit_rate" -v w="$workers" -v c="$raw_rate" \
-            'BEGIN { l = w * f; if (c < l) l = c; printf "%.2f", a / l }')" "$run_tau"
+            'BEGIN { l = w * f; if (c < l) l = c; printf "%.2f", a / l }')" "$run_tau" \
+        "$run_cpu" "$fr_cpu" "$cpu_lim" \
+        "$(awk -v a="$run_rate" -v b="$cpu_lim" 'BEGIN { printf "%.2f", a / b }')"
 done
 run_med=$(awk '{ print $1 }' "$work/rounds" | median)
 fit_med=$(awk '{ print $3 }' "$work/rounds" | median)
@@ -184,6 +250,21 @@ printf '  median: run %.0f samples/s (rounds %s), fit %.0f, raw consume %.0f rec
 printf '  ratio run/fit %.2f; run/min(%d x fit, raw) %.2f (limit %.0f)\n' \
     "$(awk -v a="$run_med" -v b="$fit_med" 'BEGIN { print a / b }')" "$workers" \
     "$(awk -v a="$run_med" -v b="$limit" 'BEGIN { print a / b }')" "$limit"
+printf '  CPU a sample: run %s us (broker and Redis included), fit + raw read %s us;' \
+    "$(awk '{ print $7 }' "$work/rounds" | median)" "$(awk '{ print $8 }' "$work/rounds" | median)"
+printf ' cpu limit %.0f samples/s, run/cpu limit %.2f (rounds %s);' \
+    "$(awk '{ print $9 }' "$work/rounds" | median)" \
+    "$(awk '{ print $1 / $9 }' "$work/rounds" | median)" \
+    "$(awk '{ printf "%.2f\n", $1 / $9 }' "$work/rounds" | sort -n | paste -sd' ' -)"
+printf ' cores busy in run %.2f of %d\n' \
+    "$(awk '{ print $1 * $7 / 1e6 }' "$work/rounds" | median)" "$ncpu"
+printf '  where the last run'"'"'s CPU went, us a sample: %s\n' \
+    "$(sort "$work/threads" | awk -v n=$((60000 * copies)) '{ printf "%s%s %.1f", sep, $1, $2 * 1e6 / n; sep = ", " }')"
+# a worker's time a batch, from run --summary's counters (wall clock)
+printf '  a worker'"'"'s time a batch in the last run, us: %s\n' "$(grep -o '"[a-z]*_ns":[0-9]*\|"batches":[0-9]*' \
+    "$work/summary.json" | tr -d '"' | awk -F: '$1 == "batches" { b = $2; next }
+        { v[$1] = $2; k[++n] = $1 } END { for (i = 1; i <= n; i++) {
+            name = k[i]; sub(/_ns$/, "", name); printf "%s%s %.0f", sep, name, v[k[i]] / b / 1e3; sep = ", " } }')"
 printf '  staleness p50/p99 of each run (versions): %s\n' "$(awk '{ print $6 }' "$work/rounds" | paste -sd' ' -)"
 printf '  test accuracy: run median %s, fit %s (difference fit - run %.2f points)\n' \
     "$acc_med" "$fit_acc" "$(awk -v a="$acc_med" -v b="$fit_acc" 'BEGIN { print 100 * (b - a) }')"

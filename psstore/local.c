@@ -15,12 +15,18 @@
  * applier may hold the lease).
  *
  * Threads: every function may be called from any thread; one mutex guards
- * everything, and weights are copied out under it (a copy of a 784-256-10
- * model takes tens of microseconds). Gradients are copied in, or with
- * psstore_local_push_swap (the workers' way) trade buffers with the slot.
+ * everything. Gradients are copied in, or with psstore_local_push_swap (the
+ * workers' way) trade buffers with the slot. Weights are snapshots: the
+ * applier copies each version into a buffer nobody holds, outside the
+ * lock, and makes it current; a worker holds the current one and computes
+ * on it in place (psstore_local_hold) or copies it out (psstore_local_pull).
+ * A buffer is written again only once nobody holds it, so a holder reads a
+ * version that never changes under it (docs/design.md "The co-located fast
+ * path").
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +51,13 @@ struct psstore_local {
     pthread_cond_t work; /* a gradient was queued                   */
     size_t n;
     int open;
-    float *w; /* [n]: the applier's weights at (epoch, version) */
+    float *w; /* [n]: the applier's weights at (epoch, version): snap[cur] */
+    /* weight snapshots: snap[cur] is published, refs[k] workers hold snap[k],
+     * and the applier is writing snap[writing] (SIZE_MAX: none); grown when
+     * every other one is held, so at most holders + 2 */
+    float **snap;
+    int *refs;
+    size_t nsnap, cur, writing;
     uint64_t epoch;
     int64_t version;
     slot_t *slots;
@@ -74,6 +86,35 @@ struct psstore_local {
 
 #define LOCAL_RING 4096 /* pushes whose shard tickets are remembered */
 
+/* Appends a touched snapshot buffer; returns its index, or SIZE_MAX when
+ * out of memory. */
+static size_t snap_add(psstore_local_t *l)
+{
+    float **snap = realloc(l->snap, (l->nsnap + 1) * sizeof(*snap));
+    if (snap == NULL)
+        return SIZE_MAX;
+    l->snap = snap;
+    int *refs = realloc(l->refs, (l->nsnap + 1) * sizeof(*refs));
+    if (refs == NULL)
+        return SIZE_MAX;
+    l->refs = refs;
+    if ((snap[l->nsnap] = malloc(l->n * sizeof(float))) == NULL)
+        return SIZE_MAX;
+    fr_mem_touch(snap[l->nsnap], l->n * sizeof(float));
+    refs[l->nsnap] = 0;
+    return l->nsnap++;
+}
+
+/* A snapshot nobody holds, other than the current one (under the lock),
+ * grown when there is none; SIZE_MAX when out of memory. */
+static size_t snap_free(psstore_local_t *l)
+{
+    for (size_t k = 0; k < l->nsnap; k++)
+        if (k != l->cur && k != l->writing && l->refs[k] == 0)
+            return k;
+    return snap_add(l);
+}
+
 psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, size_t size)
 {
     if (nparams == 0 || slots == 0) {
@@ -81,8 +122,7 @@ psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, s
         return NULL;
     }
     psstore_local_t *l = calloc(1, sizeof(*l));
-    if (l == NULL || (l->slots = calloc(slots, sizeof(slot_t))) == NULL ||
-        (l->w = malloc(nparams * sizeof(float))) == NULL) {
+    if (l == NULL || (l->slots = calloc(slots, sizeof(slot_t))) == NULL) {
         if (l != NULL)
             free(l->slots);
         free(l);
@@ -91,7 +131,14 @@ psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, s
     }
     l->n = nparams;
     l->nslots = slots;
-    fr_mem_touch(l->w, nparams * sizeof(float));
+    l->writing = SIZE_MAX;
+    /* the published snapshot and one to write the next version into */
+    if (snap_add(l) == SIZE_MAX || snap_add(l) == SIZE_MAX) {
+        psstore_local_destroy(l);
+        fr_errorf(FR_ERR_NOMEM, errstr, size, "local path: out of memory");
+        return NULL;
+    }
+    l->w = l->snap[0];
     for (size_t i = 0; i < slots; i++) {
         if ((l->slots[i].g = malloc(nparams * sizeof(float))) == NULL) {
             psstore_local_destroy(l);
@@ -155,7 +202,10 @@ void psstore_local_destroy(psstore_local_t *l)
         free(l->slots[i].topics);
     }
     free(l->slots);
-    free(l->w);
+    for (size_t k = 0; k < l->nsnap; k++)
+        free(l->snap[k]);
+    free(l->snap);
+    free(l->refs);
     pthread_mutex_destroy(&l->lock);
     pthread_cond_destroy(&l->room);
     pthread_cond_destroy(&l->work);
@@ -224,6 +274,46 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
     }
     pthread_mutex_unlock(&l->lock);
     return FR_OK;
+}
+
+fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch,
+                            int64_t *version, int *changed)
+{
+    if (l->nsub > 0)
+        return FR_ERR_INVAL; /* sharded: psstore_local_pull_at */
+    pthread_mutex_lock(&l->lock);
+    if (!l->open) {
+        pthread_mutex_unlock(&l->lock);
+        return FR_ERR_STATE;
+    }
+    *changed = *w != l->w || l->epoch != *epoch || l->version != *version;
+    if (*changed) {
+        for (size_t k = 0; *w != NULL && k < l->nsnap; k++)
+            if (l->snap[k] == *w) {
+                l->refs[k]--;
+                break;
+            }
+        l->refs[l->cur]++;
+        *w = l->w;
+        *epoch = l->epoch;
+        *version = l->version;
+        l->pulls++;
+    }
+    pthread_mutex_unlock(&l->lock);
+    return FR_OK;
+}
+
+void psstore_local_unhold(psstore_local_t *l, const float *w)
+{
+    if (l == NULL || w == NULL)
+        return;
+    pthread_mutex_lock(&l->lock);
+    for (size_t k = 0; k < l->nsnap; k++)
+        if (l->snap[k] == w) {
+            l->refs[k]--;
+            break;
+        }
+    pthread_mutex_unlock(&l->lock);
 }
 
 /* Copies g's ranges and strings into slot s (under the lock), and its
@@ -342,7 +432,14 @@ fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, fl
 void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version)
 {
     pthread_mutex_lock(&l->lock);
-    memcpy(l->w, w, l->n * sizeof(float));
+    size_t k = snap_free(l);
+    if (k == SIZE_MAX) { /* out of memory: the channel stays closed */
+        pthread_mutex_unlock(&l->lock);
+        return;
+    }
+    memcpy(l->snap[k], w, l->n * sizeof(float));
+    l->cur = k;
+    l->w = l->snap[k];
     l->epoch = epoch;
     l->version = version;
     memset(l->rounds, 0, sizeof(l->rounds));
@@ -371,9 +468,20 @@ void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_
 {
     pthread_mutex_lock(&l->lock);
     if (l->open && (l->epoch != epoch || l->version != version)) {
-        memcpy(l->w, w, l->n * sizeof(float));
-        l->epoch = epoch;
-        l->version = version;
+        /* out of memory (every other snapshot held, none more to be had):
+         * the workers go on with the version they have */
+        size_t k = snap_free(l);
+        if (k != SIZE_MAX) {
+            l->writing = k; /* nobody can hold it: it is not current */
+            pthread_mutex_unlock(&l->lock);
+            memcpy(l->snap[k], w, l->n * sizeof(float));
+            pthread_mutex_lock(&l->lock);
+            l->writing = SIZE_MAX;
+            l->cur = k;
+            l->w = l->snap[k];
+            l->epoch = epoch;
+            l->version = version;
+        }
     }
     if (l->open && rounds != NULL)
         memcpy(l->rounds, rounds, sizeof(l->rounds));

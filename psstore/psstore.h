@@ -554,6 +554,18 @@ int psstore_local_open(psstore_local_t *l);
 /* As psstore_pull, from the applier's memory; FR_ERR_STATE when closed. */
 fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64_t *version,
                             int *changed);
+/* As psstore_local_pull without the copy: *w (NULL at first, then what
+ * the last call gave) points at the applier's current weights, which the
+ * caller holds, unchanged, until its next call or psstore_local_unhold.
+ * When they moved since *w, *epoch and *version, the old ones are let go
+ * and *changed is set. Each caller holds one version at most; a holder
+ * costs the channel a model-sized buffer while the applier moves on. Not
+ * for a sharded channel (FR_ERR_INVAL); FR_ERR_STATE when closed, and *w is
+ * then still held. */
+fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch,
+                            int64_t *version, int *changed);
+/* Lets go of weights w that psstore_local_hold gave (NULL: nothing). */
+void psstore_local_unhold(psstore_local_t *l, const float *w);
 /* A sharded channel: as psstore_local_pull, each shard's slice when that
  * shard moved since at (FR_ERR_STATE when any shard's channel is closed;
  * the slices pulled so far stay consistent with at). */

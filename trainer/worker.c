@@ -67,6 +67,7 @@ typedef struct worker {
     double slowdown;
     uint64_t slow_until_ns; /* the slowdown ends then (0: never) */
     float *w, *g;           /* [nparams]: the local copy and the gradient */
+    const float *held;      /* the channel's weights, held (psstore_local_hold) */
     uint64_t epoch;
     int64_t version;         /* -1 before the first pull */
     psstore_member_t me;     /* this worker's members entry              */
@@ -360,13 +361,23 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     /* the in-process channel while this process's applier holds the lease
      * (docs/design.md "The co-located fast path"), Redis otherwise */
     psstore_shard_at_t *at = psstore_client_at(wk->cl); /* a sharded model's shards */
-    int local =
-        p->local != NULL && (at != NULL ? psstore_local_pull_at(p->local, wk->w, at, &changed)
-                                        : psstore_local_pull(p->local, wk->w, &wk->epoch,
-                                                             &wk->version, &changed)) == FR_OK;
-    if (local && at != NULL) {
-        wk->epoch = at->epoch;
-        wk->version = at->version;
+    int local = 0;
+    if (p->local != NULL && at != NULL) { /* each shard's slice, copied */
+        local = psstore_local_pull_at(p->local, wk->w, at, &changed) == FR_OK;
+        if (local) {
+            wk->epoch = at->epoch;
+            wk->version = at->version;
+        }
+    } else if (p->local != NULL) { /* computed on in place: no copy */
+        local = psstore_local_hold(p->local, &wk->held, &wk->epoch, &wk->version, &changed) ==
+                FR_OK;
+    }
+    if (!local && wk->held != NULL) {
+        /* back to the worker's own copy, which holds some older version:
+         * read it whole */
+        psstore_local_unhold(p->local, wk->held);
+        wk->held = NULL;
+        wk->version = -1;
     }
     if (!local &&
         (err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
@@ -375,7 +386,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     }
     if (changed) {
         atomic_fetch_add(&p->pulls, 1);
-        if ((err = trainer_backend_load(wk->be, wk->w)) != FR_OK) {
+        if ((err = trainer_backend_load(wk->be, wk->held != NULL ? wk->held : wk->w)) != FR_OK) {
             fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
             return err;
         }

@@ -266,6 +266,82 @@ static void test_a_swapped_push_trades_buffers_and_applies_what_was_pushed(void 
 }
 
 /*
+ * Weights held in place (psstore_local_hold, the workers' way) never change
+ * under their holder: the applier writes each version into a buffer nobody
+ * holds. Two holders keep versions 0 and 1 while the applier publishes up
+ * to 21; a third looks at each version as it comes and lets it go. The
+ * channel then uses holders + 2 buffers, no more (the versions it showed
+ * the third came from 4), and a new hold sees the newest weights.
+ */
+static void test_held_weights_stay_put_while_the_applier_moves_on(void **state)
+{
+    (void)state;
+    enum { K = 21 };
+    const char *model = "local-hold";
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open(model, 4, &a);
+    const float *h1 = NULL, *h2 = NULL, *h3 = NULL, *seen[K + 1];
+    uint64_t e1 = 0, e2 = 0, e3 = 0;
+    int64_t v1 = -1, v2 = -1, v3 = -1;
+    int changed = 0, ks[K];
+    size_t nseen = 0;
+    float w0[NPARAMS], w1[NPARAMS], want[NPARAMS], g[NPARAMS];
+    assert_int_equal(psstore_local_hold(l, &h1, &e1, &v1, &changed), FR_OK);
+    assert_true(changed);
+    assert_int_equal(v1, 0);
+    initial_weights(w0);
+    assert_near(h1, w0);
+    assert_int_equal(psstore_local_hold(l, &h1, &e1, &v1, &changed), FR_OK);
+    assert_false(changed);
+    for (int k = 1; k <= K; k++) {
+        ks[k - 1] = k;
+        psstore_range_t range;
+        psstore_grad_t msg = grad(g, &range, k, 4 * (k - 1), 4, e1, k - 1);
+        uint64_t t = 0;
+        assert_int_equal(psstore_local_push(l, &msg, 100, &t), FR_OK);
+        for (int i = 0; i < 20 && psstore_local_wait_applied(l, t, 1) != FR_OK; i++)
+            assert_int_equal(psstore_applier_poll(a, 5), FR_OK);
+        assert_int_equal(psstore_local_wait_applied(l, t, 1000), FR_OK);
+        if (k == 1) {
+            assert_int_equal(psstore_local_hold(l, &h2, &e2, &v2, &changed), FR_OK);
+            assert_int_equal(v2, 1);
+            expected(w1, ks, 1);
+        }
+        assert_int_equal(psstore_local_hold(l, &h3, &e3, &v3, &changed), FR_OK);
+        assert_true(changed);
+        assert_int_equal(v3, k);
+        expected(want, ks, k);
+        assert_near(h3, want);
+        size_t j = 0;
+        while (j < nseen && seen[j] != h3)
+            j++;
+        if (j == nseen)
+            seen[nseen++] = h3;
+        psstore_local_unhold(l, h3);
+        h3 = NULL;
+        /* the held versions, unchanged */
+        assert_near(h1, w0);
+        assert_near(h2, w1);
+    }
+    if (nseen > 4)
+        fail_msg("versions 1-%d came from %zu buffers; 2 holders need 4 at most", K, nseen);
+    assert_int_equal(psstore_local_hold(l, &h1, &e1, &v1, &changed), FR_OK);
+    assert_true(changed);
+    assert_int_equal(v1, K);
+    assert_near(h1, want);
+    float copy[NPARAMS];
+    uint64_t ec = 0;
+    int64_t vc = -1;
+    assert_int_equal(psstore_local_pull(l, copy, &ec, &vc, &changed), FR_OK);
+    assert_int_equal(vc, K);
+    assert_memory_equal(copy, h1, sizeof(copy));
+    psstore_local_unhold(l, h1);
+    psstore_local_unhold(l, h2);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+}
+
+/*
  * An in-process gradient carries its worker's sum of squares (sq_known),
  * and the applier decides on it without a pass of its own: with clipping
  * at half the smaller norm, gradient 1 pushed with its true sum is scaled
@@ -439,6 +515,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
         cmocka_unit_test(test_a_swapped_push_trades_buffers_and_applies_what_was_pushed),
+        cmocka_unit_test(test_held_weights_stay_put_while_the_applier_moves_on),
         cmocka_unit_test(test_an_in_process_gradient_is_decided_on_its_sum_of_squares),
         cmocka_unit_test(test_a_full_channel_pushes_back),
         cmocka_unit_test(test_rounds_are_published_with_their_weights),
