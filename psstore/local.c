@@ -276,8 +276,8 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
     return FR_OK;
 }
 
-fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch,
-                            int64_t *version, int *changed)
+fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch, int64_t *version,
+                            int *changed)
 {
     if (l->nsub > 0)
         return FR_ERR_INVAL; /* sharded: psstore_local_pull_at */

@@ -562,8 +562,8 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
  * costs the channel a model-sized buffer while the applier moves on. Not
  * for a sharded channel (FR_ERR_INVAL); FR_ERR_STATE when closed, and *w is
  * then still held. */
-fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch,
-                            int64_t *version, int *changed);
+fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch, int64_t *version,
+                            int *changed);
 /* Lets go of weights w that psstore_local_hold gave (NULL: nothing). */
 void psstore_local_unhold(psstore_local_t *l, const float *w);
 /* A sharded channel: as psstore_local_pull, each shard's slice when that

@@ -369,8 +369,8 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
             wk->version = at->version;
         }
     } else if (p->local != NULL) { /* computed on in place: no copy */
-        local = psstore_local_hold(p->local, &wk->held, &wk->epoch, &wk->version, &changed) ==
-                FR_OK;
+        local =
+            psstore_local_hold(p->local, &wk->held, &wk->epoch, &wk->version, &changed) == FR_OK;
     }
     if (!local && wk->held != NULL) {
         /* back to the worker's own copy, which holds some older version:
