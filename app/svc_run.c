@@ -67,8 +67,9 @@ static void run_usage(FILE *out)
                  "                       and the run stops (as on SIGTERM) once the versions\n"
                  "                       stream counts them (0: never)\n"
                  "  --summary F          at exit write a JSON summary to F: the workers' samples,\n"
-                 "                       batches, failed, compute_ns, push_ns, wait_ns; the\n"
-                 "                       applier's applied, dropped by reason, rounds, version\n");
+                 "                       batches, failed, pulls and times (ns); the applier's\n"
+                 "                       applied, dropped by reason, rounds, version, commits\n"
+                 "                       and their time\n");
 }
 
 static void train_usage(FILE *out)
@@ -647,9 +648,10 @@ static int summary_write(const role_t *r)
             (unsigned long long)st.starved_ns);
     fprintf(f,
             "\"applier\":{\"applied\":%llu,\"rounds\":%llu,\"version\":%lld,\"commits\":%llu,"
-            "\"fenced\":%llu,\"dropped\":{",
+            "\"commit_ns\":%llu,\"fenced\":%llu,\"dropped\":{",
             (unsigned long long)as.applied, (unsigned long long)as.rounds, (long long)as.version,
-            (unsigned long long)as.commits, (unsigned long long)as.fenced);
+            (unsigned long long)as.commits, (unsigned long long)as.commit_ns,
+            (unsigned long long)as.fenced);
     for (int d = 0; d < PSSTORE_NDROP; d++)
         fprintf(f, "%s\"%s\":%llu", d ? "," : "", psstore_drop_name((psstore_drop_t)d),
                 (unsigned long long)as.dropped[d]);

@@ -133,6 +133,10 @@ EOF
     side0=$(side_cpu)
     "$bin" run --config "$work/run.conf" --summary "$work/summary.json" >"$work/run.log" 2>&1 &
     local pid=$!
+    # run_once runs in a subshell (< <(...)): should it end early, the run
+    # must not outlive it
+    run_pid=$pid
+    trap '[ -n "$run_pid" ] && kill -TERM "$run_pid" 2>/dev/null' EXIT
     # the shards' tags ({M} for one shard); done once every shard's watermarks cover the topic
     local tags=("$model") least
     [ "$shards" -gt 1 ] && mapfile -t tags < <(seq 0 $((shards - 1)) | sed "s|^|$model/s|")
@@ -153,6 +157,7 @@ EOF
         awk -v b="$(redis_cpu)" -v s0="$redis0" 'BEGIN { printf "redis %.2f\n", b - s0 }'
     } >"$work/threads"
     kill -TERM "$pid" && wait "$pid"
+    run_pid=
     "$bin" model export --redis "$redis_url" --name "$model" \
         --out "$work/run.safetensors" >/dev/null
     local acc rate
@@ -261,10 +266,15 @@ printf ' cores busy in run %.2f of %d\n' \
 printf '  where the last run'"'"'s CPU went, us a sample: %s\n' \
     "$(sort "$work/threads" | awk -v n=$((60000 * copies)) '{ printf "%s%s %.1f", sep, $1, $2 * 1e6 / n; sep = ", " }')"
 # a worker's time a batch, from run --summary's counters (wall clock)
-printf '  a worker'"'"'s time a batch in the last run, us: %s\n' "$(grep -o '"[a-z]*_ns":[0-9]*\|"batches":[0-9]*' \
-    "$work/summary.json" | tr -d '"' | awk -F: '$1 == "batches" { b = $2; next }
+printf '  a worker'"'"'s time a batch in the last run, us: %s\n' "$(sed 's/.*"trainer":{\([^}]*\)}.*/\1/' \
+    "$work/summary.json" | grep -o '"[a-z]*_ns":[0-9]*\|"batches":[0-9]*' | tr -d '"' | awk -F: '$1 == "batches" { b = $2; next }
         { v[$1] = $2; k[++n] = $1 } END { for (i = 1; i <= n; i++) {
             name = k[i]; sub(/_ns$/, "", name); printf "%s%s %.0f", sep, name, v[k[i]] / b / 1e3; sep = ", " } }')"
+printf '  its applier: %s\n' "$(sed 's/.*"applier":{\([^}]*\)}.*/\1/' "$work/summary.json" |
+    grep -o '"commits":[0-9]*\|"commit_ns":[0-9]*\|"applied":[0-9]*' | tr -d '"' |
+    awk -F: '{ v[$1] = $2 } END { if (v["commits"] > 0)
+        printf "%d gradients, %d commits of %.0f us each, blocking %.1f us a gradient",
+            v["applied"], v["commits"], v["commit_ns"] / v["commits"] / 1e3, v["commit_ns"] / v["applied"] / 1e3 }')"
 printf '  staleness p50/p99 of each run (versions): %s\n' "$(awk '{ print $6 }' "$work/rounds" | paste -sd' ' -)"
 printf '  test accuracy: run median %s, fit %s (difference fit - run %.2f points)\n' \
     "$acc_med" "$fit_acc" "$(awk -v a="$acc_med" -v b="$fit_acc" 'BEGIN { print 100 * (b - a) }')"

@@ -181,6 +181,12 @@ static void register_metrics(psstore_applier_t *a)
                                               "Time to decide and apply one gradient in memory", 12,
                                               lat_bounds, 1, model_l),
                          mv);
+    a->m_commit_latency = fr_metric_series(
+        fr_metrics_histogram(reg, "freshet_commit_latency_seconds",
+                             "Time of one commit transaction, from the lease check to the reply "
+                             "(the applier applies nothing meanwhile)",
+                             12, lat_bounds, 1, model_l),
+        mv);
     a->m_summed = fr_metric_series(
         fr_metrics_counter(reg, "freshet_gradients_summed_by_worker_total",
                            "Gradients decided on the sum of squares their worker sent with "

@@ -547,13 +547,16 @@ static void queue_acks(psstore_applier_t *a, txn_t *t)
 
 /* After EXEC succeeded: the counters, the freshness figures and the state
  * pending for the next commit start over. */
-static void committed(psstore_applier_t *a, int snap)
+static void committed(psstore_applier_t *a, int snap, uint64_t t0)
 {
+    uint64_t spent = fr_clock_mono_ns() - t0;
+    fr_series_observe(a->m_commit_latency, (double)spent * 1e-9);
     uint64_t payload = a->weights_dirty ? (a->n + a->opt_len) * sizeof(float) : 0;
     if (snap)
         payload += (a->n + a->opt_len) * sizeof(float);
     pthread_mutex_lock(&a->lock);
     a->stats.commits++;
+    a->stats.commit_ns += spent;
     a->stats.bytes += payload;
     pthread_mutex_unlock(&a->lock);
     fr_series_add(a->m_commits, 1);
@@ -639,6 +642,7 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
         ps_applier_stop_model(a, reason);
         return FR_OK;
     }
+    uint64_t t0 = fr_clock_mono_ns();
     int snap = snapshot_due(a), ours;
     fr_err_t err = ps_applier_watch_lease(a, &ours);
     if (err != FR_OK)
@@ -695,7 +699,7 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
     }
     wait_replicas(a);
     int64_t snap_id = snapshot_id(a);
-    committed(a, snap);
+    committed(a, snap, t0);
     if (snap && a->nshards > 1 && a->shard == 0)
         snapshot_fan_out(a, snap_id);
 out:

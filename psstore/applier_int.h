@@ -247,7 +247,7 @@ struct psstore_applier {
     psstore_applier_stats_t stats;
 
     fr_series_t *m_applied, *m_dropped[PSSTORE_NDROP], *m_stale, *m_lr, *m_version, *m_loss,
-        *m_bytes, *m_latency, *m_commits, *m_fenced, *m_summed;
+        *m_bytes, *m_latency, *m_commit_latency, *m_commits, *m_fenced, *m_summed;
     fr_series_t *m_unreplicated; /* commits short of wait_replicas replicas */
     fr_series_t *m_evicted;      /* a sparse model's rows evicted after ttl  */
     fr_series_t *m_stopped;      /* 1 while the divergence guard stops it    */

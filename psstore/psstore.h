@@ -858,6 +858,8 @@ typedef struct psstore_applier_stats {
     uint64_t rounds;                 /* rounds closed (sync, backup, groups)      */
     uint64_t dropped[PSSTORE_NDROP]; /* by psstore_drop_t              */
     uint64_t commits;                /* transactions that wrote weights           */
+    uint64_t commit_ns;              /* their time, from the lease's WATCH to EXEC's
+                                        reply (the applier applies nothing meanwhile) */
     uint64_t fenced;                 /* transactions refused: lease lost          */
     uint64_t unreplicated;           /* commits fewer than wait_replicas replicas
                                         acknowledged within wait_timeout_ms       */
