@@ -526,6 +526,7 @@ static void role_applier_stats(const role_t *r, psstore_applier_stats_t *as)
         }
         as->version += sh.version;
         as->commits += sh.commits;
+        as->commit_ns += sh.commit_ns;
         as->fenced += sh.fenced;
         as->samples = sh.samples < as->samples ? sh.samples : as->samples;
     }

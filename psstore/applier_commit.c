@@ -547,9 +547,8 @@ static void queue_acks(psstore_applier_t *a, txn_t *t)
 
 /* After EXEC succeeded: the counters, the freshness figures and the state
  * pending for the next commit start over. */
-static void committed(psstore_applier_t *a, int snap, uint64_t t0)
+static void committed(psstore_applier_t *a, int snap, uint64_t spent)
 {
-    uint64_t spent = fr_clock_mono_ns() - t0;
     fr_series_observe(a->m_commit_latency, (double)spent * 1e-9);
     uint64_t payload = a->weights_dirty ? (a->n + a->opt_len) * sizeof(float) : 0;
     if (snap)
@@ -697,9 +696,10 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
             goto out;
         }
     }
+    uint64_t spent = fr_clock_mono_ns() - t0; /* to EXEC's reply, not the replicas' */
     wait_replicas(a);
     int64_t snap_id = snapshot_id(a);
-    committed(a, snap, t0);
+    committed(a, snap, spent);
     if (snap && a->nshards > 1 && a->shard == 0)
         snapshot_fan_out(a, snap_id);
 out:

@@ -433,7 +433,7 @@ void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t v
 {
     pthread_mutex_lock(&l->lock);
     size_t k = snap_free(l);
-    if (k == SIZE_MAX) { /* out of memory: the channel stays closed */
+    if (k == SIZE_MAX) { /* out of memory: the channel stays closed (workers use Redis) */
         pthread_mutex_unlock(&l->lock);
         return;
     }
@@ -447,10 +447,10 @@ void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t v
     pthread_mutex_unlock(&l->lock);
 }
 
-void ps_local_close(psstore_local_t *l)
+/* Closes the channel (under the lock): queued gradients are lost, their
+ * positions never recorded, and every waiter wakes. */
+static void close_locked(psstore_local_t *l)
 {
-    pthread_mutex_lock(&l->lock);
-    /* queued gradients are lost: their positions were never recorded */
     l->open = 0;
     l->head = (l->head + l->count) % l->nslots;
     l->consumed += l->count;
@@ -460,6 +460,12 @@ void ps_local_close(psstore_local_t *l)
     l->count = l->taken = 0;
     pthread_cond_broadcast(&l->room);
     pthread_cond_broadcast(&l->moved);
+}
+
+void ps_local_close(psstore_local_t *l)
+{
+    pthread_mutex_lock(&l->lock);
+    close_locked(l);
     pthread_mutex_unlock(&l->lock);
 }
 
@@ -468,10 +474,12 @@ void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_
 {
     pthread_mutex_lock(&l->lock);
     if (l->open && (l->epoch != epoch || l->version != version)) {
-        /* out of memory (every other snapshot held, none more to be had):
-         * the workers go on with the version they have */
         size_t k = snap_free(l);
-        if (k != SIZE_MAX) {
+        if (k == SIZE_MAX) {
+            /* out of memory: the workers cannot see this version, so they
+             * go through Redis, which the next commit brings up to it */
+            close_locked(l);
+        } else {
             l->writing = k; /* nobody can hold it: it is not current */
             pthread_mutex_unlock(&l->lock);
             memcpy(l->snap[k], w, l->n * sizeof(float));

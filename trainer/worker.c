@@ -686,6 +686,8 @@ static void *worker_main(void *arg)
         ingest_batch_destroy(b);
     }
     psstore_member_leave(wk->cl, wk->id);
+    psstore_local_unhold(p->local, wk->held); /* the channel may outlive the pool */
+    wk->held = NULL;
     return NULL;
 }
 
