@@ -115,6 +115,16 @@ static size_t snap_free(psstore_local_t *l)
     return snap_add(l);
 }
 
+/* One holder fewer for snapshot w (under the lock; NULL: none). */
+static void snap_release(psstore_local_t *l, const float *w)
+{
+    for (size_t k = 0; w != NULL && k < l->nsnap; k++)
+        if (l->snap[k] == w) {
+            l->refs[k]--;
+            return;
+        }
+}
+
 psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, size_t size)
 {
     if (nparams == 0 || slots == 0) {
@@ -288,11 +298,7 @@ fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch
     }
     *changed = *w != l->w || l->epoch != *epoch || l->version != *version;
     if (*changed) {
-        for (size_t k = 0; *w != NULL && k < l->nsnap; k++)
-            if (l->snap[k] == *w) {
-                l->refs[k]--;
-                break;
-            }
+        snap_release(l, *w);
         l->refs[l->cur]++;
         *w = l->w;
         *epoch = l->epoch;
@@ -308,11 +314,7 @@ void psstore_local_unhold(psstore_local_t *l, const float *w)
     if (l == NULL || w == NULL)
         return;
     pthread_mutex_lock(&l->lock);
-    for (size_t k = 0; k < l->nsnap; k++)
-        if (l->snap[k] == w) {
-            l->refs[k]--;
-            break;
-        }
+    snap_release(l, w);
     pthread_mutex_unlock(&l->lock);
 }
 
