@@ -265,16 +265,27 @@ fr_err_t psstore_local_pull_at(psstore_local_t *l, float *w, psstore_shard_at_t 
     return FR_OK;
 }
 
-fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64_t *version,
-                            int *changed)
+/* Takes the lock of an unsharded channel that is open (FR_OK, the lock
+ * held); FR_ERR_INVAL when sharded (psstore_local_pull_at), FR_ERR_STATE when
+ * closed. */
+static fr_err_t lock_open(psstore_local_t *l)
 {
     if (l->nsub > 0)
-        return FR_ERR_INVAL; /* sharded: psstore_local_pull_at */
+        return FR_ERR_INVAL;
     pthread_mutex_lock(&l->lock);
     if (!l->open) {
         pthread_mutex_unlock(&l->lock);
         return FR_ERR_STATE;
     }
+    return FR_OK;
+}
+
+fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64_t *version,
+                            int *changed)
+{
+    fr_err_t err = lock_open(l);
+    if (err != FR_OK)
+        return err;
     *changed = l->epoch != *epoch || l->version != *version;
     if (*changed) {
         memcpy(w, l->w, l->n * sizeof(float));
@@ -289,13 +300,9 @@ fr_err_t psstore_local_pull(psstore_local_t *l, float *w, uint64_t *epoch, int64
 fr_err_t psstore_local_hold(psstore_local_t *l, const float **w, uint64_t *epoch, int64_t *version,
                             int *changed)
 {
-    if (l->nsub > 0)
-        return FR_ERR_INVAL; /* sharded: psstore_local_pull_at */
-    pthread_mutex_lock(&l->lock);
-    if (!l->open) {
-        pthread_mutex_unlock(&l->lock);
-        return FR_ERR_STATE;
-    }
+    fr_err_t err = lock_open(l);
+    if (err != FR_OK)
+        return err;
     *changed = *w != l->w || l->epoch != *epoch || l->version != *version;
     if (*changed) {
         snap_release(l, *w);
