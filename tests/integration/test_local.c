@@ -7,6 +7,7 @@
  * that was recorded.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -501,6 +502,223 @@ static void test_rounds_are_published_with_their_weights(void **state)
     psstore_client_destroy(cl);
 }
 
+/* ---- workers and a live applier, concurrently ----------------------------- */
+
+enum { STRESS_W = 4, STRESS_R = 300 };
+
+typedef struct stress {
+    psstore_local_t *l;
+    int stop; /* set (atomically) once the workers are done */
+    psstore_applier_t *a;
+    fr_err_t poll_err;
+} stress_t;
+
+typedef struct stress_worker {
+    stress_t *st;
+    int id;
+    long long sum;         /* the c of every gradient it pushed */
+    const float *seen[64]; /* the distinct snapshots it held */
+    size_t nseen;
+    long long holds, pulls; /* pulls: the puller's copies */
+    char fail[256];
+} stress_worker_t;
+
+static void *stress_applier(void *p)
+{
+    stress_t *st = p;
+    while (!__atomic_load_n(&st->stop, __ATOMIC_ACQUIRE) && st->poll_err == FR_OK)
+        st->poll_err = psstore_applier_poll(st->a, 2);
+    return NULL;
+}
+
+/* Whether every weight equals w[0] (a version is uniform: see below). */
+static int uniform(const float *w)
+{
+    for (int i = 1; i < NPARAMS; i++)
+        if (w[i] != w[0])
+            return 0;
+    return 1;
+}
+
+/* A worker's loop: hold, check, push c / 64 everywhere, wait for it to be
+ * applied, check the held weights again. */
+static void *stress_worker(void *p)
+{
+    stress_worker_t *sw = p;
+    psstore_local_t *l = sw->st->l;
+    float *buf = malloc(NPARAMS * sizeof(float)), copy[NPARAMS];
+    const float *h = NULL;
+    uint64_t e = 0;
+    int64_t v = -1, last = -1;
+    int changed = 0;
+    char id[32];
+    snprintf(id, sizeof(id), "h/1/%d", sw->id);
+    for (int r = 0; r < STRESS_R && buf != NULL && sw->fail[0] == '\0'; r++) {
+        fr_err_t err = psstore_local_hold(l, &h, &e, &v, &changed);
+        if (err != FR_OK) {
+            snprintf(sw->fail, sizeof(sw->fail), "hold %d: %s", r, fr_strerror(err));
+            break;
+        }
+        sw->holds++;
+        /* its previous gradient was applied before this hold: a newer version */
+        if (v <= last)
+            snprintf(sw->fail, sizeof(sw->fail), "hold %d: version %lld after %lld", r,
+                     (long long)v, (long long)last);
+        else if (!uniform(h))
+            snprintf(sw->fail, sizeof(sw->fail), "hold %d: version %lld is torn", r, (long long)v);
+        last = v;
+        memcpy(copy, h, sizeof(copy));
+        size_t j = 0;
+        while (j < sw->nseen && sw->seen[j] != h)
+            j++;
+        if (j == sw->nseen && sw->nseen < 64)
+            sw->seen[sw->nseen++] = h;
+        int c = 1 + (sw->id * 5 + r) % 8;
+        for (int i = 0; i < NPARAMS; i++)
+            buf[i] = (float)c / 64;
+        psstore_range_t range = {"t", sw->id, 4 * (int64_t)r, 4 * (int64_t)r + 4};
+        psstore_grad_t g = {.epoch = e,
+                            .version = v,
+                            .worker = id,
+                            .n = 4,
+                            .loss_sum = 4,
+                            .ranges = &range,
+                            .nranges = 1,
+                            .g = buf,
+                            .len = NPARAMS};
+        uint64_t t = 0;
+        if ((err = psstore_local_push_swap(l, &g, &buf, 2000, &t)) != FR_OK ||
+            (err = psstore_local_wait_applied(l, t, 5000)) != FR_OK) {
+            snprintf(sw->fail, sizeof(sw->fail), "push %d: %s", r, fr_strerror(err));
+            break;
+        }
+        sw->sum += c;
+        /* the applier moved on; what this worker holds did not */
+        if (memcmp(copy, h, sizeof(copy)) != 0)
+            snprintf(sw->fail, sizeof(sw->fail), "version %lld changed under its holder",
+                     (long long)v);
+    }
+    psstore_local_unhold(l, h);
+    free(buf);
+    return NULL;
+}
+
+/* A reader that copies every version out (psstore_local_pull) while the
+ * workers run: each copy whole, versions never going back. */
+static void *stress_puller(void *p)
+{
+    stress_worker_t *sw = p;
+    float w[NPARAMS];
+    uint64_t e = 0;
+    int64_t v = -1, last = -1;
+    int changed = 0;
+    while (!__atomic_load_n(&sw->st->stop, __ATOMIC_ACQUIRE) && sw->fail[0] == '\0') {
+        if (psstore_local_pull(sw->st->l, w, &e, &v, &changed) != FR_OK || !changed)
+            continue;
+        sw->pulls++;
+        if (v < last || !uniform(w))
+            snprintf(sw->fail, sizeof(sw->fail), "copy of version %lld (after %lld): %s",
+                     (long long)v, (long long)last, v < last ? "went back" : "torn");
+        last = v;
+    }
+    return NULL;
+}
+
+/*
+ * The channel as freshet run drives it, under contention: 4 worker threads
+ * hold the current weights, push a gradient (trading buffers), wait for it
+ * to be applied and hold again, 300 times each, while the applier polls on
+ * its own thread and a fifth thread copies every version out. Weights
+ * start at 0 and gradient k is c_k / 64 in every component, applied at lr
+ * 1/8, so every version is uniform and exact (multiples of 1/512, far
+ * inside a float's 24 bits, the same whatever the order): a snapshot
+ * written while read shows as non-uniform. Each worker's holds move
+ * forward (its own gradient is in the next), what it holds never changes
+ * under it while the applier moves on, at most W + 2 buffers serve every
+ * version, and the store ends at version 1,200 with every weight at
+ * -(sum of c) / 512 exactly.
+ */
+static void test_workers_and_a_live_applier_share_the_channel(void **state)
+{
+    (void)state;
+    const char *model = "local-stress";
+    float w[NPARAMS] = {0};
+    assert_int_equal(harness_model_create(&redis, model, "299-1", "mse", w, NPARAMS), 0);
+    psstore_local_t *l = psstore_local_new(NPARAMS, 2 * STRESS_W, errstr, sizeof(errstr));
+    assert_non_null(l);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = 0.125;
+    conf.ctl.policy = PSSTORE_POLICY_CONSTANT;
+    conf.ctl.max_staleness = 0;
+    conf.lease_ms = 2000;
+    stress_t st = {.l = l};
+    st.a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (st.a == NULL)
+        fail_msg("%s", errstr);
+    psstore_applier_set_local(st.a, l);
+    assert_int_equal(psstore_applier_poll(st.a, 20), FR_OK);
+    assert_true(psstore_local_open(l));
+
+    stress_worker_t sw[STRESS_W + 1];
+    memset(sw, 0, sizeof(sw));
+    pthread_t applier_thread, th[STRESS_W + 1];
+    assert_int_equal(pthread_create(&applier_thread, NULL, stress_applier, &st), 0);
+    for (int k = 0; k <= STRESS_W; k++) {
+        sw[k].st = &st;
+        sw[k].id = k;
+        assert_int_equal(
+            pthread_create(&th[k], NULL, k < STRESS_W ? stress_worker : stress_puller, &sw[k]), 0);
+    }
+    for (int k = 0; k < STRESS_W; k++)
+        pthread_join(th[k], NULL);
+    __atomic_store_n(&st.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th[STRESS_W], NULL);
+    pthread_join(applier_thread, NULL);
+    assert_int_equal(st.poll_err, FR_OK);
+
+    long long sum = 0;
+    const float *bufs[64 * STRESS_W];
+    size_t nbufs = 0;
+    for (int k = 0; k <= STRESS_W; k++) {
+        if (sw[k].fail[0] != '\0')
+            fail_msg("%s %d: %s", k < STRESS_W ? "worker" : "puller", k, sw[k].fail);
+        sum += sw[k].sum;
+        for (size_t i = 0; i < sw[k].nseen; i++) {
+            size_t j = 0;
+            while (j < nbufs && bufs[j] != sw[k].seen[i])
+                j++;
+            if (j == nbufs)
+                bufs[nbufs++] = sw[k].seen[i];
+        }
+    }
+    for (int k = 0; k < STRESS_W; k++)
+        assert_int_equal(sw[k].holds, STRESS_R);
+    assert_true(sw[STRESS_W].pulls > 0);
+    if (nbufs > STRESS_W + 2)
+        fail_msg("%zu buffers served the versions; %d holders need %d at most", nbufs, STRESS_W,
+                 STRESS_W + 2);
+    /* committed: every gradient, in Redis */
+    for (int i = 0; i < 10 && query_int("GET freshet:{%s}:ver", model) < STRESS_W * STRESS_R; i++)
+        assert_int_equal(psstore_applier_poll(st.a, 20), FR_OK);
+    uint64_t epoch;
+    int64_t version;
+    store_weights(model, w, &epoch, &version);
+    assert_int_equal(version, STRESS_W * STRESS_R);
+    for (int i = 0; i < NPARAMS; i++)
+        if (w[i] != (float)(-sum) / 512)
+            fail_msg("w[%d] = %.9g, expected %.9g", i, w[i], (double)(-sum) / 512);
+    for (int k = 0; k < STRESS_W; k++) { /* and each worker's positions */
+        char fmt[64];
+        snprintf(fmt, sizeof(fmt), "HGET freshet:{%%s}:offsets t/%d", k);
+        assert_int_equal(query_int(fmt, model), 4 * STRESS_R);
+    }
+    psstore_applier_destroy(st.a);
+    psstore_local_destroy(l);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -523,6 +741,7 @@ int main(void)
         cmocka_unit_test(test_an_in_process_gradient_is_decided_on_its_sum_of_squares),
         cmocka_unit_test(test_a_full_channel_pushes_back),
         cmocka_unit_test(test_rounds_are_published_with_their_weights),
+        cmocka_unit_test(test_workers_and_a_live_applier_share_the_channel),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
