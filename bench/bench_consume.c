@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../tests/integration/harness.h"
@@ -65,7 +66,8 @@ static const char *const group_props[][2] = {
 typedef struct run {
     double rate; /* records per second */
     double mbps; /* payload MB per second */
-    double wall; /* seconds timed */
+    double wall;  /* seconds timed */
+    double cores; /* CPU time of this process (broker included) over wall */
 } run_t;
 
 typedef struct workload {
@@ -92,6 +94,14 @@ static void die(const char *what)
 static double now_s(void)
 {
     return (double)fr_clock_mono_ns() * 1e-9;
+}
+
+/* CPU seconds of this process: every thread, the dev broker's included. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static size_t encode(ingest_format_t format, int ints, uint64_t id, char *buf, size_t cap)
@@ -214,7 +224,7 @@ static run_t raw_run(const workload_t *w, int round)
 
     size_t count = 0, per[PARTITIONS] = {0};
     uint64_t bytes = 0, touch = 0;
-    double t_first = 0, t_last = 0, deadline = now_s() + WAIT_S;
+    double t_first = 0, t_last = 0, c_first = 0, c_last = 0, deadline = now_s() + WAIT_S;
     while (count < w->n && now_s() < deadline) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 500);
         if (m == NULL)
@@ -225,10 +235,13 @@ static run_t raw_run(const workload_t *w, int round)
             rd_kafka_message_destroy(m);
             continue;
         }
-        double t = now_s();
-        if (count == 0)
+        double t = now_s(), c = cpu_s();
+        if (count == 0) {
             t_first = t;
+            c_first = c;
+        }
         t_last = t;
+        c_last = c;
         count++;
         bytes += m->len;
         if (m->len > 0)
@@ -255,6 +268,7 @@ static run_t raw_run(const workload_t *w, int round)
         /* the first message only starts the clock */
         r.rate = (double)(count - 1) / r.wall;
         r.mbps = r.rate * ((double)w->bytes / (double)w->n) / 1e6;
+        r.cores = (c_last - c_first) / r.wall;
     }
     return r;
 }
@@ -318,7 +332,7 @@ static run_t freshet_run(const workload_t *w, int round, int threads)
 
     size_t samples = 0, first_n = 0, empty = 0, batches = 0;
     int bad = 0;
-    double t_first = 0, t_last = 0, deadline = now_s() + WAIT_S;
+    double t_first = 0, t_last = 0, c_first = 0, c_last = 0, deadline = now_s() + WAIT_S;
     while (samples < w->n && now_s() < deadline) {
         ingest_batch_t *b = ingest_consumer_next(c, 1000);
         if (b == NULL)
@@ -328,12 +342,14 @@ static run_t freshet_run(const workload_t *w, int round, int threads)
             ingest_batch_destroy(b);
             continue;
         }
-        double t = now_s();
+        double t = now_s(), cpu = cpu_s();
         if (batches == 0) {
             t_first = t;
+            c_first = cpu;
             first_n = b->n;
         }
         t_last = t;
+        c_last = cpu;
         if (check_batch(w, b, seen, batches == 0) != 0 && !bad++)
             fprintf(stderr, "bench_consume: freshet %s: a sample does not match its record\n",
                     w->topic);
@@ -366,6 +382,7 @@ static run_t freshet_run(const workload_t *w, int round, int threads)
         /* the first batch only starts the clock */
         r.rate = (double)(samples - first_n) / r.wall;
         r.mbps = r.rate * ((double)w->bytes / (double)w->n) / 1e6;
+        r.cores = (c_last - c_first) / r.wall;
     }
     return r;
 }
@@ -452,14 +469,16 @@ int main(int argc, char **argv)
             qsort(alone[i], (size_t)rounds, sizeof(run_t), cmp_run);
     }
 
-    printf("  %-7s %8s %8s %14s %9s %14s %9s %7s %12s %8s\n", "format", "records", "bytes",
-           "raw rec/s", "MB/s", "freshet rec/s", "MB/s", "ratio", "alone rec/s", "/alone");
+    printf("  %-7s %8s %8s %14s %9s %6s %14s %9s %6s %7s %12s %8s\n", "format", "records",
+           "bytes", "raw rec/s", "MB/s", "cores", "freshet rec/s", "MB/s", "cores", "ratio",
+           "alone rec/s", "/alone");
     for (int i = 0; i < NLOADS; i++) {
         const workload_t *w = &loads[i];
         const run_t *r = &raw[i][rounds / 2], *f = &fr[i][rounds / 2];
         double rec_bytes = (double)w->bytes / (double)w->n;
-        printf("  %-7s %8zu %8.0f %14.0f %9.1f %14.0f %9.1f %7.2f", w->name, w->n, rec_bytes,
-               r->rate, r->mbps, f->rate, f->mbps, median(to_raw[i], rounds));
+        printf("  %-7s %8zu %8.0f %14.0f %9.1f %6.2f %14.0f %9.1f %6.2f %7.2f", w->name, w->n,
+               rec_bytes, r->rate, r->mbps, r->cores, f->rate, f->mbps, f->cores,
+               median(to_raw[i], rounds));
         if (w->format != INGEST_FORMAT_F32)
             printf(" %12.0f %8.2f\n", alone[i][rounds / 2].rate, median(to_alone[i], rounds));
         else
