@@ -64,8 +64,8 @@ static const char *const group_props[][2] = {
 };
 
 typedef struct run {
-    double rate; /* records per second */
-    double mbps; /* payload MB per second */
+    double rate;  /* records per second */
+    double mbps;  /* payload MB per second */
     double wall;  /* seconds timed */
     double cores; /* CPU time of this process (broker included) over wall */
 } run_t;
@@ -469,9 +469,9 @@ int main(int argc, char **argv)
             qsort(alone[i], (size_t)rounds, sizeof(run_t), cmp_run);
     }
 
-    printf("  %-7s %8s %8s %14s %9s %6s %14s %9s %6s %7s %12s %8s\n", "format", "records",
-           "bytes", "raw rec/s", "MB/s", "cores", "freshet rec/s", "MB/s", "cores", "ratio",
-           "alone rec/s", "/alone");
+    printf("  %-7s %8s %8s %14s %9s %6s %14s %9s %6s %7s %12s %8s\n", "format", "records", "bytes",
+           "raw rec/s", "MB/s", "cores", "freshet rec/s", "MB/s", "cores", "ratio", "alone rec/s",
+           "/alone");
     for (int i = 0; i < NLOADS; i++) {
         const workload_t *w = &loads[i];
         const run_t *r = &raw[i][rounds / 2], *f = &fr[i][rounds / 2];
