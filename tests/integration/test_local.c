@@ -531,6 +531,16 @@ static void *stress_applier(void *p)
     return NULL;
 }
 
+/* Adds p to set[0..*n) unless it is there already (and cap allows). */
+static void add_once(const float **set, size_t *n, size_t cap, const float *p)
+{
+    size_t j = 0;
+    while (j < *n && set[j] != p)
+        j++;
+    if (j == *n && *n < cap)
+        set[(*n)++] = p;
+}
+
 /* Whether every weight equals w[0] (a version is uniform: see below). */
 static int uniform(const float *w)
 {
@@ -568,11 +578,7 @@ static void *stress_worker(void *p)
             snprintf(sw->fail, sizeof(sw->fail), "hold %d: version %lld is torn", r, (long long)v);
         last = v;
         memcpy(copy, h, sizeof(copy));
-        size_t j = 0;
-        while (j < sw->nseen && sw->seen[j] != h)
-            j++;
-        if (j == sw->nseen && sw->nseen < 64)
-            sw->seen[sw->nseen++] = h;
+        add_once(sw->seen, &sw->nseen, 64, h);
         int c = 1 + (sw->id * 5 + r) % 8;
         for (int i = 0; i < NPARAMS; i++)
             buf[i] = (float)c / 64;
@@ -686,13 +692,8 @@ static void test_workers_and_a_live_applier_share_the_channel(void **state)
         if (sw[k].fail[0] != '\0')
             fail_msg("%s %d: %s", k < STRESS_W ? "worker" : "puller", k, sw[k].fail);
         sum += sw[k].sum;
-        for (size_t i = 0; i < sw[k].nseen; i++) {
-            size_t j = 0;
-            while (j < nbufs && bufs[j] != sw[k].seen[i])
-                j++;
-            if (j == nbufs)
-                bufs[nbufs++] = sw[k].seen[i];
-        }
+        for (size_t i = 0; i < sw[k].nseen; i++)
+            add_once(bufs, &nbufs, 64 * STRESS_W, sw[k].seen[i]);
     }
     for (int k = 0; k < STRESS_W; k++)
         assert_int_equal(sw[k].holds, STRESS_R);
