@@ -45,14 +45,18 @@ static void create_model(const char *name)
     assert_int_equal(harness_model_create(&redis, name, "299-1", "mse", w, NPARAMS), 0);
 }
 
-/* An applier of model on channel l, clipping at clip_norm (0: off). */
-static psstore_applier_t *applier_clipping(const char *model, psstore_local_t *l, double clip_norm)
+/* An applier of model on channel l at learning rate lr, clipping at
+ * clip_norm (0: off); the constant policy, no staleness bound. */
+static psstore_applier_t *applier_lr(const char *model, psstore_local_t *l, double lr,
+                                     double clip_norm)
 {
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);
     conf.url = redis.url;
     conf.model = model;
-    conf.ctl.lr = LR;
+    conf.ctl.lr = lr;
+    conf.ctl.policy = PSSTORE_POLICY_CONSTANT; /* the schema's defaults, which the */
+    conf.ctl.max_staleness = 0;                /* tests' exact weights rely on     */
     conf.ctl.clip_norm = clip_norm;
     conf.lease_ms = 1000;
     conf.audit = 1;
@@ -61,6 +65,11 @@ static psstore_applier_t *applier_clipping(const char *model, psstore_local_t *l
         fail_msg("%s", errstr);
     psstore_applier_set_local(a, l);
     return a;
+}
+
+static psstore_applier_t *applier_clipping(const char *model, psstore_local_t *l, double clip_norm)
+{
+    return applier_lr(model, l, LR, clip_norm);
 }
 
 static psstore_applier_t *applier(const char *model, psstore_local_t *l)
@@ -652,19 +661,7 @@ static void test_workers_and_a_live_applier_share_the_channel(void **state)
     assert_int_equal(harness_model_create(&redis, model, "299-1", "mse", w, NPARAMS), 0);
     psstore_local_t *l = psstore_local_new(NPARAMS, 2 * STRESS_W, errstr, sizeof(errstr));
     assert_non_null(l);
-    psstore_applier_conf_t conf;
-    psstore_applier_conf_init(&conf);
-    conf.url = redis.url;
-    conf.model = model;
-    conf.ctl.lr = 0.125;
-    conf.ctl.policy = PSSTORE_POLICY_CONSTANT;
-    conf.ctl.max_staleness = 0;
-    conf.lease_ms = 2000;
-    stress_t st = {.l = l};
-    st.a = psstore_applier_new(&conf, errstr, sizeof(errstr));
-    if (st.a == NULL)
-        fail_msg("%s", errstr);
-    psstore_applier_set_local(st.a, l);
+    stress_t st = {.l = l, .a = applier_lr(model, l, 0.125, 0)};
     assert_int_equal(psstore_applier_poll(st.a, 20), FR_OK);
     assert_true(psstore_local_open(l));
 
