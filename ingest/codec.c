@@ -366,16 +366,18 @@ static int csv_field(const char *p, const char *end, float *v, const char **next
  *  - find the commas of 64 bytes at a time (four 16-byte compares, one
  *    64-bit mask), and walk the mask's bits: each gives a field's end,
  *    and the next field starts after it, known before this one is read;
- *  - read each field from one 16-byte load: a byte mask of its digits and
- *    one of its '.', checked against the field's length; two byte
+ *  - read each field from one 16-byte load: byte masks of its digits, its
+ *    '.' and its '-', checked against the field's length; two byte
  *    shuffles drop the sign and the '.' and move the n digits to the
  *    vector's end (zeros before them are leading zeros); three multiply-
  *    adds make two 8-digit halves, and m = high x 10^8 + low. The value
- *    is fast_value's (m, minus the digits after the '.'), exact as there.
+ *    is m / 10^f in double rounded to float (f: the digits after the
+ *    '.'), fast_value's second case narrowed, exact as there.
  * A field of any other form (blanks, '+', an exponent, "nan", more than 15
- * bytes, a malformed one), one fast_value declines, one within 16 bytes of
- * the record's end and the fields after the last whole 64-byte block go
- * to csv_field, so both paths agree on every input (test_codec decides
+ * bytes, a malformed one), one whose double lies on a float midpoint, and
+ * the fields after the last 64-byte block that ends 16 bytes or more
+ * before the record's end go to csv_field, so both paths agree on every
+ * input (test_codec decides
  * long records of random fields against a field-by-field strtof
  * reference; fuzz_codec looks for reads past the record). The scalar
  * scanner takes about 190 instructions for a field of "0.123456791", this
