@@ -377,11 +377,11 @@ static int csv_field(const char *p, const char *end, float *v, const char **next
  * bytes, a malformed one), one whose double lies on a float midpoint, and
  * the fields after the last 64-byte block that ends 16 bytes or more
  * before the record's end go to csv_field, so both paths agree on every
- * input (test_codec decides
- * long records of random fields against a field-by-field strtof
- * reference; fuzz_codec looks for reads past the record). The scalar
- * scanner takes about 190 instructions for a field of "0.123456791", this
- * one about 100 (callgrind; docs/design.md "The csv decoder").
+ * input (test_codec decides long records of random fields against a
+ * field-by-field strtof reference; fuzz_codec looks for reads past the
+ * record). The scalar scanner takes about 190 instructions for a field of
+ * "0.123456791", this one about 100 (callgrind; docs/design.md "The csv
+ * decoder").
  */
 
 /* csv_drop[s][dot]: the shuffle that drops a sign (s = 1: byte 0) and the
@@ -533,16 +533,17 @@ static ingest_reject_t decode_csv(const ingest_schema_t *schema, const char *p, 
     if (csv_field(p, end, &label, &next) != 0)
         return INGEST_REJECT_BAD_NUMBER;
     nonfinite = !isfinite(label);
-    while (next != NULL) {
-        p = next;
 #ifdef CSV_SSE41
-        if (k == 0 && csv_sse41()) {
-            p = csv_blocks_sse41(p, end, x, d, &k, &nonfinite);
-            if (p == NULL)
-                return INGEST_REJECT_BAD_NUMBER;
-        }
+    /* the features in whole blocks; it stops before the record's end, so
+     * the last field is always read below */
+    if (next != NULL && csv_sse41()) {
+        next = csv_blocks_sse41(next, end, x, d, &k, &nonfinite);
+        if (next == NULL)
+            return INGEST_REJECT_BAD_NUMBER;
+    }
 #endif
-        if (csv_field(p, end, &v, &next) != 0)
+    while (next != NULL) {
+        if (csv_field(next, end, &v, &next) != 0)
             return INGEST_REJECT_BAD_NUMBER;
         if (!isfinite(v))
             nonfinite = 1;
