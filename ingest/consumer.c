@@ -256,6 +256,8 @@ static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                          rd_kafka_topic_partition_list_t *parts, void *opaque)
 {
     ingest_consumer_t *c = opaque;
+    c->rebalances++;
+    atomic_fetch_add(&c->rebalance_drained, c->nwin);
     ingest_consumer_window_drain(c); /* the records polled before this event */
     int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
@@ -896,6 +898,8 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
     c->bootstrap = dup_or_null(conf->bootstrap);
     c->linger_ms = conf->linger_ms;
     c->open_since = -1;
+    c->hold_partition = -1;
+    c->hold_offset = -1;
     c->ndecoders = decoders_for(conf);
     c->win_d = (size_t)conf->schema.features;
     c->gap_ms = conf->gap_timeout_ms == 0  ? GAP_TIMEOUT_MS
@@ -1058,6 +1062,7 @@ void ingest_consumer_stats(ingest_consumer_t *c, ingest_consumer_stats_t *st)
     st->retention_skips = atomic_load(&c->retention_skips);
     st->fetch_wakeups = atomic_load(&c->fetch_wakeups);
     st->decoded_ahead = atomic_load(&c->decoded_ahead);
+    st->rebalance_drained = atomic_load(&c->rebalance_drained);
     st->rewinds = atomic_load(&c->rewinds);
     st->paused = atomic_load(&c->npaused);
     st->assigned = atomic_load(&c->nassigned);

@@ -213,12 +213,45 @@ void ingest_consumer_window_drain(ingest_consumer_t *c)
     c->nwin = 0;
 }
 
+void ingest_consumer_hold_for_test(ingest_consumer_t *c, int32_t partition, int64_t offset)
+{
+    c->hold_partition = partition;
+    c->hold_offset = offset;
+}
+
+/* Whether the window holds the record ingest_consumer_hold_for_test named. */
+static int holds_the_mark(const ingest_consumer_t *c)
+{
+    for (size_t i = 0; i < c->nwin; i++)
+        if (c->win[i]->err == RD_KAFKA_RESP_ERR_NO_ERROR &&
+            c->win[i]->partition == c->hold_partition && c->win[i]->offset >= c->hold_offset)
+            return 1;
+    return 0;
+}
+
+/* ingest_consumer_hold_for_test's wait: polls until a rebalance callback
+ * has run (it drains the window) or a message comes. */
+static rd_kafka_message_t *hold_for_rebalance(ingest_consumer_t *c)
+{
+    uint64_t seen = c->rebalances;
+    c->hold_offset = -1; /* once */
+    for (int waited = 0; c->rebalances == seen && waited < HOLD_MAX_MS && !atomic_load(&c->stop);
+         waited += 10) {
+        rd_kafka_message_t *next = rd_kafka_consumer_poll(c->rk, 10);
+        if (next != NULL)
+            return next;
+    }
+    return NULL;
+}
+
 void ingest_consumer_window_take(ingest_consumer_t *c, rd_kafka_message_t *m)
 {
     c->win[c->nwin++] = m;
     while (c->nwin < DECODE_WINDOW) {
         /* may run the rebalance callback, which drains what is held */
         rd_kafka_message_t *next = rd_kafka_consumer_poll(c->rk, 0);
+        if (next == NULL && c->hold_offset >= 0 && holds_the_mark(c))
+            next = hold_for_rebalance(c);
         if (next == NULL)
             break;
         c->win[c->nwin++] = next;

@@ -25,10 +25,11 @@
 #include "ingest/ingest.h"
 #include "psstore/psstore.h"
 
-#define STORE_TIMEOUT_MS   5000 /* Redis connect and command timeout      */
-#define DECODE_WINDOW      32   /* messages held at once to decode ahead */
-#define DECODE_THREADS_MAX 16   /* decode helpers a consumer may start   */
-#define QUERY_TIMEOUT_MS   5000 /* a ListOffsets question or a seek       */
+#define STORE_TIMEOUT_MS   5000  /* Redis connect and command timeout      */
+#define DECODE_WINDOW      32    /* messages held at once to decode ahead */
+#define HOLD_MAX_MS        60000 /* ingest_consumer_hold_for_test's longest wait */
+#define DECODE_THREADS_MAX 16    /* decode helpers a consumer may start   */
+#define QUERY_TIMEOUT_MS   5000  /* a ListOffsets question or a seek       */
 
 typedef struct qnode {
     struct qnode *next;
@@ -105,6 +106,12 @@ struct ingest_consumer {
     float *win_x, *win_y;     /* [DECODE_WINDOW][D], [DECODE_WINDOW]      */
     ingest_reject_t *win_why; /* [DECODE_WINDOW]                          */
     size_t win_d;             /* D, the schema's features                */
+    uint64_t rebalances;      /* rebalance callbacks run so far          */
+    /* tests (ingest_consumer_hold_for_test): a window holding this
+     * partition's record at hold_offset or past it, with nothing queued
+     * behind, waits for the next rebalance; -1: never */
+    int32_t hold_partition;
+    int64_t hold_offset;
 
     /* replays: poll thread only */
     int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
@@ -127,7 +134,7 @@ struct ingest_consumer {
 
     /* counters */
     atomic_uint_least64_t consumed, batches, dead_letters, pauses, gap_seeks, rewinds,
-        retention_skips, fetch_wakeups, decoded_ahead;
+        retention_skips, fetch_wakeups, decoded_ahead, rebalance_drained;
     int64_t beyond_logged_ms; /* last "beyond the log end" error (poll thread) */
     atomic_uint_least64_t rejected[INGEST_REJECT_COUNT];
     atomic_int npaused, nassigned;
@@ -210,6 +217,15 @@ void ingest_consumer_window_take(ingest_consumer_t *c, rd_kafka_message_t *m);
  * the batcher after the partition's revocation or new start. Poll thread.
  */
 void ingest_consumer_window_drain(ingest_consumer_t *c);
+
+/*
+ * Tests only: the moment the rebalance drain exists for, made certain. Once
+ * the poll thread's window holds partition's record at offset or past it
+ * and nothing is queued behind, it keeps the window and polls on until a
+ * rebalance callback has run (at most HOLD_MAX_MS), so that the callback
+ * finds the window held. Once; before ingest_consumer_start.
+ */
+void ingest_consumer_hold_for_test(ingest_consumer_t *c, int32_t partition, int64_t offset);
 
 /* ------------------------------------------------------------------------
  * consumer_queue.c

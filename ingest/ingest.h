@@ -392,14 +392,16 @@ typedef struct ingest_consumer_stats {
     uint64_t pauses;                        /* times the queue filled and paused Kafka  */
     uint64_t gap_seeks;                     /* seeks back to a stuck watermark (rule 3) */
     uint64_t rewinds;                       /* partitions rewound by replays            */
-    uint64_t retention_skips; /* fetches below the log start: records retention deleted
-                                 before they were read, marked dropped ("retention") */
-    uint64_t fetch_wakeups;   /* librdkafka below 2.1: times the poll thread woke a fetcher
-                                 stopped by its prefetch limit (consumer.c) */
-    uint64_t decoded_ahead;   /* records the decode helpers decoded, off the poll thread
-                                 (consumer_decode.c) */
-    int paused;               /* partitions paused now                    */
-    int assigned;             /* partitions assigned now                  */
+    uint64_t retention_skips;   /* fetches below the log start: records retention deleted
+                                   before they were read, marked dropped ("retention") */
+    uint64_t fetch_wakeups;     /* librdkafka below 2.1: times the poll thread woke a fetcher
+                                   stopped by its prefetch limit (consumer.c) */
+    uint64_t decoded_ahead;     /* records the decode helpers decoded, off the poll thread
+                                   (consumer_decode.c) */
+    uint64_t rebalance_drained; /* records a rebalance found held in a decode window and
+                                   handed to the batcher before it (consumer_decode.c) */
+    int paused;                 /* partitions paused now                    */
+    int assigned;               /* partitions assigned now                  */
     int64_t lag; /* records between the log ends and the store's watermarks, summed over
                     the assigned partitions (as of the last second's tick) */
 } ingest_consumer_stats_t;

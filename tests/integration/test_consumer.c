@@ -27,6 +27,7 @@
 
 #include "common/common.h"
 #include "harness.h"
+#include "ingest/consumer_int.h" /* ingest_consumer_hold_for_test */
 #include "ingest/ingest.h"
 
 #define D        3
@@ -42,6 +43,9 @@ static harness_redis_t redis;
  * unless a csv test says otherwise for its duration */
 static ingest_format_t rec_format = INGEST_FORMAT_F32;
 static int decode_threads = 0;
+/* the next consumer's ingest_consumer_hold_for_test offset in partition 0
+ * (-1: none) */
+static int64_t hold_at = -1;
 static char tmp_dir[256];
 
 /* The consumer properties every test uses (the dev broker's group timing). */
@@ -328,6 +332,8 @@ static ingest_consumer_t *consumer_new_props(const char *topic, const char *mode
     ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
     if (c == NULL)
         fail_msg("ingest_consumer_new: %s", errstr);
+    if (hold_at >= 0)
+        ingest_consumer_hold_for_test(c, 0, hold_at);
     assert_int_equal(ingest_consumer_start(c), FR_OK);
     return c;
 }
@@ -739,13 +745,61 @@ static void test_group_members_split_partitions_and_restart_from_the_store(void 
     group_members_split("c5", "m5");
 }
 
-/* The same with csv records decoded ahead by three helpers each: the
- * rebalances come while windows of records are held, and each window
- * reaches the batcher before the event, as single records would. */
+/* The same with csv records decoded ahead by three helpers each. The
+ * backlog is read before each join, so these rebalances find no window
+ * held; test_a_rebalance_hands_on_the_window_it_finds_held makes one. */
 static void test_members_decoding_ahead_split_partitions_and_restart_from_the_store(void **state)
 {
     (void)state;
     group_members_split("d2", "md2");
+}
+
+/*
+ * The moment the rebalance drain is for, made certain: a member holds a
+ * window of csv records decoded ahead (the partition's last ones, with
+ * nothing queued behind) when the group rebalances, and keeps it until the
+ * callback runs (ingest_consumer_hold_for_test). The callback hands the
+ * window to the batcher before the revocation, which flushes it: the
+ * member's batches cover the partition once, contiguous to its end. A
+ * record handed on after the revocation would be refused (its partition is
+ * no longer assigned) and missing from them.
+ */
+static void test_a_rebalance_hands_on_the_window_it_finds_held(void **state)
+{
+    (void)state;
+    enum { PER = 100 };
+    const char *topic = "d3", *model = "md3";
+    char out[64];
+    produce_good(topic, 0, PER);
+    hold_at = PER - 1;
+    ingest_consumer_t *a = consumer_new(topic, model, 16, 64, 0, NULL, NULL);
+    hold_at = -1;
+    collected_t *col = collected_new(topic, 1);
+    /* a window holds at most DECODE_WINDOW records: those before it came
+     * in full batches */
+    int64_t before[1] = {(PER - DECODE_WINDOW) / 16 * 16};
+    collect_until(a, col, before, 16);
+    assert_true(col->covered[0] < PER);
+    /* whoever gets the partition next starts past its end */
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{%s}:offsets %s/0 %d", model, topic, PER),
+                     0);
+    ingest_consumer_t *b = consumer_new(topic, model, 16, 64, 0, NULL, NULL);
+    int64_t end[1] = {PER};
+    collect_until(a, col, end, 16);
+    check_ranges(col, 0, 0, PER, 0, 0);
+    for (int o = 0; o < PER; o++)
+        if (col->seen[0][o] != 1)
+            fail_msg("offset %d seen %d times", o, col->seen[0][o]);
+    ingest_consumer_stats_t st;
+    ingest_consumer_stats(a, &st);
+    /* the callback found the window holding the last record at least */
+    assert_true(st.rebalance_drained >= 1 && st.rebalance_drained <= DECODE_WINDOW);
+    fprintf(stderr, "records held at the rebalance: %llu\n",
+            (unsigned long long)st.rebalance_drained);
+    free(col);
+    ingest_consumer_destroy(b);
+    ingest_consumer_destroy(a);
 }
 
 /*
@@ -839,7 +893,8 @@ static int setup(void **state)
     (void)state;
     return harness_stack_start(tmp_dir, "consumer", &redis, &broker, FRESHET_BIN,
                                "--topic c1:3 --topic c1dlq:1 --topic c2:1 --topic c3:1 "
-                               "--topic c4:2 --topic c5:2 --topic c8:2 --topic d1:3 --topic d2:2");
+                               "--topic c4:2 --topic c5:2 --topic c8:2 --topic d1:3 --topic d2:2 "
+                               "--topic d3:1");
 }
 
 /* The csv tests' setup and teardown: csv records, 3 decode helpers, and
@@ -885,6 +940,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_members_decoding_ahead_split_partitions_and_restart_from_the_store, csv_ahead,
             f32_alone),
+        cmocka_unit_test_setup_teardown(test_a_rebalance_hands_on_the_window_it_finds_held,
+                                        csv_ahead, f32_alone),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
