@@ -639,14 +639,14 @@ static int summary_write(const role_t *r)
             ",\"workers\":%lld,\"samples_limit\":%lld,\"stopped_by\":\"%s\","
             "\"applied_samples\":%lld,\"trainer\":{\"samples\":%llu,\"batches\":%llu,"
             "\"failed\":%llu,\"pulls\":%llu,\"compute_ns\":%llu,\"push_ns\":%llu,\"wait_ns\":%llu,"
-            "\"pull_ns\":%llu,\"starved_ns\":%llu},",
+            "\"pull_ns\":%llu,\"starved_ns\":%llu,\"idle_ns\":%llu},",
             (long long)fr_config_get_int(r->cfg, "trainer", "workers"), (long long)r->samples_limit,
             r->samples_limit > 0 && as.samples >= r->samples_limit ? "samples" : "signal",
             (long long)as.samples, (unsigned long long)st.samples, (unsigned long long)st.batches,
             (unsigned long long)st.failed, (unsigned long long)st.pulls,
             (unsigned long long)st.compute_ns, (unsigned long long)st.push_ns,
             (unsigned long long)st.wait_ns, (unsigned long long)st.pull_ns,
-            (unsigned long long)st.starved_ns);
+            (unsigned long long)st.starved_ns, (unsigned long long)st.idle_ns);
     fprintf(f,
             "\"applier\":{\"applied\":%llu,\"rounds\":%llu,\"version\":%lld,\"commits\":%llu,"
             "\"commit_ns\":%llu,\"fenced\":%llu,\"dropped\":{",

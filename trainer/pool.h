@@ -74,8 +74,11 @@ typedef struct trainer_pool_stats {
                             and the in-flight bound                           */
     uint64_t pull_ns;    /* summed weight pulls (and loads into the backend)   */
     uint64_t starved_ns; /* summed waits for a batch from the consumer after
-                            the first: data arriving slower than the workers
-                            compute                                            */
+                            the first, each counted once the batch came: data
+                            arriving slower than the workers compute           */
+    uint64_t idle_ns;    /* summed waits that no batch ended, counted as each
+                            worker stops: after a finite topic's end (or in a
+                            quiet stream) until the stop                       */
     int64_t version;     /* the newest version a worker computed on             */
     uint64_t epoch;      /* ... and its epoch                                   */
 } trainer_pool_stats_t;

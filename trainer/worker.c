@@ -73,6 +73,7 @@ typedef struct worker {
     psstore_member_t me;     /* this worker's members entry              */
     uint64_t beat_ns;        /* when it last heartbeat                   */
     uint64_t want_ns;        /* since when it waits for data (0: has some) */
+    uint64_t waited_ns;      /* its waits for data since its last batch  */
     psstore_member_t *peers; /* members read buffer (ssp)                */
     size_t cap_peers;
     flight_t flights[IN_FLIGHT_MAX]; /* FIFO of pushes not yet applied  */
@@ -97,7 +98,7 @@ struct trainer_pool {
     int started;
     atomic_int stop;
     atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns, pull_ns,
-        starved_ns;
+        starved_ns, idle_ns;
     psstore_mode_t mode;
     int64_t ssp_bound, idle_ms, round_wait_ms;
     int in_flight;
@@ -634,10 +635,16 @@ static void *worker_main(void *arg)
         uint64_t tq = fr_clock_mono_ns();
         ingest_batch_t *b = ingest_consumer_next(p->source, NEXT_WAIT_MS);
         if (fed) { /* the wait for the group's first assignment is no starving */
-            uint64_t starved = fr_clock_mono_ns() - tq;
-            atomic_fetch_add(&p->starved_ns, starved);
+            uint64_t waited = fr_clock_mono_ns() - tq;
+            wk->waited_ns += waited;
             if (p->m_starved != NULL)
-                fr_series_add(p->m_starved, (double)starved * 1e-9);
+                fr_series_add(p->m_starved, (double)waited * 1e-9);
+            /* a wait that a batch ends was starving; one that none ends
+             * (a finite topic's end, until the stop) was idle */
+            if (b != NULL) {
+                atomic_fetch_add(&p->starved_ns, wk->waited_ns);
+                wk->waited_ns = 0;
+            }
         }
         fed |= b != NULL;
         track_idle(wk, b);
@@ -685,6 +692,8 @@ static void *worker_main(void *arg)
         }
         ingest_batch_destroy(b);
     }
+    atomic_fetch_add(&p->idle_ns, wk->waited_ns);
+    wk->waited_ns = 0;
     psstore_member_leave(wk->cl, wk->id);
     psstore_local_unhold(p->local, wk->held); /* the channel may outlive the pool */
     wk->held = NULL;
@@ -860,6 +869,7 @@ void trainer_pool_stats(trainer_pool_t *p, trainer_pool_stats_t *st)
     st->wait_ns = atomic_load(&p->wait_ns);
     st->pull_ns = atomic_load(&p->pull_ns);
     st->starved_ns = atomic_load(&p->starved_ns);
+    st->idle_ns = atomic_load(&p->idle_ns);
     st->version = atomic_load(&p->version);
     st->epoch = atomic_load(&p->epoch);
     pthread_mutex_lock(&p->lock);

@@ -1176,6 +1176,47 @@ static void test_auto_switches_on_a_scripted_straggler(void **state)
 }
 
 /*
+ * run --summary tells a worker's waits for data apart: starved_ns counts
+ * the waits that a batch ended, idle_ns those that none ended. Once the
+ * whole topic is applied the run idles IDLE_MS before its stop, so each
+ * worker's last wait, at least IDLE_MS, is idle: counted as starving, it
+ * made the workers look starved by the consumer in run_vs_fit.sh's figures.
+ */
+static void test_summary_counts_the_wait_after_the_topic_as_idle(void **state)
+{
+    (void)state;
+    enum { N = 4000, NPARTS = 2, W = 2, IDLE_MS = 1500 };
+    const char *model = "idl", *topic = "idl1";
+    produce(topic, NPARTS, N);
+    char conf[PATH_LEN], log[PATH_LEN], summary[PATH_LEN + 16];
+    conf_path(model, conf);
+    log_path(model, "", log);
+    snprintf(summary, sizeof(summary), "%s/%s.json", tmp_dir, model);
+    write_config(conf, model, topic, W, "async", "", 0);
+    char *argv[] = {FRESHET_BIN, "run", "--config", conf, "--summary", summary, NULL};
+    uint64_t t0 = fr_clock_mono_ns();
+    pid_t pid = harness_spawn(argv, log);
+    assert_true(pid > 0);
+    wait_watermarks(model, topic, NPARTS, N, log);
+    harness_sleep_ms(IDLE_MS);
+    stop_run(pid, log);
+    double wall = (double)(fr_clock_mono_ns() - t0);
+    size_t len = 0;
+    char *text = harness_read_file(summary, &len);
+    assert_non_null(text);
+    const char *si = strstr(text, "\"idle_ns\":"), *ss = strstr(text, "\"starved_ns\":");
+    if (si == NULL || ss == NULL)
+        fail_msg("summary without idle_ns or starved_ns: %s", text);
+    double idle = strtod(si + strlen("\"idle_ns\":"), NULL);
+    double starved = strtod(ss + strlen("\"starved_ns\":"), NULL);
+    free(text);
+    fr_log(FR_LOG_INFO, "%d workers: idle %.3f s, starved %.3f s, wall %.3f s", W, idle * 1e-9,
+           starved * 1e-9, wall * 1e-9);
+    assert_true(idle >= (double)W * IDLE_MS * 1e6);
+    assert_true(idle + starved <= (double)W * wall);
+}
+
+/*
  * SIGTERM stops a run within seconds even when both the broker and
  * Redis are gone (nothing to commit to, nobody to leave the group with):
  * reconnect backoffs give up once the run is stopping. The stack is
@@ -1219,7 +1260,7 @@ static int setup(void **state)
     return harness_stack_start(
         tmp_dir, "run", &redis, &broker, FRESHET_BIN,
         "--topic ra1:3 --topic rad1:3 --topic rk1:4 --topic rl1:2 --topic tt1:4 --topic sd1:2 "
-        "--topic rx1:3 --topic po1:2");
+        "--topic rx1:3 --topic po1:2 --topic idl1:2");
 }
 
 static int teardown(void **state)
@@ -1254,6 +1295,7 @@ int main(void)
         cmocka_unit_test(test_in_flight_bounds_staleness_in_run),
         cmocka_unit_test(test_in_flight_bounds_staleness_in_train_and_ps),
         cmocka_unit_test(test_auto_switches_on_a_scripted_straggler),
+        cmocka_unit_test(test_summary_counts_the_wait_after_the_topic_as_idle),
         cmocka_unit_test(test_sigterm_with_broker_and_redis_gone_exits_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
