@@ -229,12 +229,24 @@ static int holds_the_mark(const ingest_consumer_t *c)
     return 0;
 }
 
+int ingest_consumer_holds_for_test(ingest_consumer_t *c)
+{
+    return atomic_load(&c->holds);
+}
+
+/* Whether ingest_consumer_hold_for_test's hold is due now. */
+static int hold_due(const ingest_consumer_t *c)
+{
+    return c->hold_offset >= 0 && holds_the_mark(c);
+}
+
 /* ingest_consumer_hold_for_test's wait: polls until a rebalance callback
  * has run (it drains the window) or a message comes. */
 static rd_kafka_message_t *hold_for_rebalance(ingest_consumer_t *c)
 {
     uint64_t seen = c->rebalances;
     c->hold_offset = -1; /* once */
+    atomic_fetch_add(&c->holds, 1);
     for (int waited = 0; c->rebalances == seen && waited < HOLD_MAX_MS && !atomic_load(&c->stop);
          waited += 10) {
         rd_kafka_message_t *next = rd_kafka_consumer_poll(c->rk, 10);
@@ -250,13 +262,21 @@ void ingest_consumer_window_take(ingest_consumer_t *c, rd_kafka_message_t *m)
     while (c->nwin < DECODE_WINDOW) {
         /* may run the rebalance callback, which drains what is held */
         rd_kafka_message_t *next = rd_kafka_consumer_poll(c->rk, 0);
-        if (next == NULL && c->hold_offset >= 0 && holds_the_mark(c))
+        if (next == NULL && hold_due(c))
             next = hold_for_rebalance(c);
         if (next == NULL)
             break;
         c->win[c->nwin++] = next;
         if (next->err != RD_KAFKA_RESP_ERR_NO_ERROR)
             break; /* an event ends the window; it is handled in its turn */
+    }
+    if (c->nwin == DECODE_WINDOW && hold_due(c) && c->cq != NULL &&
+        rd_kafka_queue_length(c->cq) == 0) {
+        /* tests: the marked record filled the window */
+        rd_kafka_message_t *next = hold_for_rebalance(c);
+        ingest_consumer_window_drain(c);
+        if (next != NULL)
+            c->win[c->nwin++] = next;
     }
     ingest_consumer_window_drain(c);
 }

@@ -83,6 +83,7 @@ struct ingest_consumer {
     owned_t *owned;                            /* [nowned] */
     int nowned;
     int paused;
+    uint64_t rebalances; /* rebalance callbacks run so far */
 
     /* fetch wakeups (consumer.c "Fetch wakeups"): poll thread only */
     int wake;             /* librdkafka below 2.1: the poll thread wakes its fetcher */
@@ -106,12 +107,12 @@ struct ingest_consumer {
     float *win_x, *win_y;     /* [DECODE_WINDOW][D], [DECODE_WINDOW]      */
     ingest_reject_t *win_why; /* [DECODE_WINDOW]                          */
     size_t win_d;             /* D, the schema's features                */
-    uint64_t rebalances;      /* rebalance callbacks run so far          */
     /* tests (ingest_consumer_hold_for_test): a window holding this
      * partition's record at hold_offset or past it, with nothing queued
      * behind, waits for the next rebalance; -1: never */
     int32_t hold_partition;
     int64_t hold_offset;
+    atomic_int holds; /* such waits begun */
 
     /* replays: poll thread only */
     int64_t replay_gen;       /* generation of the replay below, 0: none seen   */
@@ -223,9 +224,14 @@ void ingest_consumer_window_drain(ingest_consumer_t *c);
  * the poll thread's window holds partition's record at offset or past it
  * and nothing is queued behind, it keeps the window and polls on until a
  * rebalance callback has run (at most HOLD_MAX_MS), so that the callback
- * finds the window held. Once; before ingest_consumer_start.
+ * finds the window held. Once; before ingest_consumer_start. Only records
+ * decoded ahead are windowed: without decode helpers, or for f32 records,
+ * nothing is held.
  */
 void ingest_consumer_hold_for_test(ingest_consumer_t *c, int32_t partition, int64_t offset);
+
+/* Tests only: how many such holds have begun (0 or 1). Any thread. */
+int ingest_consumer_holds_for_test(ingest_consumer_t *c);
 
 /* ------------------------------------------------------------------------
  * consumer_queue.c

@@ -399,7 +399,7 @@ typedef struct ingest_consumer_stats {
     uint64_t decoded_ahead;     /* records the decode helpers decoded, off the poll thread
                                    (consumer_decode.c) */
     uint64_t rebalance_drained; /* records a rebalance found held in a decode window and
-                                   handed to the batcher before it (consumer_decode.c) */
+                                   handed to the batcher before it (consumer.c) */
     int paused;                 /* partitions paused now                    */
     int assigned;               /* partitions assigned now                  */
     int64_t lag; /* records between the log ends and the store's watermarks, summed over

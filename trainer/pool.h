@@ -76,9 +76,10 @@ typedef struct trainer_pool_stats {
     uint64_t starved_ns; /* summed waits for a batch from the consumer after
                             the first, each counted once the batch came: data
                             arriving slower than the workers compute           */
-    uint64_t idle_ns;    /* summed waits that no batch ended, counted as each
-                            worker stops: after a finite topic's end (or in a
-                            quiet stream) until the stop                       */
+    uint64_t idle_ns;    /* summed waits after each worker's last batch, until
+                            it stops (after a finite topic's end, say); a lull
+                            that a batch ends counts as starving, and a
+                            worker's waits before its first batch in neither */
     int64_t version;     /* the newest version a worker computed on             */
     uint64_t epoch;      /* ... and its epoch                                   */
 } trainer_pool_stats_t;

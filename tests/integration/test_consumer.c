@@ -746,8 +746,9 @@ static void test_group_members_split_partitions_and_restart_from_the_store(void 
 }
 
 /* The same with csv records decoded ahead by three helpers each. The
- * backlog is read before each join, so these rebalances find no window
- * held; test_a_rebalance_hands_on_the_window_it_finds_held makes one. */
+ * backlog is read before each join, so these rebalances are not made to
+ * find a window held; test_a_rebalance_hands_on_the_window_it_finds_held
+ * makes one. */
 static void test_members_decoding_ahead_split_partitions_and_restart_from_the_store(void **state)
 {
     (void)state;
@@ -780,6 +781,13 @@ static void test_a_rebalance_hands_on_the_window_it_finds_held(void **state)
     int64_t before[1] = {(PER - DECODE_WINDOW) / 16 * 16};
     collect_until(a, col, before, 16);
     assert_true(col->covered[0] < PER);
+    /* a holds the window before b joins: a rebalance any sooner could
+     * come between two windows */
+    for (int waited = 0; ingest_consumer_holds_for_test(a) == 0; waited += 10) {
+        if (waited > WAIT_MS)
+            fail_msg("the consumer never held its last window");
+        harness_sleep_ms(10);
+    }
     /* whoever gets the partition next starts past its end */
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
                                          "HSET freshet:{%s}:offsets %s/0 %d", model, topic, PER),
@@ -912,6 +920,7 @@ static int f32_alone(void **state)
     (void)state;
     rec_format = INGEST_FORMAT_F32;
     decode_threads = 0;
+    hold_at = -1;
     return 0;
 }
 
