@@ -364,9 +364,15 @@ err:
     return NULL;
 }
 
+static int help_step(void *arg);
+
 void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l)
 {
+    if (a->local != NULL)
+        ps_local_set_helper(a->local, NULL, NULL);
     a->local = ps_local_shard(l, a->shard); /* a sharded channel: this shard's */
+    if (a->local != NULL)
+        ps_local_set_helper(a->local, help_step, a);
 }
 
 /* Forgets what the next commit would have written besides the weights:
@@ -420,6 +426,8 @@ void psstore_applier_destroy(psstore_applier_t *a)
 {
     if (a == NULL)
         return;
+    if (a->local != NULL) /* no pusher steps in from here on */
+        ps_local_set_helper(a->local, NULL, NULL);
     ps_applier_drop_state(a);
     for (int g = 0; g < MAX_GROUPS; g++) {
         round_t *r = &a->rounds[g];
@@ -915,8 +923,31 @@ static fr_err_t take_local(psstore_applier_t *a, int wait_ms, int *n)
             break;
     }
     ps_local_release(a->local);
+    a->local_taken += k;
     *n = (int)k;
     return err;
+}
+
+/*
+ * The step a pusher runs in its own thread (psstore_local_push_help), the
+ * step lock held: what is queued is taken, decided and published, as this
+ * thread's loop would. A dense model's only, while the lease is held and
+ * gradients are read; an error is left for this thread's loop, which
+ * reloads the state as after its own.
+ */
+static int help_step(void *arg)
+{
+    psstore_applier_t *a = arg;
+    if (!a->active || !ps_applier_reading(a) || a->sp != NULL || a->help_err != FR_OK)
+        return 0;
+    int n = 0;
+    int64_t before = a->version;
+    fr_err_t err = take_local(a, 0, &n);
+    if (err != FR_OK)
+        a->help_err = err;
+    else if (a->active && (a->version != before || n > 0))
+        ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
+    return n;
 }
 
 /*
@@ -930,7 +961,9 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
 {
     uint64_t start = fr_clock_mono_ns();
     uint64_t window = (uint64_t)a->conf.commit_ms * 1000000ull;
-    int total = 0;
+    /* pushers' steps count too, those since the last read phase included */
+    uint64_t taken = a->local_seen;
+    int total = (int)(a->local_taken - taken), streamed = 0;
     for (;;) {
         uint64_t elapsed = fr_clock_mono_ns() - start;
         int wait_ms = 0;
@@ -943,6 +976,10 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
         int nlocal = 0, nstream = 0;
         int64_t before = a->version;
         fr_err_t err = take_local(a, wait_ms, &nlocal);
+        if (err == FR_OK && a->help_err != FR_OK) { /* a pusher's step failed */
+            err = a->help_err;
+            a->help_err = FR_OK;
+        }
         /* published at once, also after drops: a worker waiting for its
          * gradient to be decided (the in-flight bound) wakes on it, and
          * should not wait for the stream's round trip below */
@@ -962,10 +999,13 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
             return err;
         if (a->version != before)
             ps_local_publish(a->local, a->w, a->epoch, a->version, a->local_rounds);
-        total += nlocal + nstream;
+        streamed += nstream;
+        total = (int)(a->local_taken - taken) + streamed;
         elapsed = fr_clock_mono_ns() - start;
-        if (elapsed >= window && (total > 0 || elapsed >= (uint64_t)block_ms * 1000000ull))
+        if (elapsed >= window && (total > 0 || elapsed >= (uint64_t)block_ms * 1000000ull)) {
+            a->local_seen = a->local_taken;
             return FR_OK;
+        }
     }
 }
 
@@ -1005,7 +1045,7 @@ static fr_err_t read_stream(psstore_applier_t *a, int block_ms)
     return FR_OK;
 }
 
-fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
+static fr_err_t poll_(psstore_applier_t *a, int block_ms)
 {
     fr_err_t err = FR_OK;
     if (!a->active) {
@@ -1095,6 +1135,18 @@ static int stop_set(void *arg)
     return atomic_load((const atomic_int *)arg) != 0;
 }
 
+/* A poll holds the channel's step lock: pushers step in only between
+ * polls and while it waits for gradients (ps_local_take). */
+fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
+{
+    if (a->local != NULL)
+        ps_local_step_enter(a->local);
+    fr_err_t err = poll_(a, block_ms);
+    if (a->local != NULL)
+        ps_local_step_leave(a->local);
+    return err;
+}
+
 fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
 {
     /* with Redis gone, a stop does not wait out reconnect backoffs: the
@@ -1114,6 +1166,8 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
         nanosleep(&ts, NULL);
         backoff = backoff < 2000 ? backoff * 2 : 2000;
     }
+    if (a->local != NULL)
+        ps_local_step_enter(a->local);
     if (a->active) {
         ps_applier_commit(a);
         fr_err_t err;
@@ -1123,6 +1177,8 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
         freeReplyObject(ps_cmd(a->c, 0, &err, "EVAL %s 1 %s %s", script, a->k_lease, a->token));
         ps_applier_drop_state(a);
     }
+    if (a->local != NULL)
+        ps_local_step_leave(a->local);
     forget_consumer(a);
     return FR_OK;
 }

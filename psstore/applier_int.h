@@ -187,6 +187,11 @@ struct psstore_applier {
     ps_sparse_t *sp;        /* a sparse model's rows; NULL for a dense one    */
     uint64_t stream_ns;     /* with it: when the stream was last read ...    */
     int stream_busy;        /* ... and whether that read found entries       */
+    /* the channel's gradients taken so far, by this thread or by pushers
+     * stepping in (psstore_local_push_help), and the first error such a
+     * pusher's step met, for this thread to act on (FR_OK: none) */
+    uint64_t local_taken, local_seen; /* ... and by the last read phase's end */
+    fr_err_t help_err;
 
     /* state, valid while active */
     int active;

@@ -26,6 +26,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,15 @@ struct psstore_local {
     psstore_local_t *sub[PSSTORE_SHARDS_MAX];
     size_t bounds[PSSTORE_SHARDS_MAX + 1];
     uint64_t (*ring)[PSSTORE_SHARDS_MAX]; /* [LOCAL_RING] */
+    /* a pusher deciding its own gradient (psstore_local_push_help): the
+     * attached applier holds `step` while it runs a step of its own and
+     * lets go only while it waits for work or between polls; `helper`
+     * (set with `step` held) is its take-and-publish step, `helping`
+     * nonzero while a pusher holds `step` */
+    pthread_mutex_t step;
+    int (*helper)(void *);
+    void *helper_arg;
+    atomic_int helping;
 };
 
 #define LOCAL_RING 4096 /* pushes whose shard tickets are remembered */
@@ -158,6 +168,7 @@ psstore_local_t *psstore_local_new(size_t nparams, size_t slots, char *errstr, s
         fr_mem_touch(l->slots[i].g, nparams * sizeof(float));
     }
     pthread_mutex_init(&l->lock, NULL);
+    pthread_mutex_init(&l->step, NULL);
     pthread_cond_init(&l->room, NULL);
     pthread_cond_init(&l->work, NULL);
     pthread_cond_init(&l->moved, NULL);
@@ -176,6 +187,7 @@ psstore_local_t *psstore_local_new_shards(const size_t *bounds, int S, size_t sl
         return NULL;
     }
     pthread_mutex_init(&l->lock, NULL);
+    pthread_mutex_init(&l->step, NULL);
     pthread_cond_init(&l->room, NULL);
     pthread_cond_init(&l->work, NULL);
     pthread_cond_init(&l->moved, NULL);
@@ -217,6 +229,7 @@ void psstore_local_destroy(psstore_local_t *l)
     free(l->snap);
     free(l->refs);
     pthread_mutex_destroy(&l->lock);
+    pthread_mutex_destroy(&l->step);
     pthread_cond_destroy(&l->room);
     pthread_cond_destroy(&l->work);
     pthread_cond_destroy(&l->moved);
@@ -356,7 +369,7 @@ static fr_err_t slot_fill(psstore_local_t *l, slot_t *s, const psstore_grad_t *g
 }
 
 static fr_err_t push(psstore_local_t *l, const psstore_grad_t *g, float **buf, int timeout_ms,
-                     uint64_t *ticket)
+                     uint64_t *ticket, int wake)
 {
     if (g->n > 0 && (g->g == NULL || g->len != l->n))
         return FR_ERR_INVAL;
@@ -382,7 +395,8 @@ static fr_err_t push(psstore_local_t *l, const psstore_grad_t *g, float **buf, i
         l->pushed++;
         if (ticket != NULL)
             *ticket = l->pushed;
-        pthread_cond_signal(&l->work);
+        if (wake)
+            pthread_cond_signal(&l->work);
     }
     pthread_mutex_unlock(&l->lock);
     return err;
@@ -395,8 +409,10 @@ static fr_err_t push(psstore_local_t *l, const psstore_grad_t *g, float **buf, i
  * refuses leaves the earlier ones holding their slices: the gap rule reads
  * the batch again and those shards drop it as a duplicate.
  */
+static void help_shards(psstore_local_t *l, int k);
+
 static fr_err_t push_shards(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
-                            uint64_t *ticket)
+                            uint64_t *ticket, int wake)
 {
     if (g->at == NULL || g->at->n != l->nsub || (g->n > 0 && (g->g == NULL || g->len != l->n)))
         return FR_ERR_INVAL;
@@ -405,7 +421,9 @@ static fr_err_t push_shards(psstore_local_t *l, const psstore_grad_t *g, int tim
     for (int k = 0; k < l->nsub; k++) {
         psstore_grad_t slice;
         ps_grad_slice(g, g->at, k, norm, &slice);
-        fr_err_t err = push(l->sub[k], &slice, NULL, timeout_ms, &tickets[k]);
+        fr_err_t err = push(l->sub[k], &slice, NULL, timeout_ms, &tickets[k], wake);
+        if (err != FR_OK && !wake)
+            help_shards(l, k); /* the slices queued so far are not left unannounced */
         if (err != FR_OK)
             return err;
     }
@@ -422,8 +440,8 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
                             uint64_t *ticket)
 {
     if (l->nsub > 0)
-        return push_shards(l, g, timeout_ms, ticket);
-    return push(l, g, NULL, timeout_ms, ticket);
+        return push_shards(l, g, timeout_ms, ticket, 1);
+    return push(l, g, NULL, timeout_ms, ticket, 1);
 }
 
 fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, float **buf,
@@ -432,8 +450,59 @@ fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, fl
     if (buf == NULL || *buf == NULL)
         return FR_ERR_INVAL;
     if (l->nsub > 0) /* slices are copied: *buf stays the caller's */
-        return push_shards(l, g, timeout_ms, ticket);
-    return push(l, g, buf, timeout_ms, ticket);
+        return push_shards(l, g, timeout_ms, ticket, 1);
+    return push(l, g, buf, timeout_ms, ticket, 1);
+}
+
+/*
+ * One channel's help: with the applier between steps (`step` free, or held
+ * by another pusher, which lets go within a step), its take-and-publish
+ * step runs in this thread. Whatever is still queued afterwards (the
+ * applier was busy, or it is not taking gradients) wakes the applier.
+ */
+static int help_one(psstore_local_t *l)
+{
+    int n = 0, held = pthread_mutex_trylock(&l->step) == 0;
+    if (!held && atomic_load(&l->helping)) {
+        pthread_mutex_lock(&l->step);
+        held = 1;
+    }
+    if (held) {
+        atomic_store(&l->helping, 1);
+        if (l->helper != NULL)
+            n = l->helper(l->helper_arg);
+        atomic_store(&l->helping, 0);
+        pthread_mutex_unlock(&l->step);
+    }
+    pthread_mutex_lock(&l->lock);
+    if (l->count > 0)
+        pthread_cond_signal(&l->work);
+    pthread_mutex_unlock(&l->lock);
+    return n;
+}
+
+/* help_one on the first k shards of a sharded channel. */
+static void help_shards(psstore_local_t *l, int k)
+{
+    for (int i = 0; i < k; i++)
+        help_one(l->sub[i]);
+}
+
+fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                 int timeout_ms, uint64_t *ticket)
+{
+    if (buf == NULL || *buf == NULL)
+        return FR_ERR_INVAL;
+    if (l->nsub > 0) {
+        fr_err_t err = push_shards(l, g, timeout_ms, ticket, 0);
+        if (err == FR_OK)
+            help_shards(l, l->nsub);
+        return err;
+    }
+    fr_err_t err = push(l, g, buf, timeout_ms, ticket, 0);
+    if (err == FR_OK)
+        help_one(l);
+    return err;
 }
 
 /* ---- the applier's side (psstore_int.h) ---------------------------------------- */
@@ -619,9 +688,15 @@ size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max,
 {
     pthread_mutex_lock(&l->lock);
     if (l->count == 0 && wait_ms > 0 && l->open) {
+        /* pushers may step in while the applier waits; `step` is taken
+         * before `lock`, never after it */
+        pthread_mutex_unlock(&l->step);
         struct timespec until;
         fr_clock_deadline(&until, wait_ms);
         pthread_cond_timedwait(&l->work, &l->lock, &until);
+        pthread_mutex_unlock(&l->lock);
+        pthread_mutex_lock(&l->step);
+        pthread_mutex_lock(&l->lock);
     }
     size_t k = l->count < max ? l->count : max;
     for (size_t i = 0; i < k; i++)
@@ -629,6 +704,24 @@ size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max,
     l->taken = k;
     pthread_mutex_unlock(&l->lock);
     return k;
+}
+
+void ps_local_step_enter(psstore_local_t *l)
+{
+    pthread_mutex_lock(&l->step);
+}
+
+void ps_local_step_leave(psstore_local_t *l)
+{
+    pthread_mutex_unlock(&l->step);
+}
+
+void ps_local_set_helper(psstore_local_t *l, int (*fn)(void *), void *arg)
+{
+    pthread_mutex_lock(&l->step);
+    l->helper = fn;
+    l->helper_arg = arg;
+    pthread_mutex_unlock(&l->step);
 }
 
 void ps_local_release(psstore_local_t *l)

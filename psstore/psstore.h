@@ -585,6 +585,16 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
  * slots'. It saves a copy of the model (813 KB for 784-256-10) per push. */
 fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, float **buf,
                                  int timeout_ms, uint64_t *ticket);
+/* As psstore_local_push_swap, for a pusher that is about to wait for the
+ * gradient (psstore_local_wait_applied, the in-flight bound): when the
+ * applier is between steps, its step (take what is queued, decide,
+ * publish) runs in the calling thread instead of waking the applier's
+ * thread and then being woken by it, two thread switches that cost more
+ * than the step on a loaded machine (docs/design.md "The co-located fast
+ * path"). When the applier is busy (a commit, a stream read) or not
+ * taking gradients, the gradient is left to it and it is woken. */
+fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                 int timeout_ms, uint64_t *ticket);
 /* Waits until the push of `ticket` has been decided by the applier and,
  * when applied, is in the weights psstore_local_pull returns (the
  * in-flight bound, docs/design.md "Staleness and the controller"): FR_OK,

@@ -308,8 +308,18 @@ void ps_local_set_phase(psstore_local_t *l, psstore_phase_t phase);
 void ps_local_publish(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version,
                       const int64_t *rounds);
 /* Takes up to max queued gradients in FIFO order into out (waiting up to
- * wait_ms for the first); they stay valid until ps_local_release. */
+ * wait_ms for the first); they stay valid until ps_local_release. A wait
+ * needs the step lock held (ps_local_step_enter), and lets go of it while
+ * it waits. */
 size_t ps_local_take(psstore_local_t *l, const psstore_grad_t **out, size_t max, int wait_ms);
 void ps_local_release(psstore_local_t *l);
+/* The step lock (docs/design.md "The co-located fast path", pushers that
+ * decide their own gradient): the attached applier holds it while it runs
+ * a step, and psstore_local_push_help runs fn(arg), the applier's
+ * take-and-publish step, in the pusher's thread with it held. fn returns
+ * the gradients it took; NULL: no helping (set before the applier goes). */
+void ps_local_step_enter(psstore_local_t *l);
+void ps_local_step_leave(psstore_local_t *l);
+void ps_local_set_helper(psstore_local_t *l, int (*fn)(void *), void *arg);
 
 #endif

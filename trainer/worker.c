@@ -167,6 +167,14 @@ static void flight_add(worker_t *wk, uint64_t ticket, const char *id)
     wk->nflights++;
 }
 
+/* Whether one more push reaches the in-flight bound, so that the worker
+ * waits (flights_wait) before its next pull. */
+static int flights_full_after_push(const worker_t *wk)
+{
+    const trainer_pool_t *p = wk->pool;
+    return p->in_flight >= 1 && !psstore_mode_rounds(p->mode) && wk->nflights + 1 >= p->in_flight;
+}
+
 /*
  * The in-flight bound (docs/design.md "Staleness and the controller"):
  * before it pulls, a worker with in_flight gradients pushed and not yet
@@ -457,8 +465,14 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         /* weights of the channel may be newer than Redis's: a gradient on
          * them goes back the same way, or is abandoned (read again) */
         uint64_t ticket = 0;
-        err = msg.n > 0 ? psstore_local_push_swap(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket)
-                        : psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
+        if (msg.n == 0)
+            err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
+        else if (flights_full_after_push(wk))
+            /* it will wait for this gradient (or an older one) before its
+             * next pull: it decides it itself when the applier is free */
+            err = psstore_local_push_help(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket);
+        else
+            err = psstore_local_push_swap(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket);
         if (err != FR_OK)
             fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
         else if (msg.n > 0)

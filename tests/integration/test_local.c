@@ -3,6 +3,7 @@
  * applier on a real redis-server: the channel opens with the lease,
  * gradients queued in memory are applied and committed to Redis exactly as
  * streamed ones would be, the stream of other processes is still read, a
+ * pusher decides its own gradient when the applier is free, a
  * full channel pushes back, and a closed one refuses and loses nothing
  * that was recorded.
  */
@@ -20,6 +21,7 @@
 
 #include "harness.h"
 #include "psstore/psstore.h"
+#include "psstore/psstore_int.h" /* ps_local_step_enter: an applier inside a step */
 
 #define NPARAMS 300
 #define LR      0.1
@@ -123,6 +125,17 @@ static void assert_near(const float *got, const float *want)
     for (int i = 0; i < NPARAMS; i++)
         if (fabsf(got[i] - want[i]) > 1e-6f)
             fail_msg("w[%d] = %.8g, expected %.8g", i, got[i], want[i]);
+}
+
+/* The store holds the model at version with weights want. */
+static void assert_store_at(const char *model, int64_t version, const float *want)
+{
+    float w[NPARAMS];
+    uint64_t e;
+    int64_t v;
+    store_weights(model, w, &e, &v);
+    assert_int_equal(v, version);
+    assert_near(w, want);
 }
 
 /* A new model, a channel of `slots` slots and its applier (clipping at
@@ -270,6 +283,66 @@ static void test_a_swapped_push_trades_buffers_and_applies_what_was_pushed(void 
     assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
     assert_int_equal(version, 2);
     assert_near(w, want);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+    free(buf);
+}
+
+/*
+ * A pusher about to wait for its gradient decides it itself when the
+ * applier is between steps (psstore_local_push_help): here no applier
+ * thread runs at all, yet the gradient is applied and published when the
+ * push returns, and the applier's next poll commits it without waiting
+ * out its block. With the applier inside a step (its step lock held) the
+ * gradient is left to it: not decided at the return, applied by the
+ * applier's next poll, and in the same order.
+ */
+static void test_a_pusher_decides_its_gradient_when_the_applier_is_free(void **state)
+{
+    (void)state;
+    const char *model = "local-help";
+    float *buf = malloc(NPARAMS * sizeof(float)), w[NPARAMS], want[NPARAMS];
+    assert_non_null(buf);
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open(model, 4, &a);
+    uint64_t epoch = 0, t1 = 0, t2 = 0;
+    int64_t version = -1;
+    int changed = 0;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    psstore_range_t range;
+    psstore_grad_t msg = grad(buf, &range, 1, 0, 4, epoch, 0);
+    assert_int_equal(psstore_local_push_help(l, &msg, &buf, 100, &t1), FR_OK);
+    /* decided before any poll: done now, in the weights a pull returns */
+    assert_int_equal(psstore_local_wait_applied(l, t1, 0), FR_OK);
+    int k1[] = {1};
+    expected(want, k1, 1);
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_int_equal(version, 1);
+    assert_near(w, want);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 0); /* not committed yet */
+    /* the poll counts it as its window's work: it commits at once instead
+     * of waiting its 5 s block for a gradient of its own */
+    uint64_t t0 = fr_clock_mono_ns();
+    assert_int_equal(psstore_applier_poll(a, 5000), FR_OK);
+    double spent = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    if (spent >= 2.5)
+        fail_msg("the poll took %.2f s to commit a gradient decided before it", spent);
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 1);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 4);
+
+    /* the applier inside a step: the pusher leaves the gradient to it */
+    ps_local_step_enter(l);
+    msg = grad(buf, &range, 2, 4, 4, epoch, 1);
+    assert_int_equal(psstore_local_push_help(l, &msg, &buf, 100, &t2), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t2, 0), FR_ERR_TIMEOUT);
+    ps_local_step_leave(l);
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 2; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t2, 0), FR_OK);
+    int k12[] = {1, 2};
+    expected(want, k12, 2);
+    assert_store_at(model, 2, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 8);
     psstore_applier_destroy(a);
     psstore_local_destroy(l);
     free(buf);
@@ -436,11 +509,7 @@ static void test_a_full_channel_pushes_back(void **state)
     int ks[] = {5, 6, 7};
     float want[NPARAMS];
     expected(want, ks, 3);
-    uint64_t e;
-    int64_t v;
-    store_weights(model, w, &e, &v);
-    assert_int_equal(v, 3);
-    assert_near(w, want);
+    assert_store_at(model, 3, want);
     psstore_applier_destroy(a);
     psstore_local_destroy(l);
 }
@@ -602,7 +671,11 @@ static void *stress_worker(void *p)
                             .g = buf,
                             .len = NPARAMS};
         uint64_t t = 0;
-        if ((err = psstore_local_push_swap(l, &g, &buf, 2000, &t)) != FR_OK ||
+        /* odd workers decide their own gradients when the applier is free
+         * (psstore_local_push_help, freshet run's way), even ones leave
+         * them to the applier's thread */
+        if ((err = sw->id % 2 ? psstore_local_push_help(l, &g, &buf, 2000, &t)
+                              : psstore_local_push_swap(l, &g, &buf, 2000, &t)) != FR_OK ||
             (err = psstore_local_wait_applied(l, t, 5000)) != FR_OK) {
             snprintf(sw->fail, sizeof(sw->fail), "push %d: %s", r, fr_strerror(err));
             break;
@@ -641,7 +714,8 @@ static void *stress_puller(void *p)
 
 /*
  * The channel as freshet run drives it, under contention: 4 worker threads
- * hold the current weights, push a gradient (trading buffers), wait for it
+ * hold the current weights, push a gradient (trading buffers; two of them
+ * deciding it themselves when the applier is free), wait for it
  * to be applied and hold again, 300 times each, while the applier polls on
  * its own thread and a fifth thread copies every version out. Weights
  * start at 0 and gradient k is c_k / 64 in every component, applied at lr
@@ -735,6 +809,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
         cmocka_unit_test(test_a_swapped_push_trades_buffers_and_applies_what_was_pushed),
+        cmocka_unit_test(test_a_pusher_decides_its_gradient_when_the_applier_is_free),
         cmocka_unit_test(test_held_weights_stay_put_while_the_applier_moves_on),
         cmocka_unit_test(test_an_in_process_gradient_is_decided_on_its_sum_of_squares),
         cmocka_unit_test(test_a_full_channel_pushes_back),
