@@ -70,8 +70,8 @@ typedef struct trainer_pool_stats {
     double loss_sum;     /* summed training loss of the pushed samples          */
     uint64_t compute_ns; /* summed forward and backward time of the workers */
     uint64_t push_ns;    /* summed push time (backpressure waits, and the
-                            applier's steps a worker ran for its own
-                            gradient, psstore_local_push_help, included) */
+                            applier's steps a lone worker ran for its
+                            own gradients, psstore_local_push_help) */
     uint64_t wait_ns;    /* summed waits for rounds (round modes), clocks (ssp)
                             and the in-flight bound                           */
     uint64_t pull_ns;    /* summed weight pulls (and loads into the backend)   */

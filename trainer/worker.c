@@ -167,12 +167,20 @@ static void flight_add(worker_t *wk, uint64_t ticket, const char *id)
     wk->nflights++;
 }
 
-/* Whether one more push reaches the in-flight bound, so that the worker
- * waits (flights_wait) before its next pull. */
-static int flights_full_after_push(const worker_t *wk)
+/*
+ * Whether the worker decides its next gradient itself when the applier is
+ * free (psstore_local_push_help): only the pool's one worker, and when the
+ * push reaches the in-flight bound, so that it would wait (flights_wait)
+ * before its next pull anyway. With two workers on 2 cores it gained no
+ * rate and widened the staleness (p99 2 to 5-6 versions): a worker whose
+ * steps no longer wait for the applier's turn runs ahead of one that lost
+ * its core (docs/design.md "The co-located fast path").
+ */
+static int decides_own(const worker_t *wk)
 {
     const trainer_pool_t *p = wk->pool;
-    return p->in_flight >= 1 && !psstore_mode_rounds(p->mode) && wk->nflights + 1 >= p->in_flight;
+    return p->nworkers == 1 && p->in_flight >= 1 && !psstore_mode_rounds(p->mode) &&
+           wk->nflights + 1 >= p->in_flight;
 }
 
 /*
@@ -467,7 +475,7 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         uint64_t ticket = 0;
         if (msg.n == 0)
             err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
-        else if (flights_full_after_push(wk))
+        else if (decides_own(wk))
             /* it will wait for this gradient (or an older one) before its
              * next pull: it decides it itself when the applier is free */
             err = psstore_local_push_help(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket);
