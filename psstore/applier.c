@@ -380,9 +380,15 @@ void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l)
  * executed request and the replay to publish. */
 void ps_applier_forget_pending(psstore_applier_t *a)
 {
-    a->ids.len = a->versions.len = a->drops.len = a->audit.len = 0;
-    a->nids = 0;
+    a->versions.len = a->drops.len = a->audit.len = 0;
     a->weights_dirty = 0;
+    ps_applier_forget_own(a);
+}
+
+void ps_applier_forget_own(psstore_applier_t *a)
+{
+    a->ids.len = 0;
+    a->nids = 0;
     ps_sparse_committed(a->sp);
     a->new_epoch = a->offsets_reset = 0;
     a->req_id[0] = '\0';
@@ -413,6 +419,7 @@ void ps_applier_drop_state(psstore_applier_t *a)
     a->nsnaps = 0;
     a->snap_req = 0; /* the request is still in the stream: read again */
     a->nts_pending = 0;
+    a->stop_write_due = 0; /* the next holder's guard decides again */
     /* held gradients stay pending in the stream: the reload reads them again */
     for (int g = 0; g < MAX_GROUPS; g++) {
         a->rounds[g].open = 0;
@@ -877,7 +884,9 @@ static fr_err_t read_and_apply(psstore_applier_t *a, int block_ms, int *nread)
     size_t lens[12];
     for (int i = 0; i < argc; i++)
         lens[i] = strlen(argv[i]);
+    ps_applier_step_pause(a); /* pushers may step in during the round trip */
     redisReply *r = ps_cmd_argv(a->c, 1, argc, argv, lens, &err);
+    ps_applier_step_resume(a);
     *nread = 0;
     if (r == NULL)
         return err;
@@ -942,7 +951,9 @@ static int help_step(void *arg)
         return 0;
     int n = 0;
     int64_t before = a->version;
+    a->in_help = 1; /* no Redis from here: a commit may be waiting on it */
     fr_err_t err = take_local(a, 0, &n);
+    a->in_help = 0;
     if (err != FR_OK)
         a->help_err = err;
     else if (a->active && (a->version != before || n > 0))
@@ -980,6 +991,8 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
             err = a->help_err;
             a->help_err = FR_OK;
         }
+        if (err == FR_OK)
+            ps_applier_stop_write(a); /* a pusher's step stopped the model */
         /* published at once, also after drops: a worker waiting for its
          * gradient to be decided (the in-flight bound) wakes on it, and
          * should not wait for the stream's round trip below */
@@ -1058,6 +1071,7 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
             return FR_OK;
         }
     }
+    ps_applier_stop_write(a); /* a pusher's step between polls stopped the model */
     if (a->c->reconnects != a->reconnects) {
         /* The connection was re-established under us: Redis may have
          * restarted (losing writes), so reload and let the run_id check
@@ -1098,7 +1112,7 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
     if (a->active && (err = ps_auto_tick(a)) != FR_OK)
         goto out;
     if (a->active)
-        err = ps_applier_commit(a);
+        err = ps_applier_commit_letting_go(a);
     if (err == FR_OK && a->active && a->sp != NULL)
         err = ps_sparse_sweep(a); /* rows it evicts go with the next commit */
     if (err == FR_OK && a->active && a->local != NULL)
@@ -1135,8 +1149,21 @@ static int stop_set(void *arg)
     return atomic_load((const atomic_int *)arg) != 0;
 }
 
+void ps_applier_step_pause(psstore_applier_t *a)
+{
+    if (a->local != NULL && a->sp == NULL)
+        ps_local_step_leave(a->local);
+}
+
+void ps_applier_step_resume(psstore_applier_t *a)
+{
+    if (a->local != NULL && a->sp == NULL)
+        ps_local_step_enter(a->local);
+}
+
 /* A poll holds the channel's step lock: pushers step in only between
- * polls and while it waits for gradients (ps_local_take). */
+ * polls, while it waits for gradients (ps_local_take) and during the
+ * round trips that let go of it (ps_applier_step_pause). */
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
 {
     if (a->local != NULL)

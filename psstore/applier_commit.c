@@ -545,12 +545,37 @@ static void queue_acks(psstore_applier_t *a, txn_t *t)
     }
 }
 
+/*
+ * What a transaction carries of the state a pusher's step adds to (the
+ * weights, the versions, drops and audit entries, the offsets, the
+ * freshness timestamps): forgotten once queued, since the commit lets go
+ * of the step lock while it waits for Redis and a pusher's step may add
+ * more meanwhile, for the next commit. Should the commit fail the whole
+ * state is dropped and reloaded, so nothing is lost by forgetting early.
+ */
+typedef struct sent {
+    int weights;     /* the weights (and optimizer state) went */
+    int64_t version; /* the version they are at                */
+    size_t nts;      /* the freshness timestamps they cover    */
+} sent_t;
+
+static void forget_sent(psstore_applier_t *a, sent_t *s)
+{
+    s->weights = a->weights_dirty;
+    s->version = a->version;
+    s->nts = a->nts_pending;
+    a->weights_dirty = 0;
+    a->versions.len = a->drops.len = a->audit.len = 0;
+    for (size_t i = 0; i < a->nparts; i++)
+        a->parts[i].dirty = 0;
+}
+
 /* After EXEC succeeded: the counters, the freshness figures and the state
  * pending for the next commit start over. */
-static void committed(psstore_applier_t *a, int snap, uint64_t spent)
+static void committed(psstore_applier_t *a, int snap, uint64_t spent, const sent_t *s)
 {
     fr_series_observe(a->m_commit_latency, (double)spent * 1e-9);
-    uint64_t payload = a->weights_dirty ? (a->n + a->opt_len) * sizeof(float) : 0;
+    uint64_t payload = s->weights ? (a->n + a->opt_len) * sizeof(float) : 0;
     if (snap)
         payload += (a->n + a->opt_len) * sizeof(float);
     pthread_mutex_lock(&a->lock);
@@ -569,21 +594,21 @@ static void committed(psstore_applier_t *a, int snap, uint64_t spent)
         fr_series_add(a->m_evicted, (double)a->sp->nevict);
     }
     ps_sparse_commit_done(a);
-    for (size_t i = 0; i < a->nparts; i++)
-        a->parts[i].dirty = 0;
-    a->committed = a->version;
+    a->committed = s->version;
     a->renew_ns = fr_clock_mono_ns();
-    ps_applier_forget_pending(a);
+    ps_applier_forget_own(a);
     memset(a->closed, 0, sizeof(a->closed));
-    if (a->nts_pending > 0) {
+    if (s->nts > 0) {
         int64_t now = fr_clock_unix_ms();
         pthread_mutex_lock(&a->lock);
-        for (size_t i = 0; i < a->nts_pending; i++)
+        for (size_t i = 0; i < s->nts; i++)
             a->fresh[a->nfresh++ % FRESH_RING] = now - a->ts_pending[i];
         pthread_mutex_unlock(&a->lock);
-        for (size_t i = 0; i < a->nts_pending; i++)
+        for (size_t i = 0; i < s->nts; i++)
             fr_series_observe(a->m_fresh, (double)(now - a->ts_pending[i]) * 1e-3);
-        a->nts_pending = 0;
+        /* those a pusher's step noted while the commit waited are the next's */
+        a->nts_pending -= s->nts;
+        memmove(a->ts_pending, a->ts_pending + s->nts, a->nts_pending * sizeof(*a->ts_pending));
     }
     if (fr_series_value(a->m_version) != (double)a->committed)
         fr_series_set(a->m_updated, (double)fr_clock_unix_ms() * 1e-3);
@@ -625,7 +650,25 @@ static void wait_replicas(psstore_applier_t *a)
  * transaction guarded by WATCH lease. A refused transaction (the lease
  * changed hands) drops the in-memory state; that is not an error.
  */
+static fr_err_t commit(psstore_applier_t *a, int may_let_go);
+
 fr_err_t ps_applier_commit(psstore_applier_t *a)
+{
+    return commit(a, 0);
+}
+
+fr_err_t ps_applier_commit_letting_go(psstore_applier_t *a)
+{
+    return commit(a, 1);
+}
+
+void ps_applier_commit_wait_for_test(psstore_applier_t *a, void (*fn)(void *), void *arg)
+{
+    a->commit_wait_fn = fn;
+    a->commit_wait_arg = arg;
+}
+
+static fr_err_t commit(psstore_applier_t *a, int may_let_go)
 {
     int dirty_parts = 0;
     for (size_t i = 0; i < a->nparts; i++)
@@ -666,9 +709,22 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
     queue_rounds(a, &t);
     queue_acks(a, &t);
     txn_cmd(&t, "PEXPIRE", a->k_lease, lease_ms, NULL);
+    sent_t sent;
+    forget_sent(a, &sent);
+    /* Redis's round trip without the step lock: a pusher may take its
+     * step meanwhile (docs/design.md "The co-located fast path"). Its step
+     * touches neither the connection nor what only this thread writes. */
+    if (may_let_go) {
+        ps_applier_step_pause(a);
+        if (a->commit_wait_fn != NULL && a->local != NULL && a->sp == NULL)
+            a->commit_wait_fn(a->commit_wait_arg);
+    }
     /* the one check: after the first error nothing more was queued */
     redisReply *exec = NULL;
-    if ((err = txn_exec(&t, &exec)) != FR_OK)
+    err = txn_exec(&t, &exec);
+    if (may_let_go)
+        ps_applier_step_resume(a);
+    if (err != FR_OK)
         goto out; /* unknown whether EXEC ran (or it was never sent): poll reloads */
 
     if (exec == NULL) {
@@ -699,7 +755,7 @@ fr_err_t ps_applier_commit(psstore_applier_t *a)
     uint64_t spent = fr_clock_mono_ns() - t0; /* to EXEC's reply, not the replicas' */
     wait_replicas(a);
     int64_t snap_id = snapshot_id(a);
-    committed(a, snap, spent);
+    committed(a, snap, spent, &sent);
     if (snap && a->nshards > 1 && a->shard == 0)
         snapshot_fan_out(a, snap_id);
 out:

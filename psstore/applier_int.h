@@ -192,6 +192,14 @@ struct psstore_applier {
      * pusher's step met, for this thread to act on (FR_OK: none) */
     uint64_t local_taken, local_seen; /* ... and by the last read phase's end */
     fr_err_t help_err;
+    /* a pusher's step is running (it must not touch the connection: a
+     * commit may be waiting for its replies), and the divergence guard's
+     * stop it decided, written by this thread at its next step */
+    int in_help, stop_write_due;
+    /* tests (ps_applier_commit_wait_for_test): called while a commit that
+     * let go of the step lock waits for Redis */
+    void (*commit_wait_fn)(void *);
+    void *commit_wait_arg;
 
     /* state, valid while active */
     int active;
@@ -288,6 +296,11 @@ void ps_applier_drop_state(psstore_applier_t *a);
 /* Forgets what the next commit would write besides weights and offsets
  * (after a commit, or with the whole state). */
 void ps_applier_forget_pending(psstore_applier_t *a);
+/* The part of it only the applier's thread adds to (the consumed ids, a
+ * sparse model's rows, the epoch and offsets resets, the request and the
+ * replay); a pusher's step adds to the rest (versions, drops, audit,
+ * weights), which a commit forgets as it sends them. */
+void ps_applier_forget_own(psstore_applier_t *a);
 /* The offsets of topic/partition, added (watermark 0) when create is set;
  * NULL when absent, or out of memory. */
 part_t *ps_applier_find_part(psstore_applier_t *a, const char *topic, int32_t partition,
@@ -305,6 +318,21 @@ void ps_applier_version_entry(psstore_applier_t *a, const psstore_grad_t *g,
 /* Commits everything applied or dropped since the last commit in one
  * transaction guarded by WATCH lease; a lost lease is not an error. */
 fr_err_t ps_applier_commit(psstore_applier_t *a);
+/* As ps_applier_commit, letting go of the channel's step lock while it
+ * waits for Redis's replies, so that a pusher may take its step meanwhile
+ * (the read phase's commit; not a request's, which must write nothing
+ * else). */
+fr_err_t ps_applier_commit_letting_go(psstore_applier_t *a);
+/* Lets go of the in-process channel's step lock around a round trip to
+ * Redis in a poll, and takes it back, when pushers may step in (a dense
+ * model on a channel; docs/design.md "The co-located fast path"): the
+ * caller reads or writes no state a pusher's step touches in between. */
+void ps_applier_step_pause(psstore_applier_t *a);
+void ps_applier_step_resume(psstore_applier_t *a);
+/* Tests only: fn(arg) runs in the applier's thread each time such a commit
+ * has let go of the step lock, before it reads Redis's replies: what a
+ * pusher's step would do meanwhile, made deterministic (NULL: none). */
+void ps_applier_commit_wait_for_test(psstore_applier_t *a, void (*fn)(void *), void *arg);
 
 /* ---- applier_rounds.c ---------------------------------------------------------- */
 
@@ -367,6 +395,8 @@ void ps_applier_fenced(psstore_applier_t *a, const char *when);
 fr_err_t ps_applier_watch_lease(psstore_applier_t *a, int *ours);
 /* Writes meta.stopped = reason under the lease (the divergence guard). */
 void ps_applier_stop_model(psstore_applier_t *a, const char *reason);
+/* Writes the stop a pusher's step decided, if any (the applier's thread). */
+void ps_applier_stop_write(psstore_applier_t *a);
 /* Records one gradient in the divergence guard's window (bad: non-finite);
  * stops the model when too many of the window were. */
 void ps_applier_guard_record(psstore_applier_t *a, int bad);

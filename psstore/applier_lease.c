@@ -485,15 +485,36 @@ void ps_applier_guard_record(psstore_applier_t *a, int bad)
     }
 }
 
-/* Writes meta.stopped = reason under the lease (the divergence guard). */
+/* Writes meta.stopped = a->stopped under the lease. */
+static void stop_write(psstore_applier_t *a)
+{
+    int done = 0;
+    if (ps_applier_meta_set(a, &done, "stopped", a->stopped, NULL, NULL) == FR_OK && !done)
+        ps_applier_fenced(a, "stopping the model");
+    ps_applier_stats_update(a);
+}
+
+/* Writes meta.stopped = reason under the lease (the divergence guard). In
+ * a pusher's step (psstore_local_push_help) the model stops at once and
+ * the write waits for the applier's thread (ps_applier_stop_write). */
 void ps_applier_stop_model(psstore_applier_t *a, const char *reason)
 {
     snprintf(a->stopped, sizeof(a->stopped), "%s", reason);
     fr_log(FR_LOG_ERROR, "applier %s: divergence guard: %s; applying stopped", a->model, reason);
     if (a->local != NULL)
         ps_local_close(a->local); /* workers wait on the stream's bound */
-    int done = 0;
-    if (ps_applier_meta_set(a, &done, "stopped", reason, NULL, NULL) == FR_OK && !done)
-        ps_applier_fenced(a, "stopping the model");
-    ps_applier_stats_update(a);
+    if (a->in_help) {
+        a->stop_write_due = 1;
+        ps_applier_stats_update(a);
+        return;
+    }
+    stop_write(a);
+}
+
+void ps_applier_stop_write(psstore_applier_t *a)
+{
+    if (!a->stop_write_due || !a->active)
+        return;
+    a->stop_write_due = 0;
+    stop_write(a);
 }

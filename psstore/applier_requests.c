@@ -285,7 +285,9 @@ static fr_err_t delete_model(psstore_applier_t *a)
 fr_err_t ps_applier_run_requests(psstore_applier_t *a)
 {
     fr_err_t err;
+    ps_applier_step_pause(a); /* pushers may step in during the round trip */
     redisReply *r = ps_cmd(a->c, 1, &err, "XRANGE %s - + COUNT 16", a->k_req);
+    ps_applier_step_resume(a);
     if (r == NULL)
         return err;
     for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements && a->active; i++) {

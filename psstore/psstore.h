@@ -591,8 +591,9 @@ fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, fl
  * publish) runs in the calling thread instead of waking the applier's
  * thread and then being woken by it, two thread switches that cost more
  * than the step on a loaded machine (docs/design.md "The co-located fast
- * path"). When the applier is busy (a commit, a stream read) or not
- * taking gradients, the gradient is left to it and it is woken. */
+ * path"). When the applier is inside a step of its own (a stream read, a
+ * commit being built; not while a commit waits for Redis) or not taking
+ * gradients, the gradient is left to it and it is woken. */
 fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, float **buf,
                                  int timeout_ms, uint64_t *ticket);
 /* Waits until the push of `ticket` has been decided by the applier and,

@@ -21,6 +21,7 @@
 
 #include "harness.h"
 #include "psstore/psstore.h"
+#include "psstore/applier_int.h" /* ps_applier_commit_wait_for_test */
 #include "psstore/psstore_int.h" /* ps_local_step_enter: an applier inside a step */
 
 #define NPARAMS 300
@@ -343,6 +344,109 @@ static void test_a_pusher_decides_its_gradient_when_the_applier_is_free(void **s
     expected(want, k12, 2);
     assert_store_at(model, 2, want);
     assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 8);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+    free(buf);
+}
+
+/* What a pusher does while a commit waits for Redis (the commit's test hook). */
+typedef struct wait_push {
+    psstore_local_t *l;
+    float *buf;
+    uint64_t epoch, ticket;
+    int calls, decided;
+} wait_push_t;
+
+static void push_during_commit(void *p)
+{
+    wait_push_t *wp = p;
+    if (wp->calls++ > 0)
+        return; /* the first commit only */
+    psstore_range_t range;
+    psstore_grad_t msg = grad(wp->buf, &range, 2, 4, 4, wp->epoch, 1);
+    if (psstore_local_push_help(wp->l, &msg, &wp->buf, 100, &wp->ticket) == FR_OK)
+        wp->decided = psstore_local_wait_applied(wp->l, wp->ticket, 0) == FR_OK;
+}
+
+/*
+ * The read phase's commit waits for Redis without the step lock, so a
+ * pusher's step taken meanwhile is decided at once. The commit carries the
+ * state as it was when queued: the gradient decided meanwhile (its weights,
+ * version entry and offsets) is the next commit's, not forgotten by this one.
+ */
+static void test_a_pusher_steps_in_while_a_commit_waits(void **state)
+{
+    (void)state;
+    const char *model = "local-commit-wait";
+    wait_push_t wp = {.buf = malloc(NPARAMS * sizeof(float))};
+    assert_non_null(wp.buf);
+    psstore_applier_t *a = NULL;
+    wp.l = channel_open(model, 4, &a);
+    float w[NPARAMS], want[NPARAMS];
+    int64_t version = -1;
+    int changed = 0;
+    assert_int_equal(psstore_local_pull(wp.l, w, &wp.epoch, &version, &changed), FR_OK);
+    psstore_range_t range;
+    psstore_grad_t msg = grad(wp.buf, &range, 1, 0, 4, wp.epoch, 0);
+    uint64_t t1 = 0;
+    assert_int_equal(psstore_local_push_help(wp.l, &msg, &wp.buf, 100, &t1), FR_OK);
+    ps_applier_commit_wait_for_test(a, push_during_commit, &wp);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(wp.calls, 1);
+    assert_true(wp.decided); /* while the commit of version 1 was in flight */
+    int k1[] = {1}, k12[] = {1, 2};
+    expected(want, k1, 1);
+    assert_store_at(model, 1, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 4);
+    assert_int_equal(query_int("XLEN freshet:{%s}:versions", model), 1);
+    assert_int_equal(psstore_local_pull(wp.l, w, &wp.epoch, &version, &changed), FR_OK);
+    assert_int_equal(version, 2);
+    /* the next commit writes what the first left */
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    expected(want, k12, 2);
+    assert_store_at(model, 2, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 8);
+    assert_int_equal(query_int("XLEN freshet:{%s}:versions", model), 2);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(wp.l);
+    free(wp.buf);
+}
+
+/*
+ * The divergence guard tripped in a pusher's step stops the model at once
+ * (the channel closes, nothing more is applied) but leaves the Redis write
+ * of meta.stopped to the applier's thread, whose connection a commit may
+ * be using meanwhile: written at the applier's next poll.
+ */
+static void test_a_stop_decided_in_a_pushers_step_is_written_by_the_applier(void **state)
+{
+    (void)state;
+    const char *model = "local-help-stop";
+    float *buf = malloc(NPARAMS * sizeof(float)), w[NPARAMS];
+    assert_non_null(buf);
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open(model, 4, &a);
+    uint64_t epoch = 0;
+    int64_t version = -1;
+    int changed = 0;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    /* the guard stops the model at more than 5 non-finite of 100 */
+    for (int k = 0; k < 6; k++) {
+        psstore_range_t range;
+        psstore_grad_t msg = grad(buf, &range, k, 4 * k, 4, epoch, 0);
+        buf[7] = NAN;
+        assert_int_equal(psstore_local_push_help(l, &msg, &buf, 100, NULL), FR_OK);
+    }
+    assert_false(psstore_local_open(l));
+    char out[256];
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped", model), 0);
+    assert_string_equal(out, "(nil)");
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:meta stopped", model), 0);
+    assert_non_null(strstr(out, "6 of the last 6 gradients were non-finite"));
+    assert_int_equal(query_int("GET freshet:{%s}:ver", model), 0);
     psstore_applier_destroy(a);
     psstore_local_destroy(l);
     free(buf);
@@ -810,6 +914,8 @@ int main(void)
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
         cmocka_unit_test(test_a_swapped_push_trades_buffers_and_applies_what_was_pushed),
         cmocka_unit_test(test_a_pusher_decides_its_gradient_when_the_applier_is_free),
+        cmocka_unit_test(test_a_pusher_steps_in_while_a_commit_waits),
+        cmocka_unit_test(test_a_stop_decided_in_a_pushers_step_is_written_by_the_applier),
         cmocka_unit_test(test_held_weights_stay_put_while_the_applier_moves_on),
         cmocka_unit_test(test_an_in_process_gradient_is_decided_on_its_sum_of_squares),
         cmocka_unit_test(test_a_full_channel_pushes_back),
