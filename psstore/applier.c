@@ -1017,7 +1017,11 @@ static fr_err_t read_local_and_stream(psstore_applier_t *a, int block_ms)
         elapsed = fr_clock_mono_ns() - start;
         if (elapsed >= window && (total > 0 || elapsed >= (uint64_t)block_ms * 1000000ull)) {
             a->local_seen = a->local_taken;
-            return FR_OK;
+            /* a pusher's step that failed during the stream read: its half
+             * decision must not be committed (the poll reloads) */
+            err = a->help_err;
+            a->help_err = FR_OK;
+            return err;
         }
     }
 }
@@ -1195,6 +1199,7 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
     }
     if (a->local != NULL)
         ps_local_step_enter(a->local);
+    ps_applier_stop_write(a); /* a stop a pusher's last step decided */
     if (a->active) {
         ps_applier_commit(a);
         fr_err_t err;

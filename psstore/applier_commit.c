@@ -464,16 +464,17 @@ static void queue_snapshot(psstore_applier_t *a, txn_t *t)
     txn_cmd(t, "PUBLISH", a->k_pub, pub, NULL);
 }
 
-/* After a committed snapshot: the in-memory list follows the store's. */
-static void snapshot_done(psstore_applier_t *a)
+/* After a committed snapshot (id, of version): the in-memory list follows
+ * the store's. */
+static void snapshot_done(psstore_applier_t *a, int64_t id, int64_t version)
 {
     size_t excess = snapshots_excess(a);
     memmove(a->snaps, a->snaps + excess, (a->nsnaps - excess) * sizeof(int64_t));
     a->nsnaps -= excess;
     if (a->nsnaps < MAX_SNAPS)
-        a->snaps[a->nsnaps++] = snapshot_id(a);
+        a->snaps[a->nsnaps++] = id;
     assert(a->nsnaps <= MAX_SNAPS);
-    a->snap_version = a->version;
+    a->snap_version = version;
     a->snap_ns = fr_clock_mono_ns();
     a->snap_req = 0;
 }
@@ -556,6 +557,7 @@ static void queue_acks(psstore_applier_t *a, txn_t *t)
 typedef struct sent {
     int weights;     /* the weights (and optimizer state) went */
     int64_t version; /* the version they are at                */
+    int64_t snap_id; /* a snapshot's id, when one went          */
     size_t nts;      /* the freshness timestamps they cover    */
 } sent_t;
 
@@ -563,6 +565,7 @@ static void forget_sent(psstore_applier_t *a, sent_t *s)
 {
     s->weights = a->weights_dirty;
     s->version = a->version;
+    s->snap_id = snapshot_id(a);
     s->nts = a->nts_pending;
     a->weights_dirty = 0;
     a->versions.len = a->drops.len = a->audit.len = 0;
@@ -586,7 +589,7 @@ static void committed(psstore_applier_t *a, int snap, uint64_t spent, const sent
     fr_series_add(a->m_commits, 1);
     fr_series_add(a->m_bytes, (double)payload);
     if (snap)
-        snapshot_done(a);
+        snapshot_done(a, s->snap_id, s->version);
     if (a->sp != NULL && a->sp->nevict > 0) {
         pthread_mutex_lock(&a->lock);
         a->stats.evicted += a->sp->nevict;
@@ -754,10 +757,9 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
     }
     uint64_t spent = fr_clock_mono_ns() - t0; /* to EXEC's reply, not the replicas' */
     wait_replicas(a);
-    int64_t snap_id = snapshot_id(a);
     committed(a, snap, spent, &sent);
     if (snap && a->nshards > 1 && a->shard == 0)
-        snapshot_fan_out(a, snap_id);
+        snapshot_fan_out(a, sent.snap_id);
 out:
     freeReplyObject(exec);
     txn_fini(&t);

@@ -368,11 +368,23 @@ static void push_during_commit(void *p)
         wp->decided = psstore_local_wait_applied(wp->l, wp->ticket, 0) == FR_OK;
 }
 
+/* The ids in the model's snapshot list, "1,2" style. */
+static void snapshot_ids(const char *model, char *out, size_t size)
+{
+    assert_int_equal(
+        harness_redis_query(&redis, out, size, "ZRANGE freshet:{%s}:snaps 0 -1", model), 0);
+    for (char *p = out; *p != '\0'; p++)
+        if (*p == '\n')
+            *p = ',';
+}
+
 /*
  * The read phase's commit waits for Redis without the step lock, so a
  * pusher's step taken meanwhile is decided at once. The commit carries the
  * state as it was when queued: the gradient decided meanwhile (its weights,
- * version entry and offsets) is the next commit's, not forgotten by this one.
+ * version entry and offsets) is the next commit's, not forgotten by this
+ * one, and the snapshot it took (one every version, one kept) is recorded
+ * under the version it holds, so that the next one replaces it.
  */
 static void test_a_pusher_steps_in_while_a_commit_waits(void **state)
 {
@@ -380,8 +392,23 @@ static void test_a_pusher_steps_in_while_a_commit_waits(void **state)
     const char *model = "local-commit-wait";
     wait_push_t wp = {.buf = malloc(NPARAMS * sizeof(float))};
     assert_non_null(wp.buf);
-    psstore_applier_t *a = NULL;
-    wp.l = channel_open(model, 4, &a);
+    create_model(model);
+    wp.l = psstore_local_new(NPARAMS, 4, errstr, sizeof(errstr));
+    assert_non_null(wp.l);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.ctl.lr = LR;
+    conf.ctl.policy = PSSTORE_POLICY_CONSTANT;
+    conf.ctl.max_staleness = 0;
+    conf.snapshot_every = 1;
+    conf.snapshot_retain = 1;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    if (a == NULL)
+        fail_msg("%s", errstr);
+    psstore_applier_set_local(a, wp.l);
+    assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
     float w[NPARAMS], want[NPARAMS];
     int64_t version = -1;
     int changed = 0;
@@ -399,6 +426,9 @@ static void test_a_pusher_steps_in_while_a_commit_waits(void **state)
     assert_store_at(model, 1, want);
     assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 4);
     assert_int_equal(query_int("XLEN freshet:{%s}:versions", model), 1);
+    char ids[128];
+    snapshot_ids(model, ids, sizeof(ids));
+    assert_string_equal(ids, "1");
     assert_int_equal(psstore_local_pull(wp.l, w, &wp.epoch, &version, &changed), FR_OK);
     assert_int_equal(version, 2);
     /* the next commit writes what the first left */
@@ -407,6 +437,10 @@ static void test_a_pusher_steps_in_while_a_commit_waits(void **state)
     assert_store_at(model, 2, want);
     assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 8);
     assert_int_equal(query_int("XLEN freshet:{%s}:versions", model), 2);
+    snapshot_ids(model, ids, sizeof(ids));
+    assert_string_equal(ids, "2");
+    assert_int_equal(query_int("EXISTS freshet:{%s}:snap:1", model), 0);
+    assert_int_equal(query_int("EXISTS freshet:{%s}:snap:2", model), 1);
     psstore_applier_destroy(a);
     psstore_local_destroy(wp.l);
     free(wp.buf);
