@@ -1076,6 +1076,11 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
         }
     }
     ps_applier_stop_write(a); /* a pusher's step between polls stopped the model */
+    if (a->help_err != FR_OK) { /* ... or failed: reload before anything commits */
+        err = a->help_err;
+        a->help_err = FR_OK;
+        goto out;
+    }
     if (a->c->reconnects != a->reconnects) {
         /* The connection was re-established under us: Redis may have
          * restarted (losing writes), so reload and let the run_id check
