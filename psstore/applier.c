@@ -1075,7 +1075,7 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
             return FR_OK;
         }
     }
-    ps_applier_stop_write(a); /* a pusher's step between polls stopped the model */
+    ps_applier_stop_write(a);   /* a pusher's step between polls stopped the model */
     if (a->help_err != FR_OK) { /* ... or failed: reload before anything commits */
         err = a->help_err;
         a->help_err = FR_OK;
