@@ -444,14 +444,27 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
     return push(l, g, NULL, timeout_ms, ticket, 1);
 }
 
-fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, float **buf,
-                                 int timeout_ms, uint64_t *ticket)
+static void help_one_or_shards(psstore_local_t *l);
+
+/* A swapped push (psstore_local_push_swap); with help, the pusher then
+ * steps in for the applier (psstore_local_push_help) instead of waking it. */
+static fr_err_t push_swapped(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                             int timeout_ms, uint64_t *ticket, int help)
 {
     if (buf == NULL || *buf == NULL)
         return FR_ERR_INVAL;
-    if (l->nsub > 0) /* slices are copied: *buf stays the caller's */
-        return push_shards(l, g, timeout_ms, ticket, 1);
-    return push(l, g, buf, timeout_ms, ticket, 1);
+    fr_err_t err = l->nsub > 0 /* slices are copied: *buf stays the caller's */
+                       ? push_shards(l, g, timeout_ms, ticket, !help)
+                       : push(l, g, buf, timeout_ms, ticket, !help);
+    if (err == FR_OK && help)
+        help_one_or_shards(l);
+    return err;
+}
+
+fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                 int timeout_ms, uint64_t *ticket)
+{
+    return push_swapped(l, g, buf, timeout_ms, ticket, 0);
 }
 
 /*
@@ -488,21 +501,19 @@ static void help_shards(psstore_local_t *l, int k)
         help_one(l->sub[i]);
 }
 
+/* help_one on l, or on each shard of a sharded l. */
+static void help_one_or_shards(psstore_local_t *l)
+{
+    if (l->nsub > 0)
+        help_shards(l, l->nsub);
+    else
+        help_one(l);
+}
+
 fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, float **buf,
                                  int timeout_ms, uint64_t *ticket)
 {
-    if (buf == NULL || *buf == NULL)
-        return FR_ERR_INVAL;
-    if (l->nsub > 0) {
-        fr_err_t err = push_shards(l, g, timeout_ms, ticket, 0);
-        if (err == FR_OK)
-            help_shards(l, l->nsub);
-        return err;
-    }
-    fr_err_t err = push(l, g, buf, timeout_ms, ticket, 0);
-    if (err == FR_OK)
-        help_one(l);
-    return err;
+    return push_swapped(l, g, buf, timeout_ms, ticket, 1);
 }
 
 /* ---- the applier's side (psstore_int.h) ---------------------------------------- */
