@@ -90,6 +90,11 @@ int main(int argc, char **argv)
     }
     if (strcmp(name, "version") == 0 || strcmp(name, "--version") == 0) {
         printf("freshet %s (backends: %s)\n", FRESHET_VERSION, trainer_backends_built());
+        char module[4096];
+        if (trainer_cuda_module(module, sizeof(module)))
+            printf("cuda module: %s\n", module);
+        else if (strstr(trainer_backends_built(), "cuda") != NULL)
+            printf("cuda module: not found%s%s\n", module[0] != '\0' ? " at " : "", module);
         return 0;
     }
     for (size_t i = 0; i < NCOMMANDS; i++) {

@@ -19,8 +19,12 @@ extern "C" {
 
 #if defined(__GNUC__)
 #define FR_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+/* A function the CUDA module takes from the program that loads it (the
+ * build hides every other symbol; cuda/exports.list exports these). */
+#define FR_MODULE_API __attribute__((visibility("default")))
 #else
 #define FR_PRINTF(fmt, args)
+#define FR_MODULE_API
 #endif
 
 /* A hot loop over a parameter vector, compiled also for AVX2 and chosen at
@@ -61,7 +65,8 @@ const char *fr_strerror(fr_err_t err);
 
 /* Formats into errstr (when errstr and size are non-zero) and returns err, so
  * that an error can be filled and returned in one statement. */
-fr_err_t fr_errorf(fr_err_t err, char *errstr, size_t size, const char *fmt, ...) FR_PRINTF(4, 5);
+FR_MODULE_API fr_err_t fr_errorf(fr_err_t err, char *errstr, size_t size, const char *fmt, ...)
+    FR_PRINTF(4, 5);
 
 /* ------------------------------------------------------------------------
  * Logging. Lines go to stderr as "2026-11-29T19:00:00.123Z WARN message".
@@ -77,11 +82,11 @@ typedef enum fr_log_level {
 } fr_log_level_t;
 
 /* The current level (FR_LOG_INFO unless set, or FRESHET_LOG=error|warn|info|debug). */
-fr_log_level_t fr_log_level(void);
+FR_MODULE_API fr_log_level_t fr_log_level(void);
 void fr_log_set_level(fr_log_level_t level);
 /* Parses "error", "warn", "info" or "debug"; FR_ERR_INVAL otherwise. */
 fr_err_t fr_log_level_parse(const char *name, fr_log_level_t *level);
-void fr_log_write(fr_log_level_t level, const char *fmt, ...) FR_PRINTF(2, 3);
+FR_MODULE_API void fr_log_write(fr_log_level_t level, const char *fmt, ...) FR_PRINTF(2, 3);
 
 /* Tests the level before formatting anything. */
 #define fr_log(level, ...)                                                                         \

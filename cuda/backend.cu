@@ -501,6 +501,14 @@ static fr_err_t cuda_evaluate(void *state, double *loss_sum, int64_t *correct, c
     return step((cuda_state_t *)state, loss_sum, correct, NULL, x, y, n, errstr, size);
 }
 
-extern "C" const trainer_backend_ops_t fcuda_backend_ops = {
+static const trainer_backend_ops_t fcuda_backend_ops = {
     "cuda", cuda_available, cuda_create, cuda_destroy, cuda_load, cuda_gradient, cuda_evaluate,
+};
+
+/* The module's one export, which trainer/backend.c looks up by name. */
+extern "C" __attribute__((visibility("default"))) const trainer_backend_module_t fcuda_module = {
+    TRAINER_BACKEND_ABI,
+    sizeof(trainer_backend_ops_t),
+    sizeof(model_t),
+    &fcuda_backend_ops,
 };

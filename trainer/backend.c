@@ -1,24 +1,25 @@
 /*
  * backend.c - backend registry and the thin wrapper every caller uses. The
- * CUDA backend registers here, the one #ifdef of the build.
+ * CUDA backend is a module, libfreshet_cuda.so (cuda/cuda.cmake), loaded
+ * the first time a backend needs it: linked into the program, cuBLAS's
+ * constructors cost every command about 0.35 s of CPU and 100 MB at start,
+ * GPU or not (docs/design.md "The CUDA module"). FRESHET_HAVE_CUDA, set
+ * when it is built, is the one #ifdef of the build.
  */
+#include <limits.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#ifdef FRESHET_HAVE_CUDA
+#include <dlfcn.h>
+#include <pthread.h>
+#endif
+
+#include "model/model.h"
 #include "trainer/trainer_int.h"
-
-#ifdef FRESHET_HAVE_CUDA
-extern const trainer_backend_ops_t fcuda_backend_ops;
-#endif
-
-static const trainer_backend_ops_t *const backends[] = {
-    &trainer_cpu_ops,
-#ifdef FRESHET_HAVE_CUDA
-    &fcuda_backend_ops,
-#endif
-};
-#define NBACKENDS (sizeof(backends) / sizeof(backends[0]))
 
 struct trainer_backend {
     const trainer_backend_ops_t *ops;
@@ -28,13 +29,7 @@ struct trainer_backend {
     char errstr[256];
 };
 
-static const trainer_backend_ops_t *find_backend(const char *name)
-{
-    for (size_t i = 0; i < NBACKENDS; i++)
-        if (strcmp(backends[i]->name, name) == 0)
-            return backends[i];
-    return NULL;
-}
+#define CUDA_MODULE "libfreshet_cuda.so"
 
 const char *trainer_backends_built(void)
 {
@@ -45,31 +40,154 @@ const char *trainer_backends_built(void)
 #endif
 }
 
+#ifdef FRESHET_HAVE_CUDA
+/* path = the folder of the running program + "/" + rel; 0 when it does not
+ * fit or /proc/self/exe cannot be read */
+static int beside_program(char *path, size_t size, const char *rel)
+{
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0)
+        return 0;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash == NULL)
+        return 0;
+    *slash = '\0';
+    int len = snprintf(path, size, "%s/%s", exe, rel);
+    return len > 0 && (size_t)len < size;
+}
+#endif
+
+#ifdef FRESHET_HAVE_CUDA
+/* 1 when path names a readable file, which path then names without "..". */
+static int readable(char *path, size_t size)
+{
+    char real[PATH_MAX];
+    if (access(path, R_OK) != 0)
+        return 0;
+    if (realpath(path, real) != NULL && strlen(real) < size)
+        memcpy(path, real, strlen(real) + 1);
+    return 1;
+}
+#endif
+
+int trainer_cuda_module(char *path, size_t size)
+{
+    if (size > 0)
+        path[0] = '\0';
+#ifdef FRESHET_HAVE_CUDA
+    const char *env = getenv("FRESHET_CUDA_MODULE");
+    if (env != NULL && env[0] != '\0') {
+        snprintf(path, size, "%s", env);
+        return access(path, R_OK) == 0;
+    }
+    if (beside_program(path, size, CUDA_MODULE) && readable(path, size))
+        return 1;
+    if (beside_program(path, size, FRESHET_CUDA_MODULE_REL) && readable(path, size))
+        return 1;
+    snprintf(path, size, "%s", FRESHET_CUDA_MODULE_BUILT);
+    if (readable(path, size))
+        return 1;
+    path[0] = '\0';
+#endif
+    return 0;
+}
+
+#ifdef FRESHET_HAVE_CUDA
+static pthread_mutex_t cuda_lock = PTHREAD_MUTEX_INITIALIZER;
+static const trainer_backend_ops_t *cuda_ops; /* once loaded: never unloaded */
+
+/* The CUDA backend from its module, loaded once; NULL with errstr when it
+ * cannot be (not found, not loadable, from another build). A failure is
+ * not remembered: the next call tries again. */
+static const trainer_backend_ops_t *cuda_backend(char *errstr, size_t size)
+{
+    pthread_mutex_lock(&cuda_lock);
+    const trainer_backend_ops_t *ops = cuda_ops;
+    char path[PATH_MAX];
+    if (ops != NULL) {
+        /* loaded before */
+    } else if (!trainer_cuda_module(path, sizeof(path)) && path[0] != '\0') {
+        fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
+                  "backend cuda: FRESHET_CUDA_MODULE names %s, which cannot be read", path);
+    } else if (path[0] == '\0') {
+        fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
+                  "backend cuda: its module %s is not installed (looked beside the program, in "
+                  "%s relative to it and in %s; FRESHET_CUDA_MODULE may name it)",
+                  CUDA_MODULE, FRESHET_CUDA_MODULE_REL, FRESHET_CUDA_MODULE_BUILT);
+    } else {
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        const trainer_backend_module_t *mod = h != NULL ? dlsym(h, "fcuda_module") : NULL;
+        if (h == NULL) {
+            fr_errorf(FR_ERR_UNSUPPORTED, errstr, size, "backend cuda: cannot load %s: %s", path,
+                      dlerror());
+        } else if (mod == NULL || mod->abi != TRAINER_BACKEND_ABI ||
+                   mod->ops_size != sizeof(trainer_backend_ops_t) ||
+                   mod->model_size != sizeof(model_t)) {
+            fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
+                      "backend cuda: %s is from another build of freshet (interface %d, this "
+                      "program's %d)",
+                      path, mod != NULL ? mod->abi : -1, TRAINER_BACKEND_ABI);
+            dlclose(h);
+        } else {
+            ops = cuda_ops = mod->ops;
+            fr_log(FR_LOG_DEBUG, "trainer: CUDA backend loaded from %s", path);
+        }
+    }
+    pthread_mutex_unlock(&cuda_lock);
+    return ops;
+}
+
+/* A device node of NVIDIA's driver (or WSL's GPU node): without one no CUDA
+ * device can be present, so "auto" does not load the module to ask. */
+static int gpu_device_node(void)
+{
+    return access("/dev/nvidiactl", F_OK) == 0 || access("/dev/dxg", F_OK) == 0;
+}
+#endif
+
 /*
  * Resolves "auto" to cuda when that backend is built and sees a device,
  * else cpu, logging the fallback once per process.
  */
 static const trainer_backend_ops_t *resolve(const char *name, char *errstr, size_t size)
 {
-    static atomic_int fallback_logged;
     if (strcmp(name, "auto") == 0) {
-        const trainer_backend_ops_t *cuda = find_backend("cuda");
+        static atomic_int fallback_logged;
+        const char *why = "this build has no CUDA backend";
+#ifdef FRESHET_HAVE_CUDA
+        char err[512];
+        const trainer_backend_ops_t *cuda = NULL;
+        why = "no CUDA device present";
+        if (gpu_device_node()) {
+            cuda = cuda_backend(err, sizeof(err));
+            if (cuda == NULL)
+                why = err;
+        }
         if (cuda != NULL && cuda->available())
             return cuda;
+#endif
         if (atomic_exchange(&fallback_logged, 1) == 0)
-            fr_log(FR_LOG_INFO, "trainer: backend auto: %s, using cpu",
-                   cuda ? "no CUDA device present" : "this build has no CUDA backend");
+            fr_log(FR_LOG_INFO, "trainer: backend auto: %s, using cpu", why);
         return &trainer_cpu_ops;
     }
-    const trainer_backend_ops_t *ops = find_backend(name);
-    if (ops == NULL) {
-        if (strcmp(name, "cuda") == 0)
-            fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
-                      "backend cuda: this build has no CUDA backend (built: %s)",
-                      trainer_backends_built());
-        else
-            fr_errorf(FR_ERR_INVAL, errstr, size,
-                      "unknown backend '%s' (expected auto, cpu or cuda)", name);
+    const trainer_backend_ops_t *ops = NULL;
+    if (strcmp(name, "cpu") == 0) {
+        ops = &trainer_cpu_ops;
+    } else if (strcmp(name, "cuda") == 0) {
+#ifdef FRESHET_HAVE_CUDA
+        if ((ops = cuda_backend(errstr, size)) == NULL)
+            return NULL;
+#else
+        fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
+                  "backend cuda: this build has no CUDA backend (built: %s)",
+                  trainer_backends_built());
+        return NULL;
+#endif
+    } else {
+        fr_errorf(FR_ERR_INVAL, errstr, size, "unknown backend '%s' (expected auto, cpu or cuda)",
+                  name);
         return NULL;
     }
     if (!ops->available()) {

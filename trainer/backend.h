@@ -61,6 +61,20 @@ typedef struct trainer_backend_ops {
 /* The CPU backend, always present. */
 extern const trainer_backend_ops_t trainer_cpu_ops;
 
+/*
+ * What the CUDA module (libfreshet_cuda.so, cuda/cuda.cmake) exports as
+ * fcuda_module: trainer/backend.c refuses a module whose interface differs
+ * from the program's (a module from another build). Raise
+ * TRAINER_BACKEND_ABI with any change to the operations' meaning.
+ */
+#define TRAINER_BACKEND_ABI 1
+typedef struct trainer_backend_module {
+    int abi;                          /* TRAINER_BACKEND_ABI            */
+    size_t ops_size;                  /* sizeof(trainer_backend_ops_t)  */
+    size_t model_size;                /* sizeof(model_t)                */
+    const trainer_backend_ops_t *ops; /* the backend                    */
+} trainer_backend_module_t;
+
 #ifdef __cplusplus
 }
 #endif

@@ -44,6 +44,14 @@ const char *trainer_backend_name(const trainer_backend_t *b);
 /* The names of the backends this build has, e.g. "cpu" or "cpu cuda". */
 const char *trainer_backends_built(void);
 
+/* Writes to path (size bytes) the CUDA module a "cuda" backend would load
+ * and returns 1, or returns 0 when there is none to load (no CUDA backend
+ * built, or its module not found: path is then "", or the unreadable file
+ * $FRESHET_CUDA_MODULE names). The module is looked for beside the
+ * program, in the installed library folder relative to the program's
+ * (lib/freshet/ beside bin/), then in the build tree. Loads nothing. */
+int trainer_cuda_module(char *path, size_t size);
+
 /* See trainer_backend_ops_t. Errors are also kept in trainer_backend_error(). */
 fr_err_t trainer_backend_load(trainer_backend_t *b, const float *w);
 fr_err_t trainer_backend_gradient(trainer_backend_t *b, float *grad, double *loss_sum,

@@ -98,6 +98,14 @@ done
 # unknown key, a bad value) fails as an error does
 dpkg-deb -x "$deb" "$work/root"
 check "the packaged binary runs" bash -c "'$work/root/usr/bin/freshet' version | grep -q '$version'"
+# a CUDA build ships its backend as a module the installed binary finds
+# relative to itself (trainer/backend.c), not in the build tree
+if [ -f "$build/libfreshet_cuda.so" ]; then
+    module=$(grep -x '\./usr/lib/.*freshet/libfreshet_cuda\.so' "$work/files" | head -1)
+    check "the package holds the CUDA module" test -n "$module"
+    check "the packaged binary finds its module" bash -c \
+        "'$work/root/usr/bin/freshet' version | grep -qxF 'cuda module: $work/root${module#.}'"
+fi
 units="$work/root/lib/systemd/system"
 for d in /lib/systemd/system /usr/lib/systemd/system; do
     [ -d "$d" ] && cp -rn "$d/." "$units/" 2>/dev/null

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -298,6 +299,71 @@ static void test_backend_names_are_checked(void **state)
     trainer_backend_destroy(b);
 }
 
+/* Nonzero when a file whose path contains name is mapped into this process. */
+static int mapped(const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    char line[4096];
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, name) != NULL;
+    fclose(f);
+    return found;
+}
+
+/*
+ * The CUDA backend is a module loaded when a backend needs it: "auto" on a
+ * machine without NVIDIA's device node loads nothing (no cuBLAS mapped),
+ * "cuda" loads it (then fails only for want of a device), and a module
+ * that is missing or from another build is refused with its path.
+ */
+static void test_the_cuda_module_loads_only_when_asked(void **state)
+{
+    char path[4096];
+    model_t m;
+    assert_int_equal(model_init(&m, "2-3", MODEL_LOSS_SOFTMAX, errstr, sizeof(errstr)), FR_OK);
+    if (strstr(trainer_backends_built(), "cuda") == NULL) {
+        assert_int_equal(trainer_cuda_module(path, sizeof(path)), 0);
+        assert_string_equal(path, "");
+        skip(); /* the rest is for builds with the module */
+    }
+    assert_int_equal(trainer_cuda_module(path, sizeof(path)), 1);
+    assert_non_null(strstr(path, "/libfreshet_cuda.so"));
+    int node = access("/dev/nvidiactl", F_OK) == 0 || access("/dev/dxg", F_OK) == 0;
+    if (!node)
+        assert_false(mapped("libfreshet_cuda.so"));
+    trainer_backend_t *b = trainer_backend_new("auto", &m, 2, 0, errstr, sizeof(errstr));
+    assert_non_null(b);
+    trainer_backend_destroy(b);
+    if (!node) {
+        assert_false(mapped("libfreshet_cuda.so"));
+        assert_false(mapped("libcublas"));
+    }
+
+    setenv("FRESHET_CUDA_MODULE", "/nonexistent/libfreshet_cuda.so", 1);
+    assert_int_equal(trainer_cuda_module(path, sizeof(path)), 0);
+    assert_string_equal(path, "/nonexistent/libfreshet_cuda.so");
+    assert_null(trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "FRESHET_CUDA_MODULE names /nonexistent/libfreshet_cuda.so"));
+#ifdef FRESHET_OTHER_MODULE
+    setenv("FRESHET_CUDA_MODULE", FRESHET_OTHER_MODULE, 1);
+    assert_null(trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr)));
+    assert_non_null(strstr(errstr, "is from another build of freshet (interface 2, this "
+                                   "program's 1)"));
+#endif
+    unsetenv("FRESHET_CUDA_MODULE");
+
+    b = trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr));
+    assert_true(mapped("libfreshet_cuda.so"));
+    assert_true(mapped("libcublas"));
+    if (b == NULL) /* a machine without a GPU: the module loaded, no device */
+        assert_string_equal(errstr, "backend cuda: no device present");
+    else
+        assert_string_equal(trainer_backend_name(b), "cuda");
+    trainer_backend_destroy(b);
+}
+
 /* ReLU' is 0 at 0: with zero first-layer weights and biases every hidden
  * unit sits exactly at 0, so nothing flows back to the first layer. */
 static void test_relu_gradient_is_zero_at_zero(void **state)
@@ -525,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_nan_weights_propagate_to_loss_and_gradient),
         cmocka_unit_test(test_evaluate_in_chunks_matches_one_batch),
         cmocka_unit_test(test_backend_names_are_checked),
+        cmocka_unit_test(test_the_cuda_module_loads_only_when_asked),
         cmocka_unit_test(test_model_file_round_trips_weights_and_metadata),
         cmocka_unit_test(test_model_file_without_metadata_takes_layers_from_shapes),
         cmocka_unit_test(test_model_file_rejects_wrong_shapes_dtypes_and_values),
