@@ -31,6 +31,7 @@
 #define PROGRESS_NS     5000000000ull /* a progress line this often */
 #define TICK_MS         50            /* the main loop's pace: holdout looks this often */
 #define SAMPLES_TICK_MS 10            /* --samples checks the applier this often */
+#define START_WAIT_MS   5000          /* the consumer waits this long at most for the lease */
 #define STORE_WAIT_MS   2000
 #define ROLE_SPARSE     1000 /* role_open: [model] sparse, run by svc_run_sparse.c */
 #define STOP_WATCHDOG_S 20   /* a stop that takes longer exits unclean (app_stop_watchdog) */
@@ -492,6 +493,25 @@ static int role_start(role_t *r)
     for (int k = 0; k < r->nat; k++) {
         r->at[k].running = pthread_create(&r->at[k].tid, NULL, applier_main, &r->at[k]) == 0;
         appliers_up &= r->at[k].running;
+    }
+    /* the first batches wait for the appliers' first attempt at the lease
+     * (a few ms; at most START_WAIT_MS): a gradient computed before the
+     * in-process channel opens goes through the stream, which the applier
+     * reads every 10 ms, so gradients pushed after it through the channel
+     * would be applied first (docs/design.md "The co-located fast path") */
+    uint64_t t0 = fr_clock_mono_ns();
+    for (int k = 0; appliers_up && k < r->nat && !atomic_load(&app_stop);) {
+        if (psstore_applier_tried(r->at[k].a)) {
+            k++;
+            continue;
+        }
+        if (fr_clock_mono_ns() - t0 > START_WAIT_MS * 1000000ull) {
+            fr_log(FR_LOG_WARN, "%s: the applier has not reached Redis within %d ms; starting",
+                   r->cmd, START_WAIT_MS);
+            break;
+        }
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
     }
     if (r->http != NULL && serve_start(r->http, errstr, sizeof(errstr)) != FR_OK) {
         fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);

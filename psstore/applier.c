@@ -1066,7 +1066,9 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
 {
     fr_err_t err = FR_OK;
     if (!a->active) {
-        if ((err = ps_applier_try_acquire(a)) != FR_OK)
+        err = ps_applier_try_acquire(a);
+        atomic_store(&a->tried, 1);
+        if (err != FR_OK)
             return err;
         if (!a->active) {
             /* a standby: look again soon, the lease may expire any moment */
@@ -1156,6 +1158,11 @@ static void forget_consumer(psstore_applier_t *a)
 static int stop_set(void *arg)
 {
     return atomic_load((const atomic_int *)arg) != 0;
+}
+
+int psstore_applier_tried(psstore_applier_t *a)
+{
+    return atomic_load(&a->tried);
 }
 
 void ps_applier_step_pause(psstore_applier_t *a)

@@ -16,6 +16,7 @@
 #define FRESHET_PSSTORE_APPLIER_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "psstore/psstore_int.h"
@@ -196,6 +197,8 @@ struct psstore_applier {
      * commit may be waiting for its replies), and the divergence guard's
      * stop it decided, written by this thread at its next step */
     int in_help, stop_write_due;
+    /* the first poll's attempt at the lease has ended (psstore_applier_tried) */
+    atomic_int tried;
     /* tests (ps_applier_commit_wait_for_test): called while a commit that
      * let go of the step lock waits for Redis */
     void (*commit_wait_fn)(void *);

@@ -840,6 +840,13 @@ void psstore_applier_set_local(psstore_applier_t *a, psstore_local_t *l);
  * Errors are Redis errors; bad gradients are counted, not errors. */
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms);
 
+/* Nonzero once the first poll's attempt at the lease has ended: the lease
+ * taken (and the in-process channel opened), held by another applier, or
+ * failed. Any thread. freshet run starts its consumer after it, so that
+ * the first gradients go through the channel (docs/design.md "The
+ * co-located fast path"). */
+int psstore_applier_tried(psstore_applier_t *a);
+
 /* Polls until *stop is nonzero, retrying with backoff on Redis errors;
  * commits what it holds and releases the lease before returning. *stop is
  * set from another thread (or a signal handler): it is read with
