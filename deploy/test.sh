@@ -3,7 +3,8 @@
 # tests (freshet against PyTorch, Fashion-MNIST accuracy) on a warnings-as-
 # errors build; the unit and integration tests again under AddressSanitizer
 # and UndefinedBehaviorSanitizer; the fuzz targets for a bounded time
-# (FUZZ_SECONDS each, default 20); and the clang-format check.
+# (FUZZ_SECONDS each, default 10: bench/fuzz.sh is the long run); and the
+# clang-format check.
 #
 # --tsan runs only the ThreadSanitizer stage instead: the threaded tests
 # (serve's loop, follower, rows reader and inference workers; the
@@ -17,7 +18,7 @@
 # keeps the system's). About 10 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_seconds=${FUZZ_SECONDS:-10}
 jobs=$(nproc)
 
 if [ "${1:-}" = "--tsan" ]; then
