@@ -494,6 +494,11 @@ static int role_start(role_t *r)
         r->at[k].running = pthread_create(&r->at[k].tid, NULL, applier_main, &r->at[k]) == 0;
         appliers_up &= r->at[k].running;
     }
+    if (r->http != NULL && serve_start(r->http, errstr, sizeof(errstr)) != FR_OK) {
+        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
+        atomic_store(&app_stop, 1);
+        rc = APP_EXIT_FAILURE;
+    }
     /* the first batches wait for the appliers' first attempt at the lease
      * (a few ms; at most START_WAIT_MS): a gradient computed before the
      * in-process channel opens goes through the stream, which the applier
@@ -506,17 +511,14 @@ static int role_start(role_t *r)
             continue;
         }
         if (fr_clock_mono_ns() - t0 > START_WAIT_MS * 1000000ull) {
-            fr_log(FR_LOG_WARN, "%s: the applier has not reached Redis within %d ms; starting",
-                   r->cmd, START_WAIT_MS);
+            fr_log(FR_LOG_WARN,
+                   "%s: the applier of shard %d has not ended its first attempt at the lease "
+                   "within %d ms; the consumer starts (its first gradients may go through Redis)",
+                   r->cmd, k, START_WAIT_MS);
             break;
         }
         struct timespec ts = {0, 1000000L};
         nanosleep(&ts, NULL);
-    }
-    if (r->http != NULL && serve_start(r->http, errstr, sizeof(errstr)) != FR_OK) {
-        fprintf(stderr, "freshet %s: %s\n", r->cmd, errstr);
-        atomic_store(&app_stop, 1);
-        rc = APP_EXIT_FAILURE;
     }
     if (!appliers_up || ingest_consumer_start(r->src) != FR_OK ||
         trainer_pool_start(r->pool) != FR_OK) {

@@ -25,12 +25,13 @@ install(TARGETS freshet_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/freshet
 
 # Where trainer/backend.c looks: beside the program (the build tree), the
 # installed folder relative to the program's, then this build tree's file
-# (for the test programs in build/tests).
-file(RELATIVE_PATH FRESHET_CUDA_MODULE_REL /p/${CMAKE_INSTALL_BINDIR}
-     /p/${CMAKE_INSTALL_LIBDIR}/freshet/libfreshet_cuda.so)
+# (for the test programs in build/tests, and only for programs in it).
+file(RELATIVE_PATH FRESHET_CUDA_MODULE_REL ${CMAKE_INSTALL_FULL_BINDIR}
+     ${CMAKE_INSTALL_FULL_LIBDIR}/freshet/libfreshet_cuda.so)
 target_compile_definitions(
     fr_trainer PRIVATE FRESHET_HAVE_CUDA=1 FRESHET_CUDA_MODULE_REL="${FRESHET_CUDA_MODULE_REL}"
-                       FRESHET_CUDA_MODULE_BUILT="$<TARGET_FILE:freshet_cuda>")
+                       FRESHET_CUDA_MODULE_BUILT="$<TARGET_FILE:freshet_cuda>"
+                       FRESHET_CUDA_BUILD_DIR="${CMAKE_BINARY_DIR}")
 add_dependencies(fr_trainer freshet_cuda)
 # every program with fr_trainer gives the module the symbols it takes
 target_link_libraries(fr_trainer PUBLIC ${CMAKE_DL_LIBS})

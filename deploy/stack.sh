@@ -30,19 +30,41 @@
 
 stack_pids=()
 
+# Nonzero unless the redis-server on port $1 is the one whose folder is $2:
+# a free port may be taken by another process (a test beside this one)
+# before ours binds it, and then another's server answers the ping.
+stack_redis_ours() {
+    [ "$(redis-cli -p "$1" config get dir 2>/dev/null | tail -1)" = "$(cd "$2" && pwd -P)" ]
+}
+
 stack_start() {
-    local work=$1 bin=$2 topic=$3
+    local work=$1 bin=$2 topic=$3 attempt r
     stack_port=$(stack_free_port)
     redis-server --port "$stack_port" --bind 127.0.0.1 --dir "$work" --save "" \
         --appendonly no >"$work/redis.log" 2>&1 &
     stack_pids+=($!)
+    r=$((${#stack_pids[@]} - 1)) # Redis first, the broker second (benchmarks count on it)
     "$bin" broker --topic "$topic" --bootstrap-file "$work/bootstrap" >"$work/broker.log" 2>&1 &
     stack_pids+=($!)
+    for attempt in 1 2 3; do
+        for _ in $(seq 100); do
+            redis-cli -p "$stack_port" ping >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        stack_redis_ours "$stack_port" "$work" && break
+        [ "$attempt" = 3 ] && break
+        echo "stack: port $stack_port answered by another redis-server; another port" >&2
+        kill -TERM "${stack_pids[$r]}" 2>/dev/null && wait "${stack_pids[$r]}" 2>/dev/null
+        stack_port=$(stack_free_port)
+        redis-server --port "$stack_port" --bind 127.0.0.1 --dir "$work" --save "" \
+            --appendonly no >"$work/redis.log" 2>&1 &
+        stack_pids[r]=$!
+    done
     for _ in $(seq 100); do
-        [ -s "$work/bootstrap" ] && redis-cli -p "$stack_port" ping >/dev/null 2>&1 && break
+        [ -s "$work/bootstrap" ] && break
         sleep 0.1
     done
-    if ! [ -s "$work/bootstrap" ] || ! redis-cli -p "$stack_port" ping >/dev/null 2>&1; then
+    if ! [ -s "$work/bootstrap" ] || ! stack_redis_ours "$stack_port" "$work"; then
         echo "stack: redis-server or the dev broker did not start (see $work)" >&2
         return 1
     fi

@@ -80,15 +80,22 @@ int trainer_cuda_module(char *path, size_t size)
     const char *env = getenv("FRESHET_CUDA_MODULE");
     if (env != NULL && env[0] != '\0') {
         snprintf(path, size, "%s", env);
-        return access(path, R_OK) == 0;
+        return readable(path, size); /* absolute: dlopen would search a bare name */
     }
     if (beside_program(path, size, CUDA_MODULE) && readable(path, size))
         return 1;
     if (beside_program(path, size, FRESHET_CUDA_MODULE_REL) && readable(path, size))
         return 1;
-    snprintf(path, size, "%s", FRESHET_CUDA_MODULE_BUILT);
-    if (readable(path, size))
-        return 1;
+    /* the build tree's module, for the programs inside it only (the tests
+     * in build/tests/): an installed program never picks up a stale one */
+    char dir[PATH_MAX];
+    size_t nb = strlen(FRESHET_CUDA_BUILD_DIR);
+    if (beside_program(dir, sizeof(dir), "") && strncmp(dir, FRESHET_CUDA_BUILD_DIR, nb) == 0 &&
+        dir[nb] == '/') {
+        snprintf(path, size, "%s", FRESHET_CUDA_MODULE_BUILT);
+        if (readable(path, size))
+            return 1;
+    }
     path[0] = '\0';
 #endif
     return 0;
@@ -122,13 +129,17 @@ static const trainer_backend_ops_t *cuda_backend(char *errstr, size_t size)
         if (h == NULL) {
             fr_errorf(FR_ERR_UNSUPPORTED, errstr, size, "backend cuda: cannot load %s: %s", path,
                       dlerror());
-        } else if (mod == NULL || mod->abi != TRAINER_BACKEND_ABI ||
+        } else if (mod == NULL) {
+            fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
+                      "backend cuda: %s is no freshet CUDA module (%s)", path, dlerror());
+            dlclose(h);
+        } else if (mod->abi != TRAINER_BACKEND_ABI ||
                    mod->ops_size != sizeof(trainer_backend_ops_t) ||
                    mod->model_size != sizeof(model_t)) {
             fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
                       "backend cuda: %s is from another build of freshet (interface %d, this "
                       "program's %d)",
-                      path, mod != NULL ? mod->abi : -1, TRAINER_BACKEND_ABI);
+                      path, mod->abi, TRAINER_BACKEND_ABI);
             dlclose(h);
         } else {
             ops = cuda_ops = mod->ops;

@@ -341,18 +341,24 @@ static void test_the_cuda_module_loads_only_when_asked(void **state)
         assert_false(mapped("libcublas"));
     }
 
-    setenv("FRESHET_CUDA_MODULE", "/nonexistent/libfreshet_cuda.so", 1);
-    assert_int_equal(trainer_cuda_module(path, sizeof(path)), 0);
-    assert_string_equal(path, "/nonexistent/libfreshet_cuda.so");
-    assert_null(trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr)));
-    assert_non_null(strstr(errstr, "FRESHET_CUDA_MODULE names /nonexistent/libfreshet_cuda.so"));
+    /* the loader keeps the first module it loads: on a machine with the
+     * device node "auto" loaded it already, and the refusals need a process
+     * that has not */
+    if (!node) {
+        setenv("FRESHET_CUDA_MODULE", "/nonexistent/libfreshet_cuda.so", 1);
+        assert_int_equal(trainer_cuda_module(path, sizeof(path)), 0);
+        assert_string_equal(path, "/nonexistent/libfreshet_cuda.so");
+        assert_null(trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr)));
+        assert_non_null(
+            strstr(errstr, "FRESHET_CUDA_MODULE names /nonexistent/libfreshet_cuda.so"));
 #ifdef FRESHET_OTHER_MODULE
-    setenv("FRESHET_CUDA_MODULE", FRESHET_OTHER_MODULE, 1);
-    assert_null(trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr)));
-    assert_non_null(strstr(errstr, "is from another build of freshet (interface 2, this "
-                                   "program's 1)"));
+        setenv("FRESHET_CUDA_MODULE", FRESHET_OTHER_MODULE, 1);
+        assert_null(trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr)));
+        assert_non_null(strstr(errstr, "is from another build of freshet (interface 2, this "
+                                       "program's 1)"));
 #endif
-    unsetenv("FRESHET_CUDA_MODULE");
+        unsetenv("FRESHET_CUDA_MODULE");
+    }
 
     b = trainer_backend_new("cuda", &m, 2, 0, errstr, sizeof(errstr));
     assert_true(mapped("libfreshet_cuda.so"));
