@@ -150,6 +150,10 @@ typedef struct collected {
      * watermark; -1: never): a member that held it at an earlier
      * rebalance of the same join may have queued its records already */
     int64_t restart_at[MAXPART];
+    /* an earlier watermark of the partition (-1: none): a member may still
+     * hold batches queued at a rebalance before the last one, which start
+     * there */
+    int64_t restart_also[MAXPART];
     int restarts[MAXPART];
 } collected_t;
 
@@ -162,6 +166,7 @@ static collected_t *collected_new(const char *topic, int nparts)
     for (int p = 0; p < MAXPART; p++) {
         col->last[p] = -1;
         col->restart_at[p] = -1;
+        col->restart_also[p] = -1;
     }
     return col;
 }
@@ -188,7 +193,9 @@ static void collect_batch(collected_t *col, const ingest_batch_t *b, size_t batc
         assert_string_equal(rg->topic, col->topic);
         assert_true(rg->partition >= 0 && rg->partition < col->nparts);
         assert_true(rg->from < rg->to && rg->to <= MAXOFF);
-        if (rg->from == col->restart_at[rg->partition] && col->covered[rg->partition] > rg->from)
+        if ((rg->from == col->restart_at[rg->partition] ||
+             rg->from == col->restart_also[rg->partition]) &&
+            col->covered[rg->partition] > rg->from)
             collected_restart(col, rg->partition);
         size_t *nr = &col->nranges[rg->partition];
         assert_true(*nr < MAXOFF);
@@ -726,6 +733,10 @@ static void group_members_split(const char *topic, const char *model)
     col = collected_new(topic, 2);
     col->restart_at[0] = 60;
     col->restart_at[1] = 95;
+    /* a may still hold partition 1 from 90, queued at one of the join's
+     * rebalances (twice, in one CI run); those batches come before the
+     * delivery from 95, which starts the partition over */
+    col->restart_also[1] = 90;
     collect_until(a, col, end, 16);
     check_partition(col, 0, 60, PER, 70, 80);
     check_partition(col, 1, 95, PER, 0, 0);
