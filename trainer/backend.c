@@ -57,9 +57,7 @@ static int beside_program(char *path, size_t size, const char *rel)
     int len = snprintf(path, size, "%s/%s", exe, rel);
     return len > 0 && (size_t)len < size;
 }
-#endif
 
-#ifdef FRESHET_HAVE_CUDA
 /* 1 when path names a readable file, which path then names without "..". */
 static int readable(char *path, size_t size)
 {
