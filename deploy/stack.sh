@@ -37,11 +37,17 @@ stack_redis_ours() {
     [ "$(redis-cli -p "$1" config get dir 2>/dev/null | tail -1)" = "$(cd "$2" && pwd -P)" ]
 }
 
+# A redis-server on $stack_port in folder $1, without persistence, in the
+# background ($! is its PID).
+stack_redis_launch() {
+    redis-server --port "$stack_port" --bind 127.0.0.1 --dir "$1" --save "" \
+        --appendonly no >"$1/redis.log" 2>&1 &
+}
+
 stack_start() {
     local work=$1 bin=$2 topic=$3 attempt r
     stack_port=$(stack_free_port)
-    redis-server --port "$stack_port" --bind 127.0.0.1 --dir "$work" --save "" \
-        --appendonly no >"$work/redis.log" 2>&1 &
+    stack_redis_launch "$work"
     stack_pids+=($!)
     r=$((${#stack_pids[@]} - 1)) # Redis first, the broker second (benchmarks count on it)
     "$bin" broker --topic "$topic" --bootstrap-file "$work/bootstrap" >"$work/broker.log" 2>&1 &
@@ -56,8 +62,7 @@ stack_start() {
         echo "stack: port $stack_port answered by another redis-server; another port" >&2
         kill -TERM "${stack_pids[$r]}" 2>/dev/null && wait "${stack_pids[$r]}" 2>/dev/null
         stack_port=$(stack_free_port)
-        redis-server --port "$stack_port" --bind 127.0.0.1 --dir "$work" --save "" \
-            --appendonly no >"$work/redis.log" 2>&1 &
+        stack_redis_launch "$work"
         stack_pids[r]=$!
     done
     for _ in $(seq 100); do
