@@ -92,6 +92,7 @@ int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_con
     ctl->dc_adaptive = fr_config_get_bool(cfg, "controller", "dc_adaptive");
     ctl->dc_ring = (int)fr_config_get_int(cfg, "controller", "dc_ring");
     ctl->momentum = fr_config_get_double(cfg, "controller", "momentum");
+    ctl->average = fr_config_get_int(cfg, "controller", "average");
     if (psstore_policy_parse(fr_config_get(cfg, "controller", "policy"), &ctl->policy) != FR_OK ||
         psstore_optim_parse(fr_config_get(cfg, "controller", "optimizer"), &ctl->optim) != FR_OK)
         return app_usage_error(cmd, "bad [controller] policy or optimizer");

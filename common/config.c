@@ -157,6 +157,8 @@ static const conf_key_t schema[] = {
     K_DBL("controller", "dc_lambda", "0", 0, HUGE_VAL, 0, "Delay-compensation strength (0: off)."),
     K_BOOL("controller", "dc_adaptive", "false", "Adapt the delay-compensation strength."),
     K_INT("controller", "dc_ring", "8", 1, 1024, "Weight versions kept for delay compensation."),
+    K_INT("controller", "average", "6400", 0, NO_MAX,
+          "Samples the served weights average over (0: serve the training weights)."),
     K_ENUM("controller", "optimizer", "sgd", "sgd|momentum|adagrad", "Update rule."),
     K_DBL("controller", "momentum", "0.9", 0, 1, CK_MAX_OPEN,
           "Momentum coefficient (optimizer = momentum)."),

@@ -345,6 +345,7 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     ps_key(a->k_ver, a->model, "ver");
     ps_key_shard(a->k_w, a->model, "w", 0);
     ps_key_shard(a->k_opt, a->model, "opt", 0);
+    ps_key_shard(a->k_avg, a->model, "avg", 0);
     ps_key(a->k_off, a->model, "offsets");
     ps_key(a->k_grads, a->model, "grads");
     ps_key(a->k_versions, a->model, "versions");
@@ -406,7 +407,8 @@ void ps_applier_drop_state(psstore_applier_t *a)
     free(a->w);
     free(a->opt);
     free(a->g);
-    a->w = a->opt = a->g = NULL;
+    free(a->avg);
+    a->w = a->opt = a->g = a->avg = NULL;
     psstore_ctl_destroy(a->ctl);
     a->ctl = NULL;
     for (size_t i = 0; i < a->nparts; i++)
@@ -759,6 +761,7 @@ static fr_err_t decide(psstore_applier_t *a, const psstore_grad_t *g)
     psstore_ctl_apply(a->ctl, a->w, a->opt, gw, &d);
     a->version++;
     psstore_ctl_record(a->ctl, a->version, a->w);
+    ps_applier_average(a, g->n);
     return applied(a, g, &d, t0);
 }
 
@@ -785,6 +788,26 @@ static fr_err_t applied(psstore_applier_t *a, const psstore_grad_t *g, const pss
     fr_series_set(a->m_loss, a->last_loss);
     fr_series_observe(a->m_latency, (double)(fr_clock_mono_ns() - t0) * 1e-9);
     return mark_ranges(a, g);
+}
+
+void ps_applier_average(psstore_applier_t *a, int64_t n)
+{
+    if (a->avg == NULL)
+        return;
+    a->avg_seen += n;
+    double wt = psstore_average_weight(a->conf.ctl.average, a->avg_seen, n);
+    psstore_average_step(a->avg, a->w, a->n, (float)wt);
+}
+
+fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg)
+{
+    if (a->sp != NULL || a->conf.requests_only || a->conf.ctl.average <= 0)
+        return FR_OK;
+    if (a->avg == NULL && (a->avg = malloc(a->n * sizeof(float))) == NULL)
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    memcpy(a->avg, avg != NULL ? avg : a->w, a->n * sizeof(float));
+    a->avg_seen = avg != NULL ? a->conf.ctl.average * 10 : 0;
+    return FR_OK;
 }
 
 int ps_applier_reading(const psstore_applier_t *a)

@@ -285,7 +285,7 @@ static void queue_sparse(psstore_applier_t *a, txn_t *t)
 }
 
 /*
- * Queues the weights, optimizer state and version when they moved, a new
+ * Queues the weights, optimizer state, served average and version when they moved, a new
  * epoch (rollback), the reset of the offsets, the deletion of the request
  * this commit executes and the replay it publishes.
  */
@@ -302,6 +302,16 @@ static void queue_state(psstore_applier_t *a, txn_t *t)
             txn_str(t, a->k_opt);
             txn_arg(t, a->opt, a->opt_len * sizeof(float));
             txn_send(t);
+        }
+        if (a->avg != NULL) {
+            txn_str(t, "SET");
+            txn_str(t, a->k_avg);
+            txn_arg(t, a->avg, a->n * sizeof(float));
+            txn_send(t);
+        } else if (a->sp == NULL) {
+            /* averaging off (or a requests-only applier's rollback): the
+             * readers then serve w */
+            txn_cmd(t, "DEL", a->k_avg, NULL);
         }
         snprintf(num, sizeof(num), "%lld", (long long)a->version);
         txn_cmd(t, "SET", a->k_ver, num, NULL);
@@ -449,6 +459,10 @@ static void queue_snapshot(psstore_applier_t *a, txn_t *t)
     txn_str(t, now);
     txn_str(t, "loss");
     txn_str(t, loss);
+    if (a->avg != NULL) {
+        txn_str(t, "avg");
+        txn_arg(t, a->avg, a->n * sizeof(float));
+    }
     txn_send(t);
     free(offs.p);
     txn_cmd(t, "ZADD", a->k_snaps, now, id, NULL);
@@ -578,9 +592,10 @@ static void forget_sent(psstore_applier_t *a, sent_t *s)
 static void committed(psstore_applier_t *a, int snap, uint64_t spent, const sent_t *s)
 {
     fr_series_observe(a->m_commit_latency, (double)spent * 1e-9);
-    uint64_t payload = s->weights ? (a->n + a->opt_len) * sizeof(float) : 0;
+    size_t floats = a->n + a->opt_len + (a->avg != NULL ? a->n : 0);
+    uint64_t payload = s->weights ? floats * sizeof(float) : 0;
     if (snap)
-        payload += (a->n + a->opt_len) * sizeof(float);
+        payload += floats * sizeof(float);
     pthread_mutex_lock(&a->lock);
     a->stats.commits++;
     a->stats.commit_ns += spent;

@@ -182,7 +182,7 @@ struct psstore_applier {
     char k_opt[PS_KEY_MAX], k_off[PS_KEY_MAX], k_grads[PS_KEY_MAX], k_versions[PS_KEY_MAX];
     char k_drops[PS_KEY_MAX];
     char k_audit[PS_KEY_MAX], k_snaps[PS_KEY_MAX], k_pub[PS_KEY_MAX], k_req[PS_KEY_MAX];
-    char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX];
+    char k_members[PS_KEY_MAX], k_rounds[PS_KEY_MAX], k_avg[PS_KEY_MAX];
     psstore_conn_t *c;
     psstore_local_t *local; /* the in-process channel of freshet run, or NULL */
     ps_sparse_t *sp;        /* a sparse model's rows; NULL for a dense one    */
@@ -214,6 +214,9 @@ struct psstore_applier {
     int64_t version, committed;
     size_t n, opt_len;
     float *w, *opt, *g;
+    float *avg;       /* the served average of w (docs/design.md "The served
+                         average"); NULL when off, and for a sparse model */
+    int64_t avg_seen; /* samples averaged so far (psstore_average_weight) */
     psstore_ctl_t *ctl;
     part_t *parts;
     size_t nparts, cap_parts;
@@ -348,6 +351,12 @@ int ps_applier_pushers(const psstore_applier_t *a);
 /* Whether the applier takes gradients: not stopped by the divergence guard
  * and below its sample limit. */
 int ps_applier_reading(const psstore_applier_t *a);
+/* After an update of n samples (a->w moved): the served average follows. */
+void ps_applier_average(psstore_applier_t *a, int64_t n);
+/* Starts the served average from avg (a stored one, of a->n floats: its
+ * horizon counts as full) or, when avg is NULL, from a->w. Allocates it
+ * when the model has one (a dense model, [controller] average > 0). */
+fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg);
 
 /* applier_lease.c: sets up to two meta fields when this applier still
  * holds the lease (*done = 1); f2 may be NULL. */

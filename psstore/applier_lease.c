@@ -165,8 +165,8 @@ static fr_err_t load_meta(psstore_applier_t *a, char *meta_run, size_t size)
     return FR_OK;
 }
 
-/* Reads the weights (their length is n), the optimizer state and the
- * version. */
+/* Reads the weights (their length is n), the optimizer state, the served
+ * average and the version. */
 static fr_err_t load_weights(psstore_applier_t *a)
 {
     fr_err_t err;
@@ -213,6 +213,15 @@ static fr_err_t load_weights(psstore_applier_t *a)
         fr_log(FR_LOG_WARN, "applier %s: optimizer state of %zu bytes does not fit %s; zeroed",
                a->model, (size_t)r->len, psstore_optim_name(a->conf.ctl.optim));
     freeReplyObject(r);
+
+    r = ps_cmd(a->c, 1, &err, "GET %s", a->k_avg);
+    if (r == NULL)
+        return err;
+    int avg_ok = r->type == REDIS_REPLY_STRING && r->len == a->n * sizeof(float);
+    err = ps_applier_average_start(a, avg_ok ? r->str : NULL);
+    freeReplyObject(r);
+    if (err != FR_OK)
+        return err;
 
     r = ps_cmd(a->c, 1, &err, "GET %s", a->k_ver);
     if (r == NULL)

@@ -81,10 +81,10 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
         return err;
     char key[PS_KEY_MAX];
     ps_key_shard(key, a->model, "snap", v);
-    redisReply *r = ps_cmd(a->c, 1, &err, "HMGET %s weights opt offsets", key);
+    redisReply *r = ps_cmd(a->c, 1, &err, "HMGET %s weights opt offsets avg", key);
     if (r == NULL)
         return err;
-    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+    int ok = r->type == REDIS_REPLY_ARRAY && r->elements == 4 &&
              r->element[0]->type == REDIS_REPLY_STRING &&
              r->element[0]->len == a->n * sizeof(float);
     const redisReply *offs = ok ? r->element[2] : NULL;
@@ -102,8 +102,13 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
     if (r->element[1]->type == REDIS_REPLY_STRING &&
         r->element[1]->len == a->opt_len * sizeof(float))
         memcpy(a->opt, r->element[1]->str, r->element[1]->len);
-    err = offs->type == REDIS_REPLY_STRING ? snapshot_offsets(a, offs->str, offs->len, 1)
-                                           : snapshot_offsets(a, "", 0, 1);
+    /* the snapshot's served average when it kept one, else its weights */
+    const redisReply *avg = r->element[3];
+    int avg_ok = avg->type == REDIS_REPLY_STRING && avg->len == a->n * sizeof(float);
+    err = ps_applier_average_start(a, avg_ok ? avg->str : NULL);
+    if (err == FR_OK)
+        err = offs->type == REDIS_REPLY_STRING ? snapshot_offsets(a, offs->str, offs->len, 1)
+                                               : snapshot_offsets(a, "", 0, 1);
     freeReplyObject(r);
     if (err != FR_OK) {
         ps_applier_drop_state(a); /* out of memory half way: reload from Redis */

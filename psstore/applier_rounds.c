@@ -207,6 +207,7 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
         psstore_ctl_apply(a->ctl, a->w, a->opt, a->g, &d);
         a->version++;
         psstore_ctl_record(a->ctl, a->version, a->w);
+        ps_applier_average(a, r->nsamples);
         a->weights_dirty = 1;
         a->last_loss = r->loss_sum / (double)r->nsamples;
         char worker[32];

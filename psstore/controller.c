@@ -107,6 +107,7 @@ void psstore_ctl_conf_init(psstore_ctl_conf_t *conf)
     conf->dc_ring = (int)fr_config_default_int("controller", "dc_ring");
     psstore_optim_parse(fr_config_default("controller", "optimizer"), &conf->optim);
     conf->momentum = fr_config_default_double("controller", "momentum");
+    conf->average = fr_config_default_int("controller", "average");
 }
 
 /*
@@ -132,6 +133,9 @@ static fr_err_t conf_validate(const psstore_ctl_conf_t *conf, size_t n, char *er
     if (conf->warmup < 0)
         return fr_errorf(FR_ERR_INVAL, errstr, size, "controller: warmup must be >= 0, got %lld",
                          (long long)conf->warmup);
+    if (conf->average < 0)
+        return fr_errorf(FR_ERR_INVAL, errstr, size, "controller: average must be >= 0, got %lld",
+                         (long long)conf->average);
     if (conf->max_staleness < 0)
         return fr_errorf(FR_ERR_INVAL, errstr, size,
                          "controller: max_staleness must be >= 0, got %lld",

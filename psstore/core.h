@@ -47,6 +47,17 @@ size_t psstore_optim_state_len(psstore_optim_t optim, size_t n);
 void psstore_optim_step(psstore_optim_t optim, float *w, float *state, const float *g, size_t n,
                         float lr, float momentum);
 
+/* The served average (docs/design.md "The served average"): the weights a
+ * model serves are an exponential moving average of its training weights,
+ * taken after every update. The weight of the new weights after an update
+ * of n samples, seen counting the samples averaged so far, these
+ * included: 1 - exp(-n / h) with h = min(horizon, seen / 10), the last
+ * tenth of what was seen while that is shorter than the horizon; 1 when h
+ * is 0 (the average starts at the weights), 0 when n is. */
+double psstore_average_weight(int64_t horizon, int64_t seen, int64_t n);
+/* avg[i] += a * (w[i] - avg[i]) for i < n. */
+void psstore_average_step(float *avg, const float *w, size_t n, float a);
+
 /* ------------------------------------------------------------------------
  * The controller: turns one gradient computed on version v into an update
  * of the weights at version V (staleness tau = V - v), in the order of docs/design.md "Staleness
@@ -83,6 +94,7 @@ typedef struct psstore_ctl_conf {
     int dc_ring;           /* versions of weights kept for compensation       */
     psstore_optim_t optim;
     double momentum; /* mu of PSSTORE_OPTIM_MOMENTUM                    */
+    int64_t average; /* samples the served average spans; 0 = off      */
 } psstore_ctl_conf_t;
 
 /* The defaults of [controller] (docs/operations.md "Configuration"), read from

@@ -37,10 +37,10 @@
 #define MODEL_UNLINK_BATCH 256
 /* The suffixes of the keys every model may have; snapshots (snap:<v>) and
  * other shards are found by SCAN. */
-static const char *const model_suffixes[] = {"meta",     "lease", "ver",     "w:0",       "opt:0",
-                                             "offsets",  "grads", "members", "versions",  "snaps",
-                                             "requests", "audit", "rounds",  "drops",     "evals",
-                                             "logend",   "rows",  "changes", "quarantine"};
+static const char *const model_suffixes[] = {"meta",  "lease",    "ver",   "w:0",     "opt:0",
+                                             "avg:0", "offsets",  "grads", "members", "versions",
+                                             "snaps", "requests", "audit", "rounds",  "drops",
+                                             "evals", "logend",   "rows",  "changes", "quarantine"};
 #define NSUFFIXES (sizeof(model_suffixes) / sizeof(model_suffixes[0]))
 
 /* A reply of the wrong shape: FR_ERR_REDIS naming the command. */
@@ -1066,26 +1066,32 @@ static char *watermarks_text(const redisReply *o)
 
 /* Weights, epoch and version in one transaction; with offsets != NULL also
  * the watermark of every partition, as "topic/partition=watermark,...". */
-static fr_err_t read_one(psstore_conn_t *c, const char *name, float *w, size_t n, uint64_t *epoch,
-                         int64_t *version, char **offsets)
+static fr_err_t read_one(psstore_conn_t *c, const char *name, int training, float *w, size_t n,
+                         uint64_t *epoch, int64_t *version, char **offsets)
 {
     fr_err_t err;
-    char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], off[PS_KEY_MAX];
+    char ep[300], meta[PS_KEY_MAX], ver[PS_KEY_MAX], wkey[PS_KEY_MAX], avg[PS_KEY_MAX];
+    char off[PS_KEY_MAX];
     if (offsets != NULL)
         *offsets = NULL;
     ps_endpoint(c, ep, sizeof(ep));
     ps_key(meta, name, "meta");
     ps_key(ver, name, "ver");
     ps_key_shard(wkey, name, "w", 0);
+    ps_key_shard(avg, name, "avg", 0);
     ps_key(off, name, "offsets");
     const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver},
-               *get_w[] = {"GET", wkey}, *get_off[] = {"HGETALL", off};
-    const int argcs[] = {3, 2, 2, 2};
-    const char *const *argvs[] = {hget, get_ver, get_w, get_off};
-    redisReply *r = read_tx(c, offsets != NULL ? 4 : 3, argcs, argvs, &err);
+               *get_w[] = {"GET", wkey}, *get_avg[] = {"GET", avg}, *get_off[] = {"HGETALL", off};
+    const int argcs[] = {3, 2, 2, 2, 2};
+    const char *const *argvs[] = {hget, get_ver, get_w, get_avg, get_off};
+    redisReply *r = read_tx(c, offsets != NULL ? 5 : 4, argcs, argvs, &err);
     if (r == NULL)
         return err;
     const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2];
+    /* the served weights: the average when the applier keeps one */
+    if (!training && wr->type == REDIS_REPLY_STRING && r->element[3]->type == REDIS_REPLY_STRING &&
+        r->element[3]->len == wr->len)
+        wr = r->element[3];
     uint64_t ep64;
     int64_t version64;
     char *text = NULL;
@@ -1097,7 +1103,7 @@ static fr_err_t read_one(psstore_conn_t *c, const char *name, float *w, size_t n
         err = ps_fail(c, FR_ERR_RANGE,
                       "redis %s: model '%s' holds %zu bytes of weights, expected %zu (%zu floats)",
                       ep, name, wr->len, n * sizeof(float), n);
-    } else if (offsets != NULL && (text = watermarks_text(r->element[3])) == NULL) {
+    } else if (offsets != NULL && (text = watermarks_text(r->element[4])) == NULL) {
         err = ps_fail(c, FR_ERR_NOMEM, "out of memory");
     } else {
         memcpy(w, wr->str, wr->len);
@@ -1183,7 +1189,7 @@ static char *watermarks_min(char *merged, const char *shard, int first)
  * so the vector may mix a shard read before and one read after some
  * update: each slice is one shard's consistent state at one instant.
  */
-static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
+static fr_err_t read_weights(psstore_conn_t *c, const char *name, int training, float *w, size_t n,
                              uint64_t *epoch, int64_t *version, char **offsets,
                              int64_t *shard_versions, int *nshards)
 {
@@ -1199,7 +1205,7 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
     if (nshards != NULL)
         *nshards = S;
     if (S == 1) {
-        err = read_one(c, name, w, n, epoch, version, offsets);
+        err = read_one(c, name, training, w, n, epoch, version, offsets);
         if (err == FR_OK && shard_versions != NULL && version != NULL)
             shard_versions[0] = *version;
         return err;
@@ -1215,7 +1221,7 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
         uint64_t e = 0;
         int64_t v = 0;
         ps_shard_tag(tag, name, k, S);
-        err = read_one(c, tag, w + bounds[k], bounds[k + 1] - bounds[k], &e, &v,
+        err = read_one(c, tag, training, w + bounds[k], bounds[k + 1] - bounds[k], &e, &v,
                        offsets != NULL ? &text : NULL);
         if (err != FR_OK) {
             free(merged);
@@ -1244,20 +1250,26 @@ static fr_err_t read_weights(psstore_conn_t *c, const char *name, float *w, size
 fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
                                uint64_t *epoch, int64_t *version)
 {
-    return read_weights(c, name, w, n, epoch, version, NULL, NULL, NULL);
+    return read_weights(c, name, 0, w, n, epoch, version, NULL, NULL, NULL);
+}
+
+fr_err_t psstore_model_weights_training(psstore_conn_t *c, const char *name, float *w, size_t n,
+                                        uint64_t *epoch, int64_t *version)
+{
+    return read_weights(c, name, 1, w, n, epoch, version, NULL, NULL, NULL);
 }
 
 fr_err_t psstore_model_weights_offsets(psstore_conn_t *c, const char *name, float *w, size_t n,
                                        uint64_t *epoch, int64_t *version, char **offsets)
 {
-    return read_weights(c, name, w, n, epoch, version, offsets, NULL, NULL);
+    return read_weights(c, name, 0, w, n, epoch, version, offsets, NULL, NULL);
 }
 
 fr_err_t psstore_model_weights_shards(psstore_conn_t *c, const char *name, float *w, size_t n,
                                       uint64_t *epoch, int64_t *version, char **offsets,
                                       int64_t *shard_versions, int *nshards)
 {
-    return read_weights(c, name, w, n, epoch, version, offsets, shard_versions, nshards);
+    return read_weights(c, name, 0, w, n, epoch, version, offsets, shard_versions, nshards);
 }
 
 static fr_err_t version_one(psstore_conn_t *c, const char *name, int64_t *version);

@@ -101,3 +101,17 @@ void psstore_optim_step(psstore_optim_t optim, float *w, float *state, const flo
     case PSSTORE_OPTIM_ADAGRAD: step_adagrad(w, state, g, n, lr); break;
     }
 }
+
+double psstore_average_weight(int64_t horizon, int64_t seen, int64_t n)
+{
+    double h = fmin((double)horizon, (double)seen / 10);
+    if (n <= 0)
+        return 0;
+    return h > 0 ? -expm1(-(double)n / h) : 1;
+}
+
+void psstore_average_step(float *restrict avg, const float *restrict w, size_t n, float a)
+{
+    for (size_t i = 0; i < n; i++)
+        avg[i] += a * (w[i] - avg[i]);
+}

@@ -154,11 +154,17 @@ fr_err_t psstore_model_weights_shards(psstore_conn_t *c, const char *name, float
  * a cheap test of whether the weights moved; a sharded model's is the sum
  * of its shards'. FR_ERR_NOTFOUND when there is no such model. */
 fr_err_t psstore_model_version(psstore_conn_t *c, const char *name, int64_t *version);
-/* Reads the weights of model name (n floats) with their epoch and version
- * in one transaction, never a torn mix. FR_ERR_RANGE when the stored
- * weights are not n floats. */
+/* Reads the weights model name serves (n floats) with their epoch and
+ * version in one transaction, never a torn mix: the served average
+ * (docs/design.md "The served average") when its applier keeps one, else
+ * the training weights. FR_ERR_RANGE when the stored weights are not n
+ * floats. The _offsets and _shards variants above serve the same. */
 fr_err_t psstore_model_weights(psstore_conn_t *c, const char *name, float *w, size_t n,
                                uint64_t *epoch, int64_t *version);
+/* psstore_model_weights, but always the training weights (w:0): what the
+ * workers pull and the optimizer steps. */
+fr_err_t psstore_model_weights_training(psstore_conn_t *c, const char *name, float *w, size_t n,
+                                        uint64_t *epoch, int64_t *version);
 
 /* ------------------------------------------------------------------------
  * Offsets in the store, for ingest: where a partition starts and which
@@ -647,8 +653,9 @@ fr_err_t psstore_replay_current(psstore_conn_t *c, const char *model, int64_t *g
 fr_err_t psstore_request_wait(psstore_conn_t *c, const char *model, const char *id, int timeout_ms);
 /* *held = 1 when some applier holds the model's lease. */
 fr_err_t psstore_lease_held(psstore_conn_t *c, const char *model, int *held);
-/* Reads retained snapshot version of model: n floats of weights and the
- * epoch they belong to. FR_ERR_NOTFOUND when it is not retained,
+/* Reads retained snapshot version of model: the n floats it serves (its
+ * served average when it kept one, else its weights) and the epoch they
+ * belong to. FR_ERR_NOTFOUND when it is not retained,
  * FR_ERR_RANGE when it does not hold n floats. */
 fr_err_t psstore_snapshot_weights(psstore_conn_t *c, const char *model, int64_t version, float *w,
                                   size_t n, uint64_t *epoch);

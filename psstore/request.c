@@ -311,10 +311,10 @@ static fr_err_t snapshot_one(psstore_conn_t *c, const char *model, int64_t versi
     char key[PS_KEY_MAX];
     fr_err_t err;
     ps_key_shard(key, model, "snap", version);
-    redisReply *r = ps_cmd(c, 1, &err, "HMGET %s weights epoch", key);
+    redisReply *r = ps_cmd(c, 1, &err, "HMGET %s weights epoch avg", key);
     if (r == NULL)
         return err;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
         r->element[0]->type != REDIS_REPLY_STRING) {
         freeReplyObject(r);
         return ps_fail(c, FR_ERR_NOTFOUND, "model '%s' retains no snapshot of version %lld", model,
@@ -326,7 +326,10 @@ static fr_err_t snapshot_one(psstore_conn_t *c, const char *model, int64_t versi
         return ps_fail(c, FR_ERR_RANGE, "snapshot %lld of '%s' holds %zu bytes, expected %zu",
                        (long long)version, model, got, n * sizeof(float));
     }
-    memcpy(w, r->element[0]->str, n * sizeof(float));
+    /* the served average of that version when the snapshot kept one */
+    const redisReply *avg = r->element[2];
+    int served = avg->type == REDIS_REPLY_STRING && avg->len == n * sizeof(float);
+    memcpy(w, served ? avg->str : r->element[0]->str, n * sizeof(float));
     *epoch = r->element[1]->type == REDIS_REPLY_STRING ? strtoull(r->element[1]->str, NULL, 10) : 0;
     freeReplyObject(r);
     return FR_OK;

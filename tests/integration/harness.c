@@ -544,13 +544,20 @@ int harness_model_create(const harness_redis_t *r, const char *name, const char 
 int harness_model_weights(const harness_redis_t *r, const char *name, float *w, size_t n,
                           uint64_t *epoch, int64_t *version)
 {
+    return harness_model_weights_of(r, name, 0, w, n, epoch, version);
+}
+
+int harness_model_weights_of(const harness_redis_t *r, const char *name, int training, float *w,
+                             size_t n, uint64_t *epoch, int64_t *version)
+{
     char errstr[512];
     psstore_conn_t *c = psstore_conn_new(r->url, 2000, errstr, sizeof(errstr));
     if (c == NULL) {
         fprintf(stderr, "harness: %s\n", errstr);
         return -1;
     }
-    fr_err_t err = psstore_model_weights(c, name, w, n, epoch, version);
+    fr_err_t err = training ? psstore_model_weights_training(c, name, w, n, epoch, version)
+                            : psstore_model_weights(c, name, w, n, epoch, version);
     if (err != FR_OK)
         fprintf(stderr, "harness: weights of %s: %s\n", name, psstore_conn_error(c));
     psstore_conn_destroy(c);

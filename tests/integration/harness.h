@@ -175,8 +175,13 @@ fr_err_t harness_push_range(psstore_client_t *cl, const float *g, size_t len, in
                             int timeout_ms);
 int harness_model_create(const harness_redis_t *r, const char *name, const char *layers,
                          const char *loss, const float *w, size_t n);
+/* The weights model name serves (its served average when it keeps one:
+ * psstore_model_weights), or with training set its training weights
+ * (psstore_model_weights_training). 0, or -1 after printing why. */
 int harness_model_weights(const harness_redis_t *r, const char *name, float *w, size_t n,
                           uint64_t *epoch, int64_t *version);
+int harness_model_weights_of(const harness_redis_t *r, const char *name, int training, float *w,
+                             size_t n, uint64_t *epoch, int64_t *version);
 
 /* One audit entry's fields (docs/operations.md "Check exactly-once with the
  * audit"); the strings are borrowed from the reply. */

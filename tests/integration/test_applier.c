@@ -50,10 +50,10 @@ static void create_model(const char *name)
     assert_int_equal(harness_model_create(&redis, name, "999-1", "mse", w, NPARAMS), 0);
 }
 
-/* Reads the model's weights, epoch and version. */
+/* Reads the model's training weights, epoch and version. */
 static void read_model(const char *name, float *w, uint64_t *epoch, int64_t *version)
 {
-    assert_int_equal(harness_model_weights(&redis, name, w, NPARAMS, epoch, version), 0);
+    assert_int_equal(harness_model_weights_of(&redis, name, 1, w, NPARAMS, epoch, version), 0);
 }
 
 static int64_t query_int(const char *fmt, ...)
@@ -107,19 +107,28 @@ typedef harness_applier_t applier_thread_t;
 
 static fr_metrics_t *metrics; /* shared by the in-process appliers */
 
-static void applier_start(applier_thread_t *t, const char *model, int audit)
+/* An applier of model in a thread; average >= 0 sets [controller] average. */
+static void applier_start_averaging(applier_thread_t *t, const char *model, int audit,
+                                    int64_t average)
 {
     psstore_applier_conf_t conf;
     psstore_applier_conf_init(&conf);
     conf.url = redis.url;
     conf.model = model;
     conf.ctl.lr = LR;
+    if (average >= 0)
+        conf.ctl.average = average;
     conf.lease_ms = 1000;
     conf.audit = audit;
     conf.snapshot_every = 50;
     conf.snapshot_retain = 3;
     conf.metrics = metrics;
     assert_int_equal(harness_applier_start(t, &conf), 0);
+}
+
+static void applier_start(applier_thread_t *t, const char *model, int audit)
+{
+    applier_start_averaging(t, model, audit, -1);
 }
 
 static void applier_stop(applier_thread_t *t, psstore_applier_stats_t *stats)
@@ -703,6 +712,132 @@ static void test_rollback_restores_a_snapshot_under_a_new_epoch(void **state)
     psstore_client_destroy(cl);
 }
 
+/* The served weights and the training weights of model, of one version. */
+static void read_both(const char *model, float *served, float *training, int64_t *version)
+{
+    uint64_t epoch;
+    int64_t v;
+    assert_int_equal(harness_model_weights(&redis, model, served, NPARAMS, &epoch, version), 0);
+    assert_int_equal(harness_model_weights_of(&redis, model, 1, training, NPARAMS, &epoch, &v), 0);
+    assert_int_equal(v, *version);
+}
+
+/* The average's rule in double: avg += a (w - avg), a = 1 - exp(-n / h),
+ * h = min(horizon, seen / 10) (docs/design.md "The served average"). */
+static void average_by_hand(double *avg, const double *w, double horizon, double seen, double n)
+{
+    double h = fmin(horizon, seen / 10);
+    double a = h > 0 ? 1 - exp(-n / h) : 1;
+    for (int i = 0; i < NPARAMS; i++)
+        avg[i] += a * (w[i] - avg[i]);
+}
+
+static void assert_near_double(const float *got, const double *want, float tol)
+{
+    for (int i = 0; i < NPARAMS; i++) {
+        if (fabs((double)got[i] - want[i]) > tol)
+            fail_msg("w[%d] = %.7g, expected %.7g", i, got[i], want[i]);
+    }
+}
+
+/*
+ * The served average against a hand computation: 60 updates of 1-3 samples
+ * (horizon 3 samples, so the first 30 average the last tenth and the rest
+ * the horizon), then a new applier that continues from the stored average,
+ * a snapshot and a rollback that serve theirs, and an applier with
+ * average = 0 that makes the readers serve the training weights again.
+ */
+static void test_the_served_average_follows_every_update(void **state)
+{
+    const char *model = "average";
+    const double horizon = 3;
+    create_model(model);
+    psstore_client_t *cl = client(model);
+    applier_thread_t at;
+    applier_start_averaging(&at, model, 0, (int64_t)horizon);
+    float w0[NPARAMS], g[NPARAMS], served[NPARAMS], training[NPARAMS];
+    double w[NPARAMS], avg[NPARAMS], w50[NPARAMS], avg50[NPARAMS];
+    initial_weights(w0);
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = avg[i] = w0[i];
+    uint64_t epoch = 0;
+    int64_t version = -1, pos = 0;
+    double seen = 0;
+    int changed;
+    assert_int_equal(psstore_pull(cl, served, &epoch, &version, &changed), FR_OK);
+    for (int k = 0; k < 60; k++) {
+        int n = 1 + k % 3;
+        push_k(cl, k, 0, pos, pos + n, epoch, k);
+        pos += n;
+        gradient_k(g, k);
+        for (int i = 0; i < NPARAMS; i++)
+            w[i] -= (double)(float)LR * g[i];
+        seen += n;
+        average_by_hand(avg, w, horizon, seen, n);
+        if (k == 49) {
+            memcpy(w50, w, sizeof(w));
+            memcpy(avg50, avg, sizeof(avg));
+        }
+        if (k == 5) { /* 12 samples seen: h = 1.2, the last tenth */
+            wait_applied(model, 6, 10000);
+            read_both(model, served, training, &version);
+            assert_near_double(served, avg, 1e-4f);
+        }
+    }
+    wait_applied(model, 60, 20000);
+    read_both(model, served, training, &version);
+    assert_int_equal(version, 60);
+    assert_near_double(training, w, 1e-4f);
+    assert_near_double(served, avg, 1e-4f);
+    double apart = 0;
+    for (int i = 0; i < NPARAMS; i++)
+        apart = fmax(apart, fabs((double)served[i] - (double)training[i]));
+    assert_true(apart > 1e-3); /* they are different vectors */
+    /* snapshot 50 keeps both; serve's read of it is the average */
+    assert_int_equal(query_int("HSTRLEN freshet:{%s}:snap:50 avg", model), 4 * NPARAMS);
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    uint64_t sep;
+    assert_int_equal(psstore_snapshot_weights(c, model, 50, served, NPARAMS, &sep), FR_OK);
+    assert_near_double(served, avg50, 1e-4f);
+
+    /* a new applier continues from the stored average, its horizon full */
+    applier_stop(&at, NULL);
+    applier_start_averaging(&at, model, 0, (int64_t)horizon);
+    push_k(cl, 60, 0, pos, pos + 1, epoch, 60);
+    pos++;
+    gradient_k(g, 60);
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] -= (double)(float)LR * g[i];
+    average_by_hand(avg, w, horizon, 10 * horizon + 1, 1);
+    wait_applied(model, 61, 10000);
+    read_both(model, served, training, &version);
+    assert_near_double(training, w, 1e-4f);
+    assert_near_double(served, avg, 1e-4f);
+
+    /* a rollback serves the snapshot's average and trains from its weights */
+    char id[64];
+    assert_int_equal(psstore_request_rollback(c, model, 50, id), FR_OK);
+    assert_int_equal(psstore_request_wait(c, model, id, 10000), FR_OK);
+    read_both(model, served, training, &version);
+    assert_int_equal(version, 62);
+    assert_near_double(training, w50, 1e-4f);
+    assert_near_double(served, avg50, 1e-4f);
+
+    /* average = 0: the next commit deletes avg:0 and the training weights are served */
+    applier_stop(&at, NULL);
+    applier_start_averaging(&at, model, 0, 0);
+    uint64_t epoch2;
+    assert_int_equal(psstore_pull(cl, served, &epoch2, &version, &changed), FR_OK);
+    push_k(cl, 61, 0, pos, pos + 1, epoch2, 62);
+    wait_applied(model, 63, 10000);
+    assert_int_equal(query_int("EXISTS freshet:{%s}:avg:0", model), 0);
+    read_both(model, served, training, &version);
+    assert_memory_equal(served, training, sizeof(served));
+    applier_stop(&at, NULL);
+    psstore_conn_destroy(c);
+    psstore_client_destroy(cl);
+}
+
 /* With no applier running, the CLI path executes a request with an applier
  * that handles requests only: waiting gradients stay where they are. */
 static void test_requests_only_applier_executes_requests_and_leaves_gradients(void **state)
@@ -1071,6 +1206,7 @@ int main(void)
         cmocka_unit_test(test_malformed_messages_are_counted_acknowledged_not_applied),
         cmocka_unit_test(test_snapshots_are_kept_and_trimmed),
         cmocka_unit_test(test_rollback_restores_a_snapshot_under_a_new_epoch),
+        cmocka_unit_test(test_the_served_average_follows_every_update),
         cmocka_unit_test(test_requests_only_applier_executes_requests_and_leaves_gradients),
         cmocka_unit_test(test_cli_rollback_without_applier),
         cmocka_unit_test(test_divergence_guard_stops_the_model),

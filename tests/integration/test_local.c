@@ -104,9 +104,10 @@ static int64_t query_int(const char *fmt, const char *model)
     return strcmp(out, "(nil)") == 0 ? -1 : strtoll(out, NULL, 10);
 }
 
+/* The model's training weights. */
 static void store_weights(const char *model, float *w, uint64_t *epoch, int64_t *version)
 {
-    assert_int_equal(harness_model_weights(&redis, model, w, NPARAMS, epoch, version), 0);
+    assert_int_equal(harness_model_weights_of(&redis, model, 1, w, NPARAMS, epoch, version), 0);
 }
 
 /* w0 - lr * sum of gradients ks (sgd, applied one after the other). */

@@ -1335,7 +1335,8 @@ static void test_sharded_appliers_decide_snapshot_and_roll_back_alike(void **sta
     uint64_t epoch = 0;
     int64_t version = 0;
     assert_int_equal(psstore_snapshot_weights(c, "sn", 6, snap6, m.nparams, &epoch), FR_OK);
-    r = raw(rc, "HGET freshet:{sn/s1}:snap:6 weights");
+    /* what the snapshot serves: each shard's served average of its slice */
+    r = raw(rc, "HGET freshet:{sn/s1}:snap:6 avg");
     assert_int_equal(r->len, 35 * sizeof(float));
     assert_memory_equal(r->str, snap6 + 32, r->len);
     freeReplyObject(r);

@@ -133,10 +133,11 @@ static int64_t query_int(const char *fmt, const char *model, const char *arg)
     return strcmp(out, "(nil)") == 0 ? -1 : strtoll(out, NULL, 10);
 }
 
+/* The model's training weights. */
 static void read_weights(const char *model, float *w, int64_t *version)
 {
     uint64_t epoch;
-    assert_int_equal(harness_model_weights(&redis, model, w, NPARAMS, &epoch, version), 0);
+    assert_int_equal(harness_model_weights_of(&redis, model, 1, w, NPARAMS, &epoch, version), 0);
 }
 
 /* w0 - lr * scale * (sum_i n_i g_{k_i}) / (sum_i n_i), to compare with. */

@@ -649,7 +649,7 @@ static void test_config_example_file_loads_and_shows_every_default(void **state)
         assert_string_equal(fr_config_get(cfg, section, line), value);
         nkeys++;
     }
-    assert_int_equal(nkeys, 81);
+    assert_int_equal(nkeys, 82);
     free(text);
     fr_config_destroy(cfg);
     fr_config_destroy(defaults);

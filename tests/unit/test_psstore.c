@@ -214,6 +214,42 @@ static void test_optimizers_match_pytorch(void **state)
 /* ------------------------------------------------------------------------
  * Controller: configuration and names
  * ---------------------------------------------------------------------- */
+/*
+ * The served average's rule against a hand computation: the new weights'
+ * share is 1 - exp(-n / h), h = min(horizon, seen / 10); the first update
+ * (h = n / 10) takes almost all of it, and an update of no samples none.
+ */
+static void test_the_served_average_weighs_the_last_tenth_up_to_the_horizon(void **state)
+{
+    (void)state;
+    assert_true(psstore_average_weight(6400, 0, 0) == 0);
+    assert_true(psstore_average_weight(6400, 64, 0) == 0);
+    assert_true(psstore_average_weight(6400, 0, 64) == 1); /* nothing seen yet: h = 0 */
+    assert_float_equal(psstore_average_weight(6400, 64, 64), 1 - exp(-10.0), 1e-12);
+    /* seen 6400: h = 640 */
+    assert_float_equal(psstore_average_weight(6400, 6400, 64), 1 - exp(-0.1), 1e-12);
+    /* seen past 10 horizons: h = 6400 */
+    assert_float_equal(psstore_average_weight(6400, 64000, 64), 1 - exp(-0.01), 1e-12);
+    assert_float_equal(psstore_average_weight(6400, 1000000, 512), 1 - exp(-0.08), 1e-12);
+    /* a round of 512 samples counts as eight batches of 64 would, to first order */
+    double one = psstore_average_weight(6400, 1000000, 64);
+    assert_float_equal(1 - pow(1 - one, 8), psstore_average_weight(6400, 1000000, 512), 1e-12);
+
+    /* three updates of 64 samples (horizon 6400) on three weights, by hand */
+    float avg[3] = {1, 2, 3}, w[3][3] = {{2, 2, 2}, {0, 4, -1}, {1, 1, 1}};
+    double want[3] = {1, 2, 3};
+    int64_t seen = 0;
+    for (int t = 0; t < 3; t++) {
+        seen += 64;
+        double a = 1 - exp(-64.0 / fmin(6400.0, seen / 10.0));
+        for (int i = 0; i < 3; i++)
+            want[i] += a * (w[t][i] - want[i]);
+        psstore_average_step(avg, w[t], 3, (float)psstore_average_weight(6400, seen, 64));
+    }
+    for (int i = 0; i < 3; i++)
+        assert_float_equal(avg[i], want[i], 1e-5);
+}
+
 static void test_policy_and_outcome_names_round_trip(void **state)
 {
     (void)state;
@@ -249,6 +285,7 @@ static void test_conf_defaults_are_those_of_the_design(void **state)
     assert_int_equal(conf.dc_ring, 8);
     assert_int_equal(conf.optim, PSSTORE_OPTIM_SGD);
     assert_true(conf.momentum == 0.9);
+    assert_int_equal(conf.average, 6400);
 }
 
 /* Expects psstore_ctl_new to refuse conf with an errstr containing want. */
@@ -285,6 +322,7 @@ static void test_new_refuses_bad_conf_naming_the_field(void **state)
     REFUSE(warmup, -5, "warmup must be >= 0, got -5");
     REFUSE(clip_norm, -1, "clip_norm must be >= 0");
     REFUSE(dc_lambda, -0.5, "dc_lambda must be >= 0");
+    REFUSE(average, -1, "average must be >= 0, got -1");
     REFUSE(policy, (psstore_policy_t)9, "policy must be");
     REFUSE(optim, (psstore_optim_t)9, "optim must be");
 #undef REFUSE
@@ -1086,6 +1124,7 @@ int main(void)
         cmocka_unit_test(test_momentum_matches_torch_sgd_three_steps),
         cmocka_unit_test(test_adagrad_matches_torch_adagrad_two_steps),
         cmocka_unit_test(test_optimizers_match_pytorch),
+        cmocka_unit_test(test_the_served_average_weighs_the_last_tenth_up_to_the_horizon),
         cmocka_unit_test(test_policy_and_outcome_names_round_trip),
         cmocka_unit_test(test_conf_defaults_are_those_of_the_design),
         cmocka_unit_test(test_new_refuses_bad_conf_naming_the_field),
