@@ -28,9 +28,10 @@
 # (docs/design.md "Shards"), an applier each; the rate and staleness are then
 # shard 0's. Each run's staleness p50/p99 comes from its versions stream.
 # usage: [ROUNDS=N] [COPIES=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
-#        [RAWCONSUME=path] [REDIS=single|cluster] [SHARDS=S] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        [AVERAGE=N] [RAWCONSUME=path] [REDIS=single|cluster] [SHARDS=S] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
-#        max_pending 64, commit_ms 20; [ingest] queue 16; [serve] listen
+#        max_pending 64, commit_ms 20; [controller] average: freshet's (AVERAGE=0: none);
+#        [ingest] queue 16; [serve] listen
 #        127.0.0.1:0, SERVE_LISTEN= for none; RAWCONSUME: the first of
 #        build-bench/bench/bench_rawconsume and build/bench/bench_rawconsume
 #        (cmake -DFRESHET_BENCH=ON); KEEP_LOG=F keeps the last run's log)
@@ -122,6 +123,7 @@ backend = cpu
 sync_lr_scale = ${SYNC_LR_SCALE:-none}
 [controller]
 lr = 0.1
+${AVERAGE:+average = $AVERAGE}
 [psstore]
 max_pending = ${MAX_PENDING:-64}
 shards = $shards
