@@ -1080,18 +1080,20 @@ static fr_err_t read_one(psstore_conn_t *c, const char *name, int training, floa
     ps_key_shard(wkey, name, "w", 0);
     ps_key_shard(avg, name, "avg", 0);
     ps_key(off, name, "offsets");
+    /* the served weights: the average when the applier keeps one (and it
+     * is as long as the weights), else the weights; one of them crosses */
+    static const char served[] = "local a = redis.call('GET', KEYS[1]) "
+                                 "if a and #a == redis.call('STRLEN', KEYS[2]) then return a end "
+                                 "return redis.call('GET', KEYS[2])";
     const char *hget[] = {"HGET", meta, "epoch"}, *get_ver[] = {"GET", ver},
-               *get_w[] = {"GET", wkey}, *get_avg[] = {"GET", avg}, *get_off[] = {"HGETALL", off};
-    const int argcs[] = {3, 2, 2, 2, 2};
-    const char *const *argvs[] = {hget, get_ver, get_w, get_avg, get_off};
-    redisReply *r = read_tx(c, offsets != NULL ? 5 : 4, argcs, argvs, &err);
+               *get_w[] = {"GET", wkey}, *get_served[] = {"EVAL", served, "2", avg, wkey},
+               *get_off[] = {"HGETALL", off};
+    const int argcs[] = {3, 2, training ? 2 : 5, 2};
+    const char *const *argvs[] = {hget, get_ver, training ? get_w : get_served, get_off};
+    redisReply *r = read_tx(c, offsets != NULL ? 4 : 3, argcs, argvs, &err);
     if (r == NULL)
         return err;
     const redisReply *e = r->element[0], *v = r->element[1], *wr = r->element[2];
-    /* the served weights: the average when the applier keeps one */
-    if (!training && wr->type == REDIS_REPLY_STRING && r->element[3]->type == REDIS_REPLY_STRING &&
-        r->element[3]->len == wr->len)
-        wr = r->element[3];
     uint64_t ep64;
     int64_t version64;
     char *text = NULL;
@@ -1103,7 +1105,7 @@ static fr_err_t read_one(psstore_conn_t *c, const char *name, int training, floa
         err = ps_fail(c, FR_ERR_RANGE,
                       "redis %s: model '%s' holds %zu bytes of weights, expected %zu (%zu floats)",
                       ep, name, wr->len, n * sizeof(float), n);
-    } else if (offsets != NULL && (text = watermarks_text(r->element[4])) == NULL) {
+    } else if (offsets != NULL && (text = watermarks_text(r->element[3])) == NULL) {
         err = ps_fail(c, FR_ERR_NOMEM, "out of memory");
     } else {
         memcpy(w, wr->str, wr->len);
