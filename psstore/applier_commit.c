@@ -285,9 +285,10 @@ static void queue_sparse(psstore_applier_t *a, txn_t *t)
 }
 
 /*
- * Queues the weights, optimizer state, served average and version when they moved, a new
- * epoch (rollback), the reset of the offsets, the deletion of the request
- * this commit executes and the replay it publishes.
+ * Queues the weights, optimizer state, served average and version when
+ * they moved, a new epoch (rollback), the reset of the offsets, the
+ * deletion of the request this commit executes and the replay it
+ * publishes.
  */
 static void queue_state(psstore_applier_t *a, txn_t *t)
 {

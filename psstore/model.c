@@ -1064,8 +1064,9 @@ static char *watermarks_text(const redisReply *o)
     return text;
 }
 
-/* Weights, epoch and version in one transaction; with offsets != NULL also
- * the watermark of every partition, as "topic/partition=watermark,...". */
+/* The served weights (or with training set the training weights), epoch
+ * and version in one transaction; with offsets != NULL also the watermark
+ * of every partition, as "topic/partition=watermark,...". */
 static fr_err_t read_one(psstore_conn_t *c, const char *name, int training, float *w, size_t n,
                          uint64_t *epoch, int64_t *version, char **offsets)
 {
