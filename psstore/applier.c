@@ -801,8 +801,10 @@ void ps_applier_average(psstore_applier_t *a, int64_t n)
 
 fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg)
 {
-    if (a->sp != NULL || a->conf.requests_only || a->conf.ctl.average <= 0)
+    if (a->sp != NULL || a->conf.requests_only || a->conf.ctl.average <= 0) {
+        a->avg_stale = a->sp == NULL;
         return FR_OK;
+    }
     if (a->avg == NULL && (a->avg = malloc(a->n * sizeof(float))) == NULL)
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     memcpy(a->avg, avg != NULL ? avg : a->w, a->n * sizeof(float));

@@ -309,10 +309,12 @@ static void queue_state(psstore_applier_t *a, txn_t *t)
             txn_str(t, a->k_avg);
             txn_arg(t, a->avg, a->n * sizeof(float));
             txn_send(t);
-        } else if (a->sp == NULL) {
+        } else if (a->avg_stale) {
             /* averaging off (or a requests-only applier's rollback): the
-             * readers then serve w */
+             * readers then serve w. Once: a failed commit reloads the
+             * state, which marks it again */
             txn_cmd(t, "DEL", a->k_avg, NULL);
+            a->avg_stale = 0;
         }
         snprintf(num, sizeof(num), "%lld", (long long)a->version);
         txn_cmd(t, "SET", a->k_ver, num, NULL);

@@ -217,6 +217,9 @@ struct psstore_applier {
     float *avg;       /* the served average of w (docs/design.md "The served
                          average"); NULL when off, and for a sparse model */
     int64_t avg_seen; /* samples averaged so far (psstore_average_weight) */
+    int avg_stale;    /* no average kept, and avg:0 may hold an old one
+                         (after a load or a rollback): the next commit
+                         that writes the weights deletes it */
     psstore_ctl_t *ctl;
     part_t *parts;
     size_t nparts, cap_parts;
