@@ -342,10 +342,14 @@ static void produce(const char *topic, int n)
 static pid_t spawn_role_with(const char *model, const char *topic, const char *role, int shards,
                              const char *opt, char *log)
 {
-    char conf[300];
+    char conf[300], part[310];
     snprintf(conf, sizeof(conf), "%s/%s.conf", tmp_dir, model);
+    snprintf(part, sizeof(part), "%s.part", conf);
     snprintf(log, 300, "%s/%s-%s%s.log", tmp_dir, model, role, opt != NULL ? opt + 9 : "");
-    FILE *f = fopen(conf, "w");
+    /* Written aside and renamed into place: a process of the same model
+     * spawned before may still be reading the file, and must find it whole
+     * (truncated, it read the default Redis URL). */
+    FILE *f = fopen(part, "w");
     assert_non_null(f);
     fprintf(f,
             "[model]\nname = %s\nlayers = 3-64-1\nloss = mse\n"
@@ -360,6 +364,7 @@ static pid_t spawn_role_with(const char *model, const char *topic, const char *r
             "shards = %d\n",
             model, broker.bootstrap, topic, cluster.url, shards);
     assert_int_equal(fclose(f), 0);
+    assert_int_equal(rename(part, conf), 0);
     char *argv[] = {FRESHET_BIN, (char *)role, "--config", conf, (char *)opt, NULL};
     pid_t pid = harness_spawn(argv, log);
     assert_true(pid > 0);
@@ -397,13 +402,16 @@ static int64_t watermarks_sum(const char *model, const char *topic)
     return sum;
 }
 
+/* The model's version on its master (-1 while it has none, or no master
+ * serves it: a missing key is not version 0, the model is not created). */
 static int64_t store_version(const char *model)
 {
     char key[96], out[64];
     model_key(key, model, "ver");
     int owner = harness_cluster_owner(&cluster, key);
     if (owner < 0 ||
-        harness_redis_query(&cluster.node[owner], out, sizeof(out), "GET %s", key) != 0)
+        harness_redis_query(&cluster.node[owner], out, sizeof(out), "GET %s", key) != 0 ||
+        strcmp(out, "(nil)") == 0)
         return -1;
     return strtoll(out, NULL, 10);
 }
