@@ -801,7 +801,12 @@ void ps_applier_average(psstore_applier_t *a, int64_t n)
 
 fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg)
 {
-    if (a->sp != NULL || a->conf.requests_only || a->conf.ctl.average <= 0) {
+    /* a requests-only applier applies no update: it keeps the average it is
+     * given, so that a rollback it executes serves what the snapshot served */
+    int keep = a->sp == NULL && (a->conf.requests_only ? avg != NULL : a->conf.ctl.average > 0);
+    if (!keep) {
+        free(a->avg);
+        a->avg = NULL;
         a->avg_stale = a->sp == NULL;
         return FR_OK;
     }

@@ -310,9 +310,9 @@ static void queue_state(psstore_applier_t *a, txn_t *t)
             txn_arg(t, a->avg, a->n * sizeof(float));
             txn_send(t);
         } else if (a->avg_stale) {
-            /* averaging off (or a requests-only applier's rollback): the
-             * readers then serve w. Once: a failed commit reloads the
-             * state, which marks it again */
+            /* averaging off (or a requests-only applier's rollback to a
+             * snapshot without an average): the readers then serve w.
+             * Once: a failed commit reloads the state, which marks it again */
             txn_cmd(t, "DEL", a->k_avg, NULL);
             a->avg_stale = 0;
         }

@@ -358,7 +358,8 @@ int ps_applier_reading(const psstore_applier_t *a);
 void ps_applier_average(psstore_applier_t *a, int64_t n);
 /* Starts the served average from avg (a stored one, of a->n floats: its
  * horizon counts as full) or, when avg is NULL, from a->w. Allocates it
- * when the model has one (a dense model, [controller] average > 0). */
+ * when the model has one (a dense model, [controller] average > 0); a
+ * requests-only applier keeps avg as it is, and none when avg is NULL. */
 fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg);
 
 /* applier_lease.c: sets up to two meta fields when this applier still

@@ -900,6 +900,10 @@ static void test_cli_rollback_without_applier(void **state)
     wait_applied(model, 60, 20000);
     applier_stop(&at, NULL);
     push_k(cl, 99, 0, 60, 61, epoch, 60); /* waits: no applier */
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    float snap_served[NPARAMS], served[NPARAMS], training[NPARAMS];
+    uint64_t sep;
+    assert_int_equal(psstore_snapshot_weights(c, model, 50, snap_served, NPARAMS, &sep), FR_OK);
     char log[300];
     snprintf(log, sizeof(log), "%s/cli-rollback.log", redis.dir);
     char *bad[] = {FRESHET_BIN, "model",       "rollback",  "--redis", redis.url,
@@ -919,8 +923,14 @@ static void test_cli_rollback_without_applier(void **state)
     float want[NPARAMS];
     expected_weights(want, ks, 50);
     assert_weights_near(w, want, 1e-4f);
+    /* the model serves what snapshot 50 served: its average, not its weights */
+    read_both(model, served, training, &version);
+    assert_memory_equal(served, snap_served, sizeof(served));
+    assert_memory_equal(training, w, sizeof(training));
+    assert_true(memcmp(served, training, sizeof(served)) != 0);
     assert_int_equal(query_int("XLEN freshet:{%s}:grads", model), 1); /* left alone */
     assert_int_equal(query_int("EXISTS freshet:{%s}:lease", model), 0);
+    psstore_conn_destroy(c);
     psstore_client_destroy(cl);
 }
 
