@@ -496,10 +496,11 @@ static int64_t rounds_closed(const char *model)
 }
 
 /*
- * Runs 3 workers of a 3-512-512-1 model on batches of 256 (compute
- * dominates a step), worker 2's gradient slowed 30x, in a round mode over a
- * stream of N records, and returns the rounds closed and the gradients the
- * slow worker pushed, read while the run still holds its members entries.
+ * Runs 3 workers of a 3-512-512-1 model on batches of 256 (outside ASan,
+ * compute dominates a step), worker 2's gradient slowed 30x, in a round
+ * mode over a stream of N records, and returns the rounds closed and the
+ * gradients the slow worker pushed, read while the run still holds its
+ * members entries.
  * 30x, not 10x: the slowdown stretches the gradient's computation only, not
  * the rest of a step (pull, push, the round's wait), which under ASan costs
  * a few times the gradient; a 10x straggler was then only ~3x slower.
