@@ -799,8 +799,12 @@ void ps_applier_average(psstore_applier_t *a, int64_t n)
     psstore_average_step(a->avg, a->w, a->n, (float)wt);
 }
 
-fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg)
+fr_err_t ps_applier_average_start(psstore_applier_t *a, const redisReply *stored)
 {
+    const void *avg =
+        stored != NULL && stored->type == REDIS_REPLY_STRING && stored->len == a->n * sizeof(float)
+            ? stored->str
+            : NULL;
     /* a requests-only applier applies no update: it keeps the average it is
      * given, so that a rollback it executes serves what the snapshot served */
     int keep = a->sp == NULL && (a->conf.requests_only ? avg != NULL : a->conf.ctl.average > 0);

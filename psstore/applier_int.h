@@ -356,11 +356,12 @@ int ps_applier_pushers(const psstore_applier_t *a);
 int ps_applier_reading(const psstore_applier_t *a);
 /* After an update of n samples (a->w moved): the served average follows. */
 void ps_applier_average(psstore_applier_t *a, int64_t n);
-/* Starts the served average from avg (a stored one, of a->n floats: its
- * horizon counts as full) or, when avg is NULL, from a->w. Allocates it
- * when the model has one (a dense model, [controller] average > 0); a
- * requests-only applier keeps avg as it is, and none when avg is NULL. */
-fr_err_t ps_applier_average_start(psstore_applier_t *a, const void *avg);
+/* Starts the served average from stored, a reply holding a stored one
+ * (avg:0 or a snapshot's field; its horizon counts as full), or from a->w
+ * when stored is not a string of a->n floats. Allocates it when the model
+ * has one (a dense model, [controller] average > 0); a requests-only
+ * applier keeps the stored one as it is, and none without it. */
+fr_err_t ps_applier_average_start(psstore_applier_t *a, const redisReply *stored);
 
 /* applier_lease.c: sets up to two meta fields when this applier still
  * holds the lease (*done = 1); f2 may be NULL. */

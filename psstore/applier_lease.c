@@ -217,8 +217,7 @@ static fr_err_t load_weights(psstore_applier_t *a)
     r = ps_cmd(a->c, 1, &err, "GET %s", a->k_avg);
     if (r == NULL)
         return err;
-    int avg_ok = r->type == REDIS_REPLY_STRING && r->len == a->n * sizeof(float);
-    err = ps_applier_average_start(a, avg_ok ? r->str : NULL);
+    err = ps_applier_average_start(a, r);
     freeReplyObject(r);
     if (err != FR_OK)
         return err;

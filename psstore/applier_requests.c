@@ -103,9 +103,7 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
         r->element[1]->len == a->opt_len * sizeof(float))
         memcpy(a->opt, r->element[1]->str, r->element[1]->len);
     /* the snapshot's served average when it kept one, else its weights */
-    const redisReply *avg = r->element[3];
-    int avg_ok = avg->type == REDIS_REPLY_STRING && avg->len == a->n * sizeof(float);
-    err = ps_applier_average_start(a, avg_ok ? avg->str : NULL);
+    err = ps_applier_average_start(a, r->element[3]);
     if (err == FR_OK)
         err = offs->type == REDIS_REPLY_STRING ? snapshot_offsets(a, offs->str, offs->len, 1)
                                                : snapshot_offsets(a, "", 0, 1);
