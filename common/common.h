@@ -155,6 +155,14 @@ uint64_t fr_rng_below(fr_rng_t *rng, uint64_t n);
 /* Fisher-Yates shuffle of idx[0..n). */
 void fr_rng_shuffle(fr_rng_t *rng, uint32_t *idx, size_t n);
 
+/* The one source of unseeded randomness, for identities that must differ
+ * between runs (epochs, lease tokens), never for a seeded sequence. Any
+ * thread. fr_random fills p[n] from the kernel (getrandom, else
+ * /dev/urandom): FR_OK, or FR_ERR_IO when it gives none. fr_random_u64 is
+ * a nonzero 64-bit number from it, else from the clock and the pid. */
+fr_err_t fr_random(void *p, size_t n);
+uint64_t fr_random_u64(void);
+
 /* FNV-1a of p[0..n) continued from h (FR_FNV1A_SEED to start): a hash for
  * tables keyed by short strings. */
 #define FR_FNV1A_SEED 0xcbf29ce484222325ull
@@ -227,6 +235,16 @@ void fr_config_kafka_at(const fr_config_t *cfg, size_t i, const char **key, cons
 /* Writes a commented INI file documenting every key with its default (the
  * source of deploy/freshet.conf.example). */
 void fr_config_write_example(FILE *out);
+
+/* ------------------------------------------------------------------------
+ * A growable array (mem.c): the one way to grow a malloc'ed array.
+ * fr_grow makes room for at least need elements of size elem in *p, whose
+ * capacity is *cap: it doubles (from 8) until need fits, so that n appends
+ * cost O(n). FR_OK, or FR_ERR_NOMEM (on overflow too) leaving *p and *cap
+ * as they were. FR_GROW(p, cap, need) names the element size from p.
+ * ---------------------------------------------------------------------- */
+fr_err_t fr_grow(void **p, size_t *cap, size_t need, size_t elem);
+#define FR_GROW(p, cap, need) fr_grow((void **)&(p), &(cap), (need), sizeof(*(p)))
 
 /* ------------------------------------------------------------------------
  * A growable text buffer (buf.c). Zero-initialise it; the text stays

@@ -1,12 +1,14 @@
 /*
  * mem.c - memory helpers, and the thread facts that need _GNU_SOURCE (a
- * thread's name, the cores a process may use).
+ * thread's name, the cores a process may use), and the growable array.
  */
 #define _GNU_SOURCE
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common/common.h"
 
@@ -43,4 +45,24 @@ int fr_cpu_count(void)
         return 1;
     int n = CPU_COUNT(&cpus);
     return n > 0 ? n : 1;
+}
+
+fr_err_t fr_grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return FR_OK;
+    size_t n = *cap ? *cap : 8;
+    while (n < need) {
+        if (n > SIZE_MAX / 2)
+            return FR_ERR_NOMEM;
+        n *= 2;
+    }
+    if (elem != 0 && n > SIZE_MAX / elem)
+        return FR_ERR_NOMEM;
+    void *q = realloc(*p, n * elem);
+    if (q == NULL)
+        return FR_ERR_NOMEM;
+    *p = q;
+    *cap = n;
+    return FR_OK;
 }

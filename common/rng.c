@@ -2,7 +2,13 @@
  * rng.c - xoshiro256** (Blackman and Vigna, 2018) seeded through splitmix64,
  * so that any 64-bit seed gives a well mixed state, and the FNV-1a hash
  * (Fowler, Noll and Vo). Written from the published algorithm descriptions.
+ * fr_random is the unseeded source beside them: the kernel's bytes.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
 #include "common/common.h"
 
 static uint64_t splitmix64(uint64_t *x)
@@ -71,4 +77,35 @@ uint64_t fr_fnv1a(uint64_t h, const void *p, size_t n)
     for (size_t i = 0; i < n; i++)
         h = (h ^ b[i]) * 1099511628211ull;
     return h;
+}
+
+fr_err_t fr_random(void *p, size_t n)
+{
+    unsigned char *q = p;
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = getrandom(q + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    if (got == n)
+        return FR_OK;
+    /* a kernel without getrandom(2): the device */
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return FR_ERR_IO;
+    ssize_t r = read(fd, q, n);
+    close(fd);
+    return r == (ssize_t)n ? FR_OK : FR_ERR_IO;
+}
+
+uint64_t fr_random_u64(void)
+{
+    uint64_t v = 0;
+    if (fr_random(&v, sizeof(v)) != FR_OK || v == 0)
+        v = fr_clock_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
+    return v;
 }

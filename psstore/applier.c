@@ -79,20 +79,6 @@ int ps_buf_kv(buf_t *b, const char *field, const char *fmt, ...)
     return ps_buf_add(b, field, strlen(field) + 1) || ps_buf_add(b, val, strlen(val) + 1);
 }
 
-uint64_t ps_random_u64(void)
-{
-    uint64_t v = 0;
-    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v))
-            v = 0;
-        close(fd);
-    }
-    if (v == 0)
-        v = fr_clock_mono_ns() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ull;
-    return v;
-}
-
 void ps_applier_stats_update(psstore_applier_t *a)
 {
     char *shown = a->shown_epoch;
@@ -313,7 +299,7 @@ psstore_applier_t *psstore_applier_new(const psstore_applier_conf_t *conf, char 
     char scope[64];
     ps_applier_scope(scope, sizeof(scope));
     snprintf(a->token, sizeof(a->token), "%.60s/%d/%016llx/%s", host, (int)getpid(),
-             (unsigned long long)ps_random_u64(), scope);
+             (unsigned long long)fr_random_u64(), scope);
     a->c = psstore_conn_new(a->url, 5000, errstr, size);
     if (a->c == NULL)
         goto err;

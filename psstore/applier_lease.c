@@ -272,7 +272,7 @@ static fr_err_t load_offsets(psstore_applier_t *a)
 static fr_err_t new_epoch(psstore_applier_t *a, const char *run_id)
 {
     fr_err_t err;
-    uint64_t epoch = ps_random_u64();
+    uint64_t epoch = fr_random_u64();
     char epoch_s[32];
     int done = 0;
     snprintf(epoch_s, sizeof(epoch_s), "%llu", (unsigned long long)epoch);

@@ -112,7 +112,7 @@ static fr_err_t rollback(psstore_applier_t *a, int64_t v, const char *req_id)
         ps_applier_drop_state(a); /* out of memory half way: reload from Redis */
         return ps_fail(a->c, err, "rollback to %lld: out of memory", (long long)v);
     }
-    a->epoch = ps_random_u64();
+    a->epoch = fr_random_u64();
     a->version++;
     a->new_epoch = a->offsets_reset = a->weights_dirty = 1;
     a->stopped[0] = '\0';

@@ -126,17 +126,9 @@ static int reply_uint64(const redisReply *r, uint64_t *v)
  * epoch yet" in clients). FR_ERR_IO when the kernel gives none. */
 static fr_err_t random_epoch(psstore_conn_t *c, uint64_t *epoch)
 {
-    for (int tries = 0; tries < 8; tries++) {
-        ssize_t n = getrandom(epoch, sizeof(*epoch), 0);
-        if (n != (ssize_t)sizeof(*epoch)) {
-            int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-            n = fd >= 0 ? read(fd, epoch, sizeof(*epoch)) : -1;
-            if (fd >= 0)
-                close(fd);
-        }
-        if (n == (ssize_t)sizeof(*epoch) && *epoch != 0)
+    for (int tries = 0; tries < 8; tries++)
+        if (fr_random(epoch, sizeof(*epoch)) == FR_OK && *epoch != 0)
             return FR_OK;
-    }
     return ps_fail(c, FR_ERR_IO, "psstore: no random bytes for a new epoch: %s", strerror(errno));
 }
 
@@ -659,7 +651,7 @@ static fr_err_t create_sharded(psstore_conn_t *c, const char *name,
      * lock's tag is no model's and no shard's. */
     char lock[PS_KEY_MAX], token[32];
     snprintf(lock, sizeof(lock), "freshet:{%s/create}:lock", name);
-    snprintf(token, sizeof(token), "%016llx", (unsigned long long)ps_random_u64());
+    snprintf(token, sizeof(token), "%016llx", (unsigned long long)fr_random_u64());
     redisReply *r = ps_cmd(c, 1, &err, "SET %s %s NX PX 30000", lock, token);
     if (r == NULL)
         return err;

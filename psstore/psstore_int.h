@@ -175,9 +175,6 @@ void ps_key_shard(char *key, const char *model, const char *what, long long k);
  * per-shard key (ver, w:0, opt:0, offsets, grads, lease, versions, snaps,
  * snap:<v>, audit, rounds, drops, requests and a meta of the shard's own)
  * is ps_key(tag, ...), so one shard's transaction stays in one slot. */
-/* A random nonzero 64-bit number (/dev/urandom, else the clock and pid). */
-uint64_t ps_random_u64(void);
-
 #define PS_TAG_MAX 80
 void ps_shard_tag(char *tag, const char *model, int k, int S);
 /* The model's shards and their bounds, from its meta (fields shards and

@@ -29,7 +29,7 @@ static fr_err_t append_fields(psstore_conn_t *c, const char *model, const char *
     if ((err = ps_model_shards(c, model, &S)) != FR_OK)
         return err;
     snprintf(now, sizeof(now), "%lld", (long long)fr_clock_unix_ms());
-    snprintf(token, sizeof(token), "%016llx", (unsigned long long)ps_random_u64());
+    snprintf(token, sizeof(token), "%016llx", (unsigned long long)fr_random_u64());
     const char *argv[24] = {"XADD", key, "*"};
     size_t alens[24] = {4, 0, 1};
     int argc = 3;
