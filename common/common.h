@@ -63,6 +63,16 @@ typedef enum fr_err {
 /* A static English description of err; never NULL, also for unknown codes. */
 const char *fr_strerror(fr_err_t err);
 
+/* Internal invariants, as SQLite and libuv assert theirs: a condition the
+ * code proved, whose failure means a bug that would otherwise corrupt
+ * weights or state silently. Never for input, which gets an error and a
+ * counter. FR_ASSERT stays on in release builds, for checks that cost a
+ * compare; assert() is for ones that cost a loop. A failure logs the
+ * condition with its file and line, then aborts. */
+#define FR_ASSERT(cond)                                                                            \
+    (__builtin_expect(!!(cond), 1) ? (void)0 : fr_assert_fail(#cond, __FILE__, __LINE__))
+_Noreturn void fr_assert_fail(const char *cond, const char *file, int line);
+
 /* Formats into errstr (when errstr and size are non-zero) and returns err, so
  * that an error can be filled and returned in one statement. */
 FR_MODULE_API fr_err_t fr_errorf(fr_err_t err, char *errstr, size_t size, const char *fmt, ...)

@@ -1,8 +1,10 @@
 /*
- * err.c - error codes and their descriptions.
+ * err.c - error codes and their descriptions, and the end of a failed
+ * internal invariant (FR_ASSERT).
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common/common.h"
 
@@ -37,4 +39,12 @@ fr_err_t fr_errorf(fr_err_t err, char *errstr, size_t size, const char *fmt, ...
         va_end(ap);
     }
     return err;
+}
+
+_Noreturn void fr_assert_fail(const char *cond, const char *file, int line)
+{
+    /* straight to stderr: the logger may be what broke */
+    fprintf(stderr, "freshet: internal invariant failed at %s:%d: %s\n", file, line, cond);
+    fflush(stderr);
+    abort();
 }
