@@ -22,9 +22,12 @@ extern "C" {
 /* A function the CUDA module takes from the program that loads it (the
  * build hides every other symbol; cuda/exports.list exports these). */
 #define FR_MODULE_API __attribute__((visibility("default")))
+/* C11's _Noreturn, spelled so that nvcc (C++) reads this header too. */
+#define FR_NORETURN __attribute__((noreturn))
 #else
 #define FR_PRINTF(fmt, args)
 #define FR_MODULE_API
+#define FR_NORETURN
 #endif
 
 /* A hot loop over a parameter vector, compiled also for AVX2 and chosen at
@@ -71,7 +74,7 @@ const char *fr_strerror(fr_err_t err);
  * condition with its file and line, then aborts. */
 #define FR_ASSERT(cond)                                                                            \
     (__builtin_expect(!!(cond), 1) ? (void)0 : fr_assert_fail(#cond, __FILE__, __LINE__))
-_Noreturn void fr_assert_fail(const char *cond, const char *file, int line);
+FR_NORETURN void fr_assert_fail(const char *cond, const char *file, int line);
 
 /* Formats into errstr (when errstr and size are non-zero) and returns err, so
  * that an error can be filled and returned in one statement. */

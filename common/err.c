@@ -41,7 +41,7 @@ fr_err_t fr_errorf(fr_err_t err, char *errstr, size_t size, const char *fmt, ...
     return err;
 }
 
-_Noreturn void fr_assert_fail(const char *cond, const char *file, int line)
+FR_NORETURN void fr_assert_fail(const char *cond, const char *file, int line)
 {
     /* straight to stderr: the logger may be what broke */
     fprintf(stderr, "freshet: internal invariant failed at %s:%d: %s\n", file, line, cond);
