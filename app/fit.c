@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "app/app.h"
-#include "psstore/core.h"
+#include "psstore/update/update.h"
 #include "trainer/trainer.h"
 
 #define CMD "fit"

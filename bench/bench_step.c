@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/update/update.h"
 #include "trainer/trainer.h"
 #include "trainer/trainer_int.h"
 

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/applier_int.h"
+#include "psstore/applier/applier_int.h"
 
 #define AUTO_WINDOW_NS  1000000000ull /* one decision per second          */
 #define AUTO_SLOW_RATIO 3.0 /* a straggler: this many times slower than the others' median */

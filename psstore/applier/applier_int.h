@@ -19,7 +19,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/applier/applier.h"
+#include "psstore/grads/grads_int.h"
 
 #define TAU_RING      256 /* applied gradients the staleness percentiles cover */
 #define FRESH_RING    512 /* freshness samples (two per applied batch) kept    */

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/applier_int.h"
+#include "psstore/applier/applier_int.h"
 
 /*
  * Parses a snapshot's offsets text ("topic/partition=value\n"...). With

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/applier_int.h"
+#include "psstore/applier/applier_int.h"
 
 static int member_live(const psstore_applier_t *a, const seen_t *s, uint64_t now)
 {

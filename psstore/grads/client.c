@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/grads/grads_int.h"
 
 #define CLIENT_TIMEOUT_MS    2000 /* connect and command timeout             */
 #define CLIENT_BACKOFF_FIRST 1    /* ms: first wait while the stream is full  */

@@ -33,7 +33,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/grads/grads_int.h"
 
 typedef struct slot {
     float *g; /* [n] */

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/grads/grads_int.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #error "msg.c sends float32 payloads as they lie in memory: little-endian hosts only"

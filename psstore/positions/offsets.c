@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 void psstore_poff_init(psstore_partition_offsets_t *po, int64_t watermark)
 {

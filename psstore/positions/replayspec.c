@@ -23,7 +23,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 #define MS_PER_DAY  86400000LL
 #define AT_MIN_MS   (-62167219200000LL) /* 0000-01-01T00:00:00.000Z */

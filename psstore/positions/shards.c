@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 /* The cut points strictly between 0 and nparams, increasing, into a
  * malloc'ed array; their number into *n. NULL when the layers do not hold

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/redis/redis_int.h"
 
 /* The key prefix of every freshet key (keys.c). */
 #define KEY_PREFIX     "freshet:"

@@ -24,7 +24,7 @@
 #include <sys/un.h>
 #include <time.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/redis/redis_int.h"
 
 /* The timeout when psstore_conn_new is given none. */
 #define CONN_DEFAULT_TIMEOUT_MS 5000

@@ -9,7 +9,7 @@
  */
 #include <stdio.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 void ps_key(char *key, const char *model, const char *suffix)
 {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 static const char *const mode_names[] = {"async", "sync",     "backup", "groups",
                                          "ssp",   "adaptive", "auto"};

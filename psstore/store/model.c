@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 /* w:<k> holds little-endian float32 and the weights are sent as they lie in

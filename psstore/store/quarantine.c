@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 #define PS_QUARANTINE_MAX 100000
 /* a member's room: "topic/partition/offset" */

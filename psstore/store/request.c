@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 #define TOKEN_PREFIX "t:" /* a sharded model's request id: "t:<shards>:<token>" */
 

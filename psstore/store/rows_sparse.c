@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 void ps_row_field(uint32_t row, unsigned char f[4])
 {

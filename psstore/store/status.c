@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/store/store_int.h"
 
 #define EVALS_KEEP 1000 /* MAXLEN ~ of the evals stream */
 

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/update/update.h"
 
 /* The adaptive policy's window of applied staleness values. */
 #define TAU_WINDOW 1000

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/update/update.h"
 
 /* torch.optim.Adagrad's default eps. */
 #define ADAGRAD_EPS 1e-10f

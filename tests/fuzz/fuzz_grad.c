@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/grads/grads_int.h"
 
 #define MAX_PARTS 32
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 /* Checks the round trip of a parsed request: format, parse, format again,
  * the same text. */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/core.h"
+#include "psstore/update/update.h"
 #include "trainer/trainer.h"
 
 #define ATOL 1e-5

@@ -21,8 +21,8 @@
 
 #include "harness.h"
 #include "psstore/psstore.h"
-#include "psstore/applier_int.h" /* ps_applier_commit_wait_for_test */
-#include "psstore/psstore_int.h" /* ps_local_step_enter: an applier inside a step */
+#include "psstore/applier/applier_int.h" /* ps_applier_commit_wait_for_test */
+#include "psstore/grads/grads_int.h"     /* ps_local_step_enter: an applier inside a step */
 
 #define NPARAMS 300
 #define LR      0.1

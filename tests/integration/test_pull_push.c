@@ -22,7 +22,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
-#include "psstore/psstore_int.h"
+#include "psstore/grads/grads_int.h"
 
 static harness_redis_t redis;
 

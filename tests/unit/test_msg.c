@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "psstore/psstore_int.h"
+#include "psstore/grads/grads_int.h"
 
 #define NPARAMS 5
 #define MAXF    32

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 /* Checks po against the expected watermark and spans {from, to, ...}. */
 static void expect_state(const psstore_partition_offsets_t *po, int64_t watermark, size_t nspans,

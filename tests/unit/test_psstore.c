@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "psstore/core.h"
+#include "psstore/update/update.h"
 
 #define RTOL 1e-6
 

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "psstore/psstore.h"
-#include "psstore/psstore_int.h"
+#include "psstore/redis/redis_int.h"
 
 /* Parses url and fails the test unless it succeeds. */
 static psstore_url_t parse_ok(const char *url)

@@ -19,7 +19,7 @@
 #include <cmocka.h>
 
 #include "common/common.h"
-#include "psstore/core.h"
+#include "psstore/positions/positions.h"
 
 #define NOW_MS 1795982400000LL /* 2026-11-29T20:00:00Z */
 
