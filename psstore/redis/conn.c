@@ -1,7 +1,8 @@
 /*
- * conn.c - the parameter store's connection to Redis: URL parsing, connect
- * with AUTH and SELECT, commands with reconnection and backoff, pipelines,
- * the eviction-policy check of docs/design.md "Failure model".
+ * conn.c - the parameter store's connection to Redis: connect with AUTH and
+ * SELECT (the URL parsed by url.c), commands with reconnection and backoff,
+ * routing by slot on a Redis Cluster, pipelines. What it asks of the
+ * servers themselves (run_id, eviction policy) is in server.c.
  *
  * Every error message names the endpoint ("redis 127.0.0.1:6390: Connection
  * refused") and never the password: nothing here prints a URL, only the
@@ -31,288 +32,6 @@
 /* The first pause of the reconnection backoff; it doubles each try. */
 #define CONN_BACKOFF_FIRST_MS 10
 
-#define URL_FORMS "redis://[user:pass@]host[:port][,host[:port]...][/db] or unix:///path[?db=N]"
-
-/* ------------------------------------------------------------------------
- * URLs
- * ---------------------------------------------------------------------- */
-
-/* Nonzero when s starts with prefix, ignoring ASCII case. */
-static int has_prefix(const char *s, const char *prefix)
-{
-    return strncasecmp(s, prefix, strlen(prefix)) == 0;
-}
-
-static int hex_value(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
-/*
- * Percent-decodes s[0..n) into out[size] (NUL-terminated). "%XX" with two
- * hex digits becomes that byte; a '%' not followed by two hex digits stays
- * literal, so a password such as "50%off" needs no encoding. Returns 0, or
- * -1 when the result does not fit or would hold a NUL byte.
- */
-static int percent_decode(const char *s, size_t n, char *out, size_t size)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int ch = (unsigned char)s[i];
-        if (ch == '%' && i + 2 < n && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-            ch = hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]);
-            i += 2;
-            if (ch == 0)
-                return -1;
-        }
-        if (o + 1 >= size)
-            return -1;
-        out[o++] = (char)ch;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-/*
- * Parses a decimal integer s[0..n) in [min, max] (digits only). Returns 0
- * or -1.
- */
-static int parse_int(const char *s, size_t n, long long min, long long max, int *out)
-{
-    if (n == 0 || n > 10)
-        return -1;
-    long long v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return -1;
-        v = v * 10 + (s[i] - '0');
-    }
-    if (v < min || v > max)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
-/*
- * Splits "user:pass" (s[0..n), the part before the last '@') into u->user
- * and u->pass, percent-decoded. The user ends at the first ':'; the password
- * may hold ':' and '@'. Returns FR_OK or FR_ERR_INVAL (the message quotes
- * neither).
- */
-static fr_err_t parse_userinfo(const char *s, size_t n, psstore_url_t *u, char *errstr, size_t size)
-{
-    const char *colon = memchr(s, ':', n);
-    if (colon == NULL)
-        return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "redis URL: write credentials as USER:PASSWORD@ or :PASSWORD@");
-    if (percent_decode(s, (size_t)(colon - s), u->user, sizeof(u->user)) != 0)
-        return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "redis URL: the user name is longer than %zu bytes or holds %%00",
-                         sizeof(u->user) - 1);
-    if (percent_decode(colon + 1, n - (size_t)(colon + 1 - s), u->pass, sizeof(u->pass)) != 0)
-        return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "redis URL: the password is longer than %zu bytes or holds %%00",
-                         sizeof(u->pass) - 1);
-    return FR_OK;
-}
-
-/* Nonzero for the bytes a host name or an IPv4 address may hold. */
-static int host_char(char ch)
-{
-    return isalnum((unsigned char)ch) || ch == '.' || ch == '-' || ch == '_';
-}
-
-/*
- * Parses "host[:port][/db]" or "[v6addr][:port][/db]" (s is what follows
- * "redis://" and the credentials).
- */
-static fr_err_t parse_tcp(const char *s, psstore_url_t *u, char *errstr, size_t size)
-{
-    const char *host = s, *end;
-    if (*s == '[') {
-        host = s + 1;
-        end = strchr(host, ']');
-        if (end == NULL || end == host)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: an IPv6 address goes in brackets: redis://[::1]:6379");
-        for (const char *p = host; p < end; p++) {
-            if (!isxdigit((unsigned char)*p) && *p != ':' && *p != '.')
-                return fr_errorf(FR_ERR_INVAL, errstr, size,
-                                 "redis URL: bad IPv6 address in brackets");
-        }
-        s = end + 1;
-    } else {
-        end = host;
-        while (host_char(*end))
-            end++;
-        if (end == host)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: no host (expected " URL_FORMS ")");
-        s = end;
-    }
-    if ((size_t)(end - host) >= sizeof(u->host))
-        return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: host name too long");
-    memcpy(u->host, host, (size_t)(end - host));
-    u->host[end - host] = '\0';
-
-    if (*s == ':') {
-        const char *p = ++s;
-        while (*s != '\0' && *s != '/')
-            s++;
-        if (parse_int(p, (size_t)(s - p), 1, 65535, &u->port) != 0)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: the port of %s must be a number in 1..65535", u->host);
-    }
-    if (*s == '/') {
-        const char *p = ++s;
-        s += strlen(s);
-        if (s > p && parse_int(p, (size_t)(s - p), 0, INT_MAX, &u->db) != 0)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: the database after '/' must be a number >= 0");
-    }
-    if (*s != '\0')
-        return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "redis URL: unexpected text after host %s (expected " URL_FORMS ")",
-                         u->host);
-    return FR_OK;
-}
-
-/*
- * Parses "host[:port],host[:port]...[/db]": the seeds of a Redis Cluster,
- * or one host. Only the last may carry the database.
- */
-static fr_err_t parse_hosts(const char *s, psstore_url_t *u, char *errstr, size_t size)
-{
-    char piece[300];
-    for (;;) {
-        const char *comma = strchr(s, ',');
-        size_t n = comma ? (size_t)(comma - s) : strlen(s);
-        if (u->nseeds == PSSTORE_URL_SEEDS_MAX)
-            return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: more than %d hosts",
-                             PSSTORE_URL_SEEDS_MAX);
-        if (n >= sizeof(piece))
-            return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: host name too long");
-        memcpy(piece, s, n);
-        piece[n] = '\0';
-        if (comma != NULL && memchr(piece, '/', n) != NULL)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: the database goes after the last host only");
-        u->port = 6379;
-        fr_err_t err = parse_tcp(piece, u, errstr, size);
-        if (err != FR_OK)
-            return err;
-        snprintf(u->seeds[u->nseeds].host, sizeof(u->seeds[0].host), "%s", u->host);
-        u->seeds[u->nseeds].port = u->port;
-        u->nseeds++;
-        if (comma == NULL)
-            break;
-        s = comma + 1;
-    }
-    snprintf(u->host, sizeof(u->host), "%s", u->seeds[0].host);
-    u->port = u->seeds[0].port;
-    return FR_OK;
-}
-
-/* Parses "/path[?db=N]" (what follows "unix://" and the credentials). */
-static fr_err_t parse_unix(const char *s, psstore_url_t *u, char *errstr, size_t size)
-{
-    if (*s != '/')
-        return fr_errorf(
-            FR_ERR_INVAL, errstr, size,
-            "redis URL: a unix socket needs an absolute path: unix:///path/redis.sock");
-    const char *q = strchr(s, '?');
-    size_t n = q ? (size_t)(q - s) : strlen(s);
-    if (n >= sizeof(((struct sockaddr_un *)0)->sun_path) || n >= sizeof(u->path))
-        return fr_errorf(FR_ERR_INVAL, errstr, size,
-                         "redis URL: the unix socket path is longer than %zu bytes",
-                         sizeof(((struct sockaddr_un *)0)->sun_path) - 1);
-    memcpy(u->path, s, n);
-    u->path[n] = '\0';
-    u->unix_socket = 1;
-    if (q != NULL) {
-        if (strncmp(q, "?db=", 4) != 0 || parse_int(q + 4, strlen(q + 4), 0, INT_MAX, &u->db) != 0)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: after the socket path only ?db=N is understood");
-    }
-    return FR_OK;
-}
-
-/*
- * Parses a Redis URL (see psstore.h). Error messages never quote the URL,
- * which may hold a password: they name the part that is wrong.
- */
-fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size_t size)
-{
-    memset(u, 0, sizeof(*u));
-    u->port = 6379;
-    if (url == NULL || *url == '\0')
-        return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL is empty (expected " URL_FORMS ")");
-    for (const char *p = url; *p != '\0'; p++) {
-        if ((unsigned char)*p <= ' ' || *p == 0x7f)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: spaces and control characters must be percent-encoded");
-    }
-    if (has_prefix(url, "rediss://"))
-        return fr_errorf(FR_ERR_UNSUPPORTED, errstr, size,
-                         "rediss:// is not supported: hiredis 0.14 has no TLS; put a TLS proxy "
-                         "(stunnel, spiped) in front of Redis and use redis://");
-    int is_unix = has_prefix(url, "unix://");
-    if (!is_unix && !has_prefix(url, "redis://")) {
-        const char *sep = strstr(url, "://");
-        size_t n = sep ? (size_t)(sep - url) : 0;
-        int scheme_ok = n > 0 && n <= 16;
-        for (size_t i = 0; scheme_ok && i < n; i++)
-            scheme_ok =
-                isalnum((unsigned char)url[i]) || url[i] == '+' || url[i] == '-' || url[i] == '.';
-        if (scheme_ok)
-            return fr_errorf(FR_ERR_INVAL, errstr, size,
-                             "redis URL: unsupported scheme '%.*s' (expected " URL_FORMS ")",
-                             (int)n, url);
-        return fr_errorf(FR_ERR_INVAL, errstr, size, "redis URL: expected " URL_FORMS);
-    }
-    /* Credentials end at the last '@' (the password may hold unencoded ':'
-     * and '@'); for a socket, at the last '@' that a '/' follows, so that
-     * paths such as /run/redis@main/redis.sock keep theirs. */
-    const char *rest = url + (is_unix ? strlen("unix://") : strlen("redis://"));
-    const char *at = NULL;
-    for (const char *p = rest; !(is_unix && rest[0] == '/') && *p != '\0'; p++) {
-        if (*p == '@' && (!is_unix || p[1] == '/'))
-            at = p;
-    }
-    fr_err_t err = FR_OK;
-    if (at != NULL)
-        err = parse_userinfo(rest, (size_t)(at - rest), u, errstr, size);
-    if (err == FR_OK)
-        err = is_unix ? parse_unix(at ? at + 1 : rest, u, errstr, size)
-                      : parse_hosts(at ? at + 1 : rest, u, errstr, size);
-    if (err != FR_OK) {
-        explicit_bzero(u->pass, sizeof(u->pass));
-        return err;
-    }
-    return FR_OK;
-}
-
-/* Writes "host:port", "[v6]:port" or the socket path: how errors name Redis. */
-void ps_endpoint(const psstore_conn_t *c, char *buf, size_t size)
-{
-    const psstore_url_t *u = &c->url;
-    if (c->cl != NULL && c->cl->cur >= 0) {
-        const ps_node_t *nd = &c->cl->nodes[c->cl->cur];
-        snprintf(buf, size, strchr(nd->host, ':') ? "[%s]:%d" : "%s:%d", nd->host, nd->port);
-    } else if (u->unix_socket)
-        snprintf(buf, size, "%s", u->path);
-    else if (strchr(u->host, ':') != NULL)
-        snprintf(buf, size, "[%s]:%d", u->host, u->port);
-    else
-        snprintf(buf, size, "%s:%d", u->host, u->port);
-}
-
 /* ------------------------------------------------------------------------
  * Errors
  * ---------------------------------------------------------------------- */
@@ -323,6 +42,14 @@ fr_err_t ps_fail(psstore_conn_t *c, fr_err_t err, const char *fmt, ...)
     vsnprintf(c->errstr, sizeof(c->errstr), fmt, ap);
     va_end(ap);
     return err;
+}
+
+/* A reply of the wrong shape: FR_ERR_REDIS naming the command. */
+fr_err_t ps_unexpected(psstore_conn_t *c, const char *cmd)
+{
+    char ep[300];
+    ps_endpoint(c, ep, sizeof(ep));
+    return ps_fail(c, FR_ERR_REDIS, "redis %s: unexpected reply to %s", ep, cmd);
 }
 
 const char *psstore_conn_error(const psstore_conn_t *c)
@@ -1120,6 +847,44 @@ redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err)
     return check_reply(c, reply, err);
 }
 
+/*
+ * Reads the replies of n queued commands and returns the last one (EXEC's)
+ * or NULL with *err. Every reply is read even after an error reply, so the
+ * connection stays in step; the first error is the one reported (a queued
+ * command's error, rather than the EXECABORT that follows it).
+ */
+redisReply *ps_pipeline_finish(psstore_conn_t *c, size_t n, fr_err_t *err)
+{
+    char first_msg[sizeof(c->errstr)];
+    fr_err_t first = FR_OK;
+    redisReply *last = NULL;
+    for (size_t i = 0; i < n; i++) {
+        fr_err_t e;
+        redisReply *r = ps_pipeline_read(c, &e);
+        if (r == NULL) {
+            if (first == FR_OK) {
+                first = e;
+                memcpy(first_msg, c->errstr, sizeof(first_msg));
+            }
+            if (c->ctx == NULL)
+                break; /* the connection broke: no more replies will come */
+            continue;
+        }
+        if (i == n - 1)
+            last = r;
+        else
+            freeReplyObject(r);
+    }
+    if (first != FR_OK) {
+        memcpy(c->errstr, first_msg, sizeof(c->errstr));
+        freeReplyObject(last);
+        *err = first;
+        return NULL;
+    }
+    *err = FR_OK;
+    return last;
+}
+
 /* ------------------------------------------------------------------------
  * Routing keyless commands
  * ---------------------------------------------------------------------- */
@@ -1147,100 +912,4 @@ void ps_conn_pin(psstore_conn_t *c, int node)
 {
     if (c->cl != NULL)
         c->cl->pinned = node;
-}
-
-/* ------------------------------------------------------------------------
- * Server facts
- * ---------------------------------------------------------------------- */
-/* The run_id line of INFO server (40 hex digits), into buf[size]. */
-fr_err_t ps_server_run_id(psstore_conn_t *c, const char *key, char *buf, size_t size)
-{
-    fr_err_t err;
-    ps_conn_route_key(c, key);
-    redisReply *r = ps_cmd(c, 1, &err, "INFO server");
-    if (r == NULL)
-        return err;
-    const char *p = NULL;
-    if (r->type == REDIS_REPLY_STRING) {
-        for (p = r->str; p != NULL; p = strchr(p, '\n')) {
-            p += *p == '\n';
-            if (strncmp(p, "run_id:", 7) == 0)
-                break;
-        }
-    }
-    if (p == NULL) {
-        char ep[300];
-        ps_endpoint(c, ep, sizeof(ep));
-        freeReplyObject(r);
-        return ps_fail(c, FR_ERR_REDIS, "redis %s: INFO server has no run_id", ep);
-    }
-    p += 7;
-    size_t n = strcspn(p, "\r\n");
-    if (n >= size)
-        n = size - 1;
-    memcpy(buf, p, n);
-    buf[n] = '\0';
-    freeReplyObject(r);
-    return FR_OK;
-}
-
-/* The maxmemory-policy check of one node (the current one). */
-static fr_err_t check_policy_node(psstore_conn_t *c)
-{
-    static atomic_int warned;
-    fr_err_t err;
-    redisReply *r = ps_cmd(c, 1, &err, "CONFIG GET maxmemory-policy");
-    char ep[300];
-    ps_endpoint(c, ep, sizeof(ep));
-    if (r == NULL && c->ctx == NULL)
-        return err; /* the connection failed: c->errstr says why */
-    if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
-        r->element[1]->type != REDIS_REPLY_STRING) {
-        if (atomic_exchange(&warned, 1) == 0)
-            fr_log(FR_LOG_WARN,
-                   "psstore: redis %s: cannot read maxmemory-policy (%s); make sure it is "
-                   "noeviction, or evicted offsets would re-apply a topic",
-                   ep, r == NULL ? c->errstr : "unexpected reply");
-        freeReplyObject(r);
-        return FR_OK;
-    }
-    err = FR_OK;
-    if (strcmp(r->element[1]->str, "noeviction") != 0)
-        err = ps_fail(c, FR_ERR_UNSUPPORTED,
-                      "redis %s: maxmemory-policy %.64s evicts keys; freshet needs noeviction "
-                      "(losing offsets would re-apply a topic)",
-                      ep, r->element[1]->str);
-    freeReplyObject(r);
-    return err;
-}
-
-/*
- * docs/design.md "Failure model": losing the offsets hash to eviction would re-apply
- * a whole topic, so only noeviction is accepted (the volatile-* policies
- * evict too, starting with the lease); in a cluster on every master. Where
- * CONFIG is refused (disabled, renamed, or not permitted to this ACL user)
- * the policy cannot be known: a warning, once per process, and FR_OK.
- */
-fr_err_t psstore_conn_check_policy(psstore_conn_t *c)
-{
-    int nodes[PS_NODES_MAX];
-    int n = ps_conn_masters(c, nodes, PS_NODES_MAX);
-    fr_err_t err = FR_OK;
-    for (int i = 0; i < n && err == FR_OK; i++) {
-        ps_conn_pin(c, nodes[i]);
-        err = check_policy_node(c);
-    }
-    ps_conn_pin(c, -1);
-    return err;
-}
-
-void psstore_conn_set_cancel(psstore_conn_t *c, psstore_cancel_fn fn, void *arg)
-{
-    c->cancel = fn;
-    c->cancel_arg = arg;
-}
-
-int psstore_conn_is_cluster(const psstore_conn_t *c)
-{
-    return c->cl != NULL;
 }

@@ -120,6 +120,13 @@ void ps_pipeline_discard(psstore_conn_t *c);
  * socket path (never a password). */
 void ps_endpoint(const psstore_conn_t *c, char *buf, size_t size);
 
+/* A reply of the wrong shape: FR_ERR_REDIS naming the command. */
+fr_err_t ps_unexpected(psstore_conn_t *c, const char *cmd);
+/* Reads the replies of n queued commands and returns the last one (EXEC's)
+ * or NULL with *err; every reply is read even after an error reply, and
+ * the first error is the one reported. */
+redisReply *ps_pipeline_finish(psstore_conn_t *c, size_t n, fr_err_t *err);
+
 /* Fills c->errstr and returns err. */
 fr_err_t ps_fail(psstore_conn_t *c, fr_err_t err, const char *fmt, ...) FR_PRINTF(3, 4);
 

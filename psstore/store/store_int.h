@@ -15,6 +15,8 @@
 /* ------------------------------------------------------------------------
  * Reply helpers (model.c, status.c).
  * ---------------------------------------------------------------------- */
+/* psstore_model_name_check into c->errstr (model.c). */
+fr_err_t ps_check_name(psstore_conn_t *c, const char *name);
 /* Copies a bulk string reply into buf[size] (truncating); "" for any other
  * reply or NULL (model.c). */
 void ps_reply_copy(char *buf, size_t size, const redisReply *r);
@@ -69,6 +71,15 @@ fr_err_t ps_model_keys(psstore_conn_t *c, const char *name, ps_keylist_t *kl);
 /* Unlinks every key under tag (its fixed keys and what SCAN finds),
  * outside any transaction: a shard's, or a sharded model's own keys. */
 fr_err_t ps_unlink_tag(psstore_conn_t *c, const char *tag);
+/* Runs SCAN MATCH pattern COUNT 1000 to the end and passes every key to
+ * add(ctx, key, len); retry as for ps_cmd_argv (0 inside a WATCH). FR_OK
+ * or the first error. ps_keylist_add_key is the add that fills a key
+ * list (ctx). */
+fr_err_t ps_scan(psstore_conn_t *c, int retry, const char *pattern,
+                 fr_err_t (*add)(void *ctx, const char *key, size_t len), void *ctx);
+fr_err_t ps_keylist_add_key(void *ctx, const char *key, size_t len);
+/* Appends a copy of s[0..len) to kl. FR_ERR_NOMEM leaves kl as it was. */
+fr_err_t ps_keylist_add(ps_keylist_t *kl, const char *s, size_t len);
 /* Pipelines UNLINK of every key of kl in batches; adds the commands queued
  * to *queued. */
 fr_err_t ps_queue_unlink(psstore_conn_t *c, const ps_keylist_t *kl, size_t *queued);
