@@ -1,6 +1,6 @@
 /*
- * buf.c - a growable text buffer: the metrics exposition and serve's JSON
- * are both written into one. An allocation failure is kept in the buffer,
+ * buf.c - a growable buffer: the metrics exposition, serve's JSON and the
+ * applier's stream entries are all written into one. An allocation failure is kept in the buffer,
  * so a writer appends without checking and checks once, when it takes the
  * text.
  *
@@ -19,6 +19,14 @@ void fr_buf_fini(fr_buf_t *b)
 {
     free(b->p);
     memset(b, 0, sizeof(*b));
+}
+
+void fr_buf_reset(fr_buf_t *b)
+{
+    b->len = 0;
+    b->failed = 0;
+    if (b->p != NULL)
+        b->p[0] = '\0';
 }
 
 int fr_buf_reserve(fr_buf_t *b, size_t n)

@@ -273,6 +273,8 @@ typedef struct fr_buf {
 
 /* Frees the text; b is empty again. */
 void fr_buf_fini(fr_buf_t *b);
+/* Empties b for reuse, keeping its memory, and forgets a failure. */
+void fr_buf_reset(fr_buf_t *b);
 /* Makes room for n more bytes and the NUL. 0, or -1 with failed set. */
 int fr_buf_reserve(fr_buf_t *b, size_t n);
 void fr_buf_add(fr_buf_t *b, const char *s, size_t len);

@@ -138,7 +138,7 @@ static void txn_fini(txn_t *t)
 /* ---- what a commit writes --------------------------------------------------- */
 
 /* Queues XADD key [MAXLEN ~ keep] * f v ... for every entry in b. */
-static void queue_entries(txn_t *t, const char *key, const buf_t *b, long long keep)
+static void queue_entries(txn_t *t, const char *key, const fr_buf_t *b, long long keep)
 {
     char keep_s[32];
     snprintf(keep_s, sizeof(keep_s), "%lld", keep);
@@ -384,7 +384,7 @@ static int snapshot_due(const psstore_applier_t *a)
 }
 
 /* "key=value\n" for every partition: the offsets of a snapshot. */
-static fr_err_t offsets_text(psstore_applier_t *a, buf_t *out)
+static fr_err_t offsets_text(psstore_applier_t *a, fr_buf_t *out)
 {
     out->len = 0;
     for (size_t i = 0; i < a->nparts; i++) {
@@ -434,9 +434,9 @@ static void queue_snapshot(psstore_applier_t *a, txn_t *t)
         }
     }
     char snap_key[PS_KEY_MAX], epoch[32], version[32], now[32], loss[32], pub[64], id[32];
-    buf_t offs = {0};
+    fr_buf_t offs = {0};
     if (offsets_text(a, &offs) != FR_OK) {
-        free(offs.p);
+        fr_buf_fini(&offs);
         txn_fail(t, ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory"));
         return;
     }
@@ -467,7 +467,7 @@ static void queue_snapshot(psstore_applier_t *a, txn_t *t)
         txn_arg(t, a->avg, a->n * sizeof(float));
     }
     txn_send(t);
-    free(offs.p);
+    fr_buf_fini(&offs);
     txn_cmd(t, "ZADD", a->k_snaps, now, id, NULL);
     size_t excess = snapshots_excess(a);
     for (size_t i = 0; i < excess; i++) {
@@ -585,7 +585,9 @@ static void forget_sent(psstore_applier_t *a, sent_t *s)
     s->snap_id = snapshot_id(a);
     s->nts = a->nts_pending;
     a->weights_dirty = 0;
-    a->versions.len = a->drops.len = a->audit.len = 0;
+    fr_buf_reset(&a->versions);
+    fr_buf_reset(&a->drops);
+    fr_buf_reset(&a->audit);
     for (size_t i = 0; i < a->nparts; i++)
         a->parts[i].dirty = 0;
 }

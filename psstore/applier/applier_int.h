@@ -163,12 +163,6 @@ typedef struct ps_sparse {
 #define PS_SKETCH_BITS  16
 #define PS_SKETCH_WIDTH ((size_t)1 << PS_SKETCH_BITS)
 
-/* A growable byte buffer, kept between commits. */
-typedef struct buf {
-    char *p;
-    size_t len, cap;
-} buf_t;
-
 struct psstore_applier {
     psstore_applier_conf_t conf;
     auto_state_t au;         /* mode auto */
@@ -240,11 +234,11 @@ struct psstore_applier {
     int64_t replay_gen;      /* > 0: publish this replay in meta ... */
     const char *replay_spec; /* ... with this text (the request's) */
     const char *replay_when; /* ... requested at (unix ms text)    */
-    buf_t ids;               /* stream ids, NUL separated */
+    fr_buf_t ids;            /* stream ids, NUL separated */
     size_t nids;
-    buf_t versions; /* versions entries: "field\0value\0..." per entry, \1 between */
-    buf_t drops;    /* drops entries, the same way                   */
-    buf_t audit;
+    fr_buf_t versions; /* versions entries: "field\0value\0..." per entry, \1 between */
+    fr_buf_t drops;    /* drops entries, the same way                   */
+    fr_buf_t audit;
     int weights_dirty;
 
     /* membership and rounds */
@@ -292,10 +286,15 @@ struct psstore_applier {
 
 /* ---- applier.c ---------------------------------------------------------------- */
 
-/* Appends len bytes of p to b; 0, or -1 when out of memory (b unchanged). */
-int ps_buf_add(buf_t *b, const void *p, size_t len);
+/* Appends len bytes of p to b (common/buf.c): 0, or -1 when an allocation
+ * failed, which b keeps (b->failed) until fr_buf_reset. */
+static inline int ps_buf_add(fr_buf_t *b, const void *p, size_t len)
+{
+    fr_buf_add(b, p, len);
+    return b->failed ? -1 : 0;
+}
 /* Appends "field\0value\0" to b (value formatted, truncated to 511 bytes). */
-int ps_buf_kv(buf_t *b, const char *field, const char *fmt, ...) FR_PRINTF(3, 4);
+int ps_buf_kv(fr_buf_t *b, const char *field, const char *fmt, ...) FR_PRINTF(3, 4);
 /* Publishes active, epoch, version and stopped to the stats and metrics. */
 void ps_applier_stats_update(psstore_applier_t *a);
 /* Counts a drop of reason d and, when g is known, records it for the
@@ -322,6 +321,18 @@ void ps_applier_note_ts(psstore_applier_t *a, int64_t ts_min, int64_t ts_max);
 /* Records the versions-stream entry of the update just applied. */
 void ps_applier_version_entry(psstore_applier_t *a, const psstore_grad_t *g,
                               const psstore_decision_t *d);
+
+/* ---- applier_decide.c, applier_loop.c ------------------------------------------ */
+
+/* Decides one decoded gradient and applies it in memory (applier_decide.c)
+ * in the order of docs/design.md "Offsets": epoch, duplicates, then the
+ * controller. */
+fr_err_t ps_applier_decide(psstore_applier_t *a, const psstore_grad_t *g);
+/* Decodes the grads stream entry and decides it (applier_decide.c). */
+fr_err_t ps_applier_take_entry(psstore_applier_t *a, const redisReply *entry);
+/* The step a pusher runs in its own thread (psstore_local_push_help),
+ * with the step lock held; arg is the applier (applier_loop.c). */
+int ps_applier_help_step(void *arg);
 
 /* ---- applier_commit.c ---------------------------------------------------------- */
 
