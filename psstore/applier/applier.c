@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "psstore/applier/applier_int.h"
+#include "psstore/applier/applier_sparse.h"
 
 static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
                                          "malformed", "nonfinite", "staleness",

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psstore/applier/applier_int.h"
+#include "psstore/applier/applier_sparse.h"
 
 /* ---- the transaction builder ------------------------------------------------ */
 

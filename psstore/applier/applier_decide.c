@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "psstore/applier/applier_int.h"
+#include "psstore/applier/applier_sparse.h"
 
 /* ---- offsets ------------------------------------------------------------------ */
 

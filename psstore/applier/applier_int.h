@@ -100,68 +100,8 @@ typedef struct auto_state {
     fr_series_t *m_switch[PSSTORE_NPHASE][PSSTORE_NPHASE];
 } auto_state_t;
 
-#define PS_MARKS            256   /* (time, version) marks: the changes stream's window */
-#define PS_DELTA_MS_DEFAULT 60000 /* [sparse] delta_seconds' default */
-
-/* A sparse model's rows held by its applier (applier_sparse.c). */
-typedef struct ps_sparse {
-    /* freshet run's workers read the table (psstore_applier_rows): the
-     * applier changes it only under the write lock, and reads it without */
-    pthread_rwlock_t rw;
-    int ready; /* the table, bias and version are the lease holder's */
-    pthread_mutex_t dmu;
-    pthread_cond_t dcv;
-    uint64_t dec_ms, dec_seq; /* the newest grads entry decided (dmu) */
-    sparse_spec_t spec;
-    sparse_optim_t optim;
-    size_t rowlen, statelen; /* floats a row, and of its optimizer state */
-    size_t vlen;             /* rowlen + statelen: a slot's value, as stored */
-    uint32_t *keys;          /* [cap] open addressing: row + 1, 0 empty  */
-    uint32_t *slot_of;       /* [cap] its slot                           */
-    size_t cap;              /* a power of two, at least twice nslots    */
-    uint32_t *rows;          /* [capslots] the row of each slot          */
-    float *vals;             /* [capslots][vlen]: parameters, then state  */
-    uint8_t *dirty;          /* [capslots] changed since the last commit */
-    uint32_t *dirty_list;    /* those slots                              */
-    size_t ndirty, nslots, capslots;
-    uint32_t *miss; /* scratch: the rows of a gradient the table lacks ...  */
-    size_t nmiss, capmiss;
-    float *loaded; /* ... their values in the store, [nmiss][vlen] ...     */
-    size_t caploaded;
-    uint8_t *got; /* ... and whether the store has them                   */
-    size_t capgot;
-    unsigned char *fields; /* scratch: their hash fields */
-    size_t capfields;
-    float *grad; /* scratch: one row's gradient, aligned */
-    size_t capgrad;
-    /* admission (conf min_count > 1): a count-min sketch of the gradients
-     * that named each row the store lacks; NULL when every row is admitted */
-    uint8_t *sketch; /* [PS_SKETCH_ROWS][PS_SKETCH_WIDTH], saturating */
-    int min_count;
-    /* eviction: a sweep of the rows hash (HSCAN) deletes rows not stepped
-     * for ttl_ms; the changes stream: one entry a commit, its rows and
-     * tombstones, kept delta_ms */
-    int64_t ttl_ms, delta_ms;
-    int64_t *touched;  /* [capslots] monotonic ms of its last step */
-    int64_t load_ms;   /* rows not held were not stepped since        */
-    char cursor[32];   /* the sweep's HSCAN cursor                    */
-    int sweeping;      /* a sweep is under way                         */
-    uint64_t sweep_ns; /* its last step, or the end of the last sweep */
-    uint32_t *evict;   /* rows evicted since the last commit          */
-    size_t nevict, capevict;
-    unsigned char *blob; /* commit scratch: an entry's rows, then its tombstones */
-    size_t capblob;
-    int64_t entry_version;                       /* the changes stream's newest entry's id       */
-    int64_t floor;                               /* meta's delta_floor                           */
-    int64_t floor_next;                          /* ... once the commit that writes it succeeds  */
-    int reset_changes;                           /* the stream is ahead of the version: delete it */
-    int entry_queued;                            /* the commit under way adds an entry            */
-    int64_t mark_ms[PS_MARKS], mark_v[PS_MARKS]; /* (time, version) of commits */
-    size_t nmarks;
-} ps_sparse_t;
-#define PS_SKETCH_ROWS  4
-#define PS_SKETCH_BITS  16
-#define PS_SKETCH_WIDTH ((size_t)1 << PS_SKETCH_BITS)
+/* A sparse model's rows held by its applier (applier_sparse.h). */
+typedef struct ps_sparse ps_sparse_t;
 
 struct psstore_applier {
     psstore_applier_conf_t conf;
@@ -429,38 +369,5 @@ void ps_applier_stop_write(psstore_applier_t *a);
 /* Records one gradient in the divergence guard's window (bad: non-finite);
  * stops the model when too many of the window were. */
 void ps_applier_guard_record(psstore_applier_t *a, int bad);
-
-/* ---- applier_sparse.c ---------------------------------------------------- */
-ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf);
-void ps_sparse_free(ps_sparse_t *sp);
-/* Forgets every row held (a fresh load, a lost lease). */
-void ps_sparse_clear(ps_sparse_t *sp);
-/* Whether g is a packed sparse gradient of this model: 1, with its m rows;
- * 0 malformed (size, a row beyond the table); -1 well formed but not
- * finite. */
-int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t *m);
-/* Steps the m rows of g (reading those not held yet) and the bias. */
-fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m);
-/* The dirty rows were committed. */
-void ps_sparse_committed(ps_sparse_t *sp);
-/* The table becomes readable by the process's workers (the state is
- * loaded and the lease held), or stops being (before the state goes). */
-void ps_sparse_ready(ps_sparse_t *sp, int ready);
-/* The grads entry id was decided (applied or dropped). */
-void ps_sparse_decided(ps_sparse_t *sp, const char *id);
-/* After taking the lease: the changes stream's newest entry and meta's
- * delta_floor; the eviction clock starts. */
-fr_err_t ps_sparse_load(psstore_applier_t *a);
-/* One step of the eviction sweep when one is due (after a commit, nothing
- * dirty): rows not stepped for ttl leave the table, for the next commit to
- * delete. */
-fr_err_t ps_sparse_sweep(psstore_applier_t *a);
-/* Whether the table holds row (applier_commit.c: an evicted row a gradient
- * brought back is not deleted). */
-int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row);
-/* The newest version committed at least age_ms ago by the marks, or -1. */
-int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms);
-/* After a commit succeeded: the stream's state and the time marks. */
-void ps_sparse_commit_done(psstore_applier_t *a);
 
 #endif

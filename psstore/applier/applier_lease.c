@@ -15,7 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "psstore/applier/applier_int.h"
+#include "psstore/applier/applier_sparse.h"
 
 /*
  * This process's machine and pid namespace, "<boot id, 32 hex>.<pid

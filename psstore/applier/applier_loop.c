@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "psstore/applier/applier_int.h"
+#include "psstore/applier/applier_sparse.h"
 
 #define READ_COUNT        64         /* entries per XREADGROUP, at most ...       */
 #define READ_BYTES        (16 << 20) /* ... and about this many payload bytes   */

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "psstore/applier/applier_int.h"
+#include "psstore/applier/applier_sparse.h"
 
 #define FIRST_CAP ((size_t)1 << 12) /* table slots at first; doubled at half full */
 
