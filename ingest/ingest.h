@@ -117,7 +117,7 @@ fr_err_t ingest_dataset_load(ingest_dataset_t *ds, const ingest_schema_t *schema
 void ingest_dataset_fini(ingest_dataset_t *ds);
 
 /* ------------------------------------------------------------------------
- * Record files (reader.c), read one record at a time: lines (text
+ * Record files (file.c), read one record at a time: lines (text
  * layouts), or records each after its length as 4 bytes little-endian
  * (binary layouts). "-" is standard input; a name ending ".gz" is read
  * through zlib. One thread.
