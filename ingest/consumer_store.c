@@ -507,6 +507,29 @@ static void tick_send(ingest_consumer_t *c, tick_t *tk)
 }
 
 /*
+ * librdkafka's offset commit callback. Runs on the poll thread, inside
+ * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
+ */
+void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                               rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    (void)rk;
+    ingest_consumer_t *c = opaque;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET)
+        return;
+    /* a commit that meets a rebalance is expected; the next owner commits */
+    int expected = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS ||
+                   err == RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION ||
+                   err == RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
+    fr_log(expected ? FR_LOG_INFO : FR_LOG_WARN, "ingest: kafka commit failed: %s (retrying)",
+           rd_kafka_err2str(err));
+    for (int i = 0; offsets != NULL && i < offsets->cnt; i++)
+        for (int j = 0; j < c->nowned; j++)
+            if (c->owned[j].partition == offsets->elems[i].partition)
+                c->owned[j].committed = -1;
+}
+
+/*
  * Every COMMIT_EVERY_MS: reads each assigned partition's offsets from the
  * store, commits watermarks that advanced to Kafka (async), updates the lag
  * gauges, applies the gap rule and carries replays forward (see the top of
