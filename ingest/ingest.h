@@ -33,7 +33,17 @@ extern "C" {
  * target) to the position after its last record, minus the intervals
  * skipped by rule 2. Offset holes and rejected records are covered by the
  * batch that follows them; a batch with no samples (n = 0) carries
- * positions only. Pure: no Kafka, no Redis. One thread.
+ * positions only. Pure: no Kafka, no Redis.
+ *
+ * Arguments: topic of 1..INGEST_TOPIC_MAX characters, offsets and
+ * positions in [0, INT64_MAX), full and flushed non-NULL, why may be NULL;
+ * FR_ERR_INVAL otherwise. A record of a partition never seeked (or revoked
+ * since) is FR_ERR_STATE. Errors change nothing: FR_ERR_NOMEM from add
+ * means the record was not taken (it may be added again), from seek or
+ * revoke that the open batch could not be flushed.
+ *
+ * Threads: a batcher belongs to one thread; the batches it returns may be
+ * handed to, and destroyed by, any thread.
  * ---------------------------------------------------------------------- */
 #define INGEST_TOPIC_MAX PSSTORE_TOPIC_MAX /* Kafka's longest topic name: 249 */
 
@@ -54,21 +64,24 @@ typedef struct ingest_batch {
     int64_t *offset;
     ingest_range_t *ranges;
     size_t nranges;
-    int64_t min_ts_ms, max_ts_ms; /* Kafka timestamps of its samples (n > 0)   */
-    int64_t generation;           /* replay generation of its partitions                 */
+    int64_t min_ts_ms, max_ts_ms; /* Kafka timestamps of its samples as given (-1
+                                     included); 0 and 0 when n = 0, as x = y = NULL */
+    int64_t generation;           /* the largest replay generation of its partitions */
     uint64_t seq;                 /* the consumer's number for it (ingest_consumer_done) */
     char reason[32];              /* n = 0: why ("decode", "retention", "skipped"); else "" */
 } ingest_batch_t;
 
-/* Releases a batch from the batcher (x, y and ranges are separate
- * allocations). NULL is a no-op. */
+/* Releases a batch: frees x, y, partition, offset, ranges and the batch
+ * with free(), so a batch built elsewhere mallocs each on its own. NULL is
+ * a no-op. */
 void ingest_batch_destroy(ingest_batch_t *batch);
 
 typedef struct ingest_batcher ingest_batcher_t;
 
 /* A batcher of batch samples per batch, decoding with schema and format
  * (csv, libsvm or f32). NULL with errstr on bad arguments or out of
- * memory. Caller frees with ingest_batcher_destroy(). */
+ * memory. Caller frees with ingest_batcher_destroy(), which discards the
+ * open batch: flush it first. */
 ingest_batcher_t *ingest_batcher_new(const ingest_schema_t *schema, ingest_format_t format,
                                      int batch, char *errstr, size_t size);
 void ingest_batcher_destroy(ingest_batcher_t *bt);
@@ -91,7 +104,8 @@ fr_err_t ingest_batcher_alone(ingest_batcher_t *bt, const char *topic, int32_t p
                               int64_t to);
 
 /* The partition is gone (revoked): its part of the open batch is flushed
- * through *flushed (NULL when there was none) and its state forgotten. */
+ * through *flushed (NULL when there was none) and its state forgotten. An
+ * unknown partition is FR_OK with *flushed NULL. */
 fr_err_t ingest_batcher_revoke(ingest_batcher_t *bt, const char *topic, int32_t partition,
                                ingest_batch_t **flushed);
 
@@ -143,16 +157,17 @@ fr_err_t ingest_batcher_quarantine(ingest_batcher_t *bt, const char *topic, int3
 #define INGEST_AUX_HEADER "freshet-p"
 
 /* Flushes the open batch (linger_ms passed, a replay, shutdown); NULL when
- * it covers nothing. A batch of rejected records only is an n = 0 batch
- * with reason "decode". */
+ * it covers nothing, or out of memory (logged; the batch stays open). A
+ * batch of rejected records only is an n = 0 batch with reason "decode". */
 ingest_batch_t *ingest_batcher_flush(ingest_batcher_t *bt);
 
 /* Covers [next, to) of a partition with an n = 0 batch of reason (e.g.
  * "retention" when the log start moved past the watermark, or "start" for a
  * partition first seen at a position above 0) and moves its next position
- * to `to`. NULL, changing nothing, when the open batch holds the partition,
- * the partition is unknown or to <= next; NULL with next moved when the
- * whole interval was skipped. */
+ * to `to` (reason truncated to 31 characters). NULL, changing nothing, when
+ * the open batch holds the partition (flush or seek first), the partition
+ * is unknown, to <= next, reason is NULL or "", or out of memory (logged);
+ * NULL with next moved when the whole interval was skipped. */
 ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, int32_t partition,
                                      int64_t to, const char *reason);
 
