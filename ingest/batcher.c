@@ -161,14 +161,8 @@ static part_t *part_find(const ingest_batcher_t *bt, const char *topic, int32_t 
  */
 static fr_err_t part_reserve(ingest_batcher_t *bt)
 {
-    if (bt->nparts + 1 > bt->capopen) {
-        size_t cap = bt->capopen * 2;
-        part_t **open = realloc(bt->open, cap * sizeof(*open));
-        if (open == NULL)
-            return FR_ERR_NOMEM;
-        bt->open = open;
-        bt->capopen = cap;
-    }
+    if (FR_GROW(bt->open, bt->capopen, bt->nparts + 1) != FR_OK)
+        return FR_ERR_NOMEM;
     if (bt->nparts + 1 > bt->nbuckets) {
         size_t nb = bt->nbuckets * 2;
         part_t **buckets = calloc(nb, sizeof(*buckets));

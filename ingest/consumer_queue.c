@@ -64,14 +64,8 @@ static size_t queue_len(ingest_consumer_t *c)
 static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
 {
     assert(c->nlent <= c->caplent);
-    if (c->nlent == c->caplent) {
-        size_t cap = c->caplent ? 2 * c->caplent : 16;
-        lent_t *grown = realloc(c->lent, cap * sizeof(*grown));
-        if (grown == NULL)
-            return;
-        c->lent = grown;
-        c->caplent = cap;
-    }
+    if (FR_GROW(c->lent, c->caplent, c->nlent + 1) != FR_OK)
+        return;
     lent_t *l = &c->lent[c->nlent];
     /* a deep copy: the trainer destroys the batch, topics included */
     l->ranges = psstore_ranges_dup(batch->ranges, batch->nranges);

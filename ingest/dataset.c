@@ -15,49 +15,48 @@
 
 #include "ingest/ingest_int.h"
 
-/* Rows allocated at first for csv and libsvm; doubled as needed. */
-#define FIRST_ROWS ((size_t)1024)
-
 /* ------------------------------------------------------------------------
  * Dataset bookkeeping.
  * ---------------------------------------------------------------------- */
 
 /*
- * Makes room for at least rows samples, doubling from *cap (or setting it
- * exactly when exact is non-zero). On failure ds keeps its old arrays, so
- * ingest_dataset_fini() still frees everything.
+ * Makes room for at least rows samples: exactly rows when exact is
+ * non-zero (a count known from the file's size or header), else x's rows
+ * and y grow in step with fr_grow from the same capacity *cap. On failure
+ * ds keeps arrays it owns, so ingest_dataset_fini() still frees everything.
  */
 fr_err_t ingest_dataset_reserve(ingest_dataset_t *ds, size_t *cap, size_t rows, int exact,
                                 char *errstr, size_t size)
 {
-    size_t d = (size_t)ds->features, ncap = *cap;
+    size_t d = (size_t)ds->features;
 
     if (rows <= *cap)
         return FR_OK;
-    if (exact) {
-        ncap = rows;
-    } else {
-        if (ncap < FIRST_ROWS)
-            ncap = FIRST_ROWS;
-        while (ncap < rows && ncap <= SIZE_MAX / 2)
-            ncap *= 2;
-    }
-    if (ncap < rows || ncap > SIZE_MAX / sizeof(float) / d)
+    if (rows > SIZE_MAX / sizeof(float) / d)
         return fr_errorf(FR_ERR_NOMEM, errstr, size, "too many samples (%zu of %zu features)", rows,
                          d);
-    float *nx = realloc(ds->x, ncap * d * sizeof(float));
+    if (!exact) {
+        size_t xcap = *cap, ycap = *cap;
+        if (fr_grow((void **)&ds->x, &xcap, rows, d * sizeof(float)) != FR_OK ||
+            FR_GROW(ds->y, ycap, rows) != FR_OK)
+            goto nomem;
+        FR_ASSERT(xcap == ycap); /* the same doubling from the same capacity */
+        *cap = xcap;
+        return FR_OK;
+    }
+    float *nx = realloc(ds->x, rows * d * sizeof(float));
     if (nx == NULL)
         goto nomem;
     ds->x = nx;
-    float *ny = realloc(ds->y, ncap * sizeof(float));
+    float *ny = realloc(ds->y, rows * sizeof(float));
     if (ny == NULL)
         goto nomem;
     ds->y = ny;
-    *cap = ncap;
+    *cap = rows;
     return FR_OK;
 nomem:
     return fr_errorf(FR_ERR_NOMEM, errstr, size, "out of memory for %zu samples of %zu features",
-                     ncap, d);
+                     rows, d);
 }
 
 /* Gives back the rows allocated beyond n (realloc may move them; a failed
@@ -220,15 +219,9 @@ static fr_err_t load_text(text_state_t *st, ingest_source_t *src, char *errstr, 
             ingest_dataset_reject(st->ds, INGEST_REJECT_OVERSIZE, st->line);
             skipping = 1;
             have = 0;
-        } else if (have == cap) {
-            char *nbuf = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-            if (nbuf == NULL) {
-                rc = fr_errorf(FR_ERR_NOMEM, errstr, size, "out of memory for a line of %s",
-                               src->path);
-                goto out;
-            }
-            buf = nbuf;
-            cap *= 2;
+        } else if (have == cap && FR_GROW(buf, cap, cap + 1) != FR_OK) {
+            rc = fr_errorf(FR_ERR_NOMEM, errstr, size, "out of memory for a line of %s", src->path);
+            goto out;
         }
     }
 out:
