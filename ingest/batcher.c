@@ -347,6 +347,7 @@ static int ranges_ordered(const ingest_batch_t *batch)
  */
 static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
 {
+    FR_ASSERT(bt->nopen > 0 && bt->nopen <= bt->nparts);
     size_t nranges = 0;
     for (size_t i = 0; i < bt->nopen; i++)
         nranges += cover_ranges(bt->open[i], bt->open[i]->next, bt->open[i]->end, NULL, NULL);
@@ -379,6 +380,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
     batch->generation = bt->open[0]->gen;
     for (size_t i = 0; i < bt->nopen; i++) {
         part_t *p = bt->open[i];
+        FR_ASSERT(p->held && p->next <= p->end);
         batch->nranges += cover_ranges(p, p->next, p->end, batch->ranges + batch->nranges,
                                        batch_topics(batch, nranges) + batch->nranges);
         if (p->gen > batch->generation)
@@ -386,6 +388,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
         p->next = p->end;
         p->held = 0;
     }
+    FR_ASSERT(batch->nranges == nranges); /* both passes agree: no write past ranges */
     bt->nopen = 0;
     bt->n = 0;
     bt->alone = NULL;
@@ -672,6 +675,7 @@ static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t part
     if (below_alone(p))
         bt->alone = p;
 
+    FR_ASSERT(bt->n < bt->cap); /* a full batch went out above: the row is free */
     ingest_reject_t r;
     if (quarantined) {
         r = INGEST_REJECT_QUARANTINED;
@@ -690,6 +694,7 @@ static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t part
     int was_held = p->held;
     p->end = offset + 1;
     if (!p->held) {
+        FR_ASSERT(bt->nopen < bt->capopen); /* part_reserve keeps capopen >= nparts */
         p->held = 1;
         bt->open[bt->nopen++] = p;
     }
@@ -719,8 +724,9 @@ static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t part
     p->end = old_end;
     bt->alone = old_alone;
     if (!was_held) {
+        FR_ASSERT(bt->nopen > 0 && bt->open[bt->nopen - 1] == p); /* p was listed last */
         p->held = 0;
-        bt->nopen--; /* p was listed last */
+        bt->nopen--;
     }
     if (why != NULL)
         *why = INGEST_OK;

@@ -24,7 +24,6 @@
  * Threads: everything here runs on the poll thread, which owns the store
  * connection (c->ps) and the assignment's bookkeeping (c->owned).
  */
-#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,7 +382,7 @@ static void tick_replay(ingest_consumer_t *c, owned_t *o, int64_t w, int64_t gen
         return;
     o->replay_seen = c->replay_gen;
     if (target >= 0) {
-        assert(tk->ntargets < tk->cap);
+        FR_ASSERT(tk->ntargets < tk->cap);
         tk->targets[tk->ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
     }
 }
@@ -397,7 +396,7 @@ static void tick_logend(ingest_consumer_t *c, const owned_t *o, int64_t w, tick_
             RD_KAFKA_RESP_ERR_NO_ERROR ||
         hi < 0)
         return;
-    assert(tk->nends < tk->cap);
+    FR_ASSERT(tk->nends < tk->cap);
     tk->ends[tk->nends++] = (psstore_logend_t){c->topic, o->partition, hi, w};
     tk->lag += hi > w ? hi - w : 0;
     if (o->lag != NULL)
