@@ -36,9 +36,9 @@
 #include "ingest/ingest_int.h"
 #include "psstore/psstore.h"
 
-#define DLQ_FLUSH_MS    5000       /* dead letters still queued at destroy    */
-#define GAP_TIMEOUT_MS  10000      /* [psstore] gap_timeout's default          */
-#define FETCH_MAX_BYTES "2097152"  /* 2 MiB, see consumer_conf            */
+#define DLQ_FLUSH_MS    5000      /* dead letters still queued at destroy    */
+#define GAP_TIMEOUT_MS  10000     /* [psstore] gap_timeout's default          */
+#define FETCH_MAX_BYTES "2097152" /* 2 MiB, see consumer_conf            */
 
 /*
  * librdkafka's log callback. Runs on librdkafka's internal threads: it only

@@ -185,7 +185,7 @@ static void on_revoke(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *par
  * rd_kafka_consumer_poll or rd_kafka_consumer_close.
  */
 void ingest_consumer_rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+                                  rd_kafka_topic_partition_list_t *parts, void *opaque)
 {
     ingest_consumer_t *c = opaque;
     c->rebalances++;
@@ -208,7 +208,8 @@ void ingest_consumer_rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
  * where seeks fail with "Erroneous state", librdkafka issue #2961): the
  * partition leaves the assignment and comes back at offset. Poll thread.
  */
-void ingest_consumer_refetch(ingest_consumer_t *c, const char *topic, int32_t partition, int64_t offset)
+void ingest_consumer_refetch(ingest_consumer_t *c, const char *topic, int32_t partition,
+                             int64_t offset)
 {
     rd_kafka_error_t *error = NULL;
     rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
@@ -296,4 +297,3 @@ int ingest_consumer_assign_whole_topic(ingest_consumer_t *c, int timeout_ms)
     c->whole_parts = n;
     return 0;
 }
-

@@ -32,7 +32,8 @@
 #define HOLD_MAX_MS        60000 /* ingest_consumer_hold_for_test's longest wait */
 #define DECODE_THREADS_MAX 16    /* decode helpers a consumer may start   */
 #define QUERY_TIMEOUT_MS   5000  /* a ListOffsets question or a seek       */
-#define RDK_2_1            0x020100ff /* rd_kafka_version() of librdkafka 2.1.0 */
+
+#define RDK_2_1 0x020100ff /* rd_kafka_version() of librdkafka 2.1.0 */
 
 typedef struct qnode {
     struct qnode *next;

@@ -268,7 +268,8 @@ void *ingest_consumer_poll_main(void *arg)
         fr_log(FR_LOG_WARN, "ingest: %s (retrying at assignment)", errstr);
     else
         psstore_conn_set_cancel(c->ps, ingest_consumer_stopping, c);
-    while (c->whole_topic && !atomic_load(&c->stop) && ingest_consumer_assign_whole_topic(c, 1000) != 0) {
+    while (c->whole_topic && !atomic_load(&c->stop) &&
+           ingest_consumer_assign_whole_topic(c, 1000) != 0) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS); /* errors, logs */
         if (m != NULL)
             rd_kafka_message_destroy(m);
@@ -325,4 +326,3 @@ void *ingest_consumer_poll_main(void *arg)
     pthread_mutex_unlock(&c->qlock);
     return NULL;
 }
-

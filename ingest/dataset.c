@@ -364,7 +364,9 @@ fr_err_t ingest_dataset_load(ingest_dataset_t *ds, const ingest_schema_t *schema
         break;
     }
     case INGEST_FORMAT_F32: rc = load_f32(ds, schema, &src, errstr, size); break;
-    case INGEST_FORMAT_IDX: rc = ingest_idx_load(ds, schema, &src, labels_path, errstr, size); break;
+    case INGEST_FORMAT_IDX:
+        rc = ingest_idx_load(ds, schema, &src, labels_path, errstr, size);
+        break;
     }
     ingest_source_close(&src);
     return rc;

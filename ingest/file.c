@@ -96,7 +96,8 @@ static fr_err_t file_fill(ingest_file_t *f, size_t want, char *errstr, size_t si
             f->start = 0;
         }
         size_t got = 0;
-        fr_err_t err = ingest_source_read(&f->src, f->buf + f->end, f->cap - f->end, &got, errstr, size);
+        fr_err_t err =
+            ingest_source_read(&f->src, f->buf + f->end, f->cap - f->end, &got, errstr, size);
         if (err != FR_OK)
             return err;
         f->end += got;

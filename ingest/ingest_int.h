@@ -38,10 +38,10 @@ size_t ingest_text_limit(const ingest_schema_t *schema);
  * ---------------------------------------------------------------------- */
 typedef struct ingest_source {
     const char *path;
-    long long disk;       /* bytes on disk of a regular file, -1 when unknown */
-    int compressed;       /* read through zlib */
-    FILE *fp;             /* a plain file, or NULL */
-    struct gzFile_s *gz;  /* a gzip stream, or NULL */
+    long long disk;      /* bytes on disk of a regular file, -1 when unknown */
+    int compressed;      /* read through zlib */
+    FILE *fp;            /* a plain file, or NULL */
+    struct gzFile_s *gz; /* a gzip stream, or NULL */
 } ingest_source_t;
 
 /* Opens path for reading, through zlib when its name ends ".gz". FR_ERR_IO
@@ -54,8 +54,8 @@ void ingest_source_close(ingest_source_t *src);
 /* Reads up to want bytes into buf; *got < want only at the end of the
  * data. FR_ERR_IO when the system fails a read, FR_ERR_PARSE when a gzip
  * stream is corrupt or cut short, with errstr naming the file. */
-fr_err_t ingest_source_read(ingest_source_t *src, void *buf, size_t want, size_t *got,
-                            char *errstr, size_t size);
+fr_err_t ingest_source_read(ingest_source_t *src, void *buf, size_t want, size_t *got, char *errstr,
+                            size_t size);
 
 /* ------------------------------------------------------------------------
  * Data set bookkeeping (dataset.c), for the loaders of each format.
