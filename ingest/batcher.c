@@ -1,64 +1,19 @@
 /*
  * batcher.c - records of any number of partitions in, batches of at most B
- * samples out, each carrying the position intervals it covers (docs/design.md
- * "Offsets", "Positions, not records").
+ * samples out, each carrying the position intervals it covers (the
+ * contract: ingest.h "Batching"; docs/design.md "Offsets", "Positions, not
+ * records").
  *
- * Per partition the batcher keeps `next` (the position after the
- * partition's previous batch coverage, or the seek target), `end` (the
- * position after the last record taken into the open batch; end == next
- * while the open batch holds nothing of the partition), the skip list of
- * rule 2 and the replay generation. The open batch covers, per partition,
- * [next, end) minus the skip intervals; its ranges are computed only when
- * it is finalized, so taking a record costs one hash lookup, one binary
- * search of the skip list and one decode into preallocated buffers. A
- * finalized batch takes the open x and y as they are (capacity B rows,
- * only n of them written), and the open batch continues in new ones: the
- * decode is the only copy of a sample. The new buffers are fresh
- * allocations; in freshet's processes (fr_mem_keep) the heap hands back the
- * pages of batches the trainers freed, so they are warm.
+ * Per partition a hash table entry keeps next, end, the skip list, the
+ * quarantine and the generation; the open batch's ranges are computed only
+ * when it is finalized, so taking a record costs one hash lookup, one
+ * binary search of the skip list and one decode into the open buffers. A
+ * finalized batch takes those buffers as they are (B rows, n written) and
+ * the open batch goes on in fresh ones: the decode is a sample's only copy.
+ * In freshet's processes (fr_mem_keep) the heap hands those fresh buffers
+ * the pages of batches the trainers freed, so they are warm.
  *
- * Contract decisions where ingest.h is silent or loose:
- *
- * - "Records below the partition's next position are ignored" is read as
- *   below `end`: a record redelivered while an earlier copy still sits in
- *   the open batch (offset >= next but < end) is ignored too, or it would
- *   become a second sample.
- * - A batch's generation is the largest generation of its partitions. One
- *   consumer's partitions share a generation in practice; a seek that
- *   changes the generation of a held partition flushes the open batch
- *   first, so a batch never mixes a partition's old and new generations.
- * - min_ts_ms/max_ts_ms are over the samples' timestamps as given (Kafka's
- *   -1 for "none" included); 0 and 0 for an n = 0 batch. An n = 0 batch has
- *   x = y = NULL.
- * - ingest_batcher_cover returns NULL, changing nothing, when the open
- *   batch holds the partition (it cannot return that batch as well: flush
- *   or seek first), when the partition is unknown, when to <= next, when
- *   reason is NULL or empty, and when out of memory (logged at WARN, as the
- *   caller cannot tell). When [next, to) lies wholly inside skip intervals
- *   it moves next to `to` and returns NULL (there is nothing to cover). The
- *   reason is truncated to 31 characters.
- * - ingest_batcher_revoke of an unknown partition is FR_OK with *flushed =
- *   NULL.
- * - Errors change nothing: FR_ERR_NOMEM from add means the record was not
- *   taken (the same record may be added again); from seek or revoke, that
- *   the open batch could not be flushed and the partition is as it was.
- *   ingest_batcher_flush returns NULL when out of memory (logged) and keeps
- *   the open batch.
- * - Arguments: topic non-NULL of 1..INGEST_TOPIC_MAX characters, offsets
- *   and positions in [0, INT64_MAX), `full` and `flushed` non-NULL, `why`
- *   may be NULL; FR_ERR_INVAL otherwise. A record of a partition never
- *   seeked (or revoked since) is FR_ERR_STATE.
- * - ingest_batcher_destroy discards an open batch: flush it first.
- * - ingest_batch_destroy frees x, y, ranges and the batch with free(), so
- *   a batch built elsewhere must malloc each of them separately.
- *
- * Recommended header changes: cover should return fr_err_t and the batch
- * through an out parameter (so that "nothing to cover", "held" and "out of
- * memory" differ), and the header should say that `next` means the
- * position after the last record taken.
- *
- * Threads: one batcher belongs to one thread; the batches it returns may
- * be handed to and destroyed by any thread.
+ * Threads: one batcher belongs to one thread.
  */
 #include <assert.h>
 #include <stdint.h>
@@ -206,14 +161,8 @@ static part_t *part_find(const ingest_batcher_t *bt, const char *topic, int32_t 
  */
 static fr_err_t part_reserve(ingest_batcher_t *bt)
 {
-    if (bt->nparts + 1 > bt->capopen) {
-        size_t cap = bt->capopen * 2;
-        part_t **open = realloc(bt->open, cap * sizeof(*open));
-        if (open == NULL)
-            return FR_ERR_NOMEM;
-        bt->open = open;
-        bt->capopen = cap;
-    }
+    if (FR_GROW(bt->open, bt->capopen, bt->nparts + 1) != FR_OK)
+        return FR_ERR_NOMEM;
     if (bt->nparts + 1 > bt->nbuckets) {
         size_t nb = bt->nbuckets * 2;
         part_t **buckets = calloc(nb, sizeof(*buckets));
@@ -398,6 +347,7 @@ static int ranges_ordered(const ingest_batch_t *batch)
  */
 static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
 {
+    FR_ASSERT(bt->nopen > 0 && bt->nopen <= bt->nparts);
     size_t nranges = 0;
     for (size_t i = 0; i < bt->nopen; i++)
         nranges += cover_ranges(bt->open[i], bt->open[i]->next, bt->open[i]->end, NULL, NULL);
@@ -430,6 +380,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
     batch->generation = bt->open[0]->gen;
     for (size_t i = 0; i < bt->nopen; i++) {
         part_t *p = bt->open[i];
+        FR_ASSERT(p->held && p->next <= p->end);
         batch->nranges += cover_ranges(p, p->next, p->end, batch->ranges + batch->nranges,
                                        batch_topics(batch, nranges) + batch->nranges);
         if (p->gen > batch->generation)
@@ -437,6 +388,7 @@ static ingest_batch_t *open_finalize(ingest_batcher_t *bt)
         p->next = p->end;
         p->held = 0;
     }
+    FR_ASSERT(batch->nranges == nranges); /* both passes agree: no write past ranges */
     bt->nopen = 0;
     bt->n = 0;
     bt->alone = NULL;
@@ -723,6 +675,7 @@ static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t part
     if (below_alone(p))
         bt->alone = p;
 
+    FR_ASSERT(bt->n < bt->cap); /* a full batch went out above: the row is free */
     ingest_reject_t r;
     if (quarantined) {
         r = INGEST_REJECT_QUARANTINED;
@@ -741,6 +694,7 @@ static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t part
     int was_held = p->held;
     p->end = offset + 1;
     if (!p->held) {
+        FR_ASSERT(bt->nopen < bt->capopen); /* part_reserve keeps capopen >= nparts */
         p->held = 1;
         bt->open[bt->nopen++] = p;
     }
@@ -770,8 +724,9 @@ static fr_err_t add_record(ingest_batcher_t *bt, const char *topic, int32_t part
     p->end = old_end;
     bt->alone = old_alone;
     if (!was_held) {
+        FR_ASSERT(bt->nopen > 0 && bt->open[bt->nopen - 1] == p); /* p was listed last */
         p->held = 0;
-        bt->nopen--; /* p was listed last */
+        bt->nopen--;
     }
     if (why != NULL)
         *why = INGEST_OK;
@@ -790,7 +745,7 @@ ingest_batch_t *ingest_batcher_flush(ingest_batcher_t *bt)
 
 /*
  * An n = 0 batch covering [next, to) of one partition minus its skips;
- * see the block comment at the top for when it returns NULL instead.
+ * ingest.h says when it returns NULL instead.
  */
 ingest_batch_t *ingest_batcher_cover(ingest_batcher_t *bt, const char *topic, int32_t partition,
                                      int64_t to, const char *reason)

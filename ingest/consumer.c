@@ -4,46 +4,31 @@
  * assigned partition at the store's watermark (docs/design.md "Data flow",
  * "Offsets").
  *
- * This file holds the consumer's configuration and life cycle, the poll
- * thread, the rebalance callbacks and what happens to each message. Its
- * queue, lent list and backpressure are in consumer_queue.c; where a
- * partition starts, the once-a-second store tick (commits, lag, the gap
- * rule, replays) in consumer_store.c; the struct they share in
- * consumer_int.h.
+ * This file holds the consumer's configuration and life cycle: the
+ * librdkafka settings, the metrics, new, start, stop, destroy and the
+ * counters. The rest lives beside it, each file one concern, sharing the
+ * struct of consumer_int.h: the poll thread and what happens to each
+ * message (consumer_poll.c), the rebalance callbacks and the assignment
+ * (consumer_assign.c), decoding ahead (consumer_decode.c), the queue, lent
+ * list and backpressure (consumer_queue.c), where a partition starts and
+ * the once-a-second store tick: commits, lag, the gap rule, replays
+ * (consumer_store.c).
  *
- * One poll thread per consumer does everything that touches librdkafka's
- * consumer handle: rd_kafka_consumer_poll, the rebalance callback (which
- * librdkafka runs inside rd_kafka_consumer_poll and rd_kafka_consumer_close
- * on this thread), the batcher, dead letters, pause/resume, and the Kafka
- * commits of the store's watermark. It owns its own store connection. The
- * owner's threads only take batches from the queue (mutex + condvar) and
- * read the atomic counters.
- *
- * Backpressure: when the queue holds `queue` batches the poll thread waits
- * up to PAUSE_AFTER_MS for room, then pauses the assignment; messages
- * librdkafka had already fetched may still arrive while paused and are
- * queued beyond the capacity rather than dropped (a paused consumer keeps
- * polling, so the group keeps it). The partitions resume once the queue
- * drains below half its capacity.
- *
- * Fetch wakeups: with librdkafka below 2.1 the poll thread wakes the
- * fetcher that librdkafka's own prefetch limit stopped (see "Fetch
- * wakeups" below).
- *
- * Decoding ahead: on a backlog the poll thread takes several records at
- * once and decodes them with helper threads before it hands them to the
- * batcher in order (consumer_decode.c; the rebalance callback drains such
- * a window first).
+ * Threads: one poll thread per consumer does everything that touches
+ * librdkafka's consumer handle: rd_kafka_consumer_poll, the rebalance
+ * callback (which librdkafka runs inside rd_kafka_consumer_poll and
+ * rd_kafka_consumer_close on this thread), the batcher, dead letters,
+ * pause/resume, and the Kafka commits of the store's watermark. It owns
+ * its own store connection. The owner's threads only take batches from the
+ * queue (mutex + condvar) and read the atomic counters; new, start, stop
+ * and destroy are the owner's.
  */
-#include <inttypes.h>
 #include <librdkafka/rdkafka.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/common.h"
 #include "ingest/consumer_int.h"
@@ -51,15 +36,9 @@
 #include "ingest/ingest_int.h"
 #include "psstore/psstore.h"
 
-#define POLL_MS         100   /* one poll waits at most this long       */
-#define COMMIT_EVERY_MS 1000  /* the store's watermarks go to Kafka     */
-#define WHOLE_CHECK_MS  10000 /* whole topic: look for new partitions   */
-#define DLQ_FLUSH_MS    5000  /* dead letters still queued at destroy    */
-#define DLQ_HEADER      "freshet.reason"
-#define GAP_TIMEOUT_MS  10000      /* [psstore] gap_timeout's default          */
-#define WAKE_TIMEOUT_MS 1000       /* a fetch wakeup's ListOffsets round trip, at most */
-#define RDK_2_1         0x020100ff /* rd_kafka_version() of librdkafka 2.1.0 */
-#define FETCH_MAX_BYTES "2097152"  /* 2 MiB, see consumer_conf            */
+#define DLQ_FLUSH_MS    5000      /* dead letters still queued at destroy    */
+#define GAP_TIMEOUT_MS  10000     /* [psstore] gap_timeout's default          */
+#define FETCH_MAX_BYTES "2097152" /* 2 MiB, see consumer_conf            */
 
 /*
  * librdkafka's log callback. Runs on librdkafka's internal threads: it only
@@ -72,608 +51,10 @@ static void consumer_log_cb(const rd_kafka_t *rk, int level, const char *fac, co
     fr_log(l, "kafka consumer: %s: %s", fac, buf);
 }
 
-/* Observes how long the open batch filled, if one was open. */
-static void fill_done(ingest_consumer_t *c, int64_t *open_since)
-{
-    if (*open_since >= 0 && c->m_fill != NULL)
-        fr_series_observe(c->m_fill, (double)(now_ms() - *open_since) / 1000.0);
-    *open_since = -1;
-}
-
 /* The consumer's Redis connection gives up reconnecting once it stops. */
 int ingest_consumer_stopping(void *arg)
 {
     return atomic_load(&((ingest_consumer_t *)arg)->stop) != 0;
-}
-
-/* ------------------------------------------------------------------------
- * The assignment (poll thread).
- * ---------------------------------------------------------------------- */
-
-/* Pauses (pause = 1) or resumes one assigned partition. Poll thread. */
-void ingest_consumer_pause_one(ingest_consumer_t *c, int32_t partition, int pause)
-{
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    if (l == NULL)
-        return;
-    rd_kafka_topic_partition_list_add(l, c->topic, partition);
-    rd_kafka_resp_err_t kerr =
-        pause ? rd_kafka_pause_partitions(c->rk, l) : rd_kafka_resume_partitions(c->rk, l);
-    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-        fr_log(FR_LOG_WARN, "ingest: %s %s/%" PRId32 ": %s", pause ? "pause" : "resume", c->topic,
-               partition, rd_kafka_err2str(kerr));
-    rd_kafka_topic_partition_list_destroy(l);
-}
-
-/* Pauses (pause = 1) or resumes the whole assignment (a partition waiting
- * for its rewind stays paused). Poll thread. */
-void ingest_consumer_set_paused(ingest_consumer_t *c, int pause)
-{
-    if (c->assigned != NULL && c->assigned->cnt > 0) {
-        rd_kafka_resp_err_t kerr = pause ? rd_kafka_pause_partitions(c->rk, c->assigned)
-                                         : rd_kafka_resume_partitions(c->rk, c->assigned);
-        if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-            fr_log(FR_LOG_WARN, "ingest: %s: %s", pause ? "pause" : "resume",
-                   rd_kafka_err2str(kerr));
-    }
-    if (!pause)
-        for (int i = 0; i < c->nowned; i++)
-            if (c->owned[i].rewinding)
-                ingest_consumer_pause_one(c, c->owned[i].partition, 1);
-    if (pause && !c->paused)
-        atomic_fetch_add(&c->pauses, 1);
-    c->paused = pause;
-    int n = pause && c->assigned != NULL ? c->assigned->cnt : 0;
-    atomic_store(&c->npaused, n);
-    if (c->m_paused != NULL)
-        fr_series_set(c->m_paused, n);
-}
-
-/* Rebuilds the per-partition bookkeeping after the assignment changed. */
-static void owned_rebuild(ingest_consumer_t *c)
-{
-    int n = c->assigned != NULL ? c->assigned->cnt : 0;
-    owned_t *old = c->owned;
-    owned_t *now = n > 0 ? calloc((size_t)n, sizeof(*now)) : NULL;
-    for (int i = 0; i < n && now != NULL; i++) {
-        const rd_kafka_topic_partition_t *tp = &c->assigned->elems[i];
-        now[i].partition = tp->partition;
-        now[i].committed = -1;
-        now[i].watermark = -1;
-        now[i].since = now_ms();
-        now[i].dropped_at = -1;
-        /* keep the bookkeeping of partitions that stay (cooperative) */
-        for (int j = 0; j < c->nowned; j++) {
-            if (old[j].partition == tp->partition) {
-                now[i] = old[j];
-                now[i].lag = NULL;
-            }
-        }
-        if (c->m_lag != NULL) {
-            char pbuf[16];
-            snprintf(pbuf, sizeof(pbuf), "%" PRId32, tp->partition);
-            const char *labels[2] = {tp->topic, pbuf};
-            now[i].lag = fr_metric_series(c->m_lag, labels);
-        }
-    }
-    free(old);
-    c->owned = now;
-    c->nowned = now != NULL ? n : 0;
-    atomic_store(&c->nassigned, n);
-}
-
-/*
- * The assignment half of the rebalance callback: every new partition
- * starts where partition_start decides, passed in the list given to
- * rd_kafka_assign (eager) or rd_kafka_incremental_assign (cooperative).
- *
- * librdkafka keeps a partition's pause flag across a rebalance. A
- * partition paused by backpressure and revoked keeps it, and the resume
- * that follows once the queue drains finds nothing assigned to resume:
- * assigned again, it would never be fetched. So the new partitions are
- * resumed first (a partition librdkafka never saw, or not paused, is left
- * as it is), and paused again below when the consumer is paused now.
- */
-static int on_assign(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
-{
-    for (int i = 0; i < parts->cnt; i++) {
-        rd_kafka_topic_partition_t *tp = &parts->elems[i];
-        int64_t start = ingest_consumer_partition_start(c, tp->topic, tp->partition);
-        /* stopping before the store answered: read nothing of it */
-        tp->offset = start >= 0 ? start : RD_KAFKA_OFFSET_END;
-    }
-    rd_kafka_resume_partitions(c->rk, parts); /* per-partition errors: not paused, unknown */
-    for (int i = 0; i < parts->cnt; i++)
-        parts->elems[i].err = RD_KAFKA_RESP_ERR_NO_ERROR;
-    rd_kafka_error_t *error = NULL;
-    rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
-    if (coop)
-        error = rd_kafka_incremental_assign(c->rk, parts);
-    else
-        kerr = rd_kafka_assign(c->rk, parts);
-    int failed = error != NULL || kerr != RD_KAFKA_RESP_ERR_NO_ERROR;
-    if (error != NULL) {
-        fr_log(FR_LOG_ERROR, "ingest: assign: %s", rd_kafka_error_string(error));
-        rd_kafka_error_destroy(error);
-    } else if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        fr_log(FR_LOG_ERROR, "ingest: assign: %s", rd_kafka_err2str(kerr));
-    }
-    if (!coop && c->assigned != NULL) {
-        rd_kafka_topic_partition_list_destroy(c->assigned);
-        c->assigned = NULL;
-    }
-    if (c->assigned == NULL)
-        c->assigned = rd_kafka_topic_partition_list_new(parts->cnt > 0 ? parts->cnt : 1);
-    for (int i = 0; i < parts->cnt && c->assigned != NULL; i++)
-        rd_kafka_topic_partition_list_add(c->assigned, parts->elems[i].topic,
-                                          parts->elems[i].partition);
-    owned_rebuild(c);
-    if (c->paused)
-        ingest_consumer_set_paused(c, 1);
-    return failed ? -1 : 0;
-}
-
-/*
- * The revocation half: the revoked partitions' part of the open batch is
- * flushed into the queue (its positions are still theirs to report), then
- * they are unassigned.
- */
-static void on_revoke(ingest_consumer_t *c, rd_kafka_topic_partition_list_t *parts, int coop)
-{
-    for (int i = 0; i < parts->cnt; i++) {
-        ingest_batch_t *flushed = NULL;
-        rd_kafka_topic_partition_t *tp = &parts->elems[i];
-        fr_err_t err = ingest_batcher_revoke(c->bt, tp->topic, tp->partition, &flushed);
-        if (err != FR_OK)
-            fr_log(FR_LOG_ERROR, "ingest: revoke of %s/%" PRId32 ": %s", tp->topic, tp->partition,
-                   fr_strerror(err));
-        ingest_consumer_queue_push(c, flushed);
-    }
-    if (coop) {
-        rd_kafka_error_t *error = rd_kafka_incremental_unassign(c->rk, parts);
-        if (error != NULL) {
-            fr_log(FR_LOG_ERROR, "ingest: unassign: %s", rd_kafka_error_string(error));
-            rd_kafka_error_destroy(error);
-        }
-        for (int i = 0; i < parts->cnt && c->assigned != NULL; i++)
-            rd_kafka_topic_partition_list_del(c->assigned, parts->elems[i].topic,
-                                              parts->elems[i].partition);
-    } else {
-        rd_kafka_assign(c->rk, NULL);
-        if (c->assigned != NULL)
-            rd_kafka_topic_partition_list_destroy(c->assigned);
-        c->assigned = NULL;
-    }
-    owned_rebuild(c);
-    atomic_store(&c->npaused, c->paused && c->assigned != NULL ? c->assigned->cnt : 0);
-}
-
-/*
- * librdkafka's rebalance callback. Runs on the poll thread, inside
- * rd_kafka_consumer_poll or rd_kafka_consumer_close.
- */
-static void rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                         rd_kafka_topic_partition_list_t *parts, void *opaque)
-{
-    ingest_consumer_t *c = opaque;
-    c->rebalances++;
-    atomic_fetch_add(&c->rebalance_drained, c->nwin);
-    ingest_consumer_window_drain(c); /* the records polled before this event */
-    int coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
-    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
-        (void)on_assign(c, parts, coop); /* logged; the group assigns again */
-    } else if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
-        on_revoke(c, parts, coop);
-    } else {
-        fr_log(FR_LOG_WARN, "ingest: rebalance failed: %s", rd_kafka_err2str(err));
-        on_revoke(c, parts, coop);
-    }
-}
-
-/*
- * librdkafka's offset commit callback. Runs on the poll thread, inside
- * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
- */
-void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                               rd_kafka_topic_partition_list_t *offsets, void *opaque)
-{
-    (void)rk;
-    ingest_consumer_t *c = opaque;
-    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET)
-        return;
-    /* a commit that meets a rebalance is expected; the next owner commits */
-    int expected = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS ||
-                   err == RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION ||
-                   err == RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
-    fr_log(expected ? FR_LOG_INFO : FR_LOG_WARN, "ingest: kafka commit failed: %s (retrying)",
-           rd_kafka_err2str(err));
-    for (int i = 0; offsets != NULL && i < offsets->cnt; i++)
-        for (int j = 0; j < c->nowned; j++)
-            if (c->owned[j].partition == offsets->elems[i].partition)
-                c->owned[j].committed = -1;
-}
-
-/* ------------------------------------------------------------------------
- * The poll thread.
- * ---------------------------------------------------------------------- */
-
-/* Counts a rejected record and sends it to the dead-letter topic. */
-static void reject(ingest_consumer_t *c, const rd_kafka_message_t *m, ingest_reject_t why)
-{
-    atomic_fetch_add(&c->rejected[why], 1);
-    if (c->m_rejected[why] != NULL)
-        fr_series_add(c->m_rejected[why], 1);
-    if (c->dlq == NULL)
-        return;
-    fr_err_t err = ingest_producer_send(c->dlq, c->dlt, -1, m->key, m->key_len, m->payload, m->len,
-                                        DLQ_HEADER, ingest_reject_name(why));
-    if (err == FR_OK)
-        atomic_fetch_add(&c->dead_letters, 1);
-    else
-        fr_log(FR_LOG_WARN, "ingest: dead letter to %s: %s", c->dlt, ingest_producer_error(c->dlq));
-}
-
-/*
- * Restarts the fetch of a partition that librdkafka stopped (an
- * out-of-range fetch under auto.offset.reset = error leaves it in a state
- * where seeks fail with "Erroneous state", librdkafka issue #2961): the
- * partition leaves the assignment and comes back at offset. Poll thread.
- */
-static void refetch(ingest_consumer_t *c, const char *topic, int32_t partition, int64_t offset)
-{
-    rd_kafka_error_t *error = NULL;
-    rd_kafka_resp_err_t kerr = RD_KAFKA_RESP_ERR_NO_ERROR;
-    rd_kafka_topic_partition_list_t *l = NULL;
-    if (strcmp(rd_kafka_rebalance_protocol(c->rk), "COOPERATIVE") == 0) {
-        if ((l = rd_kafka_topic_partition_list_new(1)) == NULL)
-            return;
-        rd_kafka_topic_partition_list_add(l, topic, partition)->offset = offset;
-        error = rd_kafka_incremental_unassign(c->rk, l);
-        if (error == NULL)
-            error = rd_kafka_incremental_assign(c->rk, l);
-    } else {
-        /* eager: the whole assignment again, every other partition at the
-         * position after the last record the batcher took (what librdkafka
-         * had fetched beyond is fetched again), pauses restored */
-        if (c->assigned == NULL || (l = rd_kafka_topic_partition_list_copy(c->assigned)) == NULL)
-            return;
-        for (int i = 0; i < l->cnt; i++) {
-            int64_t next, end;
-            if (l->elems[i].partition == partition)
-                l->elems[i].offset = offset;
-            else if (ingest_batcher_position(c->bt, l->elems[i].topic, l->elems[i].partition, &next,
-                                             &end) == FR_OK)
-                l->elems[i].offset = end;
-        }
-        kerr = rd_kafka_assign(c->rk, l);
-        if (kerr == RD_KAFKA_RESP_ERR_NO_ERROR && c->paused)
-            ingest_consumer_set_paused(c, 1);
-        for (int i = 0; kerr == RD_KAFKA_RESP_ERR_NO_ERROR && i < c->nowned; i++)
-            if (c->owned[i].rewinding)
-                ingest_consumer_pause_one(c, c->owned[i].partition, 1);
-    }
-    if (error != NULL || kerr != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        fr_log(FR_LOG_WARN, "ingest: restarting %s/%" PRId32 " at %" PRId64 ": %s", topic,
-               partition, offset,
-               error != NULL ? rd_kafka_error_string(error) : rd_kafka_err2str(kerr));
-        rd_kafka_error_destroy(error);
-    }
-    rd_kafka_topic_partition_list_destroy(l);
-}
-
-/*
- * The fetch position of a partition fell below its log start: retention
- * deleted records before they were read (the consumer fell behind, or a
- * broker trims fast, as the dev broker's 5 MiB window does). librdkafka
- * reports it (auto.offset.reset = error) instead of resetting to a log
- * start it may have cached stale, which loops without delivering. The
- * records lost are covered by an n = 0 batch of reason "retention", and
- * the partition continues at the log start as Kafka tells it now.
- * Poll thread.
- */
-static void retention_skip(ingest_consumer_t *c, const char *topic, int32_t partition)
-{
-    int64_t lo = 0, next = 0, end = 0;
-    rd_kafka_resp_err_t kerr =
-        ingest_list_offset(c->rk, topic, partition, -2, QUERY_TIMEOUT_MS, &lo);
-    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR ||
-        ingest_batcher_position(c->bt, topic, partition, &next, &end) != FR_OK) {
-        fr_log(FR_LOG_WARN, "ingest: %s/%" PRId32 " is out of range and its log start unknown (%s)",
-               topic, partition, rd_kafka_err2str(kerr));
-        return; /* the next fetch reports it again */
-    }
-    if (ingest_batcher_holds(c->bt, topic, partition)) {
-        ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
-        ingest_batcher_position(c->bt, topic, partition, &next, &end);
-    }
-    int64_t hi = 0;
-    if (lo <= end &&
-        ingest_list_offset(c->rk, topic, partition, -1, QUERY_TIMEOUT_MS, &hi) ==
-            RD_KAFKA_RESP_ERR_NO_ERROR &&
-        end > hi && now_ms() - c->beyond_logged_ms >= 30000) {
-        /* not retention: the store stands past the log end (the topic was
-         * recreated or truncated); fetching goes on from there, and
-         * freshet replay can move the store's offsets */
-        c->beyond_logged_ms = now_ms();
-        fr_log(FR_LOG_ERROR,
-               "ingest: %s/%" PRId32 ": the position %" PRId64 " lies beyond the log end %" PRId64
-               " (topic recreated or truncated?); 'freshet replay --to-earliest' moves the "
-               "store's offsets",
-               topic, partition, end, hi);
-    }
-    if (lo > end) {
-        fr_log(FR_LOG_WARN,
-               "ingest: %s/%" PRId32 ": retention deleted [%" PRId64 ", %" PRId64
-               ") before it was read; marked dropped (reason retention)",
-               topic, partition, end, lo);
-        ingest_consumer_queue_push(c,
-                                   ingest_batcher_cover(c->bt, topic, partition, lo, "retention"));
-        atomic_fetch_add(&c->retention_skips, 1);
-        if (c->m_retention != NULL)
-            fr_series_add(c->m_retention, 1);
-    }
-    refetch(c, topic, partition, lo > end ? lo : end);
-}
-
-/* The record's aux value when the schema takes one: its freshet-p header
- * as a float (a sparse model's planted probability), NAN when it has none
- * or it does not parse. */
-static float aux_value(const ingest_consumer_t *c, const rd_kafka_message_t *m)
-{
-    rd_kafka_headers_t *hdrs;
-    const void *v;
-    size_t len;
-    if (c->aux <= 0 || rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-        rd_kafka_header_get_last(hdrs, INGEST_AUX_HEADER, &v, &len) != RD_KAFKA_RESP_ERR_NO_ERROR ||
-        v == NULL || len == 0 || len > 31)
-        return NAN;
-    char text[32], *end;
-    memcpy(text, v, len);
-    text[len] = '\0';
-    float x = strtof(text, &end);
-    return *end == '\0' && isfinite(x) ? x : NAN;
-}
-
-void ingest_consumer_on_message(ingest_consumer_t *c, const rd_kafka_message_t *m,
-                                const ingest_decoded_t *pre)
-{
-    int64_t *open_since = &c->open_since;
-    int *dirty = &c->dirty;
-    if (m->err == RD_KAFKA_RESP_ERR__AUTO_OFFSET_RESET && m->rkt != NULL) {
-        retention_skip(c, rd_kafka_topic_name(m->rkt), m->partition);
-        return;
-    }
-    if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-        if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
-            fr_log(FR_LOG_WARN, "ingest: kafka: %s", rd_kafka_message_errstr(m));
-        return;
-    }
-    const char *topic = rd_kafka_topic_name(m->rkt);
-    ingest_reject_t why = INGEST_OK;
-    ingest_batch_t *full = NULL;
-    atomic_fetch_add(&c->consumed, 1);
-    if (c->m_consumed != NULL)
-        fr_series_add(c->m_consumed, 1);
-    c->avg_len = c->avg_len > 0 ? 0.99 * c->avg_len + 0.01 * (double)m->len : (double)m->len;
-    int64_t ts = rd_kafka_message_timestamp(m, NULL);
-    fr_err_t err = pre != NULL
-                       ? ingest_batcher_add_decoded(c->bt, topic, m->partition, m->offset, ts, pre,
-                                                    aux_value(c, m), &why, &full)
-                       : ingest_batcher_add_aux(c->bt, topic, m->partition, m->offset, ts,
-                                                m->payload, m->len, aux_value(c, m), &why, &full);
-    if (err != FR_OK) {
-        /* FR_ERR_STATE: a partition assigned while stopping, never seeked */
-        fr_log(err == FR_ERR_STATE ? FR_LOG_DEBUG : FR_LOG_ERROR,
-               "ingest: record %s/%" PRId32 "@%" PRId64 ": %s", topic, m->partition, m->offset,
-               fr_strerror(err));
-        return;
-    }
-    if (why != INGEST_OK)
-        reject(c, m, why);
-    if (*open_since < 0)
-        *open_since = now_ms();
-    *dirty = 1;
-    if (full != NULL) {
-        fill_done(c, open_since);
-        ingest_consumer_queue_push(c, full);
-        *dirty = 0;
-        /* a batch closed before this record (ingest_batcher_alone): the
-         * record opens the next one, which lingers as any other */
-        if (ingest_batcher_holds(c->bt, topic, m->partition)) {
-            *open_since = now_ms();
-            *dirty = 1;
-        }
-    }
-}
-
-/* ------------------------------------------------------------------------
- * Fetch wakeups.
- *
- * librdkafka stops fetching a partition while the consumer queue holds
- * queued.min.messages records or queued.max.messages.kbytes of them, and
- * below 2.1 decides again only when the broker thread next wakes: up to a
- * second later when nothing else happens on that broker. A backlog read
- * faster than it is trained fills the queue, the poll thread drains it in
- * a fraction of that second and the workers starve for the rest: at 192
- * partitions, half the run's time (bench/README.md "Where the time goes").
- * 2.1 and later back off fetch.queue.backoff.ms instead, which
- * consumer_conf sets low. Below 2.1 the poll thread wakes the fetchers
- * itself once the queue, having come within half a limit, has drained to
- * a quarter of its high-water mark: a ListOffsets request for the log ends
- * of the assignment (rd_kafka_offsets_for_times) goes through every
- * leader's broker thread, which decides its partitions again on its way.
- * A queue that never nears a limit (a consumer that keeps up) wakes
- * nothing.
- * ---------------------------------------------------------------------- */
-
-/* Reads the limits and takes the consumer queue. Before the poll thread. */
-static void fetch_wake_init(ingest_consumer_t *c)
-{
-    char v[32];
-    size_t n = sizeof(v);
-    const rd_kafka_conf_t *kc = rd_kafka_conf(c->rk);
-    c->q_min_msgs = 100000; /* librdkafka's defaults, should a get fail */
-    c->q_max_bytes = 65536.0 * 1024.0;
-    if (rd_kafka_conf_get(kc, "queued.min.messages", v, &n) == RD_KAFKA_CONF_OK)
-        c->q_min_msgs = strtoll(v, NULL, 10);
-    n = sizeof(v);
-    if (rd_kafka_conf_get(kc, "queued.max.messages.kbytes", v, &n) == RD_KAFKA_CONF_OK)
-        c->q_max_bytes = strtod(v, NULL) * 1024.0;
-    c->cq = rd_kafka_queue_get_consumer(c->rk);
-    c->wake = rd_kafka_version() < RDK_2_1 && c->cq != NULL;
-}
-
-/* After each poll: wakes the fetchers when the queue came near a limit
- * and has drained to a quarter of that. Poll thread. */
-static void fetch_wake_check(ingest_consumer_t *c)
-{
-    if (!c->wake || c->assigned == NULL || c->assigned->cnt == 0)
-        return;
-    size_t q = rd_kafka_queue_length(c->cq);
-    if (q > c->q_high) {
-        c->q_high = q;
-        return;
-    }
-    int near = 2 * (int64_t)c->q_high >= c->q_min_msgs ||
-               2.0 * (double)c->q_high * c->avg_len >= c->q_max_bytes;
-    if (!near || 4 * q > c->q_high)
-        return;
-    c->q_high = q;
-    rd_kafka_topic_partition_list_t *ends = rd_kafka_topic_partition_list_copy(c->assigned);
-    if (ends == NULL)
-        return;
-    for (int i = 0; i < ends->cnt; i++)
-        ends->elems[i].offset = RD_KAFKA_OFFSET_END; /* as a timestamp: the log end */
-    rd_kafka_resp_err_t kerr = rd_kafka_offsets_for_times(c->rk, ends, WAKE_TIMEOUT_MS);
-    rd_kafka_topic_partition_list_destroy(ends);
-    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-        fr_log(FR_LOG_DEBUG, "ingest: fetch wakeup: %s", rd_kafka_err2str(kerr));
-    atomic_fetch_add(&c->fetch_wakeups, 1);
-    if (c->m_wakeups != NULL)
-        fr_series_add(c->m_wakeups, 1);
-}
-
-/*
- * The whole topic without a group (docs/design.md "The whole topic without
- * a group"): assigns every partition of the topic as a group's first
- * assignment would, at the store's watermarks; partitions added to the
- * topic since are assigned incrementally (librdkafka allows it without a
- * group), the others left as they are. Poll thread. 0 once assigned (or
- * nothing new), -1 while the metadata or the assignment failed (tried
- * again).
- */
-static int assign_whole_topic(ingest_consumer_t *c, int timeout_ms)
-{
-    rd_kafka_topic_t *rkt = rd_kafka_topic_new(c->rk, c->topic, NULL);
-    if (rkt == NULL)
-        return -1;
-    const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_resp_err_t err = rd_kafka_metadata(c->rk, 0, rkt, &md, timeout_ms);
-    int n = -1;
-    if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 &&
-        md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR)
-        n = md->topics[0].partition_cnt;
-    else
-        fr_log(FR_LOG_WARN, "ingest: metadata of %s: %s", c->topic,
-               err != RD_KAFKA_RESP_ERR_NO_ERROR ? rd_kafka_err2str(err)
-               : md->topic_cnt == 1              ? rd_kafka_err2str(md->topics[0].err)
-                                                 : "no such topic");
-    if (md != NULL)
-        rd_kafka_metadata_destroy(md);
-    rd_kafka_topic_destroy(rkt);
-    if (n < 1)
-        return -1;
-    if (n <= c->whole_parts)
-        return 0;
-    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n - c->whole_parts);
-    if (parts == NULL)
-        return -1;
-    for (int p = c->whole_parts; p < n; p++)
-        rd_kafka_topic_partition_list_add(parts, c->topic, p);
-    int rc = on_assign(c, parts, c->whole_parts > 0);
-    rd_kafka_topic_partition_list_destroy(parts);
-    if (rc != 0)
-        return -1;
-    fr_log(FR_LOG_INFO, "ingest: %s: assigned partitions %d-%d (%s, no consumer group)", c->topic,
-           c->whole_parts, n - 1, c->whole_parts == 0 ? "the whole topic" : "the topic grew");
-    c->whole_parts = n;
-    return 0;
-}
-
-/*
- * The poll thread: polls (which also runs the rebalance and commit
- * callbacks), batches, flushes a partial batch linger_ms after its first
- * record, applies backpressure and commits the store's watermarks every
- * COMMIT_EVERY_MS. On stop it flushes the open batch, leaves the group
- * (revoking on this thread) and marks the queue finished.
- */
-static void *poll_main(void *arg)
-{
-    ingest_consumer_t *c = arg;
-    int64_t next_commit = now_ms() + COMMIT_EVERY_MS;
-    fr_thread_name("fr-consume");
-    char errstr[256];
-    c->ps = psstore_conn_new(c->redis_url, STORE_TIMEOUT_MS, errstr, sizeof(errstr));
-    if (c->ps == NULL)
-        fr_log(FR_LOG_WARN, "ingest: %s (retrying at assignment)", errstr);
-    else
-        psstore_conn_set_cancel(c->ps, ingest_consumer_stopping, c);
-    while (c->whole_topic && !atomic_load(&c->stop) && assign_whole_topic(c, 1000) != 0) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, POLL_MS); /* errors, logs */
-        if (m != NULL)
-            rd_kafka_message_destroy(m);
-    }
-    int64_t next_whole = now_ms() + WHOLE_CHECK_MS;
-    while (!atomic_load(&c->stop)) {
-        int wait_ms = POLL_MS;
-        if (c->dirty) { /* wake when the open batch is due */
-            int64_t left = c->open_since + c->linger_ms - now_ms();
-            wait_ms = left <= 0 ? 0 : left < POLL_MS ? (int)left : POLL_MS;
-        }
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, wait_ms);
-        if (m != NULL && c->ndecoders > 0 && m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-            ingest_consumer_window_take(c, m); /* with what queues behind it */
-        } else if (m != NULL) {
-            ingest_consumer_on_message(c, m, NULL);
-            rd_kafka_message_destroy(m);
-        }
-        fetch_wake_check(c);
-        int64_t t = now_ms();
-        /* linger_ms counts from the open batch's first record, as Kafka's
-         * producer counts it: a steady trickle cannot hold a sample longer */
-        if (c->dirty && t - c->open_since >= c->linger_ms) {
-            fill_done(c, &c->open_since);
-            ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
-            c->dirty = 0;
-        }
-        ingest_consumer_backpressure(c);
-        if (t >= next_commit) {
-            ingest_consumer_store_tick(c, 0);
-            next_commit = t + COMMIT_EVERY_MS;
-        }
-        if (c->whole_topic && t >= next_whole) {
-            /* briefly: the poll thread also flushes and pushes back */
-            assign_whole_topic(c, 200);
-            next_whole = t + WHOLE_CHECK_MS;
-        }
-    }
-    ingest_consumer_queue_push(c, ingest_batcher_flush(c->bt));
-    ingest_consumer_store_tick(c, 1);
-    /* the whole topic was assigned by hand: no group revokes it at the
-     * close, and a partition left assigned (paused, say) kept
-     * rd_kafka_destroy waiting for its fetcher forever */
-    if (c->whole_topic)
-        rd_kafka_assign(c->rk, NULL);
-    rd_kafka_resp_err_t kerr = rd_kafka_consumer_close(c->rk); /* revokes on this thread */
-    if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
-        fr_log(FR_LOG_WARN, "ingest: consumer close: %s", rd_kafka_err2str(kerr));
-    psstore_conn_destroy(c->ps);
-    c->ps = NULL;
-    pthread_mutex_lock(&c->qlock);
-    c->finished = 1;
-    pthread_cond_broadcast(&c->qcond);
-    pthread_mutex_unlock(&c->qlock);
-    return NULL;
 }
 
 /* ------------------------------------------------------------------------
@@ -752,7 +133,7 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
          * 8 s of training lost after a 3 s outage) */
         conf_set(kc, "reconnect.backoff.max.ms", "1000", errstr, size) != FR_OK ||
         /* a fetcher stopped by the prefetch limit looks again this soon
-         * (librdkafka 2.1 and later; "Fetch wakeups" above for older ones) */
+         * (librdkafka 2.1 and later; consumer_poll.c "Fetch wakeups" for older ones) */
         (rd_kafka_version() >= RDK_2_1 &&
          conf_set(kc, "fetch.queue.backoff.ms", "10", errstr, size) != FR_OK))
         goto err;
@@ -766,7 +147,7 @@ static rd_kafka_conf_t *consumer_conf(ingest_consumer_t *c, const ingest_consume
         conf_set(kc, "enable.auto.commit", "false", errstr, size) != FR_OK)
         goto err;
     rd_kafka_conf_set_opaque(kc, c);
-    rd_kafka_conf_set_rebalance_cb(kc, rebalance_cb);
+    rd_kafka_conf_set_rebalance_cb(kc, ingest_consumer_rebalance_cb);
     rd_kafka_conf_set_offset_commit_cb(kc, ingest_consumer_commit_cb);
     rd_kafka_conf_set_log_cb(kc, consumer_log_cb);
     return kc;
@@ -943,7 +324,7 @@ ingest_consumer_t *ingest_consumer_new(const ingest_consumer_conf_t *conf, char 
         goto err;
     }
     rd_kafka_poll_set_consumer(c->rk);
-    fetch_wake_init(c);
+    ingest_consumer_fetch_wake_init(c);
     metrics_init(c);
     return c;
 err:
@@ -971,7 +352,7 @@ fr_err_t ingest_consumer_start(ingest_consumer_t *c)
         rd_kafka_unsubscribe(c->rk);
         return FR_ERR_NOMEM;
     }
-    if (pthread_create(&c->thread, NULL, poll_main, c) != 0) {
+    if (pthread_create(&c->thread, NULL, ingest_consumer_poll_main, c) != 0) {
         ingest_consumer_decode_stop(c);
         rd_kafka_unsubscribe(c->rk);
         return FR_ERR_NOMEM;

@@ -61,6 +61,7 @@ typedef struct helper_arg {
  * helper's slice (k > 0) counts its records in decoded_ahead. */
 static void decode_slice(ingest_consumer_t *c, int k, int parts)
 {
+    FR_ASSERT(k >= 0 && k < parts && c->nwin <= DECODE_WINDOW); /* rows of win_x */
     size_t from = c->nwin * (size_t)k / (size_t)parts;
     size_t to = c->nwin * (size_t)(k + 1) / (size_t)parts;
     uint64_t records = 0;
@@ -194,6 +195,7 @@ void ingest_consumer_window_drain(ingest_consumer_t *c)
         return;
     /* nothing below polls, so no callback re-enters while it runs */
     size_t n = c->nwin;
+    FR_ASSERT(n <= DECODE_WINDOW);
     if (n == 1) {
         ingest_consumer_on_message(c, c->win[0], NULL);
     } else {
@@ -258,6 +260,7 @@ static rd_kafka_message_t *hold_for_rebalance(ingest_consumer_t *c)
 
 void ingest_consumer_window_take(ingest_consumer_t *c, rd_kafka_message_t *m)
 {
+    FR_ASSERT(c->nwin == 0); /* every take ends with a drain */
     c->win[c->nwin++] = m;
     while (c->nwin < DECODE_WINDOW) {
         /* may run the rebalance callback, which drains what is held */
@@ -275,6 +278,7 @@ void ingest_consumer_window_take(ingest_consumer_t *c, rd_kafka_message_t *m)
         /* tests: the marked record filled the window */
         rd_kafka_message_t *next = hold_for_rebalance(c);
         ingest_consumer_window_drain(c);
+        FR_ASSERT(c->nwin == 0);
         if (next != NULL)
             c->win[c->nwin++] = next;
     }

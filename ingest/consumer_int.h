@@ -1,16 +1,18 @@
 /*
- * consumer_int.h - private declarations shared by the consumer's three
- * sources: consumer.c (configuration, life cycle, the poll thread, the
- * rebalance callbacks, messages), consumer_queue.c (the batch queue, the
- * lent list and backpressure) and consumer_store.c (where a partition
- * starts, the once-a-second store tick, the gap rule and replays).
+ * consumer_int.h - private declarations shared by the consumer's sources:
+ * consumer.c (configuration and life cycle), consumer_poll.c (the poll
+ * thread and what happens to each message), consumer_assign.c (the
+ * rebalance callbacks and the assignment), consumer_decode.c (decoding
+ * ahead), consumer_queue.c (the batch queue, the lent list and
+ * backpressure) and consumer_store.c (where a partition starts, the
+ * once-a-second store tick, the gap rule and replays).
  *
  * Not part of the public API. It is separate from ingest_int.h because it
  * includes librdkafka and pthread, and ingest_int.h is also read by the
  * compute core's sources (fr_ingest_core), which build without librdkafka.
  * The functions below carry the ingest_consumer_ prefix like the public
- * ones; they are the only non-static functions of these three files, and
- * each says which thread calls it and which lock it needs.
+ * ones; they are the only non-static functions of these files, and each
+ * says which thread calls it and which lock it needs.
  */
 #ifndef FRESHET_CONSUMER_INT_H
 #define FRESHET_CONSUMER_INT_H
@@ -30,6 +32,8 @@
 #define HOLD_MAX_MS        60000 /* ingest_consumer_hold_for_test's longest wait */
 #define DECODE_THREADS_MAX 16    /* decode helpers a consumer may start   */
 #define QUERY_TIMEOUT_MS   5000  /* a ListOffsets question or a seek       */
+
+#define RDK_2_1 0x020100ff /* rd_kafka_version() of librdkafka 2.1.0 */
 
 typedef struct qnode {
     struct qnode *next;
@@ -85,7 +89,7 @@ struct ingest_consumer {
     int paused;
     uint64_t rebalances; /* rebalance callbacks run so far */
 
-    /* fetch wakeups (consumer.c "Fetch wakeups"): poll thread only */
+    /* fetch wakeups (consumer_poll.c "Fetch wakeups"): poll thread only */
     int wake;             /* librdkafka below 2.1: the poll thread wakes its fetcher */
     rd_kafka_queue_t *cq; /* the consumer queue, whose length is sampled */
     size_t q_high;        /* its longest since the last wakeup          */
@@ -168,20 +172,17 @@ static inline void sleep_ms(int ms)
  * consumer): nonzero once it stops, so reconnecting gives up. Any thread. */
 int ingest_consumer_stopping(void *arg);
 
-/* Pauses (pause = 1) or resumes one assigned partition. Poll thread. */
-void ingest_consumer_pause_one(ingest_consumer_t *c, int32_t partition, int pause);
-
-/* Pauses (pause = 1) or resumes the whole assignment (a partition waiting
- * for its rewind stays paused). Poll thread. */
-void ingest_consumer_set_paused(ingest_consumer_t *c, int pause);
+/* ------------------------------------------------------------------------
+ * consumer_poll.c
+ * ---------------------------------------------------------------------- */
 
 /*
- * librdkafka's offset commit callback, also called by the store tick when
- * a commit fails at once. Runs on the poll thread, inside
- * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
+ * The poll thread's body (arg is the consumer): polls, which also runs the
+ * rebalance and commit callbacks, batches, flushes, applies backpressure
+ * and ticks; on stop flushes, leaves the group and marks the queue
+ * finished. Started by ingest_consumer_start.
  */
-void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
-                               rd_kafka_topic_partition_list_t *offsets, void *opaque);
+void *ingest_consumer_poll_main(void *arg);
 
 /*
  * One message, in Kafka's order: an error or end-of-partition event, or a
@@ -190,6 +191,36 @@ void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
  */
 void ingest_consumer_on_message(ingest_consumer_t *c, const rd_kafka_message_t *m,
                                 const ingest_decoded_t *pre);
+
+/* Reads librdkafka's prefetch limits and takes the consumer queue, for the
+ * fetch wakeups below librdkafka 2.1. Owner's thread, in ingest_consumer_new. */
+void ingest_consumer_fetch_wake_init(ingest_consumer_t *c);
+
+/* ------------------------------------------------------------------------
+ * consumer_assign.c
+ * ---------------------------------------------------------------------- */
+
+/* librdkafka's rebalance callback (opaque is the consumer). Runs on the
+ * poll thread, inside rd_kafka_consumer_poll or rd_kafka_consumer_close. */
+void ingest_consumer_rebalance_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                                  rd_kafka_topic_partition_list_t *parts, void *opaque);
+
+/* Pauses (pause = 1) or resumes one assigned partition. Poll thread. */
+void ingest_consumer_pause_one(ingest_consumer_t *c, int32_t partition, int pause);
+
+/* Pauses (pause = 1) or resumes the whole assignment (a partition waiting
+ * for its rewind stays paused). Poll thread. */
+void ingest_consumer_set_paused(ingest_consumer_t *c, int pause);
+
+/* Restarts the fetch of a partition librdkafka stopped, at offset: it
+ * leaves the assignment and comes back. Poll thread. */
+void ingest_consumer_refetch(ingest_consumer_t *c, const char *topic, int32_t partition,
+                             int64_t offset);
+
+/* The whole topic without a group: assigns the partitions not assigned
+ * yet, waiting up to timeout_ms for the metadata. 0 once assigned (or
+ * nothing new), -1 when it failed (try again). Poll thread. */
+int ingest_consumer_assign_whole_topic(ingest_consumer_t *c, int timeout_ms);
 
 /* ------------------------------------------------------------------------
  * consumer_decode.c
@@ -289,5 +320,13 @@ int64_t ingest_consumer_partition_start(ingest_consumer_t *c, const char *topic,
  * stop, only commits. Poll thread.
  */
 void ingest_consumer_store_tick(ingest_consumer_t *c, int final);
+
+/*
+ * librdkafka's offset commit callback, also called by the store tick when
+ * a commit fails at once. Runs on the poll thread, inside
+ * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
+ */
+void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                               rd_kafka_topic_partition_list_t *offsets, void *opaque);
 
 #endif /* FRESHET_CONSUMER_INT_H */

@@ -12,7 +12,6 @@
  * Threads: the queue and the lent list are guarded by qlock; qcond wakes a
  * taker, qroom wakes the poll thread waiting for room.
  */
-#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +34,7 @@ void ingest_consumer_queue_push(ingest_consumer_t *c, ingest_batch_t *batch)
     node->next = NULL;
     node->batch = batch;
     pthread_mutex_lock(&c->qlock);
-    assert((c->qhead == NULL) == (c->qlen == 0));
+    FR_ASSERT((c->qhead == NULL) == (c->qlen == 0));
     batch->seq = ++c->seq;
     if (c->qtail != NULL)
         c->qtail->next = node;
@@ -63,15 +62,9 @@ static size_t queue_len(ingest_consumer_t *c)
  */
 static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
 {
-    assert(c->nlent <= c->caplent);
-    if (c->nlent == c->caplent) {
-        size_t cap = c->caplent ? 2 * c->caplent : 16;
-        lent_t *grown = realloc(c->lent, cap * sizeof(*grown));
-        if (grown == NULL)
-            return;
-        c->lent = grown;
-        c->caplent = cap;
-    }
+    if (FR_GROW(c->lent, c->caplent, c->nlent + 1) != FR_OK)
+        return;
+    FR_ASSERT(c->nlent < c->caplent);
     lent_t *l = &c->lent[c->nlent];
     /* a deep copy: the trainer destroys the batch, topics included */
     l->ranges = psstore_ranges_dup(batch->ranges, batch->nranges);
@@ -86,7 +79,7 @@ static void lend(ingest_consumer_t *c, const ingest_batch_t *batch)
 /* Removes lent entry i (caller holds qlock). */
 static void lent_remove(ingest_consumer_t *c, size_t i)
 {
-    assert(i < c->nlent && c->nlent <= c->caplent);
+    FR_ASSERT(i < c->nlent && c->nlent <= c->caplent);
     free(c->lent[i].ranges);
     c->lent[i] = c->lent[--c->nlent];
 }
@@ -119,11 +112,12 @@ ingest_batch_t *ingest_consumer_next(ingest_consumer_t *c, int timeout_ms)
     }
     qnode_t *node = c->qhead;
     if (node != NULL) {
-        assert(c->qlen > 0);
+        FR_ASSERT(c->qlen > 0);
         c->qhead = node->next;
         if (c->qhead == NULL)
             c->qtail = NULL;
         c->qlen--;
+        FR_ASSERT((c->qhead == NULL) == (c->qlen == 0));
         lend(c, node->batch);
         pthread_cond_signal(&c->qroom);
     }

@@ -24,7 +24,6 @@
  * Threads: everything here runs on the poll thread, which owns the store
  * connection (c->ps) and the assignment's bookkeeping (c->owned).
  */
-#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -383,7 +382,7 @@ static void tick_replay(ingest_consumer_t *c, owned_t *o, int64_t w, int64_t gen
         return;
     o->replay_seen = c->replay_gen;
     if (target >= 0) {
-        assert(tk->ntargets < tk->cap);
+        FR_ASSERT(tk->ntargets < tk->cap);
         tk->targets[tk->ntargets++] = (psstore_rewind_t){c->topic, o->partition, target};
     }
 }
@@ -397,7 +396,7 @@ static void tick_logend(ingest_consumer_t *c, const owned_t *o, int64_t w, tick_
             RD_KAFKA_RESP_ERR_NO_ERROR ||
         hi < 0)
         return;
-    assert(tk->nends < tk->cap);
+    FR_ASSERT(tk->nends < tk->cap);
     tk->ends[tk->nends++] = (psstore_logend_t){c->topic, o->partition, hi, w};
     tk->lag += hi > w ? hi - w : 0;
     if (o->lag != NULL)
@@ -504,6 +503,29 @@ static void tick_send(ingest_consumer_t *c, tick_t *tk)
         if (kerr != RD_KAFKA_RESP_ERR_NO_ERROR)
             ingest_consumer_commit_cb(c->rk, kerr, tk->commits, c);
     }
+}
+
+/*
+ * librdkafka's offset commit callback. Runs on the poll thread, inside
+ * rd_kafka_consumer_poll. A failed commit is tried again at the next tick.
+ */
+void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                               rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    (void)rk;
+    ingest_consumer_t *c = opaque;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET)
+        return;
+    /* a commit that meets a rebalance is expected; the next owner commits */
+    int expected = err == RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS ||
+                   err == RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION ||
+                   err == RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID;
+    fr_log(expected ? FR_LOG_INFO : FR_LOG_WARN, "ingest: kafka commit failed: %s (retrying)",
+           rd_kafka_err2str(err));
+    for (int i = 0; offsets != NULL && i < offsets->cnt; i++)
+        for (int j = 0; j < c->nowned; j++)
+            if (c->owned[j].partition == offsets->elems[i].partition)
+                c->owned[j].committed = -1;
 }
 
 /*

@@ -636,7 +636,7 @@ static void test_full_queue_pauses_partitions_and_loses_nothing(void **state)
  * here, 1,200 records): librdkafka below 2.1 stops fetching at the limit
  * and looks again only when its broker thread next wakes, up to a second
  * later, so the poll thread wakes it once it has drained the queue
- * (consumer.c "Fetch wakeups"). Every record still arrives once, and the
+ * (consumer_poll.c "Fetch wakeups"). Every record still arrives once, and the
  * wakeups are counted; the first test, whose queue never nears a limit,
  * counts none.
  */

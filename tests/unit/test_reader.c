@@ -1,5 +1,5 @@
 /*
- * test_reader.c - unit tests of the ingest file readers (ingest/reader.c):
+ * test_reader.c - unit tests of the ingest file readers (ingest/dataset.c, idx.c, file.c):
  * ingest_dataset_load over csv, libsvm, f32 and IDX files, gzipped or not.
  *
  * Files are written into a private folder under FRESHET_BINARY_DIR; gzipped
