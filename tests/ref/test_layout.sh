@@ -159,7 +159,7 @@ expect() {
     else
         failed=$((failed + 1))
         echo "FAIL: $name: status $status (want $want), report:"
-        printf '%s\n' "$out" | head -40
+        printf '%s\n' "$out"
     fi
 }
 
