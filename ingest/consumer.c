@@ -34,7 +34,6 @@
 #include "ingest/consumer_int.h"
 #include "ingest/ingest.h"
 #include "ingest/ingest_int.h"
-#include "psstore/psstore.h"
 
 #define DLQ_FLUSH_MS    5000      /* dead letters still queued at destroy    */
 #define GAP_TIMEOUT_MS  10000     /* [psstore] gap_timeout's default          */

@@ -25,7 +25,8 @@
 
 #include "common/common.h"
 #include "ingest/ingest.h"
-#include "psstore/psstore.h"
+#include "psstore/grads/grads.h"
+#include "psstore/store/status.h"
 
 #define STORE_TIMEOUT_MS   5000  /* Redis connect and command timeout      */
 #define DECODE_WINDOW      32    /* messages held at once to decode ahead */

@@ -22,7 +22,6 @@
 #include "ingest/consumer_int.h"
 #include "ingest/ingest.h"
 #include "ingest/ingest_int.h"
-#include "psstore/psstore.h"
 
 #define POLL_MS         100   /* one poll waits at most this long       */
 #define COMMIT_EVERY_MS 1000  /* the store's watermarks go to Kafka     */
