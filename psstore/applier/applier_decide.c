@@ -33,14 +33,8 @@ part_t *ps_applier_find_part(psstore_applier_t *a, const char *topic, int32_t pa
             return &a->parts[i];
     if (!create)
         return NULL;
-    if (a->nparts == a->cap_parts) {
-        size_t cap = a->cap_parts ? 2 * a->cap_parts : 16;
-        part_t *np = realloc(a->parts, cap * sizeof(*np));
-        if (np == NULL)
-            return NULL;
-        a->parts = np;
-        a->cap_parts = cap;
-    }
+    if (FR_GROW(a->parts, a->cap_parts, a->nparts + 1) != FR_OK)
+        return NULL;
     part_t *p = &a->parts[a->nparts++];
     memset(p, 0, sizeof(*p));
     snprintf(p->key, sizeof(p->key), "%s", key);
@@ -128,14 +122,8 @@ void ps_applier_note_ts(psstore_applier_t *a, int64_t ts_min, int64_t ts_max)
 {
     if (ts_max <= 0)
         return;
-    if (a->nts_pending + 2 > a->cap_ts_pending) {
-        size_t cap = a->cap_ts_pending ? 2 * a->cap_ts_pending : 256;
-        int64_t *grown = realloc(a->ts_pending, cap * sizeof(*grown));
-        if (grown == NULL)
-            return; /* a figure, not state: skip the sample */
-        a->ts_pending = grown;
-        a->cap_ts_pending = cap;
-    }
+    if (FR_GROW(a->ts_pending, a->cap_ts_pending, a->nts_pending + 2) != FR_OK)
+        return; /* a figure, not state: skip the sample */
     a->ts_pending[a->nts_pending++] = ts_min;
     a->ts_pending[a->nts_pending++] = ts_max;
 }

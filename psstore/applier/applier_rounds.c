@@ -350,15 +350,10 @@ int ps_applier_overlaps_held(const psstore_applier_t *a, const psstore_grad_t *g
 static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_t *g,
                            const float *gw)
 {
-    if (r->nheld == r->cap_held) {
-        size_t cap = r->cap_held ? 2 * r->cap_held : 8;
-        held_t *grown = realloc(r->held, cap * sizeof(*grown));
-        if (grown == NULL)
-            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-        memset(grown + r->cap_held, 0, (cap - r->cap_held) * sizeof(*grown));
-        r->held = grown;
-        r->cap_held = cap;
-    }
+    size_t had = r->cap_held;
+    if (FR_GROW(r->held, r->cap_held, r->nheld + 1) != FR_OK)
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+    memset(r->held + had, 0, (r->cap_held - had) * sizeof(*r->held));
     held_t *h = &r->held[r->nheld];
     if (ps_ranges_copy(g->ranges, g->nranges, &h->ranges, &h->cap_ranges, &h->topics,
                        &h->cap_topics) != FR_OK)

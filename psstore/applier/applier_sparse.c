@@ -268,19 +268,6 @@ static fr_err_t reserve(ps_sparse_t *sp, size_t more)
     return FR_OK;
 }
 
-/* Grows a scratch array to n elements of size bytes. */
-static int scratch(void **p, size_t *cap, size_t n, size_t size)
-{
-    if (n <= *cap)
-        return 0;
-    void *q = realloc(*p, n * size);
-    if (q == NULL)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
 /*
  * Reads the rows of g the table does not hold from Redis (one pipeline of
  * HMGETs) into the scratch: sp->miss their rows, sp->loaded their values
@@ -291,8 +278,8 @@ static fr_err_t read_missing(psstore_applier_t *a, const float *packed, size_t m
 {
     ps_sparse_t *sp = a->sp;
     sp->nmiss = 0;
-    if (scratch((void **)&sp->miss, &sp->capmiss, m, sizeof(uint32_t)) != 0 ||
-        scratch((void **)&sp->fields, &sp->capfields, 4 * m, 1) != 0)
+    if (FR_GROW(sp->miss, sp->capmiss, m) != FR_OK ||
+        FR_GROW(sp->fields, sp->capfields, 4 * m) != FR_OK)
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", m);
     for (size_t i = 0; i < m; i++) {
         uint32_t row;
@@ -304,8 +291,8 @@ static fr_err_t read_missing(psstore_applier_t *a, const float *packed, size_t m
     }
     if (sp->nmiss == 0)
         return FR_OK;
-    if (scratch((void **)&sp->loaded, &sp->caploaded, sp->nmiss * sp->vlen, sizeof(float)) != 0 ||
-        scratch((void **)&sp->got, &sp->capgot, sp->nmiss, 1) != 0)
+    if (FR_GROW(sp->loaded, sp->caploaded, sp->nmiss * sp->vlen) != FR_OK ||
+        FR_GROW(sp->got, sp->capgot, sp->nmiss) != FR_OK)
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", sp->nmiss);
     char rows_key[PS_KEY_MAX];
     ps_key(rows_key, a->model, "rows");
@@ -414,7 +401,7 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
 {
     ps_sparse_t *sp = a->sp;
     fr_err_t err = read_missing(a, g->g, m);
-    if (err == FR_OK && scratch((void **)&sp->grad, &sp->capgrad, sp->rowlen, sizeof(float)) != 0)
+    if (err == FR_OK && FR_GROW(sp->grad, sp->capgrad, sp->rowlen) != FR_OK)
         err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     if (err != FR_OK)
         return err;
@@ -603,8 +590,7 @@ static fr_err_t sweep_step(psstore_applier_t *a)
         return ps_fail(a->c, FR_ERR_REDIS, "applier: unexpected reply to HSCAN");
     }
     const redisReply *kv = r->element[1];
-    if (scratch((void **)&sp->evict, &sp->capevict, sp->nevict + kv->elements / 2,
-                sizeof(uint32_t)) != 0) {
+    if (FR_GROW(sp->evict, sp->capevict, sp->nevict + kv->elements / 2) != FR_OK) {
         freeReplyObject(r);
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     }

@@ -216,17 +216,7 @@ static int range_cmp(const void *pa, const void *pb)
  * FR_ERR_NOMEM leaves it as it was. */
 static fr_err_t text_reserve(ps_grad_args_t *args, size_t need)
 {
-    if (args->text_cap >= need)
-        return FR_OK;
-    size_t cap = args->text_cap ? args->text_cap : 256;
-    while (cap < need)
-        cap *= 2;
-    char *text = realloc(args->text, cap);
-    if (text == NULL)
-        return FR_ERR_NOMEM;
-    args->text = text;
-    args->text_cap = cap;
-    return FR_OK;
+    return FR_GROW(args->text, args->text_cap, need);
 }
 
 /* Refuses a message the decoder would refuse: FR_ERR_INVAL, with the
@@ -391,27 +381,9 @@ static fr_err_t msg_reserve(ps_grad_msg_t *m, size_t nranges, size_t topics)
 {
     if (nranges > SIZE_MAX / 4 / sizeof(psstore_range_t) || topics > SIZE_MAX / 4)
         return FR_ERR_NOMEM;
-    if (m->cap_ranges < 2 * nranges) {
-        size_t cap = m->cap_ranges ? m->cap_ranges : 16;
-        while (cap < 2 * nranges)
-            cap *= 2;
-        psstore_range_t *r = realloc(m->ranges, cap * sizeof(*r));
-        if (r == NULL)
-            return FR_ERR_NOMEM;
-        m->ranges = r;
-        m->cap_ranges = cap;
-    }
-    if (m->cap_topics < topics) {
-        size_t cap = m->cap_topics ? m->cap_topics : 256;
-        while (cap < topics)
-            cap *= 2;
-        char *t = realloc(m->topics, cap);
-        if (t == NULL)
-            return FR_ERR_NOMEM;
-        m->topics = t;
-        m->cap_topics = cap;
-    }
-    return FR_OK;
+    if (FR_GROW(m->ranges, m->cap_ranges, 2 * nranges) != FR_OK)
+        return FR_ERR_NOMEM;
+    return FR_GROW(m->topics, m->cap_topics, topics);
 }
 
 /* Parses one "topic:partition:from:to" segment s[len] (range number i)

@@ -71,17 +71,7 @@ int psstore_poff_overlaps(const psstore_partition_offsets_t *po, int64_t from, i
  */
 static fr_err_t reserve_one(psstore_partition_offsets_t *po)
 {
-    if (po->nspans < po->cap)
-        return FR_OK;
-    size_t cap = po->cap ? po->cap * 2 : 8;
-    if (cap > SIZE_MAX / sizeof(po->spans[0]))
-        return FR_ERR_NOMEM;
-    psstore_span_t *spans = realloc(po->spans, cap * sizeof(po->spans[0]));
-    if (spans == NULL)
-        return FR_ERR_NOMEM;
-    po->spans = spans;
-    po->cap = cap;
-    return FR_OK;
+    return FR_GROW(po->spans, po->cap, po->nspans + 1);
 }
 
 /* Removes spans[i] keeping the order. */

@@ -151,14 +151,8 @@ int ps_cluster_node(ps_cluster_t *cl, const char *host, size_t hostlen, int port
     }
     if (cl->nnodes == PS_NODES_MAX)
         return -1;
-    if (cl->nnodes == cl->cap) {
-        size_t cap = cl->cap ? cl->cap * 2 : 8;
-        ps_node_t *nodes = realloc(cl->nodes, cap * sizeof(*nodes));
-        if (nodes == NULL)
-            return -1;
-        cl->nodes = nodes;
-        cl->cap = cap;
-    }
+    if (FR_GROW(cl->nodes, cl->cap, cl->nnodes + 1) != FR_OK)
+        return -1;
     ps_node_t *nd = &cl->nodes[cl->nnodes];
     memset(nd, 0, sizeof(*nd));
     memcpy(nd->host, host, hostlen);

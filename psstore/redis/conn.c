@@ -715,15 +715,9 @@ static fr_err_t defer_command(psstore_conn_t *c, int argc, const char **argv, co
     int len = redisFormatCommandArgv(&cmd, argc, argv, lens);
     if (len < 0)
         return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory formatting a command");
-    if (c->defer_len + (size_t)len > c->defer_cap) {
-        size_t cap = (c->defer_len + (size_t)len) * 2;
-        char *p = realloc(c->defer, cap);
-        if (p == NULL) {
-            redisFreeCommand(cmd);
-            return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
-        }
-        c->defer = p;
-        c->defer_cap = cap;
+    if (FR_GROW(c->defer, c->defer_cap, c->defer_len + (size_t)len) != FR_OK) {
+        redisFreeCommand(cmd);
+        return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
     }
     memcpy(c->defer + c->defer_len, cmd, (size_t)len);
     c->defer_len += (size_t)len;

@@ -55,14 +55,8 @@ void ps_keylist_fini(ps_keylist_t *kl)
 /* Appends a copy of s[0..len). FR_ERR_NOMEM leaves kl as it was. */
 fr_err_t ps_keylist_add(ps_keylist_t *kl, const char *s, size_t len)
 {
-    if (kl->n == kl->cap) {
-        size_t cap = kl->cap ? kl->cap * 2 : 16;
-        char **keys = realloc(kl->keys, cap * sizeof(*keys));
-        if (keys == NULL)
-            return FR_ERR_NOMEM;
-        kl->keys = keys;
-        kl->cap = cap;
-    }
+    if (FR_GROW(kl->keys, kl->cap, kl->n + 1) != FR_OK)
+        return FR_ERR_NOMEM;
     char *copy = malloc(len + 1);
     if (copy == NULL)
         return FR_ERR_NOMEM;

@@ -125,15 +125,9 @@ fr_err_t psstore_quarantine_read(psstore_conn_t *c, const char *model, const cha
             long long off = strtoll(e->str + plen, &end, 10);
             if (end == e->str + plen || *end != '\0' || off < from)
                 continue; /* not a position, or below the start: nothing to reject */
-            if (k == cap) {
-                size_t grown = cap ? cap * 2 : 64;
-                int64_t *more = realloc(out, grown * sizeof(*out));
-                if (more == NULL) {
-                    err = ps_fail(c, FR_ERR_NOMEM, "out of memory reading %s", key);
-                    break;
-                }
-                out = more;
-                cap = grown;
+            if (FR_GROW(out, cap, k + 1) != FR_OK) {
+                err = ps_fail(c, FR_ERR_NOMEM, "out of memory reading %s", key);
+                break;
             }
             out[k++] = off;
         }

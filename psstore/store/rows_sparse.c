@@ -373,16 +373,8 @@ typedef struct row_list {
 static int list_add(row_list_t *l, const redisReply *blob)
 {
     size_t more = blob->len / 4;
-    if (l->n + more > l->cap) {
-        size_t cap = l->cap ? l->cap : 1024;
-        while (cap < l->n + more)
-            cap *= 2;
-        uint32_t *v = realloc(l->v, cap * sizeof(*v));
-        if (v == NULL)
-            return -1;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (FR_GROW(l->v, l->cap, l->n + more) != FR_OK)
+        return -1;
     for (size_t k = 0; k + 4 <= blob->len; k += 4)
         l->v[l->n++] = ps_field_row(blob->str + k);
     return 0;
