@@ -8,7 +8,6 @@
  *
  * Thread: the applier's.
  */
-#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -334,7 +333,7 @@ static void queue_state(psstore_applier_t *a, txn_t *t)
     if (a->replay_gen > 0) {
         /* set together with replay_gen (publish_replay, rollback): a NULL
          * would end txn_cmd's list early */
-        assert(a->replay_spec != NULL && a->replay_when != NULL);
+        FR_ASSERT(a->replay_spec != NULL && a->replay_when != NULL);
         snprintf(num, sizeof(num), "%lld", (long long)a->replay_gen);
         txn_cmd(t, "HSET", a->k_meta, "replay_generation", num, "replay", a->replay_spec,
                 "replay_requested", a->replay_when, NULL);
@@ -409,7 +408,7 @@ static size_t snapshots_excess(const psstore_applier_t *a)
                         ? a->nsnaps + 1 - (size_t)a->conf.snapshot_retain
                         : 0;
     /* snapshot_retain >= 1 (checked by psstore_applier_new) */
-    assert(excess <= a->nsnaps);
+    FR_ASSERT(excess <= a->nsnaps);
     return excess < 8 ? excess : 8;
 }
 
@@ -490,7 +489,7 @@ static void snapshot_done(psstore_applier_t *a, int64_t id, int64_t version)
     a->nsnaps -= excess;
     if (a->nsnaps < MAX_SNAPS)
         a->snaps[a->nsnaps++] = id;
-    assert(a->nsnaps <= MAX_SNAPS);
+    FR_ASSERT(a->nsnaps <= MAX_SNAPS);
     a->snap_version = version;
     a->snap_ns = fr_clock_mono_ns();
     a->snap_req = 0;
@@ -557,8 +556,12 @@ static void queue_acks(psstore_applier_t *a, txn_t *t)
         txn_str(t, a->k_grads);
         if (pass == 0)
             txn_str(t, GROUP);
-        for (size_t pos = 0; pos < a->ids.len; pos += strlen(a->ids.p + pos) + 1)
+        size_t n = 0;
+        for (size_t pos = 0; pos < a->ids.len; pos += strlen(a->ids.p + pos) + 1, n++)
             txn_str(t, a->ids.p + pos);
+        /* the window acknowledges exactly the entries it decided: one more
+         * would delete a gradient never applied, one fewer re-apply one */
+        FR_ASSERT(n == a->nids);
         txn_send(t);
     }
 }

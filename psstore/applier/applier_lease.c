@@ -7,7 +7,6 @@
  *
  * Thread: the applier's.
  */
-#include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -483,8 +482,8 @@ void ps_applier_guard_record(psstore_applier_t *a, int bad)
     a->guard_bad += bad;
     a->guard_pos = (a->guard_pos + 1) % GUARD_WINDOW;
     /* the window counts its bad gradients: at most as many as it holds */
-    assert(bad == 0 || bad == 1);
-    assert(a->guard_bad >= 0 && a->guard_bad <= a->guard_fill && a->guard_fill <= GUARD_WINDOW);
+    FR_ASSERT(bad == 0 || bad == 1);
+    FR_ASSERT(a->guard_bad >= 0 && a->guard_bad <= a->guard_fill && a->guard_fill <= GUARD_WINDOW);
     if (a->guard_bad * 100 > GUARD_MAX_BAD * GUARD_WINDOW && a->stopped[0] == '\0') {
         char reason[128];
         snprintf(reason, sizeof(reason), "%d of the last %d gradients were non-finite",

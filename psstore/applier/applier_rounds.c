@@ -7,7 +7,6 @@
  *
  * Thread: the applier's.
  */
-#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,7 +111,7 @@ static int worker_group(psstore_applier_t *a, const char *worker)
 /* Opens group g's round: it expects the group's live, non-idle members. */
 static fr_err_t round_open(psstore_applier_t *a, int g)
 {
-    assert(g >= 0 && g < MAX_GROUPS); /* worker_group maps any other to 0 */
+    FR_ASSERT(g >= 0 && g < MAX_GROUPS); /* worker_group maps any other to 0 */
     round_t *r = &a->rounds[g];
     if (fr_clock_mono_ns() - a->members_ns > 100000000ull) {
         fr_err_t err = ps_applier_refresh_members(a);
@@ -161,7 +160,7 @@ static int round_ready(const psstore_applier_t *a, const round_t *r, int *timed_
     if (!r->open || r->nheld == 0)
         return 0;
     /* only an expected member's first gradient counts as an arrival */
-    assert(r->narrived <= r->nexpected);
+    FR_ASSERT(r->narrived <= r->nexpected);
     size_t need = r->nexpected;
     if (a->conf.mode == PSSTORE_MODE_BACKUP)
         need = r->nexpected > (size_t)a->conf.backups ? r->nexpected - (size_t)a->conf.backups : 1;
@@ -194,7 +193,7 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
 {
     round_t *r = &a->rounds[g];
     int64_t before = a->version;
-    assert(r->open && r->nheld > 0); /* rounds_close and round_take close only these */
+    FR_ASSERT(r->open && r->nheld > 0); /* rounds_close and round_take close only these */
     for (size_t j = 0; j < a->n; j++)
         a->g[j] = (float)(r->sum[j] / (double)r->nsamples);
     psstore_decision_t d;
@@ -252,9 +251,12 @@ static fr_err_t round_close(psstore_applier_t *a, int g)
         err = ps_applier_decide_mark(a, &hg, outcome);
         if (r->held[i].id[0] == '\0')
             continue;
-        if (err == FR_OK && (ps_buf_add(&a->ids, r->held[i].id, strlen(r->held[i].id) + 1) != 0))
+        if (err != FR_OK)
+            break;
+        if (ps_buf_add(&a->ids, r->held[i].id, strlen(r->held[i].id) + 1) != 0)
             err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
-        a->nids++;
+        else
+            a->nids++; /* counted only when listed: the commit acks what ids holds */
     }
     r->open = 0;
     r->nheld = 0;
@@ -308,7 +310,7 @@ static void round_forget_member(psstore_applier_t *a, const char *id)
             r->nexpected--;
             memcpy(r->expected[i], r->expected[r->nexpected], 256);
             r->arrived[i] = r->arrived[r->nexpected];
-            assert(r->narrived <= r->nexpected); /* the one removed had not arrived */
+            FR_ASSERT(r->narrived <= r->nexpected); /* the one removed had not arrived */
             break;
         }
     }
@@ -363,7 +365,7 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
      * by the next one: it leaves ids (it is the last there) */
     h->id[0] = '\0'; /* a gradient of the in-process channel has none */
     if (a->cur_id != LOCAL_ID) {
-        assert(a->cur_id < a->ids.len && a->nids > 0);
+        FR_ASSERT(a->cur_id < a->ids.len && a->nids > 0);
         snprintf(h->id, sizeof(h->id), "%s", a->ids.p + a->cur_id);
         a->ids.len = a->cur_id;
         a->nids--;
@@ -389,7 +391,7 @@ static fr_err_t round_hold(psstore_applier_t *a, round_t *r, const psstore_grad_
         if (!r->arrived[i] && strcmp(r->expected[i], g->worker) == 0) {
             r->arrived[i] = 1;
             r->narrived++;
-            assert(r->narrived <= r->nexpected);
+            FR_ASSERT(r->narrived <= r->nexpected);
             break;
         }
     }

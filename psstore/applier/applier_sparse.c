@@ -358,6 +358,7 @@ static fr_err_t insert_missing(ps_sparse_t *sp)
         size_t pos = probe(sp, row);
         if (sp->keys[pos] != 0 || (!sp->got[i] && !admitted(sp, row)))
             continue;
+        FR_ASSERT(sp->nslots < sp->capslots && 2 * sp->nslots < sp->cap); /* reserve() made room */
         size_t s = sp->nslots++;
         sp->keys[pos] = row + 1;
         sp->slot_of[pos] = (uint32_t)s;
@@ -418,12 +419,14 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
         if (sp->keys[pos] == 0) /* not admitted yet */
             continue;
         size_t s = sp->slot_of[pos];
+        FR_ASSERT(s < sp->nslots && sp->rows[s] == row); /* the table and its slots agree */
         memcpy(sp->grad, g->g + m + i * sp->rowlen, sp->rowlen * sizeof(float));
         sparse_row_step(&sp->spec, &sp->optim, sp->vals + s * sp->vlen,
                         sp->vals + s * sp->vlen + sp->rowlen, sp->grad);
         sp->touched[s] = now_ms;
         if (!sp->dirty[s]) {
             sp->dirty[s] = 1;
+            FR_ASSERT(sp->ndirty < sp->nslots + 1); /* a slot is listed once */
             sp->dirty_list[sp->ndirty++] = (uint32_t)s;
         }
     }
@@ -480,6 +483,7 @@ static size_t home(const ps_sparse_t *sp, uint32_t row)
 static void remove_at(ps_sparse_t *sp, size_t pos)
 {
     size_t mask = sp->cap - 1, s = sp->slot_of[pos], hole = pos;
+    FR_ASSERT(sp->keys[pos] != 0 && s < sp->nslots && !sp->dirty[s]);
     for (size_t j = (pos + 1) & mask; sp->keys[j] != 0; j = (j + 1) & mask) {
         size_t h = home(sp, sp->keys[j] - 1);
         /* the entry at j may fill the hole unless its home lies in (hole, j] */
