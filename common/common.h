@@ -19,11 +19,14 @@ extern "C" {
 
 #if defined(__GNUC__)
 #define FR_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+/* _Noreturn is C11's; nvcc reads this header as C++ (cuda/). */
+#define FR_NORETURN __attribute__((noreturn))
 /* A function the CUDA module takes from the program that loads it (the
  * build hides every other symbol; cuda/exports.list exports these). */
 #define FR_MODULE_API __attribute__((visibility("default")))
 #else
 #define FR_PRINTF(fmt, args)
+#define FR_NORETURN _Noreturn
 #define FR_MODULE_API
 #endif
 
@@ -71,7 +74,7 @@ const char *fr_strerror(fr_err_t err);
  * condition with its file and line, then aborts. */
 #define FR_ASSERT(cond)                                                                            \
     (__builtin_expect(!!(cond), 1) ? (void)0 : fr_assert_fail(#cond, __FILE__, __LINE__))
-_Noreturn void fr_assert_fail(const char *cond, const char *file, int line);
+FR_NORETURN void fr_assert_fail(const char *cond, const char *file, int line);
 
 /* Formats into errstr (when errstr and size are non-zero) and returns err, so
  * that an error can be filled and returned in one statement. */
