@@ -445,13 +445,8 @@ static fr_err_t st_slurp(const fr_st_errctx_t *ec, int fd, const uint8_t *prefix
                                (unsigned long long)ST_MAX_STREAM);
         if (hint == 0 && used - *pad > 8 && (*mem)[*pad + 8] != '{')
             return fr__st_fail(ec, FR_ERR_PARSE, "header does not start with '{'");
-        if (used == cap) {
-            uint8_t *nm = cap <= SIZE_MAX / 2 ? realloc(*mem, cap * 2) : NULL;
-            if (nm == NULL)
-                return fr__st_nomem(ec);
-            *mem = nm;
-            cap *= 2;
-        }
+        if (used == cap && FR_GROW(*mem, cap, cap + 1) != FR_OK)
+            return fr__st_nomem(ec);
         ssize_t k = read(fd, *mem + used, cap - used);
         if (k < 0 && errno == EINTR)
             continue;

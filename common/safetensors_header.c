@@ -61,22 +61,6 @@ static size_t st_dtype_size(const char *name)
     return 0;
 }
 
-/* Makes room for one more element of size el in v (capacity *cap, n in
- * use), doubling. Returns the array to use from now on, or NULL if out of
- * memory (v is then unchanged and still owned by the caller). */
-static void *st_grow(void *v, size_t *cap, size_t n, size_t el)
-{
-    if (n < *cap)
-        return v;
-    size_t ncap = *cap ? *cap * 2 : 16;
-    if (ncap < *cap || ncap > SIZE_MAX / el)
-        return NULL;
-    void *nv = realloc(v, ncap * el);
-    if (nv != NULL)
-        *cap = ncap;
-    return nv;
-}
-
 static fr_err_t st_bad_json(fr_st_parser_t *p, size_t at, const char *what)
 {
     return fr__st_fail(&p->ec, FR_ERR_PARSE, "bad JSON at header byte %zu: %s", at, what);
@@ -129,10 +113,8 @@ static fr_err_t st_scan(fr_st_parser_t *p)
             while (i < p->n &&
                    (st_is_digit(p->h[i]) || (p->h[i] != '\0' && strchr("+-.eE", p->h[i]) != NULL)))
                 i++;
-            fr_st_span_t *nv = st_grow(p->nums, &p->capnums, p->nnums, sizeof p->nums[0]);
-            if (nv == NULL)
+            if (FR_GROW(p->nums, p->capnums, p->nnums + 1) != FR_OK)
                 return fr__st_nomem(&p->ec);
-            p->nums = nv;
             p->nums[p->nnums++] = (fr_st_span_t){start, i - start};
         } else {
             do /* true, false, null */
@@ -488,10 +470,8 @@ static fr_err_t st_parse_tensor(fr_st_parser_t *p, const char *name, const json_
                                          : "data_offsets");
     if ((err = st_check_tensor_size(p, &e)) != FR_OK)
         return err;
-    fr_st_entry_t *nents = st_grow(p->ents, &p->capents, p->nents, sizeof e);
-    if (nents == NULL)
+    if (FR_GROW(p->ents, p->capents, p->nents + 1) != FR_OK)
         return fr__st_nomem(&p->ec);
-    p->ents = nents;
     p->ents[p->nents++] = e;
     return FR_OK;
 }
@@ -512,10 +492,8 @@ static fr_err_t st_parse_metadata(fr_st_parser_t *p, const json_t *v)
         if (!json_is_string(x))
             return fr__st_fail(&p->ec, FR_ERR_PARSE, "metadata value for key '%s' is not a string",
                                fr__st_show(key, shown));
-        fr_st_kv_t *nmeta = st_grow(p->meta, &p->capmeta, p->nmeta, sizeof p->meta[0]);
-        if (nmeta == NULL)
+        if (FR_GROW(p->meta, p->capmeta, p->nmeta + 1) != FR_OK)
             return fr__st_nomem(&p->ec);
-        p->meta = nmeta;
         p->meta[p->nmeta].key = key;
         p->meta[p->nmeta].value = json_string_value(x);
         p->nmeta++;
