@@ -1,8 +1,7 @@
 /*
- * buf.c - a growable text buffer: the metrics exposition and serve's JSON
- * are both written into one. An allocation failure is kept in the buffer,
- * so a writer appends without checking and checks once, when it takes the
- * text.
+ * buf.c - a growable text buffer: the metrics exposition, serve's JSON and
+ * the safetensors writer's header are written into one. An allocation failure is kept in the
+ * buffer, so a writer appends without checking and checks once, when it takes the text.
  *
  * Threads: a buffer has one writer; nothing here is shared.
  */
