@@ -49,17 +49,14 @@ int app_cmd_ps(int argc, char **argv);      /* svc_ps.c */
 int app_cmd_broker(int argc, char **argv);  /* svc_broker.c */
 int app_cmd_produce(int argc, char **argv); /* svc_produce.c */
 
-/* Loads "--config F" and "--set S.K=V" options into cfg, then the
- * environment. Returns 0, -1 after printing --help, or an exit status. */
-int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv,
-                    void (*usage)(FILE *));
-/* [controller] (and [trainer] mode adaptive) as a controller conf. */
+/* [controller] (and [trainer] mode adaptive) as a controller conf
+ * (svc_conf.c). */
 int app_controller_conf(const char *cmd, const fr_config_t *cfg, psstore_ctl_conf_t *ctl);
 /* Creates [model] in the store when absent; refuses one with other layers
- * or loss. */
+ * or loss (svc_store.c). */
 int app_ensure_model(const char *cmd, const fr_config_t *cfg);
 /* The applier's settings from [redis], [model], [controller], [psstore] and
- * [trainer] workers (svc_ps.c). Returns 0 or an exit status. */
+ * [trainer] workers (svc_conf.c). Returns 0 or an exit status. */
 int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
                      psstore_applier_conf_t *conf);
 int app_cmd_run(int argc, char **argv); /* svc_run.c */
@@ -82,7 +79,7 @@ int app_run_sparse(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metric
 int app_cmd_train(int argc, char **argv); /* svc_run.c */
 /* Executes the requests waiting for model name with an applier that only
  * executes requests, when no applier holds the lease (docs/design.md "One writer and fencing": the
- * CLI takes the lease itself); FR_OK at once while one does (svc_model.c). */
+ * CLI takes the lease itself); FR_OK at once while one does (svc_store.c). */
 fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url,
                               const char *name);
 int app_cmd_replay(int argc, char **argv); /* svc_replay.c */
@@ -119,7 +116,7 @@ int app_compare_measure(psstore_conn_t *c, const app_holdout_t *h, size_t keep, 
 int app_cmd_serve(int argc, char **argv); /* svc_serve.c */
 int app_cmd_check(int argc, char **argv); /* svc_check.c */
 /* [serve], [redis] url and [model] name as a serve conf (strings borrowed
- * from cfg). Returns 0 or an exit status. */
+ * from cfg; svc_conf.c). Returns 0 or an exit status. */
 int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
                    serve_conf_t *conf);
 #endif
@@ -169,7 +166,12 @@ void app_json_num(FILE *out, double v);
  * unique, as run's summary). 0, or -1 when absent or not a number. */
 int app_json_find_num(const char *text, const char *key, double *v);
 
-/* Loads a data file for the model's schema and reports what was skipped
+/* Loads "--config F" and "--set S.K=V" options into cfg, then the
+ * environment (load.c). Returns 0, -1 after printing --help, or an exit
+ * status. */
+int app_load_config(const char *cmd, fr_config_t *cfg, int argc, char **argv,
+                    void (*usage)(FILE *));
+/* Loads a data file for the model's schema (load.c) and reports what was skipped
  * (one warning line per reject reason); labels_opt names the option that
  * gives labels, for messages. Returns 0, or prints the error and returns
  * APP_EXIT_USAGE (APP_EXIT_FAILURE when out of memory). */

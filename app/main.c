@@ -1,6 +1,6 @@
 /*
- * main.c - the freshet command: dispatch to subcommands, and the data file
- * loader fit, eval and the holdout share (option helpers: opts.c).
+ * main.c - the freshet command: dispatch to subcommands (option helpers:
+ * opts.c; configuration and data files: load.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,33 +47,6 @@ static void usage(FILE *out)
             "  %-10s print the version and the compute backends of this build\n\n"
             "'freshet <command> --help' describes a command's options.\n",
             "version");
-}
-
-int app_load_dataset(const char *cmd, const char *labels_opt, ingest_dataset_t *ds,
-                     const ingest_schema_t *schema, ingest_format_t format, const char *data,
-                     const char *labels)
-{
-    char errstr[512];
-    if (format == INGEST_FORMAT_IDX && labels == NULL)
-        return app_usage_error(cmd, "--format idx needs %s FILE for %s", labels_opt, data);
-    fr_err_t err = ingest_dataset_load(ds, schema, format, data, labels, errstr, sizeof(errstr));
-    if (err != FR_OK) {
-        fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-        return err == FR_ERR_NOMEM ? APP_EXIT_FAILURE : APP_EXIT_USAGE;
-    }
-    for (int r = 1; r < INGEST_REJECT_COUNT; r++) {
-        if (ds->rejected[r] > 0)
-            fr_log(
-                FR_LOG_WARN, "%s: skipped %llu records of %s (%s; first at %s %llu)", cmd,
-                (unsigned long long)ds->rejected[r], data, ingest_reject_name((ingest_reject_t)r),
-                format == INGEST_FORMAT_CSV || format == INGEST_FORMAT_LIBSVM ? "line" : "record",
-                (unsigned long long)ds->first_bad_line[r]);
-    }
-    if (ds->n == 0) {
-        fprintf(stderr, "freshet %s: %s holds no valid record\n", cmd, data);
-        return APP_EXIT_USAGE;
-    }
-    return 0;
 }
 
 int main(int argc, char **argv)

@@ -541,42 +541,6 @@ static void rollback_usage(FILE *out)
             redis_help);
 }
 
-/* Executes the model's waiting requests here when no applier runs: per
- * shard of a sharded model, each shard whose lease is free. */
-fr_err_t app_execute_requests(const char *cmd, psstore_conn_t *c, const char *url, const char *name)
-{
-    int held = 1;
-    psstore_model_info_t info;
-    fr_err_t err = psstore_model_info(c, name, &info);
-    if (err == FR_OK && info.shards == 1)
-        err = psstore_lease_held(c, name, &held);
-    if (err != FR_OK || (info.shards == 1 && held))
-        return err;
-    char errstr[512];
-    for (int k = 0; k < info.shards && err == FR_OK; k++) {
-        psstore_applier_conf_t conf;
-        psstore_applier_conf_init(&conf);
-        conf.url = url;
-        conf.model = name;
-        conf.shard = k;
-        conf.requests_only = 1;
-        psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
-        if (a == NULL) {
-            fprintf(stderr, "freshet %s: %s\n", cmd, errstr);
-            return FR_ERR_STATE;
-        }
-        /* a standby (the shard's applier runs) returns at once: it executes them */
-        err = psstore_applier_poll(a, 10);
-        if (err != FR_OK)
-            fprintf(stderr, "freshet %s: %s\n", cmd, psstore_applier_error(a));
-        /* already set: the run commits once and releases the lease */
-        atomic_int stop = 1;
-        psstore_applier_run(a, &stop); /* releases the lease */
-        psstore_applier_destroy(a);
-    }
-    return err;
-}
-
 /* "model rollback": a request, executed by the running applier or here. */
 static int cmd_rollback(int argc, char **argv)
 {

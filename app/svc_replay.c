@@ -148,14 +148,8 @@ typedef struct plan_row {
 static int plan_add(psstore_conn_t *c, const char *model, const char *topic, int32_t partition,
                     plan_row_t **rows, size_t *n, size_t *cap)
 {
-    if (*n == *cap) {
-        size_t grown = *cap ? 2 * *cap : 16;
-        plan_row_t *r = realloc(*rows, grown * sizeof(*r));
-        if (r == NULL)
-            return -1;
-        *rows = r;
-        *cap = grown;
-    }
+    if (FR_GROW(*rows, *cap, *n + 1) != FR_OK)
+        return -1;
     plan_row_t *row = &(*rows)[*n];
     memset(row, 0, sizeof(*row));
     snprintf(row->topic, sizeof(row->topic), "%s", topic);

@@ -43,33 +43,6 @@ static void serve_usage(FILE *out)
         "Exit statuses: 0 stopped by a signal, 2 bad configuration or address in use.\n");
 }
 
-int app_serve_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metrics,
-                   serve_conf_t *conf)
-{
-    serve_conf_init(conf);
-    conf->listen = fr_config_get(cfg, "serve", "listen");
-    conf->redis_url = fr_config_get(cfg, "redis", "url");
-    conf->model = fr_config_get(cfg, "model", "name");
-    conf->token = fr_config_get(cfg, "serve", "token");
-    conf->protect_reads = fr_config_get_bool(cfg, "serve", "protect_reads");
-    conf->refresh_ms = fr_config_get_int(cfg, "serve", "refresh_ms");
-    conf->tls_cert = fr_config_get(cfg, "serve", "tls_cert");
-    conf->tls_key = fr_config_get(cfg, "serve", "tls_key");
-    conf->chartjs = fr_config_get(cfg, "serve", "chartjs");
-    conf->max_body = (size_t)fr_config_get_int(cfg, "serve", "max_body");
-    conf->header_timeout_s = (int)fr_config_get_int(cfg, "serve", "header_timeout");
-    conf->max_connections = (int)fr_config_get_int(cfg, "serve", "max_connections");
-    conf->infer = fr_config_get_bool(cfg, "serve", "infer");
-    conf->infer_threads = (int)fr_config_get_int(cfg, "serve", "infer_threads");
-    conf->infer_queue = (int)fr_config_get_int(cfg, "serve", "infer_queue");
-    conf->allowed_hosts = fr_config_get(cfg, "serve", "allowed_hosts");
-    conf->metrics = metrics;
-    if (conf->protect_reads && conf->token[0] == '\0')
-        return app_usage_error(cmd, "[serve] protect_reads needs [serve] token (or "
-                                    "FRESHET_TOKEN)");
-    return 0;
-}
-
 int app_cmd_serve(int argc, char **argv)
 {
     fr_config_t *cfg = fr_config_new();

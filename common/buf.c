@@ -1,8 +1,8 @@
 /*
- * buf.c - a growable buffer: the metrics exposition, serve's JSON and the
- * applier's stream entries are all written into one. An allocation failure is kept in the buffer,
- * so a writer appends without checking and checks once, when it takes the
- * text.
+ * buf.c - a growable buffer: the metrics exposition, serve's JSON, the
+ * safetensors writer's header and the applier's stream entries are all
+ * written into one. An allocation failure is kept in the buffer, so a
+ * writer appends without checking and checks once, when it takes the text.
  *
  * Threads: a buffer has one writer; nothing here is shared.
  */
@@ -35,16 +35,12 @@ int fr_buf_reserve(fr_buf_t *b, size_t n)
         return -1;
     if (b->len + n + 1 <= b->cap)
         return 0;
-    size_t cap = b->cap ? b->cap : FR_BUF_FIRST_CAP;
-    while (cap < b->len + n + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (p == NULL) {
+    /* the first allocation holds FR_BUF_FIRST_CAP bytes at least */
+    size_t need = b->len + n + 1;
+    if (FR_GROW(b->p, b->cap, need > FR_BUF_FIRST_CAP ? need : FR_BUF_FIRST_CAP) != FR_OK) {
         b->failed = 1;
         return -1;
     }
-    b->p = p;
-    b->cap = cap;
     return 0;
 }
 

@@ -27,7 +27,7 @@ extern "C" {
 #else
 #define FR_PRINTF(fmt, args)
 #define FR_MODULE_API
-#define FR_NORETURN
+#define FR_NORETURN _Noreturn
 #endif
 
 /* A hot loop over a parameter vector, compiled also for AVX2 and chosen at

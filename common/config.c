@@ -472,14 +472,8 @@ static fr_err_t kafka_set(fr_config_t *cfg, const char *key, const char *value)
             return FR_OK;
         }
     }
-    if (cfg->nkafka == cfg->capkafka) {
-        size_t cap = cfg->capkafka ? cfg->capkafka * 2 : 8;
-        kafka_prop_t *grown = realloc(cfg->kafka, cap * sizeof(*grown));
-        if (grown == NULL)
-            return FR_ERR_NOMEM;
-        cfg->kafka = grown;
-        cfg->capkafka = cap;
-    }
+    if (FR_GROW(cfg->kafka, cfg->capkafka, cfg->nkafka + 1) != FR_OK)
+        return FR_ERR_NOMEM;
     char *k = strdup(key);
     char *v = strdup(value);
     if (k == NULL || v == NULL) {

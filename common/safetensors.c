@@ -12,25 +12,18 @@
  * whenever its offset is a multiple of it, which holds for every file from
  * fr_st_encode and from the Python safetensors library.
  *
- * The header is parsed by libjansson (json_loadb, rejecting duplicate keys);
- * tensor names and metadata point into its tree, which the result owns.
- * Values the reader does not need (unknown fields of a tensor, which the
- * reference implementation ignores) are checked for syntax and skipped. It
- * rejects duplicate keys, invalid UTF-8, lone surrogates, \u0000 (names and
- * values are C strings here) and nesting deeper than ST_MAX_DEPTH; the
- * layout checks (dtypes, shapes, exact sizes, no holes or overlaps, the
- * file's exact size) are this file's own. A build without libjansson
+ * The header's JSON is read in safetensors_header.c (by libjansson); the
+ * layout checks (no holes or overlaps, the file's exact size) and the
+ * look-ups are this file's. A build without libjansson
  * (FRESHET_CORE_ONLY on a host without it) writes files but reads none:
  * reading fails with "built without libjansson".
  *
- * The writer is in safetensors_write.c; what both use is declared in
- * common_int.h.
+ * The writer is in safetensors_write.c; what the three share is declared
+ * in common_int.h.
  *
  * Every function is reentrant. A parsed fr_st_file_t is never modified, so
  * any number of threads may read one at the same time.
  */
-#include <assert.h>
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -42,10 +35,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#ifdef FRESHET_HAVE_JANSSON
-#include <jansson.h>
-#endif
 
 #include "common/common.h"
 #include "common/common_int.h"
@@ -62,55 +51,16 @@ _Static_assert(sizeof(size_t) >= sizeof(uint64_t), "freshet needs a 64-bit size_
 /* Bytes read at most from a stream (pipe, device) whose size is unknown:
  * 4 GiB of weights plus the largest header. */
 #define ST_MAX_STREAM ((uint64_t)4 * 1024 * 1024 * 1024 + FR_ST_MAX_HEADER + 8)
-#define ST_MAX_DEPTH  64 /* JSON nesting accepted in skipped values */
-
-/* One tensor while parsing and in the result. */
-typedef struct st_entry {
-    fr_st_tensor_t t;
-    uint64_t begin, end; /* data_offsets */
-    size_t esize;        /* bytes per element of t.dtype */
-    size_t order;        /* position in the header: breaks ties between empty tensors */
-} st_entry_t;
 
 struct fr_st_file {
-    uint8_t *mem;     /* owned: holds the image; tensor data points into it */
-    st_entry_t *ents; /* [nents], by data offset */
+    uint8_t *mem;        /* owned: holds the image; tensor data points into it */
+    fr_st_entry_t *ents; /* [nents], by data offset */
     size_t nents;
     const fr_st_tensor_t **by_name; /* [nents], sorted by name, for fr_st_find */
     fr_st_kv_t *meta;               /* [nmeta], sorted by key, for fr_st_meta */
     size_t nmeta;
     void *root; /* owned: the header's json_t, which names and metadata point into */
 };
-
-/* Where a number is in the header text. */
-typedef struct st_span {
-    size_t at, len;
-} st_span_t;
-
-typedef struct st_parser {
-    fr_st_errctx_t ec;
-    const char *h;   /* the header text */
-    size_t n;        /* its length */
-    void *root;      /* its json_t tree */
-    st_span_t *nums; /* every number of the text, in order */
-    size_t nnums, capnums;
-    size_t next_num; /* the next number of the tree walk */
-    st_entry_t *ents;
-    size_t nents, capents;
-    fr_st_kv_t *meta;
-    size_t nmeta, capmeta;
-} st_parser_t;
-
-#ifdef FRESHET_HAVE_JANSSON
-static const struct {
-    const char *name;
-    size_t size;
-} st_dtypes[] = {
-    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
-    {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
-    {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8},
-};
-#endif
 
 /* ------------------------------------------------------------------------
  * Small helpers
@@ -220,18 +170,6 @@ const char *fr__st_shape_text(const int64_t *shape, int ndim, char out[FR_ST_SHA
     return out;
 }
 
-#ifdef FRESHET_HAVE_JANSSON
-/* The element size of a dtype name, or 0 if the name is unknown. */
-static size_t st_dtype_size(const char *name)
-{
-    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++) {
-        if (strcmp(name, st_dtypes[i].name) == 0)
-            return st_dtypes[i].size;
-    }
-    return 0;
-}
-#endif
-
 /* Bytes of a tensor of the given shape and element size. Returns false if
  * the count overflows 64 bits (a zero dimension makes it 0, whatever the
  * others are). */
@@ -256,537 +194,10 @@ bool fr__st_shape_bytes(const int64_t *shape, int ndim, size_t esize, uint64_t *
     return true;
 }
 
-#ifdef FRESHET_HAVE_JANSSON
-/* Makes room for one more element of size el in v (capacity *cap, n in
- * use), doubling. Returns the array to use from now on, or NULL if out of
- * memory (v is then unchanged and still owned by the caller). */
-static void *st_grow(void *v, size_t *cap, size_t n, size_t el)
-{
-    if (n < *cap)
-        return v;
-    size_t ncap = *cap ? *cap * 2 : 16;
-    if (ncap < *cap || ncap > SIZE_MAX / el)
-        return NULL;
-    void *nv = realloc(v, ncap * el);
-    if (nv != NULL)
-        *cap = ncap;
-    return nv;
-}
-#endif
-
-/* ------------------------------------------------------------------------
- * The header's JSON, read by libjansson
- *
- * jansson checks the syntax, UTF-8, escapes, surrogates, \u0000 and
- * duplicate keys (JSON_REJECT_DUPLICATES); its errors are reworded below
- * into the messages this reader has always given. Every number is decoded
- * as a real (JSON_DECODE_INT_AS_REAL), which never overflows where a 64-bit
- * integer would; the "shape" and "data_offsets" values are read again from
- * their text, exactly, by st_scan (below), which pairs the k-th number of
- * the tree, walked in document order (jansson keeps the order of an
- * object's keys), with the k-th number of the text.
- * ---------------------------------------------------------------------- */
-
 fr_err_t fr__st_nomem(const fr_st_errctx_t *ec)
 {
     return fr__st_fail(ec, FR_ERR_NOMEM, "out of memory");
 }
-
-#ifdef FRESHET_HAVE_JANSSON
-
-static fr_err_t st_bad_json(st_parser_t *p, size_t at, const char *what)
-{
-    return fr__st_fail(&p->ec, FR_ERR_PARSE, "bad JSON at header byte %zu: %s", at, what);
-}
-
-static bool st_is_digit(int c)
-{
-    return c >= '0' && c <= '9';
-}
-
-/* The index after the string that starts at h[i] (a '"'), or n. */
-static size_t st_string_end(const char *h, size_t n, size_t i)
-{
-    for (i++; i < n; i++) {
-        if (h[i] == '\\')
-            i++;
-        else if (h[i] == '"')
-            return i + 1;
-    }
-    return n;
-}
-
-/* Walks the header text, which jansson accepted: records where each number
- * is (p->nums, in document order) and refuses nesting deeper than
- * ST_MAX_DEPTH (a value inside ST_MAX_DEPTH open containers). */
-static fr_err_t st_scan(st_parser_t *p)
-{
-    size_t level = 0;
-    for (size_t i = 0; i < p->n;) {
-        char c = p->h[i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == ',' || c == ':') {
-            i++;
-            continue;
-        }
-        if (c == '}' || c == ']') {
-            assert(level > 0); /* jansson matched the brackets */
-            level -= level > 0;
-            i++;
-            continue;
-        }
-        if (level >= ST_MAX_DEPTH)
-            return st_bad_json(p, i, "nesting too deep");
-        if (c == '{' || c == '[') {
-            level++;
-            i++;
-        } else if (c == '"') {
-            i = st_string_end(p->h, p->n, i);
-        } else if (c == '-' || st_is_digit(c)) {
-            size_t start = i;
-            while (i < p->n &&
-                   (st_is_digit(p->h[i]) || (p->h[i] != '\0' && strchr("+-.eE", p->h[i]) != NULL)))
-                i++;
-            st_span_t *nv = st_grow(p->nums, &p->capnums, p->nnums, sizeof p->nums[0]);
-            if (nv == NULL)
-                return fr__st_nomem(&p->ec);
-            p->nums = nv;
-            p->nums[p->nnums++] = (st_span_t){start, i - start};
-        } else {
-            do /* true, false, null */
-                i++;
-            while (i < p->n && p->h[i] >= 'a' && p->h[i] <= 'z');
-        }
-    }
-    return FR_OK;
-}
-
-/* The error for jansson's "invalid escape", which ends at pos: a string cut
- * short, a \u escape cut short or with bad digits, or an unknown escape. */
-static fr_err_t st_escape_error(st_parser_t *p, size_t pos)
-{
-    size_t end = pos < p->n ? pos : p->n, b = SIZE_MAX;
-    for (size_t i = end; i-- > 0 && end - i <= 6;) {
-        if (p->h[i] != '\\')
-            continue;
-        if (i + 1 < p->n && p->h[i + 1] == 'u') {
-            b = i; /* the escape jansson was reading, whatever ended it */
-            break;
-        }
-        if (b == SIZE_MAX)
-            b = i;
-    }
-    if (b == SIZE_MAX || b + 1 >= p->n)
-        return st_bad_json(p, p->n, "unterminated string");
-    if (p->h[b + 1] != 'u')
-        return st_bad_json(p, b, "bad escape in string");
-    size_t hex = 0;
-    while (hex < 4 && b + 2 + hex < p->n && isxdigit((unsigned char)p->h[b + 2 + hex]))
-        hex++;
-    if (hex < 4 && b + 2 + hex == p->n)
-        return st_bad_json(p, b, "truncated \\u escape");
-    return st_bad_json(p, b, "bad hex digits in \\u escape");
-}
-
-/* The error for jansson's "invalid token", which ends at pos: a number with
- * a leading zero ("00"), another bad number, or a word that is no value. */
-static fr_err_t st_token_error(st_parser_t *p, size_t pos)
-{
-    size_t end = pos < p->n ? pos : p->n, start = end;
-    while (start > 0 && (isalnum((unsigned char)p->h[start - 1]) ||
-                         (p->h[start - 1] != '\0' && strchr("+-.", p->h[start - 1]) != NULL)))
-        start--;
-    char c = start < p->n ? p->h[start] : '\0';
-    if (c != '-' && !st_is_digit(c))
-        return st_bad_json(p, start, "expected a value");
-    size_t len = end - start;
-    if (len > 0 && end < p->n && st_is_digit(p->h[end]) && p->h[end - 1] == '0' &&
-        (len == 1 || (len == 2 && c == '-')))
-        return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                           "bad JSON at header byte %zu: expected ',' after %.*s (a number has no "
-                           "leading zeros)",
-                           end, (int)len, p->h + start);
-    return st_bad_json(p, start, "invalid number");
-}
-
-/* The error for a duplicate key, which ends at pos: named as a duplicate
- * tensor name or metadata key where it is one. */
-static fr_err_t st_dup_key_error(st_parser_t *p, size_t pos)
-{
-    char shown[FR_ST_SHOW];
-    size_t end = pos < p->n ? pos : p->n, ks = end >= 2 ? end - 2 : 0;
-    while (ks > 0 && (p->h[ks] != '"' || p->h[ks - 1] == '\\'))
-        ks--; /* an escaped quote inside a key is never at its start */
-    json_t *k = json_loadb(p->h + ks, end - ks, JSON_DECODE_ANY, NULL);
-    fr__st_show(json_is_string(k) ? json_string_value(k) : "?", shown);
-    json_decref(k);
-    /* where the key is: the header object, the "__metadata__" object (as
-     * it is spelled without escapes) or deeper */
-    size_t level = 0;
-    bool meta_key = false, in_meta = false;
-    for (size_t i = 0; i < ks;) {
-        char c = p->h[i];
-        if (c == '"') {
-            size_t e = st_string_end(p->h, p->n, i);
-            if (level == 1)
-                meta_key = e - i == 14 && memcmp(p->h + i, "\"__metadata__\"", 14) == 0;
-            i = e;
-            continue;
-        }
-        if (c == '{' || c == '[') {
-            level++;
-            if (level == 2)
-                in_meta = meta_key && c == '{';
-        } else if ((c == '}' || c == ']') && level > 0) {
-            level--;
-        }
-        i++;
-    }
-    if (level == 1 && strcmp(shown, "__metadata__") != 0)
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "duplicate tensor name '%s'", shown);
-    if (level == 2 && in_meta)
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "duplicate metadata key '%s'", shown);
-    return fr__st_fail(&p->ec, FR_ERR_PARSE, "duplicate key \"%s\" at header byte %zu", shown, ks);
-}
-
-static bool st_starts(const char *s, const char *prefix)
-{
-    return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-/*
- * Rewords jansson's error je in this reader's terms ("bad JSON at header
- * byte N: expected ':'"). jansson's position counts the bytes it read, up
- * to the end of the token it names ("near 'x'"); the byte given is that
- * token's first. Messages jansson may add later are passed on as they are.
- */
-static fr_err_t st_json_error(st_parser_t *p, const json_error_t *je)
-{
-    const char *text = je->text, *q = strstr(text, " near '");
-    size_t pos = je->position > 0 ? (size_t)je->position : 0;
-    char near[32] = "";
-    if (pos > p->n)
-        pos = p->n;
-    size_t tok = pos;
-    if (q != NULL) {
-        const char *e = strrchr(q + 7, '\'');
-        size_t nlen = e != NULL ? (size_t)(e - (q + 7)) : 0;
-        snprintf(near, sizeof near, "%.*s", (int)nlen, q + 7);
-        tok = nlen <= pos ? pos - nlen : 0;
-    } else if (pos > 0 && p->h[pos - 1] == '\0') {
-        tok = pos - 1; /* jansson reads a NUL byte as the end of its input */
-    }
-    switch (json_error_code(je)) {
-    case json_error_out_of_memory: return fr__st_nomem(&p->ec);
-    case json_error_stack_overflow: return st_bad_json(p, tok, "nesting too deep");
-    case json_error_invalid_utf8: return st_bad_json(p, pos, "invalid UTF-8");
-    case json_error_null_character:
-    case json_error_null_byte_in_key:
-        return st_bad_json(p, tok, "\\u0000 is not allowed in a string");
-    case json_error_duplicate_key: return st_dup_key_error(p, pos);
-    case json_error_numeric_overflow: return st_bad_json(p, tok, "number out of range");
-    case json_error_end_of_input_expected:
-        return st_bad_json(p, tok, "unexpected data after the header object");
-    default: break;
-    }
-    if (st_starts(text, "premature end of input"))
-        return st_bad_json(p, pos, "unterminated string");
-    if (st_starts(text, "invalid escape"))
-        return st_escape_error(p, pos);
-    if (st_starts(text, "invalid Unicode"))
-        return st_bad_json(p, tok, "unpaired surrogate in \\u escape");
-    if (st_starts(text, "control character") || st_starts(text, "unexpected newline"))
-        return st_bad_json(p, pos, "control character in string");
-    if (st_starts(text, "invalid token"))
-        return st_token_error(p, pos);
-    if (st_starts(text, "':' expected"))
-        return st_bad_json(p, tok, "expected ':'");
-    if (st_starts(text, "'}' expected"))
-        return st_bad_json(p, tok,
-                           strcmp(near, "]") == 0 ? "expected '}' to close the object, not ']'"
-                                                  : "expected ',' or '}'");
-    if (st_starts(text, "']' expected"))
-        return st_bad_json(p, tok,
-                           strcmp(near, "}") == 0 ? "expected ']' to close the array, not '}'"
-                                                  : "expected ',' or ']'");
-    if (st_starts(text, "string or '}' expected"))
-        return st_bad_json(p, tok, "expected a string key");
-    if (st_starts(text, "unexpected token"))
-        return st_bad_json(p, tok, "expected a value");
-    return st_bad_json(p, tok, text);
-}
-
-/* Parses the next number of the header as a non-negative integer (no sign,
- * fraction or exponent) that fits 64 bits, for field `field` of tensor
- * `name`; v is its node. Other JSON values are errors naming the field. */
-static fr_err_t st_parse_uint(st_parser_t *p, const char *name, const char *field, const json_t *v,
-                              uint64_t *out)
-{
-    char shown[FR_ST_SHOW];
-    if (!json_is_number(v))
-        return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                           "tensor '%s': \"%s\" must hold non-negative integers",
-                           fr__st_show(name, shown), field);
-    /* st_scan saw every number jansson did; a miscount would be a bug */
-    if (p->next_num >= p->nnums)
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': \"%s\": a number was not found",
-                           fr__st_show(name, shown), field);
-    st_span_t t = p->nums[p->next_num++];
-    const char *s = p->h + t.at;
-    uint64_t x = 0;
-    for (size_t i = 0; i < t.len; i++) {
-        int d = s[i] - '0';
-        if (d < 0 || d > 9)
-            return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                               "tensor '%s': \"%s\" must hold non-negative integers, not %.*s",
-                               fr__st_show(name, shown), field, (int)(t.len > 32 ? 32 : t.len), s);
-        if (x > (UINT64_MAX - (uint64_t)d) / 10)
-            return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': a \"%s\" value is too large",
-                               fr__st_show(name, shown), field);
-        x = x * 10 + (uint64_t)d;
-    }
-    *out = x;
-    return FR_OK;
-}
-
-/* Steps over the numbers of a value this reader ignores. */
-static void st_skip_numbers(st_parser_t *p, const json_t *v)
-{
-    const char *key;
-    json_t *x;
-    size_t i;
-    if (json_is_number(v)) {
-        p->next_num++;
-    } else if (json_is_array(v)) {
-        json_array_foreach(v, i, x) st_skip_numbers(p, x);
-    } else if (json_is_object(v)) {
-        json_object_foreach((json_t *)v, key, x) st_skip_numbers(p, x);
-    }
-}
-
-/* ------------------------------------------------------------------------
- * Header structure
- * ---------------------------------------------------------------------- */
-
-/* Reads the value of "dtype" into e. */
-static fr_err_t st_parse_dtype(st_parser_t *p, st_entry_t *e, const json_t *v)
-{
-    char shown[FR_ST_SHOW], dshown[FR_ST_SHOW];
-    if (!json_is_string(v))
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': \"dtype\" must be a string",
-                           fr__st_show(e->t.name, shown));
-    const char *dtype = json_string_value(v);
-    e->esize = st_dtype_size(dtype);
-    if (e->esize == 0)
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': unknown dtype '%s'",
-                           fr__st_show(e->t.name, shown), fr__st_show(dtype, dshown));
-    snprintf(e->t.dtype, sizeof e->t.dtype, "%s", dtype);
-    return FR_OK;
-}
-
-/* Reads the value of "shape", an array of at most FR_ST_MAX_DIMS
- * non-negative integers ([] is a scalar), into e. */
-static fr_err_t st_parse_shape(st_parser_t *p, st_entry_t *e, const json_t *v)
-{
-    char shown[FR_ST_SHOW];
-    const json_t *x;
-    size_t i;
-    if (!json_is_array(v))
-        return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                           "tensor '%s': \"shape\" must be an array of non-negative integers",
-                           fr__st_show(e->t.name, shown));
-    e->t.ndim = 0;
-    json_array_foreach(v, i, x)
-    {
-        uint64_t d;
-        if (e->t.ndim == FR_ST_MAX_DIMS)
-            return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                               "tensor '%s': shape has more than %d dimensions",
-                               fr__st_show(e->t.name, shown), FR_ST_MAX_DIMS);
-        fr_err_t err = st_parse_uint(p, e->t.name, "shape", x, &d);
-        if (err != FR_OK)
-            return err;
-        if (d > (uint64_t)INT64_MAX)
-            return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': a \"shape\" value is too large",
-                               fr__st_show(e->t.name, shown));
-        e->t.shape[e->t.ndim++] = (int64_t)d;
-    }
-    return FR_OK;
-}
-
-/* Reads the value of "data_offsets", exactly [begin, end], into e; its
- * values are checked in order, as they come, before its length. */
-static fr_err_t st_parse_offsets(st_parser_t *p, st_entry_t *e, const json_t *v)
-{
-    char shown[FR_ST_SHOW];
-    fr_err_t err;
-    size_t n = json_is_array(v) ? json_array_size(v) : 0;
-    if (n == 0)
-        goto not_pair;
-    if ((err = st_parse_uint(p, e->t.name, "data_offsets", json_array_get(v, 0), &e->begin)) !=
-        FR_OK)
-        return err;
-    if (n == 1)
-        goto not_pair;
-    if ((err = st_parse_uint(p, e->t.name, "data_offsets", json_array_get(v, 1), &e->end)) != FR_OK)
-        return err;
-    if (n == 2)
-        return FR_OK;
-not_pair:
-    return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': \"data_offsets\" must be [begin, end]",
-                       fr__st_show(e->t.name, shown));
-}
-
-/* Checks that e's byte range matches its shape and dtype and sets nbytes. */
-static fr_err_t st_check_tensor_size(st_parser_t *p, st_entry_t *e)
-{
-    char shown[FR_ST_SHOW], shape[FR_ST_SHAPE_TEXT], bytes[32];
-    uint64_t nbytes = 0;
-    bool ok = fr__st_shape_bytes(e->t.shape, e->t.ndim, e->esize, &nbytes);
-    if (e->end < e->begin)
-        return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                           "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                           "] end before they begin",
-                           fr__st_show(e->t.name, shown), e->begin, e->end);
-    if (ok && e->end - e->begin == nbytes) {
-        e->t.nbytes = (size_t)nbytes;
-        return FR_OK;
-    }
-    if (ok)
-        snprintf(bytes, sizeof bytes, "%" PRIu64 " bytes", nbytes);
-    else
-        snprintf(bytes, sizeof bytes, "over 2^64 bytes");
-    return fr__st_fail(&p->ec, FR_ERR_PARSE,
-                       "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
-                       "] do not match shape %s of %s (%s)",
-                       fr__st_show(e->t.name, shown), e->begin, e->end,
-                       fr__st_shape_text(e->t.shape, e->t.ndim, shape), e->t.dtype, bytes);
-}
-
-/* Reads one tensor's description {"dtype", "shape", "data_offsets", any
- * other field ignored, as the reference does} and appends it to p->ents. */
-static fr_err_t st_parse_tensor(st_parser_t *p, const char *name, const json_t *v)
-{
-    char shown[FR_ST_SHOW];
-    st_entry_t e;
-    bool have_dtype = false, have_shape = false, have_offsets = false;
-    const char *key;
-    json_t *f;
-    fr_err_t err = FR_OK;
-    memset(&e, 0, sizeof e);
-    e.t.name = name;
-    e.order = p->nents;
-    if (!json_is_object(v))
-        return fr__st_fail(
-            &p->ec, FR_ERR_PARSE,
-            "tensor '%s': value must be an object with dtype, shape and data_offsets",
-            fr__st_show(name, shown));
-    json_object_foreach((json_t *)v, key, f)
-    {
-        if (strcmp(key, "dtype") == 0) {
-            have_dtype = true;
-            err = st_parse_dtype(p, &e, f);
-        } else if (strcmp(key, "shape") == 0) {
-            have_shape = true;
-            err = st_parse_shape(p, &e, f);
-        } else if (strcmp(key, "data_offsets") == 0) {
-            have_offsets = true;
-            err = st_parse_offsets(p, &e, f);
-        } else {
-            st_skip_numbers(p, f);
-        }
-        if (err != FR_OK)
-            return err;
-    }
-    if (!have_dtype || !have_shape || !have_offsets)
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "tensor '%s': missing \"%s\"",
-                           fr__st_show(name, shown),
-                           !have_dtype   ? "dtype"
-                           : !have_shape ? "shape"
-                                         : "data_offsets");
-    if ((err = st_check_tensor_size(p, &e)) != FR_OK)
-        return err;
-    st_entry_t *nents = st_grow(p->ents, &p->capents, p->nents, sizeof e);
-    if (nents == NULL)
-        return fr__st_nomem(&p->ec);
-    p->ents = nents;
-    p->ents[p->nents++] = e;
-    return FR_OK;
-}
-
-/* Reads the "__metadata__" value: an object of strings (null, which the
- * reference reader also takes, means none). */
-static fr_err_t st_parse_metadata(st_parser_t *p, const json_t *v)
-{
-    char shown[FR_ST_SHOW];
-    const char *key;
-    json_t *x;
-    if (json_is_null(v))
-        return FR_OK;
-    if (!json_is_object(v))
-        return fr__st_fail(&p->ec, FR_ERR_PARSE, "\"__metadata__\" must be an object of strings");
-    json_object_foreach((json_t *)v, key, x)
-    {
-        if (!json_is_string(x))
-            return fr__st_fail(&p->ec, FR_ERR_PARSE, "metadata value for key '%s' is not a string",
-                               fr__st_show(key, shown));
-        fr_st_kv_t *nmeta = st_grow(p->meta, &p->capmeta, p->nmeta, sizeof p->meta[0]);
-        if (nmeta == NULL)
-            return fr__st_nomem(&p->ec);
-        p->meta = nmeta;
-        p->meta[p->nmeta].key = key;
-        p->meta[p->nmeta].value = json_string_value(x);
-        p->nmeta++;
-    }
-    return FR_OK;
-}
-
-/* Parses the whole header: one object of tensors and "__metadata__", then
- * only white space (the padding) to its end. The tree, which the names and
- * metadata point into, is left in p->root for the result to own. */
-static fr_err_t st_parse_header(st_parser_t *p)
-{
-    json_error_t je;
-    const char *key;
-    json_t *v;
-    fr_err_t err;
-    p->root = json_loadb(p->h, p->n, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
-    if (p->root == NULL)
-        return st_json_error(p, &je);
-    if ((err = st_scan(p)) != FR_OK)
-        return err;
-    json_object_foreach((json_t *)p->root, key, v)
-    {
-        err =
-            strcmp(key, "__metadata__") == 0 ? st_parse_metadata(p, v) : st_parse_tensor(p, key, v);
-        if (err != FR_OK)
-            return err;
-    }
-    return FR_OK;
-}
-
-static void st_root_free(void *root)
-{
-    json_decref(root);
-}
-
-#else /* !FRESHET_HAVE_JANSSON */
-
-/* A FRESHET_CORE_ONLY build on a host without libjansson (no pkg-config,
- * or no libjansson-dev): files are still written (fr_st_encode needs no
- * JSON reader), but no header can be read. */
-static fr_err_t st_parse_header(st_parser_t *p)
-{
-    return fr__st_fail(&p->ec, FR_ERR_UNSUPPORTED,
-                       "built without libjansson: cannot read the header (Debian: apt-get install "
-                       "libjansson-dev, then build again)");
-}
-
-static void st_root_free(void *root)
-{
-    (void)root;
-}
-
-#endif /* FRESHET_HAVE_JANSSON */
 
 /* ------------------------------------------------------------------------
  * Whole-file checks and the result
@@ -818,7 +229,7 @@ static fr_err_t st_check_prefix(const fr_st_errctx_t *ec, const uint8_t *img, si
 
 static int st_cmp_offset(const void *a, const void *b)
 {
-    const st_entry_t *x = a, *y = b;
+    const fr_st_entry_t *x = a, *y = b;
     if (x->begin != y->begin)
         return x->begin < y->begin ? -1 : 1;
     if (x->end != y->end)
@@ -840,12 +251,12 @@ static int st_cmp_kv(const void *a, const void *b)
 /* Checks that the tensors (sorted by offset) cover the data buffer exactly,
  * from byte 0 without holes or overlaps, and that the image of len bytes
  * ends where the data does; points each tensor's data into the buffer. */
-static fr_err_t st_check_layout(st_parser_t *p, uint8_t *img, size_t len)
+static fr_err_t st_check_layout(fr_st_parser_t *p, uint8_t *img, size_t len)
 {
     char s1[FR_ST_SHOW], s2[FR_ST_SHOW];
     uint64_t pos = 0;
     for (size_t i = 0; i < p->nents; i++) {
-        const st_entry_t *e = &p->ents[i];
+        const fr_st_entry_t *e = &p->ents[i];
         if (e->begin > pos && i == 0)
             return fr__st_fail(&p->ec, FR_ERR_PARSE,
                                "data does not start at byte 0: first tensor '%s' begins at byte "
@@ -878,7 +289,7 @@ static fr_err_t st_check_layout(st_parser_t *p, uint8_t *img, size_t len)
 
 /* Sorts the tensors by name and the metadata by key for the look-ups, and
  * fails on a duplicate of either. */
-static fr_err_t st_index(st_parser_t *p, fr_st_file_t *st)
+static fr_err_t st_index(fr_st_parser_t *p, fr_st_file_t *st)
 {
     char shown[FR_ST_SHOW];
     st->by_name = malloc((p->nents ? p->nents : 1) * sizeof st->by_name[0]);
@@ -908,7 +319,7 @@ static fr_err_t st_index(st_parser_t *p, fr_st_file_t *st)
 static fr_st_file_t *st_parse_owned(uint8_t *mem, uint8_t *img, size_t len, const char *path,
                                     char *errstr, size_t size)
 {
-    st_parser_t p;
+    fr_st_parser_t p;
     fr_st_file_t *st = NULL;
     uint64_t n = 0;
     memset(&p, 0, sizeof p);
@@ -919,7 +330,7 @@ static fr_st_file_t *st_parse_owned(uint8_t *mem, uint8_t *img, size_t len, cons
         goto err;
     p.h = (const char *)img + 8;
     p.n = (size_t)n;
-    if (st_parse_header(&p) != FR_OK)
+    if (fr__st_header_parse(&p) != FR_OK)
         goto err;
     st = calloc(1, sizeof *st);
     if (st == NULL) {
@@ -945,7 +356,7 @@ err:
     free(p.ents);
     free(p.meta);
     free(p.nums);
-    st_root_free(p.root);
+    fr__st_header_free(p.root);
     free(mem);
     return NULL;
 }
@@ -1034,13 +445,8 @@ static fr_err_t st_slurp(const fr_st_errctx_t *ec, int fd, const uint8_t *prefix
                                (unsigned long long)ST_MAX_STREAM);
         if (hint == 0 && used - *pad > 8 && (*mem)[*pad + 8] != '{')
             return fr__st_fail(ec, FR_ERR_PARSE, "header does not start with '{'");
-        if (used == cap) {
-            uint8_t *nm = cap <= SIZE_MAX / 2 ? realloc(*mem, cap * 2) : NULL;
-            if (nm == NULL)
-                return fr__st_nomem(ec);
-            *mem = nm;
-            cap *= 2;
-        }
+        if (used == cap && FR_GROW(*mem, cap, cap + 1) != FR_OK)
+            return fr__st_nomem(ec);
         ssize_t k = read(fd, *mem + used, cap - used);
         if (k < 0 && errno == EINTR)
             continue;
@@ -1085,7 +491,7 @@ void fr_st_destroy(fr_st_file_t *st)
     free(st->ents);
     free(st->meta);
     free(st->mem);
-    st_root_free(st->root);
+    fr__st_header_free(st->root);
     free(st);
 }
 

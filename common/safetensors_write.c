@@ -24,13 +24,6 @@
 #include "common/common.h"
 #include "common/common_int.h"
 
-/* A growing text buffer for the writer; oom sticks once an allocation fails. */
-typedef struct st_buf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} st_buf_t;
-
 static void st_put_le64(uint8_t *b, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
@@ -60,57 +53,27 @@ static int st_cmp_str_ptr(const void *a, const void *b)
  * Writer
  * ---------------------------------------------------------------------- */
 
-static void st_buf_put(st_buf_t *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->cap - b->len < n) {
-        size_t ncap = b->cap ? b->cap : 256;
-        while (ncap - b->len < n) {
-            if (ncap > SIZE_MAX / 2) {
-                b->oom = true;
-                return;
-            }
-            ncap *= 2;
-        }
-        char *np = realloc(b->p, ncap);
-        if (np == NULL) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-}
-
-static void st_buf_puts(st_buf_t *b, const char *s)
-{
-    st_buf_put(b, s, strlen(s));
-}
-
 /* Appends s as a JSON string: quotes and backslashes escaped, control
  * characters as \u00XX, everything else (valid UTF-8) as it is. */
-static void st_buf_put_json(st_buf_t *b, const char *s)
+static void st_put_json(fr_buf_t *b, const char *s)
 {
     const char *run = s;
-    st_buf_put(b, "\"", 1);
+    fr_buf_add(b, "\"", 1);
     for (const char *c = s; *c != '\0'; c++) {
         unsigned char u = (unsigned char)*c;
         if (u != '"' && u != '\\' && u >= 0x20)
             continue;
         char esc[8];
-        st_buf_put(b, run, (size_t)(c - run));
+        fr_buf_add(b, run, (size_t)(c - run));
         if (u < 0x20)
             snprintf(esc, sizeof esc, "\\u%04x", u);
         else
             snprintf(esc, sizeof esc, "\\%c", u);
-        st_buf_puts(b, esc);
+        fr_buf_puts(b, esc);
         run = c + 1;
     }
-    st_buf_puts(b, run);
-    st_buf_put(b, "\"", 1);
+    fr_buf_puts(b, run);
+    fr_buf_add(b, "\"", 1);
 }
 
 /* The dtypes the writer emits: 4-byte elements, copied as they are (F32
@@ -204,43 +167,43 @@ static fr_err_t st_check_write_args(const fr_st_errctx_t *ec, const fr_st_tensor
 }
 
 /* Builds the JSON header, padded with spaces to a multiple of 8 bytes. */
-static void st_build_header(st_buf_t *b, const fr_st_tensor_t *tensors, size_t ntensors,
+static void st_build_header(fr_buf_t *b, const fr_st_tensor_t *tensors, size_t ntensors,
                             const fr_st_kv_t *meta, size_t nmeta)
 {
     char num[64];
     uint64_t off = 0;
-    st_buf_puts(b, "{");
+    fr_buf_puts(b, "{");
     if (nmeta > 0) {
-        st_buf_puts(b, "\"__metadata__\":{");
+        fr_buf_puts(b, "\"__metadata__\":{");
         for (size_t i = 0; i < nmeta; i++) {
             if (i > 0)
-                st_buf_puts(b, ",");
-            st_buf_put_json(b, meta[i].key);
-            st_buf_puts(b, ":");
-            st_buf_put_json(b, meta[i].value);
+                fr_buf_puts(b, ",");
+            st_put_json(b, meta[i].key);
+            fr_buf_puts(b, ":");
+            st_put_json(b, meta[i].value);
         }
-        st_buf_puts(b, "}");
+        fr_buf_puts(b, "}");
     }
     for (size_t i = 0; i < ntensors; i++) {
         const fr_st_tensor_t *t = &tensors[i];
         if (i > 0 || nmeta > 0)
-            st_buf_puts(b, ",");
-        st_buf_put_json(b, t->name);
-        st_buf_puts(b, ":{\"dtype\":\"");
-        st_buf_puts(b, t->dtype);
-        st_buf_puts(b, "\",\"shape\":[");
+            fr_buf_puts(b, ",");
+        st_put_json(b, t->name);
+        fr_buf_puts(b, ":{\"dtype\":\"");
+        fr_buf_puts(b, t->dtype);
+        fr_buf_puts(b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
             snprintf(num, sizeof num, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
-            st_buf_puts(b, num);
+            fr_buf_puts(b, num);
         }
         snprintf(num, sizeof num, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off,
                  off + t->nbytes);
-        st_buf_puts(b, num);
+        fr_buf_puts(b, num);
         off += t->nbytes;
     }
-    st_buf_puts(b, "}");
-    while (!b->oom && b->len % 8 != 0)
-        st_buf_puts(b, " ");
+    fr_buf_puts(b, "}");
+    while (!b->failed && b->len % 8 != 0)
+        fr_buf_puts(b, " ");
 }
 
 /* Validates the arguments, builds the header, then assembles prefix, header
@@ -249,7 +212,7 @@ fr_err_t fr_st_encode(const fr_st_tensor_t *tensors, size_t ntensors, const fr_s
                       size_t nmeta, uint8_t **out, size_t *len, char *errstr, size_t size)
 {
     fr_st_errctx_t ec = {NULL, errstr, size};
-    st_buf_t hdr = {0};
+    fr_buf_t hdr = {0};
     size_t datalen;
     fr_err_t err;
     if (out == NULL || len == NULL)
@@ -261,14 +224,14 @@ fr_err_t fr_st_encode(const fr_st_tensor_t *tensors, size_t ntensors, const fr_s
     if ((err = st_check_write_args(&ec, tensors, ntensors, meta, nmeta, &datalen)) != FR_OK)
         return err;
     st_build_header(&hdr, tensors, ntensors, meta, nmeta);
-    if (hdr.oom || hdr.len > FR_ST_MAX_HEADER || datalen > SIZE_MAX - 8 - hdr.len) {
-        free(hdr.p);
-        return hdr.oom ? fr__st_nomem(&ec)
-                       : fr__st_fail(&ec, FR_ERR_INVAL, "header or data too large");
+    if (hdr.failed || hdr.len > FR_ST_MAX_HEADER || datalen > SIZE_MAX - 8 - hdr.len) {
+        fr_buf_fini(&hdr);
+        return hdr.failed ? fr__st_nomem(&ec)
+                          : fr__st_fail(&ec, FR_ERR_INVAL, "header or data too large");
     }
     uint8_t *img = malloc(8 + hdr.len + datalen);
     if (img == NULL) {
-        free(hdr.p);
+        fr_buf_fini(&hdr);
         return fr__st_nomem(&ec);
     }
     st_put_le64(img, hdr.len);
@@ -279,7 +242,7 @@ fr_err_t fr_st_encode(const fr_st_tensor_t *tensors, size_t ntensors, const fr_s
             memcpy(img + off, tensors[i].data, tensors[i].nbytes);
         off += tensors[i].nbytes;
     }
-    free(hdr.p);
+    fr_buf_fini(&hdr);
     *out = img;
     *len = off;
     return FR_OK;

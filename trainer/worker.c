@@ -355,48 +355,53 @@ static int64_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *
 }
 
 /*
- * Computes and pushes one batch. Returns FR_OK, or the error after logging
- * it (the caller reports the batch abandoned: the gap rule reads it again).
+ * Takes the weights from the in-process channel while this process's
+ * applier holds the lease (docs/design.md "The co-located fast path"): a
+ * sharded model's (at) each shard's slice, copied; else the channel's
+ * weights, held and computed on in place (no copy). Whether it did; *changed
+ * says whether they differ from the last ones.
  */
-static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss, const char **id)
+static int pull_local(worker_t *wk, psstore_shard_at_t *at, int *changed)
 {
     trainer_pool_t *p = wk->pool;
-    fr_err_t err;
-    psstore_grad_t msg = {.generation = b->generation,
-                          .worker = wk->id,
-                          .n = (int64_t)b->n,
-                          .reason = b->n == 0 ? b->reason : NULL,
-                          .ranges = b->ranges, /* one range type: no copy */
-                          .nranges = b->nranges};
-    *loss = 0;
-    wk->kept = b->n;
-    /* an n = 0 batch needs the store's epoch too, or the applier drops it
-     * (reason "epoch") without marking its positions */
-    int changed = 0;
-    flights_wait(wk);
-    uint64_t tp = fr_clock_mono_ns();
-    /* the in-process channel while this process's applier holds the lease
-     * (docs/design.md "The co-located fast path"), Redis otherwise */
-    psstore_shard_at_t *at = psstore_client_at(wk->cl); /* a sharded model's shards */
     int local = 0;
     if (p->local != NULL && at != NULL) { /* each shard's slice, copied */
-        local = psstore_local_pull_at(p->local, wk->w, at, &changed) == FR_OK;
+        local = psstore_local_pull_at(p->local, wk->w, at, changed) == FR_OK;
         if (local) {
             wk->epoch = at->epoch;
             wk->version = at->version;
         }
     } else if (p->local != NULL) { /* computed on in place: no copy */
-        local =
-            psstore_local_hold(p->local, &wk->held, &wk->epoch, &wk->version, &changed) == FR_OK;
+        local = psstore_local_hold(p->local, &wk->held, &wk->epoch, &wk->version, changed) == FR_OK;
     }
-    if (!local && wk->held != NULL) {
+    return local;
+}
+
+/*
+ * The pull phase: waits for the in-flight bound, then brings the weights to
+ * the store's (epoch, version), from the channel (*local set) or from Redis,
+ * and loads them into the backend when they changed. *at receives a sharded
+ * model's shards. Returns FR_OK, or the error after logging it.
+ */
+static fr_err_t batch_pull(worker_t *wk, psstore_shard_at_t **at, int *local)
+{
+    trainer_pool_t *p = wk->pool;
+    fr_err_t err;
+    /* an n = 0 batch needs the store's epoch too, or the applier drops it
+     * (reason "epoch") without marking its positions */
+    int changed = 0;
+    flights_wait(wk);
+    uint64_t tp = fr_clock_mono_ns();
+    *at = psstore_client_at(wk->cl); /* a sharded model's shards */
+    *local = pull_local(wk, *at, &changed);
+    if (!*local && wk->held != NULL) {
         /* back to the worker's own copy, which holds some older version:
          * read it whole */
         psstore_local_unhold(p->local, wk->held);
         wk->held = NULL;
         wk->version = -1;
     }
-    if (!local &&
+    if (!*local &&
         (err = psstore_pull(wk->cl, wk->w, &wk->epoch, &wk->version, &changed)) != FR_OK) {
         fr_log(FR_LOG_WARN, "worker %s: pull: %s", wk->id, psstore_client_error(wk->cl));
         return err;
@@ -409,92 +414,178 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
         }
     }
     atomic_fetch_add(&p->pull_ns, fr_clock_mono_ns() - tp);
-    if (b->n > 0) {
-        uint64_t t0 = fr_clock_mono_ns();
-        if ((err = trainer_backend_gradient(wk->be, wk->g, loss, b->x, b->y, (int)b->n)) != FR_OK) {
-            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
-            return err;
-        }
-        uint64_t spent = fr_clock_mono_ns() - t0;
-        atomic_fetch_add(&p->compute_ns, spent);
-        if (p->m_step != NULL)
-            fr_series_observe(p->m_step, (double)spent * 1e-9);
-        if (wk->slowdown > 1.0 &&
-            (wk->slow_until_ns == 0 || fr_clock_mono_ns() < wk->slow_until_ns))
-            sleep_ns((uint64_t)((wk->slowdown - 1.0) * (double)spent));
-        msg.g = wk->g;
-        msg.len = p->m.nparams;
-        msg.loss_sum = *loss;
-        if (b->min_ts_ms > 0 && b->max_ts_ms >= b->min_ts_ms) {
-            msg.ts_min_ms = b->min_ts_ms; /* for the applier's freshness figures */
-            msg.ts_max_ms = b->max_ts_ms;
-        }
-        /* one pass, while the gradient is in this core's cache: its sum of
-         * squares, which the applier takes instead of a pass of its own,
-         * and, finite, the proof that every entry is (psstore/core.h) */
-        double sq = psstore_sum_squares(wk->g, p->m.nparams);
-        int finite = isfinite(*loss) && (isfinite(sq) || finite_all(wk->g, p->m.nparams, *loss));
-        int64_t kept = finite ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
-        if (kept > 0 && kept < (int64_t)b->n) /* the gradient of the samples kept */
-            sq = psstore_sum_squares(wk->g, p->m.nparams);
-        msg.sq_known = kept > 0;
-        msg.sq = sq;
-        if (kept == ISO_ERROR)
-            return FR_ERR_BACKEND; /* abandoned: read again */
-        if (kept >= 0 && kept < (int64_t)b->n) {
-            wk->kept = (size_t)kept; /* poison isolated: the rest is learned */
-            msg.n = kept;
-            msg.loss_sum = *loss;
-        }
-        if (kept == 0) { /* all poison: the positions are covered, nothing learned */
-            msg.reason = "poison";
-            msg.g = NULL;
-            msg.len = 0;
-            msg.loss_sum = 0;
-            *loss = 0;
-        }
-        if (kept == ISO_DIVERGED) {
-            /* the model diverged on this batch: the message cannot carry
-             * the loss, so the gradient carries the news, and the applier
-             * drops it as non-finite (counted, positions marked) and its
-             * divergence guard stops the model instead of the batch being
-             * read again forever */
-            wk->g[0] = NAN;
-            msg.loss_sum = 0;
-            *loss = 0;
-        }
+    return FR_OK;
+}
+
+/*
+ * The compute phase: the gradient of the batch-mean loss into wk->g and
+ * *loss, timed (compute_ns, the step histogram); then a straggler sleeps
+ * its slowdown. Returns FR_OK, or the backend's error after logging it.
+ */
+static fr_err_t batch_gradient(worker_t *wk, const ingest_batch_t *b, double *loss)
+{
+    trainer_pool_t *p = wk->pool;
+    uint64_t t0 = fr_clock_mono_ns();
+    fr_err_t err = trainer_backend_gradient(wk->be, wk->g, loss, b->x, b->y, (int)b->n);
+    if (err != FR_OK) {
+        fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
+        return err;
     }
-    msg.epoch = wk->epoch;
-    msg.version = wk->version < 0 ? 0 : wk->version;
-    msg.at = at; /* a sharded model: each shard's (epoch, version) */
+    uint64_t spent = fr_clock_mono_ns() - t0;
+    atomic_fetch_add(&p->compute_ns, spent);
+    if (p->m_step != NULL)
+        fr_series_observe(p->m_step, (double)spent * 1e-9);
+    if (wk->slowdown > 1.0 && (wk->slow_until_ns == 0 || fr_clock_mono_ns() < wk->slow_until_ns))
+        sleep_ns((uint64_t)((wk->slowdown - 1.0) * (double)spent));
+    return FR_OK;
+}
+
+/*
+ * What per-sample isolation's outcome kept (isolate_nonfinite: a count of
+ * samples, or ISO_DIVERGED) makes of the message of a batch of n: the
+ * samples kept, none (positions only, reason "poison"), or a gradient that
+ * carries the divergence.
+ */
+static void batch_kept(worker_t *wk, size_t n, int64_t kept, double *loss, psstore_grad_t *msg)
+{
+    if (kept >= 0 && kept < (int64_t)n) {
+        wk->kept = (size_t)kept; /* poison isolated: the rest is learned */
+        msg->n = kept;
+        msg->loss_sum = *loss;
+    }
+    if (kept == 0) { /* all poison: the positions are covered, nothing learned */
+        msg->reason = "poison";
+        msg->g = NULL;
+        msg->len = 0;
+        msg->loss_sum = 0;
+        *loss = 0;
+    }
+    if (kept == ISO_DIVERGED) {
+        /* the model diverged on this batch: the message cannot carry
+         * the loss, so the gradient carries the news, and the applier
+         * drops it as non-finite (counted, positions marked) and its
+         * divergence guard stops the model instead of the batch being
+         * read again forever */
+        wk->g[0] = NAN;
+        msg->loss_sum = 0;
+        *loss = 0;
+    }
+}
+
+/*
+ * The message of a computed batch: its gradient, loss, sum of squares and
+ * timestamps, after per-sample isolation (docs/design.md "Poison in a
+ * batch") when the gradient is not finite. Returns FR_OK, or
+ * FR_ERR_BACKEND when the isolation failed (logged): the batch is then
+ * abandoned and read again.
+ */
+static fr_err_t batch_message(worker_t *wk, const ingest_batch_t *b, double *loss,
+                              psstore_grad_t *msg)
+{
+    trainer_pool_t *p = wk->pool;
+    msg->g = wk->g;
+    msg->len = p->m.nparams;
+    msg->loss_sum = *loss;
+    if (b->min_ts_ms > 0 && b->max_ts_ms >= b->min_ts_ms) {
+        msg->ts_min_ms = b->min_ts_ms; /* for the applier's freshness figures */
+        msg->ts_max_ms = b->max_ts_ms;
+    }
+    /* one pass, while the gradient is in this core's cache: its sum of
+     * squares, which the applier takes instead of a pass of its own,
+     * and, finite, the proof that every entry is (psstore/core.h) */
+    double sq = psstore_sum_squares(wk->g, p->m.nparams);
+    int finite = isfinite(*loss) && (isfinite(sq) || finite_all(wk->g, p->m.nparams, *loss));
+    int64_t kept = finite ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
+    if (kept > 0 && kept < (int64_t)b->n) /* the gradient of the samples kept */
+        sq = psstore_sum_squares(wk->g, p->m.nparams);
+    msg->sq_known = kept > 0;
+    msg->sq = sq;
+    if (kept == ISO_ERROR)
+        return FR_ERR_BACKEND; /* abandoned: read again */
+    batch_kept(wk, b->n, kept, loss, msg);
+    return FR_OK;
+}
+
+/*
+ * Pushes msg into the in-process channel: copied for an n = 0 batch, else
+ * swapped for a free buffer, or decided by this worker itself when the
+ * applier is free (decides_own). Notes a gradient in flight. Returns the
+ * push's error (logged at debug level).
+ */
+static fr_err_t push_local(worker_t *wk, const psstore_grad_t *msg)
+{
+    trainer_pool_t *p = wk->pool;
+    uint64_t ticket = 0;
+    fr_err_t err;
+    if (msg->n == 0)
+        err = psstore_local_push(p->local, msg, PUSH_WAIT_MS, &ticket);
+    else if (decides_own(wk))
+        /* it will wait for this gradient (or an older one) before its
+         * next pull: it decides it itself when the applier is free */
+        err = psstore_local_push_help(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
+    else
+        err = psstore_local_push_swap(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
+    if (err != FR_OK)
+        fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
+    else if (msg->n > 0)
+        flight_add(wk, ticket, NULL);
+    return err;
+}
+
+/*
+ * The push phase: msg goes back the way its weights came (local: the
+ * channel), else through Redis, where *id receives the push's stream id.
+ * Returns the push's error, logged.
+ */
+static fr_err_t batch_push(worker_t *wk, const psstore_grad_t *msg, int local, const char **id)
+{
+    trainer_pool_t *p = wk->pool;
+    fr_err_t err;
     uint64_t t1 = fr_clock_mono_ns();
     *id = NULL;
     if (local) {
         /* weights of the channel may be newer than Redis's: a gradient on
          * them goes back the same way, or is abandoned (read again) */
-        uint64_t ticket = 0;
-        if (msg.n == 0)
-            err = psstore_local_push(p->local, &msg, PUSH_WAIT_MS, &ticket);
-        else if (decides_own(wk))
-            /* it will wait for this gradient (or an older one) before its
-             * next pull: it decides it itself when the applier is free */
-            err = psstore_local_push_help(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket);
-        else
-            err = psstore_local_push_swap(p->local, &msg, &wk->g, PUSH_WAIT_MS, &ticket);
-        if (err != FR_OK)
-            fr_log(FR_LOG_DEBUG, "worker %s: in-process push: %s", wk->id, fr_strerror(err));
-        else if (msg.n > 0)
-            flight_add(wk, ticket, NULL);
+        err = push_local(wk, msg);
     } else {
-        err = psstore_push(wk->cl, &msg, PUSH_WAIT_MS);
+        err = psstore_push(wk->cl, msg, PUSH_WAIT_MS);
         if (err != FR_OK)
             fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
         *id = psstore_client_last_id(wk->cl);
-        if (err == FR_OK && msg.n > 0)
+        if (err == FR_OK && msg->n > 0)
             flight_add(wk, 0, *id);
     }
     atomic_fetch_add(&p->push_ns, fr_clock_mono_ns() - t1);
     return err;
+}
+
+/*
+ * Computes and pushes one batch: pull, compute (with poison isolation),
+ * push. Returns FR_OK, or the error after logging it (the caller reports
+ * the batch abandoned: the gap rule reads it again).
+ */
+static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss, const char **id)
+{
+    psstore_grad_t msg = {.generation = b->generation,
+                          .worker = wk->id,
+                          .n = (int64_t)b->n,
+                          .reason = b->n == 0 ? b->reason : NULL,
+                          .ranges = b->ranges, /* one range type: no copy */
+                          .nranges = b->nranges};
+    psstore_shard_at_t *at = NULL;
+    int local = 0;
+    fr_err_t err;
+    *loss = 0;
+    wk->kept = b->n;
+    if ((err = batch_pull(wk, &at, &local)) != FR_OK)
+        return err;
+    if (b->n > 0 && ((err = batch_gradient(wk, b, loss)) != FR_OK ||
+                     (err = batch_message(wk, b, loss, &msg)) != FR_OK))
+        return err;
+    msg.epoch = wk->epoch;
+    msg.version = wk->version < 0 ? 0 : wk->version;
+    msg.at = at; /* a sharded model: each shard's (epoch, version) */
+    return batch_push(wk, &msg, local, id);
 }
 
 /* The smallest (or, with want_max, the largest) clock among the other
