@@ -3,7 +3,7 @@
  * aggregates: per cell (workers x straggler) which mode reached the
  * target first, which ended most accurate and what each cost; then which
  * of the seed article's claims held on this data (docs/design.md
- * "Training modes" names the modes, README "freshet compare" the claims).
+ * "Training modes" names the modes, docs/operations.md "What compare reports" the claims).
  *
  * A difference of accuracy is decisive when it exceeds CMP_DECISIVE and,
  * with several seeds, the larger standard deviation of the two.
