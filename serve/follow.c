@@ -479,10 +479,10 @@ static void stats_workers(sv_buf_t *b, const psstore_member_t *mem, size_t nmem,
                 if (strcmp(drops[j].worker, id) == 0)
                     dropped++;
             sv_puts(b, rows++ ? ",{\"id\":" : "{\"id\":");
-            sv_json_str(b, id);
+            fr_json_str(b, id);
             if (pass == 0) {
                 sv_puts(b, ",\"backend\":");
-                sv_json_str(b, mem[i].backend);
+                fr_json_str(b, mem[i].backend);
                 sv_printf(b, ",\"group\":%d,\"idle\":%s,\"clock\":%lld,\"member\":true",
                           mem[i].group, mem[i].idle ? "true" : "false", (long long)mem[i].clock);
             } else {
@@ -576,18 +576,18 @@ static int64_t stats_model(sv_buf_t *b, struct serve *s, sv_model_t *m, int64_t 
     psstore_model_info_t info = m->info;
     int64_t published = m->published_ms;
     sv_puts(b, "{\"model\":");
-    sv_json_str(b, m->name);
+    fr_json_str(b, m->name);
     sv_puts(b, ",\"store\":\"ok\",\"stopped\":");
-    sv_json_str(b, info.stopped);
+    fr_json_str(b, info.stopped);
     sv_printf(b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)info.epoch,
               (long long)info.version);
-    sv_json_str(b, info.layers);
+    fr_json_str(b, info.layers);
     sv_puts(b, ",\"loss\":");
-    sv_json_str(b, info.loss);
+    fr_json_str(b, info.loss);
     sv_puts(b, ",\"mode\":");
-    sv_json_str(b, info.mode);
+    fr_json_str(b, info.mode);
     sv_puts(b, ",\"phase\":");
-    sv_json_str(b, info.phase);
+    fr_json_str(b, info.phase);
     sv_printf(b, ",\"mode_switches\":%lld", (long long)info.mode_switches);
     sv_printf(b, ",\"time_ms\":%lld,", (long long)now);
     sv_puts(b, "\"snapshots\":[");
@@ -670,7 +670,7 @@ static void stats_partitions(sv_buf_t *b, const psstore_partition_status_t *part
     for (size_t i = 0; i < nparts; i++) {
         const psstore_partition_status_t *p = &parts[i];
         sv_puts(b, i ? ",{\"topic\":" : "{\"topic\":");
-        sv_json_str(b, p->topic);
+        fr_json_str(b, p->topic);
         sv_printf(b, ",\"partition\":%d,\"watermark\":%lld,\"intervals\":%zu,", (int)p->partition,
                   (long long)p->watermark, p->spans);
         if (p->log_end >= 0)
@@ -775,7 +775,7 @@ static void build_meta(sv_model_t *m)
         ndims = 0;
     sv_buf_t b = {0};
     sv_puts(&b, "{\"name\":");
-    sv_json_str(&b, m->name);
+    fr_json_str(&b, m->name);
     sv_puts(&b, ",\"versions\":[");
     size_t n = 0;
     for (size_t i = 0; i < m->nlisted; i++)
@@ -796,17 +796,17 @@ static void build_meta(sv_model_t *m)
                       strcmp(info->loss, "logistic") == 0 ? "probability" : "score");
     }
     sv_puts(&b, ",\"parameters\":{\"layers\":");
-    sv_json_str(&b, info->layers);
+    fr_json_str(&b, info->layers);
     sv_puts(&b, ",\"loss\":");
-    sv_json_str(&b, info->loss);
+    fr_json_str(&b, info->loss);
     sv_puts(&b, ",\"mode\":");
-    sv_json_str(&b, info->mode);
+    fr_json_str(&b, info->mode);
     sv_printf(
         &b, ",\"epoch\":\"%llu\",\"version\":%lld,\"shards\":%d,\"bytes\":%zu,\"created_ms\":%lld",
         (unsigned long long)info->epoch, (long long)info->version, info->shards, info->bytes,
         (long long)info->created_ms);
     sv_puts(&b, ",\"stopped\":");
-    sv_json_str(&b, info->stopped);
+    fr_json_str(&b, info->stopped);
     /* the watermarks of the weights served: every position below them is in */
     sv_puts(&b, ",\"offsets\":{");
     const char *o = m->cur != NULL ? m->cur->offsets : "";
@@ -819,7 +819,7 @@ static void build_meta(sv_model_t *m)
         char key[300];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - o), o);
         sv_puts(&b, k ? "," : "");
-        sv_json_str(&b, key);
+        fr_json_str(&b, key);
         sv_printf(&b, ":%.*s", (int)(end - eq - 1), eq + 1);
         o = *end ? end + 1 : end;
     }

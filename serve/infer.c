@@ -383,11 +383,11 @@ static void encode(infer_job_t *j, const sv_view_t *v, model_loss_t loss, size_t
     unsigned want = j->outputs != 0 ? j->outputs : ~0u;
     sv_buf_t b = {0};
     sv_puts(&b, "{\"model_name\":");
-    sv_json_str(&b, j->name);
+    fr_json_str(&b, j->name);
     sv_printf(&b, ",\"model_version\":\"%lld\"", (long long)v->version);
     if (j->has_id) {
         sv_puts(&b, ",\"id\":");
-        sv_json_str(&b, j->id);
+        fr_json_str(&b, j->id);
     }
     sv_printf(&b, ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[",
               (unsigned long long)v->epoch);

@@ -15,55 +15,8 @@ void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap)
     char msg[512];
     vsnprintf(msg, sizeof(msg), fmt, ap);
     sv_puts(b, "{\"error\":");
-    sv_json_str(b, msg);
+    fr_json_str(b, msg);
     sv_puts(b, "}\n");
-}
-
-/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no
- * overlong forms, no surrogates, nothing past U+10FFFF), 0 when it is
- * none. p is NUL-terminated: a NUL ends any sequence early. */
-static size_t utf8_len(const unsigned char *p)
-{
-    unsigned c = p[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        return (p[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (c == 0xe0 && p[1] < 0xa0) ||
-            (c == 0xed && p[1] >= 0xa0))
-            return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80 ||
-            (c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] >= 0x90))
-            return 0;
-        return 4;
-    }
-    return 0;
-}
-
-void sv_json_str(sv_buf_t *b, const char *s)
-{
-    sv_add(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        size_t n = utf8_len(p);
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            sv_add(b, esc, 2);
-        } else if (*p < 0x20 || *p == 0x7f) {
-            sv_printf(b, "\\u%04x", *p);
-        } else if (n == 0) { /* not UTF-8 (a path's %ff, a name from Redis): U+FFFD */
-            sv_puts(b, "\\ufffd");
-        } else {
-            sv_add(b, (const char *)p, n);
-            p += n;
-            continue;
-        }
-        p++;
-    }
-    sv_add(b, "\"", 1);
 }
 
 void sv_json_num(sv_buf_t *b, double v)
@@ -230,12 +183,12 @@ static inline sv_blob_t *weights_json(const char *model, const sv_view_t *v, sv_
     const float *w = (const float *)(v->st + v->raw_off);
     sv_buf_t b = {0};
     sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, model);
+    fr_json_str(&b, model);
     sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)v->epoch,
               (long long)v->version);
-    sv_json_str(&b, layers);
+    fr_json_str(&b, layers);
     sv_puts(&b, ",\"loss\":");
-    sv_json_str(&b, loss);
+    fr_json_str(&b, loss);
     sv_puts(&b, ",\"tensors\":{");
     size_t off = 0;
     for (int l = 0; l + 1 < ndims; l++) {

@@ -82,13 +82,13 @@ void sv_route_models(struct serve *s, struct evhttp_request *req)
     sv_puts(&b, "{\"models\":[");
     for (size_t i = 0; i < s->nnames; i++) {
         sv_puts(&b, i ? "," : "");
-        sv_json_str(&b, s->names[i]);
+        fr_json_str(&b, s->names[i]);
     }
     sv_puts(&b, "],\"default\":");
     if (s->model[0] != '\0')
-        sv_json_str(&b, s->model);
+        fr_json_str(&b, s->model);
     else if (s->nnames > 0)
-        sv_json_str(&b, s->names[0]);
+        fr_json_str(&b, s->names[0]);
     else
         sv_puts(&b, "null");
     sv_puts(&b, "}\n");
@@ -454,9 +454,9 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
     }
     sv_buf_t b = {0};
     sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, name);
+    fr_json_str(&b, name);
     sv_puts(&b, ",\"request\":");
-    sv_json_str(&b, spec);
+    fr_json_str(&b, spec);
     if (!execute) {
         /* the plan: each partition the store knows, its watermark and target */
         psstore_partition_status_t *parts = NULL;
@@ -476,7 +476,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
             char target[160];
             psstore_replay_describe(r, parts[i].partition, target, sizeof(target));
             sv_puts(&b, k++ ? ",{\"topic\":" : "{\"topic\":");
-            sv_json_str(&b, parts[i].topic);
+            fr_json_str(&b, parts[i].topic);
             sv_printf(&b,
                       ",\"partition\":%d,\"watermark\":%lld,\"log_end\":", (int)parts[i].partition,
                       (long long)parts[i].watermark);
@@ -485,7 +485,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
             else
                 sv_puts(&b, "null");
             sv_puts(&b, ",\"target\":");
-            sv_json_str(&b, target);
+            fr_json_str(&b, target);
             sv_puts(&b, "}");
         }
         sv_puts(&b, "],\"note\":\"dry run: nothing changed (execute=true stores the request; "
@@ -506,7 +506,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
     fr_log(FR_LOG_INFO, "serve: replay of model '%s' requested over HTTP: %s (request %s)", name,
            spec, id);
     sv_puts(&b, ",\"dry_run\":false,\"request_id\":");
-    sv_json_str(&b, id);
+    fr_json_str(&b, id);
     sv_puts(&b, ",\"note\":\"stored: the applier publishes it under the next replay "
                 "generation\"}\n");
     sv_send_text(s, req, 202, "application/json", b.p, b.len);

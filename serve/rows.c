@@ -87,7 +87,7 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
     size_t keep = sparse_row_len(a->spec);
     sv_buf_t b = {0};
     sv_printf(&b, "{\"model\":");
-    sv_json_str(&b, a->model);
+    fr_json_str(&b, a->model);
     sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"bias\":", (unsigned long long)p->epoch,
               (long long)p->version);
     if (p->nbias <= 1) { /* one logistic output: a number, as ever */
@@ -115,7 +115,7 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
         if (strchr(a->since, '.') == NULL)
             sv_puts(&b, a->since);
         else
-            sv_json_str(&b, a->since);
+            fr_json_str(&b, a->since);
         sv_printf(&b, ",\"more\":%s,\"time_ms\":%lld", p->more ? "true" : "false",
                   (long long)p->time_ms);
     }
@@ -124,11 +124,11 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
         if (strchr(a->next, '.') == NULL)
             sv_puts(&b, a->next);
         else
-            sv_json_str(&b, a->next);
+            fr_json_str(&b, a->next);
     }
     if (a->cursor != NULL) {
         sv_puts(&b, ",\"cursor\":");
-        sv_json_str(&b, a->cursor);
+        fr_json_str(&b, a->cursor);
     }
     sv_puts(&b, ",\"ids\":[");
     for (size_t i = 0; i < p->n; i++)
@@ -596,11 +596,11 @@ static void infer_encode(sv_rows_job_t *j, const char *id, const double *score, 
 {
     sv_buf_t b = {0};
     sv_puts(&b, "{\"model_name\":");
-    sv_json_str(&b, j->name);
+    fr_json_str(&b, j->name);
     sv_printf(&b, ",\"model_version\":\"%lld\"", (long long)at->version);
     if (id[0] != '\0') {
         sv_puts(&b, ",\"id\":");
-        sv_json_str(&b, id);
+        fr_json_str(&b, id);
     }
     sv_printf(&b,
               ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[{\"name\":\"%s\","

@@ -22,10 +22,6 @@ typedef fr_buf_t sv_buf_t;
 #define sv_puts     fr_buf_puts
 #define sv_printf   fr_buf_printf
 #define sv_take     fr_buf_take
-/* A JSON string literal of s (quotes included): control characters
- * escaped, each byte that is not part of well-formed UTF-8 written as
- * U+FFFD, so every JSON body serve writes is valid UTF-8. */
-void sv_json_str(sv_buf_t *b, const char *s);
 /* An error answer's body, {"error": "<fmt formatted>"} and a newline. */
 void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap);
 /* A JSON number, or null when v is not finite. */
