@@ -443,11 +443,11 @@ static void scratch_fini(stats_scratch_t *x)
 
 /* Writes the per-worker rows: members first, then workers seen in the
  * window that are no members (left or in another mode). */
-static void stats_workers(sv_buf_t *b, const psstore_member_t *mem, size_t nmem,
+static void stats_workers(fr_buf_t *b, const psstore_member_t *mem, size_t nmem,
                           const psstore_version_entry_t *ver, size_t nver,
                           const psstore_drop_entry_t *drops, size_t ndrops, int64_t now)
 {
-    sv_puts(b, "\"workers\":[");
+    fr_buf_puts(b, "\"workers\":[");
     const char *seen[256];
     size_t nseen = 0, rows = 0;
     for (size_t pass = 0; pass < 2; pass++) {
@@ -478,35 +478,36 @@ static void stats_workers(sv_buf_t *b, const psstore_member_t *mem, size_t nmem,
             for (size_t j = 0; j < ndrops; j++)
                 if (strcmp(drops[j].worker, id) == 0)
                     dropped++;
-            sv_puts(b, rows++ ? ",{\"id\":" : "{\"id\":");
+            fr_buf_puts(b, rows++ ? ",{\"id\":" : "{\"id\":");
             fr_json_str(b, id);
             if (pass == 0) {
-                sv_puts(b, ",\"backend\":");
+                fr_buf_puts(b, ",\"backend\":");
                 fr_json_str(b, mem[i].backend);
-                sv_printf(b, ",\"group\":%d,\"idle\":%s,\"clock\":%lld,\"member\":true",
-                          mem[i].group, mem[i].idle ? "true" : "false", (long long)mem[i].clock);
+                fr_buf_printf(b, ",\"group\":%d,\"idle\":%s,\"clock\":%lld,\"member\":true",
+                              mem[i].group, mem[i].idle ? "true" : "false",
+                              (long long)mem[i].clock);
             } else {
-                sv_puts(b, ",\"backend\":null,\"group\":null,\"idle\":null,\"clock\":null,"
-                           "\"member\":false");
+                fr_buf_puts(b, ",\"backend\":null,\"group\":null,\"idle\":null,\"clock\":null,"
+                               "\"member\":false");
             }
-            sv_puts(b, ",\"samples_per_s\":");
+            fr_buf_puts(b, ",\"samples_per_s\":");
             sv_json_num(b, (double)samples * 1000.0 / RATE_WINDOW_MS);
-            sv_printf(b, ",\"gradients\":%lld,\"last_tau\":", (long long)grads);
+            fr_buf_printf(b, ",\"gradients\":%lld,\"last_tau\":", (long long)grads);
             if (last_tau >= 0)
-                sv_printf(b, "%lld", (long long)last_tau);
+                fr_buf_printf(b, "%lld", (long long)last_tau);
             else
-                sv_puts(b, "null");
-            sv_printf(b, ",\"dropped\":%lld}", (long long)dropped);
+                fr_buf_puts(b, "null");
+            fr_buf_printf(b, ",\"dropped\":%lld}", (long long)dropped);
         }
     }
-    sv_puts(b, "]");
+    fr_buf_puts(b, "]");
 }
 
 /* One point per second of the versions window, oldest first. */
-static void stats_series(sv_buf_t *b, const psstore_version_entry_t *ver, size_t nver,
+static void stats_series(fr_buf_t *b, const psstore_version_entry_t *ver, size_t nver,
                          int64_t *taus)
 {
-    sv_puts(b, "\"series\":[");
+    fr_buf_puts(b, "\"series\":[");
     /* the window is newest first: walk it backwards, a second at a time,
      * starting at most SERIES_MAX seconds before the newest entry */
     int64_t newest = nver > 0 ? ver[0].t_ms / 1000 : 0;
@@ -529,17 +530,17 @@ static void stats_series(sv_buf_t *b, const psstore_version_entry_t *ver, size_t
         if (versions == 0 || newest - sec >= SERIES_MAX)
             continue;
         int64_t p50 = percentile(taus, ntau, 0.5), p99 = percentile(taus, ntau, 0.99);
-        sv_printf(b,
-                  "%s{\"t\":%lld,\"samples_per_s\":%lld,\"versions_per_s\":%lld,"
-                  "\"tau_p50\":%lld,\"tau_p99\":%lld,\"lr_eff\":",
-                  points++ ? "," : "", (long long)sec * 1000, (long long)samples,
-                  (long long)versions, (long long)p50, (long long)p99);
+        fr_buf_printf(b,
+                      "%s{\"t\":%lld,\"samples_per_s\":%lld,\"versions_per_s\":%lld,"
+                      "\"tau_p50\":%lld,\"tau_p99\":%lld,\"lr_eff\":",
+                      points++ ? "," : "", (long long)sec * 1000, (long long)samples,
+                      (long long)versions, (long long)p50, (long long)p99);
         sv_json_num(b, lr / (double)versions);
-        sv_puts(b, ",\"loss\":");
+        fr_buf_puts(b, ",\"loss\":");
         sv_json_num(b, samples > 0 ? loss / (double)samples : NAN);
-        sv_puts(b, "}");
+        fr_buf_puts(b, "}");
     }
-    sv_puts(b, "]");
+    fr_buf_puts(b, "]");
 }
 
 /* Reads the windows the stats look at into x, allocated on first use.
@@ -570,38 +571,38 @@ static fr_err_t stats_read(psstore_conn_t *c, const sv_model_t *m, stats_scratch
 
 /* The model's info and snapshots, as the follower holds them; returns the
  * newest snapshot's time. Takes s->lock. */
-static int64_t stats_model(sv_buf_t *b, struct serve *s, sv_model_t *m, int64_t now)
+static int64_t stats_model(fr_buf_t *b, struct serve *s, sv_model_t *m, int64_t now)
 {
     pthread_mutex_lock(&s->lock);
     psstore_model_info_t info = m->info;
     int64_t published = m->published_ms;
-    sv_puts(b, "{\"model\":");
+    fr_buf_puts(b, "{\"model\":");
     fr_json_str(b, m->name);
-    sv_puts(b, ",\"store\":\"ok\",\"stopped\":");
+    fr_buf_puts(b, ",\"store\":\"ok\",\"stopped\":");
     fr_json_str(b, info.stopped);
-    sv_printf(b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)info.epoch,
-              (long long)info.version);
+    fr_buf_printf(b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":",
+                  (unsigned long long)info.epoch, (long long)info.version);
     fr_json_str(b, info.layers);
-    sv_puts(b, ",\"loss\":");
+    fr_buf_puts(b, ",\"loss\":");
     fr_json_str(b, info.loss);
-    sv_puts(b, ",\"mode\":");
+    fr_buf_puts(b, ",\"mode\":");
     fr_json_str(b, info.mode);
-    sv_puts(b, ",\"phase\":");
+    fr_buf_puts(b, ",\"phase\":");
     fr_json_str(b, info.phase);
-    sv_printf(b, ",\"mode_switches\":%lld", (long long)info.mode_switches);
-    sv_printf(b, ",\"time_ms\":%lld,", (long long)now);
-    sv_puts(b, "\"snapshots\":[");
+    fr_buf_printf(b, ",\"mode_switches\":%lld", (long long)info.mode_switches);
+    fr_buf_printf(b, ",\"time_ms\":%lld,", (long long)now);
+    fr_buf_puts(b, "\"snapshots\":[");
     for (size_t i = 0; i < m->nlisted; i++)
-        sv_printf(b, "%s{\"version\":%lld,\"time_ms\":%lld}", i ? "," : "",
-                  (long long)m->listed[i].version, (long long)m->listed[i].time_ms);
-    sv_puts(b, "],");
+        fr_buf_printf(b, "%s{\"version\":%lld,\"time_ms\":%lld}", i ? "," : "",
+                      (long long)m->listed[i].version, (long long)m->listed[i].time_ms);
+    fr_buf_puts(b, "],");
     pthread_mutex_unlock(&s->lock);
     return published;
 }
 
 /* Staleness over the versions window, throughput over RATE_WINDOW_MS, the
  * newest lr_eff and train loss. */
-static void stats_staleness(sv_buf_t *b, stats_scratch_t *x, int64_t now)
+static void stats_staleness(fr_buf_t *b, stats_scratch_t *x, int64_t now)
 {
     uint64_t counts[NBOUNDS + 1] = {0};
     size_t ntau = 0, nver = x->nver;
@@ -620,72 +621,72 @@ static void stats_staleness(sv_buf_t *b, stats_scratch_t *x, int64_t now)
             rate_versions++;
         }
     }
-    sv_puts(b, "\"staleness\":{\"bounds\":[");
+    fr_buf_puts(b, "\"staleness\":{\"bounds\":[");
     for (size_t k = 0; k < NBOUNDS; k++)
-        sv_printf(b, "%s%g", k ? "," : "", stale_bounds[k]);
-    sv_puts(b, "],\"counts\":[");
+        fr_buf_printf(b, "%s%g", k ? "," : "", stale_bounds[k]);
+    fr_buf_puts(b, "],\"counts\":[");
     for (size_t k = 0; k <= NBOUNDS; k++)
-        sv_printf(b, "%s%llu", k ? "," : "", (unsigned long long)counts[k]);
+        fr_buf_printf(b, "%s%llu", k ? "," : "", (unsigned long long)counts[k]);
     size_t window = ntau;
     int64_t p50 = percentile(x->taus, ntau, 0.5), p99 = percentile(x->taus, ntau, 0.99);
-    sv_printf(b, "],\"p50\":%lld,\"p99\":%lld,\"window\":%zu},", (long long)p50, (long long)p99,
-              window);
-    sv_puts(b, "\"throughput\":{\"samples_per_s\":");
+    fr_buf_printf(b, "],\"p50\":%lld,\"p99\":%lld,\"window\":%zu},", (long long)p50, (long long)p99,
+                  window);
+    fr_buf_puts(b, "\"throughput\":{\"samples_per_s\":");
     sv_json_num(b, (double)rate_samples * 1000.0 / RATE_WINDOW_MS);
-    sv_puts(b, ",\"versions_per_s\":");
+    fr_buf_puts(b, ",\"versions_per_s\":");
     sv_json_num(b, (double)rate_versions * 1000.0 / RATE_WINDOW_MS);
-    sv_puts(b, "},\"lr_eff\":");
+    fr_buf_puts(b, "},\"lr_eff\":");
     sv_json_num(b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].lr_eff : NAN);
-    sv_puts(b, ",\"train_loss\":");
+    fr_buf_puts(b, ",\"train_loss\":");
     sv_json_num(b, nver > 0 && x->ver[0].rollback_from < 0 ? x->ver[0].loss : NAN);
 }
 
 /* The holdout evaluations, oldest first. */
-static void stats_holdout(sv_buf_t *b, const psstore_eval_entry_t *evals, size_t nevals)
+static void stats_holdout(fr_buf_t *b, const psstore_eval_entry_t *evals, size_t nevals)
 {
-    sv_puts(b, "\"holdout\":[");
+    fr_buf_puts(b, "\"holdout\":[");
     for (size_t i = nevals; i > 0; i--) {
         const psstore_eval_entry_t *e = &evals[i - 1];
-        sv_printf(b, "%s{\"t\":%lld,\"version\":%lld,\"accuracy\":", i < nevals ? "," : "",
-                  (long long)e->t_ms, (long long)e->version);
+        fr_buf_printf(b, "%s{\"t\":%lld,\"version\":%lld,\"accuracy\":", i < nevals ? "," : "",
+                      (long long)e->t_ms, (long long)e->version);
         sv_json_num(b, e->accuracy);
-        sv_puts(b, ",\"loss\":");
+        fr_buf_puts(b, ",\"loss\":");
         sv_json_num(b, e->loss);
         if (e->n > 0) { /* a sparse model's progressive window */
-            sv_puts(b, ",\"auc\":");
+            fr_buf_puts(b, ",\"auc\":");
             sv_json_num(b, e->auc);
-            sv_puts(b, ",\"floor\":");
+            fr_buf_puts(b, ",\"floor\":");
             sv_json_num(b, e->floor);
-            sv_printf(b, ",\"n\":%lld", (long long)e->n);
+            fr_buf_printf(b, ",\"n\":%lld", (long long)e->n);
         }
-        sv_puts(b, "}");
+        fr_buf_puts(b, "}");
     }
-    sv_puts(b, "]");
+    fr_buf_puts(b, "]");
 }
 
 /* Each partition's watermark and, where a consumer reported it, its lag. */
-static void stats_partitions(sv_buf_t *b, const psstore_partition_status_t *parts, size_t nparts)
+static void stats_partitions(fr_buf_t *b, const psstore_partition_status_t *parts, size_t nparts)
 {
-    sv_puts(b, "\"partitions\":[");
+    fr_buf_puts(b, "\"partitions\":[");
     for (size_t i = 0; i < nparts; i++) {
         const psstore_partition_status_t *p = &parts[i];
-        sv_puts(b, i ? ",{\"topic\":" : "{\"topic\":");
+        fr_buf_puts(b, i ? ",{\"topic\":" : "{\"topic\":");
         fr_json_str(b, p->topic);
-        sv_printf(b, ",\"partition\":%d,\"watermark\":%lld,\"intervals\":%zu,", (int)p->partition,
-                  (long long)p->watermark, p->spans);
+        fr_buf_printf(b, ",\"partition\":%d,\"watermark\":%lld,\"intervals\":%zu,",
+                      (int)p->partition, (long long)p->watermark, p->spans);
         if (p->log_end >= 0)
-            sv_printf(b, "\"log_end\":%lld,\"lag\":%lld,\"reported_ms\":%lld}",
-                      (long long)p->log_end, (long long)p->lag, (long long)p->log_end_ms);
+            fr_buf_printf(b, "\"log_end\":%lld,\"lag\":%lld,\"reported_ms\":%lld}",
+                          (long long)p->log_end, (long long)p->lag, (long long)p->log_end_ms);
         else
-            sv_puts(b, "\"log_end\":null,\"lag\":null,\"reported_ms\":null}");
+            fr_buf_puts(b, "\"log_end\":null,\"lag\":null,\"reported_ms\":null}");
     }
-    sv_puts(b, "]");
+    fr_buf_puts(b, "]");
 }
 
 /* The drops window counted by reason; reasons never seen are left out. */
-static void stats_dropped(sv_buf_t *b, const psstore_drop_entry_t *drops, size_t ndrops)
+static void stats_dropped(fr_buf_t *b, const psstore_drop_entry_t *drops, size_t ndrops)
 {
-    sv_puts(b, "\"dropped\":{");
+    fr_buf_puts(b, "\"dropped\":{");
     size_t nreasons = 0;
     for (int d = 0; d < PSSTORE_NDROP; d++) {
         const char *name = psstore_drop_name((psstore_drop_t)d);
@@ -693,16 +694,16 @@ static void stats_dropped(sv_buf_t *b, const psstore_drop_entry_t *drops, size_t
         for (size_t i = 0; i < ndrops; i++)
             k += strcmp(drops[i].reason, name) == 0;
         if (k > 0)
-            sv_printf(b, "%s\"%s\":%lld", nreasons++ ? "," : "", name, (long long)k);
+            fr_buf_printf(b, "%s\"%s\":%lld", nreasons++ ? "," : "", name, (long long)k);
     }
-    sv_puts(b, "}");
+    fr_buf_puts(b, "}");
 }
 
 /* Freshness as the applier measures it: ms from the Kafka timestamps of
  * the oldest and newest sample of each of the last 256 batches to the
  * update holding them (here: its apply, at most commit_ms before the
  * commit). taus is scratch of 2 * FRESH_WINDOW. */
-static void stats_freshness(sv_buf_t *b, const psstore_version_entry_t *ver, size_t nver,
+static void stats_freshness(fr_buf_t *b, const psstore_version_entry_t *ver, size_t nver,
                             int64_t *taus)
 {
     size_t nf = 0;
@@ -713,13 +714,13 @@ static void stats_freshness(sv_buf_t *b, const psstore_version_entry_t *ver, siz
         taus[nf++] = e->t_ms > e->ts_min_ms ? e->t_ms - e->ts_min_ms : 0;
         taus[nf++] = e->t_ms > e->ts_max_ms ? e->t_ms - e->ts_max_ms : 0;
     }
-    sv_puts(b, "\"freshness\":");
+    fr_buf_puts(b, "\"freshness\":");
     if (nf > 0) {
         int64_t f50 = percentile(taus, nf, 0.5), f99 = percentile(taus, nf, 0.99);
-        sv_printf(b, "{\"p50_ms\":%lld,\"p99_ms\":%lld,\"window\":%zu}", (long long)f50,
-                  (long long)f99, nf / 2);
+        fr_buf_printf(b, "{\"p50_ms\":%lld,\"p99_ms\":%lld,\"window\":%zu}", (long long)f50,
+                      (long long)f99, nf / 2);
     } else {
-        sv_puts(b, "null");
+        fr_buf_puts(b, "null");
     }
 }
 
@@ -731,29 +732,29 @@ static fr_err_t build_stats(struct serve *s, psstore_conn_t *c, sv_model_t *m, s
     if (err != FR_OK)
         return err;
     int64_t now = fr_clock_unix_ms();
-    sv_buf_t b = {0};
+    fr_buf_t b = {0};
     int64_t published = stats_model(&b, s, m, now);
     stats_staleness(&b, x, now);
-    sv_puts(&b, ",");
+    fr_buf_puts(&b, ",");
     stats_series(&b, x->ver, x->nver, x->taus);
-    sv_puts(&b, ",");
+    fr_buf_puts(&b, ",");
     stats_holdout(&b, x->evals, x->nevals);
-    sv_puts(&b, ",");
+    fr_buf_puts(&b, ",");
     stats_partitions(&b, x->parts, x->nparts);
-    sv_puts(&b, ",");
+    fr_buf_puts(&b, ",");
     stats_workers(&b, x->members, x->nmem, x->ver, x->nver, x->drops, x->ndrops, now);
-    sv_puts(&b, ",");
+    fr_buf_puts(&b, ",");
     stats_dropped(&b, x->drops, x->ndrops);
-    sv_puts(&b, ",");
+    fr_buf_puts(&b, ",");
     stats_freshness(&b, x->ver, x->nver, x->taus);
-    sv_puts(&b, ",\"published_ms\":");
+    fr_buf_puts(&b, ",\"published_ms\":");
     if (published > 0)
-        sv_printf(&b, "%lld", (long long)published);
+        fr_buf_printf(&b, "%lld", (long long)published);
     else
-        sv_puts(&b, "null");
-    sv_puts(&b, "}");
+        fr_buf_puts(&b, "null");
+    fr_buf_puts(&b, "}");
     size_t len;
-    char *text = sv_take(&b, &len);
+    char *text = fr_buf_take(&b, &len);
     sv_blob_t *blob = text != NULL ? sv_blob_new(text, len) : NULL;
     if (blob == NULL)
         return FR_ERR_NOMEM;
@@ -773,42 +774,44 @@ static void build_meta(sv_model_t *m)
     int dims[FR_LAYERS_MAX], ndims = 0;
     if (fr_layers_parse(info->layers, dims, &ndims, NULL, 0) != FR_OK)
         ndims = 0;
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"name\":");
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"name\":");
     fr_json_str(&b, m->name);
-    sv_puts(&b, ",\"versions\":[");
+    fr_buf_puts(&b, ",\"versions\":[");
     size_t n = 0;
     for (size_t i = 0; i < m->nlisted; i++)
         if (m->listed[i].version != info->version && !sv_snapshot_unserved(m, m->listed[i].version))
-            sv_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->listed[i].version);
-    sv_printf(&b, "%s\"%lld\"],\"platform\":\"freshet\"", n ? "," : "", (long long)info->version);
+            fr_buf_printf(&b, "%s\"%lld\"", n++ ? "," : "", (long long)m->listed[i].version);
+    fr_buf_printf(&b, "%s\"%lld\"],\"platform\":\"freshet\"", n ? "," : "",
+                  (long long)info->version);
     if (ndims >= 2) { /* what POST .../infer takes and gives (infer.c) */
-        sv_printf(&b, ",\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}]",
-                  dims[0]);
+        fr_buf_printf(&b, ",\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[-1,%d]}]",
+                      dims[0]);
         if (strcmp(info->loss, "softmax") == 0)
-            sv_printf(&b,
-                      ",\"outputs\":[{\"name\":\"probabilities\",\"datatype\":\"FP32\","
-                      "\"shape\":[-1,%d]},{\"name\":\"argmax\",\"datatype\":\"INT64\","
-                      "\"shape\":[-1]}]",
-                      dims[ndims - 1]);
+            fr_buf_printf(&b,
+                          ",\"outputs\":[{\"name\":\"probabilities\",\"datatype\":\"FP32\","
+                          "\"shape\":[-1,%d]},{\"name\":\"argmax\",\"datatype\":\"INT64\","
+                          "\"shape\":[-1]}]",
+                          dims[ndims - 1]);
         else
-            sv_printf(&b, ",\"outputs\":[{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[-1,1]}]",
-                      strcmp(info->loss, "logistic") == 0 ? "probability" : "score");
+            fr_buf_printf(&b,
+                          ",\"outputs\":[{\"name\":\"%s\",\"datatype\":\"FP32\",\"shape\":[-1,1]}]",
+                          strcmp(info->loss, "logistic") == 0 ? "probability" : "score");
     }
-    sv_puts(&b, ",\"parameters\":{\"layers\":");
+    fr_buf_puts(&b, ",\"parameters\":{\"layers\":");
     fr_json_str(&b, info->layers);
-    sv_puts(&b, ",\"loss\":");
+    fr_buf_puts(&b, ",\"loss\":");
     fr_json_str(&b, info->loss);
-    sv_puts(&b, ",\"mode\":");
+    fr_buf_puts(&b, ",\"mode\":");
     fr_json_str(&b, info->mode);
-    sv_printf(
+    fr_buf_printf(
         &b, ",\"epoch\":\"%llu\",\"version\":%lld,\"shards\":%d,\"bytes\":%zu,\"created_ms\":%lld",
         (unsigned long long)info->epoch, (long long)info->version, info->shards, info->bytes,
         (long long)info->created_ms);
-    sv_puts(&b, ",\"stopped\":");
+    fr_buf_puts(&b, ",\"stopped\":");
     fr_json_str(&b, info->stopped);
     /* the watermarks of the weights served: every position below them is in */
-    sv_puts(&b, ",\"offsets\":{");
+    fr_buf_puts(&b, ",\"offsets\":{");
     const char *o = m->cur != NULL ? m->cur->offsets : "";
     for (size_t k = 0; *o != '\0'; k++) {
         const char *eq = strchr(o, '='), *end = strchr(o, ',');
@@ -818,17 +821,17 @@ static void build_meta(sv_model_t *m)
             break;
         char key[300];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - o), o);
-        sv_puts(&b, k ? "," : "");
+        fr_buf_puts(&b, k ? "," : "");
         fr_json_str(&b, key);
-        sv_printf(&b, ":%.*s", (int)(end - eq - 1), eq + 1);
+        fr_buf_printf(&b, ":%.*s", (int)(end - eq - 1), eq + 1);
         o = *end ? end + 1 : end;
     }
-    sv_puts(&b, "}");
-    sv_puts(&b, ",\"stats\":\"/v2/models/");
-    sv_puts(&b, m->name); /* names are [A-Za-z0-9._-] */
-    sv_puts(&b, "/stats\"}}");
+    fr_buf_puts(&b, "}");
+    fr_buf_puts(&b, ",\"stats\":\"/v2/models/");
+    fr_buf_puts(&b, m->name); /* names are [A-Za-z0-9._-] */
+    fr_buf_puts(&b, "/stats\"}}");
     size_t len;
-    char *text = sv_take(&b, &len);
+    char *text = fr_buf_take(&b, &len);
     sv_blob_t *blob = text != NULL ? sv_blob_new(text, len) : NULL;
     if (blob != NULL) {
         sv_blob_unref(m->meta);

@@ -178,14 +178,14 @@ void sv_send_text(struct serve *s, struct evhttp_request *req, int code, const c
 
 void sv_send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
 {
-    sv_buf_t b = {0};
+    fr_buf_t b = {0};
     va_list ap;
     va_start(ap, fmt);
     sv_json_error(&b, fmt, ap);
     va_end(ap);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-store");
     sv_send_text(s, req, code, "application/json", b.p ? b.p : "{}", b.p ? b.len : 2);
-    sv_buf_fini(&b);
+    fr_buf_fini(&b);
 }
 
 static void blob_done(const void *data, size_t len, void *arg)
@@ -915,15 +915,15 @@ static void listener_register(struct serve *s, int add)
 /* ",name,name,": the Host names answered ("" any). */
 static char *hosts_list(const char *allowed, const char *listen_host)
 {
-    sv_buf_t b = {0};
+    fr_buf_t b = {0};
     if (strcmp(allowed, "*") == 0 ||
         (allowed[0] == '\0' && (listen_host[0] == '\0' || strcmp(listen_host, "0.0.0.0") == 0 ||
                                 strcmp(listen_host, "::") == 0)))
         return strdup(""); /* every address listened on: any name reaches it */
     if (allowed[0] == '\0')
-        sv_printf(&b, ",localhost,127.0.0.1,::1,%s,", listen_host);
+        fr_buf_printf(&b, ",localhost,127.0.0.1,::1,%s,", listen_host);
     else
-        sv_printf(&b, ",%s,", allowed);
+        fr_buf_printf(&b, ",%s,", allowed);
     if (b.failed)
         return NULL;
     char *w = b.p;

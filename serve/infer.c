@@ -381,47 +381,47 @@ static const float *view_weights(const sv_view_t *v, const model_t *md, float **
 static void encode(infer_job_t *j, const sv_view_t *v, model_loss_t loss, size_t K)
 {
     unsigned want = j->outputs != 0 ? j->outputs : ~0u;
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model_name\":");
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"model_name\":");
     fr_json_str(&b, j->name);
-    sv_printf(&b, ",\"model_version\":\"%lld\"", (long long)v->version);
+    fr_buf_printf(&b, ",\"model_version\":\"%lld\"", (long long)v->version);
     if (j->has_id) {
-        sv_puts(&b, ",\"id\":");
+        fr_buf_puts(&b, ",\"id\":");
         fr_json_str(&b, j->id);
     }
-    sv_printf(&b, ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[",
-              (unsigned long long)v->epoch);
+    fr_buf_printf(&b, ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[",
+                  (unsigned long long)v->epoch);
     int first = 1;
     for (size_t k = 0; k < NOUT; k++) {
         if (out_names[k].loss != loss || !(want >> k & 1))
             continue;
         int argmax = out_names[k].argmax;
-        sv_printf(&b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[%zu", first ? "" : ",",
-                  out_names[k].name, argmax ? "INT64" : "FP32", j->n);
+        fr_buf_printf(&b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[%zu", first ? "" : ",",
+                      out_names[k].name, argmax ? "INT64" : "FP32", j->n);
         if (!argmax)
-            sv_printf(&b, ",%zu", K);
-        sv_puts(&b, "],\"data\":[");
+            fr_buf_printf(&b, ",%zu", K);
+        fr_buf_puts(&b, "],\"data\":[");
         for (size_t i = 0; i < j->n; i++) {
             const float *p = j->out + i * K;
             if (argmax) {
                 size_t best = 0;
                 for (size_t c = 1; c < K; c++)
                     best = p[c] > p[best] ? c : best;
-                sv_printf(&b, i ? ",%zu" : "%zu", best);
+                fr_buf_printf(&b, i ? ",%zu" : "%zu", best);
                 continue;
             }
             for (size_t c = 0; c < K; c++) {
                 if (i + c > 0)
-                    sv_puts(&b, ",");
+                    fr_buf_puts(&b, ",");
                 sv_json_f32(&b, p[c]);
             }
         }
-        sv_puts(&b, "]}");
+        fr_buf_puts(&b, "]}");
         first = 0;
     }
-    sv_puts(&b, "]}\n");
+    fr_buf_puts(&b, "]}\n");
     if (b.failed) {
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         job_error(j, 503, "out of memory for the answer");
         return;
     }

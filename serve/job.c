@@ -34,13 +34,13 @@ void sv_job_answer(sv_job_t *j, int code, const char *type, char *body, size_t l
 
 void sv_job_error(sv_job_t *j, int code, const char *fmt, ...)
 {
-    sv_buf_t b = {0};
+    fr_buf_t b = {0};
     va_list ap;
     va_start(ap, fmt);
     sv_json_error(&b, fmt, ap);
     va_end(ap);
     if (b.failed)
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
     sv_job_answer(j, code, "application/json", b.failed ? NULL : b.p, b.failed ? 0 : b.len);
     j->version[0] = j->epoch[0] = '\0';
 }

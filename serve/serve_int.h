@@ -13,23 +13,17 @@
 #include "serve/serve.h"
 
 /* ------------------------------------------------------------------------
- * A growable text buffer (common's fr_buf_t, under short names) with JSON
- * helpers (json.c).
+ * The JSON pieces serve writes into common's text buffer (fr_buf_t;
+ * strings by fr_json_str) (json.c).
  * ---------------------------------------------------------------------- */
-typedef fr_buf_t sv_buf_t;
-#define sv_buf_fini fr_buf_fini
-#define sv_add      fr_buf_add
-#define sv_puts     fr_buf_puts
-#define sv_printf   fr_buf_printf
-#define sv_take     fr_buf_take
 /* An error answer's body, {"error": "<fmt formatted>"} and a newline. */
-void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap);
+void sv_json_error(fr_buf_t *b, const char *fmt, va_list ap);
 /* A JSON number, or null when v is not finite. */
-void sv_json_num(sv_buf_t *b, double v);
+void sv_json_num(fr_buf_t *b, double v);
 /* A float as a JSON number (null when not finite): 9 significant digits,
  * trailing zeros dropped, as printf's %g lays them out; strtof reads back
  * the same float. */
-void sv_json_f32(sv_buf_t *b, float x);
+void sv_json_f32(fr_buf_t *b, float x);
 #define SV_F32_TEXT_MAX 24
 /* The same text into out (NUL-terminated); its length. */
 size_t sv_f32_text(float x, char out[SV_F32_TEXT_MAX]);
@@ -80,7 +74,7 @@ void sv_view_unref(sv_view_t *v);
 sv_blob_t *sv_weights_json(const char *model, const sv_view_t *v);
 /* The same with each float written by put (bench/bench_json.c compares
  * writers). */
-typedef void (*sv_f32_writer_t)(sv_buf_t *b, float x);
+typedef void (*sv_f32_writer_t)(fr_buf_t *b, float x);
 sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writer_t put);
 
 /* ------------------------------------------------------------------------

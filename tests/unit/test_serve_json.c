@@ -168,14 +168,14 @@ static void test_json_buffer_holds_the_floats(void **state)
 {
     (void)state;
     const float w[] = {0.5f, -1e-20f, 3.14159274f, 0.0f, 65504.0f};
-    sv_buf_t b = {0};
+    fr_buf_t b = {0};
     for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
         if (i > 0)
-            sv_add(&b, ",", 1);
+            fr_buf_add(&b, ",", 1);
         sv_json_f32(&b, w[i]);
     }
     size_t len;
-    char *text = sv_take(&b, &len);
+    char *text = fr_buf_take(&b, &len);
     assert_non_null(text);
     assert_string_equal(text, "0.5,-9.99999968e-21,3.14159274,0,65504");
     assert_int_equal(len, strlen(text));
