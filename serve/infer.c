@@ -5,12 +5,12 @@
  *
  * The loop checks the request (the token when reads are protected, the
  * Content-Type, the model), takes a reference to the weights it will use
- * and queues the body as a job (job.c). The inference workers take the
+ * and queues the body as a job (pool.c). The inference workers take the
  * jobs queued at that moment, up to INFER_BATCH_JOBS, parse their bodies,
  * and run each group of jobs on the same weights as one batch through
  * model_forward (a weight row is then read once for all of them); the
  * loop sends the answers. A full queue answers 503 at once. A sparse
- * model's request goes to the rows reader instead (rows.c), from the
+ * model's request goes to the rows reader instead (rows_sparse.c), from the
  * route or, when the loop could not tell what the model is yet, from the
  * worker.
  *

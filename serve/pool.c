@@ -1,8 +1,8 @@
 /*
- * job.c - requests answered off the loop (docs/design.md "Predictions"):
+ * pool.c - requests answered off the loop (docs/design.md "Predictions"):
  * the queue between the loop and a pool of threads, the client's hang-up
  * watched while its job waits, the answers handed back and sent. The rows
- * reader (rows.c) and the inference workers (infer.c) are two such pools.
+ * reader (rows_sparse.c) and the inference workers (infer.c) are two such pools.
  *
  * Threads: sv_pool_submit, sv_pool_drain, the done event and the hang-up
  * callbacks run on the loop; sv_pool_take and sv_pool_finish on a pool's

@@ -1,5 +1,5 @@
 /*
- * rows.c - a sparse model's rows over HTTP (docs/design.md "Serving sparse
+ * rows_sparse.c - a sparse model's rows over HTTP (docs/design.md "Serving sparse
  * models"): the latest rows by id, the delta since a version (rows changed
  * and tombstones of rows evicted), and the whole table a page at a time
  * for a cold start. http.c dispatches to them.
@@ -7,7 +7,7 @@
  * Unlike the weights of a dense model, which the follower reads once for
  * every client, these answers depend on the request, so each is read from
  * Redis for its request, by a reader thread of its own (a pool of one,
- * job.c): the loop checks the request and queues it; the reader reads the
+ * pool.c): the loop checks the request and queues it; the reader reads the
  * store on its own connection and encodes the answer; the loop sends it.
  *
  * Threads: sv_route_* run on the loop; sv_rows_main and what it calls on

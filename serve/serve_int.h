@@ -78,7 +78,7 @@ typedef void (*sv_f32_writer_t)(fr_buf_t *b, float x);
 sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writer_t put);
 
 /* ------------------------------------------------------------------------
- * Requests answered off the loop (job.c): the loop checks a request and
+ * Requests answered off the loop (pool.c): the loop checks a request and
  * queues it as a job; a pool's threads take jobs, compute their answers
  * and hand them back; the loop sends them. A client that hangs up
  * meanwhile is forgotten (its job costs no work and its answer is
@@ -262,7 +262,7 @@ struct serve {
     char *chartjs_data; /* Chart.js, read once at start             */
     size_t chartjs_len;
     void *op_conn;   /* psstore_conn_t for requests, loop thread   */
-    sv_pool_t rows;  /* a sparse model's rows, deltas and table pages (rows.c) */
+    sv_pool_t rows;  /* a sparse model's rows, deltas and table pages (rows_sparse.c) */
     sv_pool_t infer; /* predictions (infer.c); no threads when [serve] infer is off */
     size_t waiting;  /* long-poll clients now                      */
     /* metrics */
@@ -383,7 +383,7 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
                      struct evkeyvalq *params);
 void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *name,
                        struct evkeyvalq *params);
-/* A sparse model's rows (rows.c): by id, the delta since a version, the
+/* A sparse model's rows (rows_sparse.c): by id, the delta since a version, the
  * table a page at a time. */
 void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name,
                    struct evkeyvalq *params);
@@ -391,10 +391,10 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
                     struct evkeyvalq *params);
 void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
                     struct evkeyvalq *params);
-/* The rows reader's thread (rows.c): one job at a time on its own
+/* The rows reader's thread (rows_sparse.c): one job at a time on its own
  * connection to the store. */
 void *sv_rows_main(void *arg);
-/* A sparse model's predictions (rows.c): body (malloc'ed, taken), records
+/* A sparse model's predictions (rows_sparse.c): body (malloc'ed, taken), records
  * as the topic carries them, scored on the rows reader. */
 void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
                    size_t len);
