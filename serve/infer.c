@@ -31,7 +31,7 @@
 #include <jansson.h>
 
 #include "model/model.h"
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 #define INFER_BATCH_JOBS 64    /* requests one worker takes at once at most       */
 #define INFER_BATCH_ROWS 256   /* samples one forward pass runs at most           */

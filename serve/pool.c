@@ -19,7 +19,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 /* ---- answers, on a pool's thread -------------------------------------------------- */
 

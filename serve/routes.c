@@ -18,7 +18,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "psstore/psstore.h"
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 #define OP_TIMEOUT_MS 1000 /* Redis timeout of replay and rollback     */
 #define FRESH_WAIT_MS 5000 /* a model's weights or stats being read */

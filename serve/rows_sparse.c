@@ -27,7 +27,7 @@
 #include <jansson.h>
 
 #include "psstore/psstore.h"
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 #define SV_ROWS_MAX      16384 /* rows one answer reads at most               */
 #define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
