@@ -299,7 +299,7 @@ void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *
         if (m->snaps[i]->version == version)
             v = sv_view_ref(m->snaps[i]);
     for (size_t i = 0; i < m->nlisted && !listed; i++)
-        listed = m->listed[i].version == version && !sv_snapshot_unserved(m, version);
+        listed = m->listed[i].version == version && !sv_cache_snapshot_unserved(m, version);
     pthread_mutex_unlock(&s->lock);
     if (v == NULL && listed) { /* retained, not read here yet: asking made it wanted */
         pthread_cond_broadcast(&s->wake);

@@ -211,12 +211,43 @@ typedef struct sv_model {
     sv_waiter_t *waiters;
 } sv_model_t;
 
-/* Whether version is listed for m but not served (another epoch's
- * snapshot, or unreadable). Under s->lock (follow.c). */
-int sv_snapshot_unserved(const sv_model_t *m, int64_t version);
 /* Follows the store for s (follow.c). */
 struct serve;
 void *sv_follow_main(void *arg);
+
+/* The weights cache (cache.c), on the follower. sv_cache_refresh reads
+ * m's info and, when its (epoch, version) moved and refresh_ms has passed
+ * since the last read, its weights (into *w, grown to the model's size)
+ * and any retained snapshot not held yet, and publishes them; *changed
+ * set when m changed. Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM; a
+ * model that cannot be read or encoded is noted in m->error. */
+fr_err_t sv_cache_refresh(struct serve *s, psstore_conn_t *c, sv_model_t *m, float **w,
+                          size_t *wcap, int *changed);
+/* m's metadata JSON (Open Inference Protocol shape) into m->meta, kept
+ * when out of memory. Under s->lock. */
+void sv_cache_meta(sv_model_t *m);
+/* Whether version is listed for m but not served (another epoch's
+ * snapshot, or unreadable). Under s->lock. */
+int sv_cache_snapshot_unserved(const sv_model_t *m, int64_t version);
+
+/* The dashboard's stats (stats.c), on the follower: the streams read into
+ * scratch kept between builds (zeroed at first; freed by
+ * sv_stats_scratch_fini), the JSON published as m->stats. */
+typedef struct sv_stats_scratch {
+    psstore_version_entry_t *ver;
+    psstore_drop_entry_t *drops;
+    psstore_eval_entry_t *evals;
+    psstore_member_t *members;
+    size_t members_cap;
+    psstore_partition_status_t *parts;
+    size_t parts_cap;
+    int64_t *taus;
+    size_t nver, ndrops, nevals, nmem, nparts; /* what the last read filled */
+} sv_stats_scratch_t;
+/* Builds the stats JSON of m (docs/http.md "Stats"; the README lists its
+ * fields). Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
+fr_err_t sv_stats_build(struct serve *s, psstore_conn_t *c, sv_model_t *m, sv_stats_scratch_t *x);
+void sv_stats_scratch_fini(sv_stats_scratch_t *x);
 /* The model named name, created (not yet present) when new and wanted;
  * NULL when there are too many. Under s->lock. */
 sv_model_t *sv_model_get(struct serve *s, const char *name, int create);
