@@ -464,6 +464,7 @@ static void forward(const model_t *md, const float *w, infer_job_t **group, size
         }
     if (n == 0)
         return;
+    FR_ASSERT(n > 1 || one->n == rows); /* a job alone is run from its own floats */
     size_t chunk = rows < INFER_BATCH_ROWS ? rows : INFER_BATCH_ROWS;
     if (grow(&sc->tmp, &sc->tmp_cap, model_forward_scratch(md, chunk) + 1) != 0 ||
         (n > 1 && (grow(&sc->x, &sc->x_cap, rows * d) != 0 ||
@@ -478,6 +479,7 @@ static void forward(const model_t *md, const float *w, infer_job_t **group, size
     if (n > 1) {
         for (size_t k = lo; k < hi; k++)
             if (group[k] != NULL) {
+                FR_ASSERT(at + group[k]->n <= rows); /* sc->x holds rows samples */
                 memcpy(sc->x + at * d, group[k]->x, group[k]->n * d * sizeof(float));
                 at += group[k]->n;
             }

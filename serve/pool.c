@@ -58,6 +58,7 @@ size_t sv_pool_take(sv_pool_t *p, sv_job_t **jobs, size_t max)
             break; /* stop answers what is still queued */
         while (p->queue != NULL && n < max) {
             sv_job_t *j = p->queue;
+            FR_ASSERT(p->queued > 0 && j->pool == p);
             p->queue = j->next;
             p->queued--;
             if (j->gone) { /* a client that hung up costs no work */
@@ -85,6 +86,7 @@ void sv_pool_requeue(sv_pool_t *p, sv_job_t **jobs, size_t n, int pause)
         *tail = jobs[i];
         tail = &jobs[i]->next;
     }
+    FR_ASSERT(p->inflight >= n); /* jobs this pool's threads took */
     p->queued += n;
     p->inflight -= n;
     pthread_mutex_unlock(&p->lock);
@@ -101,6 +103,7 @@ void sv_pool_finish(sv_pool_t *p, sv_job_t **jobs, size_t n)
         jobs[i]->next = p->done;
         p->done = jobs[i];
     }
+    FR_ASSERT(p->inflight >= n); /* jobs this pool's threads took */
     p->inflight -= n;
     event_active(p->done_ev, EV_READ, 0);
     pthread_mutex_unlock(&p->lock);
@@ -209,6 +212,7 @@ void sv_pool_submit(sv_pool_t *p, struct evhttp_request *req, sv_job_t *j)
                           queued);
         return;
     }
+    FR_ASSERT(j->pool == NULL && j->next == NULL); /* a new job, in no list yet */
     j->pool = p;
     j->req = req;
     j->evcon = evhttp_request_get_connection(req);

@@ -371,9 +371,11 @@ static int read_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     }
     size_t off[PSSTORE_SHARDS_MAX + 1];
     psstore_sparse_group(ids, n, S, order, sids, off); /* the ids grouped by shard */
+    FR_ASSERT(off[0] == 0 && off[S] == n);             /* the groups cover the ids */
     at->epoch = 0;
     at->version = 0;
     for (int k = 0; k < S && err == FR_OK; k++) {
+        FR_ASSERT(off[k] <= off[k + 1]);
         size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
         float b[SPARSE_CLASSES_MAX];
         uint64_t epoch;
@@ -685,10 +687,12 @@ static void run_infer(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
         ddense[k] = dense[k];
     for (size_t i = 0; i < n; i++) {
         const sparse_sample_t *s = &b->samples[i];
-        for (int k = 0; k < s->n; k++) /* each feature's row, in double */
+        for (int k = 0; k < s->n; k++) { /* each feature's row, in double */
+            FR_ASSERT(b->slot[i * SPARSE_FIELDS_MAX + k] < b->nrows); /* a row read above */
             for (size_t e = 0; e < rl; e++)
                 fp[(size_t)k * rl + e] =
                     params[(size_t)b->slot[i * SPARSE_FIELDS_MAX + k] * rl + e];
+        }
         sparse_fm_reference(spec, s, fp, ddense, score + i * (size_t)K);
     }
     infer_encode(j, id, score, n, K, &at);
