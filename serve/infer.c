@@ -432,23 +432,12 @@ static void encode(infer_job_t *j, const sv_view_t *v, model_loss_t loss, size_t
 
 /* ---- a worker ------------------------------------------------------------------------- */
 
-/* A worker's buffers, grown as needed and kept. */
+/* A worker's buffers, kept between jobs: the batch buffers grown by FR_GROW
+ * (their sizes vary with the batch), w to the model's size exactly. */
 typedef struct scratch {
     float *x, *out, *tmp, *w;
     size_t x_cap, out_cap, tmp_cap, w_cap;
 } scratch_t;
-
-static int grow(float **p, size_t *cap, size_t n)
-{
-    if (*cap >= n)
-        return 0;
-    float *q = realloc(*p, n * sizeof(float));
-    if (q == NULL)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
 
 /* Runs jobs group[lo..hi) (NULL: failed already) through md under w:
  * one job from its own floats, several copied into one batch. */
@@ -466,9 +455,9 @@ static void forward(const model_t *md, const float *w, infer_job_t **group, size
         return;
     FR_ASSERT(n > 1 || one->n == rows); /* a job alone is run from its own floats */
     size_t chunk = rows < INFER_BATCH_ROWS ? rows : INFER_BATCH_ROWS;
-    if (grow(&sc->tmp, &sc->tmp_cap, model_forward_scratch(md, chunk) + 1) != 0 ||
-        (n > 1 && (grow(&sc->x, &sc->x_cap, rows * d) != 0 ||
-                   grow(&sc->out, &sc->out_cap, rows * K) != 0))) {
+    if (FR_GROW(sc->tmp, sc->tmp_cap, model_forward_scratch(md, chunk) + 1) != FR_OK ||
+        (n > 1 && (FR_GROW(sc->x, sc->x_cap, rows * d) != FR_OK ||
+                   FR_GROW(sc->out, sc->out_cap, rows * K) != FR_OK))) {
         for (size_t k = lo; k < hi; k++)
             if (group[k] != NULL)
                 job_error(group[k], 503, "out of memory");
