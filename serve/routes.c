@@ -2,7 +2,7 @@
  * routes.c - the answers of serve's routes: the models and their metadata,
  * the weights (latest, long-poll and retained snapshots), stats, health,
  * metrics, the dashboard, and the replay and rollback requests
- * (docs/design.md "Snapshots and publishing"). http.c dispatches to them.
+ * (docs/design.md "Snapshots and publishing"). dispatch.c dispatches to them.
  *
  * Threads: the loop thread only. Each sv_route_* answers its request
  * itself (the error too, where it finds it), or hands it to a waiter.

@@ -2,7 +2,7 @@
  * rows_sparse.c - a sparse model's rows over HTTP (docs/design.md "Serving sparse
  * models"): the latest rows by id, the delta since a version (rows changed
  * and tombstones of rows evicted), and the whole table a page at a time
- * for a cold start. http.c dispatches to them.
+ * for a cold start. dispatch.c dispatches to them.
  *
  * Unlike the weights of a dense model, which the follower reads once for
  * every client, these answers depend on the request, so each is read from

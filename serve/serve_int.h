@@ -255,7 +255,7 @@ sv_model_t *sv_model_get(struct serve *s, const char *name, int create);
 struct serve {
     serve_conf_t conf;
     char *listen, *redis_url, *model, *token, *tls_cert, *tls_key, *chartjs;
-    char *hosts;                /* the allowed Host names, ",a,b,": "" any (http.c) */
+    char *hosts;                /* the allowed Host names, ",a,b,": "" any (dispatch.c) */
     struct event *accept_again; /* the listener paused after accept() failed */
     int accept_pause_ms;
     uint64_t accept_error_ns;   /* the last failure */
