@@ -1,8 +1,9 @@
 /*
  * jsonw.c - the JSON text the commands write (model show, run's summary,
- * compare's report): strings escaped as RFC 8259 asks, numbers that are
- * never NaN or infinity (null instead), and the one reader compare needs
- * for run's summary, whose keys are unique by design.
+ * compare's report): strings escaped by common's one escaper
+ * (fr_json_str), numbers that are never NaN or infinity (null instead),
+ * and the one reader compare needs for run's summary, whose keys are
+ * unique by design.
  *
  * Threads: any; no state.
  */
@@ -14,16 +15,17 @@
 
 void app_json_str(FILE *out, const char *s)
 {
-    fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(out, "\\%c", *p);
-        else if (*p < 0x20 || *p == 0x7f || *p == '<') /* '<': no "</script>" in a page */
-            fprintf(out, "\\u%04x", *p);
-        else
-            fputc(*p, out);
-    }
-    fputc('"', out);
+    /* common's escaper (fr_json_str), written out; a string too large to
+     * hold (out of memory) is written as "" */
+    fr_buf_t b = {0};
+    fr_json_str(&b, s);
+    size_t len;
+    char *text = fr_buf_take(&b, &len);
+    if (text != NULL)
+        fwrite(text, 1, len, out);
+    else
+        fputs("\"\"", out);
+    free(text);
 }
 
 void app_json_num(FILE *out, double v)

@@ -48,12 +48,12 @@ static size_t freshet_json(const sv_view_t *v)
 }
 
 /* The obvious writer: printf's "%.9g", null when not finite. */
-static void printf_f32(sv_buf_t *b, float x)
+static void printf_f32(fr_buf_t *b, float x)
 {
     char num[32];
     int n = isfinite(x) ? snprintf(num, sizeof(num), "%.9g", (double)x)
                         : snprintf(num, sizeof(num), "null");
-    sv_add(b, num, (size_t)n);
+    fr_buf_add(b, num, (size_t)n);
 }
 
 /* The same document, each float by printf. */

@@ -285,6 +285,12 @@ void fr_buf_printf(fr_buf_t *b, const char *fmt, ...) FR_PRINTF(2, 3);
  * len may be NULL. */
 char *fr_buf_take(fr_buf_t *b, size_t *len);
 
+/* Appends s as a JSON string literal, quotes included; the one escaper of
+ * the tree (json.c): '"' and '\\' backslashed; control characters, DEL and
+ * '<' as \u00XX; well-formed UTF-8 (RFC 3629) kept; each byte of anything
+ * else as \ufffd, so the text is valid UTF-8 whatever s holds. */
+void fr_json_str(fr_buf_t *b, const char *s);
+
 /* ------------------------------------------------------------------------
  * Metrics registry: counters, gauges and histograms with labels, rendered in
  * the Prometheus text exposition format 0.0.4. Everything here is

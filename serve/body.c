@@ -22,7 +22,7 @@
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 /* The media type of the body (its Content-Type up to any ';', spaces
  * trimmed) into out[size]; "" when there is none. */

@@ -5,12 +5,12 @@
  *
  * The loop checks the request (the token when reads are protected, the
  * Content-Type, the model), takes a reference to the weights it will use
- * and queues the body as a job (job.c). The inference workers take the
+ * and queues the body as a job (pool.c). The inference workers take the
  * jobs queued at that moment, up to INFER_BATCH_JOBS, parse their bodies,
  * and run each group of jobs on the same weights as one batch through
  * model_forward (a weight row is then read once for all of them); the
  * loop sends the answers. A full queue answers 503 at once. A sparse
- * model's request goes to the rows reader instead (rows.c), from the
+ * model's request goes to the rows reader instead (rows_sparse.c), from the
  * route or, when the loop could not tell what the model is yet, from the
  * worker.
  *
@@ -31,7 +31,7 @@
 #include <jansson.h>
 
 #include "model/model.h"
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 #define INFER_BATCH_JOBS 64    /* requests one worker takes at once at most       */
 #define INFER_BATCH_ROWS 256   /* samples one forward pass runs at most           */
@@ -381,47 +381,47 @@ static const float *view_weights(const sv_view_t *v, const model_t *md, float **
 static void encode(infer_job_t *j, const sv_view_t *v, model_loss_t loss, size_t K)
 {
     unsigned want = j->outputs != 0 ? j->outputs : ~0u;
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model_name\":");
-    sv_json_str(&b, j->name);
-    sv_printf(&b, ",\"model_version\":\"%lld\"", (long long)v->version);
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"model_name\":");
+    fr_json_str(&b, j->name);
+    fr_buf_printf(&b, ",\"model_version\":\"%lld\"", (long long)v->version);
     if (j->has_id) {
-        sv_puts(&b, ",\"id\":");
-        sv_json_str(&b, j->id);
+        fr_buf_puts(&b, ",\"id\":");
+        fr_json_str(&b, j->id);
     }
-    sv_printf(&b, ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[",
-              (unsigned long long)v->epoch);
+    fr_buf_printf(&b, ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[",
+                  (unsigned long long)v->epoch);
     int first = 1;
     for (size_t k = 0; k < NOUT; k++) {
         if (out_names[k].loss != loss || !(want >> k & 1))
             continue;
         int argmax = out_names[k].argmax;
-        sv_printf(&b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[%zu", first ? "" : ",",
-                  out_names[k].name, argmax ? "INT64" : "FP32", j->n);
+        fr_buf_printf(&b, "%s{\"name\":\"%s\",\"datatype\":\"%s\",\"shape\":[%zu", first ? "" : ",",
+                      out_names[k].name, argmax ? "INT64" : "FP32", j->n);
         if (!argmax)
-            sv_printf(&b, ",%zu", K);
-        sv_puts(&b, "],\"data\":[");
+            fr_buf_printf(&b, ",%zu", K);
+        fr_buf_puts(&b, "],\"data\":[");
         for (size_t i = 0; i < j->n; i++) {
             const float *p = j->out + i * K;
             if (argmax) {
                 size_t best = 0;
                 for (size_t c = 1; c < K; c++)
                     best = p[c] > p[best] ? c : best;
-                sv_printf(&b, i ? ",%zu" : "%zu", best);
+                fr_buf_printf(&b, i ? ",%zu" : "%zu", best);
                 continue;
             }
             for (size_t c = 0; c < K; c++) {
                 if (i + c > 0)
-                    sv_puts(&b, ",");
+                    fr_buf_puts(&b, ",");
                 sv_json_f32(&b, p[c]);
             }
         }
-        sv_puts(&b, "]}");
+        fr_buf_puts(&b, "]}");
         first = 0;
     }
-    sv_puts(&b, "]}\n");
+    fr_buf_puts(&b, "]}\n");
     if (b.failed) {
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         job_error(j, 503, "out of memory for the answer");
         return;
     }
@@ -432,23 +432,12 @@ static void encode(infer_job_t *j, const sv_view_t *v, model_loss_t loss, size_t
 
 /* ---- a worker ------------------------------------------------------------------------- */
 
-/* A worker's buffers, grown as needed and kept. */
+/* A worker's buffers, kept between jobs: the batch buffers grown by FR_GROW
+ * (their sizes vary with the batch), w to the model's size exactly. */
 typedef struct scratch {
     float *x, *out, *tmp, *w;
     size_t x_cap, out_cap, tmp_cap, w_cap;
 } scratch_t;
-
-static int grow(float **p, size_t *cap, size_t n)
-{
-    if (*cap >= n)
-        return 0;
-    float *q = realloc(*p, n * sizeof(float));
-    if (q == NULL)
-        return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
 
 /* Runs jobs group[lo..hi) (NULL: failed already) through md under w:
  * one job from its own floats, several copied into one batch. */
@@ -464,10 +453,11 @@ static void forward(const model_t *md, const float *w, infer_job_t **group, size
         }
     if (n == 0)
         return;
+    FR_ASSERT(n > 1 || one->n == rows); /* a job alone is run from its own floats */
     size_t chunk = rows < INFER_BATCH_ROWS ? rows : INFER_BATCH_ROWS;
-    if (grow(&sc->tmp, &sc->tmp_cap, model_forward_scratch(md, chunk) + 1) != 0 ||
-        (n > 1 && (grow(&sc->x, &sc->x_cap, rows * d) != 0 ||
-                   grow(&sc->out, &sc->out_cap, rows * K) != 0))) {
+    if (FR_GROW(sc->tmp, sc->tmp_cap, model_forward_scratch(md, chunk) + 1) != FR_OK ||
+        (n > 1 && (FR_GROW(sc->x, sc->x_cap, rows * d) != FR_OK ||
+                   FR_GROW(sc->out, sc->out_cap, rows * K) != FR_OK))) {
         for (size_t k = lo; k < hi; k++)
             if (group[k] != NULL)
                 job_error(group[k], 503, "out of memory");
@@ -478,6 +468,7 @@ static void forward(const model_t *md, const float *w, infer_job_t **group, size
     if (n > 1) {
         for (size_t k = lo; k < hi; k++)
             if (group[k] != NULL) {
+                FR_ASSERT(at + group[k]->n <= rows); /* sc->x holds rows samples */
                 memcpy(sc->x + at * d, group[k]->x, group[k]->n * d * sizeof(float));
                 at += group[k]->n;
             }

@@ -10,70 +10,23 @@
 
 #include "serve/serve_int.h"
 
-void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap)
+void sv_json_error(fr_buf_t *b, const char *fmt, va_list ap)
 {
     char msg[512];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    sv_puts(b, "{\"error\":");
-    sv_json_str(b, msg);
-    sv_puts(b, "}\n");
+    fr_buf_puts(b, "{\"error\":");
+    fr_json_str(b, msg);
+    fr_buf_puts(b, "}\n");
 }
 
-/* The length of the well-formed UTF-8 sequence at p (RFC 3629: no
- * overlong forms, no surrogates, nothing past U+10FFFF), 0 when it is
- * none. p is NUL-terminated: a NUL ends any sequence early. */
-static size_t utf8_len(const unsigned char *p)
-{
-    unsigned c = p[0];
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf)
-        return (p[1] & 0xc0) == 0x80 ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (c == 0xe0 && p[1] < 0xa0) ||
-            (c == 0xed && p[1] >= 0xa0))
-            return 0;
-        return 3;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-        if ((p[1] & 0xc0) != 0x80 || (p[2] & 0xc0) != 0x80 || (p[3] & 0xc0) != 0x80 ||
-            (c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] >= 0x90))
-            return 0;
-        return 4;
-    }
-    return 0;
-}
-
-void sv_json_str(sv_buf_t *b, const char *s)
-{
-    sv_add(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        size_t n = utf8_len(p);
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            sv_add(b, esc, 2);
-        } else if (*p < 0x20 || *p == 0x7f) {
-            sv_printf(b, "\\u%04x", *p);
-        } else if (n == 0) { /* not UTF-8 (a path's %ff, a name from Redis): U+FFFD */
-            sv_puts(b, "\\ufffd");
-        } else {
-            sv_add(b, (const char *)p, n);
-            p += n;
-            continue;
-        }
-        p++;
-    }
-    sv_add(b, "\"", 1);
-}
-
-void sv_json_num(sv_buf_t *b, double v)
+void sv_json_num(fr_buf_t *b, double v)
 {
     if (!isfinite(v))
-        sv_puts(b, "null");
+        fr_buf_puts(b, "null");
     else if (v == floor(v) && fabs(v) < 9e15)
-        sv_printf(b, "%.0f", v);
+        fr_buf_printf(b, "%.0f", v);
     else
-        sv_printf(b, "%.9g", v);
+        fr_buf_printf(b, "%.9g", v);
 }
 
 /* 10^k for k = -30..53: the scales that bring a finite nonzero float's
@@ -167,11 +120,11 @@ size_t sv_f32_text(float x, char out[SV_F32_TEXT_MAX])
     return n;
 }
 
-void sv_json_f32(sv_buf_t *b, float x)
+void sv_json_f32(fr_buf_t *b, float x)
 {
     char text[SV_F32_TEXT_MAX];
     size_t n = sv_f32_text(x, text);
-    sv_add(b, text, n);
+    fr_buf_add(b, text, n);
 }
 
 sv_blob_t *sv_blob_new(char *data, size_t len)
@@ -228,45 +181,46 @@ static inline sv_blob_t *weights_json(const char *model, const sv_view_t *v, sv_
     if (fr_layers_parse(layers, dims, &ndims, NULL, 0) != FR_OK)
         return NULL;
     const float *w = (const float *)(v->st + v->raw_off);
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, model);
-    sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)v->epoch,
-              (long long)v->version);
-    sv_json_str(&b, layers);
-    sv_puts(&b, ",\"loss\":");
-    sv_json_str(&b, loss);
-    sv_puts(&b, ",\"tensors\":{");
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"model\":");
+    fr_json_str(&b, model);
+    fr_buf_printf(&b,
+                  ",\"epoch\":\"%llu\",\"version\":%lld,\"layers\":", (unsigned long long)v->epoch,
+                  (long long)v->version);
+    fr_json_str(&b, layers);
+    fr_buf_puts(&b, ",\"loss\":");
+    fr_json_str(&b, loss);
+    fr_buf_puts(&b, ",\"tensors\":{");
     size_t off = 0;
     for (int l = 0; l + 1 < ndims; l++) {
         size_t rows = (size_t)dims[l + 1], cols = (size_t)dims[l];
         for (int part = 0; part < 2; part++) {
             size_t count = part == 0 ? rows * cols : rows;
             if (off + count > v->raw_len / sizeof(float)) {
-                sv_buf_fini(&b);
+                fr_buf_fini(&b);
                 return NULL;
             }
-            sv_printf(&b, "%s\"layers.%d.%s\":{\"shape\":", l || part ? "," : "", l,
-                      part == 0 ? "weight" : "bias");
+            fr_buf_printf(&b, "%s\"layers.%d.%s\":{\"shape\":", l || part ? "," : "", l,
+                          part == 0 ? "weight" : "bias");
             if (part == 0)
-                sv_printf(&b, "[%zu,%zu]", rows, cols);
+                fr_buf_printf(&b, "[%zu,%zu]", rows, cols);
             else
-                sv_printf(&b, "[%zu]", rows);
-            sv_puts(&b, ",\"data\":[");
+                fr_buf_printf(&b, "[%zu]", rows);
+            fr_buf_puts(&b, ",\"data\":[");
             for (size_t i = 0; i < count; i++) {
                 float x;
                 memcpy(&x, w + off + i, sizeof(x)); /* st + raw_off may be unaligned */
                 if (i > 0)
-                    sv_add(&b, ",", 1);
+                    fr_buf_add(&b, ",", 1);
                 put(&b, x); /* null for a non-finite weight */
             }
-            sv_puts(&b, "]}");
+            fr_buf_puts(&b, "]}");
             off += count;
         }
     }
-    sv_puts(&b, "}}\n");
+    fr_buf_puts(&b, "}}\n");
     size_t len;
-    char *text = sv_take(&b, &len);
+    char *text = fr_buf_take(&b, &len);
     return text != NULL ? sv_blob_new(text, len) : NULL;
 }
 

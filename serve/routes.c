@@ -2,7 +2,7 @@
  * routes.c - the answers of serve's routes: the models and their metadata,
  * the weights (latest, long-poll and retained snapshots), stats, health,
  * metrics, the dashboard, and the replay and rollback requests
- * (docs/design.md "Snapshots and publishing"). http.c dispatches to them.
+ * (docs/design.md "Snapshots and publishing"). dispatch.c dispatches to them.
  *
  * Threads: the loop thread only. Each sv_route_* answers its request
  * itself (the error too, where it finds it), or hands it to a waiter.
@@ -18,7 +18,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "psstore/psstore.h"
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 #define OP_TIMEOUT_MS 1000 /* Redis timeout of replay and rollback     */
 #define FRESH_WAIT_MS 5000 /* a model's weights or stats being read */
@@ -78,31 +78,31 @@ void sv_route_models(struct serve *s, struct evhttp_request *req)
 {
     pthread_mutex_lock(&s->lock);
     int known = s->models_ms > 0;
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"models\":[");
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"models\":[");
     for (size_t i = 0; i < s->nnames; i++) {
-        sv_puts(&b, i ? "," : "");
-        sv_json_str(&b, s->names[i]);
+        fr_buf_puts(&b, i ? "," : "");
+        fr_json_str(&b, s->names[i]);
     }
-    sv_puts(&b, "],\"default\":");
+    fr_buf_puts(&b, "],\"default\":");
     if (s->model[0] != '\0')
-        sv_json_str(&b, s->model);
+        fr_json_str(&b, s->model);
     else if (s->nnames > 0)
-        sv_json_str(&b, s->names[0]);
+        fr_json_str(&b, s->names[0]);
     else
-        sv_puts(&b, "null");
-    sv_puts(&b, "}\n");
+        fr_buf_puts(&b, "null");
+    fr_buf_puts(&b, "}\n");
     char why[256];
     snprintf(why, sizeof(why), "%s", s->store_error);
     pthread_mutex_unlock(&s->lock);
     if (!known) {
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         sv_send_error(s, req, 503, "store unreachable: %s", why[0] ? why : "not connected yet");
         return;
     }
     evhttp_add_header(evhttp_request_get_output_headers(req), "Cache-Control", "no-cache");
     sv_send_text(s, req, 200, "application/json", b.p, b.len);
-    sv_buf_fini(&b);
+    fr_buf_fini(&b);
 }
 
 void sv_route_model(struct serve *s, struct evhttp_request *req, const char *name)
@@ -299,7 +299,7 @@ void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *
         if (m->snaps[i]->version == version)
             v = sv_view_ref(m->snaps[i]);
     for (size_t i = 0; i < m->nlisted && !listed; i++)
-        listed = m->listed[i].version == version && !sv_snapshot_unserved(m, version);
+        listed = m->listed[i].version == version && !sv_cache_snapshot_unserved(m, version);
     pthread_mutex_unlock(&s->lock);
     if (v == NULL && listed) { /* retained, not read here yet: asking made it wanted */
         pthread_cond_broadcast(&s->wake);
@@ -452,11 +452,11 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
         free(r);
         return;
     }
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model\":");
-    sv_json_str(&b, name);
-    sv_puts(&b, ",\"request\":");
-    sv_json_str(&b, spec);
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"model\":");
+    fr_json_str(&b, name);
+    fr_buf_puts(&b, ",\"request\":");
+    fr_json_str(&b, spec);
     if (!execute) {
         /* the plan: each partition the store knows, its watermark and target */
         psstore_partition_status_t *parts = NULL;
@@ -464,53 +464,52 @@ void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *na
         if (psstore_partitions_read(c, name, &parts, &n, &cap) != FR_OK) {
             free(r);
             free(parts);
-            sv_buf_fini(&b);
+            fr_buf_fini(&b);
             op_failed(s, req);
             return;
         }
-        sv_puts(&b, ",\"dry_run\":true,\"plan\":[");
+        fr_buf_puts(&b, ",\"dry_run\":true,\"plan\":[");
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
             if (!psstore_replay_applies(r, parts[i].topic, parts[i].partition, NULL))
                 continue;
             char target[160];
             psstore_replay_describe(r, parts[i].partition, target, sizeof(target));
-            sv_puts(&b, k++ ? ",{\"topic\":" : "{\"topic\":");
-            sv_json_str(&b, parts[i].topic);
-            sv_printf(&b,
-                      ",\"partition\":%d,\"watermark\":%lld,\"log_end\":", (int)parts[i].partition,
-                      (long long)parts[i].watermark);
+            fr_buf_puts(&b, k++ ? ",{\"topic\":" : "{\"topic\":");
+            fr_json_str(&b, parts[i].topic);
+            fr_buf_printf(&b, ",\"partition\":%d,\"watermark\":%lld,\"log_end\":",
+                          (int)parts[i].partition, (long long)parts[i].watermark);
             if (parts[i].log_end >= 0)
-                sv_printf(&b, "%lld", (long long)parts[i].log_end);
+                fr_buf_printf(&b, "%lld", (long long)parts[i].log_end);
             else
-                sv_puts(&b, "null");
-            sv_puts(&b, ",\"target\":");
-            sv_json_str(&b, target);
-            sv_puts(&b, "}");
+                fr_buf_puts(&b, "null");
+            fr_buf_puts(&b, ",\"target\":");
+            fr_json_str(&b, target);
+            fr_buf_puts(&b, "}");
         }
-        sv_puts(&b, "],\"note\":\"dry run: nothing changed (execute=true stores the request; "
-                    "the owning consumers resolve the targets against Kafka)\"}\n");
+        fr_buf_puts(&b, "],\"note\":\"dry run: nothing changed (execute=true stores the request; "
+                        "the owning consumers resolve the targets against Kafka)\"}\n");
         free(parts);
         free(r);
         sv_send_text(s, req, 200, "application/json", b.p, b.len);
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         return;
     }
     free(r);
     char id[64];
     if (psstore_request_replay(c, name, spec, id) != FR_OK) {
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         op_failed(s, req);
         return;
     }
     fr_log(FR_LOG_INFO, "serve: replay of model '%s' requested over HTTP: %s (request %s)", name,
            spec, id);
-    sv_puts(&b, ",\"dry_run\":false,\"request_id\":");
-    sv_json_str(&b, id);
-    sv_puts(&b, ",\"note\":\"stored: the applier publishes it under the next replay "
-                "generation\"}\n");
+    fr_buf_puts(&b, ",\"dry_run\":false,\"request_id\":");
+    fr_json_str(&b, id);
+    fr_buf_puts(&b, ",\"note\":\"stored: the applier publishes it under the next replay "
+                    "generation\"}\n");
     sv_send_text(s, req, 202, "application/json", b.p, b.len);
-    sv_buf_fini(&b);
+    fr_buf_fini(&b);
 }
 
 void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *name,

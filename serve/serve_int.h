@@ -13,27 +13,17 @@
 #include "serve/serve.h"
 
 /* ------------------------------------------------------------------------
- * A growable text buffer (common's fr_buf_t, under short names) with JSON
- * helpers (json.c).
+ * The JSON pieces serve writes into common's text buffer (fr_buf_t;
+ * strings by fr_json_str) (json.c).
  * ---------------------------------------------------------------------- */
-typedef fr_buf_t sv_buf_t;
-#define sv_buf_fini fr_buf_fini
-#define sv_add      fr_buf_add
-#define sv_puts     fr_buf_puts
-#define sv_printf   fr_buf_printf
-#define sv_take     fr_buf_take
-/* A JSON string literal of s (quotes included): control characters
- * escaped, each byte that is not part of well-formed UTF-8 written as
- * U+FFFD, so every JSON body serve writes is valid UTF-8. */
-void sv_json_str(sv_buf_t *b, const char *s);
 /* An error answer's body, {"error": "<fmt formatted>"} and a newline. */
-void sv_json_error(sv_buf_t *b, const char *fmt, va_list ap);
+void sv_json_error(fr_buf_t *b, const char *fmt, va_list ap);
 /* A JSON number, or null when v is not finite. */
-void sv_json_num(sv_buf_t *b, double v);
+void sv_json_num(fr_buf_t *b, double v);
 /* A float as a JSON number (null when not finite): 9 significant digits,
  * trailing zeros dropped, as printf's %g lays them out; strtof reads back
  * the same float. */
-void sv_json_f32(sv_buf_t *b, float x);
+void sv_json_f32(fr_buf_t *b, float x);
 #define SV_F32_TEXT_MAX 24
 /* The same text into out (NUL-terminated); its length. */
 size_t sv_f32_text(float x, char out[SV_F32_TEXT_MAX]);
@@ -84,11 +74,11 @@ void sv_view_unref(sv_view_t *v);
 sv_blob_t *sv_weights_json(const char *model, const sv_view_t *v);
 /* The same with each float written by put (bench/bench_json.c compares
  * writers). */
-typedef void (*sv_f32_writer_t)(sv_buf_t *b, float x);
+typedef void (*sv_f32_writer_t)(fr_buf_t *b, float x);
 sv_blob_t *sv_weights_json_by(const char *model, const sv_view_t *v, sv_f32_writer_t put);
 
 /* ------------------------------------------------------------------------
- * Requests answered off the loop (job.c): the loop checks a request and
+ * Requests answered off the loop (pool.c): the loop checks a request and
  * queues it as a job; a pool's threads take jobs, compute their answers
  * and hand them back; the loop sends them. A client that hangs up
  * meanwhile is forgotten (its job costs no work and its answer is
@@ -221,12 +211,43 @@ typedef struct sv_model {
     sv_waiter_t *waiters;
 } sv_model_t;
 
-/* Whether version is listed for m but not served (another epoch's
- * snapshot, or unreadable). Under s->lock (follow.c). */
-int sv_snapshot_unserved(const sv_model_t *m, int64_t version);
 /* Follows the store for s (follow.c). */
 struct serve;
 void *sv_follow_main(void *arg);
+
+/* The weights cache (cache.c), on the follower. sv_cache_refresh reads
+ * m's info and, when its (epoch, version) moved and refresh_ms has passed
+ * since the last read, its weights (into *w, grown to the model's size)
+ * and any retained snapshot not held yet, and publishes them; *changed
+ * set when m changed. Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM; a
+ * model that cannot be read or encoded is noted in m->error. */
+fr_err_t sv_cache_refresh(struct serve *s, psstore_conn_t *c, sv_model_t *m, float **w,
+                          size_t *wcap, int *changed);
+/* m's metadata JSON (Open Inference Protocol shape) into m->meta, kept
+ * when out of memory. Under s->lock. */
+void sv_cache_meta(sv_model_t *m);
+/* Whether version is listed for m but not served (another epoch's
+ * snapshot, or unreadable). Under s->lock. */
+int sv_cache_snapshot_unserved(const sv_model_t *m, int64_t version);
+
+/* The dashboard's stats (stats.c), on the follower: the streams read into
+ * scratch kept between builds (zeroed at first; freed by
+ * sv_stats_scratch_fini), the JSON published as m->stats. */
+typedef struct sv_stats_scratch {
+    psstore_version_entry_t *ver;
+    psstore_drop_entry_t *drops;
+    psstore_eval_entry_t *evals;
+    psstore_member_t *members;
+    size_t members_cap;
+    psstore_partition_status_t *parts;
+    size_t parts_cap;
+    int64_t *taus;
+    size_t nver, ndrops, nevals, nmem, nparts; /* what the last read filled */
+} sv_stats_scratch_t;
+/* Builds the stats JSON of m (docs/http.md "Stats"; the README lists its
+ * fields). Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
+fr_err_t sv_stats_build(struct serve *s, psstore_conn_t *c, sv_model_t *m, sv_stats_scratch_t *x);
+void sv_stats_scratch_fini(sv_stats_scratch_t *x);
 /* The model named name, created (not yet present) when new and wanted;
  * NULL when there are too many. Under s->lock. */
 sv_model_t *sv_model_get(struct serve *s, const char *name, int create);
@@ -234,7 +255,7 @@ sv_model_t *sv_model_get(struct serve *s, const char *name, int create);
 struct serve {
     serve_conf_t conf;
     char *listen, *redis_url, *model, *token, *tls_cert, *tls_key, *chartjs;
-    char *hosts;                /* the allowed Host names, ",a,b,": "" any (http.c) */
+    char *hosts;                /* the allowed Host names, ",a,b,": "" any (dispatch.c) */
     struct event *accept_again; /* the listener paused after accept() failed */
     int accept_pause_ms;
     uint64_t accept_error_ns;   /* the last failure */
@@ -272,7 +293,7 @@ struct serve {
     char *chartjs_data; /* Chart.js, read once at start             */
     size_t chartjs_len;
     void *op_conn;   /* psstore_conn_t for requests, loop thread   */
-    sv_pool_t rows;  /* a sparse model's rows, deltas and table pages (rows.c) */
+    sv_pool_t rows;  /* a sparse model's rows, deltas and table pages (rows_sparse.c) */
     sv_pool_t infer; /* predictions (infer.c); no threads when [serve] infer is off */
     size_t waiting;  /* long-poll clients now                      */
     /* metrics */
@@ -288,140 +309,5 @@ void sv_notify(struct serve *s);
 /* Whether the store answered the follower's last read; why not into
  * why[256] (any thread). */
 int sv_store_up(struct serve *s, char *why);
-
-/* ------------------------------------------------------------------------
- * The HTTP loop (http.c) and the routes it dispatches to (routes.c). All
- * of it runs on the loop thread.
- * ---------------------------------------------------------------------- */
-struct evhttp_request;
-struct evhttp_connection;
-struct evbuffer;
-struct evkeyvalq;
-struct event;
-
-/* The forms of a model's weights. */
-enum sv_fmt { SV_FMT_SAFETENSORS, SV_FMT_RAW, SV_FMT_JSON };
-
-/* What a waiting client waits for. */
-enum sv_wkind {
-    SV_W_POLL,  /* long-poll: weights other than (epoch, version)            */
-    SV_W_FRESH, /* weights at least (epoch, version) (any when version < 0):
-                   the model was not followed, or not read yet              */
-    SV_W_STATS, /* stats newer than stats_seq                                */
-};
-
-/* A client waiting on a model, in m->waiters; the loop's own. */
-struct sv_waiter {
-    sv_waiter_t *prev, *next;
-    struct serve *s;
-    sv_model_t *m;
-    struct evhttp_request *req;
-    struct evhttp_connection *evcon;
-    struct event *timer;
-    struct event *hup; /* the client closed its end while waiting */
-    enum sv_fmt fmt;
-    enum sv_wkind kind;
-    uint64_t epoch; /* the client has (epoch, version) ...          */
-    int64_t version;
-    int any_epoch;      /* ... or version in whatever epoch is current  */
-    uint64_t had_epoch; /* SV_W_FRESH: the weights held at the request  */
-    int64_t had_version;
-    int64_t after; /* SV_W_FRESH: the request's after_version (or -1) */
-    int wait_ms;   /* ... and its wait, counted from t0_ns         */
-    uint64_t t0_ns;
-    uint64_t stats_seq; /* SV_W_STATS: the stats seen */
-};
-
-/* Answers (http.c). Each counts the answer in the metrics; type may be
- * NULL; body is borrowed (NULL: an empty body). */
-void sv_send_buf(struct serve *s, struct evhttp_request *req, int code, const char *type,
-                 struct evbuffer *body);
-void sv_send_text(struct serve *s, struct evhttp_request *req, int code, const char *type,
-                  const char *text, size_t len);
-/* {"error": "..."} with code. */
-void sv_send_error(struct serve *s, struct evhttp_request *req, int code, const char *fmt, ...)
-    FR_PRINTF(4, 5);
-/* A shared JSON document, referenced, not copied. Takes the reference. */
-void sv_send_blob(struct serve *s, struct evhttp_request *req, int code, const char *type,
-                  sv_blob_t *blob);
-/* Answers req with view v in format f (v's reference is taken), or 304 when
- * the client's If-None-Match has it. Under no lock. */
-void sv_send_view(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *v,
-                  enum sv_fmt f);
-/* Makes req wait on m, first in m->waiters, answered when its wait is over
- * (on_notify) or after wait_ms; the caller fills the fields of its kind.
- * NULL when out of memory (req is then still the caller's to answer). */
-sv_waiter_t *sv_waiter_add(struct serve *s, struct evhttp_request *req, sv_model_t *m,
-                           enum sv_fmt f, enum sv_wkind kind, uint64_t epoch, int64_t version,
-                           int any_epoch, int wait_ms);
-
-/* The model a request names (routes.c): NULL after answering 404 or 503.
- * Marks its weights (or stats, when stats) wanted; *was_followed (when
- * not NULL): whether they were wanted lately, so kept current. */
-sv_model_t *sv_find_model(struct serve *s, struct evhttp_request *req, const char *name, int stats,
-                          int *was_followed);
-/* The model a request names (sv_find_model) and the latest weights the
- * request may use (routes.c): cur, a
- * reference, unless stale (nothing held yet, or a model not followed
- * lately whose weights moved since): then the request waits for the
- * follower's read of (known_epoch, known_version), the view it held being
- * (had_epoch, had_version; -1: none). sparse: a sparse model's. */
-typedef struct sv_latest {
-    sv_view_t *cur;
-    int stale, sparse;
-    uint64_t known_epoch, had_epoch;
-    int64_t known_version, had_version;
-} sv_latest_t;
-sv_model_t *sv_find_latest(struct serve *s, struct evhttp_request *req, const char *name,
-                           sv_latest_t *l);
-/* Routes (routes.c): each answers req, or hands it to a waiter. name is a
- * checked model name; params are the query and form parameters. */
-void sv_route_models(struct serve *s, struct evhttp_request *req);
-void sv_route_model(struct serve *s, struct evhttp_request *req, const char *name);
-void sv_route_model_ready(struct serve *s, struct evhttp_request *req, const char *name);
-void sv_route_weights(struct serve *s, struct evhttp_request *req, const char *name,
-                      struct evkeyvalq *params);
-void sv_route_snapshot(struct serve *s, struct evhttp_request *req, const char *name,
-                       const char *vtext, struct evkeyvalq *params);
-void sv_route_stats(struct serve *s, struct evhttp_request *req, const char *name);
-/* A POST's body (body.c), a form or a JSON object, added to params; read
- * only once the request is authorized. 0, or -1 with *code (400, 415 or
- * 503) and why. */
-int sv_body_params(struct evhttp_request *req, struct evkeyvalq *params, int *code, char *why,
-                   size_t size);
-void sv_route_replay(struct serve *s, struct evhttp_request *req, const char *name,
-                     struct evkeyvalq *params);
-void sv_route_rollback(struct serve *s, struct evhttp_request *req, const char *name,
-                       struct evkeyvalq *params);
-/* A sparse model's rows (rows.c): by id, the delta since a version, the
- * table a page at a time. */
-void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name,
-                   struct evkeyvalq *params);
-void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *name,
-                    struct evkeyvalq *params);
-void sv_route_table(struct serve *s, struct evhttp_request *req, const char *name,
-                    struct evkeyvalq *params);
-/* The rows reader's thread (rows.c): one job at a time on its own
- * connection to the store. */
-void *sv_rows_main(void *arg);
-/* A sparse model's predictions (rows.c): body (malloc'ed, taken), records
- * as the topic carries them, scored on the rows reader. */
-void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
-                   size_t len);
-/* Predictions (infer.c): the request checked and queued on the loop, the
- * body parsed and the model run by the inference workers. */
-void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *name,
-                    struct evkeyvalq *params);
-void *sv_infer_main(void *arg);
-void sv_route_metrics(struct serve *s, struct evhttp_request *req);
-void sv_route_ready(struct serve *s, struct evhttp_request *req);
-void sv_route_dashboard(struct serve *s, struct evhttp_request *req, const char *path);
-/* The stats of m as the follower last built them, or a 503 saying why. */
-void sv_send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m);
-/* Answers a weights request with cur (whose reference it takes), or, for a
- * long-poll (after >= 0) whose client has cur's version, waits up to
- * wait_ms for another. */
-void sv_send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
-                     enum sv_fmt f, int64_t after, int wait_ms);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * test_common.c - errors, logging levels, the seeded RNG (pinned to values
  * of an independent Python implementation of splitmix64 + xoshiro256**),
- * memory touching and the process's core count.
+ * memory touching, the process's core count and the one JSON string
+ * escaper.
  */
 #define _GNU_SOURCE /* sched_setaffinity */
 #include <sched.h>
@@ -194,6 +195,51 @@ static void test_cpu_count_follows_the_affinity_mask(void **state)
     assert_int_equal(narrowed, 1);
 }
 
+/* fr_json_str, the one JSON string escaper (serve's bodies, the commands'
+ * JSON): quote and backslash escaped, control characters, DEL and '<' as
+ * \u00XX, well-formed UTF-8 kept, and each byte of anything else written
+ * as U+FFFD, so that every JSON text freshet writes is valid UTF-8. */
+static void test_json_strings_are_escaped_and_valid_utf8(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"", "\"\""},
+        {"plain", "\"plain\""},
+        {"q\"b\\", "\"q\\\"b\\\\\""},
+        {"tab\tnl\n", "\"tab\\u0009nl\\u000a\""},
+        {"\x01\x1f\x7f", "\"\\u0001\\u001f\\u007f\""},
+        {"</script>", "\"\\u003c/script>\""},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+         "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""},        /* 2, 3, 4 bytes */
+        {"\xf4\x8f\xbf\xbf", "\"\xf4\x8f\xbf\xbf\""},             /* U+10FFFF */
+        {"/v2/\xff\xfe", "\"/v2/\\ufffd\\ufffd\""},               /* a path's %ff%fe */
+        {"\x80x", "\"\\ufffdx\""},                                /* a stray continuation */
+        {"\xc0\xaf", "\"\\ufffd\\ufffd\""},                       /* overlong '/' */
+        {"\xe0\x80\xaf", "\"\\ufffd\\ufffd\\ufffd\""},            /* overlong, 3 bytes */
+        {"\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\""},            /* a surrogate */
+        {"\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\""}, /* past U+10FFFF */
+        {"\xf5\x80", "\"\\ufffd\\ufffd\""},                       /* no such lead byte */
+        {"cut \xe2\x82", "\"cut \\ufffd\\ufffd\""},               /* truncated at the end */
+        {"\xe2\x82"
+         "x",
+         "\"\\ufffd\\ufffdx\""},                       /* truncated before 'x' */
+        {"\xf0\x9f\x98", "\"\\ufffd\\ufffd\\ufffd\""}, /* 4 bytes cut at 3 */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        fr_buf_t b = {0};
+        fr_json_str(&b, cases[i].in);
+        assert_false(b.failed);
+        size_t len;
+        char *text = fr_buf_take(&b, &len);
+        assert_non_null(text);
+        assert_string_equal(text, cases[i].out);
+        assert_int_equal(len, strlen(cases[i].out));
+        free(text);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -207,6 +253,7 @@ int main(void)
         cmocka_unit_test(test_repeated_warnings_are_rate_limited),
         cmocka_unit_test(test_clocks_move_forward),
         cmocka_unit_test(test_cpu_count_follows_the_affinity_mask),
+        cmocka_unit_test(test_json_strings_are_escaped_and_valid_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

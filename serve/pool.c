@@ -1,8 +1,8 @@
 /*
- * job.c - requests answered off the loop (docs/design.md "Predictions"):
+ * pool.c - requests answered off the loop (docs/design.md "Predictions"):
  * the queue between the loop and a pool of threads, the client's hang-up
  * watched while its job waits, the answers handed back and sent. The rows
- * reader (rows.c) and the inference workers (infer.c) are two such pools.
+ * reader (rows_sparse.c) and the inference workers (infer.c) are two such pools.
  *
  * Threads: sv_pool_submit, sv_pool_drain, the done event and the hang-up
  * callbacks run on the loop; sv_pool_take and sv_pool_finish on a pool's
@@ -19,7 +19,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 /* ---- answers, on a pool's thread -------------------------------------------------- */
 
@@ -34,13 +34,13 @@ void sv_job_answer(sv_job_t *j, int code, const char *type, char *body, size_t l
 
 void sv_job_error(sv_job_t *j, int code, const char *fmt, ...)
 {
-    sv_buf_t b = {0};
+    fr_buf_t b = {0};
     va_list ap;
     va_start(ap, fmt);
     sv_json_error(&b, fmt, ap);
     va_end(ap);
     if (b.failed)
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
     sv_job_answer(j, code, "application/json", b.failed ? NULL : b.p, b.failed ? 0 : b.len);
     j->version[0] = j->epoch[0] = '\0';
 }
@@ -58,6 +58,7 @@ size_t sv_pool_take(sv_pool_t *p, sv_job_t **jobs, size_t max)
             break; /* stop answers what is still queued */
         while (p->queue != NULL && n < max) {
             sv_job_t *j = p->queue;
+            FR_ASSERT(p->queued > 0 && j->pool == p);
             p->queue = j->next;
             p->queued--;
             if (j->gone) { /* a client that hung up costs no work */
@@ -85,6 +86,7 @@ void sv_pool_requeue(sv_pool_t *p, sv_job_t **jobs, size_t n, int pause)
         *tail = jobs[i];
         tail = &jobs[i]->next;
     }
+    FR_ASSERT(p->inflight >= n); /* jobs this pool's threads took */
     p->queued += n;
     p->inflight -= n;
     pthread_mutex_unlock(&p->lock);
@@ -101,6 +103,7 @@ void sv_pool_finish(sv_pool_t *p, sv_job_t **jobs, size_t n)
         jobs[i]->next = p->done;
         p->done = jobs[i];
     }
+    FR_ASSERT(p->inflight >= n); /* jobs this pool's threads took */
     p->inflight -= n;
     event_active(p->done_ev, EV_READ, 0);
     pthread_mutex_unlock(&p->lock);
@@ -209,6 +212,7 @@ void sv_pool_submit(sv_pool_t *p, struct evhttp_request *req, sv_job_t *j)
                           queued);
         return;
     }
+    FR_ASSERT(j->pool == NULL && j->next == NULL); /* a new job, in no list yet */
     j->pool = p;
     j->req = req;
     j->evcon = evhttp_request_get_connection(req);

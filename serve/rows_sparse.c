@@ -1,13 +1,13 @@
 /*
- * rows.c - a sparse model's rows over HTTP (docs/design.md "Serving sparse
+ * rows_sparse.c - a sparse model's rows over HTTP (docs/design.md "Serving sparse
  * models"): the latest rows by id, the delta since a version (rows changed
  * and tombstones of rows evicted), and the whole table a page at a time
- * for a cold start. http.c dispatches to them.
+ * for a cold start. dispatch.c dispatches to them.
  *
  * Unlike the weights of a dense model, which the follower reads once for
  * every client, these answers depend on the request, so each is read from
  * Redis for its request, by a reader thread of its own (a pool of one,
- * job.c): the loop checks the request and queues it; the reader reads the
+ * pool.c): the loop checks the request and queues it; the reader reads the
  * store on its own connection and encodes the answer; the loop sends it.
  *
  * Threads: sv_route_* run on the loop; sv_rows_main and what it calls on
@@ -27,7 +27,7 @@
 #include <jansson.h>
 
 #include "psstore/psstore.h"
-#include "serve/serve_int.h"
+#include "serve/http_int.h"
 
 #define SV_ROWS_MAX      16384 /* rows one answer reads at most               */
 #define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
@@ -85,79 +85,80 @@ static void encode_json(sv_rows_job_t *j, const answer_t *a)
 {
     const psstore_rows_page_t *p = a->page;
     size_t keep = sparse_row_len(a->spec);
-    sv_buf_t b = {0};
-    sv_printf(&b, "{\"model\":");
-    sv_json_str(&b, a->model);
-    sv_printf(&b, ",\"epoch\":\"%llu\",\"version\":%lld,\"bias\":", (unsigned long long)p->epoch,
-              (long long)p->version);
+    fr_buf_t b = {0};
+    fr_buf_printf(&b, "{\"model\":");
+    fr_json_str(&b, a->model);
+    fr_buf_printf(&b,
+                  ",\"epoch\":\"%llu\",\"version\":%lld,\"bias\":", (unsigned long long)p->epoch,
+                  (long long)p->version);
     if (p->nbias <= 1) { /* one logistic output: a number, as ever */
         sv_json_f32(&b, p->bias[0]);
     } else { /* a softmax's, one a class */
-        sv_puts(&b, "[");
+        fr_buf_puts(&b, "[");
         for (int c = 0; c < p->nbias; c++) {
             if (c > 0)
-                sv_puts(&b, ",");
+                fr_buf_puts(&b, ",");
             sv_json_f32(&b, p->bias[c]);
         }
-        sv_puts(&b, "]");
+        fr_buf_puts(&b, "]");
     }
     if (p->ntower > 0) { /* the dense tower's parameters, layer after layer */
-        sv_puts(&b, ",\"tower\":[");
+        fr_buf_puts(&b, ",\"tower\":[");
         for (size_t i = 0; i < p->ntower; i++) {
             if (i > 0)
-                sv_puts(&b, ",");
+                fr_buf_puts(&b, ",");
             sv_json_f32(&b, p->tower[i]);
         }
-        sv_puts(&b, "]");
+        fr_buf_puts(&b, "]");
     }
     if (strcmp(a->kind, "delta") == 0) {
-        sv_puts(&b, ",\"since\":"); /* a number at one shard, as ever; the vector's text */
+        fr_buf_puts(&b, ",\"since\":"); /* a number at one shard, as ever; the vector's text */
         if (strchr(a->since, '.') == NULL)
-            sv_puts(&b, a->since);
+            fr_buf_puts(&b, a->since);
         else
-            sv_json_str(&b, a->since);
-        sv_printf(&b, ",\"more\":%s,\"time_ms\":%lld", p->more ? "true" : "false",
-                  (long long)p->time_ms);
+            fr_json_str(&b, a->since);
+        fr_buf_printf(&b, ",\"more\":%s,\"time_ms\":%lld", p->more ? "true" : "false",
+                      (long long)p->time_ms);
     }
     if (a->next != NULL) {
-        sv_puts(&b, ",\"next\":");
+        fr_buf_puts(&b, ",\"next\":");
         if (strchr(a->next, '.') == NULL)
-            sv_puts(&b, a->next);
+            fr_buf_puts(&b, a->next);
         else
-            sv_json_str(&b, a->next);
+            fr_json_str(&b, a->next);
     }
     if (a->cursor != NULL) {
-        sv_puts(&b, ",\"cursor\":");
-        sv_json_str(&b, a->cursor);
+        fr_buf_puts(&b, ",\"cursor\":");
+        fr_json_str(&b, a->cursor);
     }
-    sv_puts(&b, ",\"ids\":[");
+    fr_buf_puts(&b, ",\"ids\":[");
     for (size_t i = 0; i < p->n; i++)
-        sv_printf(&b, i ? ",%u" : "%u", p->ids[i]);
-    sv_puts(&b, "],\"rows\":[");
+        fr_buf_printf(&b, i ? ",%u" : "%u", p->ids[i]);
+    fr_buf_puts(&b, "],\"rows\":[");
     for (size_t i = 0; i < p->n; i++) {
-        sv_puts(&b, i ? ",[" : "[");
+        fr_buf_puts(&b, i ? ",[" : "[");
         for (size_t k = 0; k < keep; k++) {
-            sv_puts(&b, k ? "," : "");
+            fr_buf_puts(&b, k ? "," : "");
             sv_json_f32(&b, p->params[i * keep + k]);
         }
-        sv_puts(&b, "]");
+        fr_buf_puts(&b, "]");
     }
-    sv_puts(&b, "]");
+    fr_buf_puts(&b, "]");
     if (a->stored != NULL) {
-        sv_puts(&b, ",\"stored\":[");
+        fr_buf_puts(&b, ",\"stored\":[");
         for (size_t i = 0; i < p->n; i++)
-            sv_printf(&b, i ? ",%s" : "%s", a->stored[i] ? "true" : "false");
-        sv_puts(&b, "]");
+            fr_buf_printf(&b, i ? ",%s" : "%s", a->stored[i] ? "true" : "false");
+        fr_buf_puts(&b, "]");
     }
     if (strcmp(a->kind, "delta") == 0) {
-        sv_puts(&b, ",\"tombstones\":[");
+        fr_buf_puts(&b, ",\"tombstones\":[");
         for (size_t i = 0; i < p->ngone; i++)
-            sv_printf(&b, i ? ",%u" : "%u", p->gone[i]);
-        sv_puts(&b, "]");
+            fr_buf_printf(&b, i ? ",%u" : "%u", p->gone[i]);
+        fr_buf_puts(&b, "]");
     }
-    sv_puts(&b, "}\n");
+    fr_buf_puts(&b, "}\n");
     if (b.failed) {
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         job_error(j, 500, "out of memory");
         return;
     }
@@ -370,9 +371,11 @@ static int read_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     }
     size_t off[PSSTORE_SHARDS_MAX + 1];
     psstore_sparse_group(ids, n, S, order, sids, off); /* the ids grouped by shard */
+    FR_ASSERT(off[0] == 0 && off[S] == n);             /* the groups cover the ids */
     at->epoch = 0;
     at->version = 0;
     for (int k = 0; k < S && err == FR_OK; k++) {
+        FR_ASSERT(off[k] <= off[k + 1]);
         size_t lo = off[k], m = off[k + 1] - lo, queued = 0;
         float b[SPARSE_CLASSES_MAX];
         uint64_t epoch;
@@ -594,18 +597,18 @@ out:
 static void infer_encode(sv_rows_job_t *j, const char *id, const double *score, size_t n, int K,
                          const psstore_rows_page_t *at)
 {
-    sv_buf_t b = {0};
-    sv_puts(&b, "{\"model_name\":");
-    sv_json_str(&b, j->name);
-    sv_printf(&b, ",\"model_version\":\"%lld\"", (long long)at->version);
+    fr_buf_t b = {0};
+    fr_buf_puts(&b, "{\"model_name\":");
+    fr_json_str(&b, j->name);
+    fr_buf_printf(&b, ",\"model_version\":\"%lld\"", (long long)at->version);
     if (id[0] != '\0') {
-        sv_puts(&b, ",\"id\":");
-        sv_json_str(&b, id);
+        fr_buf_puts(&b, ",\"id\":");
+        fr_json_str(&b, id);
     }
-    sv_printf(&b,
-              ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[{\"name\":\"%s\","
-              "\"datatype\":\"FP32\",\"shape\":[%zu,%d],\"data\":[",
-              (unsigned long long)at->epoch, K == 1 ? "probability" : "probabilities", n, K);
+    fr_buf_printf(&b,
+                  ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[{\"name\":\"%s\","
+                  "\"datatype\":\"FP32\",\"shape\":[%zu,%d],\"data\":[",
+                  (unsigned long long)at->epoch, K == 1 ? "probability" : "probabilities", n, K);
     for (size_t i = 0; i < n; i++) {
         const double *z = score + i * (size_t)K;
         double top = z[0], sum = 0.0;
@@ -614,24 +617,25 @@ static void infer_encode(sv_rows_job_t *j, const char *id, const double *score, 
         for (int c = 0; c < K; c++)
             sum += exp(z[c] - top);
         for (int c = 0; c < K; c++) {
-            sv_puts(&b, i + (size_t)c > 0 ? "," : "");
+            fr_buf_puts(&b, i + (size_t)c > 0 ? "," : "");
             sv_json_f32(&b, (float)(K == 1 ? 1.0 / (1.0 + exp(-z[0])) : exp(z[c] - top) / sum));
         }
     }
-    sv_puts(&b, "]}");
+    fr_buf_puts(&b, "]}");
     if (K > 1) {
-        sv_printf(&b, ",{\"name\":\"argmax\",\"datatype\":\"INT64\",\"shape\":[%zu],\"data\":[", n);
+        fr_buf_printf(&b, ",{\"name\":\"argmax\",\"datatype\":\"INT64\",\"shape\":[%zu],\"data\":[",
+                      n);
         for (size_t i = 0; i < n; i++) {
             int best = 0;
             for (int c = 1; c < K; c++)
                 best = score[i * (size_t)K + c] > score[i * (size_t)K + best] ? c : best;
-            sv_printf(&b, i ? ",%d" : "%d", best);
+            fr_buf_printf(&b, i ? ",%d" : "%d", best);
         }
-        sv_puts(&b, "]}");
+        fr_buf_puts(&b, "]}");
     }
-    sv_puts(&b, "]}\n");
+    fr_buf_puts(&b, "]}\n");
     if (b.failed) {
-        sv_buf_fini(&b);
+        fr_buf_fini(&b);
         job_error(j, 500, "out of memory");
         return;
     }
@@ -683,10 +687,12 @@ static void run_infer(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
         ddense[k] = dense[k];
     for (size_t i = 0; i < n; i++) {
         const sparse_sample_t *s = &b->samples[i];
-        for (int k = 0; k < s->n; k++) /* each feature's row, in double */
+        for (int k = 0; k < s->n; k++) { /* each feature's row, in double */
+            FR_ASSERT(b->slot[i * SPARSE_FIELDS_MAX + k] < b->nrows); /* a row read above */
             for (size_t e = 0; e < rl; e++)
                 fp[(size_t)k * rl + e] =
                     params[(size_t)b->slot[i * SPARSE_FIELDS_MAX + k] * rl + e];
+        }
         sparse_fm_reference(spec, s, fp, ddense, score + i * (size_t)K);
     }
     infer_encode(j, id, score, n, K, &at);
