@@ -29,7 +29,7 @@
 #include "psstore/psstore.h"
 #include "serve/serve.h"
 #include "sparse/sparse.h"
-#include "trainer/sparse_pool.h"
+#include "trainer/pool_sparse.h"
 
 #define TICK_MS     10            /* --samples checks the applier this often */
 #define PROGRESS_NS 5000000000ull /* a progress line this often             */

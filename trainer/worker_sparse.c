@@ -1,5 +1,5 @@
 /*
- * sparse_worker.c - the workers of a sparse model (sparse_pool.h;
+ * worker_sparse.c - the workers of a sparse model (pool_sparse.h;
  * docs/design.md "Sparse models").
  *
  * Per batch: unpack its samples (sparse_unpack), list their distinct rows
@@ -26,7 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "trainer/sparse_pool.h"
+#include "trainer/pool_sparse.h"
 
 #define NEXT_WAIT_MS 100
 #define PUSH_WAIT_MS 5000
