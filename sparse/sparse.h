@@ -17,7 +17,6 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "ingest/ingest.h"
 
 #define SPARSE_FIELDS_MAX  64   /* features of one record, at most         */
 #define SPARSE_DIM_MAX     64   /* embedding width D, at most               */
@@ -365,10 +364,10 @@ fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, 
                              size_t len, sparse_sample_t *s, const char **reason);
 
 /* ------------------------------------------------------------------------
- * Sparse records through ingest's batcher (stream.c): a sample packed into
- * one float row of 2 + 3F floats, [n, row_1..row_F, val_1..val_F,
- * field_1..field_F, planted], each row's 32 bits held as they are in a
- * float slot (the
+ * Sparse records through ingest's batcher (stream.c; the decode hook is
+ * trainer/schema_sparse.h's): a sample packed into one float row of
+ * 2 + 3F floats, [n, row_1..row_F, val_1..val_F, field_1..field_F,
+ * planted], each row's 32 bits held as they are in a float slot (the
  * batcher only moves rows). SPARSE_PACKED(F) is the batcher schema's
  * feature count; SPARSE_PLANTED_SLOT(F) the slot the batcher fills from a
  * record's freshet-p header (ingest_schema_t.aux).
@@ -382,19 +381,6 @@ void sparse_pack(const sparse_sample_t *s, int fields, float *x);
 /* Unpacks x into *s with label; FR_ERR_PARSE when x holds no packed sample
  * of at most fields features and rows below 2^bits. */
 fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse_sample_t *s);
-
-/* What the batcher's decode hook needs: the table and the layout. */
-typedef struct sparse_decoder {
-    sparse_spec_t spec;
-    sparse_layout_t layout;
-} sparse_decoder_t;
-
-/* The hook itself (ingest.h's ingest_decode_fn, with decoder a
- * sparse_decoder_t): parses the record, packs it into x and its label
- * into *y; a malformed record is counted under the nearest ingest reason
- * (label_range, bad_number, index_range, else feature_count). */
-ingest_reject_t sparse_ingest_decode(const void *decoder, const void *rec, size_t len, float *x,
-                                     float *y);
 
 /* ------------------------------------------------------------------------
  * The synthetic click stream
