@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sparse/prog.h"
 #include "trainer/pool_sparse.h"
 
 #define NEXT_WAIT_MS 100

@@ -16,7 +16,9 @@
 
 #include <cmocka.h>
 
+#include "sparse/prog.h"
 #include "sparse/sparse.h"
+#include "sparse/synth.h"
 #include "trainer/schema_sparse.h"
 
 /* ------------------------------------------------------------------------
