@@ -16,6 +16,7 @@
 
 #include "app/app.h"
 #include "ingest/ingest.h"
+#include "sparse/prog.h"
 #include "sparse/sparse.h"
 
 #define CMD              "fit-sparse"

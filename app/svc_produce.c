@@ -16,6 +16,7 @@
 #include "app/app.h"
 #include "ingest/ingest.h"
 #include "sparse/sparse.h"
+#include "sparse/synth.h"
 
 #define CMD "produce"
 

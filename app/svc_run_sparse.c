@@ -29,7 +29,8 @@
 #include "psstore/psstore.h"
 #include "serve/serve.h"
 #include "sparse/sparse.h"
-#include "trainer/sparse_pool.h"
+#include "trainer/pool_sparse.h"
+#include "trainer/schema_sparse.h"
 
 #define TICK_MS     10            /* --samples checks the applier this often */
 #define PROGRESS_NS 5000000000ull /* a progress line this often             */
@@ -46,7 +47,7 @@ typedef struct shard_applier {
 struct sparse_run {
     const char *cmd;
     const fr_config_t *cfg;
-    sparse_decoder_t dec;
+    trainer_sparse_decoder_t dec;
     sparse_optim_t optim;
     int S;         /* the model's shards */
     uint64_t mask; /* the shards whose applier runs here (freshet ps --shards) */
@@ -251,7 +252,7 @@ static int open_all(sparse_run_t *r, fr_metrics_t *metrics, const char *(*props)
     ingest_schema_t schema = {.features = SPARSE_PACKED(r->dec.spec.fields),
                               .aux = SPARSE_PLANTED_SLOT(r->dec.spec.fields),
                               .label = INGEST_LABEL_BINARY,
-                              .decode = sparse_ingest_decode,
+                              .decode = trainer_sparse_decode,
                               .decode_arg = &r->dec};
     if ((r->src = app_consumer_open(r->cmd, r->cfg, &schema, INGEST_FORMAT_CSV, props, metrics)) ==
         NULL)

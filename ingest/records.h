@@ -63,8 +63,8 @@ typedef enum ingest_label {
     INGEST_LABEL_REAL = 2,   /* any finite value (mse)                          */
 } ingest_label_t;
 
-/* A record layout another module decodes (sparse models: sparse.h's
- * sparse_ingest_decode): the record rec[len] into x[features] and *y;
+/* A record layout another module decodes (sparse models: trainer/schema_sparse.h's
+ * trainer_sparse_decode): the record rec[len] into x[features] and *y;
  * INGEST_OK or the reason. Reentrant; arg is the schema's decode_arg. */
 typedef ingest_reject_t (*ingest_decode_fn)(const void *arg, const void *rec, size_t len, float *x,
                                             float *y);

@@ -13,6 +13,7 @@
  * out input-major, so that the forward pass and the weight gradient are
  * axpy loops the compiler vectorises without reordering any sum.
  */
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -205,14 +206,30 @@ void sparse_dense_init(const sparse_spec_t *spec, uint64_t seed, float *dense)
         memset(t + in * out, 0, out * sizeof(float));
         t += in * out + out;
     }
+    FR_ASSERT((size_t)(t - dense) == sparse_dense_len(spec)); /* layer_dims and tower_len agree */
 }
 
 /* Scratch of one sample's pass through the tower: the activations of
  * every layer's input (the first the embeddings), then its gradients. */
+#define PASS_LEN (SPARSE_FIELDS_MAX * SPARSE_DIM_MAX + SPARSE_TOWER_MAX * SPARSE_TOWER_WIDTH)
 typedef struct tower_pass {
-    float act[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX + SPARSE_TOWER_MAX * SPARSE_TOWER_WIDTH];
-    float del[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX + SPARSE_TOWER_MAX * SPARSE_TOWER_WIDTH];
+    float act[PASS_LEN];
+    float del[PASS_LEN];
 } tower_pass_t;
+
+/* Floats of act (and del) one pass uses: every layer's input, the first
+ * the F * D embeddings. At most PASS_LEN for a spec sparse_spec_parse
+ * accepted. */
+static size_t pass_len(const sparse_spec_t *spec)
+{
+    size_t n = 0;
+    for (int l = 0; l <= spec->ntower; l++) {
+        size_t in, out;
+        layer_dims(spec, l, &in, &out);
+        n += in;
+    }
+    return n;
+}
 
 /* The tower on t->act's first F * D floats (the embeddings): its outputs
  * added to y[sparse_outputs], every layer's input activation left in
@@ -264,6 +281,7 @@ static void tower_backward(const sparse_spec_t *spec, const float *tw, float *gt
         off[l + 1] = off[l] + in;
         poff[l + 1] = poff[l] + in * out + out;
     }
+    assert(off[spec->ntower + 1] <= PASS_LEN); /* sparse_fm_grad checked it once a batch */
     for (int l = spec->ntower; l >= 0; l--) {
         size_t in, out;
         layer_dims(spec, l, &in, &out);
@@ -299,6 +317,7 @@ static void tower_backward(const sparse_spec_t *spec, const float *tw, float *gt
 
 uint32_t sparse_hash(int field, const void *value, size_t len, int bits)
 {
+    assert(bits >= 1 && bits <= 63); /* per feature: the layouts check it once a record */
     uint64_t h = XXH64(value, len, (uint64_t)field);
     return (uint32_t)(h >> (64 - bits)); /* the high bits: the best mixed */
 }
@@ -330,6 +349,7 @@ sparse_batch_t *sparse_batch_new(size_t cap)
     b->table_cap = 16;
     while (b->table_cap < 2 * cap * SPARSE_FIELDS_MAX)
         b->table_cap *= 2;
+    FR_ASSERT((b->table_cap & (b->table_cap - 1)) == 0); /* the probes mask with table_cap - 1 */
     b->samples = malloc(cap * sizeof(*b->samples));
     b->rows = malloc(cap * SPARSE_FIELDS_MAX * sizeof(*b->rows));
     b->slot = malloc(cap * SPARSE_FIELDS_MAX * sizeof(*b->slot));
@@ -393,6 +413,10 @@ fr_err_t sparse_batch_add(sparse_batch_t *b, const sparse_sample_t *s)
         return FR_ERR_INVAL;
     if (b->n == b->cap)
         return FR_ERR_RANGE;
+    /* rows[] holds cap * SPARSE_FIELDS_MAX and the table stays half empty,
+     * so that a probe ends: n < cap samples of at most that many rows each */
+    FR_ASSERT(b->nrows + (size_t)s->n <= b->table_cap / 2 &&
+              b->nrows + (size_t)s->n <= b->cap * SPARSE_FIELDS_MAX);
     b->samples[b->n] = *s;
     uint32_t *slot = b->slot + b->n * SPARSE_FIELDS_MAX;
     for (int k = 0; k < s->n; k++)
@@ -426,6 +450,11 @@ double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const 
 {
     const int K = sparse_outputs(spec), D = spec->dim;
     const size_t rl = sparse_row_len(spec), FD = (size_t)spec->fields * (size_t)D;
+    /* the stack arrays below and the tower's scratch hold any parsed spec */
+    FR_ASSERT(K >= 1 && K <= SPARSE_CLASSES_MAX && D >= 0 && D <= SPARSE_DIM_MAX);
+    FR_ASSERT(spec->fields >= 1 && spec->fields <= SPARSE_FIELDS_MAX);
+    FR_ASSERT(spec->ntower >= 0 && spec->ntower <= SPARSE_TOWER_MAX);
+    FR_ASSERT(spec->ntower == 0 || pass_len(spec) <= PASS_LEN); /* 5 layers, once a batch */
     memset(grad, 0, b->nrows * rl * sizeof(*grad));
     memset(gdense, 0, sparse_dense_len(spec) * sizeof(*gdense));
     double loss = 0, gb[SPARSE_CLASSES_MAX], score[SPARSE_CLASSES_MAX];
@@ -436,12 +465,14 @@ double sparse_fm_grad(const sparse_spec_t *spec, const sparse_batch_t *b, const 
     for (size_t i = 0; i < b->n; i++) {
         const sparse_sample_t *s = &b->samples[i];
         const uint32_t *slot = b->slot + i * SPARSE_FIELDS_MAX;
+        FR_ASSERT(s->n >= 0 && s->n <= SPARSE_FIELDS_MAX); /* sparse_batch_add kept it so */
         double sq = 0;
         for (int c = 0; c < K; c++)
             score[c] = dense[c];
         for (int d = 0; d < D; d++)
             sum[d] = 0;
         for (int k = 0; k < s->n; k++) {
+            assert(slot[k] < b->nrows); /* an index into rows, set by row_index */
             const float *w = params + slot[k] * rl;
             const float x = s->val[k];
             for (int c = 0; c < K; c++)
@@ -520,6 +551,7 @@ double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
 {
     const int K = sparse_outputs(spec);
     const size_t rl = sparse_row_len(spec);
+    FR_ASSERT(s->n >= 0 && s->n <= SPARSE_FIELDS_MAX);
     for (int c = 0; c < K; c++)
         score[c] = dense[c];
     for (int i = 0; i < s->n; i++) {
@@ -537,6 +569,7 @@ double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
     /* the tower by its definition: y = W_L relu(... relu(W_1 e + b_1) ...) + b_L */
     double x[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX], z[SPARSE_FIELDS_MAX * SPARSE_DIM_MAX];
     size_t width = (size_t)spec->fields * (size_t)spec->dim;
+    FR_ASSERT(spec->fields >= 1 && width <= sizeof(x) / sizeof(x[0]));
     memset(x, 0, width * sizeof(double));
     for (int i = 0; i < s->n; i++)
         for (int d = 0; d < spec->dim; d++)
@@ -545,6 +578,7 @@ double sparse_fm_reference(const sparse_spec_t *spec, const sparse_sample_t *s,
     for (int l = 0; l <= spec->ntower; l++) {
         size_t in, out;
         layer_dims(spec, l, &in, &out);
+        FR_ASSERT(in <= sizeof(x) / sizeof(x[0]) && out <= sizeof(z) / sizeof(z[0]));
         for (size_t o = 0; o < out; o++) {
             double acc = tw[in * out + o];
             for (size_t i = 0; i < in; i++)

@@ -17,6 +17,9 @@
 
 #define NUM_MAX 64 /* an integer or value field longer than this is malformed */
 
+/* A Criteo line has a feature a column at most: its ids fit a record. */
+_Static_assert(SPARSE_CRITEO_FIELDS <= SPARSE_FIELDS_MAX, "a Criteo line's features fit");
+
 static fr_err_t refuse(const char **reason, const char *why)
 {
     if (reason != NULL)
@@ -114,6 +117,10 @@ fr_err_t sparse_criteo_ids(const char *line, size_t len, sparse_ids_t *r, const 
 /* Hashes ids r into the rows of sample s. */
 static void ids_rows(const sparse_spec_t *spec, const sparse_ids_t *r, sparse_sample_t *s)
 {
+    /* the callers bounded n; bits comes from a parsed spec (the hash
+     * shifts by 64 - bits) */
+    FR_ASSERT(r->n >= 0 && r->n <= SPARSE_FIELDS_MAX);
+    FR_ASSERT(spec->bits >= SPARSE_BITS_MIN && spec->bits <= SPARSE_BITS_MAX);
     s->label = r->label;
     s->n = r->n;
     for (int k = 0; k < r->n; k++) {
@@ -148,6 +155,7 @@ size_t sparse_encode_binary(const sparse_ids_t *r, uint8_t *out, size_t cap)
         for (int i = 0; i < 8; i++)
             *q++ = (uint8_t)(r->id[k] >> (8 * i));
     }
+    FR_ASSERT((size_t)(q - out) == 2 + 9 * (size_t)r->n); /* within cap, checked above */
     return (size_t)(q - out);
 }
 
@@ -177,6 +185,7 @@ fr_err_t sparse_parse_binary(const sparse_spec_t *spec, const uint8_t *rec, size
 fr_err_t sparse_parse_libsvm(const sparse_spec_t *spec, const char *line, size_t len,
                              sparse_sample_t *s, const char **reason)
 {
+    FR_ASSERT(spec->bits >= SPARSE_BITS_MIN && spec->bits <= SPARSE_BITS_MAX);
     len = chomp(line, len);
     const char *p = line, *end = line + len;
     s->n = 0;

@@ -131,6 +131,8 @@ void sparse_row_step(const sparse_spec_t *spec, const sparse_optim_t *o, float *
     }
     if (o->kind == SPARSE_OPTIM_FTRL)
         acc = state + K; /* past the K (z, n) pairs */
+    /* the embedding's sums end the state: sparse_state_len's layout */
+    FR_ASSERT((size_t)(acc - state) + (size_t)K + (size_t)spec->dim == sparse_state_len(spec, o));
     for (int d = 0; d < spec->dim; d++)
         adagrad(&param[K + d], &acc[K + d], grad[K + d], o->lr);
 }
@@ -147,6 +149,7 @@ void sparse_dense_step(const sparse_spec_t *spec, const sparse_optim_t *o, float
                        float *state, const float *gdense)
 {
     const size_t K = (size_t)sparse_outputs(spec), n = sparse_tower_len(spec);
+    FR_ASSERT(2 * K + n == sparse_dense_state_len(spec)); /* 2 a bias, then the tower's sums */
     for (size_t c = 0; c < K; c++)
         sparse_bias_step(o, &dense[c], state + 2 * c, gdense[c]);
     for (size_t i = 0; i < n; i++) /* Adagrad, as the embeddings under either kind */

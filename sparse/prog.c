@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "sparse/prog.h"
 #include "sparse/sparse.h"
 
 struct sparse_prog {

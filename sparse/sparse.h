@@ -3,12 +3,13 @@
  * values hashed to the rows of a 2^B table, each row a linear weight and
  * a D-dim embedding; hashed logistic regression (D = 0) and factorization
  * machines (Rendle 2010) scored in O(F * D); per-row Adagrad and
- * FTRL-Proximal (McMahan et al. 2013); the Criteo and libsvm record
- * layouts; and a synthetic click stream with a planted model, drift and
- * its Bayes-optimal logloss.
+ * FTRL-Proximal (McMahan et al. 2013); the Criteo, libsvm and binary
+ * record layouts, and a sample packed into a batch row. Beside it:
+ * progressive validation (prog.h) and the synthetic click stream
+ * (synth.h). sparse/ includes only common/.
  *
  * Everything here is plain computation on caller-owned memory: no I/O,
- * no threads, no globals. A batch and a generator belong to one thread.
+ * no threads, no globals. A batch belongs to one thread.
  */
 #ifndef FRESHET_SPARSE_H
 #define FRESHET_SPARSE_H
@@ -17,7 +18,6 @@
 #include <stdint.h>
 
 #include "common/common.h"
-#include "ingest/ingest.h"
 
 #define SPARSE_FIELDS_MAX  64   /* features of one record, at most         */
 #define SPARSE_DIM_MAX     64   /* embedding width D, at most               */
@@ -256,53 +256,6 @@ void sparse_dense_step(const sparse_spec_t *spec, const sparse_optim_t *o, float
                        float *state, const float *gdense);
 
 /* ------------------------------------------------------------------------
- * Progressive validation: each prediction is made before the model learns
- * from its record, so the mean loss of the predictions is a holdout loss
- * that needs no holdout. Figures per window of records.
- * ---------------------------------------------------------------------- */
-
-typedef struct sparse_prog sparse_prog_t;
-
-typedef struct sparse_prog_window {
-    int64_t index;  /* 0, 1, ... */
-    size_t n;       /* records   */
-    double logloss; /* mean      */
-    double auc;     /* NAN when the window holds one class only */
-    double ctr;     /* positives over records */
-    double floor;   /* the Bayes-optimal logloss, the mean binary entropy of the
-                       records' planted probabilities; NAN unless every record
-                       of the window carried one */
-} sparse_prog_window_t;
-
-/* Windows of window records; NULL out of memory. */
-sparse_prog_t *sparse_prog_new(size_t window);
-void sparse_prog_destroy(sparse_prog_t *pv);
-
-/* Adds the prediction p of a record labelled y (0 or 1). Returns 1 when
- * the record closed a window, whose figures are then in *w; else 0. */
-int sparse_prog_add(sparse_prog_t *pv, float p, float y, sparse_prog_window_t *w);
-/* The same for a record whose planted click probability is known (NAN:
- * not known), which gives the window its floor. */
-int sparse_prog_add_planted(sparse_prog_t *pv, float p, float y, float planted,
-                            sparse_prog_window_t *w);
-
-/* The figures of the records of the open window (n = 0 when none). */
-void sparse_prog_open(sparse_prog_t *pv, sparse_prog_window_t *w);
-
-/* Predictions of a softmax model: each p the probability of the record's
- * own class, added with y = 1, so that the windows' logloss is the
- * multi-class one; their AUC and click rate are then NaN. */
-void sparse_prog_multiclass(sparse_prog_t *pv);
-
-/* The mean logloss over every record so far, and their count. */
-double sparse_prog_mean(const sparse_prog_t *pv, int64_t *n);
-
-/* The area under the ROC curve of p[n] against labels y[n] (ties count
- * one half), sorting idx[n] as scratch; NAN when one class is missing or
- * a prediction is NaN. */
-double sparse_auc(const float *p, const float *y, uint32_t *idx, size_t n);
-
-/* ------------------------------------------------------------------------
  * Record layouts. Each returns FR_OK with *s filled, or FR_ERR_PARSE with
  * *reason a short static word ("columns", "label", "integer", "index",
  * "value", "features"): the record is rejected and counted.
@@ -365,10 +318,10 @@ fr_err_t sparse_parse_record(const sparse_spec_t *spec, sparse_layout_t layout, 
                              size_t len, sparse_sample_t *s, const char **reason);
 
 /* ------------------------------------------------------------------------
- * Sparse records through ingest's batcher (stream.c): a sample packed into
- * one float row of 2 + 3F floats, [n, row_1..row_F, val_1..val_F,
- * field_1..field_F, planted], each row's 32 bits held as they are in a
- * float slot (the
+ * Sparse records through ingest's batcher (stream.c; the decode hook is
+ * trainer/schema_sparse.h's): a sample packed into one float row of
+ * 2 + 3F floats, [n, row_1..row_F, val_1..val_F, field_1..field_F,
+ * planted], each row's 32 bits held as they are in a float slot (the
  * batcher only moves rows). SPARSE_PACKED(F) is the batcher schema's
  * feature count; SPARSE_PLANTED_SLOT(F) the slot the batcher fills from a
  * record's freshet-p header (ingest_schema_t.aux).
@@ -383,53 +336,4 @@ void sparse_pack(const sparse_sample_t *s, int fields, float *x);
  * of at most fields features and rows below 2^bits. */
 fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse_sample_t *s);
 
-/* What the batcher's decode hook needs: the table and the layout. */
-typedef struct sparse_decoder {
-    sparse_spec_t spec;
-    sparse_layout_t layout;
-} sparse_decoder_t;
-
-/* The hook itself (ingest.h's ingest_decode_fn, with decoder a
- * sparse_decoder_t): parses the record, packs it into x and its label
- * into *y; a malformed record is counted under the nearest ingest reason
- * (label_range, bad_number, index_range, else feature_count). */
-ingest_reject_t sparse_ingest_decode(const void *decoder, const void *rec, size_t len, float *x,
-                                     float *y);
-
-/* ------------------------------------------------------------------------
- * The synthetic click stream
- * ---------------------------------------------------------------------- */
-
-typedef struct sparse_synth sparse_synth_t;
-
-/*
- * A generator of Criteo-layout lines from a planted FM over 26
- * categorical fields (Zipf-distributed vocabularies from 10 to 10^6
- * values, planted linear weights and 4-dim embeddings, a bias set for a
- * click rate of about 3%) and 13 integer columns that carry no signal.
- * drift > 0 turns the planted weights by drift radians per window of
- * window records and, with probability drift per field and window, makes
- * other values of the field the frequent ones. Same seed, same stream.
- */
-sparse_synth_t *sparse_synth_new(uint64_t seed, double drift, size_t window, char *errstr,
-                                 size_t size);
-void sparse_synth_destroy(sparse_synth_t *g);
-
-/* Writes the next record (no newline) into buf[size] (512 bytes
- * suffice); its length. *p (may be NULL) receives its planted click
- * probability. */
-size_t sparse_synth_next(sparse_synth_t *g, char *buf, size_t size, double *p);
-
-/* The Bayes-optimal logloss of the records so far in the current window
- * (the mean binary entropy of their planted probabilities), the index of
- * that window, and the mean of the finished windows. */
-typedef struct sparse_synth_floor {
-    int64_t window;
-    double current; /* this window so far               */
-    double last;    /* the last finished window, or NAN */
-    double overall; /* every record so far              */
-    double ctr;     /* the clicks so far over the records */
-} sparse_synth_floor_t;
-void sparse_synth_floor(const sparse_synth_t *g, sparse_synth_floor_t *f);
-
-#endif
+#endif /* FRESHET_SPARSE_H */

@@ -1,17 +1,17 @@
 /*
  * stream.c - sparse records through ingest's batcher (docs/design.md
  * "Sparse models"): a record of any sparse layout is decoded by the
- * batcher's schema hook (ingest_schema_t.decode) into one float row of the
- * batch, packed as [n, row_1..row_F, val_1..val_F, field_1..field_F,
- * planted] with each row's 32 bits
+ * batcher's schema hook (trainer/schema_sparse.c, which knows both sides)
+ * into one float row of the batch, packed as [n, row_1..row_F,
+ * val_1..val_F, field_1..field_F, planted] with each row's 32 bits
  * stored as they are in a float slot. The batcher moves rows of floats and
  * never computes on them, so a batch carries sparse samples without a
- * second representation or a copy; the trainer unpacks them.
+ * second representation or a copy; the trainer unpacks them. Nothing here
+ * includes ingest: the packing is plain floats.
  */
 #include <math.h>
 #include <string.h>
 
-#include "ingest/ingest.h"
 #include "sparse/sparse.h"
 
 fr_err_t sparse_layout_parse(const char *name, sparse_layout_t *layout)
@@ -70,34 +70,4 @@ fr_err_t sparse_unpack(const float *x, int fields, int bits, float label, sparse
         s->field[k] = (uint8_t)f;
     }
     return FR_OK;
-}
-
-/* The ingest reason a layout's reason is counted under. */
-static ingest_reject_t reject_of(const char *reason)
-{
-    static const struct {
-        const char *reason;
-        ingest_reject_t why;
-    } map[] = {
-        {"label", INGEST_REJECT_LABEL_RANGE}, {"integer", INGEST_REJECT_BAD_NUMBER},
-        {"value", INGEST_REJECT_BAD_NUMBER},  {"index", INGEST_REJECT_INDEX_RANGE},
-        {"field", INGEST_REJECT_INDEX_RANGE},
-    };
-    for (size_t i = 0; reason != NULL && i < sizeof(map) / sizeof(map[0]); i++)
-        if (strcmp(reason, map[i].reason) == 0)
-            return map[i].why;
-    return INGEST_REJECT_FEATURE_COUNT; /* columns, features, fields, length */
-}
-
-ingest_reject_t sparse_ingest_decode(const void *decoder, const void *rec, size_t len, float *x,
-                                     float *y)
-{
-    const sparse_decoder_t *d = decoder;
-    sparse_sample_t s;
-    const char *reason = NULL;
-    if (sparse_parse_record(&d->spec, d->layout, rec, len, &s, &reason) != FR_OK)
-        return reject_of(reason);
-    sparse_pack(&s, d->spec.fields, x);
-    *y = s.label;
-    return INGEST_OK;
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "sparse/sparse.h"
+#include "sparse/synth.h"
 
 #define FIELDS    SPARSE_CRITEO_CATS
 #define PLANT_DIM 4

@@ -16,7 +16,10 @@
 
 #include <cmocka.h>
 
+#include "sparse/prog.h"
 #include "sparse/sparse.h"
+#include "sparse/synth.h"
+#include "trainer/schema_sparse.h"
 
 /* ------------------------------------------------------------------------
  * The shape and hashing
@@ -626,13 +629,13 @@ static void test_sparse_records_pass_through_the_batcher_packed(void **state)
 {
     (void)state;
     enum { N = 300, B = 64 };
-    sparse_decoder_t dec = {.spec = {.fields = 39, .bits = 20, .dim = 4},
-                            .layout = SPARSE_LAYOUT_CRITEO};
-    sparse_decoder_t bin = dec;
+    trainer_sparse_decoder_t dec = {.spec = {.fields = 39, .bits = 20, .dim = 4},
+                                    .layout = SPARSE_LAYOUT_CRITEO};
+    trainer_sparse_decoder_t bin = dec;
     bin.layout = SPARSE_LAYOUT_BINARY;
     ingest_schema_t schema = {.features = SPARSE_PACKED(39),
                               .label = INGEST_LABEL_BINARY,
-                              .decode = sparse_ingest_decode,
+                              .decode = trainer_sparse_decode,
                               .decode_arg = &dec};
     ingest_schema_t schema_bin = schema;
     schema_bin.decode_arg = &bin;

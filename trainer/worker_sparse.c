@@ -1,5 +1,5 @@
 /*
- * sparse_worker.c - the workers of a sparse model (sparse_pool.h;
+ * worker_sparse.c - the workers of a sparse model (pool_sparse.h;
  * docs/design.md "Sparse models").
  *
  * Per batch: unpack its samples (sparse_unpack), list their distinct rows
@@ -18,6 +18,7 @@
  * part's on shard 0's, even a shard none of whose rows the batch holds: a
  * position counts as applied once every shard applied it.
  */
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,7 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "trainer/sparse_pool.h"
+#include "sparse/prog.h"
+#include "trainer/pool_sparse.h"
 
 #define NEXT_WAIT_MS 100
 #define PUSH_WAIT_MS 5000
@@ -193,6 +195,7 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
             }
         }
         wk->miss_off[k + 1] = mo + nm;
+        FR_ASSERT(mo + nm <= wk->off[k + 1]); /* a shard misses at most its own rows */
         if ((!local[k] || nm > 0) && err == FR_OK &&
             (err = psstore_rows_pull_send(shard_conn(wk, k), model, k, S, wk->miss_rows + mo, nm,
                                           &queued[k])) != FR_OK)
@@ -225,6 +228,7 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
         }
         for (size_t j = 0; j < nm; j++) {
             size_t at = wk->miss_at[mo + j];
+            assert(at >= wk->off[k] && at < wk->off[k + 1]); /* a row of this shard */
             wk->sfound[at] = wk->miss_found[mo + j];
             if (wk->miss_found[mo + j])
                 memcpy(wk->sparams + at * rowlen, wk->miss_params + (mo + j) * rowlen,
@@ -235,6 +239,7 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
         return err;
     for (size_t j = 0; j < nrows; j++) { /* back into the batch's order */
         size_t i = wk->order[j];
+        assert(i < nrows); /* psstore_sparse_group's permutation */
         wk->found[i] = wk->sfound[j];
         if (wk->sfound[j])
             memcpy(wk->params + i * rowlen, wk->sparams + j * rowlen, rowlen * sizeof(float));
@@ -261,7 +266,11 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
         return err;
     }
     size_t nrows = b->n > 0 ? wk->b->nrows : 0, rowlen = sparse_row_len(&conf->spec);
+    /* the buffers hold max_batch * fields rows (+ 1): unpack kept each
+     * sample within fields and the batch within max_batch */
+    FR_ASSERT(nrows <= (size_t)conf->max_batch * (size_t)conf->spec.fields);
     psstore_sparse_group(wk->b->rows, nrows, wk->pool->S, wk->order, wk->srows, wk->off);
+    FR_ASSERT(wk->off[0] == 0 && wk->off[S] == nrows); /* the shards cover the rows once */
     uint64_t t0 = fr_clock_mono_ns();
     flight_wait(wk);
     uint64_t t1 = fr_clock_mono_ns();
@@ -324,6 +333,10 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
             out += parts[k].len;
         }
     }
+    /* packed holds every row's gradient, shard 0's dense part, a float a shard past it */
+    FR_ASSERT((size_t)(out - wk->packed) <=
+              psstore_sparse_grad_len((size_t)conf->max_batch * (size_t)conf->spec.fields, rowlen,
+                                      ndense + (size_t)S));
     /* every shard's push in flight at once; a failure leaves the shards
      * that took theirs holding it: they drop it as a duplicate when the gap
      * rule reads the batch again */

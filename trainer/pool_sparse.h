@@ -1,5 +1,5 @@
 /*
- * sparse_pool.h - the workers of a sparse model (sparse_worker.c, library
+ * pool_sparse.h - the workers of a sparse model (worker_sparse.c, library
  * fr_worker; docs/design.md "Sparse models"): W threads that take batches
  * of packed sparse samples from a consumer, pull only the rows of each
  * batch from the store, compute the factorization machine's loss and
@@ -9,8 +9,8 @@
  * Threads: one per worker; the owner calls new, start, stop and destroy;
  * trainer_sparse_stats may be called from any thread.
  */
-#ifndef FRESHET_TRAINER_SPARSE_POOL_H
-#define FRESHET_TRAINER_SPARSE_POOL_H
+#ifndef FRESHET_TRAINER_POOL_SPARSE_H
+#define FRESHET_TRAINER_POOL_SPARSE_H
 
 #include <stddef.h>
 #include <stdint.h>
