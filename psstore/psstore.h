@@ -1,8 +1,9 @@
 /*
- * psstore.h - the parameter store as the services see it (serve, ingest's
- * consumer, the trainers' worker loop, the commands): its public headers,
- * one a folder (docs/design.md "Source layout"). A module that needs less
- * includes only those it uses; nothing inside psstore/ includes this file.
+ * psstore.h - the whole parameter store in one include, for the commands
+ * (app/), the tests and the benchmarks: its public headers, one a folder
+ * (docs/design.md "Source layout"). serve, ingest's consumer and the
+ * trainers include only those they use; nothing inside psstore/ includes
+ * this file.
  *
  *   positions/positions.h  offsets, replay specs, shard cuts (no Redis)
  *   update/update.h        optimizers, the served average, the controller (no Redis)

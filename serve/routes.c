@@ -17,7 +17,6 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
-#include "psstore/psstore.h"
 #include "serve/http_int.h"
 
 #define OP_TIMEOUT_MS 1000 /* Redis timeout of replay and rollback     */

@@ -26,7 +26,6 @@
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
 
-#include "psstore/psstore.h"
 #include "serve/http_int.h"
 
 #define SV_ROWS_MAX      16384 /* rows one answer reads at most               */

@@ -9,7 +9,9 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 
-#include "psstore/psstore.h"
+#include "psstore/store/rows_sparse.h"
+#include "psstore/store/status.h"
+#include "psstore/store/store.h"
 #include "serve/serve.h"
 
 /* ------------------------------------------------------------------------

@@ -18,7 +18,7 @@
 #include "common/common.h"
 #include "ingest/ingest.h"
 #include "model/model.h"
-#include "psstore/psstore.h"
+#include "psstore/grads/grads.h"
 
 #ifdef __cplusplus
 extern "C" {

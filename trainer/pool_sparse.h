@@ -17,7 +17,7 @@
 
 #include "common/common.h"
 #include "ingest/ingest.h"
-#include "psstore/psstore.h"
+#include "psstore/applier/applier.h"
 #include "sparse/sparse.h"
 
 typedef struct trainer_sparse_conf {

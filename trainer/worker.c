@@ -39,7 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "psstore/psstore.h"
+#include "psstore/store/status.h"
+#include "psstore/update/update.h"
 #include "trainer/pool.h"
 #include "trainer/trainer.h"
 

@@ -34,15 +34,6 @@
 
 #include "psstore/applier/applier_sparse.h"
 
-static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
-                                         "malformed", "nonfinite", "staleness",
-                                         "empty",     "stopped",   "backup"};
-
-const char *psstore_drop_name(psstore_drop_t d)
-{
-    return (unsigned)d < sizeof(drop_names) / sizeof(drop_names[0]) ? drop_names[d] : "unknown";
-}
-
 /* ---- small helpers -------------------------------------------------------- */
 
 /* Appends "field\0value\0" to b. */
@@ -92,7 +83,7 @@ void ps_applier_count_drop(psstore_applier_t *a, psstore_drop_t d, const psstore
         if (a->drops.len > 0)
             ps_buf_add(&a->drops, "\1", 1);
         ps_buf_kv(&a->drops, "worker", "%s", g->worker != NULL ? g->worker : "");
-        ps_buf_kv(&a->drops, "reason", "%s", drop_names[d]);
+        ps_buf_kv(&a->drops, "reason", "%s", psstore_drop_name(d));
         ps_buf_kv(&a->drops, "n", "%lld", (long long)g->n);
         ps_buf_kv(&a->drops, "t", "%lld", (long long)fr_clock_unix_ms());
     }
@@ -120,7 +111,7 @@ static void register_metrics(psstore_applier_t *a)
     fr_metric_t *dropped = fr_metrics_counter(reg, "freshet_gradients_dropped_total",
                                               "Gradients not applied, by reason", 2, reason_l);
     for (int d = 0; d < PSSTORE_NDROP; d++) {
-        const char *v[] = {a->model, drop_names[d]};
+        const char *v[] = {a->model, psstore_drop_name(d)};
         a->m_dropped[d] = fr_metric_series(dropped, v);
     }
     a->m_stale = fr_metric_series(fr_metrics_histogram(reg, "freshet_gradient_staleness_versions",

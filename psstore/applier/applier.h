@@ -18,6 +18,7 @@
 #include "common/common.h"
 #include "psstore/grads/grads.h"
 #include "psstore/store/rows_sparse.h"
+#include "psstore/store/status.h"
 #include "psstore/update/update.h"
 
 #ifdef __cplusplus
@@ -137,20 +138,6 @@ int psstore_applier_tried(psstore_applier_t *a);
  * atomic_load, and stop must outlive the call. */
 fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop);
 
-/* Why a gradient was not applied; names are the metrics' reason labels. */
-typedef enum psstore_drop {
-    PSSTORE_DROPPED_EPOCH = 0,     /* "epoch": computed on another epoch      */
-    PSSTORE_DROPPED_REPLAY = 1,    /* "replay": older replay generation       */
-    PSSTORE_DROPPED_DUPLICATE = 2, /* "duplicate": a position already applied */
-    PSSTORE_DROPPED_MALFORMED = 3, /* "malformed": bad fields or length       */
-    PSSTORE_DROPPED_NONFINITE = 4, /* "nonfinite"                             */
-    PSSTORE_DROPPED_STALENESS = 5, /* "staleness": tau > max_staleness        */
-    PSSTORE_DROPPED_EMPTY = 6,     /* "empty": an n = 0 batch (its reason)    */
-    PSSTORE_DROPPED_STOPPED = 7,   /* "stopped": the divergence guard         */
-    PSSTORE_DROPPED_BACKUP = 8,    /* "backup": late for its round (backup)   */
-} psstore_drop_t;
-#define PSSTORE_NDROP 9
-
 typedef struct psstore_applier_stats {
     int active; /* holds the lease                           */
     uint64_t epoch;
@@ -177,8 +164,6 @@ typedef struct psstore_applier_stats {
                                         -1 before any */
     int64_t fresh_p99_ms;
 } psstore_applier_stats_t;
-
-const char *psstore_drop_name(psstore_drop_t d);
 
 void psstore_applier_stats(psstore_applier_t *a, psstore_applier_stats_t *stats);
 /* stats.samples alone, without the lock and the percentiles: cheap enough

@@ -13,6 +13,15 @@
 
 #define EVALS_KEEP 1000 /* MAXLEN ~ of the evals stream */
 
+static const char *const drop_names[] = {"epoch",     "replay",    "duplicate",
+                                         "malformed", "nonfinite", "staleness",
+                                         "empty",     "stopped",   "backup"};
+
+const char *psstore_drop_name(psstore_drop_t d)
+{
+    return (unsigned)d < sizeof(drop_names) / sizeof(drop_names[0]) ? drop_names[d] : "unknown";
+}
+
 static int64_t num(const redisReply *r)
 {
     return r != NULL && r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;

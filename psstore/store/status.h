@@ -48,6 +48,22 @@ typedef struct psstore_version_entry {
 fr_err_t psstore_versions_tail(psstore_conn_t *c, const char *model, size_t max,
                                psstore_version_entry_t *out, size_t *n);
 
+/* Why the applier did not apply a gradient; the names (psstore_drop_name)
+ * are the drops stream's reasons and the metrics' reason labels. */
+typedef enum psstore_drop {
+    PSSTORE_DROPPED_EPOCH = 0,     /* "epoch": computed on another epoch      */
+    PSSTORE_DROPPED_REPLAY = 1,    /* "replay": older replay generation       */
+    PSSTORE_DROPPED_DUPLICATE = 2, /* "duplicate": a position already applied */
+    PSSTORE_DROPPED_MALFORMED = 3, /* "malformed": bad fields or length       */
+    PSSTORE_DROPPED_NONFINITE = 4, /* "nonfinite"                             */
+    PSSTORE_DROPPED_STALENESS = 5, /* "staleness": tau > max_staleness        */
+    PSSTORE_DROPPED_EMPTY = 6,     /* "empty": an n = 0 batch (its reason)    */
+    PSSTORE_DROPPED_STOPPED = 7,   /* "stopped": the divergence guard         */
+    PSSTORE_DROPPED_BACKUP = 8,    /* "backup": late for its round (backup)   */
+} psstore_drop_t;
+#define PSSTORE_NDROP 9
+const char *psstore_drop_name(psstore_drop_t d);
+
 /* One entry of freshet:{m}:drops: a gradient the applier did not apply. */
 typedef struct psstore_drop_entry {
     char worker[128];
