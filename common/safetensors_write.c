@@ -53,29 +53,6 @@ static int st_cmp_str_ptr(const void *a, const void *b)
  * Writer
  * ---------------------------------------------------------------------- */
 
-/* Appends s as a JSON string: quotes and backslashes escaped, control
- * characters as \u00XX, everything else (valid UTF-8) as it is. */
-static void st_put_json(fr_buf_t *b, const char *s)
-{
-    const char *run = s;
-    fr_buf_add(b, "\"", 1);
-    for (const char *c = s; *c != '\0'; c++) {
-        unsigned char u = (unsigned char)*c;
-        if (u != '"' && u != '\\' && u >= 0x20)
-            continue;
-        char esc[8];
-        fr_buf_add(b, run, (size_t)(c - run));
-        if (u < 0x20)
-            snprintf(esc, sizeof esc, "\\u%04x", u);
-        else
-            snprintf(esc, sizeof esc, "\\%c", u);
-        fr_buf_puts(b, esc);
-        run = c + 1;
-    }
-    fr_buf_puts(b, run);
-    fr_buf_add(b, "\"", 1);
-}
-
 /* The dtypes the writer emits: 4-byte elements, copied as they are (F32
  * weights, I32 or U32 ids). */
 static int st_dtype_writable(const char *dtype)
@@ -178,9 +155,9 @@ static void st_build_header(fr_buf_t *b, const fr_st_tensor_t *tensors, size_t n
         for (size_t i = 0; i < nmeta; i++) {
             if (i > 0)
                 fr_buf_puts(b, ",");
-            st_put_json(b, meta[i].key);
+            fr_json_str(b, meta[i].key);
             fr_buf_puts(b, ":");
-            st_put_json(b, meta[i].value);
+            fr_json_str(b, meta[i].value);
         }
         fr_buf_puts(b, "}");
     }
@@ -188,7 +165,7 @@ static void st_build_header(fr_buf_t *b, const fr_st_tensor_t *tensors, size_t n
         const fr_st_tensor_t *t = &tensors[i];
         if (i > 0 || nmeta > 0)
             fr_buf_puts(b, ",");
-        st_put_json(b, t->name);
+        fr_json_str(b, t->name);
         fr_buf_puts(b, ":{\"dtype\":\"");
         fr_buf_puts(b, t->dtype);
         fr_buf_puts(b, "\",\"shape\":[");
