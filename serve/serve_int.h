@@ -246,8 +246,8 @@ typedef struct sv_stats_scratch {
     int64_t *taus;
     size_t nver, ndrops, nevals, nmem, nparts; /* what the last read filled */
 } sv_stats_scratch_t;
-/* Builds the stats JSON of m (docs/http.md "Stats"; the README lists its
- * fields). Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
+/* Builds the stats JSON of m (docs/http.md "Stats" lists its fields).
+ * Returns FR_ERR_REDIS-class errors or FR_ERR_NOMEM. */
 fr_err_t sv_stats_build(struct serve *s, psstore_conn_t *c, sv_model_t *m, sv_stats_scratch_t *x);
 void sv_stats_scratch_fini(sv_stats_scratch_t *x);
 /* The model named name, created (not yet present) when new and wanted;
