@@ -493,7 +493,7 @@ static fr_err_t batch_message(worker_t *wk, const ingest_batch_t *b, double *los
     }
     /* one pass, while the gradient is in this core's cache: its sum of
      * squares, which the applier takes instead of a pass of its own,
-     * and, finite, the proof that every entry is (psstore/core.h) */
+     * and, finite, the proof that every entry is (psstore/update/update.h) */
     double sq = psstore_sum_squares(wk->g, p->m.nparams);
     int finite = isfinite(*loss) && (isfinite(sq) || finite_all(wk->g, p->m.nparams, *loss));
     int64_t kept = finite ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);

@@ -206,13 +206,13 @@ void psstore_applier_conf_init(psstore_applier_conf_t *conf)
     memset(conf, 0, sizeof(*conf));
     psstore_ctl_conf_init(&conf->ctl);
     conf->lease_ms = fr_config_default_int("psstore", "lease_ms");
-    conf->commit_ms = 0; /* not [psstore]'s 20: see psstore.h */
+    conf->commit_ms = 0; /* not [psstore]'s 20: see applier.h */
     conf->versions_keep = fr_config_default_int("psstore", "versions_keep");
     conf->snapshot_every = fr_config_default_int("psstore", "snapshot_every");
     conf->snapshot_seconds = fr_config_default_double("psstore", "snapshot_seconds");
     conf->snapshot_retain = fr_config_default_int("psstore", "snapshot_retain");
     conf->audit = fr_config_default_bool("psstore", "audit");
-    conf->npushers = 1; /* not [trainer] workers: see psstore.h */
+    conf->npushers = 1; /* not [trainer] workers: see applier.h */
     /* the schema's name parses; were it not to, the zeroed mode is async */
     psstore_mode_parse(fr_config_default("trainer", "mode"), &conf->mode);
     conf->backups = (int)fr_config_default_int("trainer", "backups");

@@ -1,7 +1,7 @@
 /*
  * applier_sparse.c - the applier of a sparse model (docs/design.md "Sparse
  * models"). A gradient carries the rows of its batch and their gradients
- * (psstore.h "Sparse models"). The applier keeps the rows it touched since
+ * (psstore/store/rows_sparse.h). The applier keeps the rows it touched since
  * it loaded, parameters and optimizer state, in an open-addressing table;
  * it reads a row from Redis the first time a gradient touches it (the
  * store holds every commit, and this applier is the only writer), steps it

@@ -100,7 +100,7 @@ psstore_shard_at_t *psstore_client_at(psstore_client_t *cl);
 /* Appends g to the grads stream, first waiting while more than max_pending
  * entries wait to be applied (up to timeout_ms; FR_ERR_TIMEOUT after). */
 fr_err_t psstore_push(psstore_client_t *cl, const psstore_grad_t *g, int timeout_ms);
-/* A sparse model's client (psstore.h "Sparse models"): its gradients pack
+/* A sparse model's client (psstore/store/rows_sparse.h): its gradients pack
  * a batch's rows, so their length varies; the applier checks each one. */
 void psstore_client_any_length(psstore_client_t *cl);
 /* Pushes parts[k] to shard k's grads stream, k < n (the model's shards:

@@ -516,7 +516,7 @@ fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, fl
     return push_swapped(l, g, buf, timeout_ms, ticket, 1);
 }
 
-/* ---- the applier's side (psstore_int.h) ---------------------------------------- */
+/* ---- the applier's side (grads_int.h) ---------------------------------------- */
 
 void ps_local_open(psstore_local_t *l, const float *w, uint64_t epoch, int64_t version)
 {

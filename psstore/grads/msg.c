@@ -2,7 +2,7 @@
  * msg.c - gradient messages: one entry of the freshet:{m}:grads stream,
  * encoded as XADD arguments by pushers and decoded by the applier.
  *
- * The format is psstore_int.h's. Decoding is strict, bounded by the given
+ * The format is grads_int.h's. Decoding is strict, bounded by the given
  * lengths (values need not be NUL-terminated) and never crashes: every
  * problem is FR_ERR_PARSE with a one-line reason, because the stream is
  * written by other processes and a bad entry must be counted, not trusted.

@@ -234,7 +234,7 @@ fr_err_t psstore_poff_parse(psstore_partition_offsets_t *po, const char *text, s
 }
 
 /* ------------------------------------------------------------------------
- * Text forms (core.h "Text forms of partitions, positions and intervals")
+ * Text forms (positions.h "Text forms of partitions, positions and intervals")
  * ---------------------------------------------------------------------- */
 
 int psstore_topic_ok(const char *s, size_t len)

@@ -387,7 +387,7 @@ static fr_err_t parse_offset_list(psstore_replay_t *r, const char *arg, char *er
 }
 
 /*
- * Builds r from a verb and its argument (see core.h). r is zeroed first,
+ * Builds r from a verb and its argument (see positions.h). r is zeroed first,
  * so its topic is "". Returns FR_OK, or FR_ERR_INVAL with errstr naming
  * the verb and quoting what is wrong; r then holds nothing useful.
  */
@@ -500,7 +500,7 @@ static int replay_valid(const psstore_replay_t *r)
 }
 
 /*
- * Writes r's stored text into buf (see core.h). Returns FR_OK,
+ * Writes r's stored text into buf (see positions.h). Returns FR_OK,
  * FR_ERR_RANGE when it does not fit in size bytes, or FR_ERR_INVAL when r
  * is not a request the parser would accept back (unknown kind, bad topic,
  * an OFFSET list that is empty, too long, negative or repeats a
@@ -591,7 +591,7 @@ static int parse_stored_parts(psstore_replay_t *r, const char *s, size_t n, cons
 }
 
 /*
- * Parses a stored request (see core.h): exactly the text
+ * Parses a stored request (see positions.h): exactly the text
  * psstore_replay_format writes, nothing else. r is zeroed first. Returns
  * FR_OK, or FR_ERR_INVAL with errstr saying what is wrong and quoting the
  * start of the text (non-printable bytes shown as '?').
@@ -657,7 +657,7 @@ err:
  * ---------------------------------------------------------------------- */
 
 /*
- * Nonzero when r moves topic/partition (see core.h). A request with a
+ * Nonzero when r moves topic/partition (see positions.h). A request with a
  * topic matches only that topic; a NULL topic matches only a request with
  * none. For OFFSET, *offset (when offset is not NULL) receives the listed
  * offset; otherwise *offset is left alone.
@@ -684,7 +684,7 @@ int psstore_replay_applies(const psstore_replay_t *r, const char *topic, int32_t
 
 /*
  * Writes a one-line description of r's target for partition into buf
- * (see core.h), cut to size. An OFFSET request that does not list the
+ * (see positions.h), cut to size. An OFFSET request that does not list the
  * partition reads "unchanged (partition P not listed)"; a shift of zero
  * reads "watermark + 0". Never fails; buf NULL or size 0 writes nothing.
  */

@@ -666,7 +666,7 @@ static redisReply *run_formatted(psstore_conn_t *c, int retry, const char *cmd, 
 }
 
 /*
- * See psstore_int.h. The command is formatted once, so a retry sends the
+ * See redis_int.h. The command is formatted once, so a retry sends the
  * same bytes; hiredis would format (and copy) it the same way itself.
  */
 redisReply *ps_cmd_argv(psstore_conn_t *c, int retry, int argc, const char **argv,

@@ -229,7 +229,7 @@ static fr_err_t parse_unix(const char *s, psstore_url_t *u, char *errstr, size_t
 }
 
 /*
- * Parses a Redis URL (see psstore.h). Error messages never quote the URL,
+ * Parses a Redis URL (see psstore/redis/redis.h). Error messages never quote the URL,
  * which may hold a password: they name the part that is wrong.
  */
 fr_err_t psstore_url_parse(const char *url, psstore_url_t *u, char *errstr, size_t size)

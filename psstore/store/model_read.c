@@ -236,7 +236,7 @@ fr_err_t psstore_model_info(psstore_conn_t *c, const char *name, psstore_model_i
 }
 
 /* Reads the weights, their epoch and version in one transaction (see
- * psstore.h); the only copy is from hiredis's reply into w. */
+ * store.h); the only copy is from hiredis's reply into w. */
 /* "topic/partition=watermark,..." of an HGETALL offsets reply (malloc'ed,
  * "" when empty); NULL when out of memory. */
 static char *watermarks_text(const redisReply *o)

@@ -1,5 +1,5 @@
 /*
- * rows.c - the rows of a sparse model in Redis (psstore.h "Sparse models",
+ * rows_sparse.c - the rows of a sparse model in Redis (rows_sparse.h,
  * docs/design.md "Sparse models"): a worker's pull of the rows of its
  * batch, and the row reads the applier shares with it.
  *

@@ -22,7 +22,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------
- * Sparse models (rows.c, applier_sparse.c; docs/design.md "Sparse models").
+ * Sparse models (rows_sparse.c, applier_sparse.c; docs/design.md "Sparse models").
  * Rows live in the hash freshet:{m}:rows (field: the row as 4 bytes
  * little-endian; value: its 1 + D parameters, then its optimizer state,
  * float32 LE: one field a row to read and write); a row never written

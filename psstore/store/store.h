@@ -114,7 +114,7 @@ fr_err_t psstore_model_weights_training(psstore_conn_t *c, const char *name, flo
 /* Fills po (initialised by the caller) from freshet:{m}:offsets. *found = 0
  * and po untouched when the store has never seen the partition. A sharded
  * model's po is the shard with the lowest watermark, and po->alone_to says
- * where the shards' applied positions differ (core.h). */
+ * where the shards' applied positions differ (positions.h). */
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found);
 

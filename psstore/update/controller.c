@@ -327,7 +327,7 @@ static unsigned window_p50(const psstore_ctl_t *ctl)
  * ---------------------------------------------------------------------- */
 
 /*
- * Sum of squares (see core.h): 16 float lanes (vectorisable; C forbids
+ * Sum of squares (see update.h): 16 float lanes (vectorisable; C forbids
  * the compiler to reassociate one chain of additions itself) over blocks
  * of 4096, the block sums added in double, so the error stays near float's
  * epsilon. A NaN or an infinity anywhere makes the sum non-finite, so this

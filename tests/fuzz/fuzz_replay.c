@@ -1,5 +1,5 @@
 /*
- * fuzz_replay.c - libFuzzer target for replay requests (psstore/replayspec.c):
+ * fuzz_replay.c - libFuzzer target for replay requests (psstore/positions/replayspec.c):
  * the input as a stored replay text, and split at its first newline into a
  * command-line verb and its argument. Whatever parses must format, and
  * what it formats must parse back to the same request (a replay stored by

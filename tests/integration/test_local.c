@@ -1,5 +1,5 @@
 /*
- * test_local.c - the co-located fast path (psstore/local.c) with a real
+ * test_local.c - the co-located fast path (psstore/grads/local.c) with a real
  * applier on a real redis-server: the channel opens with the lease,
  * gradients queued in memory are applied and committed to Redis exactly as
  * streamed ones would be, the stream of other processes is still read, a

@@ -1,5 +1,5 @@
 /*
- * test_pull_push.c - the trainer-facing client (psstore/client.c) against a
+ * test_pull_push.c - the trainer-facing client (psstore/grads/client.c) against a
  * real redis-server started by the harness: pulls see exactly what the
  * store holds and are never torn, pushes append entries that decode back
  * exactly, backpressure waits and times out, and client_new explains a

@@ -1,6 +1,6 @@
 /*
  * test_msg.c - unit tests of the gradient messages of the grads stream
- * (psstore/msg.c): encode -> decode round trips and every malformed entry
+ * (psstore/grads/msg.c): encode -> decode round trips and every malformed entry
  * the applier must refuse. No Redis: entries are built in memory, each
  * field name and value in a malloc of exactly its length, so that
  * AddressSanitizer catches a decoder that reads one byte too far.

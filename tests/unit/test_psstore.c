@@ -407,7 +407,7 @@ static void test_a_slice_is_clipped_and_rejected_by_the_whole_norm(void **state)
 }
 
 /*
- * psstore_sum_squares is exactly its documented order (psstore/core.h):
+ * psstore_sum_squares is exactly its documented order (psstore/update/update.h):
  * lane k of 16 sums the float squares of entries i + k of each block of
  * 4096 in order, then the block's tail in double, then the 16 lanes in
  * order, and the blocks in double. Bit for bit, over lengths around the

@@ -1,5 +1,5 @@
 /*
- * test_replay.c - unit tests of replay requests (psstore/replayspec.c,
+ * test_replay.c - unit tests of replay requests (psstore/positions/replayspec.c,
  * docs/design.md "Replay"): every verb and its errors, ISO 8601 dates with
  * zones and fractions against millisecond values computed independently
  * (Python's datetime), durations, the stored text and its round trip,
@@ -385,7 +385,7 @@ static void test_replay_format_writes_the_stored_text(void **state)
 
 /* The longest stored text: 1024 partitions near INT32_MAX at INT64_MAX and
  * a 249-character topic, 32006 bytes; the store keeps up to 32767
- * (psstore.h PSSTORE_REPLAY_SPEC_MAX, 32768 with the NUL). */
+ * (positions.h PSSTORE_REPLAY_SPEC_MAX, 32768 with the NUL). */
 static void test_replay_longest_stored_text_is_32006_bytes(void **state)
 {
     (void)state;
