@@ -26,6 +26,9 @@
  * f makes a worker sleep (f - 1) times its compute time after each
  * gradient (experiments only).
  *
+ * This file holds the loop and the pool; a worker's part in the modes is
+ * worker_modes.c, the isolation of a poisoned batch worker_poison.c.
+ *
  * Threads: one per worker; the counters are atomics read by
  * trainer_pool_stats from any thread.
  */
@@ -39,115 +42,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "psstore/store/status.h"
-#include "psstore/update/update.h"
-#include "trainer/pool.h"
-#include "trainer/trainer.h"
-
-#define NEXT_WAIT_MS   200           /* one wait for a batch, then a look at stop */
-#define PUSH_WAIT_MS   5000          /* backpressure: a push waits this long      */
-#define BEAT_NS        1000000000ull /* heartbeat period                    */
-#define POLL_NS        1000000ull    /* a waiting worker looks again after  */
-#define ROUND_BLOCK_MS 100           /* one blocking wait for a round, then a look at stop */
-#define IN_FLIGHT_MAX  16            /* [trainer] in_flight's upper bound       */
-
-/* A gradient pushed and not yet known to be applied: a channel ticket, or
- * the stream id of a push through Redis. */
-typedef struct flight {
-    uint64_t ticket; /* 0: a stream push */
-    char id[PSSTORE_STREAM_ID_MAX];
-} flight_t;
-
-typedef struct worker {
-    trainer_pool_t *pool;
-    int index;
-    char id[96]; /* "<host>/<pid>/<n>" */
-    pthread_t thread;
-    trainer_backend_t *be;
-    psstore_client_t *cl;
-    double slowdown;
-    uint64_t slow_until_ns; /* the slowdown ends then (0: never) */
-    float *w, *g;           /* [nparams]: the local copy and the gradient */
-    const float *held;      /* the channel's weights, held (psstore_local_hold) */
-    uint64_t epoch;
-    int64_t version;         /* -1 before the first pull */
-    psstore_member_t me;     /* this worker's members entry              */
-    uint64_t beat_ns;        /* when it last heartbeat                   */
-    uint64_t want_ns;        /* since when it waits for data (0: has some) */
-    uint64_t waited_ns;      /* its waits for data since its last batch  */
-    psstore_member_t *peers; /* members read buffer (ssp)                */
-    size_t cap_peers;
-    flight_t flights[IN_FLIGHT_MAX]; /* FIFO of pushes not yet applied  */
-    int nflights, flight_head;
-    psstore_phase_t phase; /* mode auto: the applier's, as last read */
-    int in_ssp;            /* mode auto: this worker keeps ssp's bound */
-    /* per-sample isolation (isolate_nonfinite): the kept samples and one
-     * sample's gradient, allocated at the first poisoned batch */
-    float *iso_x, *iso_y, *iso_g;
-    size_t iso_cap;
-    size_t *iso_drop;         /* [iso_drop_cap]: the samples it dropped */
-    psstore_range_t *iso_pos; /* [iso_drop_cap]: their positions (quarantine) */
-    size_t iso_drop_cap;
-    size_t kept; /* samples of the last batch that went into its gradient */
-} worker_t;
-
-struct trainer_pool {
-    model_t m;
-    ingest_consumer_t *source;
-    worker_t *workers;
-    int nworkers;
-    int started;
-    atomic_int stop;
-    atomic_uint_least64_t samples, batches, pulls, failed, compute_ns, push_ns, wait_ns, pull_ns,
-        starved_ns, idle_ns;
-    psstore_mode_t mode;
-    int64_t ssp_bound, idle_ms, round_wait_ms;
-    int in_flight;
-    psstore_local_t *local;
-    atomic_int_least64_t version;
-    atomic_uint_least64_t epoch;
-    pthread_mutex_t lock; /* guards loss_sum */
-    double loss_sum;
-    fr_series_t *m_samples, *m_failed, *m_step, *m_starved, *m_poison;
-    atomic_uint_least64_t poisoned;
-};
+#include "trainer/worker_int.h"
 
 static void sleep_ns(uint64_t ns)
 {
     struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
     while (nanosleep(&ts, &ts) != 0) {
     }
-}
-
-/* Writes the worker's members entry (a heartbeat). A failure is logged at
- * debug level only (the pull and push report the outage); the next beat
- * tries again. */
-static void beat(worker_t *wk)
-{
-    wk->me.beat++;
-    wk->beat_ns = fr_clock_mono_ns();
-    if (psstore_member_beat(wk->cl, &wk->me) != FR_OK)
-        fr_log(FR_LOG_DEBUG, "worker %s: heartbeat: %s", wk->id, psstore_client_error(wk->cl));
-    /* mode auto through Redis: the phase is read with each beat */
-    if (wk->pool->mode == PSSTORE_MODE_AUTO && !psstore_local_open(wk->pool->local) &&
-        psstore_phase_read(wk->cl, &wk->phase) != FR_OK)
-        fr_log(FR_LOG_DEBUG, "worker %s: phase: %s", wk->id, psstore_client_error(wk->cl));
-}
-
-/* Mode auto: the applier's phase, from the channel when it is open (each
- * step), else as the last beat read it from meta. */
-static psstore_phase_t phase_now(worker_t *wk)
-{
-    psstore_phase_t ph;
-    if (wk->pool->local != NULL && psstore_local_phase(wk->pool->local, &ph) == FR_OK)
-        wk->phase = ph;
-    return wk->phase;
-}
-
-static void beat_due(worker_t *wk)
-{
-    if (fr_clock_mono_ns() - wk->beat_ns >= BEAT_NS)
-        beat(wk);
 }
 
 /* Notes a push that is in flight (a ticket of the channel, or a stream id).
@@ -217,142 +118,11 @@ static void flights_wait(worker_t *wk)
             if (psstore_applied_wait(wk->cl, f->id, ROUND_BLOCK_MS, &applied) != FR_OK || applied)
                 break;
         }
-        beat_due(wk);
+        trainer_worker_beat_due(wk);
     }
     wk->flight_head = (wk->flight_head + 1) % IN_FLIGHT_MAX;
     wk->nflights--;
     atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
-}
-
-/* Whether the loss and every gradient entry are finite: x * 0 is 0 for a
- * finite x and NaN for NaN or an infinity, summed in 8 lanes (a pass at
- * memory speed). A batch's gradient needs it only when its sum of squares
- * is not finite, which an entry above 1.8e19 also makes; each sample's
- * gradient while isolating a non-finite one does. */
-static int finite_all(const float *g, size_t n, double loss)
-{
-    float acc[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            acc[k] += g[i + (size_t)k] * 0.0f;
-    for (; i < n; i++)
-        acc[0] += g[i] * 0.0f;
-    float sum = 0.0f;
-    for (int k = 0; k < 8; k++)
-        sum += acc[k];
-    return isfinite(loss) && sum == 0.0f;
-}
-
-/* isolate_nonfinite's outcomes besides a count of samples kept. */
-enum { ISO_ERROR = -1, ISO_DIVERGED = -2 };
-
-/*
- * The positions of the samples isolate_nonfinite dropped (wk->iso_drop[n],
- * indices into b) go to the store's quarantine, so that a re-read of their
- * partitions (a rollback, a replay, the gap rule) rejects them instead of
- * learning them under other weights. A batch not made by a batcher has no
- * positions; a store that fails is logged (the sample, still poisonous,
- * would be dropped again).
- */
-static void quarantine(worker_t *wk, const ingest_batch_t *b, size_t n)
-{
-    if (b->partition == NULL || b->offset == NULL || wk->cl == NULL)
-        return;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t s = wk->iso_drop[i];
-        const char *topic = NULL;
-        for (size_t r = 0; r < b->nranges && topic == NULL; r++)
-            if (b->ranges[r].partition == b->partition[s] && b->ranges[r].from <= b->offset[s] &&
-                b->offset[s] < b->ranges[r].to)
-                topic = b->ranges[r].topic;
-        if (topic != NULL) /* (always: every sample's position is in a range) */
-            wk->iso_pos[k++] =
-                (psstore_range_t){topic, b->partition[s], b->offset[s], b->offset[s] + 1};
-    }
-    if (k == 0)
-        return;
-    const psstore_range_t *q = &wk->iso_pos[0];
-    if (psstore_client_quarantine(wk->cl, wk->iso_pos, k) != FR_OK)
-        fr_log(FR_LOG_WARN, "worker %s: quarantine of %zu position(s) (%s/%d@%lld...): %s", wk->id,
-               k, q->topic, (int)q->partition, (long long)q->from, psstore_client_error(wk->cl));
-    else
-        fr_log(FR_LOG_INFO,
-               "worker %s: %zu position(s) quarantined (%s/%d@%lld...): a re-read "
-               "rejects them",
-               wk->id, k, q->topic, (int)q->partition, (long long)q->from);
-}
-
-/*
- * Per-sample isolation (docs/design.md "Poison in a batch"): the batch's
- * loss or gradient is not finite. Each sample's gradient is computed alone;
- * the samples whose own is not finite are dropped and counted, and the
- * batch's gradient (into wk->g, its loss into *loss) is computed again over
- * the others, whose positions, like the dropped ones', the batch's ranges
- * still cover. Returns the samples kept (0: every one was poison),
- * ISO_DIVERGED when every sample alone is finite or the rest still is not
- * (the weights themselves diverged: the divergence guard's case), or
- * ISO_ERROR (logged) when memory or the backend failed.
- */
-static int64_t isolate_nonfinite(worker_t *wk, const ingest_batch_t *b, double *loss)
-{
-    trainer_pool_t *p = wk->pool;
-    size_t n = b->n, d = (size_t)b->features, np = p->m.nparams;
-    if (n > wk->iso_cap) {
-        free(wk->iso_x);
-        free(wk->iso_y);
-        wk->iso_x = malloc(n * d * sizeof(float));
-        wk->iso_y = malloc(n * sizeof(float));
-        wk->iso_cap = wk->iso_x != NULL && wk->iso_y != NULL ? n : 0;
-    }
-    if (n > wk->iso_drop_cap) {
-        free(wk->iso_drop);
-        free(wk->iso_pos);
-        wk->iso_drop = malloc(n * sizeof(*wk->iso_drop));
-        wk->iso_pos = malloc(n * sizeof(*wk->iso_pos));
-        wk->iso_drop_cap = wk->iso_drop != NULL && wk->iso_pos != NULL ? n : 0;
-    }
-    if (wk->iso_g == NULL)
-        wk->iso_g = malloc(np * sizeof(float));
-    if (wk->iso_cap < n || wk->iso_drop_cap < n || wk->iso_g == NULL) {
-        fr_log(FR_LOG_ERROR, "worker %s: out of memory isolating a non-finite sample", wk->id);
-        return ISO_ERROR;
-    }
-    size_t kept = 0, dropped = 0;
-    for (size_t i = 0; i < n; i++) {
-        double one = 0;
-        if (trainer_backend_gradient(wk->be, wk->iso_g, &one, b->x + i * d, b->y + i, 1) != FR_OK) {
-            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
-            return ISO_ERROR;
-        }
-        if (!finite_all(wk->iso_g, np, one)) {
-            wk->iso_drop[dropped++] = i;
-            continue;
-        }
-        memcpy(wk->iso_x + kept * d, b->x + i * d, d * sizeof(float));
-        wk->iso_y[kept++] = b->y[i];
-    }
-    if (kept == n)
-        return ISO_DIVERGED;
-    if (kept > 0) {
-        if (trainer_backend_gradient(wk->be, wk->g, loss, wk->iso_x, wk->iso_y, (int)kept) !=
-            FR_OK) {
-            fr_log(FR_LOG_ERROR, "worker %s: %s", wk->id, trainer_backend_error(wk->be));
-            return ISO_ERROR;
-        }
-        if (!finite_all(wk->g, np, *loss))
-            return ISO_DIVERGED;
-    }
-    atomic_fetch_add(&p->poisoned, n - kept);
-    if (p->m_poison != NULL)
-        fr_series_add(p->m_poison, (double)(n - kept));
-    quarantine(wk, b, dropped);
-    fr_log(FR_LOG_WARN,
-           "worker %s: %zu of %zu samples gave a non-finite loss or gradient: dropped, the "
-           "other %zu learned",
-           wk->id, n - kept, n, kept);
-    return (int64_t)kept;
 }
 
 /*
@@ -442,7 +212,7 @@ static fr_err_t batch_gradient(worker_t *wk, const ingest_batch_t *b, double *lo
 }
 
 /*
- * What per-sample isolation's outcome kept (isolate_nonfinite: a count of
+ * What per-sample isolation's outcome kept (trainer_worker_isolate_nonfinite: a count of
  * samples, or ISO_DIVERGED) makes of the message of a batch of n: the
  * samples kept, none (positions only, reason "poison"), or a gradient that
  * carries the divergence.
@@ -495,8 +265,9 @@ static fr_err_t batch_message(worker_t *wk, const ingest_batch_t *b, double *los
      * squares, which the applier takes instead of a pass of its own,
      * and, finite, the proof that every entry is (psstore/update/update.h) */
     double sq = psstore_sum_squares(wk->g, p->m.nparams);
-    int finite = isfinite(*loss) && (isfinite(sq) || finite_all(wk->g, p->m.nparams, *loss));
-    int64_t kept = finite ? (int64_t)b->n : isolate_nonfinite(wk, b, loss);
+    int finite =
+        isfinite(*loss) && (isfinite(sq) || trainer_worker_finite_all(wk->g, p->m.nparams, *loss));
+    int64_t kept = finite ? (int64_t)b->n : trainer_worker_isolate_nonfinite(wk, b, loss);
     if (kept > 0 && kept < (int64_t)b->n) /* the gradient of the samples kept */
         sq = psstore_sum_squares(wk->g, p->m.nparams);
     msg->sq_known = kept > 0;
@@ -589,146 +360,6 @@ static fr_err_t train_batch(worker_t *wk, const ingest_batch_t *b, double *loss,
     return batch_push(wk, &msg, local, id);
 }
 
-/* The smallest (or, with want_max, the largest) clock among the other
- * live, non-idle members (members the applier has not removed), or -1 when
- * there is none. */
-static int64_t peers_clock(worker_t *wk, int want_max)
-{
-    size_t n = 0;
-    if (psstore_members_read(wk->cl, &wk->peers, &n, &wk->cap_peers) != FR_OK)
-        return -1;
-    int64_t best = -1;
-    for (size_t i = 0; i < n; i++) {
-        const psstore_member_t *m = &wk->peers[i];
-        if (m->idle || strcmp(m->id, wk->id) == 0)
-            continue;
-        if (best < 0 || (want_max ? m->clock > best : m->clock < best))
-            best = m->clock;
-    }
-    return best;
-}
-
-static int64_t slowest_clock(worker_t *wk)
-{
-    return peers_clock(wk, 0);
-}
-
-/* ssp: a newcomer, or a worker back from idle, starts at the current
- * minimum, or it would hold every other worker back while it catches up. */
-static void ssp_join(worker_t *wk)
-{
-    int64_t min = slowest_clock(wk);
-    if (min > wk->me.clock)
-        wk->me.clock = min;
-}
-
-static void sleep_poll(void)
-{
-    struct timespec ts = {0, (long)POLL_NS};
-    nanosleep(&ts, NULL);
-}
-
-/* ssp: waits while this worker's clock is more than the bound ahead of the
- * slowest live, non-idle member. */
-static void ssp_wait(worker_t *wk)
-{
-    trainer_pool_t *p = wk->pool;
-    uint64_t t0 = fr_clock_mono_ns();
-    while (!atomic_load(&p->stop)) {
-        if (p->mode == PSSTORE_MODE_AUTO && phase_now(wk) != PSSTORE_PHASE_SSP)
-            break; /* auto left its ssp phase meanwhile */
-        int64_t min = slowest_clock(wk);
-        if (min < 0 || wk->me.clock - min <= p->ssp_bound)
-            break;
-        beat_due(wk);
-        sleep_poll();
-    }
-    atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
-}
-
-/*
- * Whether this step keeps ssp's bound: always in mode ssp, in mode auto
- * while the applier's phase is ssp. Entering that phase a worker moves its
- * clock up to the fastest member's: the clocks counted every push of the
- * async phase, and ssp bounds the lead from now on, not a backlog.
- */
-static int ssp_step(worker_t *wk)
-{
-    trainer_pool_t *p = wk->pool;
-    if (p->mode == PSSTORE_MODE_SSP)
-        return 1;
-    if (p->mode != PSSTORE_MODE_AUTO)
-        return 0;
-    int ssp = phase_now(wk) == PSSTORE_PHASE_SSP;
-    if (ssp && !wk->in_ssp) {
-        int64_t max = peers_clock(wk, 1);
-        if (max > wk->me.clock)
-            wk->me.clock = max;
-        beat(wk);
-    }
-    wk->in_ssp = ssp;
-    return ssp;
-}
-
-/* Round modes: the group's round count, from the in-process channel while
- * it is open (*local set), from Redis otherwise. */
-static fr_err_t round_read(worker_t *wk, int64_t *round, int *local)
-{
-    trainer_pool_t *p = wk->pool;
-    *local = p->local != NULL && psstore_local_round(p->local, wk->me.group, round) == FR_OK;
-    return *local ? FR_OK : psstore_round_read(wk->cl, wk->me.group, round);
-}
-
-/* Round modes: waits until the group's round count passes `round` (the
- * round this worker's gradient joined closed), at most round_wait_ms, on
- * the source the count was read from. */
-static void round_wait(worker_t *wk, int64_t round, int local)
-{
-    trainer_pool_t *p = wk->pool;
-    uint64_t t0 = fr_clock_mono_ns();
-    uint64_t limit = (uint64_t)p->round_wait_ms * 1000000ull;
-    /* in steps, so that a stop is seen within NEXT_WAIT_MS */
-    while (local && !atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
-        fr_err_t err = psstore_local_round_wait(p->local, wk->me.group, round, NEXT_WAIT_MS);
-        beat_due(wk);
-        if (err != FR_ERR_TIMEOUT)
-            break;
-    }
-    /* Redis: blocks on the store's streams, ROUND_BLOCK_MS at a time */
-    while (!local && !atomic_load(&p->stop) && fr_clock_mono_ns() - t0 < limit) {
-        int64_t now = round;
-        if (psstore_round_wait(wk->cl, wk->me.group, round, ROUND_BLOCK_MS, &now) != FR_OK ||
-            now > round)
-            break;
-        beat_due(wk);
-    }
-    atomic_fetch_add(&p->wait_ns, fr_clock_mono_ns() - t0);
-}
-
-/* Tracks whether the worker waits for data: idle after idle_ms without a
- * batch (rounds and ssp stop counting on it); b is what the queue gave. */
-static void track_idle(worker_t *wk, const ingest_batch_t *b)
-{
-    trainer_pool_t *p = wk->pool;
-    uint64_t now = fr_clock_mono_ns();
-    if (b == NULL) {
-        if (wk->want_ns == 0)
-            wk->want_ns = now;
-        if (!wk->me.idle && now - wk->want_ns >= (uint64_t)p->idle_ms * 1000000ull) {
-            wk->me.idle = 1;
-            beat(wk);
-        }
-        return;
-    }
-    wk->want_ns = 0;
-    if (wk->me.idle) {
-        wk->me.idle = 0;
-        if (p->mode == PSSTORE_MODE_SSP)
-            ssp_join(wk);
-        beat(wk);
-    }
-}
-
 static int pool_stopping(void *arg)
 {
     return atomic_load(&((trainer_pool_t *)arg)->stop) != 0;
@@ -745,7 +376,7 @@ static void *worker_main(void *arg)
     int rounds = psstore_mode_rounds(p->mode);
     int fed = 0; /* a batch came (the first beat was trainer_pool_start's) */
     while (!atomic_load(&p->stop)) {
-        beat_due(wk);
+        trainer_worker_beat_due(wk);
         uint64_t tq = fr_clock_mono_ns();
         ingest_batch_t *b = ingest_consumer_next(p->source, NEXT_WAIT_MS);
         if (fed) { /* the wait for the group's first assignment is no starving */
@@ -761,17 +392,17 @@ static void *worker_main(void *arg)
             }
         }
         fed |= b != NULL;
-        track_idle(wk, b);
+        trainer_worker_track_idle(wk, b);
         if (b == NULL)
             continue;
-        int ssp = b->n > 0 && ssp_step(wk);
+        int ssp = b->n > 0 && trainer_worker_ssp_step(wk);
         if (ssp)
-            ssp_wait(wk);
+            trainer_worker_ssp_wait(wk);
         /* the round count is read before the pull: a round that closes in
          * between only means the wait below ends at once */
         int64_t round = -1;
         int local_round = 0;
-        if (b->n > 0 && rounds && round_read(wk, &round, &local_round) != FR_OK)
+        if (b->n > 0 && rounds && trainer_worker_round_read(wk, &round, &local_round) != FR_OK)
             round = -1;
         double loss = 0;
         const char *id = NULL;
@@ -782,9 +413,9 @@ static void *worker_main(void *arg)
         if (err == FR_OK && b->n > 0) {
             wk->me.clock++;
             if (ssp || rounds)
-                beat(wk); /* ssp: the others wait on this clock */
+                trainer_worker_beat(wk); /* ssp: the others wait on this clock */
             if (round >= 0)
-                round_wait(wk, round, local_round);
+                trainer_worker_round_wait(wk, round, local_round);
         }
         if (err == FR_OK) {
             atomic_fetch_add(&p->samples, wk->kept);
@@ -922,8 +553,8 @@ fr_err_t trainer_pool_start(trainer_pool_t *p)
      * had not yet written its entry (the bound counts live members) */
     for (int i = 0; i < p->nworkers; i++) {
         if (p->mode == PSSTORE_MODE_SSP)
-            ssp_join(&p->workers[i]);
-        beat(&p->workers[i]);
+            trainer_worker_ssp_join(&p->workers[i]);
+        trainer_worker_beat(&p->workers[i]);
     }
     for (int i = 0; i < p->nworkers; i++) {
         if (pthread_create(&p->workers[i].thread, NULL, worker_main, &p->workers[i]) != 0) {
