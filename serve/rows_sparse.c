@@ -28,30 +28,9 @@
 
 #include "serve/http_int.h"
 
-#define SV_ROWS_MAX      16384 /* rows one answer reads at most               */
-#define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
-#define SV_DELTA_COMMITS 256   /* commits one delta reads at most              */
-#define READ_TIMEOUT_MS  5000  /* the reader's Redis timeout                   */
-
-enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE, JOB_INFER };
-
-/* One request for the reader: what the loop parsed (the answer is in
- * the head). */
-typedef struct sv_rows_job {
-    sv_job_t job;
-    enum job_kind kind;
-    int json;
-    char name[65];
-    uint32_t *ids; /* rows: the ids asked */
-    size_t nids;
-    char since[PSSTORE_SHARDS_MAX * 21]; /* delta: a version, or "v0.v1..." of S shards */
-    int64_t max_rows;                    /* delta */
-    char epoch[24];                      /* delta: "" when not given */
-    char cursor[48];                     /* table */
-    int64_t count;
-    char *body; /* infer: the request's JSON, NUL-terminated */
-    size_t blen;
-} sv_rows_job_t;
+#define SV_ROWS_DEFAULT  4096 /* rows one answer reads when the client does not say */
+#define SV_DELTA_COMMITS 256  /* commits one delta reads at most */
+#define READ_TIMEOUT_MS  5000 /* the reader's Redis timeout */
 
 /* ---- answers, on the reader ------------------------------------------------------ */
 
@@ -351,10 +330,9 @@ static int parse_since(sv_rows_job_t *j, int S, int64_t *since)
  * which), shard 0's biases into bias[K] and, when tower is not NULL, its
  * tower; the epoch and version are the sums of the shards'. 0, or -1
  * after setting j's error. */
-static int read_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                     const sparse_optim_t *optim, int S, const uint32_t *ids, size_t n,
-                     float *params, uint32_t *stored, float *bias, float *tower,
-                     psstore_rows_page_t *at)
+int sv_rows_read(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                 const sparse_optim_t *optim, int S, const uint32_t *ids, size_t n, float *params,
+                 uint32_t *stored, float *bias, float *tower, psstore_rows_page_t *at)
 {
     size_t keep = sparse_row_len(spec), slen = sparse_state_len(spec, optim);
     uint32_t *sids = malloc((n ? n : 1) * sizeof(*sids)),
@@ -428,8 +406,8 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     uint32_t *stored = malloc(n * sizeof(*stored));
     if (page.params == NULL || stored == NULL)
         job_error(j, 500, "out of memory");
-    else if (read_rows(j, c, spec, optim, S, j->ids, n, page.params, stored, page.bias, NULL,
-                       &page) == 0) {
+    else if (sv_rows_read(j, c, spec, optim, S, j->ids, n, page.params, stored, page.bias, NULL,
+                          &page) == 0) {
         answer_t a = {
             .model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
         encode(j, &a);
@@ -647,8 +625,8 @@ static void infer_encode(sv_rows_job_t *j, const char *id, const double *score, 
  * records' rows read as /rows reads them, the dense part (biases, tower)
  * from shard 0, each sample scored by the model's definition
  * (sparse_fm_reference, in double). */
-static void run_infer(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                      const sparse_optim_t *optim, int S)
+void sv_infer_sparse_run(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                         const sparse_optim_t *optim, int S)
 {
     sparse_sample_t *samples = NULL;
     size_t n = 0;
@@ -679,8 +657,8 @@ static void run_infer(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
         job_error(j, 500, "out of memory");
         goto out;
     }
-    if (read_rows(j, c, spec, optim, S, b->rows, b->nrows, params, stored, dense,
-                  P > 0 ? dense + K : NULL, &at) != 0)
+    if (sv_rows_read(j, c, spec, optim, S, b->rows, b->nrows, params, stored, dense,
+                     P > 0 ? dense + K : NULL, &at) != 0)
         goto out;
     for (size_t k = 0; k < (size_t)K + P; k++)
         ddense[k] = dense[k];
@@ -736,10 +714,10 @@ static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
     if (!sparse_model(j, c, &spec, &optim, &S))
         return;
     switch (j->kind) {
-    case JOB_ROWS: run_rows(j, c, &spec, &optim, S); break;
-    case JOB_DELTA: run_delta(j, c, &spec, &optim, S); break;
-    case JOB_TABLE: run_table(j, c, &spec, &optim, S); break;
-    case JOB_INFER: run_infer(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_ROWS: run_rows(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_DELTA: run_delta(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_TABLE: run_table(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_INFER: sv_infer_sparse_run(j, c, &spec, &optim, S); break;
     }
 }
 
@@ -766,8 +744,8 @@ static void job_fini(sv_job_t *j)
 }
 
 /* A new job of kind for model name, or NULL after answering 500. */
-static sv_rows_job_t *job_new(struct serve *s, struct evhttp_request *req, const char *name,
-                              enum job_kind kind, int json)
+sv_rows_job_t *sv_rows_job_new(struct serve *s, struct evhttp_request *req, const char *name,
+                               enum sv_rows_kind kind, int json)
 {
     sv_rows_job_t *j = calloc(1, sizeof(*j));
     if (j == NULL) {
@@ -859,7 +837,7 @@ void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name
     const char *text = evhttp_find_header(params, "ids");
     if (json < 0)
         return;
-    sv_rows_job_t *j = job_new(s, req, name, JOB_ROWS, json);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_ROWS, json);
     if (j == NULL)
         return;
     if ((j->ids = malloc(SV_ROWS_MAX * sizeof(*j->ids))) == NULL) {
@@ -906,7 +884,7 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
         sv_send_error(s, req, 400, "epoch must be the decimal epoch a delta or page gave");
         return;
     }
-    sv_rows_job_t *j = job_new(s, req, name, JOB_DELTA, json);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_DELTA, json);
     if (j == NULL)
         return;
     snprintf(j->since, sizeof(j->since), "%s", since);
@@ -915,10 +893,10 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
     sv_pool_submit(&s->rows, req, &j->job);
 }
 
-void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
-                   size_t len)
+void sv_infer_sparse_submit(struct serve *s, struct evhttp_request *req, const char *name,
+                            char *body, size_t len)
 {
-    sv_rows_job_t *j = job_new(s, req, name, JOB_INFER, 1);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_INFER, 1);
     if (j == NULL) {
         free(body);
         return;
@@ -955,7 +933,7 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
         sv_send_error(s, req, 400, "count must be 1..%d", SV_ROWS_MAX);
         return;
     }
-    sv_rows_job_t *j = job_new(s, req, name, JOB_TABLE, json);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_TABLE, json);
     if (j == NULL)
         return;
     snprintf(j->cursor, sizeof(j->cursor), "%s", cursor);
