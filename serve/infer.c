@@ -10,7 +10,7 @@
  * and run each group of jobs on the same weights as one batch through
  * model_forward (a weight row is then read once for all of them); the
  * loop sends the answers. A full queue answers 503 at once. A sparse
- * model's request goes to the rows reader instead (rows_sparse.c), from the
+ * model's request goes to the rows reader instead (infer_sparse.c), from the
  * route or, when the loop could not tell what the model is yet, from the
  * worker.
  *
