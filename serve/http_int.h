@@ -156,10 +156,10 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
 /* The rows reader's thread (rows_sparse.c): one job at a time on its own
  * connection to the store. */
 void *sv_rows_main(void *arg);
-/* A sparse model's predictions (rows_sparse.c): body (malloc'ed, taken),
+/* A sparse model's predictions (infer_sparse.c): body (malloc'ed, taken),
  * records as the topic carries them, scored on the rows reader. */
-void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
-                   size_t len);
+void sv_infer_sparse_submit(struct serve *s, struct evhttp_request *req, const char *name,
+                            char *body, size_t len);
 /* Predictions (infer.c): the request checked and queued on the loop, the
  * body parsed and the model run by the inference workers. */
 void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *name,
@@ -175,5 +175,49 @@ void sv_send_stats(struct serve *s, struct evhttp_request *req, sv_model_t *m);
  * wait_ms for another. */
 void sv_send_weights(struct serve *s, struct evhttp_request *req, sv_model_t *m, sv_view_t *cur,
                      enum sv_fmt f, int64_t after, int wait_ms);
+
+/* ------------------------------------------------------------------------
+ * The rows reader's jobs (rows_sparse.c): a sparse model's rows, deltas,
+ * table pages and predictions (infer_sparse.c), queued on the loop and
+ * read from the store on the reader thread (a pool of one, pool.c).
+ * ---------------------------------------------------------------------- */
+#define SV_ROWS_MAX 16384 /* rows one answer reads, records one prediction scores, at most */
+
+/* What a reader's job asks for. */
+enum sv_rows_kind { SV_ROWS_JOB_ROWS, SV_ROWS_JOB_DELTA, SV_ROWS_JOB_TABLE, SV_ROWS_JOB_INFER };
+
+/* One request for the reader: what the loop parsed (the answer is in
+ * the head). */
+typedef struct sv_rows_job {
+    sv_job_t job;
+    enum sv_rows_kind kind;
+    int json;
+    char name[65];
+    uint32_t *ids; /* rows: the ids asked */
+    size_t nids;
+    char since[PSSTORE_SHARDS_MAX * 21]; /* delta: a version, or "v0.v1..." of S shards */
+    int64_t max_rows;                    /* delta */
+    char epoch[24];                      /* delta: "" when not given */
+    char cursor[48];                     /* table */
+    int64_t count;
+    char *body; /* infer: the request's JSON, NUL-terminated */
+    size_t blen;
+} sv_rows_job_t;
+
+/* On the loop: a new job of kind for model name, its own to free once
+ * queued; NULL after answering 500. */
+sv_rows_job_t *sv_rows_job_new(struct serve *s, struct evhttp_request *req, const char *name,
+                               enum sv_rows_kind kind, int json);
+/* On the reader: the latest value of rows ids[n] on the reader's
+ * connection *c, in the order asked (a row the store lacks has its
+ * initial value; stored[i] says which), shard 0's biases and tower; 0,
+ * or -1 after setting j's error. */
+int sv_rows_read(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                 const sparse_optim_t *optim, int S, const uint32_t *ids, size_t n, float *params,
+                 uint32_t *stored, float *bias, float *tower, psstore_rows_page_t *at);
+/* On the reader: j's predictions (infer_sparse.c), answered or j's error
+ * set. */
+void sv_infer_sparse_run(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                         const sparse_optim_t *optim, int S);
 
 #endif

@@ -10,7 +10,7 @@
  * and run each group of jobs on the same weights as one batch through
  * model_forward (a weight row is then read once for all of them); the
  * loop sends the answers. A full queue answers 503 at once. A sparse
- * model's request goes to the rows reader instead (rows_sparse.c), from the
+ * model's request goes to the rows reader instead (infer_sparse.c), from the
  * route or, when the loop could not tell what the model is yet, from the
  * worker.
  *
@@ -277,7 +277,7 @@ static void to_rows(sv_job_t *jb, struct evhttp_request *req)
     infer_job_t *j = (infer_job_t *)jb;
     char *body = j->body;
     j->body = NULL;
-    sv_rows_infer(j->s, req, j->name, body, j->blen);
+    sv_infer_sparse_submit(j->s, req, j->name, body, j->blen);
 }
 
 /* What a worker can do with a job now. */
@@ -630,7 +630,7 @@ void sv_route_infer(struct serve *s, struct evhttp_request *req, const char *nam
     body[len] = '\0';
     if (l.sparse) {           /* its rows are read for the request, by the rows reader */
         sv_view_unref(l.cur); /* a dense model's of that name, before it was made again */
-        sv_rows_infer(s, req, name, body, len);
+        sv_infer_sparse_submit(s, req, name, body, len);
         return;
     }
     j->job.fini = job_fini;

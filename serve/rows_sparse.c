@@ -9,12 +9,13 @@
  * Redis for its request, by a reader thread of its own (a pool of one,
  * pool.c): the loop checks the request and queues it; the reader reads the
  * store on its own connection and encodes the answer; the loop sends it.
+ * A sparse model's predictions (infer_sparse.c) are jobs of the same
+ * reader, and read their rows by sv_rows_read.
  *
  * Threads: sv_route_* run on the loop; sv_rows_main and what it calls on
  * the reader.
  */
 #include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,34 +25,12 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
-#include <jansson.h>
 
 #include "serve/http_int.h"
 
-#define SV_ROWS_MAX      16384 /* rows one answer reads at most               */
-#define SV_ROWS_DEFAULT  4096  /* ... when the client does not say            */
-#define SV_DELTA_COMMITS 256   /* commits one delta reads at most              */
-#define READ_TIMEOUT_MS  5000  /* the reader's Redis timeout                   */
-
-enum job_kind { JOB_ROWS, JOB_DELTA, JOB_TABLE, JOB_INFER };
-
-/* One request for the reader: what the loop parsed (the answer is in
- * the head). */
-typedef struct sv_rows_job {
-    sv_job_t job;
-    enum job_kind kind;
-    int json;
-    char name[65];
-    uint32_t *ids; /* rows: the ids asked */
-    size_t nids;
-    char since[PSSTORE_SHARDS_MAX * 21]; /* delta: a version, or "v0.v1..." of S shards */
-    int64_t max_rows;                    /* delta */
-    char epoch[24];                      /* delta: "" when not given */
-    char cursor[48];                     /* table */
-    int64_t count;
-    char *body; /* infer: the request's JSON, NUL-terminated */
-    size_t blen;
-} sv_rows_job_t;
+#define SV_ROWS_DEFAULT  4096 /* rows one answer reads when the client does not say */
+#define SV_DELTA_COMMITS 256  /* commits one delta reads at most */
+#define READ_TIMEOUT_MS  5000 /* the reader's Redis timeout */
 
 /* ---- answers, on the reader ------------------------------------------------------ */
 
@@ -351,10 +330,9 @@ static int parse_since(sv_rows_job_t *j, int S, int64_t *since)
  * which), shard 0's biases into bias[K] and, when tower is not NULL, its
  * tower; the epoch and version are the sums of the shards'. 0, or -1
  * after setting j's error. */
-static int read_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                     const sparse_optim_t *optim, int S, const uint32_t *ids, size_t n,
-                     float *params, uint32_t *stored, float *bias, float *tower,
-                     psstore_rows_page_t *at)
+int sv_rows_read(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
+                 const sparse_optim_t *optim, int S, const uint32_t *ids, size_t n, float *params,
+                 uint32_t *stored, float *bias, float *tower, psstore_rows_page_t *at)
 {
     size_t keep = sparse_row_len(spec), slen = sparse_state_len(spec, optim);
     uint32_t *sids = malloc((n ? n : 1) * sizeof(*sids)),
@@ -428,8 +406,8 @@ static void run_rows(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *
     uint32_t *stored = malloc(n * sizeof(*stored));
     if (page.params == NULL || stored == NULL)
         job_error(j, 500, "out of memory");
-    else if (read_rows(j, c, spec, optim, S, j->ids, n, page.params, stored, page.bias, NULL,
-                       &page) == 0) {
+    else if (sv_rows_read(j, c, spec, optim, S, j->ids, n, page.params, stored, page.bias, NULL,
+                          &page) == 0) {
         answer_t a = {
             .model = j->name, .kind = "rows", .spec = spec, .page = &page, .stored = stored};
         encode(j, &a);
@@ -522,190 +500,6 @@ static void run_table(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t 
     psstore_rows_page_fini(&page);
 }
 
-/* ---- predictions of a sparse model, on the reader ------------------------------- */
-
-/* A sparse model's infer request: records in the layout the model trains
- * on (the label is read and ignored), parsed into samples[n]; the id
- * echoed. 0, or -1 after setting the error. */
-static int infer_parse(sv_rows_job_t *j, const sparse_spec_t *spec, sparse_sample_t **samples,
-                       size_t *n, char *id, size_t idsize)
-{
-    json_error_t jerr;
-    json_t *root = json_loadb(j->body, j->blen, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL) {
-        job_error(j, 400, "malformed JSON body: %s (line %d, column %d)", jerr.text, jerr.line,
-                  jerr.column);
-        return -1;
-    }
-    int rc = -1;
-    json_t *t = json_array_get(json_object_get(root, "inputs"), 0);
-    json_t *data = json_object_get(t, "data"), *shape = json_object_get(t, "shape");
-    const char *dt = json_string_value(json_object_get(t, "datatype"));
-    const char *lname =
-        json_string_value(json_object_get(json_object_get(root, "parameters"), "layout"));
-    json_t *idv = json_object_get(root, "id");
-    sparse_layout_t layout = SPARSE_LAYOUT_CRITEO;
-    size_t count = json_array_size(data);
-    if (!json_is_object(root) || json_array_size(json_object_get(root, "inputs")) != 1 ||
-        dt == NULL || strcmp(dt, "BYTES") != 0 || !json_is_array(data) || count == 0 ||
-        count > SV_ROWS_MAX || json_array_size(shape) != 1 ||
-        json_integer_value(json_array_get(shape, 0)) != (json_int_t)count) {
-        job_error(j, 400,
-                  "a sparse model takes {\"inputs\": [{\"name\": \"records\", \"shape\": [n], "
-                  "\"datatype\": \"BYTES\", \"data\": [\"<record>\", ...]}]}: n from 1 to %d "
-                  "records as the topic carries them",
-                  SV_ROWS_MAX);
-        goto out;
-    }
-    if (lname != NULL &&
-        (sparse_layout_parse(lname, &layout) != FR_OK || layout == SPARSE_LAYOUT_BINARY)) {
-        job_error(j, 400, "parameters.layout must be criteo or libsvm");
-        goto out;
-    }
-    if (idv != NULL && (!json_is_string(idv) || strlen(json_string_value(idv)) >= idsize)) {
-        job_error(j, 400, "id must be a string of at most %zu bytes", idsize - 1);
-        goto out;
-    }
-    snprintf(id, idsize, "%s", idv != NULL ? json_string_value(idv) : "");
-    if ((*samples = malloc(count * sizeof(**samples))) == NULL) {
-        job_error(j, 500, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < count; i++) {
-        json_t *r = json_array_get(data, i);
-        const char *why = "not a string";
-        if (!json_is_string(r) ||
-            sparse_parse_record(spec, layout, json_string_value(r), json_string_length(r),
-                                *samples + i, &why) != FR_OK) {
-            job_error(j, 400, "inputs[0].data[%zu]: not a %s record of this model (%s)", i,
-                      layout == SPARSE_LAYOUT_CRITEO ? "criteo" : "libsvm", why);
-            free(*samples);
-            *samples = NULL;
-            goto out;
-        }
-    }
-    *n = count;
-    rc = 0;
-out:
-    json_decref(root);
-    return rc;
-}
-
-/* The answer: each sample's probability (one output) or class
- * probabilities and argmax (softmax), from its scores. */
-static void infer_encode(sv_rows_job_t *j, const char *id, const double *score, size_t n, int K,
-                         const psstore_rows_page_t *at)
-{
-    fr_buf_t b = {0};
-    fr_buf_puts(&b, "{\"model_name\":");
-    fr_json_str(&b, j->name);
-    fr_buf_printf(&b, ",\"model_version\":\"%lld\"", (long long)at->version);
-    if (id[0] != '\0') {
-        fr_buf_puts(&b, ",\"id\":");
-        fr_json_str(&b, id);
-    }
-    fr_buf_printf(&b,
-                  ",\"parameters\":{\"epoch\":\"%llu\"},\"outputs\":[{\"name\":\"%s\","
-                  "\"datatype\":\"FP32\",\"shape\":[%zu,%d],\"data\":[",
-                  (unsigned long long)at->epoch, K == 1 ? "probability" : "probabilities", n, K);
-    for (size_t i = 0; i < n; i++) {
-        const double *z = score + i * (size_t)K;
-        double top = z[0], sum = 0.0;
-        for (int c = 1; c < K; c++)
-            top = z[c] > top ? z[c] : top;
-        for (int c = 0; c < K; c++)
-            sum += exp(z[c] - top);
-        for (int c = 0; c < K; c++) {
-            fr_buf_puts(&b, i + (size_t)c > 0 ? "," : "");
-            sv_json_f32(&b, (float)(K == 1 ? 1.0 / (1.0 + exp(-z[0])) : exp(z[c] - top) / sum));
-        }
-    }
-    fr_buf_puts(&b, "]}");
-    if (K > 1) {
-        fr_buf_printf(&b, ",{\"name\":\"argmax\",\"datatype\":\"INT64\",\"shape\":[%zu],\"data\":[",
-                      n);
-        for (size_t i = 0; i < n; i++) {
-            int best = 0;
-            for (int c = 1; c < K; c++)
-                best = score[i * (size_t)K + c] > score[i * (size_t)K + best] ? c : best;
-            fr_buf_printf(&b, i ? ",%d" : "%d", best);
-        }
-        fr_buf_puts(&b, "]}");
-    }
-    fr_buf_puts(&b, "]}\n");
-    if (b.failed) {
-        fr_buf_fini(&b);
-        job_error(j, 500, "out of memory");
-        return;
-    }
-    sv_job_answer(&j->job, 200, "application/json", b.p, b.len);
-    snprintf(j->job.version, sizeof(j->job.version), "%lld", (long long)at->version);
-    snprintf(j->job.epoch, sizeof(j->job.epoch), "%llu", (unsigned long long)at->epoch);
-}
-
-/* Predictions of a sparse model (docs/design.md "Predictions"): the
- * records' rows read as /rows reads them, the dense part (biases, tower)
- * from shard 0, each sample scored by the model's definition
- * (sparse_fm_reference, in double). */
-static void run_infer(sv_rows_job_t *j, psstore_conn_t **c, const sparse_spec_t *spec,
-                      const sparse_optim_t *optim, int S)
-{
-    sparse_sample_t *samples = NULL;
-    size_t n = 0;
-    char id[128];
-    if (infer_parse(j, spec, &samples, &n, id, sizeof(id)) != 0)
-        return;
-    const int K = sparse_outputs(spec);
-    const size_t rl = sparse_row_len(spec), P = sparse_tower_len(spec);
-    sparse_batch_t *b = sparse_batch_new(n);
-    float *params = NULL, *dense = malloc((K + P) * sizeof(float));
-    double *ddense = malloc((K + P) * sizeof(double));
-    double *fp = malloc(SPARSE_FIELDS_MAX * rl * sizeof(double));
-    double *score = malloc(n * (size_t)K * sizeof(double));
-    uint32_t *stored = NULL;
-    psstore_rows_page_t at = {0};
-    if (b == NULL || dense == NULL || ddense == NULL || fp == NULL || score == NULL) {
-        job_error(j, 500, "out of memory");
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (sparse_batch_add(b, &samples[i]) != FR_OK) {
-            job_error(j, 400, "inputs[0].data[%zu]: more than %d features", i, SPARSE_FIELDS_MAX);
-            goto out;
-        }
-    params = malloc((b->nrows ? b->nrows : 1) * rl * sizeof(float));
-    stored = malloc((b->nrows ? b->nrows : 1) * sizeof(*stored));
-    if (params == NULL || stored == NULL) {
-        job_error(j, 500, "out of memory");
-        goto out;
-    }
-    if (read_rows(j, c, spec, optim, S, b->rows, b->nrows, params, stored, dense,
-                  P > 0 ? dense + K : NULL, &at) != 0)
-        goto out;
-    for (size_t k = 0; k < (size_t)K + P; k++)
-        ddense[k] = dense[k];
-    for (size_t i = 0; i < n; i++) {
-        const sparse_sample_t *s = &b->samples[i];
-        for (int k = 0; k < s->n; k++) { /* each feature's row, in double */
-            FR_ASSERT(b->slot[i * SPARSE_FIELDS_MAX + k] < b->nrows); /* a row read above */
-            for (size_t e = 0; e < rl; e++)
-                fp[(size_t)k * rl + e] =
-                    params[(size_t)b->slot[i * SPARSE_FIELDS_MAX + k] * rl + e];
-        }
-        sparse_fm_reference(spec, s, fp, ddense, score + i * (size_t)K);
-    }
-    infer_encode(j, id, score, n, K, &at);
-out:
-    sparse_batch_destroy(b);
-    free(samples);
-    free(params);
-    free(stored);
-    free(dense);
-    free(ddense);
-    free(fp);
-    free(score);
-}
-
 /* The reader connection's cancel test: serve is stopping. */
 static int stopping(void *arg)
 {
@@ -736,10 +530,10 @@ static void run_job(struct serve *s, sv_rows_job_t *j, psstore_conn_t **c)
     if (!sparse_model(j, c, &spec, &optim, &S))
         return;
     switch (j->kind) {
-    case JOB_ROWS: run_rows(j, c, &spec, &optim, S); break;
-    case JOB_DELTA: run_delta(j, c, &spec, &optim, S); break;
-    case JOB_TABLE: run_table(j, c, &spec, &optim, S); break;
-    case JOB_INFER: run_infer(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_ROWS: run_rows(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_DELTA: run_delta(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_TABLE: run_table(j, c, &spec, &optim, S); break;
+    case SV_ROWS_JOB_INFER: sv_infer_sparse_run(j, c, &spec, &optim, S); break;
     }
 }
 
@@ -766,8 +560,8 @@ static void job_fini(sv_job_t *j)
 }
 
 /* A new job of kind for model name, or NULL after answering 500. */
-static sv_rows_job_t *job_new(struct serve *s, struct evhttp_request *req, const char *name,
-                              enum job_kind kind, int json)
+sv_rows_job_t *sv_rows_job_new(struct serve *s, struct evhttp_request *req, const char *name,
+                               enum sv_rows_kind kind, int json)
 {
     sv_rows_job_t *j = calloc(1, sizeof(*j));
     if (j == NULL) {
@@ -859,7 +653,7 @@ void sv_route_rows(struct serve *s, struct evhttp_request *req, const char *name
     const char *text = evhttp_find_header(params, "ids");
     if (json < 0)
         return;
-    sv_rows_job_t *j = job_new(s, req, name, JOB_ROWS, json);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_ROWS, json);
     if (j == NULL)
         return;
     if ((j->ids = malloc(SV_ROWS_MAX * sizeof(*j->ids))) == NULL) {
@@ -906,25 +700,12 @@ void sv_route_delta(struct serve *s, struct evhttp_request *req, const char *nam
         sv_send_error(s, req, 400, "epoch must be the decimal epoch a delta or page gave");
         return;
     }
-    sv_rows_job_t *j = job_new(s, req, name, JOB_DELTA, json);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_DELTA, json);
     if (j == NULL)
         return;
     snprintf(j->since, sizeof(j->since), "%s", since);
     j->max_rows = max_rows;
     snprintf(j->epoch, sizeof(j->epoch), "%s", ep != NULL ? ep : "");
-    sv_pool_submit(&s->rows, req, &j->job);
-}
-
-void sv_rows_infer(struct serve *s, struct evhttp_request *req, const char *name, char *body,
-                   size_t len)
-{
-    sv_rows_job_t *j = job_new(s, req, name, JOB_INFER, 1);
-    if (j == NULL) {
-        free(body);
-        return;
-    }
-    j->body = body;
-    j->blen = len;
     sv_pool_submit(&s->rows, req, &j->job);
 }
 
@@ -955,7 +736,7 @@ void sv_route_table(struct serve *s, struct evhttp_request *req, const char *nam
         sv_send_error(s, req, 400, "count must be 1..%d", SV_ROWS_MAX);
         return;
     }
-    sv_rows_job_t *j = job_new(s, req, name, JOB_TABLE, json);
+    sv_rows_job_t *j = sv_rows_job_new(s, req, name, SV_ROWS_JOB_TABLE, json);
     if (j == NULL)
         return;
     snprintf(j->cursor, sizeof(j->cursor), "%s", cursor);

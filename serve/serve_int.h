@@ -295,7 +295,7 @@ struct serve {
     char *chartjs_data; /* Chart.js, read once at start             */
     size_t chartjs_len;
     void *op_conn;   /* psstore_conn_t for requests, loop thread   */
-    sv_pool_t rows;  /* a sparse model's rows, deltas and table pages (rows_sparse.c) */
+    sv_pool_t rows;  /* sparse models' rows and predictions (rows_sparse.c, infer_sparse.c) */
     sv_pool_t infer; /* predictions (infer.c); no threads when [serve] infer is off */
     size_t waiting;  /* long-poll clients now                      */
     /* metrics */
