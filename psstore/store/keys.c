@@ -1,7 +1,9 @@
 /*
  * keys.c - the key layout of docs/design.md "Redis layout": every key of model m
  * is "freshet:{m}:<suffix>", so that the hash tag {m} keeps all of them on
- * one Redis Cluster slot and one MULTI/EXEC can cover them.
+ * one Redis Cluster slot and one MULTI/EXEC can cover them. Also the list
+ * of every key a model has (create --force, delete), and a model's shard
+ * layout as its meta says (docs/design.md "Shards").
  *
  * Model names are checked (psstore_model_name_check: at most 64 bytes of
  * [A-Za-z0-9._-]) before they reach these functions, so every key fits in

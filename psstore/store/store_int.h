@@ -13,12 +13,12 @@
 #include "psstore/store/store.h"
 
 /* ------------------------------------------------------------------------
- * Reply helpers (model.c, status.c).
+ * Reply helpers (model.c, model_read.c, status.c).
  * ---------------------------------------------------------------------- */
 /* psstore_model_name_check into c->errstr (model.c). */
 fr_err_t ps_check_name(psstore_conn_t *c, const char *name);
 /* Copies a bulk string reply into buf[size] (truncating); "" for any other
- * reply or NULL (model.c). */
+ * reply or NULL (model_read.c). */
 void ps_reply_copy(char *buf, size_t size, const redisReply *r);
 /* The id of the newest entry of the stream at key ("0-0" when none or no
  * stream) into id[PSSTORE_STREAM_ID_MAX] (status.c). */
