@@ -1,14 +1,18 @@
 /*
  * applier_int.h - what the applier's sources share: its state and the
- * functions one of them defines for the others. Only psstore/applier*.c
- * include it. The applier: docs/design.md "One writer and fencing".
+ * functions one of them defines for the others. Only psstore/applier/
+ * includes it. The applier: docs/design.md "One writer and fencing".
  *
- *   applier.c           construction, stats, deciding a gradient, the loop
+ *   applier.c           construction, the metrics, the stats
+ *   applier_decide.c    deciding one gradient (positions, the controller)
+ *   applier_loop.c      the loop: lease, requests, reads, commits
  *   applier_commit.c    the MULTI/EXEC transaction of a commit
  *   applier_rounds.c    membership and the rounds of the round modes
  *   applier_requests.c  operator requests: rollback, rewind, replay, delete
  *   applier_lease.c     the lease, loading the state, fencing, the
  *                       divergence guard
+ *   applier_auto.c      mode auto's phases
+ *   applier_sparse.c    a sparse model's rows (applier_sparse.h)
  *
  * Thread: every function here runs on the applier's thread.
  */
