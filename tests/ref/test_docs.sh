@@ -11,6 +11,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 passed=0 failed=0
+# shellcheck source=tests/ref/expect.sh
+source "$root/tests/ref/expect.sh"
 
 # check_tree DIR: prints one line per broken reference; exit status 1 if any.
 check_tree() {
@@ -99,26 +101,8 @@ check_metrics() {
     [ -z "$missing$extra" ]
 }
 
-# expect WANT NAME DIR [PATTERN]: WANT 0 for a clean tree, 1 for a broken one
-# whose report must contain PATTERN; CHECKER (default check_tree) checks.
-expect() {
-    local want=$1 name=$2 dir=$3 pattern=${4:-} checker=${CHECKER:-check_tree}
-    local out status
-    out=$("$checker" "$dir")
-    status=$?
-    if [ "$want" -eq 0 ] && [ "$status" -eq 0 ]; then
-        passed=$((passed + 1))
-    elif [ "$want" -ne 0 ] && [ "$status" -ne 0 ] && grep -qF -- "$pattern" <<<"$out"; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-        echo "FAIL: $name: status $status (want $want), report:"
-        printf '%s\n' "$out" | head -20
-    fi
-}
-
-expect 0 "the repository" "$root"
-CHECKER=check_metrics expect 0 "the repository's metrics" "$root"
+expect 0 "the repository" check_tree "$root"
+expect 0 "the repository's metrics" check_metrics "$root"
 for doc in docs/design.md docs/operations.md docs/http.md bench/README.md; do
     if [ -f "$root/$doc" ]; then passed=$((passed + 1)); else
         failed=$((failed + 1)); echo "FAIL: $doc is missing"; fi
@@ -135,26 +119,26 @@ mk() { # mk NAME FILE TEXT: a scratch repository with docs/ and one more file
     git -C "$d" init -q && git -C "$d" add -A
 }
 mk good src/a.c '/* see docs/design.md "Data flow", "Redis layout" and\n * docs/design.md\n * "Data flow" */\n'
-expect 0 "valid citations" "$scratch/good"
+expect 0 "valid citations" check_tree "$scratch/good"
 mk section src/a.c '/* see docs/design.md\n * "Offsets" */\n'
-expect 1 "a missing section" "$scratch/section" 'cites docs/design.md "Offsets", which has no such heading'
+expect 1 "a missing section" check_tree "$scratch/section" 'cites docs/design.md "Offsets", which has no such heading'
 # (names that do not exist are spelled in pieces, so that this file cites none)
 nowhere="docs/nowhere"".md" ops="docs/ops"".md" opsmd="docs/operations"".md"
 mk file src/a.c "/* see $nowhere \"Data flow\" */\n"
-expect 1 "a missing document" "$scratch/file" "cites $nowhere, which does not exist"
+expect 1 "a missing document" check_tree "$scratch/file" "cites $nowhere, which does not exist"
 mk outside src/a.sh "# read ..\x2fshared/DESIGN\x2emd\n"
-expect 1 "a path outside the repository" "$scratch/outside" "points outside the repository"
+expect 1 "a path outside the repository" check_tree "$scratch/outside" "points outside the repository"
 mk link README.md "See [the design](docs/design.md#redis-layout) and [ops]($ops).\n"
-expect 1 "a dead link" "$scratch/link" "links to $ops, which does not exist"
+expect 1 "a dead link" check_tree "$scratch/link" "links to $ops, which does not exist"
 mk anchor README.md 'See [the design](docs/design.md#no-such-part).\n'
-expect 1 "a dead anchor" "$scratch/anchor" "links to docs/design.md#no-such-part, which has no such heading"
+expect 1 "a dead anchor" check_tree "$scratch/anchor" "links to docs/design.md#no-such-part, which has no such heading"
 
 mk metric src/m.c 'r = fr_metrics_counter(reg, "freshet_bogus_total", "x");\n'
 mkdir -p "$scratch/metric/docs" && printf '| `freshet_listed_total` | counter |\n' >"$scratch/metric/docs/operations.md"
 git -C "$scratch/metric" add -A
-CHECKER=check_metrics expect 1 "an undocumented metric" "$scratch/metric" \
+expect 1 "an undocumented metric" check_metrics "$scratch/metric" \
     "metric freshet_bogus_total is registered but not in $opsmd"
-CHECKER=check_metrics expect 1 "a documented metric nobody registers" "$scratch/metric" \
+expect 1 "a documented metric nobody registers" check_metrics "$scratch/metric" \
     "metric freshet_listed_total is in $opsmd but registered nowhere"
 
 echo "$passed passed, $failed failed"

@@ -13,6 +13,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 passed=0 failed=0
+# shellcheck source=tests/ref/expect.sh
+source "$root/tests/ref/expect.sh"
 max_source=1000 max_header=400 max_readme=300
 
 # product DIR: the product sources of DIR's tree, NUL-separated.
@@ -143,24 +145,6 @@ check_paths() {
         }
         exit $bad;
     ')
-}
-
-# expect WANT NAME CHECKER DIR [PATTERN]: WANT 0 for a clean tree, 1 for a
-# broken one whose report must contain PATTERN.
-expect() {
-    local want=$1 name=$2 checker=$3 dir=$4 pattern=${5:-}
-    local out status
-    out=$("$checker" "$dir")
-    status=$?
-    if [ "$want" -eq 0 ] && [ "$status" -eq 0 ]; then
-        passed=$((passed + 1))
-    elif [ "$want" -ne 0 ] && [ "$status" -ne 0 ] && grep -qF -- "$pattern" <<<"$out"; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1))
-        echo "FAIL: $name: status $status (want $want), report:"
-        printf '%s\n' "$out"
-    fi
 }
 
 expect 0 "the repository's file sizes" check_sizes "$root"
