@@ -21,7 +21,6 @@
  * called from any thread.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>

@@ -9,11 +9,9 @@
  * host and port (or the socket path) taken from it.
  *
  * Threads: a psstore_conn_t belongs to one thread, as a hiredis context
- * does. psstore_url_parse is reentrant.
+ * does.
  */
-#include <ctype.h>
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -22,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/un.h>
 #include <time.h>
 
 #include "psstore/redis/redis_int.h"

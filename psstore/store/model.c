@@ -12,14 +12,11 @@
  * Threads: as the connection they are given (one thread at a time).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "psstore/store/store_int.h"
 
