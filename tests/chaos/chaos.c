@@ -1,14 +1,16 @@
 /*
  * chaos.c - the chaos suite (docs/operations.md "The chaos suite"): faults
  * injected in a random order into a `freshet run` that trains from a live
- * stream with the audit on, and exactly once checked from the audit after
- * every recovery.
+ * stream with the audit on, and exactly once checked after every recovery
+ * twice: from the audit, and from the weights (ledger.h), which trusts
+ * nothing freshet writes about itself.
  *
  * The world: a real redis-server (AOF, fsync always), the dev broker, a
- * producer thread streaming a synthetic regression at CHAOS_RATE records/s
- * over 4 partitions, `freshet run` (2 async workers, lease 5 s, its own
- * serve) restarted like a supervisor would when it dies, and a separate
- * `freshet serve`. The fault kinds:
+ * producer thread streaming the ledger's records (ledger.h: a saturated
+ * logistic regression whose weights are a sum over the records applied) at
+ * CHAOS_RATE records/s over 4 partitions, `freshet run` (2 async workers,
+ * batches of one, lease 5 s, its own serve) restarted like a supervisor
+ * would when it dies, and a separate `freshet serve`. The fault kinds:
  *
  *   kill_run       SIGKILL of run, started again at once
  *   stop_run       SIGSTOP of run past its lease, then SIGCONT
@@ -44,7 +46,13 @@
  * answering with the store's version; descriptors: /livez answering;
  * poison: every partition's watermark past the poison).
  *
- * Exactly once, after each recovery and at the end: the audit (read whole
+ * Exactly once from the weights, after each recovery and at the end: the
+ * producer held still, the ledger reads every record the topic holds with
+ * a consumer of its own, waits for the store's bias to count them all, and
+ * ledger.py recomputes the weights with numpy; they must equal Redis's w:0
+ * bit for bit.
+ *
+ * Exactly once from the audit, after each recovery and at the end: the audit (read whole
  * each time: a fail-over may lose writes not yet replicated, the audit's
  * with the rest of their transaction) entries that mark positions (every outcome but duplicate and
  * replay) are counted per position; a position marked twice is doubled, a position below its
@@ -56,8 +64,9 @@
  * Profiles: CHAOS_PER_KIND faults of each kind (1 in the test command, 20
  * for a release check), CHAOS_SEED (default: the clock), CHAOS_KINDS (a
  * comma list, default all), CHAOS_RATE (records/s, default 1000),
- * CHAOS_OUT (a JSON report). Exit 0 when every fault recovered within 60 s
- * and nothing was lost or doubled.
+ * CHAOS_OUT (a JSON report). Exit 0 when every fault recovered within 60 s,
+ * nothing was lost or doubled in the audit, and the weights equalled the
+ * ledger's every time.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -82,11 +91,12 @@
 #include "common/common.h"
 #include "harness.h"
 #include "ingest/ingest.h"
+#include "ledger.h"
 
 #define MODEL      "chaos"
 #define TOPIC      "chaos"
 #define NPARTS     4
-#define D          3
+#define D          LEDGER_FEATURES
 #define RECOVER_MS 60000
 #define RUN_FDS    256
 
@@ -130,27 +140,22 @@ static struct {
     atomic_llong sent;
 } prod;
 
-/* Sample k: y = 0.5 x0 - 0.3 x1 + 0.2 x2 + 0.1, x uniform in [-1, 1]^3,
- * packed as f32 [y, x0, x1, x2]. */
-static void sample(int64_t k, float *v)
-{
-    fr_rng_t rng;
-    fr_rng_seed(&rng, 9000 + (uint64_t)k);
-    for (int i = 0; i < D; i++)
-        v[1 + i] = (float)(2.0 * fr_rng_uniform(&rng) - 1.0);
-    v[0] = 0.5f * v[1] - 0.3f * v[2] + 0.2f * v[3] + 0.1f;
-}
-
 static void *produce_loop(void *arg)
 {
     (void)arg;
     int64_t k = 0;
-    uint64_t t0 = fr_clock_mono_ns();
+    uint64_t t0 = fr_clock_mono_ns(), paused_at = 0;
     while (!atomic_load(&prod.stop)) {
         if (atomic_load(&prod.pause)) {
+            if (paused_at == 0)
+                paused_at = fr_clock_mono_ns();
             atomic_store(&prod.paused, 1);
             harness_sleep_ms(2);
             continue;
+        }
+        if (paused_at != 0) { /* the rate goes on from where it was, without a burst */
+            t0 += fr_clock_mono_ns() - paused_at;
+            paused_at = 0;
         }
         atomic_store(&prod.paused, 0);
         int64_t due = (int64_t)((double)(fr_clock_mono_ns() - t0) * 1e-9 * prod.rate);
@@ -159,7 +164,7 @@ static void *produce_loop(void *arg)
             continue;
         }
         float v[D + 1];
-        sample(k, v);
+        ledger_record(k, v);
         int poison = atomic_load(&prod.poison);
         if (poison > 0) {
             /* half magnitude (finite, 3e38), half NaN */
@@ -179,20 +184,34 @@ static void *produce_loop(void *arg)
 }
 
 /* Holds the producer still and waits for every record sent so far to be
- * delivered; returns how many were delivered in all (-1 on a timeout). */
-static int64_t producer_sync(void)
+ * delivered; returns how many were delivered in all (-1 on a timeout). The
+ * producer goes on after, unless hold (then producer_release). */
+static int64_t producer_hold(int hold)
 {
     atomic_store(&prod.pause, 1);
     while (!atomic_load(&prod.paused))
         harness_sleep_ms(1);
     uint64_t delivered = 0, failed = 0;
     fr_err_t err = ingest_producer_flush(prod.p, 30000, &delivered, &failed);
-    atomic_store(&prod.paused, 0);
-    atomic_store(&prod.pause, 0);
+    if (!hold) {
+        atomic_store(&prod.paused, 0);
+        atomic_store(&prod.pause, 0);
+    }
     if (failed != 0)
         fprintf(stderr, "chaos: %llu records failed delivery: %s\n", (unsigned long long)failed,
                 ingest_producer_error(prod.p));
     return err == FR_OK ? (int64_t)delivered : -1;
+}
+
+static int64_t producer_sync(void)
+{
+    return producer_hold(0);
+}
+
+static void producer_release(void)
+{
+    atomic_store(&prod.paused, 0);
+    atomic_store(&prod.pause, 0);
 }
 
 /* ----------------------------------------------------------------- store */
@@ -853,25 +872,31 @@ static int env_int(const char *name, int def)
     return v != NULL && *v != '\0' ? atoi(v) : def;
 }
 
+/* The ledger model (ledger.h): batches of one, plain SGD at 2^-10, from
+ * the ledger's initial weights. */
 static void write_config(void)
 {
+    char init[320];
+    snprintf(init, sizeof(init), "%s/init.safetensors", dir);
+    if (ledger_init(init) != 0)
+        die("cannot write the ledger's initial weights (ledger.py init)");
     FILE *f = fopen(conf, "w");
     if (f == NULL) {
         perror(conf);
         exit(1);
     }
     fprintf(f,
-            "[model]\nname = " MODEL "\nlayers = 3-16-1\nloss = mse\n"
+            "[model]\nname = " MODEL "\nlayers = " LEDGER_LAYERS "\nloss = logistic\ninit = %s\n"
             "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
             "heartbeat.interval.ms = 500\n%s"
-            "[ingest]\ntopic = " TOPIC "\nformat = f32\nbatch = 16\nlinger_ms = 50\n"
+            "[ingest]\ntopic = " TOPIC "\nformat = f32\nbatch = 1\n"
             "dead_letter_topic = chaos-dlq\n"
             "[redis]\nurl = %s\n"
             "[serve]\nlisten = 127.0.0.1:0\n"
             "[trainer]\nworkers = 2\nmode = async\nbackend = cpu\n"
-            "[controller]\nlr = 0.05\n"
+            "[controller]\nlr = " LEDGER_LR "\npolicy = constant\noptimizer = sgd\n"
             "[psstore]\naudit = true\nlease_ms = %d\n",
-            broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
+            init, broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
             cluster_mode ? cl.url : redis.url, lease_ms);
     fclose(f);
 }
@@ -1000,8 +1025,15 @@ int main(void)
                i + 1, nplan, kind_name[k], (long long)ms, (long long)behind, (long long)au.entries,
                (long long)au.doubled, (long long)lost, au.nepochs);
         fflush(stdout);
+        /* and from the weights, trusting nothing freshet wrote about itself */
+        int ledger = -1;
+        if (ms >= 0 && producer_hold(1) >= 0) {
+            ledger =
+                ledger_check(broker.bootstrap, TOPIC, NPARTS, MODEL, store_node, dir, RECOVER_MS);
+            producer_release();
+        }
         if (ms < 0 || behind < 0 || !checked || lost != 0 || au.doubled != 0 ||
-            au.bad_generation != 0) {
+            au.bad_generation != 0 || ledger != 0) {
             failed++;
             fprintf(stderr, "chaos: fault %d (%s) failed; logs in %s\n", i + 1, kind_name[k], dir);
             break;
@@ -1024,6 +1056,9 @@ int main(void)
     }
     if (check_exactly_once(&lost) != 0 || sum < (int64_t)delivered)
         failed++;
+    else if (ledger_check(broker.bootstrap, TOPIC, NPARTS, MODEL, store_node, dir, RECOVER_MS) != 0)
+        failed++;
+    ledger_fini();
     kill(serve_pid, SIGTERM);
     pid_t roles[3] = {split ? ps_pid : run_pid, split ? train_pid[0] : 0, split ? train_pid[1] : 0};
     for (int i = 0; i < 3; i++)
