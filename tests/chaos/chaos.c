@@ -959,8 +959,16 @@ int main(void)
     } else {
         start_run();
     }
-    serve_port = harness_free_port();
+    /* the separate serve binds a port of the kernel's choice (a port found
+     * free and closed could be taken before serve binds it), then keeps it
+     * across its restarts */
     start_serve();
+    for (uint64_t t = fr_clock_mono_ns(); (serve_port = logged_port(serve_log)) == 0;) {
+        if (fr_clock_mono_ns() - t > (uint64_t)RECOVER_MS * 1000000u)
+            die("freshet serve never said its port");
+        supervise();
+        harness_sleep_ms(20);
+    }
     if (await_version(0, fr_clock_mono_ns()) < 0)
         die(split ? "freshet ps never applied a version" : "freshet run never applied a version");
 
