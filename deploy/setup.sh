@@ -22,6 +22,8 @@ packages=(
     python3 python3-numpy python3-torch    # reference tests and benchmarks (/usr/bin/python3)
     python3-prometheus-client              # parses /metrics in the serve test
     python3-pytest python3-venv            # the Python client's tests, in a venv (clients/python)
+    python3-wheel                          # pip builds the client in that venv (bdist_wheel)
+    python3-yaml                           # test_compose.sh reads the resolved compose file
     python3-sklearn python3-matplotlib     # bench/sparse_quality.sh: its peer (SGDClassifier), the drift plot
     curl openssl chromium                  # serve test: HTTP client, TLS certificate, the dashboard
     wrk                                    # bench/serve.sh load generator

@@ -17,8 +17,8 @@
  * while the run lags far behind, whatever the machine's speed, and asks
  * that nearly every record was learned. It is a quality
  * test, long by nature (QUALITY_N records, 5,000,000 by default, about three
- * minutes), and is skipped under the sanitizers, whose tenfold slowdown
- * would make it a test of their speed.
+ * minutes), and sanitizer builds do not register it (tests/CMakeLists.txt):
+ * their tenfold slowdown would make it a test of their speed.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -121,8 +121,6 @@ static size_t windows(double *loss, double *floor, long long *n, size_t max)
 static void test_2_20_rows_on_two_shards_learn_to_within_0_01_of_the_floor(void **state)
 {
     (void)state;
-    if (HARNESS_SANITIZED)
-        skip();
     long long total = getenv("QUALITY_N") != NULL ? atoll(getenv("QUALITY_N")) : 5000000;
     assert_true(total >= 2 * LAST * WINDOW);
     char conf[300], lrun[300], lprod[300], limit[24];

@@ -12,16 +12,17 @@
 #   - time to target: the first curve point at or above the target;
 #   - bad arguments: exit 2 with the reason;
 # and report.html in headless chromium (tests/integration/report_check.sh:
-# 2 charts of 2 datasets, no page error; skipped without chromium), with
-# its screenshot in $ARTIFACTS (default build/artifacts/compare).
+# 2 charts of 2 datasets, no page error), with its screenshot in $ARTIFACTS
+# (default build/artifacts/compare). Nothing is skipped: the data, redis-server
+# and chromium come from deploy/setup.sh, and a missing one fails the test.
 # usage: $0 FRESHET
 set -euo pipefail
 F=$(realpath "$1")
 root=$(cd "$(dirname "$0")/../.." && pwd)
 fm=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fm/train-images-idx3-ubyte.gz" ] || ! command -v redis-server >/dev/null; then
-    echo "skipped: needs $fm (dataset-fashion-mnist) and redis-server"
-    exit 77
+    echo "FAIL: needs $fm (apt-get install dataset-fashion-mnist) and redis-server"
+    exit 1
 fi
 export OPENBLAS_NUM_THREADS=1
 work=$(mktemp -d /tmp/freshet-compare-XXXXXX)
@@ -191,7 +192,8 @@ if [ -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
     bash "$root/tests/integration/report_check.sh" "$work/out/report.html" "$art" 2 2 ||
         fails=$((fails + 1))
 else
-    echo "skipped: the report's chromium check (no chromium; apt-get install chromium)"
+    echo "FAIL: the report's chromium check: no ${CHROMIUM:-/usr/bin/chromium} (apt-get install chromium)"
+    fails=$((fails + 1))
 fi
 [ "$fails" -eq 0 ] && echo "test_compare: all checks passed"
 exit $((fails > 0))

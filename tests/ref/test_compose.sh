@@ -13,6 +13,8 @@ cd "$(dirname "$0")/../.."
 bin=$(realpath "${1:-build/freshet}")
 command -v docker-compose >/dev/null ||
     { echo "test_compose: docker-compose not found (apt-get install docker-compose)" >&2; exit 1; }
+/usr/bin/python3 -c 'import yaml' 2>/dev/null ||
+    { echo "test_compose: /usr/bin/python3 has no yaml (apt-get install python3-yaml)" >&2; exit 1; }
 work=$(mktemp -d /tmp/freshet-compose-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 

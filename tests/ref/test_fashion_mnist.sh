@@ -9,8 +9,8 @@
 set -euo pipefail
 fm=/usr/share/datasets/fashion-mnist
 if [ ! -f "$fm/train-images-idx3-ubyte.gz" ]; then
-    echo "skipped: $fm missing (apt-get install dataset-fashion-mnist)"
-    exit 77
+    echo "FAIL: $fm missing (apt-get install dataset-fashion-mnist)"
+    exit 1
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

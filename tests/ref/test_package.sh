@@ -11,9 +11,9 @@
 set -uo pipefail
 F=$(realpath "$1")
 build=$(dirname "$F")
-[ -f "$build/CPackConfig.cmake" ] || { echo "SKIP: no CPackConfig.cmake in $build"; exit 77; }
+[ -f "$build/CPackConfig.cmake" ] || { echo "FAIL: no CPackConfig.cmake in $build"; exit 1; }
 for tool in cpack dpkg-deb dpkg-shlibdeps systemd-analyze; do
-    command -v "$tool" >/dev/null || { echo "SKIP: $tool not installed"; exit 77; }
+    command -v "$tool" >/dev/null || { echo "FAIL: $tool not installed (deploy/setup.sh)"; exit 1; }
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

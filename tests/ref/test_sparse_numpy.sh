@@ -6,8 +6,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
-    echo "skipped: /usr/bin/python3 has no numpy (apt-get install python3-numpy)"
-    exit 77
+    echo "FAIL: /usr/bin/python3 has no numpy (apt-get install python3-numpy)"
+    exit 1
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

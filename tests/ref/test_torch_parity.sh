@@ -4,8 +4,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
-    echo "skipped: /usr/bin/python3 has no torch/numpy (apt-get install python3-torch)"
-    exit 77
+    echo "FAIL: /usr/bin/python3 has no torch/numpy (apt-get install python3-torch)"
+    exit 1
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
