@@ -41,6 +41,21 @@ int harness_free_port(void)
     return port;
 }
 
+int harness_closed_port(int *fd)
+{
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    if (*fd < 0 || bind(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(*fd, (struct sockaddr *)&sa, &len) != 0) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return -1;
+    }
+    return ntohs(sa.sin_port);
+}
+
 /* Every child harness_spawn started, so that harness_kill_children can
  * stop those a failed test left behind. */
 #define MAX_CHILDREN 256

@@ -26,6 +26,11 @@ typedef struct harness_redis {
  * port 0 and say which port it got); a freshet server should listen on port
  * 0 and the test read its port from its log (harness_log_port). */
 int harness_free_port(void);
+/* A TCP port on 127.0.0.1 that nothing listens on (a connection is
+ * refused) and that no other process can bind while *fd, a socket bound to
+ * it but not listening, stays open: for a test of an unreachable server.
+ * The caller closes *fd. -1 (and *fd -1) on failure. */
+int harness_closed_port(int *fd);
 
 /* Starts redis-server (extra_args: e.g. "--appendonly yes", may be NULL)
  * on a free port and waits until it has logged, under its own pid, that it
