@@ -49,6 +49,7 @@ one_run() {
         "[psstore]" "max_pending = 6"
     "$bin" run --config "$conf" >"$log" 2>&1 &
     pid=$!
+    trap 'kill -TERM "$pid" 2>/dev/null' EXIT # (a subshell: stack_stop does not know it)
     for _ in $(seq 3000); do
         sum=0
         for p in 0 1 2; do
