@@ -19,6 +19,8 @@
 #                                           of 4 features (Gaussian clouds), csv,
 #                                           produced into TOPIC at RATE a second,
 #                                           in a loop, until stack_stop
+#   stack_log_port LOG                      the port freshet serves on with [serve]
+#                                           listen = 127.0.0.1:0, from its log
 #   stack_conf FILE BOOTSTRAP URL [LINE]... a freshet configuration for tests: the
 #                                           broker, the group's timeouts, Redis,
 #                                           no HTTP, one worker, then the lines
@@ -78,6 +80,22 @@ stack_start() {
 
 stack_free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# The port of a freshet server started with [serve] listen = 127.0.0.1:0:
+# the kernel picks a free port as it binds, so no other process can take it
+# between a pick and the bind, as it can one from stack_free_port. Waits up
+# to 30 s for the "serve: listening on ... (port N)" line in log $1 and
+# prints N; nonzero without one.
+stack_log_port() {
+    local port
+    for _ in $(seq 300); do
+        port=$(sed -n 's/.*serve: listening on .*(port \([0-9]*\)).*/\1/p' "$1" 2>/dev/null | tail -n 1)
+        [ -n "$port" ] && echo "$port" && return 0
+        sleep 0.1
+    done
+    echo "stack: no \"serve: listening on ... (port N)\" in $1" >&2
+    return 1
 }
 
 stack_start_cluster() {

@@ -41,6 +41,21 @@ int harness_free_port(void)
     return port;
 }
 
+int harness_closed_port(int *fd)
+{
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(sa);
+    if (*fd < 0 || bind(*fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(*fd, (struct sockaddr *)&sa, &len) != 0) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return -1;
+    }
+    return ntohs(sa.sin_port);
+}
+
 /* Every child harness_spawn started, so that harness_kill_children can
  * stop those a failed test left behind. */
 #define MAX_CHILDREN 256
@@ -124,6 +139,22 @@ static int ping(int port)
     return ok ? 0 : -1;
 }
 
+/* Nonzero when a line of the file at path starts with prefix and holds
+ * needle. */
+static int log_has_line(const char *path, const char *prefix, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    char line[4096];
+    size_t n = strlen(prefix);
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strncmp(line, prefix, n) == 0 && strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
 static int launch(harness_redis_t *r)
 {
     char port[16], log[300], cmd[1024];
@@ -150,8 +181,16 @@ static int launch(harness_redis_t *r)
     r->pid = harness_spawn(argv, log);
     if (r->pid < 0)
         return -1;
-    for (int i = 0; i < 500; i++) {
-        if (ping(r->port) == 0)
+    /* A PONG alone does not say whose server answered: the port was free
+     * when harness_free_port closed it, and another process (a test beside
+     * this one) may have bound it since. Ours then exits ("Address already
+     * in use") while the other answers. So the server must also have
+     * logged, under its own pid, that it accepts connections: redis-server
+     * does after it has bound the port. */
+    char ready[32];
+    snprintf(ready, sizeof(ready), "%d:", (int)r->pid);
+    for (int i = 0; i < 1000; i++) {
+        if (log_has_line(log, ready, "Ready to accept connections") && ping(r->port) == 0)
             return 0;
         if (harness_wait(r->pid, 0) != -1) {
             fprintf(stderr, "harness: redis-server exited; see %s\n", log);
@@ -160,7 +199,7 @@ static int launch(harness_redis_t *r)
         }
         harness_sleep_ms(10);
     }
-    fprintf(stderr, "harness: redis-server on port %d did not answer PING; see %s\n", r->port, log);
+    fprintf(stderr, "harness: redis-server on port %d not ready in 10 s; see %s\n", r->port, log);
     harness_redis_kill(r, SIGKILL); /* never leave a server running behind a failure */
     return -1;
 }
@@ -267,6 +306,68 @@ int harness_file_contains(const char *path, const char *needle)
         found = strstr(line, needle) != NULL;
     fclose(f);
     return found;
+}
+
+int harness_file_count(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        for (const char *p = line; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+            n++;
+    fclose(f);
+    return n;
+}
+
+int harness_await_file(const char *path, const char *needle, int count, int timeout_ms)
+{
+    for (int waited = 0;; waited += 20) {
+        if (harness_file_count(path, needle) >= count)
+            return 0;
+        if (waited >= timeout_ms)
+            return -1;
+        harness_sleep_ms(20);
+    }
+}
+
+long harness_file_size(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+    fclose(f);
+    return size > 0 ? size : 0;
+}
+
+int harness_log_port(const char *log, long from, int timeout_ms)
+{
+    static const char marker[] = "serve: listening on ";
+    for (int waited = 0;; waited += 20) {
+        FILE *f = fopen(log, "r");
+        if (f != NULL && fseek(f, from, SEEK_SET) == 0) {
+            char line[4096];
+            while (fgets(line, sizeof(line), f) != NULL) {
+                const char *p = strstr(line, marker), *q = p ? strstr(p, "(port ") : NULL;
+                int port = q != NULL ? atoi(q + strlen("(port ")) : 0;
+                if (port > 0 && port < 65536) {
+                    fclose(f);
+                    return port;
+                }
+            }
+        }
+        if (f != NULL)
+            fclose(f);
+        if (waited >= timeout_ms) {
+            fprintf(stderr, "harness: no \"%s... (port N)\" in %s after %d ms\n", marker, log,
+                    timeout_ms);
+            return -1;
+        }
+        harness_sleep_ms(20);
+    }
 }
 
 /* ------------------------------------------------------------------------

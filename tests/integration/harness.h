@@ -20,15 +20,30 @@ typedef struct harness_redis {
     char args[512]; /* extra arguments given at start, reused on restart */
 } harness_redis_t;
 
-/* A TCP port on 127.0.0.1 that was free a moment ago. */
+/* A TCP port on 127.0.0.1 that was free a moment ago: closed again, so
+ * another process may take it before the caller's server binds it. For a
+ * port nothing should listen on, or for redis-server (which cannot bind
+ * port 0 and say which port it got); a freshet server should listen on port
+ * 0 and the test read its port from its log (harness_log_port). */
 int harness_free_port(void);
+/* A TCP port on 127.0.0.1 that nothing listens on (a connection is
+ * refused) and that no other process can bind while *fd, a socket bound to
+ * it but not listening, stays open: for a test of an unreachable server.
+ * The caller closes *fd. -1 (and *fd -1) on failure. */
+int harness_closed_port(int *fd);
 
 /* Starts redis-server (extra_args: e.g. "--appendonly yes", may be NULL)
- * and waits until it answers PING. Returns 0 or -1 (message on stderr). */
+ * on a free port and waits until it has logged, under its own pid, that it
+ * accepts connections, and answers PING: a PONG from another process's
+ * server on the same port does not count. A server that cannot bind its
+ * port exits, and the start is tried again on another (5 tries). Returns 0
+ * or -1 (message on stderr). */
 int harness_redis_start(harness_redis_t *r, const char *extra_args);
 /* Stops it by PID (SIGTERM, then SIGKILL after 5 s) and keeps its dir. */
 void harness_redis_kill(harness_redis_t *r, int sig);
-/* Starts it again on the same port and dir (after a kill). */
+/* Starts it again on the same port and dir (after a kill), and waits for
+ * it as harness_redis_start does; -1 when it cannot bind the port (taken
+ * meanwhile). */
 int harness_redis_restart(harness_redis_t *r);
 /* Stops it and removes its directory. */
 void harness_redis_stop(harness_redis_t *r);
@@ -117,6 +132,21 @@ int harness_rmdir(const char *dir);
 void harness_sleep_ms(int ms);
 /* Nonzero when the file contains needle. */
 int harness_file_contains(const char *path, const char *needle);
+/* How many times needle occurs in the file (0 when it cannot be read). */
+int harness_file_count(const char *path, const char *needle);
+/* Waits until the file holds needle at least count times: 0, or -1 once
+ * timeout_ms passed without (the caller fails the test, saying what it
+ * waited for). */
+int harness_await_file(const char *path, const char *needle, int count, int timeout_ms);
+/* The file's size in bytes, 0 when it does not exist: where the lines of a
+ * child about to be started will begin in a log it appends to. */
+long harness_file_size(const char *path);
+/* The port freshet serve, run or ps listens on with [serve] listen =
+ * 127.0.0.1:0 (the kernel picks a free port, so no other process can take
+ * it in between), from the first "serve: listening on ... (port N)" line at
+ * or after byte from of log; waits up to timeout_ms for it, then returns
+ * -1 (message on stderr). */
+int harness_log_port(const char *log, long from, int timeout_ms);
 
 /* ------------------------------------------------------------------------
  * The dev broker: a "freshet broker" process on ports it picks itself.

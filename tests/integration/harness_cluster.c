@@ -32,13 +32,23 @@ int harness_cluster_start(harness_cluster_t *cl, int masters, int replicas)
     int off = snprintf(create, sizeof(create), "redis-cli --cluster create");
     size_t uoff = (size_t)snprintf(cl->url, sizeof(cl->url), "redis://");
     for (int i = 0; i < cl->n; i++) {
-        char args[200];
-        /* the bus port is not port + 10000, which may pass 65535 */
-        snprintf(args, sizeof(args),
-                 "--cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout "
-                 "2000 --cluster-port %d --appendonly no --repl-diskless-sync-delay 0",
-                 harness_free_port());
-        if (harness_redis_start(&cl->node[i], args) != 0) {
+        /* the bus port is not port + 10000, which may pass 65535; like the
+         * client port it may be taken between harness_free_port and the
+         * node's bind, and then the node exits: another bus port, a few
+         * times (harness_redis_start retries the client port itself) */
+        int started = -1;
+        for (int attempt = 0; attempt < 5 && started != 0; attempt++) {
+            char args[200];
+            snprintf(args, sizeof(args),
+                     "--cluster-enabled yes --cluster-config-file nodes.conf "
+                     "--cluster-node-timeout 2000 --cluster-port %d --appendonly no "
+                     "--repl-diskless-sync-delay 0",
+                     harness_free_port());
+            started = harness_redis_start(&cl->node[i], args);
+            if (started != 0)
+                harness_redis_stop(&cl->node[i]); /* its folder: the next try makes one */
+        }
+        if (started != 0) {
             harness_cluster_stop(cl);
             return -1;
         }

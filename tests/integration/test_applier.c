@@ -579,6 +579,30 @@ static void test_stalled_applier_is_fenced_and_changes_nothing(void **state)
     psstore_client_destroy(cl);
 }
 
+/*
+ * Waits until redis-server has written to its AOF every command it has
+ * answered (INFO persistence: aof_buffer_length 0), so that a SIGKILL
+ * loses none of them: what is written is in the kernel's page cache, which
+ * outlives the process. With appendfsync everysec, Redis writes the buffer
+ * before it replies, except while a background fsync is still running
+ * (a busy disk): then it holds the write back for up to 2 s, replies
+ * anyway, and a fixed wait of 1.2 s was not enough.
+ */
+static void await_aof_written(void)
+{
+    char out[8192];
+    for (int waited = 0; waited < 20000; waited += 10) {
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "INFO persistence"), 0);
+        const char *p = strstr(out, "aof_buffer_length:");
+        if (p == NULL)
+            fail_msg("INFO persistence has no aof_buffer_length (is the AOF on?)");
+        if (strtoll(p + strlen("aof_buffer_length:"), NULL, 10) == 0)
+            return;
+        harness_sleep_ms(10);
+    }
+    fail_msg("redis-server did not write its AOF buffer in 20 s");
+}
+
 static void test_redis_restart_starts_a_new_epoch_and_drops_old_gradients(void **state)
 {
     const char *model = "restart";
@@ -602,7 +626,7 @@ static void test_redis_restart_starts_a_new_epoch_and_drops_old_gradients(void *
     for (int k = 50; k < 55; k++)
         push_k(cl, 100 + k, 0, k, k + 1, epoch1, 50);
     psstore_client_destroy(cl);
-    harness_sleep_ms(1200); /* appendfsync everysec: let the AOF catch up */
+    await_aof_written(); /* the old epoch's gradients survive the kill */
     harness_redis_kill(&redis, SIGKILL);
     assert_int_equal(harness_redis_restart(&redis), 0);
 
@@ -1103,7 +1127,7 @@ static void test_redis_restart_under_a_running_applier_starts_a_new_epoch(void *
         push_k(cl, k, 0, k, k + 1, epoch1, 0);
     wait_applied(model, 30, 10000);
     psstore_client_destroy(cl);
-    harness_sleep_ms(1200); /* appendfsync everysec */
+    await_aof_written(); /* the 30 versions survive the kill */
     harness_redis_kill(&redis, SIGKILL);
     assert_int_equal(harness_redis_restart(&redis), 0);
     int64_t v = -1;

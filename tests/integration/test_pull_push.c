@@ -13,11 +13,13 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -421,8 +423,12 @@ static void test_push_times_out_while_max_pending_entries_wait(void **state)
     uint64_t t0 = fr_clock_mono_ns();
     assert_int_equal(psstore_push(cl, &grad, 300), FR_ERR_TIMEOUT);
     double took = ms_since(t0);
+    print_message("a push with timeout 300 ms gave up after %.0f ms\n", took);
     assert_true(took >= 300.0);
-    assert_true(took < 2000.0);
+    /* it gives up after about its timeout (300 ms and one check, 20 ms at
+     * most): 10 times that only a push that waited on regardless exceeds,
+     * however slow the machine */
+    assert_true(took < 3000.0);
     const char *err = psstore_client_error(cl);
     if (strstr(err, "3 gradients waiting (max_pending 3) for ") == NULL ||
         strstr(err, "is an applier running?") == NULL)
@@ -433,18 +439,63 @@ static void test_push_times_out_while_max_pending_entries_wait(void **state)
     psstore_client_destroy(cl);
 }
 
-static void *xdel_later(void *arg)
+/* What xdel_once_waiting did: when it deleted an entry (fr_clock_mono_ns
+ * just before the XDEL; 0 if it did not), and the XLEN checks it saw. */
+typedef struct xdel_run {
+    atomic_int pushed; /* set by the test once its push returned */
+    uint64_t deleted_at;
+    long long xlen_checks;
+    char error[128];
+} xdel_run_t;
+
+/* The XLEN calls Redis has answered (INFO commandstats), or -1. */
+static long long xlen_calls(redisContext *rc)
 {
-    (void)arg;
-    harness_sleep_ms(100);
+    redisReply *r = redisCommand(rc, "INFO commandstats");
+    long long n = -1;
+    if (r != NULL && r->type == REDIS_REPLY_STRING) {
+        const char *p = strstr(r->str, "cmdstat_xlen:calls=");
+        n = p != NULL ? strtoll(p + strlen("cmdstat_xlen:calls="), NULL, 10) : 0;
+    }
+    freeReplyObject(r);
+    return n;
+}
+
+/*
+ * Waits until the push is waiting for room, that is until Redis has
+ * answered two more XLEN checks of the full stream than when this thread
+ * began (the push checks it every 20 ms at most while it waits), then
+ * deletes the oldest entry of freshet:{bp2}:grads, as an applier would.
+ */
+static void *xdel_once_waiting(void *arg)
+{
+    xdel_run_t *run = arg;
     struct timeval tv = {5, 0};
     redisContext *rc = redisConnectWithTimeout("127.0.0.1", redis.port, tv);
-    if (rc == NULL || rc->err)
+    if (rc == NULL || rc->err) {
+        snprintf(run->error, sizeof(run->error), "cannot connect to redis");
+        redisFree(rc);
         return NULL;
-    redisReply *r = redisCommand(rc, "XRANGE freshet:{bp2}:grads - + COUNT 1");
+    }
+    long long first = xlen_calls(rc), now = first;
+    for (int i = 0; i < 2000 && now >= 0 && now < first + 2; i++) {
+        harness_sleep_ms(5);
+        now = xlen_calls(rc);
+    }
+    run->xlen_checks = now - first;
+    if (now < first + 2)
+        snprintf(run->error, sizeof(run->error), "the push made %lld XLEN checks in 10 s",
+                 now - first);
+    else if (atomic_load(&run->pushed))
+        snprintf(run->error, sizeof(run->error), "the push returned with the stream full");
+    redisReply *r =
+        run->error[0] == '\0' ? redisCommand(rc, "XRANGE freshet:{bp2}:grads - + COUNT 1") : NULL;
     if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 1) {
+        run->deleted_at = fr_clock_mono_ns();
         redisReply *d =
             redisCommand(rc, "XDEL freshet:{bp2}:grads %s", r->element[0]->element[0]->str);
+        if (d == NULL || d->type != REDIS_REPLY_INTEGER || d->integer != 1)
+            run->deleted_at = 0;
         freeReplyObject(d);
     }
     freeReplyObject(r);
@@ -452,6 +503,14 @@ static void *xdel_later(void *arg)
     return NULL;
 }
 
+/*
+ * A push into a stream that holds max_pending entries waits, and proceeds
+ * once the applier took one: it returns after the entry was deleted, not
+ * before (an ordering, not a time), and soon after. Its timeout is 30 s, so
+ * that the wait is never cut short by a slow machine; it checks every 20
+ * ms at most, and a push that returned 3 s after the deletion (150 checks)
+ * stopped checking.
+ */
 static void test_push_proceeds_once_an_entry_is_applied(void **state)
 {
     (void)state;
@@ -461,18 +520,27 @@ static void test_push_proceeds_once_an_entry_is_applied(void **state)
     redisContext *rc = raw_connect();
     for (int i = 0; i < 3; i++)
         freeReplyObject(raw(rc, "XADD freshet:{bp2}:grads * x %d", i));
+    static xdel_run_t run;
+    memset(&run, 0, sizeof(run));
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, xdel_later, NULL), 0);
+    assert_int_equal(pthread_create(&th, NULL, xdel_once_waiting, &run), 0);
     psstore_range_t r = {"t", 0, 0, 8};
     psstore_grad_t grad = small_grad("bp2", g, &r);
-    uint64_t t0 = fr_clock_mono_ns();
-    fr_err_t err = psstore_push(cl, &grad, 5000);
-    double took = ms_since(t0);
+    fr_err_t err = psstore_push(cl, &grad, 30000);
+    uint64_t done = fr_clock_mono_ns();
+    atomic_store(&run.pushed, 1);
     pthread_join(th, NULL);
     if (err != FR_OK)
         fail_msg("push: %s", psstore_client_error(cl));
-    assert_true(took >= 100.0);
-    assert_true(took < 1000.0); /* it checks at least every 20 ms */
+    if (run.error[0] != '\0' || run.deleted_at == 0)
+        fail_msg("the deleting thread: %s", run.error[0] ? run.error : "no entry deleted");
+    double after = (double)((int64_t)done - (int64_t)run.deleted_at) * 1e-6;
+    print_message("the push waited through %lld XLEN checks and returned %.1f ms after the "
+                  "deletion\n",
+                  run.xlen_checks, after);
+    if (done < run.deleted_at)
+        fail_msg("the push returned %.1f ms before an entry was deleted", -after);
+    assert_true(after < 3000.0);
     assert_int_equal(raw_int(rc, "XLEN %s", "freshet:{bp2}:grads"), 3);
     assert_int_equal(psstore_client_bytes(cl), sizeof(g));
     redisFree(rc);
@@ -507,7 +575,8 @@ static void test_client_new_explains_a_wrong_size(void **state)
 static void test_client_new_explains_an_unreachable_redis(void **state)
 {
     (void)state;
-    int port = harness_free_port();
+    int held;
+    int port = harness_closed_port(&held); /* no other process can listen there meanwhile */
     assert_true(port > 0);
     char url[64], errstr[512] = "", want[64];
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d/0", port);
@@ -518,6 +587,7 @@ static void test_client_new_explains_an_unreachable_redis(void **state)
     if (strstr(errstr, want) == NULL)
         fail_msg("errstr '%s' does not name %s", errstr, want);
     print_message("unreachable: %s\n", errstr);
+    close(held);
 }
 
 static void test_client_new_refuses_bad_arguments(void **state)

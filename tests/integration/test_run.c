@@ -501,9 +501,11 @@ static int64_t rounds_closed(const char *model)
  * mode over a stream of N records, and returns the rounds closed and the
  * gradients the slow worker pushed, read while the run still holds its
  * members entries.
- * 30x, not 10x: the slowdown stretches the gradient's computation only, not
- * the rest of a step (pull, push, the round's wait), which under ASan costs
- * a few times the gradient; a 10x straggler was then only ~3x slower.
+ * The slowdown stretches the gradient's computation only, not the rest of
+ * a step (pull, push, the round's wait), which under ASan or on a loaded
+ * machine costs a few times the gradient: a 10x straggler was then only ~3x
+ * slower. How much faster backup goes than sync is a speed, measured by
+ * bench/straggler.sh; the test judges counts.
  */
 static void straggler_rounds(const char *mode, const char *model, const char *topic, int N,
                              int64_t *rounds, int64_t *slow)
@@ -529,18 +531,26 @@ static void straggler_rounds(const char *mode, const char *model, const char *to
 
 /*
  * backup never waits for the slowest worker: with worker 2 slowed 30x,
- * backup (K = 2 of 3) closes rounds at the pace of the two others, several
- * per gradient of the straggler, where sync in the same run closes about
- * one round per gradient of the straggler (it waits for it every time).
+ * backup (K = 2 of 3) closes rounds at the pace of the two others, where
+ * sync in the same run closes at most one round per gradient of the
+ * straggler (it waits for it every time), give or take the first and the
+ * last round. So backup closing more rounds than that bound allows (rounds
+ * without the straggler's gradient) is what tells the two apart, whatever
+ * the machine's speed: a count, not a ratio of speeds (how many more
+ * rounds backup closes is bench/straggler.sh's figure).
  */
 static void test_backup_does_not_wait_for_a_straggler_and_sync_does(void **state)
 {
     (void)state;
     int64_t rounds, slow;
     straggler_rounds("backup", "stb", "stb1", 12000, &rounds, &slow);
-    assert_true(rounds >= 3 * slow);
+    if (rounds <= slow + 2)
+        fail_msg("backup closed %lld rounds for the straggler's %lld gradients: it waited for it",
+                 (long long)rounds, (long long)slow);
     straggler_rounds("sync", "sts", "sts1", 6000, &rounds, &slow);
-    assert_true(rounds <= slow + 2);
+    if (rounds > slow + 2)
+        fail_msg("sync closed %lld rounds for the straggler's %lld gradients: some without it",
+                 (long long)rounds, (long long)slow);
 }
 
 /*
@@ -849,6 +859,21 @@ static int64_t rounds_of(const char *model)
     return strtoll(out, NULL, 10);
 }
 
+/* Nonzero when an audit entry of model names a worker of process pid
+ * (worker ids are host/pid/n). */
+static int audit_names(const char *model, pid_t pid)
+{
+    size_t cap = 4u << 20;
+    char *audit = malloc(cap), who[32];
+    assert_non_null(audit);
+    assert_int_equal(
+        harness_redis_query(&redis, audit, cap, "XRANGE freshet:{%s}:audit - +", model), 0);
+    snprintf(who, sizeof(who), "/%d/", (int)pid);
+    int found = strstr(audit, who) != NULL;
+    free(audit);
+    return found;
+}
+
 /* What two_trainers_kill_one leaves for the test's own checks. */
 typedef struct kill_run {
     char log_ps[PATH_LEN];
@@ -877,6 +902,13 @@ static void two_trainers_kill_one(const char *model, const char *topic, int work
     pid_t ps = spawn_role("ps", conf, kr->log_ps);
     pid_t a = spawn_role("train", conf, log_a);
     pid_t b = spawn_role("train", conf, log_b);
+    /* Settled: the group's rebalance after the second join is over. The
+     * group assigns eagerly (every member gives up its partitions and gets
+     * its share in one new generation), so the trainer that joins second
+     * logs its first "starts at" only in a generation of both: once both
+     * logs hold one, both trainers have their partitions (a trainer that
+     * joins alone first logs its own lines 5 s earlier, for the whole
+     * topic, and those of its share with the other's). */
     int waited = 0;
     while (waited < WAIT_MS && !(harness_file_contains(log_a, "starts at") &&
                                  harness_file_contains(log_b, "starts at"))) {
@@ -885,10 +917,13 @@ static void two_trainers_kill_one(const char *model, const char *topic, int work
     }
     if (waited >= WAIT_MS)
         fail_msg("the two trainers did not both get partitions (%s, %s)", log_a, log_b);
-    /* settled: the group's rebalance after the second join is over */
-    harness_sleep_ms(7000);
     produce_from(topic, NPARTS, 0, N / 2);
     wait_watermarks(model, topic, NPARTS, N / 2, log_b);
+    /* both trained part of the first half, or the kill tests nothing */
+    if (!audit_names(model, a) || !audit_names(model, b))
+        fail_msg("before the kill, trainer %d %s and trainer %d %s in the audit (see %s, %s)",
+                 (int)a, audit_names(model, a) ? "is" : "is not", (int)b,
+                 audit_names(model, b) ? "is" : "is not", log_a, log_b);
     kr->rounds_at_kill = rounds_of(model);
     assert_int_equal(kill(a, SIGKILL), 0);
     assert_true(harness_wait(a, 5000) != -1);
@@ -915,18 +950,10 @@ static void test_two_trainers_and_ps_split_the_topic_and_survive_a_kill(void **s
     const char *model = "tt";
     kill_run_t kr;
     two_trainers_kill_one(model, "tt1", 2, "async", "", &kr);
-    size_t cap = 4u << 20;
-    char *audit = malloc(cap), who[32];
-    assert_non_null(audit);
-    assert_int_equal(
-        harness_redis_query(&redis, audit, cap, "XRANGE freshet:{%s}:audit - +", model), 0);
-    snprintf(who, sizeof(who), "/%d/", (int)kr.killed);
-    if (strstr(audit, who) == NULL)
+    if (!audit_names(model, kr.killed))
         fail_msg("no audit entry of the killed trainer (pid %d)", (int)kr.killed);
-    snprintf(who, sizeof(who), "/%d/", (int)kr.survivor);
-    if (strstr(audit, who) == NULL)
+    if (!audit_names(model, kr.survivor))
         fail_msg("no audit entry of the surviving trainer (pid %d)", (int)kr.survivor);
-    free(audit);
 }
 
 /*
@@ -1275,9 +1302,11 @@ static void test_sigterm_with_broker_and_redis_gone_exits_at_once(void **state)
         dump_tail(log);
     /* about 1 s on an idle machine; with both cores busy (CI's parallel
      * tests, ASan) librdkafka's consumer close with the broker gone took
-     * 7.4 s in 2 of 8 runs, with the in-flight bound on or off: the bound
-     * is that a stop does not hang, not how fast an unloaded machine is */
-    assert_true(secs < 12.0);
+     * 7.4 s in 2 of 8 runs, with the in-flight bound on or off. What the
+     * test asserts is that the stop does not hang: that it ends before
+     * run's stop watchdog (20 s, STOP_WATCHDOG_S), which would end a stop
+     * stuck in the backoffs with exit 1 (failing the check above) */
+    assert_true(secs < 20.0);
     assert_int_equal(harness_redis_restart(&redis), 0);
     assert_int_equal(harness_broker_start(&broker, FRESHET_BIN, "--topic ra1:3"), 0);
 }

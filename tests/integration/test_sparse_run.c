@@ -200,13 +200,17 @@ static size_t served_rows(const fr_st_file_t *st, const char **stored, uint8_t *
  */
 static void served_table_equals_store(redisContext *c, const char *conf, const char *model, int S)
 {
-    int port = harness_free_port();
-    char listen[64], lp[300];
-    snprintf(listen, sizeof(listen), "serve.listen=127.0.0.1:%d", port);
+    char lp[300];
     path(lp, "serve.log");
-    char *argv[] = {FRESHET_BIN, "serve", "--config", (char *)conf, "--set", listen, NULL};
+    long from = harness_file_size(lp); /* the log of each call goes on from the last */
+    /* port 0: the kernel picks a free one as serve binds it, and serve logs
+     * it (a port picked free beforehand could be taken in between) */
+    char *argv[] = {
+        FRESHET_BIN, "serve", "--config", (char *)conf, "--set", "serve.listen=127.0.0.1:0", NULL};
     pid_t pid = harness_spawn(argv, lp);
     assert_true(pid > 0);
+    int port = harness_log_port(lp, from, 30000);
+    assert_true(port > 0);
     harness_resp_t resp;
     harness_await_code(port, tmp_dir, &resp, "/readyz", 200, 250, 20);
     assert_int_equal(resp.code, 200);

@@ -25,14 +25,16 @@ trap 'stack_stop "$work"' EXIT
 stack_start "$work" "$bin" pm:2
 url=redis://127.0.0.1:$stack_port/0
 stack_produce_clouds "$work" "$bin" pm 300
-port=$(stack_free_port)
+# Both servers listen on port 0 and log the port the kernel gave them: a
+# port picked free and closed could be taken by another process (a test
+# beside this one) before the server binds it.
 stack_conf "$work/run.conf" "$stack_bootstrap" "$url" "[model]" "name = pm" "layers = 4-16-3" \
     "loss = softmax" "[ingest]" "topic = pm" "format = csv" "features = 4" "batch = 16" \
-    "[serve]" "listen = 127.0.0.1:$port"
+    "[serve]" "listen = 127.0.0.1:0"
 "$bin" run --config "$work/run.conf" >"$work/run.log" 2>&1 &
 stack_pids+=($!)
+port=$(stack_log_port "$work/run.log") || stack_fail "$work" "test_prometheus: no HTTP port in run.log"
 
-pport=$(stack_free_port)
 cat >"$work/prometheus.yml" <<CONF
 global:
   scrape_interval: 1s
@@ -45,8 +47,17 @@ scrape_configs:
       - targets: ['127.0.0.1:$port']
 CONF
 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
-    --web.listen-address="127.0.0.1:$pport" --log.level=warn >"$work/prometheus.log" 2>&1 &
+    --web.listen-address=127.0.0.1:0 --log.level=info >"$work/prometheus.log" 2>&1 &
 stack_pids+=($!)
+# its log line 'msg="Listening on" address=127.0.0.1:N' (at level info)
+pport=""
+for _ in $(seq 300); do
+    pport=$(sed -n 's/.*msg="Listening on" address=127\.0\.0\.1:\([0-9]*\).*/\1/p' \
+        "$work/prometheus.log" | head -n 1)
+    [ -n "$pport" ] && break
+    sleep 0.1
+done
+[ -n "$pport" ] || stack_fail "$work" "test_prometheus: prometheus logged no port"
 api=http://127.0.0.1:$pport/api/v1
 
 # the value of an instant query's single sample ("" while there is none)

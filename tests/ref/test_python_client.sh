@@ -45,10 +45,12 @@ stack_pids+=($!)
 "$bin" run --config "$work/sparse.conf" >"$work/run-sparse.log" 2>&1 &
 stack_pids+=($!)
 "$bin" model create --redis "$url" --name still --layers 4-16-3 --loss softmax >/dev/null
-port=$(stack_free_port)
+# port 0: serve binds a port the kernel picks and logs it, where a port
+# picked free and closed could be taken by another process before the bind
 FRESHET_TOKEN=py-client-token "$bin" serve --set "redis.url=$url" --set model.name=dense \
-    --set "serve.listen=127.0.0.1:$port" >"$work/serve.log" 2>&1 &
+    --set "serve.listen=127.0.0.1:0" >"$work/serve.log" 2>&1 &
 stack_pids+=($!)
+port=$(stack_log_port "$work/serve.log") || stack_fail "$work" "test_python_client: serve did not start:"
 
 # the package, installed as a user would (no index: Debian's numpy is it)
 $py -m venv --system-site-packages "$work/venv"
