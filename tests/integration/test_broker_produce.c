@@ -367,7 +367,9 @@ static void test_produce_to_nothing_fails_within_the_message_timeout(void **stat
 {
     char log[400], bootstrap[64];
     log_path(log, sizeof(log), "nothing");
-    snprintf(bootstrap, sizeof(bootstrap), "127.0.0.1:%d", harness_free_port());
+    int held, port = harness_closed_port(&held); /* no other process can listen there meanwhile */
+    assert_true(port > 0);
+    snprintf(bootstrap, sizeof(bootstrap), "127.0.0.1:%d", port);
     uint64_t t0 = fr_clock_mono_ns();
     int rc = run_freshet(log, 15000, "produce", "--bootstrap", bootstrap, "--topic", "t1", "--data",
                          data_csv, "--format", "csv", "--features", "3", "--encode", "csv", "-X",
@@ -378,6 +380,7 @@ static void test_produce_to_nothing_fails_within_the_message_timeout(void **stat
     assert_int_equal(rc, 1);
     assert_true(secs < 8.0); /* 2 s, plus librdkafka's 1 s timeout scan, plus start */
     assert_true(harness_file_contains(log, "produced 0 records to t1 (25 failed)"));
+    close(held);
 }
 
 /* Bad arguments and a bad property are exit status 2, naming the problem. */

@@ -223,11 +223,13 @@ static void test_a_cluster_url_is_checked(void **state)
     assert_int_equal(psstore_conn_is_cluster(c), 0);
     psstore_conn_destroy(c);
     /* a seed that is down: the next one answers */
-    snprintf(url, sizeof(url), "redis://127.0.0.1:%d,127.0.0.1:%d", harness_free_port(),
-             cluster.node[1].port);
+    int held, down = harness_closed_port(&held); /* no other process can listen there meanwhile */
+    assert_true(down > 0);
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d,127.0.0.1:%d", down, cluster.node[1].port);
     c = conn_to(url);
     assert_int_equal(psstore_conn_is_cluster(c), 1);
     psstore_conn_destroy(c);
+    close(held);
     snprintf(url, sizeof(url), "redis://127.0.0.1:%d/2", cluster.node[0].port);
     assert_null(psstore_conn_new(url, 2000, errstr, sizeof(errstr)));
     assert_non_null(strstr(errstr, "SELECT is not allowed in cluster mode"));

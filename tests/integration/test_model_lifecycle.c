@@ -982,7 +982,8 @@ static void test_cli_refuses_bad_names(void **state)
 static void test_cli_bad_urls_and_unreachable_redis_fail_fast(void **state)
 {
     (void)state;
-    int port = harness_free_port();
+    int held, port = harness_closed_port(&held); /* no other process can listen there meanwhile */
+    assert_true(port > 0);
     char dead[200], dead_pw[200], ep[64];
     snprintf(dead, sizeof(dead), "redis://127.0.0.1:%d/0", port);
     snprintf(dead_pw, sizeof(dead_pw), "redis://admin:hunter2@127.0.0.1:%d/0", port);
@@ -1028,6 +1029,7 @@ static void test_cli_bad_urls_and_unreachable_redis_fail_fast(void **state)
     expect_contains(out, ep);
     free(out);
     unsetenv("FRESHET_REDIS_URL");
+    close(held);
 }
 
 static void test_cli_help_and_usage_errors(void **state)
