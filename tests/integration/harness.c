@@ -297,15 +297,7 @@ int harness_redis_query(const harness_redis_t *r, char *out, size_t size, const 
 
 int harness_file_contains(const char *path, const char *needle)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return 0;
-    char line[4096];
-    int found = 0;
-    while (!found && fgets(line, sizeof(line), f) != NULL)
-        found = strstr(line, needle) != NULL;
-    fclose(f);
-    return found;
+    return harness_file_count(path, needle) > 0;
 }
 
 int harness_file_count(const char *path, const char *needle)
