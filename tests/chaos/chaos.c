@@ -876,9 +876,10 @@ static int env_int(const char *name, int def)
  * the ledger's initial weights. */
 static void write_config(void)
 {
-    char init[320];
+    char init[320], log[320];
     snprintf(init, sizeof(init), "%s/init.safetensors", dir);
-    if (ledger_init(init) != 0)
+    snprintf(log, sizeof(log), "%s/ledger.log", dir);
+    if (ledger_init(init, log) != 0)
         die("cannot write the ledger's initial weights (ledger.py init)");
     FILE *f = fopen(conf, "w");
     if (f == NULL) {

@@ -29,12 +29,12 @@ void ledger_record(int64_t k, float v[1 + LEDGER_FEATURES])
         v[i] = (float)fr_rng_below(&rng, 3) - 1.0f;
 }
 
-int ledger_init(const char *path)
+int ledger_init(const char *path, const char *log)
 {
     char features[16];
     snprintf(features, sizeof(features), "%d", LEDGER_FEATURES);
     char *argv[] = {PYTHON, LEDGER_PY, "init", (char *)path, features, NULL};
-    return harness_run(argv, NULL, 30000) == 0 ? 0 : -1;
+    return harness_run(argv, log, 30000) == 0 ? 0 : -1;
 }
 
 /* The topic as read so far: a legacy consumer per partition, started once

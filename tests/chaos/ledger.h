@@ -24,8 +24,9 @@
  * or 1. */
 void ledger_record(int64_t k, float v[1 + LEDGER_FEATURES]);
 
-/* Writes the initial weights into path ([model] init); 0 or -1. */
-int ledger_init(const char *path);
+/* Writes the initial weights into path ([model] init), what ledger.py
+ * says into log; 0 or -1. */
+int ledger_init(const char *path, const char *log);
 
 /*
  * Reads what the topic's nparts partitions hold (from where the last check
