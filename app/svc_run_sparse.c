@@ -218,6 +218,10 @@ static int open_applier(sparse_run_t *r, int k, fr_metrics_t *metrics, int64_t s
      * soon as the stream is drained */
     conf.commit_drained = !(r->parts & APP_SPARSE_WORKERS);
     conf.sparse.enabled = 1;
+    /* the workers of this process decide their own gradients on the
+     * applier's table, and the applier writes each window behind
+     * (docs/design.md "The store written behind") */
+    conf.sparse.inproc = (r->parts & APP_SPARSE_WORKERS) != 0;
     conf.sparse.min_count = (int)fr_config_get_int(r->cfg, "sparse", "min_count");
     conf.sparse.ttl_ms = fr_config_get_int(r->cfg, "sparse", "ttl_seconds") * 1000;
     conf.sparse.delta_ms = fr_config_get_int(r->cfg, "sparse", "delta_seconds") * 1000;
@@ -320,13 +324,14 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_appl
     fr_log(FR_LOG_INFO,
            "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, a batch: wait %.1f ms, "
            "pull %.1f ms, compute %.1f ms, push %.1f ms; computed on version %lld, "
-           "%d partition(s), lag %lld, failed %llu%s",
+           "%d partition(s), lag %lld, failed %llu, decided in process %llu, window full %llu%s",
            r->cmd, (double)n / seconds, n > 0 ? (st.loss_sum - prev->loss_sum) / (double)n : 0.0,
            (double)(st.rows - prev->rows) / seconds, (double)(st.wait_ns - prev->wait_ns) * per,
            (double)(st.pull_ns - prev->pull_ns) * per,
            (double)(st.compute_ns - prev->compute_ns) * per,
            (double)(st.push_ns - prev->push_ns) * per, (long long)st.version, cs.assigned,
-           (long long)cs.lag, (unsigned long long)st.failed, applier);
+           (long long)cs.lag, (unsigned long long)st.failed, (unsigned long long)st.in_process,
+           (unsigned long long)st.backpressure_waits, applier);
     *prev = st;
     *aprev = as;
 }

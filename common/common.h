@@ -61,6 +61,7 @@ typedef enum fr_err {
     FR_ERR_KAFKA = -12,      /* Kafka error or unreachable */
     FR_ERR_TIMEOUT = -13,    /* an operation timed out */
     FR_ERR_STATE = -14,      /* wrong state: lease lost, stopped, closed */
+    FR_ERR_AGAIN = -15,      /* busy for now (a full window): try again shortly */
 } fr_err_t;
 
 /* A static English description of err; never NULL, also for unknown codes. */

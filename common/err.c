@@ -26,6 +26,7 @@ const char *fr_strerror(fr_err_t err)
     case FR_ERR_KAFKA: return "Kafka error";
     case FR_ERR_TIMEOUT: return "timed out";
     case FR_ERR_STATE: return "invalid state";
+    case FR_ERR_AGAIN: return "busy, try again";
     }
     return "unknown error";
 }

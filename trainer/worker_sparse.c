@@ -60,6 +60,7 @@ typedef struct sworker {
     size_t miss_off[PSSTORE_SHARDS_MAX + 1];
     /* the stream id of each shard's last gradient not known applied ("": none) */
     char flight[PSSTORE_SHARDS_MAX][64];
+    const char *done_id; /* the batch's last stream entry (NULL: none went there) */
 } sworker_t;
 
 struct trainer_sparse {
@@ -68,6 +69,8 @@ struct trainer_sparse {
     int S;
     sworker_t *w;
     atomic_int stop;
+    atomic_ullong backpressure_waits; /* 1 ms naps at a full window (Redis behind) */
+    atomic_ullong in_process;         /* shards' gradients decided in a worker's thread */
     int started;
     pthread_mutex_t lock; /* guards st and pv */
     trainer_sparse_stats_t st;
@@ -172,6 +175,7 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
     int S = wk->pool->S;
     size_t rowlen = sparse_row_len(&conf->spec), queued[PSSTORE_SHARDS_MAX] = {0};
     int local[PSSTORE_SHARDS_MAX]; /* the shard's applier answered */
+    int complete = 0;              /* ... and its table holds every stored row */
     fr_err_t err = FR_OK;
     float scratch[SPARSE_CLASSES_MAX]; /* a bias past shard 0 */
     wk->miss_off[0] = 0;
@@ -181,8 +185,11 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
         local[k] = a != NULL &&
                    psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen,
                                         wk->sfound + lo, k == 0 ? bias : scratch,
-                                        k == 0 ? tower : NULL, &epochs[k], &versions[k]) == FR_OK;
-        if (local[k]) {
+                                        k == 0 ? tower : NULL, &epochs[k], &versions[k],
+                                        &complete) == FR_OK;
+        if (local[k] && complete) {
+            /* a row the table lacks is absent from the store: its initial value */
+        } else if (local[k]) {
             for (size_t i = 0; i < m; i++)
                 if (!wk->sfound[lo + i]) {
                     wk->miss_rows[mo + nm] = wk->srows[lo + i];
@@ -243,6 +250,68 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
         wk->found[i] = wk->sfound[j];
         if (wk->sfound[j])
             memcpy(wk->params + i * rowlen, wk->sparams + j * rowlen, rowlen * sizeof(float));
+    }
+    return FR_OK;
+}
+
+/*
+ * Each shard's part of a batch's gradient: decided in this thread by the
+ * shard's applier when it runs in this process and takes it
+ * (psstore_applier_sparse_step; docs/design.md "The store written
+ * behind"), else through the shard's grads stream. A full window (Redis
+ * behind) is waited out here: the consumer's queue fills and pauses the
+ * partitions. wk->done_id: the last stream entry, NULL when none went
+ * there. A failure leaves the shards that took theirs holding it: they
+ * drop it as a duplicate when the gap rule reads the batch again.
+ */
+static fr_err_t push(sworker_t *wk, const psstore_grad_t *parts, int flight)
+{
+    trainer_sparse_t *p = wk->pool;
+    int S = p->S, streamed[PSSTORE_SHARDS_MAX], nstreamed = 0;
+    wk->done_id = NULL;
+    for (int k = 0; k < S; k++) {
+        psstore_applier_t *a = p->conf.appliers[k];
+        fr_err_t err = a != NULL ? psstore_applier_sparse_step(a, &parts[k]) : FR_ERR_STATE;
+        for (uint64_t t0 = fr_clock_mono_ns(); err == FR_ERR_AGAIN;) {
+            if (atomic_load(&p->stop) ||
+                fr_clock_mono_ns() - t0 > (uint64_t)PUSH_WAIT_MS * 1000000ull) {
+                fr_log(FR_LOG_WARN, "worker %s: shard %d's window stayed full for %d ms", wk->id,
+                       k, PUSH_WAIT_MS);
+                return FR_ERR_TIMEOUT;
+            }
+            struct timespec nap = {0, 1000000L};
+            nanosleep(&nap, NULL);
+            atomic_fetch_add(&p->backpressure_waits, 1);
+            err = psstore_applier_sparse_step(a, &parts[k]);
+        }
+        if (err != FR_OK && err != FR_ERR_STATE) {
+            fr_log(FR_LOG_WARN, "worker %s: shard %d's step: %s", wk->id, k, fr_strerror(err));
+            return err;
+        }
+        streamed[k] = err == FR_ERR_STATE;
+        nstreamed += streamed[k];
+        if (!streamed[k])
+            atomic_fetch_add(&p->in_process, 1);
+    }
+    fr_err_t err = FR_OK;
+    if (nstreamed == S) { /* every shard's push in flight at once */
+        err = psstore_push_each(wk->cl, parts, S, PUSH_WAIT_MS);
+    } else {
+        for (int k = 0; k < S && err == FR_OK; k++)
+            if (streamed[k])
+                err = psstore_push(psstore_client_shard(wk->cl, k), &parts[k], PUSH_WAIT_MS);
+    }
+    if (err != FR_OK) {
+        fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
+        return err;
+    }
+    for (int k = 0; k < S; k++) {
+        if (!streamed[k])
+            continue;
+        const char *id = psstore_client_last_id(psstore_client_shard(wk->cl, k));
+        if (p->conf.in_flight > 0 && flight)
+            snprintf(wk->flight[k], sizeof(wk->flight[k]), "%s", id);
+        wk->done_id = id;
     }
     return FR_OK;
 }
@@ -337,16 +406,8 @@ static fr_err_t train_batch(sworker_t *wk, const ingest_batch_t *b, double *loss
     FR_ASSERT((size_t)(out - wk->packed) <=
               psstore_sparse_grad_len((size_t)conf->max_batch * (size_t)conf->spec.fields, rowlen,
                                       ndense + (size_t)S));
-    /* every shard's push in flight at once; a failure leaves the shards
-     * that took theirs holding it: they drop it as a duplicate when the gap
-     * rule reads the batch again */
-    if ((err = psstore_push_each(wk->cl, parts, S, PUSH_WAIT_MS)) != FR_OK) {
-        fr_log(FR_LOG_WARN, "worker %s: push: %s", wk->id, psstore_client_error(wk->cl));
+    if ((err = push(wk, parts, b->n > 0)) != FR_OK)
         return err;
-    }
-    for (int k = 0; k < S && conf->in_flight > 0 && b->n > 0; k++)
-        snprintf(wk->flight[k], sizeof(wk->flight[k]), "%s",
-                 psstore_client_last_id(psstore_client_shard(wk->cl, k)));
     pthread_mutex_lock(&wk->pool->lock);
     sparse_prog_window_t w, closed[CLOSED_MAX];
     size_t nclosed = 0;
@@ -409,10 +470,9 @@ static void *worker_main(void *arg)
             continue;
         double loss = 0;
         fr_err_t err = train_batch(wk, b, &loss);
-        /* the id the consumer's gap rule looks up: the last shard's entry */
-        ingest_consumer_done(
-            p->conf.source, b,
-            err == FR_OK ? psstore_client_last_id(psstore_client_shard(wk->cl, p->S - 1)) : NULL);
+        /* the id the consumer's gap rule looks up: the last entry streamed,
+         * none when every shard decided it in process */
+        ingest_consumer_done(p->conf.source, b, err == FR_OK ? wk->done_id : NULL);
         pthread_mutex_lock(&p->lock);
         if (err == FR_OK) {
             p->st.samples += b->n;
@@ -460,6 +520,8 @@ trainer_sparse_t *trainer_sparse_new(const trainer_sparse_conf_t *conf, char *er
     p->conf.model = p->model;
     pthread_mutex_init(&p->lock, NULL);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->backpressure_waits, 0);
+    atomic_init(&p->in_process, 0);
     if ((p->pv = sparse_prog_new(conf->window > 0 ? conf->window : 100000)) == NULL) {
         fr_errorf(FR_ERR_NOMEM, errstr, size, "sparse workers: out of memory");
         goto err;
@@ -555,6 +617,8 @@ void trainer_sparse_stats(trainer_sparse_t *p, trainer_sparse_stats_t *st)
     pthread_mutex_lock(&p->lock);
     *st = p->st;
     pthread_mutex_unlock(&p->lock);
+    st->in_process = atomic_load(&p->in_process);
+    st->backpressure_waits = atomic_load(&p->backpressure_waits);
 }
 
 void trainer_sparse_destroy(trainer_sparse_t *p)

@@ -338,6 +338,7 @@ void ps_applier_forget_pending(psstore_applier_t *a)
     fr_buf_reset(&a->drops);
     fr_buf_reset(&a->audit);
     a->weights_dirty = 0;
+    ps_sparse_committed(a->sp);
     ps_applier_forget_own(a);
 }
 
@@ -345,7 +346,6 @@ void ps_applier_forget_own(psstore_applier_t *a)
 {
     fr_buf_reset(&a->ids);
     a->nids = 0;
-    ps_sparse_committed(a->sp);
     a->new_epoch = a->offsets_reset = 0;
     a->req_id[0] = '\0';
     a->replay_gen = 0;

@@ -27,22 +27,34 @@ extern "C" {
 
 /* ------------------------------------------------------------------------
  * The in-process fast path of a sparse model (applier_sparse.c): freshet
- * run's workers read the rows its applier holds, and wait for their last
- * gradient to be decided rather than committed.
+ * run's workers read the rows its applier holds and decide their own
+ * gradients on them; the applier writes each window behind.
  * ---------------------------------------------------------------------- */
 typedef struct psstore_applier psstore_applier_t;
 
 /* Copies the rows among rows[n] that applier a holds into params[n][1 + D]
  * (found[i] = 1; rows it does not hold are untouched, found[i] = 0: the
- * store has their value), the biases into bias[sparse_outputs] (one
- * float past shard 0), the tower's parameters into
+ * store has their value, or, with *complete set, the table holds every row
+ * the store holds and such a row is absent: sparse_row_init's), the biases into
+ * bias[sparse_outputs] (one float past shard 0), the tower's parameters into
  * tower[sparse_tower_len] (may be NULL; shard 0's applier only), and the
  * epoch and version they are at, which may be newer than the store's.
  * FR_ERR_STATE while a holds no lease (read the store instead),
  * FR_ERR_INVAL for a dense model. Thread-safe. */
 fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
                               uint8_t *found, float *bias, float *tower, uint64_t *epoch,
-                              int64_t *version);
+                              int64_t *version, int *complete);
+/* Decides gradient g of a co-located worker in the caller's thread
+ * (docs/design.md "The store written behind"): the applier's own decision
+ * (epoch, replay, duplicates, the guard, the per-row step) under its step
+ * lock, which its thread lets go of while it waits; the next commit
+ * writes it with its positions. FR_OK: decided (applied or dropped);
+ * FR_ERR_AGAIN: the window not yet written is full (Redis is behind:
+ * wait, then try again); FR_ERR_STATE: not here (no lease, the table not
+ * whole, the model stopped or not reading): push g through the stream.
+ * Another error: g may be half applied; the applier reloads, and g's
+ * positions are read again. Thread-safe. */
+fr_err_t psstore_applier_sparse_step(psstore_applier_t *a, const psstore_grad_t *g);
 /* Waits up to timeout_ms until applier a decided the grads entry id
  * (applied or dropped; committed or not): *decided. FR_ERR_STATE while a
  * holds no lease (another process's applier decides: psstore_applied_wait
@@ -67,6 +79,8 @@ typedef struct psstore_sparse_conf {
                          and published as a tombstone (0: never) */
     int64_t delta_ms; /* the changes stream keeps this much history: a
                          delta since an older version is refused (> 0) */
+    int inproc;       /* co-located workers decide their own gradients
+                         (psstore_applier_sparse_step; freshet run) */
 } psstore_sparse_conf_t;
 
 typedef struct psstore_applier_conf {

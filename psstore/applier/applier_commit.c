@@ -579,6 +579,8 @@ typedef struct sent {
     int64_t version; /* the version they are at                */
     int64_t snap_id; /* a snapshot's id, when one went          */
     size_t nts;      /* the freshness timestamps they cover    */
+    size_t nevict;   /* a sparse model's rows deleted           */
+    int entry;       /* ... and whether a changes entry went    */
 } sent_t;
 
 static void forget_sent(psstore_applier_t *a, sent_t *s)
@@ -587,6 +589,9 @@ static void forget_sent(psstore_applier_t *a, sent_t *s)
     s->version = a->version;
     s->snap_id = snapshot_id(a);
     s->nts = a->nts_pending;
+    s->nevict = a->sp != NULL ? a->sp->nevict : 0;
+    s->entry = a->sp != NULL && a->sp->entry_queued;
+    ps_sparse_committed(a->sp); /* the rows a step dirties from now on go next */
     a->weights_dirty = 0;
     fr_buf_reset(&a->versions);
     fr_buf_reset(&a->drops);
@@ -613,13 +618,13 @@ static void committed(psstore_applier_t *a, int snap, uint64_t spent, const sent
     fr_series_add(a->m_bytes, (double)payload);
     if (snap)
         snapshot_done(a, s->snap_id, s->version);
-    if (a->sp != NULL && a->sp->nevict > 0) {
+    if (s->nevict > 0) {
         pthread_mutex_lock(&a->lock);
-        a->stats.evicted += a->sp->nevict;
+        a->stats.evicted += s->nevict;
         pthread_mutex_unlock(&a->lock);
-        fr_series_add(a->m_evicted, (double)a->sp->nevict);
+        fr_series_add(a->m_evicted, (double)s->nevict);
     }
-    ps_sparse_commit_done(a);
+    ps_sparse_commit_done(a, s->version, s->entry);
     a->committed = s->version;
     a->renew_ns = fr_clock_mono_ns();
     ps_applier_forget_own(a);
@@ -712,7 +717,14 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
     }
     uint64_t t0 = fr_clock_mono_ns();
     int snap = snapshot_due(a), ours;
+    /* a sparse model's in-process steps go on during WATCH's round trip:
+     * what the transaction carries is taken after it */
+    int sparse_let_go = may_let_go && a->sp != NULL;
+    if (sparse_let_go)
+        ps_applier_step_pause(a);
     fr_err_t err = ps_applier_watch_lease(a, &ours);
+    if (sparse_let_go)
+        ps_applier_step_resume(a);
     if (err != FR_OK)
         return err;
     if (!ours) {

@@ -288,10 +288,13 @@ fr_err_t ps_applier_commit(psstore_applier_t *a);
  * (the read phase's commit; not a request's, which must write nothing
  * else). */
 fr_err_t ps_applier_commit_letting_go(psstore_applier_t *a);
-/* Lets go of the in-process channel's step lock around a round trip to
- * Redis in a poll, and takes it back, when pushers may step in (a dense
- * model on a channel; docs/design.md "The co-located fast path"): the
- * caller reads or writes no state a pusher's step touches in between. */
+/* One read of the grads stream without blocking, its entries decided. */
+fr_err_t ps_applier_read_stream_once(psstore_applier_t *a, int *nread);
+/* Lets go of the step lock around a round trip to Redis in a poll, and
+ * takes it back, when pushers may step in (a dense model on a channel,
+ * docs/design.md "The co-located fast path"; a sparse model's in-process
+ * steps, "The store written behind"): the caller reads or writes no state
+ * a pusher's step touches in between. */
 void ps_applier_step_pause(psstore_applier_t *a);
 void ps_applier_step_resume(psstore_applier_t *a);
 /* Tests only: fn(arg) runs in the applier's thread each time such a commit

@@ -288,7 +288,12 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
         nanosleep(&ts, NULL);
         return FR_OK;
     }
-    err = a->local != NULL ? read_local_and_stream(a, block_ms) : read_stream(a, block_ms);
+    if (a->local != NULL)
+        err = read_local_and_stream(a, block_ms);
+    else if (a->sp != NULL && a->sp->inproc)
+        err = ps_sparse_window_wait(a, block_ms);
+    else
+        err = read_stream(a, block_ms);
     if (err != FR_OK)
         goto out;
     /* members: removed after member_timeout in every mode; rounds close on
@@ -344,28 +349,49 @@ int psstore_applier_tried(psstore_applier_t *a)
     return atomic_load(&a->tried);
 }
 
+fr_err_t ps_applier_read_stream_once(psstore_applier_t *a, int *nread)
+{
+    return read_and_apply(a, 0, nread);
+}
+
+/* The step lock: the dense channel's, or a sparse model's in-process
+ * steps' (applier_sparse.c). */
+static void step_enter(psstore_applier_t *a)
+{
+    if (a->local != NULL)
+        ps_local_step_enter(a->local);
+    ps_sparse_step_enter(a->sp);
+}
+
+static void step_leave(psstore_applier_t *a)
+{
+    ps_sparse_step_leave(a->sp);
+    if (a->local != NULL)
+        ps_local_step_leave(a->local);
+}
+
 void ps_applier_step_pause(psstore_applier_t *a)
 {
     if (a->local != NULL && a->sp == NULL)
         ps_local_step_leave(a->local);
+    ps_sparse_step_leave(a->sp);
 }
 
 void ps_applier_step_resume(psstore_applier_t *a)
 {
     if (a->local != NULL && a->sp == NULL)
         ps_local_step_enter(a->local);
+    ps_sparse_step_enter(a->sp);
 }
 
-/* A poll holds the channel's step lock: pushers step in only between
- * polls, while it waits for gradients (ps_local_take) and during the
- * round trips that let go of it (ps_applier_step_pause). */
+/* A poll holds the step lock: pushers step in only between polls, while
+ * it waits for gradients (ps_local_take, ps_sparse_window_wait) and during
+ * the round trips that let go of it (ps_applier_step_pause). */
 fr_err_t psstore_applier_poll(psstore_applier_t *a, int block_ms)
 {
-    if (a->local != NULL)
-        ps_local_step_enter(a->local);
+    step_enter(a);
     fr_err_t err = poll_(a, block_ms);
-    if (a->local != NULL)
-        ps_local_step_leave(a->local);
+    step_leave(a);
     return err;
 }
 
@@ -388,8 +414,7 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
         nanosleep(&ts, NULL);
         backoff = backoff < 2000 ? backoff * 2 : 2000;
     }
-    if (a->local != NULL)
-        ps_local_step_enter(a->local);
+    step_enter(a);
     ps_applier_stop_write(a); /* a stop a pusher's last step decided */
     if (a->active) {
         ps_applier_commit(a);
@@ -400,8 +425,7 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
         freeReplyObject(ps_cmd(a->c, 0, &err, "EVAL %s 1 %s %s", script, a->k_lease, a->token));
         ps_applier_drop_state(a);
     }
-    if (a->local != NULL)
-        ps_local_step_leave(a->local);
+    step_leave(a);
     forget_consumer(a);
     return FR_OK;
 }

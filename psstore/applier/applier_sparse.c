@@ -51,11 +51,14 @@ ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
     pthread_rwlock_init(&sp->rw, &ra);
     pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&sp->dmu, NULL);
+    pthread_mutex_init(&sp->step, NULL);
     pthread_condattr_t ca; /* a wait's deadline on the monotonic clock */
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&sp->dcv, &ca);
+    pthread_cond_init(&sp->wake, &ca);
     pthread_condattr_destroy(&ca);
+    sp->inproc = conf->inproc;
     sp->spec = conf->spec;
     sp->optim = conf->optim;
     sp->rowlen = sparse_row_len(&sp->spec);
@@ -77,6 +80,8 @@ void ps_sparse_clear(ps_sparse_t *sp)
         return;
     pthread_rwlock_wrlock(&sp->rw);
     sp->ready = 0;
+    sp->complete = 0;
+    sp->window = 0;
     free(sp->keys);
     free(sp->slot_of);
     free(sp->rows);
@@ -119,6 +124,8 @@ void ps_sparse_free(ps_sparse_t *sp)
     pthread_rwlock_destroy(&sp->rw);
     pthread_mutex_destroy(&sp->dmu);
     pthread_cond_destroy(&sp->dcv);
+    pthread_mutex_destroy(&sp->step);
+    pthread_cond_destroy(&sp->wake);
     free(sp);
 }
 
@@ -189,7 +196,7 @@ fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int 
 
 fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t n, float *params,
                               uint8_t *found, float *bias, float *tower, uint64_t *epoch,
-                              int64_t *version)
+                              int64_t *version, int *complete)
 {
     ps_sparse_t *sp = a->sp;
     if (sp == NULL)
@@ -213,6 +220,8 @@ fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t
         memcpy(tower, a->w + K, (a->n - K) * sizeof(float));
     *epoch = a->epoch;
     *version = a->version;
+    if (complete != NULL)
+        *complete = sp->complete;
     pthread_rwlock_unlock(&sp->rw);
     return FR_OK;
 }
@@ -294,6 +303,10 @@ static fr_err_t read_missing(psstore_applier_t *a, const float *packed, size_t m
     if (FR_GROW(sp->loaded, sp->caploaded, sp->nmiss * sp->vlen) != FR_OK ||
         FR_GROW(sp->got, sp->capgot, sp->nmiss) != FR_OK)
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", sp->nmiss);
+    if (sp->complete) { /* the store holds no row the table lacks: nothing to read */
+        memset(sp->got, 0, sp->nmiss);
+        return FR_OK;
+    }
     char rows_key[PS_KEY_MAX];
     ps_key(rows_key, a->model, "rows");
     size_t queued = 0;
@@ -447,6 +460,7 @@ void ps_sparse_committed(ps_sparse_t *sp)
         sp->dirty[sp->dirty_list[i]] = 0;
     sp->ndirty = 0;
     sp->nevict = 0; /* deleted, or (state dropped) still in the store */
+    sp->window = 0;
 }
 
 int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row)
@@ -531,6 +545,86 @@ int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms)
     return v;
 }
 
+/*
+ * The whole table into memory at the load (docs/design.md "The store
+ * written behind"): HSCAN of the rows hash, PRELOAD_COUNT fields a step.
+ * The table then holds every row the store holds (complete), so a row it
+ * lacks is absent: no gradient and no pull reads Redis for it. A store of
+ * more than PS_PRELOAD_MAX rows, or one holding a value of another size,
+ * is read row by row as gradients touch it, as before.
+ */
+#define PRELOAD_COUNT "4096"
+
+static fr_err_t preload(psstore_applier_t *a)
+{
+    ps_sparse_t *sp = a->sp;
+    char key[PS_KEY_MAX], cursor[32] = "0";
+    ps_key(key, a->model, "rows");
+    fr_err_t err;
+    redisReply *r = ps_cmd(a->c, 1, &err, "HLEN %s", key);
+    if (r == NULL)
+        return err;
+    long long stored = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    if (stored < 0 || stored > PS_PRELOAD_MAX) {
+        fr_log(FR_LOG_INFO, "applier %s: the store holds %lld rows: read as gradients touch them",
+               a->model, stored);
+        return FR_OK;
+    }
+    uint64_t t0 = fr_clock_mono_ns();
+    size_t bad = 0;
+    do {
+        r = ps_cmd(a->c, 1, &err, "HSCAN %s %s COUNT %s", key, cursor, PRELOAD_COUNT);
+        if (r == NULL)
+            return err;
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+            freeReplyObject(r);
+            return ps_fail(a->c, FR_ERR_REDIS, "applier: unexpected reply to HSCAN");
+        }
+        const redisReply *kv = r->element[1];
+        pthread_rwlock_wrlock(&sp->rw);
+        if (reserve(sp, kv->elements / 2) != FR_OK) {
+            pthread_rwlock_unlock(&sp->rw);
+            freeReplyObject(r);
+            return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for the table");
+        }
+        for (size_t i = 0; i + 1 < kv->elements; i += 2) {
+            const redisReply *f = kv->element[i], *v = kv->element[i + 1];
+            if (f->type != REDIS_REPLY_STRING || f->len != 4 || v->type != REDIS_REPLY_STRING ||
+                v->len != sp->vlen * sizeof(float)) {
+                bad++;
+                continue;
+            }
+            uint32_t row = ps_field_row(f->str);
+            size_t pos = probe(sp, row);
+            if (row >> sp->spec.bits != 0 || sp->keys[pos] != 0)
+                continue; /* not a row of the table; HSCAN may return a field twice */
+            FR_ASSERT(sp->nslots < sp->capslots && 2 * sp->nslots < sp->cap); /* reserve() */
+            size_t s = sp->nslots++;
+            sp->keys[pos] = row + 1;
+            sp->slot_of[pos] = (uint32_t)s;
+            sp->rows[s] = row;
+            sp->dirty[s] = 0;
+            sp->touched[s] = 0;
+            memcpy(sp->vals + s * sp->vlen, v->str, sp->vlen * sizeof(float));
+        }
+        pthread_rwlock_unlock(&sp->rw);
+        snprintf(cursor, sizeof(cursor), "%s", r->element[0]->str);
+        freeReplyObject(r);
+    } while (strcmp(cursor, "0") != 0);
+    if (bad > 0)
+        fr_log(FR_LOG_WARN,
+               "applier %s: %zu stored rows are not %zu floats: rows are read as "
+               "gradients touch them",
+               a->model, bad, sp->vlen);
+    else if (stored > 0)
+        fr_log(FR_LOG_INFO, "applier %s: %zu rows read into memory in %.0f ms", a->model,
+               sp->nslots, (double)(fr_clock_mono_ns() - t0) * 1e-6);
+    sp->complete = bad == 0;
+    return FR_OK;
+}
+
 fr_err_t ps_sparse_load(psstore_applier_t *a)
 {
     ps_sparse_t *sp = a->sp;
@@ -574,7 +668,7 @@ fr_err_t ps_sparse_load(psstore_applier_t *a)
      * existed: a delta across that is refused */
     if (sp->entry_version < a->version && sp->floor_next < a->version)
         sp->floor_next = a->version;
-    return FR_OK;
+    return preload(a);
 }
 
 /* One HSCAN step of the sweep: the stale rows among those it returns
@@ -585,7 +679,9 @@ static fr_err_t sweep_step(psstore_applier_t *a)
     char key[PS_KEY_MAX];
     ps_key(key, a->model, "rows");
     fr_err_t err;
+    ps_applier_step_pause(a); /* in-process steps go on meanwhile */
     redisReply *r = ps_cmd(a->c, 1, &err, "HSCAN %s %s COUNT %s", key, sp->cursor, SWEEP_COUNT);
+    ps_applier_step_resume(a);
     if (r == NULL)
         return err;
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -608,8 +704,9 @@ static fr_err_t sweep_step(psstore_applier_t *a)
         uint32_t row = ps_field_row(f->str);
         size_t pos = sp->cap > 0 ? probe(sp, row) : 0;
         if (sp->cap > 0 && sp->keys[pos] != 0) {
-            if (sp->touched[sp->slot_of[pos]] > stale_before)
-                continue;
+            size_t slot = sp->slot_of[pos];
+            if (sp->touched[slot] > stale_before || sp->dirty[slot])
+                continue; /* stepped within the ttl, or since the last commit */
             remove_at(sp, pos);
         } else if (sp->load_ms > stale_before) {
             continue;
@@ -634,7 +731,7 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a)
     if (sp == NULL)
         return FR_OK;
     mark(sp, a->committed); /* idle too: the window needs times */
-    if (sp->ttl_ms <= 0 || sp->ndirty > 0)
+    if (sp->ttl_ms <= 0)
         return FR_OK;
     uint64_t now_ns = fr_clock_mono_ns();
     if (!sp->sweeping) {
@@ -662,15 +759,92 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a)
     return FR_OK;
 }
 
-void ps_sparse_commit_done(psstore_applier_t *a)
+void ps_sparse_commit_done(psstore_applier_t *a, int64_t version, int entry)
 {
     ps_sparse_t *sp = a->sp;
     if (sp == NULL)
         return;
-    if (sp->entry_queued)
-        sp->entry_version = a->version;
-    sp->entry_queued = 0;
+    if (entry)
+        sp->entry_version = version;
     sp->floor = sp->floor_next;
     sp->reset_changes = 0;
-    mark(sp, a->version);
+    mark(sp, version);
+}
+
+/* ---- in-process steps (docs/design.md "The store written behind") ------------------ */
+
+void ps_sparse_step_enter(ps_sparse_t *sp)
+{
+    if (sp != NULL && sp->inproc)
+        pthread_mutex_lock(&sp->step);
+}
+
+void ps_sparse_step_leave(ps_sparse_t *sp)
+{
+    if (sp != NULL && sp->inproc)
+        pthread_mutex_unlock(&sp->step);
+}
+
+/* The window is due for its commit before its time: rows or gradients. */
+static int window_full(const ps_sparse_t *sp, size_t times)
+{
+    return sp->ndirty >= times * PS_WINDOW_ROWS || sp->window >= times * PS_WINDOW_GRADS;
+}
+
+fr_err_t psstore_applier_sparse_step(psstore_applier_t *a, const psstore_grad_t *g)
+{
+    ps_sparse_t *sp = a->sp;
+    if (sp == NULL || !sp->inproc)
+        return FR_ERR_STATE;
+    pthread_mutex_lock(&sp->step);
+    /* ready and complete change only under this lock (the poll holds it) */
+    if (!a->active || !sp->ready || !sp->complete || !ps_applier_reading(a) ||
+        a->help_err != FR_OK) {
+        pthread_mutex_unlock(&sp->step);
+        return FR_ERR_STATE;
+    }
+    if (window_full(sp, 4)) { /* a commit in flight and the next window full */
+        pthread_cond_signal(&sp->wake);
+        pthread_mutex_unlock(&sp->step);
+        return FR_ERR_AGAIN;
+    }
+    a->in_help = 1; /* no Redis from here: a commit may be waiting on it */
+    a->cur_id = LOCAL_ID;
+    fr_err_t err = ps_applier_decide(a, g);
+    a->in_help = 0;
+    if (err != FR_OK)
+        a->help_err = err; /* the applier's thread reloads before any commit */
+    sp->window++;
+    if (window_full(sp, 1))
+        pthread_cond_signal(&sp->wake);
+    pthread_mutex_unlock(&sp->step);
+    return err;
+}
+
+fr_err_t ps_sparse_window_wait(psstore_applier_t *a, int block_ms)
+{
+    ps_sparse_t *sp = a->sp;
+    int nread = 0;
+    fr_err_t err = ps_applier_read_stream_once(a, &nread); /* other processes' trainers */
+    if (err != FR_OK)
+        return err;
+    /* commit_ms 0: the first gradient ends the window, within block_ms */
+    int64_t wait_ms = a->conf.commit_ms > 0 ? a->conf.commit_ms : block_ms;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    while (a->active && a->help_err == FR_OK && !window_full(sp, 1) &&
+           !(a->conf.commit_ms == 0 && (sp->window > 0 || nread > 0)))
+        if (pthread_cond_timedwait(&sp->wake, &sp->step, &until) != 0)
+            break;
+    if (a->help_err != FR_OK) { /* a step failed: reload before anything commits */
+        err = a->help_err;
+        a->help_err = FR_OK;
+    }
+    return err;
 }

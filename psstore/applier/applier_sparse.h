@@ -14,6 +14,13 @@
 
 #define PS_MARKS            256   /* (time, version) marks: the changes stream's window */
 #define PS_DELTA_MS_DEFAULT 60000 /* [sparse] delta_seconds' default */
+/* The window not yet written (docs/design.md "The store written behind"):
+ * its commit starts early at PS_WINDOW_ROWS dirty rows or PS_WINDOW_GRADS
+ * gradients, and in-process steps wait at four times either (one commit
+ * in flight, the next window full: Redis is behind) */
+#define PS_WINDOW_ROWS  65536
+#define PS_WINDOW_GRADS 512
+#define PS_PRELOAD_MAX  ((int64_t)1 << 24) /* rows a load reads whole at most */
 
 /* A sparse model's rows held by its applier (applier_sparse.c). */
 struct ps_sparse {
@@ -21,6 +28,17 @@ struct ps_sparse {
      * applier changes it only under the write lock, and reads it without */
     pthread_rwlock_t rw;
     int ready; /* the table, bias and version are the lease holder's */
+    /* the table holds every row the store holds (a new model, or all of
+     * them read at the load): a row it lacks is absent, never read */
+    int complete;
+    /* in-process steps (psstore_applier_sparse_step): the applier's poll
+     * holds `step` except while it waits (on `wake`, or for Redis);
+     * `window` gradients were decided since the last commit was queued
+     * (its rows: ndirty) */
+    int inproc;
+    pthread_mutex_t step;
+    pthread_cond_t wake;
+    size_t window;
     pthread_mutex_t dmu;
     pthread_cond_t dcv;
     uint64_t dec_ms, dec_seq; /* the newest grads entry decided (dmu) */
@@ -86,7 +104,8 @@ void ps_sparse_clear(ps_sparse_t *sp);
 int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t *m);
 /* Steps the m rows of g (reading those not held yet) and the bias. */
 fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m);
-/* The dirty rows were committed. */
+/* The dirty rows were queued in a commit: the next commit writes what
+ * changes from now on. */
 void ps_sparse_committed(ps_sparse_t *sp);
 /* The table becomes readable by the process's workers (the state is
  * loaded and the lease held), or stops being (before the state goes). */
@@ -105,7 +124,15 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a);
 int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row);
 /* The newest version committed at least age_ms ago by the marks, or -1. */
 int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms);
-/* After a commit succeeded: the stream's state and the time marks. */
-void ps_sparse_commit_done(psstore_applier_t *a);
+/* After a commit of version succeeded (entry: it added a changes stream
+ * entry): the stream's state and the time marks. */
+void ps_sparse_commit_done(psstore_applier_t *a, int64_t version, int entry);
+/* The step lock of in-process steps (no-ops without them). */
+void ps_sparse_step_enter(ps_sparse_t *sp);
+void ps_sparse_step_leave(ps_sparse_t *sp);
+/* The read phase of a poll with in-process steps: the stream's entries
+ * (without blocking), then the wait, the step lock let go, until the
+ * window is due (commit_ms, or full). */
+fr_err_t ps_sparse_window_wait(psstore_applier_t *a, int block_ms);
 
 #endif
