@@ -47,7 +47,7 @@ typedef struct trainer_sparse_stats {
     double loss_sum;           /* progressive logloss summed over the samples  */
     uint64_t wait_ns, pull_ns, compute_ns, push_ns; /* summed over the batches: the
                                   in-flight wait, the pull, the FM, the push   */
-    int64_t version; /* the newest version a gradient was computed on */
+    int64_t version;             /* the newest version a gradient was computed on */
     uint64_t in_process;         /* shards' gradients decided in the worker's thread */
     uint64_t backpressure_waits; /* 1 ms waits at a full window (Redis behind) */
 } trainer_sparse_stats_t;
