@@ -19,7 +19,7 @@
  * gradients, and in-process steps wait at four times either (one commit
  * in flight, the next window full: Redis is behind) */
 #define PS_WINDOW_ROWS  65536
-#define PS_WINDOW_GRADS 512
+#define PS_WINDOW_GRADS 64
 #define PS_PRELOAD_MAX  ((int64_t)1 << 24) /* rows a load reads whole at most */
 
 /* A sparse model's rows held by its applier (applier_sparse.c). */

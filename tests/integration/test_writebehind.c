@@ -1,0 +1,311 @@
+/*
+ * test_writebehind.c - a sparse model's store written behind
+ * (docs/design.md "The store written behind"): freshet run's workers
+ * decide their gradients on the applier's table in memory and the applier
+ * writes each window to Redis with the positions it covers. The dev
+ * broker (a separate process), a real redis-server stopped with SIGSTOP to
+ * play a Redis that is behind, and freshet produce and run as child
+ * processes. What is checked: no gradient goes through the grads stream; a
+ * Redis that stops answering holds the workers at a bounded window instead
+ * of growing a queue; a SIGKILL at each point of a window's life (applied,
+ * being written, written) loses nothing and doubles nothing (the audit,
+ * written in the commit that writes the rows and offsets); a restart reads
+ * the table whole.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+
+#include "common/common.h"
+#include "harness.h"
+
+#define SPEC    "fields:39,buckets:2^16,dim:4"
+#define PER     8000 /* records a partition: 2 partitions, batches of 32 */
+#define WARM    1000 /* ... of which the first, before Redis stops */
+#define WAIT_MS 120000
+
+static harness_broker_t broker;
+static harness_redis_t redis;
+static char tmp_dir[256];
+
+/* DIR/name into out[300]. */
+static void path(char *out, const char *name)
+{
+    snprintf(out, 300, "%s/%s", tmp_dir, name);
+}
+
+/* Runs freshet with the arguments (NULL-terminated), logging to DIR/log;
+ * fails the test unless it exits 0. */
+static void freshet_ok(const char *log, ...)
+{
+    char *argv[32] = {FRESHET_BIN};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, log);
+    for (char *a; argc < 31 && (a = va_arg(ap, char *)) != NULL;)
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char lp[300];
+    path(lp, log);
+    int status = harness_run(argv, lp, WAIT_MS);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("freshet %s failed (status %d), log %s", argv[1], status, lp);
+}
+
+/* n synthetic click records of seed sent to topic round robin (its two
+ * partitions), as binary records. */
+static void send(const char *topic, const char *seed, int n)
+{
+    char txt[300], name[32], limit[16];
+    snprintf(name, sizeof(name), "%s-%s.txt", topic, seed);
+    path(txt, name);
+    snprintf(limit, sizeof(limit), "%d", n);
+    freshet_ok("synth.log", "produce", "--synthetic", "ctr", "--seed", seed, "--out", txt,
+               "--limit", limit, NULL);
+    freshet_ok("produce.log", "produce", "--data", txt, "--format", "criteo", "--encode", "binary",
+               "--bootstrap", broker.bootstrap, "--topic", topic, "--partitions-by", "roundrobin",
+               NULL);
+}
+
+static void records(const char *topic, const char *seed)
+{
+    send(topic, seed, 2 * PER);
+}
+
+/* A run of model on topic: 2 workers, batches of 32 (500 gradients, more
+ * than a full window's 4 * 64), audit on, a lease of
+ * 1 s and a gap timeout of 3 s. */
+static void write_conf(const char *conf, const char *model, const char *topic)
+{
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "[model]\nname = %s\nsparse = " SPEC "\n"
+            "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+            "heartbeat.interval.ms = 500\n"
+            "[ingest]\ntopic = %s\nformat = binary\nbatch = 32\n"
+            "[redis]\nurl = %s\n[serve]\nlisten =\n"
+            "[trainer]\nworkers = 2\n[psstore]\naudit = true\nlease_ms = 1000\ngap_timeout = 3\n",
+            model, broker.bootstrap, topic, redis.url);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* The committed watermarks of topic's two partitions, summed, and the
+ * committed version into *version. */
+static int64_t watermarks(const char *model, const char *topic, int64_t *version)
+{
+    int64_t sum = 0;
+    char out[64];
+    for (int p = 0; p < 2; p++) {
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                             "HGET freshet:{%s}:offsets %s/%d", model, topic, p),
+                         0);
+        sum += strcmp(out, "(nil)") == 0 ? 0 : strtoll(out, NULL, 10);
+    }
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "GET freshet:{%s}:ver", model),
+                     0);
+    *version = strtoll(out, NULL, 10);
+    return sum;
+}
+
+/* Every position [0, PER) of topic/0 and topic/1 applied exactly once. */
+static void assert_once(const char *model, const char *topic)
+{
+    int *seen = calloc(PER, sizeof(int));
+    assert_non_null(seen);
+    for (int p = 0; p < 2; p++) {
+        assert_true(harness_audit_count(&redis, model, topic, p, NULL, seen, PER) > 0);
+        for (int x = 0; x < PER; x++)
+            if (seen[x] != 1)
+                fail_msg("%s/%d position %d applied %d times", topic, p, x, seen[x]);
+    }
+    free(seen);
+}
+
+/* The run's resident memory in KiB (VmRSS), or -1. */
+static long rss_kib(pid_t pid)
+{
+    char file[64], line[256];
+    snprintf(file, sizeof(file), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(file, "r");
+    long kib = -1;
+    while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            kib = strtol(line + 6, NULL, 10);
+    if (f != NULL)
+        fclose(f);
+    return kib;
+}
+
+/* Starts run on conf (log DIR/log) and waits until version `at` is
+ * committed; returns its pid. */
+static pid_t run_until(const char *conf, const char *log, const char *model, const char *topic,
+                       int64_t at)
+{
+    char lp[300];
+    path(lp, log);
+    char *argv[] = {FRESHET_BIN, "run", "--config", (char *)conf, NULL};
+    pid_t pid = harness_spawn(argv, lp);
+    assert_true(pid > 0);
+    int64_t version = 0;
+    for (int i = 0; i < WAIT_MS / 50 && version < at; i++) {
+        harness_sleep_ms(50);
+        watermarks(model, topic, &version);
+    }
+    assert_true(version >= at);
+    return pid;
+}
+
+/* Starts run again on conf and waits until every record is committed, then
+ * stops it; its log DIR/log. */
+static void run_to_the_end(const char *conf, const char *log, const char *model, const char *topic)
+{
+    pid_t pid = run_until(conf, log, model, topic, 1);
+    int64_t version = 0;
+    for (int i = 0; i < WAIT_MS / 100 && watermarks(model, topic, &version) < 2 * PER; i++)
+        harness_sleep_ms(100);
+    assert_int_equal(watermarks(model, topic, &version), 2 * PER);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = harness_wait(pid, 20000);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/*
+ * Every gradient of a run is decided in its worker's thread: the grads
+ * stream never holds an entry; and the restart reads the table whole.
+ */
+static void test_gradients_never_touch_the_grads_stream(void **state)
+{
+    (void)state;
+    char conf[300];
+    path(conf, "wb1.conf");
+    records("wb1", "11");
+    write_conf(conf, "wb1", "wb1");
+    run_to_the_end(conf, "wb1-run.log", "wb1", "wb1");
+    /* the stream exists (the model's creation makes it), and nothing was
+     * ever added to it */
+    char info[1024];
+    assert_int_equal(
+        harness_redis_query(&redis, info, sizeof(info), "XINFO STREAM freshet:{wb1}:grads"), 0);
+    const char *added = strstr(info, "entries-added\n");
+    assert_non_null(added);
+    assert_int_equal(strtol(added + strlen("entries-added\n"), NULL, 10), 0);
+    char lp[300];
+    path(lp, "wb1-run.log");
+    assert_true(harness_file_contains(lp, "decided in process"));
+    assert_once("wb1", "wb1");
+}
+
+/*
+ * Redis stops answering (SIGSTOP) while the run trains: the window not yet
+ * written fills, the workers wait (the progress line counts their waits),
+ * the run's memory stays bounded, and once Redis answers again every
+ * record is applied exactly once. Then a SIGKILL while a window is being
+ * written (Redis stopped again under a commit in flight): the restart
+ * reads the table whole and applies the rest once.
+ */
+static void test_a_stopped_redis_holds_the_window_and_loses_nothing(void **state)
+{
+    (void)state;
+    char conf[300], lp[300];
+    path(conf, "wb2.conf");
+    send("wb2", "12", 2 * WARM);
+    write_conf(conf, "wb2", "wb2");
+    pid_t pid = run_until(conf, "wb2-run1.log", "wb2", "wb2", 2 * WARM / 32);
+    long before = rss_kib(pid);
+    kill(redis.pid, SIGSTOP);
+    send("wb2", "22", 2 * (PER - WARM)); /* the broker takes them; Redis is stopped */
+    /* a progress line (every 5 s) that counts waits at a full window */
+    path(lp, "wb2-run1.log");
+    int full = 0;
+    for (int i = 0; i < 120 && !full; i++) {
+        harness_sleep_ms(100);
+        full = harness_file_count(lp, "window full ") > harness_file_count(lp, "window full 0,");
+    }
+    long during = rss_kib(pid);
+    kill(redis.pid, SIGCONT);
+    assert_true(full);
+    fr_log(FR_LOG_INFO, "run's RSS %ld KiB before Redis stopped, %ld KiB at a full window", before,
+           during);
+    assert_true(before > 0 && during > 0 && during - before < 64 * 1024);
+    int64_t version = 0;
+    for (int i = 0; i < WAIT_MS / 100 && watermarks("wb2", "wb2", &version) < PER; i++)
+        harness_sleep_ms(100);
+    assert_true(watermarks("wb2", "wb2", &version) >= PER);
+
+    /* killed while its window is being written */
+    kill(redis.pid, SIGSTOP);
+    harness_sleep_ms(300);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    kill(redis.pid, SIGCONT);
+    harness_wait(pid, 5000);
+    run_to_the_end(conf, "wb2-run2.log", "wb2", "wb2");
+    path(lp, "wb2-run2.log");
+    assert_true(harness_file_contains(lp, "rows read into memory"));
+    assert_once("wb2", "wb2");
+}
+
+/*
+ * A SIGKILL right after a window was written (the run idle at the end of
+ * the records, its last commit done): the restart finds every position
+ * applied, reads the table whole and applies nothing again.
+ */
+static void test_killed_after_its_window_was_written(void **state)
+{
+    (void)state;
+    char conf[300], lp[300], out[64];
+    path(conf, "wb3.conf");
+    records("wb3", "13");
+    write_conf(conf, "wb3", "wb3");
+    pid_t pid = run_until(conf, "wb3-run1.log", "wb3", "wb3", 1);
+    int64_t version = 0;
+    for (int i = 0; i < WAIT_MS / 100 && watermarks("wb3", "wb3", &version) < 2 * PER; i++)
+        harness_sleep_ms(100);
+    assert_int_equal(watermarks("wb3", "wb3", &version), 2 * PER);
+    harness_sleep_ms(200); /* idle: nothing more to write */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    harness_wait(pid, 5000);
+    int64_t at_kill = version;
+    run_to_the_end(conf, "wb3-run2.log", "wb3", "wb3");
+    watermarks("wb3", "wb3", &version);
+    assert_int_equal(version, at_kill); /* nothing applied again */
+    path(lp, "wb3-run2.log");
+    assert_true(harness_file_contains(lp, "rows read into memory"));
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "HLEN freshet:{wb3}:rows"), 0);
+    assert_true(strtol(out, NULL, 10) > 1000);
+    assert_once("wb3", "wb3");
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return harness_stack_start(tmp_dir, "writebehind", &redis, &broker, FRESHET_BIN,
+                               "--topic wb1:2 --topic wb2:2 --topic wb3:2");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return harness_stack_stop(tmp_dir, &redis, &broker);
+}
+
+int main(void)
+{
+    if (getenv("TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradients_never_touch_the_grads_stream),
+        cmocka_unit_test(test_a_stopped_redis_holds_the_window_and_loses_nothing),
+        cmocka_unit_test(test_killed_after_its_window_was_written),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
