@@ -705,7 +705,7 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
     for (size_t i = 0; i < a->nparts; i++)
         dirty_parts += a->parts[i].dirty;
     if (a->nids == 0 && !a->weights_dirty && dirty_parts == 0 && a->audit.len == 0 &&
-        a->req_id[0] == '\0')
+        a->req_id[0] == '\0' && !ps_sparse_trim_due(a->sp))
         return FR_OK;
     if (a->weights_dirty && !weights_finite(a)) {
         char reason[128];

@@ -537,6 +537,11 @@ static void mark(ps_sparse_t *sp, int64_t version)
     sp->mark_v[sp->nmarks++] = version;
 }
 
+int ps_sparse_trim_due(const ps_sparse_t *sp)
+{
+    return sp != NULL && ps_sparse_version_before(sp, sp->delta_ms) > sp->floor;
+}
+
 int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms)
 {
     int64_t v = -1, then = mono_ms() - age_ms;

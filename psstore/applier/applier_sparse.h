@@ -122,6 +122,10 @@ fr_err_t ps_sparse_sweep(psstore_applier_t *a);
 /* Whether the table holds row (applier_commit.c: an evicted row a gradient
  * brought back is not deleted). */
 int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row);
+/* Whether the changes stream holds entries older than delta_ms to trim:
+ * an idle applier commits for them too (the stream must not stay at its
+ * size when training stops). */
+int ps_sparse_trim_due(const ps_sparse_t *sp);
 /* The newest version committed at least age_ms ago by the marks, or -1. */
 int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms);
 /* After a commit of version succeeded (entry: it added a changes stream

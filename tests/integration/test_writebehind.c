@@ -257,7 +257,8 @@ static void test_a_stopped_redis_holds_the_window_and_loses_nothing(void **state
 /*
  * A SIGKILL right after a window was written (the run idle at the end of
  * the records, its last commit done): the restart finds every position
- * applied, reads the table whole and applies nothing again.
+ * applied, reads the table whole and applies nothing again. While idle,
+ * the applier still trims the changes stream to delta_seconds.
  */
 static void test_killed_after_its_window_was_written(void **state)
 {
@@ -266,12 +267,24 @@ static void test_killed_after_its_window_was_written(void **state)
     path(conf, "wb3.conf");
     records("wb3", "13");
     write_conf(conf, "wb3", "wb3");
+    FILE *f = fopen(conf, "a");
+    assert_non_null(f);
+    fprintf(f, "[sparse]\ndelta_seconds = 1\n");
+    assert_int_equal(fclose(f), 0);
     pid_t pid = run_until(conf, "wb3-run1.log", "wb3", "wb3", 1);
     int64_t version = 0;
     for (int i = 0; i < WAIT_MS / 100 && watermarks("wb3", "wb3", &version) < 2 * PER; i++)
         harness_sleep_ms(100);
     assert_int_equal(watermarks("wb3", "wb3", &version), 2 * PER);
-    harness_sleep_ms(200); /* idle: nothing more to write */
+    /* idle, the changes stream is trimmed to its delta_seconds all the same */
+    long len = -1;
+    for (int i = 0; i < 100 && len != 0; i++) {
+        harness_sleep_ms(100);
+        assert_int_equal(
+            harness_redis_query(&redis, out, sizeof(out), "XLEN freshet:{wb3}:changes"), 0);
+        len = strtol(out, NULL, 10);
+    }
+    assert_int_equal(len, 0);
     assert_int_equal(kill(pid, SIGKILL), 0);
     harness_wait(pid, 5000);
     int64_t at_kill = version;
