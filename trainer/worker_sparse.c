@@ -182,11 +182,10 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
     for (int k = 0; k < S; k++) {
         size_t lo = wk->off[k], m = wk->off[k + 1] - lo, nm = 0, mo = wk->miss_off[k];
         psstore_applier_t *a = conf->appliers[k];
-        local[k] = a != NULL &&
-                   psstore_applier_rows(a, wk->srows + lo, m, wk->sparams + lo * rowlen,
-                                        wk->sfound + lo, k == 0 ? bias : scratch,
-                                        k == 0 ? tower : NULL, &epochs[k], &versions[k],
-                                        &complete) == FR_OK;
+        local[k] = a != NULL && psstore_applier_rows(a, wk->srows + lo, m,
+                                                     wk->sparams + lo * rowlen, wk->sfound + lo,
+                                                     k == 0 ? bias : scratch, k == 0 ? tower : NULL,
+                                                     &epochs[k], &versions[k], &complete) == FR_OK;
         if (local[k] && complete) {
             /* a row the table lacks is absent from the store: its initial value */
         } else if (local[k]) {
@@ -275,8 +274,8 @@ static fr_err_t push(sworker_t *wk, const psstore_grad_t *parts, int flight)
         for (uint64_t t0 = fr_clock_mono_ns(); err == FR_ERR_AGAIN;) {
             if (atomic_load(&p->stop) ||
                 fr_clock_mono_ns() - t0 > (uint64_t)PUSH_WAIT_MS * 1000000ull) {
-                fr_log(FR_LOG_WARN, "worker %s: shard %d's window stayed full for %d ms", wk->id,
-                       k, PUSH_WAIT_MS);
+                fr_log(FR_LOG_WARN, "worker %s: shard %d's window stayed full for %d ms", wk->id, k,
+                       PUSH_WAIT_MS);
                 return FR_ERR_TIMEOUT;
             }
             struct timespec nap = {0, 1000000L};
