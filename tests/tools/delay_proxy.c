@@ -295,6 +295,8 @@ static void end_connected(proxy_t *p, end_t *e)
     end_update(p, e);
 }
 
+/* An epoll event of end e: its connect ended, it can take more bytes (the
+ * next tick writes them), it has bytes to read, or it hung up. */
 static void end_event(proxy_t *p, end_t *e, uint32_t events)
 {
     conn_t *c = e->c;
@@ -369,6 +371,10 @@ err:
     return -1;
 }
 
+/* Takes every connection the listener holds. An accept that fails for want
+ * of descriptors or memory is printed, and tried again at the next event,
+ * which comes at once while the listener holds connections: a tool for
+ * tests, it spins rather than refuses. */
 static void accept_all(proxy_t *p)
 {
     for (;;) {
@@ -552,6 +558,7 @@ static int setup_loop(proxy_t *p)
     return 0;
 }
 
+/* The counts and the CPU time, on stderr: the benchmarks read the CPU. */
 static void report(const proxy_t *p)
 {
     struct rusage ru;
