@@ -27,8 +27,14 @@
 # each) instead of one redis-server. SHARDS=S cuts the model into S shards
 # (docs/design.md "Shards"), an applier each; the rate and staleness are then
 # shard 0's. Each run's staleness p50/p99 comes from its versions stream.
+# REDIS_DELAY_US=D puts a delay_proxy (tests/tools/delay_proxy.c) between
+# freshet and its redis-server, every byte D us later each way: a store in
+# another rack (bench/README.md "A distant store"; bench/distant.sh runs
+# it). The bench's own redis-cli calls go straight to Redis; the proxy's CPU
+# is printed apart, not counted in run's.
 # usage: [ROUNDS=N] [COPIES=N] [MAX_PENDING=N] [QUEUE=N] [COMMIT_MS=N] [SYNC_LR_SCALE=linear] [SERVE_LISTEN=]
-#        [AVERAGE=N] [RAWCONSUME=path] [REDIS=single|cluster] [SHARDS=S] bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
+#        [AVERAGE=N] [RAWCONSUME=path] [REDIS=single|cluster] [SHARDS=S] [REDIS_DELAY_US=D]
+#        bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
 #        max_pending 64, commit_ms 20; [controller] average: freshet's (AVERAGE=0: none);
 #        [ingest] queue 16; [serve] listen
@@ -63,6 +69,11 @@ if [ -z "$raw_bin" ] || ! [ -x "$raw_bin" ]; then
         "cmake -S . -B build-bench -DFRESHET_BENCH=ON && cmake --build build-bench" >&2
     exit 2
 fi
+if [ -n "${REDIS_DELAY_US:-}" ] && [ "${REDIS:-single}" = cluster ]; then
+    echo "run_vs_fit.sh: REDIS_DELAY_US needs one redis-server: a cluster's MOVED names the" \
+        "nodes' own ports, past the proxy" >&2
+    exit 2
+fi
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 # shellcheck source=deploy/stack.sh
 . deploy/stack.sh
@@ -77,6 +88,10 @@ if [ "${REDIS:-single}" = cluster ]; then
 else
     redis_url=redis://127.0.0.1:$stack_port/0
     rcli=(redis-cli -p "$stack_port")
+fi
+if [ -n "${REDIS_DELAY_US:-}" ]; then
+    stack_start_proxy "$work" "$stack_port" "$REDIS_DELAY_US" "$bin" || exit 1
+    redis_url=redis://127.0.0.1:$stack_proxy_port/0
 fi
 
 # one epoch of freshet fit; prints "samples/s accuracy"
@@ -129,7 +144,10 @@ max_pending = ${MAX_PENDING:-64}
 shards = $shards
 ${COMMIT_MS:+commit_ms = $COMMIT_MS}
 EOF
-    local side0 redis0 broker0
+    local side0 redis0 broker0 proxy0=0
+    if [ -n "${REDIS_DELAY_US:-}" ]; then
+        proxy0=$(stack_proxy_cpu)
+    fi
     redis0=$(redis_cpu)
     broker0=$(broker_cpu)
     side0=$(side_cpu)
@@ -157,6 +175,9 @@ EOF
         thread_cpu "$pid"
         awk -v b="$(broker_cpu)" -v s0="$broker0" 'BEGIN { printf "broker %.2f\n", b - s0 }'
         awk -v b="$(redis_cpu)" -v s0="$redis0" 'BEGIN { printf "redis %.2f\n", b - s0 }'
+        if [ -n "${REDIS_DELAY_US:-}" ]; then
+            awk -v b="$(stack_proxy_cpu)" -v s0="$proxy0" 'BEGIN { printf "delay_proxy %.2f\n", b - s0 }'
+        fi
     } >"$work/threads"
     kill -TERM "$pid" && wait "$pid"
     run_pid=
@@ -208,11 +229,13 @@ thread_cpu() {
             END { for (k in s) printf "%s %.2f\n", k, s[k] }'
 }
 
-# CPU seconds of every redis-server (the stack's processes but the broker)
+# CPU seconds of every redis-server (the stack's processes but the broker
+# and the delay_proxy)
 redis_cpu() {
     local i t=0
     for i in "${!stack_pids[@]}"; do
         [ "$i" = 1 ] && continue
+        [ "${stack_pids[$i]}" = "${stack_proxy_pid:-}" ] && continue
         t=$(awk -v t="$t" -v c="$(cpu_s "${stack_pids[$i]}")" 'BEGIN { print t + c }')
     done
     echo "$t"
@@ -223,7 +246,8 @@ side_cpu() { awk -v a="$(redis_cpu)" -v b="$(broker_cpu)" 'BEGIN { print a + b }
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "run vs fit: Fashion-MNIST x $copies, 784-256-10 softmax, sgd lr 0.1, batch 64;" \
-    "freshet run with $workers workers, $mode, Kafka + Redis (${REDIS:-single}), $shards shard(s)"
+    "freshet run with $workers workers, $mode, Kafka + Redis (${REDIS:-single}), $shards" \
+    "shard(s)${REDIS_DELAY_US:+, Redis behind delay_proxy, $REDIS_DELAY_US us each way}"
 echo "OpenBLAS kernel: ${OPENBLAS_CORETYPE:-as detected}; limit = min($workers x fit, raw consume);" \
     "cpu limit = $ncpu cores / (CPU a sample of fit + of the raw read, broker included)"
 printf '  %-5s %8s %7s %8s %7s %8s %7s %9s %9s %6s %6s %8s %9s\n' round "run/s" "run acc" "fit/s" \

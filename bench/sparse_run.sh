@@ -18,8 +18,12 @@
 # SHARDS > 1 cuts the table over that many shards (docs/design.md "Sparse
 # models on shards"), an applier each; the rate and loss then come from
 # shard 0's versions stream (every shard applies every batch).
+# REDIS_DELAY_US=D puts a delay_proxy (tests/tools/delay_proxy.c) between
+# freshet and its redis-server, every byte D us later each way: a store in
+# another rack (bench/README.md "A distant store"; bench/distant.sh runs it).
+# The bench's own redis-cli calls go straight to Redis.
 # usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
-#        [SHARDS=1] bash bench/sparse_run.sh [WORKERS] [FRESHET]
+#        [SHARDS=1] [REDIS_DELAY_US=D] bash bench/sparse_run.sh [WORKERS] [FRESHET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2}
@@ -35,12 +39,19 @@ work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 . deploy/stack.sh
 trap 'stack_stop "$work"' EXIT
 stack_start "$work" "$bin" "clicks:$parts"
+redis_url=redis://127.0.0.1:$stack_port/0
+store="loopback Redis"
+if [ -n "${REDIS_DELAY_US:-}" ]; then
+    stack_start_proxy "$work" "$stack_port" "$REDIS_DELAY_US" "$bin" || exit 1
+    redis_url=redis://127.0.0.1:$stack_proxy_port/0
+    store="Redis behind delay_proxy, $REDIS_DELAY_US us each way"
+fi
 "$bin" produce --synthetic ctr --seed 4 --encode binary --limit "$n" --out "$work/clicks.bin" \
     >"$work/synth.log" 2>&1
 "$bin" produce --data "$work/clicks.bin" --format binary --encode binary \
     --bootstrap "$stack_bootstrap" --topic clicks --partitions-by roundrobin >>"$work/produce.log"
 echo "sparse_run.sh: $n records in $parts partitions, $spec, $shards shard(s), batch $batch, $workers worker(s)," \
-    "$rounds rounds; floor: $(tail -1 "$work/synth.log")"
+    "$rounds rounds, $store; floor: $(tail -1 "$work/synth.log")"
 
 # Bytes Redis received and sent so far (INFO stats): a run's traffic is the
 # difference, every client included (workers, applier, consumer).
@@ -81,7 +92,7 @@ topic = clicks
 format = binary
 batch = $batch
 [redis]
-url = redis://127.0.0.1:$stack_port/0
+url = $redis_url
 [serve]
 listen =
 [trainer]
@@ -125,3 +136,6 @@ echo "median: fit-sparse $fit_med samples/s (logloss $(awk '{print $2}' "$work/f
     "$(awk '{print $4}' "$work/run.txt" | median) rows/s pulled and pushed; a dense model of the" \
     "table's size would move $(dense_bytes) bytes/sample: one pull and one push a batch);" \
     "run/fit $(awk -v a="$run_med" -v b="$fit_med" 'BEGIN {printf "%.2f", a / b}')"
+if [ -n "${REDIS_DELAY_US:-}" ]; then
+    echo "delay_proxy: $(stack_proxy_cpu) s of CPU in all (every round's fit-sparse and run)"
+fi

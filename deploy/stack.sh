@@ -21,6 +21,15 @@
 #                                           in a loop, until stack_stop
 #   stack_log_port LOG                      the port freshet serves on with [serve]
 #                                           listen = 127.0.0.1:0, from its log
+#   stack_start_proxy WORK PORT DELAY_US FRESHET
+#                                           a delay_proxy (tests/tools/delay_proxy.c) on a
+#                                           loopback port the kernel picks, in front of
+#                                           127.0.0.1:PORT, every byte DELAY_US later each
+#                                           way (bench/README.md "A distant store"): the
+#                                           binary is $DELAY_PROXY, or tests/delay_proxy
+#                                           beside FRESHET; sets stack_proxy_port and
+#                                           stack_proxy_pid; its log is WORK/proxyDELAY_US.log
+#   stack_proxy_cpu                         CPU seconds the delay_proxy has used so far
 #   stack_conf FILE BOOTSTRAP URL [LINE]... a freshet configuration for tests: the
 #                                           broker, the group's timeouts, Redis,
 #                                           no HTTP, one worker, then the lines
@@ -164,6 +173,34 @@ for i in range(3000):
     "$bin" produce --bootstrap "$stack_bootstrap" --topic "$topic" --data "$work/$topic.csv" \
         --format csv --encode csv --features 4 --rate "$rate" --loop >"$work/produce-$topic.log" 2>&1 &
     stack_pids+=($!)
+}
+
+stack_start_proxy() {
+    local work=$1 port=$2 delay=$3 proxy=${DELAY_PROXY:-$(dirname "$4")/tests/delay_proxy}
+    if ! [ -x "$proxy" ]; then
+        echo "stack: no delay_proxy at $proxy (cmake --build builds it beside freshet)" >&2
+        return 1
+    fi
+    rm -f "$work/proxy.port"
+    "$proxy" --listen 0 --to "127.0.0.1:$port" --delay-us "$delay" \
+        --port-file "$work/proxy.port" >"$work/proxy$delay.log" 2>&1 &
+    stack_pids+=($!)
+    stack_proxy_pid=$!
+    for _ in $(seq 100); do
+        [ -s "$work/proxy.port" ] && break
+        sleep 0.05
+    done
+    if ! [ -s "$work/proxy.port" ]; then
+        echo "stack: delay_proxy wrote no port (see $work/proxy$delay.log)" >&2
+        return 1
+    fi
+    # shellcheck disable=SC2034 # the caller's
+    stack_proxy_port=$(cat "$work/proxy.port")
+}
+
+stack_proxy_cpu() {
+    awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' \
+        "/proc/$stack_proxy_pid/stat"
 }
 
 stack_conf() {
