@@ -15,6 +15,10 @@
 # run (INFO stats) over N, printed beside what a dense model of the
 # table's size would move (its weights pulled and its gradient pushed once
 # a batch); its rows/s the rows its workers pulled (and pushed) a second.
+# The cpu limit, measured in the same round: cores / (fit-sparse's CPU a
+# sample, one thread, + the CPU a record of a raw librdkafka read of the
+# same topic, bench_rawconsume and the broker); the run's CPU a sample is
+# its process's, the broker's and Redis's, split by thread (bench/cpu.sh).
 # SHARDS > 1 cuts the table over that many shards (docs/design.md "Sparse
 # models on shards"), an applier each; the rate and loss then come from
 # shard 0's versions stream (every shard applies every batch).
@@ -23,7 +27,7 @@
 # another rack (bench/README.md "A distant store"; bench/distant.sh runs it).
 # The bench's own redis-cli calls go straight to Redis.
 # usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
-#        [SHARDS=1] [REDIS_DELAY_US=D] bash bench/sparse_run.sh [WORKERS] [FRESHET]
+#        [SHARDS=1] [REDIS_DELAY_US=D] [COMMIT_MS=N] bash bench/sparse_run.sh [WORKERS] [FRESHET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2}
@@ -37,6 +41,10 @@ parts=$(((n + 9999) / 10000))
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 # shellcheck source=deploy/stack.sh
 . deploy/stack.sh
+# shellcheck source=bench/cpu.sh
+. bench/cpu.sh
+raw_bin=$(raw_consumer) || exit 1
+ncpu=$(nproc)
 trap 'stack_stop "$work"' EXIT
 stack_start "$work" "$bin" "clicks:$parts"
 redis_url=redis://127.0.0.1:$stack_port/0
@@ -71,6 +79,7 @@ median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (
 
 : >"$work/fit.txt"
 : >"$work/run.txt"
+: >"$work/cpu.txt"
 for r in $(seq "$rounds"); do
     out=$("$bin" fit-sparse --sparse "$spec" --data "$work/clicks.bin" --format binary \
         --batch "$batch" --window "$n" 2>/dev/null | tail -1)
@@ -99,11 +108,46 @@ listen =
 workers = $workers
 [psstore]
 shards = $shards
+${COMMIT_MS:+commit_ms = $COMMIT_MS}
 CONF
     vtag=$model
     [ "$shards" -gt 1 ] && vtag="$model/s0"
     before=$(redis_bytes)
-    "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
+    redis-cli -p "$stack_port" CONFIG RESETSTAT >/dev/null
+    read -r raw_rate raw_cpu < <(raw_read "$raw_bin" "$stack_bootstrap" clicks "$n" "$work")
+    side0=$(side_cpu)
+    redis0=$(redis_cpu)
+    broker0=$(broker_cpu)
+    # the run's CPU: its process (time), the broker and Redis; its threads'
+    # split sampled from /proc while it runs (the last sample before it exits)
+    (
+        TIMEFORMAT='%U %S'
+        time "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
+    ) 2>"$work/time$r" &
+    tpid=$!
+    rpid=
+    for _ in $(seq 100); do
+        rpid=$(pgrep -P "$tpid" | head -1) && [ -n "$rpid" ] && break
+        sleep 0.02
+    done
+    # per kind, the most any sample saw: a thread's CPU leaves /proc when it
+    # is joined, before the process exits
+    : >"$work/threads$r"
+    while [ -n "$rpid" ] && kill -0 "$rpid" 2>/dev/null; do
+        thread_cpu "$rpid" 2>/dev/null | cat - "$work/threads$r" |
+            awk '{ if (!($1 in m) || $2 > m[$1]) m[$1] = $2 } END { for (k in m) print k, m[k] }' \
+                >"$work/threads.new"
+        mv "$work/threads.new" "$work/threads$r"
+        sleep 0.1
+    done
+    wait "$tpid"
+    run_cpu=$(awk -v b="$(side_cpu)" -v s0="$side0" -v n="$n" \
+        '{ printf "%.2f", ($1 + $2 + b - s0) * 1e6 / n }' "$work/time$r")
+    {
+        awk -v n="$n" '{ printf "%s %.2f\n", $1, $2 * 1e6 / n }' "$work/threads$r" 2>/dev/null
+        awk -v b="$(broker_cpu)" -v s0="$broker0" -v n="$n" 'BEGIN { printf "broker %.2f\n", (b - s0) * 1e6 / n }'
+        awk -v b="$(redis_cpu)" -v s0="$redis0" -v n="$n" 'BEGIN { printf "redis %.2f\n", (b - s0) * 1e6 / n }'
+    } >"$work/split$r"
     moved=$(($(redis_bytes) - before))
     # versions entries: version, epoch, tau, lr_eff, loss, n, worker, t (ms)
     redis-cli -p "$stack_port" --no-raw XRANGE "freshet:{$vtag}:versions" - + |
@@ -124,9 +168,21 @@ CONF
         >>"$work/run.txt"
     p50=$(median <"$work/taus$r.txt")
     p99=$(sort -g "$work/taus$r.txt" | awk '{a[NR] = $1} END {i = int(NR * 0.99); if (i < 1) i = 1; print a[i]}')
+    # the cpu limit: cores / (fit-sparse's CPU a sample, its one thread, +
+    # the raw read's a record, broker included)
+    fr_cpu=$(awk -v f="$fit_rate" -v c="$raw_cpu" 'BEGIN { printf "%.2f", 1e6 / f + c }')
+    cpu_lim=$(awk -v k="$ncpu" -v u="$fr_cpu" 'BEGIN { printf "%.0f", k * 1e6 / u }')
+    echo "$run_cpu $fr_cpu $cpu_lim $raw_rate $raw_cpu" >>"$work/cpu.txt"
     echo "round $r: fit-sparse $fit_rate samples/s, logloss $fit_loss;" \
         "run $(tail -1 "$work/run.txt" | awk '{print $1 " samples/s, logloss " $2 ", Redis " $3 " bytes/sample, " $4 " rows/s pulled and pushed"}')," \
-        "staleness p50 $p50 p99 $p99"
+        "staleness p50 $p50 p99 $p99; raw read $raw_rate records/s;" \
+        "CPU a sample: run $run_cpu us, fit-sparse + raw read $fr_cpu us; cpu limit $cpu_lim samples/s," \
+        "run/cpu limit $(tail -1 "$work/run.txt" | awk -v c="$cpu_lim" '{printf "%.2f", $1 / c}')"
+    echo "  run's CPU a sample by thread (us): $(sort "$work/split$r" | tr '\n' ' ')"
+    # where Redis's time went: its commands by total time, us a sample
+    echo "  Redis's commands (us a sample): $(redis-cli -p "$stack_port" INFO commandstats | tr -d '\r' |
+        awk -F'[:=,]' -v n="$n" '/^cmdstat_/ { sub(/^cmdstat_/, "", $1); printf "%s %.2f %d\n", $1, $5 / n, $3 }' |
+        sort -k2 -g -r | head -6 | awk '{ printf "%s %s (%d calls) ", $1, $2, $3 }')"
 done
 fit_med=$(awk '{print $1}' "$work/fit.txt" | median)
 run_med=$(awk '{print $1}' "$work/run.txt" | median)
@@ -136,6 +192,13 @@ echo "median: fit-sparse $fit_med samples/s (logloss $(awk '{print $2}' "$work/f
     "$(awk '{print $4}' "$work/run.txt" | median) rows/s pulled and pushed; a dense model of the" \
     "table's size would move $(dense_bytes) bytes/sample: one pull and one push a batch);" \
     "run/fit $(awk -v a="$run_med" -v b="$fit_med" 'BEGIN {printf "%.2f", a / b}')"
+lim_med=$(awk '{print $3}' "$work/cpu.txt" | median)
+echo "median: CPU a sample: run $(awk '{print $1}' "$work/cpu.txt" | median) us" \
+    "($(awk '{print $1}' "$work/cpu.txt" | sort -g | sed -n '1p;$p' | tr '\n' '-' | sed 's/-$//'))," \
+    "fit-sparse + raw read $(awk '{print $2}' "$work/cpu.txt" | median) us" \
+    "(raw read $(awk '{print $5}' "$work/cpu.txt" | median) us a record); cpu limit $lim_med samples/s;" \
+    "run/cpu limit $(paste -d' ' "$work/run.txt" "$work/cpu.txt" | awk '{print $1 / $7}' | median)" \
+    "($(paste -d' ' "$work/run.txt" "$work/cpu.txt" | awk '{printf "%.2f\n", $1 / $7}' | sort -g | sed -n '1p;$p' | tr '\n' '-' | sed 's/-$//'))"
 if [ -n "${REDIS_DELAY_US:-}" ]; then
     echo "delay_proxy: $(stack_proxy_cpu) s of CPU in all (every round's fit-sparse and run)"
 fi
