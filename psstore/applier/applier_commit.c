@@ -31,6 +31,8 @@ typedef struct txn {
     int argc, cap;
     int queued;   /* commands appended: one reply each to read back */
     fr_err_t err; /* the first error; FR_OK while none */
+    char *fmt;    /* a command in RESP (queue_rows) */
+    size_t capfmt;
 } txn_t;
 
 #if defined(__GNUC__)
@@ -132,6 +134,7 @@ static void txn_fini(txn_t *t)
 {
     free(t->argv);
     free(t->lens);
+    free(t->fmt);
 }
 
 /* ---- what a commit writes --------------------------------------------------- */
@@ -161,29 +164,76 @@ static void queue_entries(txn_t *t, const char *key, const fr_buf_t *b, long lon
     }
 }
 
+/* Writes "<c><n>\r\n" at p; returns the end. */
+static char *resp_head(char *p, char c, size_t n)
+{
+    char digits[24];
+    int k = 0;
+    do
+        digits[k++] = (char)('0' + n % 10);
+    while ((n /= 10) > 0);
+    *p++ = c;
+    while (k > 0)
+        *p++ = digits[--k];
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+/* Writes one bulk string at p; returns the end. */
+static char *resp_bulk(char *p, const void *s, size_t n)
+{
+    p = resp_head(p, '$', n);
+    memcpy(p, s, n);
+    p += n;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
 /*
  * A sparse model's rows changed since the last commit: HSET rows, each
  * value the row's parameters and optimizer state as the table holds them,
- * PS_ROWS_CHUNK rows a command (applier_sparse.c). Their fields live here
- * until each command is sent.
+ * PS_ROWS_CHUNK rows a command (applier_sparse.c). Each command is written
+ * in RESP here, every row's field and value at fixed lengths, and queued
+ * as it is (ps_pipeline_append_formatted): hiredis's formatting of two
+ * arguments a row was most of the applier's CPU a sample, under the step
+ * lock (docs/design.md "The store written behind").
  */
 static void queue_rows(psstore_applier_t *a, txn_t *t)
 {
     ps_sparse_t *sp = a->sp;
     char rows_key[PS_KEY_MAX];
     ps_key(rows_key, a->model, "rows");
-    unsigned char fields[PS_ROWS_CHUNK][4];
-    for (size_t at = 0; at < sp->ndirty; at += PS_ROWS_CHUNK) {
+    size_t klen = strlen(rows_key), vbytes = sp->vlen * sizeof(float);
+    /* per row at most: $4, 4 bytes, $<vbytes>, the value, each line's CRLF */
+    size_t per_row = 2 * 24 + 4 + vbytes + 4;
+    size_t need = 3 * 24 + 8 + klen + PS_ROWS_CHUNK * per_row;
+    if (t->err == FR_OK && need > t->capfmt) {
+        char *f = realloc(t->fmt, need);
+        if (f == NULL) {
+            txn_fail(t, ps_fail(t->c, FR_ERR_NOMEM, "applier: out of memory"));
+            return;
+        }
+        t->fmt = f;
+        t->capfmt = need;
+    }
+    for (size_t at = 0; at < sp->ndirty && t->err == FR_OK; at += PS_ROWS_CHUNK) {
         size_t n = sp->ndirty - at < PS_ROWS_CHUNK ? sp->ndirty - at : PS_ROWS_CHUNK;
-        txn_str(t, "HSET");
-        txn_str(t, rows_key);
+        char *p = resp_head(t->fmt, '*', 2 + 2 * n);
+        p = resp_bulk(p, "HSET", 4);
+        p = resp_bulk(p, rows_key, klen);
         for (size_t i = 0; i < n; i++) {
             size_t s = sp->dirty_list[at + i];
-            ps_row_field(sp->rows[s], fields[i]);
-            txn_arg(t, fields[i], 4);
-            txn_arg(t, sp->vals + s * sp->vlen, sp->vlen * sizeof(float));
+            unsigned char field[4];
+            ps_row_field(sp->rows[s], field);
+            p = resp_bulk(p, field, 4);
+            p = resp_bulk(p, sp->vals + s * sp->vlen, vbytes);
         }
-        txn_send(t);
+        FR_ASSERT((size_t)(p - t->fmt) <= t->capfmt); /* need counted every byte */
+        t->err = ps_pipeline_append_formatted(t->c, rows_key, klen, t->fmt, (size_t)(p - t->fmt));
+        if (t->err == FR_OK)
+            t->queued++;
     }
 }
 

@@ -753,22 +753,40 @@ static fr_err_t pipeline_ready(psstore_conn_t *c, int slot)
  * connection stays in step); after a broken connection every further read
  * fails at once.
  */
+/* pipeline_ready, discarding what a cluster connection held back (MULTI)
+ * when it fails: it must not go out later on its own. */
+static fr_err_t ready_or_discard(psstore_conn_t *c, int slot)
+{
+    fr_err_t err = pipeline_ready(c, slot);
+    if (err != FR_OK && c->cl != NULL) {
+        char why[sizeof(c->errstr)];
+        memcpy(why, c->errstr, sizeof(why));
+        ps_pipeline_discard(c);
+        memcpy(c->errstr, why, sizeof(why));
+    }
+    return err;
+}
+
+fr_err_t ps_pipeline_append_formatted(psstore_conn_t *c, const char *key, size_t klen,
+                                      const char *cmd, size_t len)
+{
+    fr_err_t err = ready_or_discard(c, c->cl != NULL ? psstore_key_slot(key, klen) : -1);
+    if (err != FR_OK)
+        return err;
+    if (redisAppendFormattedCommand(c->ctx, cmd, len) != REDIS_OK)
+        return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
+    c->pending++;
+    return FR_OK;
+}
+
 fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens)
 {
     fr_err_t err;
     int slot = c->cl != NULL ? ps_argv_slot(argc, argv, lens) : -1;
     if (c->cl != NULL && slot < 0 && c->pending == c->ndefer)
         return defer_command(c, argc, argv, lens);
-    if ((err = pipeline_ready(c, slot)) != FR_OK) {
-        if (c->cl != NULL) {
-            /* held-back commands (MULTI) must not go out later on their own */
-            char why[sizeof(c->errstr)];
-            memcpy(why, c->errstr, sizeof(why));
-            ps_pipeline_discard(c);
-            memcpy(c->errstr, why, sizeof(why));
-        }
+    if ((err = ready_or_discard(c, slot)) != FR_OK)
         return err;
-    }
     if (redisAppendCommandArgv(c->ctx, argc, argv, lens) != REDIS_OK)
         return ps_fail(c, FR_ERR_NOMEM, "redis: out of memory queueing a command");
     c->pending++;

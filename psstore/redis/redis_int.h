@@ -106,6 +106,11 @@ redisReply *ps_cmd(psstore_conn_t *c, int retry, fr_err_t *err, const char *fmt,
  * after an error reply. After a transport failure c->ctx is NULL: that is
  * how to tell it from an error reply (both are FR_ERR_REDIS). */
 fr_err_t ps_pipeline_append(psstore_conn_t *c, int argc, const char **argv, const size_t *lens);
+/* As ps_pipeline_append, for a command already in RESP (cmd[len]) whose
+ * key is key[klen] (it routes the command in a cluster): a caller that
+ * writes many arguments of fixed shape formats them faster than hiredis. */
+fr_err_t ps_pipeline_append_formatted(psstore_conn_t *c, const char *key, size_t klen,
+                                      const char *cmd, size_t len);
 redisReply *ps_pipeline_read(psstore_conn_t *c, fr_err_t *err);
 /* Sends what the pipeline holds now, without waiting for a reply, so that
  * the round trips of several connections overlap (a sharded pull checks
