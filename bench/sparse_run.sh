@@ -15,6 +15,9 @@
 # run (INFO stats) over N, printed beside what a dense model of the
 # table's size would move (its weights pulled and its gradient pushed once
 # a batch); its rows/s the rows its workers pulled (and pushed) a second.
+# SPLIT=1 runs the split layout instead: freshet ps (the applier) and
+# freshet train (the consumer and workers) as two processes, the gradients
+# through the grads stream; their CPU is summed.
 # The cpu limit, measured in the same round: cores / (fit-sparse's CPU a
 # sample, one thread, + the CPU a record of a raw librdkafka read of the
 # same topic, bench_rawconsume and the broker); the run's CPU a sample is
@@ -27,7 +30,7 @@
 # another rack (bench/README.md "A distant store"; bench/distant.sh runs it).
 # The bench's own redis-cli calls go straight to Redis.
 # usage: [N=200000] [ROUNDS=3] [SPEC=fields:39,buckets:2^22,dim:8] [BATCH=256]
-#        [SHARDS=1] [REDIS_DELAY_US=D] [COMMIT_MS=N] bash bench/sparse_run.sh [WORKERS] [FRESHET]
+#        [SHARDS=1] [SPLIT=1] [REDIS_DELAY_US=D] [COMMIT_MS=N] bash bench/sparse_run.sh [WORKERS] [FRESHET]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 workers=${1:-2}
@@ -37,6 +40,7 @@ rounds=${ROUNDS:-3}
 spec=${SPEC:-fields:39,buckets:2^22,dim:8}
 batch=${BATCH:-256}
 shards=${SHARDS:-1}
+split=${SPLIT:-0}
 parts=$(((n + 9999) / 10000))
 work=$(mktemp -d /tmp/freshet-bench-XXXXXX)
 # shellcheck source=deploy/stack.sh
@@ -112,35 +116,58 @@ ${COMMIT_MS:+commit_ms = $COMMIT_MS}
 CONF
     vtag=$model
     [ "$shards" -gt 1 ] && vtag="$model/s0"
+    redis-cli -p "$stack_port" CONFIG RESETSTAT >/dev/null # commandstats and the bytes
     before=$(redis_bytes)
-    redis-cli -p "$stack_port" CONFIG RESETSTAT >/dev/null
     read -r raw_rate raw_cpu < <(raw_read "$raw_bin" "$stack_bootstrap" clicks "$n" "$work")
     side0=$(side_cpu)
     redis0=$(redis_cpu)
     broker0=$(broker_cpu)
     # the run's CPU: its process (time), the broker and Redis; its threads'
-    # split sampled from /proc while it runs (the last sample before it exits)
-    (
-        TIMEFORMAT='%U %S'
-        time "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
-    ) 2>"$work/time$r" &
-    tpid=$!
-    rpid=
-    for _ in $(seq 100); do
-        rpid=$(pgrep -P "$tpid" | head -1) && [ -n "$rpid" ] && break
-        sleep 0.02
-    done
-    # per kind, the most any sample saw: a thread's CPU leaves /proc when it
-    # is joined, before the process exits
+    # split sampled from /proc while it runs (per kind, the most any sample
+    # saw: a thread's CPU leaves /proc when it is joined, before the process
+    # exits). SPLIT=1: freshet ps and freshet train, stopped once the
+    # store's watermarks cover the topic
     : >"$work/threads$r"
-    while [ -n "$rpid" ] && kill -0 "$rpid" 2>/dev/null; do
-        thread_cpu "$rpid" 2>/dev/null | cat - "$work/threads$r" |
+    sample_threads() {
+        local p
+        for p in "$@"; do thread_cpu "$p" 2>/dev/null; done | cat - "$work/threads$r" |
             awk '{ if (!($1 in m) || $2 > m[$1]) m[$1] = $2 } END { for (k in m) print k, m[k] }' \
                 >"$work/threads.new"
         mv "$work/threads.new" "$work/threads$r"
-        sleep 0.1
-    done
-    wait "$tpid"
+    }
+    if [ "$split" = 1 ]; then
+        "$bin" ps --config "$work/run.conf" >"$work/ps$r.log" 2>&1 &
+        ppid=$!
+        "$bin" train --config "$work/run.conf" >"$work/run$r.log" 2>&1 &
+        rpid=$!
+        for _ in $(seq 3000); do
+            got=$(redis-cli -p "$stack_port" HVALS "freshet:{$vtag}:offsets" |
+                awk -F'[;@]' '{ s += $1 } END { print s + 0 }')
+            [ "$got" -ge "$n" ] && break
+            sample_threads "$ppid" "$rpid"
+            sleep 0.1
+        done
+        sample_threads "$ppid" "$rpid"
+        awk -v a="$(cpu_s "$ppid")" -v b="$(cpu_s "$rpid")" 'BEGIN { print a + b, 0 }' >"$work/time$r"
+        kill -TERM "$rpid" "$ppid"
+        wait "$rpid" "$ppid" || true
+    else
+        (
+            TIMEFORMAT='%U %S'
+            time "$bin" run --config "$work/run.conf" --samples "$n" >"$work/run$r.log" 2>&1
+        ) 2>"$work/time$r" &
+        tpid=$!
+        rpid=
+        for _ in $(seq 100); do
+            rpid=$(pgrep -P "$tpid" | head -1) && [ -n "$rpid" ] && break
+            sleep 0.02
+        done
+        while [ -n "$rpid" ] && kill -0 "$rpid" 2>/dev/null; do
+            sample_threads "$rpid"
+            sleep 0.1
+        done
+        wait "$tpid"
+    fi
     run_cpu=$(awk -v b="$(side_cpu)" -v s0="$side0" -v n="$n" \
         '{ printf "%.2f", ($1 + $2 + b - s0) * 1e6 / n }' "$work/time$r")
     {

@@ -71,18 +71,22 @@ static void flight_add(worker_t *wk, uint64_t ticket, const char *id)
 
 /*
  * Whether the worker decides its next gradient itself when the applier is
- * free (psstore_local_push_help): only the pool's one worker, and when the
- * push reaches the in-flight bound, so that it would wait (flights_wait)
- * before its next pull anyway. With two workers on 2 cores it gained no
- * rate and widened the staleness (p99 2 to 5-6 versions): a worker whose
- * steps no longer wait for the applier's turn runs ahead of one that lost
- * its core (docs/design.md "The co-located fast path").
+ * free (psstore_local_push_help), when the push reaches the in-flight bound,
+ * so that it would wait (flights_wait) before its next pull anyway: 1 for the
+ * pool's one worker; 2, only while the applier's thread waits for Redis
+ * (psstore_local_push_help_away), for a pool of several. Always helping with
+ * two workers on 2 cores gained no rate and widened the staleness (p99 2 to
+ * 5-6 versions): a worker whose steps no longer wait for the applier's turn
+ * runs ahead of one that lost its core; during a round trip the applier's
+ * thread decides nothing, and a pusher that waited for it waited for Redis
+ * (docs/design.md "The co-located fast path").
  */
 static int decides_own(const worker_t *wk)
 {
     const trainer_pool_t *p = wk->pool;
-    return p->nworkers == 1 && p->in_flight >= 1 && !psstore_mode_rounds(p->mode) &&
-           wk->nflights + 1 >= p->in_flight;
+    if (p->in_flight < 1 || psstore_mode_rounds(p->mode) || wk->nflights + 1 < p->in_flight)
+        return 0;
+    return p->nworkers == 1 ? 1 : 2;
 }
 
 /*
@@ -291,10 +295,12 @@ static fr_err_t push_local(worker_t *wk, const psstore_grad_t *msg)
     fr_err_t err;
     if (msg->n == 0)
         err = psstore_local_push(p->local, msg, PUSH_WAIT_MS, &ticket);
-    else if (decides_own(wk))
+    else if (decides_own(wk) == 1)
         /* it will wait for this gradient (or an older one) before its
          * next pull: it decides it itself when the applier is free */
         err = psstore_local_push_help(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
+    else if (decides_own(wk) == 2) /* ... or while the applier waits for Redis */
+        err = psstore_local_push_help_away(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
     else
         err = psstore_local_push_swap(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
     if (err != FR_OK)

@@ -373,14 +373,14 @@ static void step_leave(psstore_applier_t *a)
 void ps_applier_step_pause(psstore_applier_t *a)
 {
     if (a->local != NULL && a->sp == NULL)
-        ps_local_step_leave(a->local);
+        ps_local_step_away(a->local);
     ps_sparse_step_leave(a->sp);
 }
 
 void ps_applier_step_resume(psstore_applier_t *a)
 {
     if (a->local != NULL && a->sp == NULL)
-        ps_local_step_enter(a->local);
+        ps_local_step_back(a->local);
     ps_sparse_step_enter(a->sp);
 }
 

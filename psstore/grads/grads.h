@@ -234,6 +234,13 @@ fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, fl
  * gradients, the gradient is left to it and it is woken. */
 fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, float **buf,
                                  int timeout_ms, uint64_t *ticket);
+/* As psstore_local_push_help, stepping in only while the applier's thread
+ * waits for Redis (a commit's EXEC, a stream or requests read), when it
+ * could take no gradient anyway: for a pool of several workers, whose
+ * gradients the applier's thread otherwise decides (docs/design.md "The
+ * co-located fast path"). */
+fr_err_t psstore_local_push_help_away(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                      int timeout_ms, uint64_t *ticket);
 /* Waits until the push of `ticket` has been decided by the applier and,
  * when applied, is in the weights psstore_local_pull returns (the
  * in-flight bound, docs/design.md "Staleness and the controller"): FR_OK,

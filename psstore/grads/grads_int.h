@@ -103,6 +103,10 @@ void ps_local_release(psstore_local_t *l);
  * the gradients it took; NULL: no helping (set before the applier goes). */
 void ps_local_step_enter(psstore_local_t *l);
 void ps_local_step_leave(psstore_local_t *l);
+/* As ps_local_step_leave and ps_local_step_enter around a round trip to
+ * Redis: meanwhile pushers of psstore_local_push_help_away step in too. */
+void ps_local_step_away(psstore_local_t *l);
+void ps_local_step_back(psstore_local_t *l);
 void ps_local_set_helper(psstore_local_t *l, int (*fn)(void *), void *arg);
 
 #endif

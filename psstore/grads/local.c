@@ -92,9 +92,14 @@ struct psstore_local {
     int (*helper)(void *);
     void *helper_arg;
     atomic_int helping;
+    /* the applier let go of `step` for a round trip to Redis (ps_local_step_away):
+     * a pusher of a pool of several steps in only then (psstore_local_push_help_away) */
+    atomic_int away;
 };
 
-#define LOCAL_RING 4096 /* pushes whose shard tickets are remembered */
+#define LOCAL_RING  4096 /* pushes whose shard tickets are remembered */
+#define HELP_ALWAYS 1    /* push_swapped: the pusher steps in whenever it can ... */
+#define HELP_AWAY   2    /* ... or only while the applier waits for Redis */
 
 /* Appends a touched snapshot buffer; returns its index, or SIZE_MAX when
  * out of memory. */
@@ -409,7 +414,7 @@ static fr_err_t push(psstore_local_t *l, const psstore_grad_t *g, float **buf, i
  * refuses leaves the earlier ones holding their slices: the gap rule reads
  * the batch again and those shards drop it as a duplicate.
  */
-static void help_shards(psstore_local_t *l, int k);
+static void help_shards(psstore_local_t *l, int k, int only_away);
 
 static fr_err_t push_shards(psstore_local_t *l, const psstore_grad_t *g, int timeout_ms,
                             uint64_t *ticket, int wake)
@@ -423,7 +428,7 @@ static fr_err_t push_shards(psstore_local_t *l, const psstore_grad_t *g, int tim
         ps_grad_slice(g, g->at, k, norm, &slice);
         fr_err_t err = push(l->sub[k], &slice, NULL, timeout_ms, &tickets[k], wake);
         if (err != FR_OK && !wake)
-            help_shards(l, k); /* the slices queued so far are not left unannounced */
+            help_shards(l, k, 1); /* the slices queued so far are not left unannounced */
         if (err != FR_OK)
             return err;
     }
@@ -444,7 +449,7 @@ fr_err_t psstore_local_push(psstore_local_t *l, const psstore_grad_t *g, int tim
     return push(l, g, NULL, timeout_ms, ticket, 1);
 }
 
-static void help_one_or_shards(psstore_local_t *l);
+static void help_one_or_shards(psstore_local_t *l, int only_away);
 
 /* A swapped push (psstore_local_push_swap); with help, the pusher then
  * steps in for the applier (psstore_local_push_help) instead of waking it. */
@@ -457,7 +462,7 @@ static fr_err_t push_swapped(psstore_local_t *l, const psstore_grad_t *g, float 
                        ? push_shards(l, g, timeout_ms, ticket, !help)
                        : push(l, g, buf, timeout_ms, ticket, !help);
     if (err == FR_OK && help)
-        help_one_or_shards(l);
+        help_one_or_shards(l, help == HELP_AWAY);
     return err;
 }
 
@@ -473,10 +478,12 @@ fr_err_t psstore_local_push_swap(psstore_local_t *l, const psstore_grad_t *g, fl
  * step runs in this thread. Whatever is still queued afterwards (the
  * applier was busy, or it is not taking gradients) wakes the applier.
  */
-static int help_one(psstore_local_t *l)
+static int help_one(psstore_local_t *l, int only_away)
 {
-    int n = 0, held = pthread_mutex_trylock(&l->step) == 0;
-    if (!held && atomic_load(&l->helping)) {
+    int n = 0, held = 0;
+    if (!only_away || atomic_load(&l->away))
+        held = pthread_mutex_trylock(&l->step) == 0;
+    if (!held && !only_away && atomic_load(&l->helping)) {
         pthread_mutex_lock(&l->step);
         held = 1;
     }
@@ -495,25 +502,31 @@ static int help_one(psstore_local_t *l)
 }
 
 /* help_one on the first k shards of a sharded channel. */
-static void help_shards(psstore_local_t *l, int k)
+static void help_shards(psstore_local_t *l, int k, int only_away)
 {
     for (int i = 0; i < k; i++)
-        help_one(l->sub[i]);
+        help_one(l->sub[i], only_away);
 }
 
 /* help_one on l, or on each shard of a sharded l. */
-static void help_one_or_shards(psstore_local_t *l)
+static void help_one_or_shards(psstore_local_t *l, int only_away)
 {
     if (l->nsub > 0)
-        help_shards(l, l->nsub);
+        help_shards(l, l->nsub, only_away);
     else
-        help_one(l);
+        help_one(l, only_away);
 }
 
 fr_err_t psstore_local_push_help(psstore_local_t *l, const psstore_grad_t *g, float **buf,
                                  int timeout_ms, uint64_t *ticket)
 {
-    return push_swapped(l, g, buf, timeout_ms, ticket, 1);
+    return push_swapped(l, g, buf, timeout_ms, ticket, HELP_ALWAYS);
+}
+
+fr_err_t psstore_local_push_help_away(psstore_local_t *l, const psstore_grad_t *g, float **buf,
+                                      int timeout_ms, uint64_t *ticket)
+{
+    return push_swapped(l, g, buf, timeout_ms, ticket, HELP_AWAY);
 }
 
 /* ---- the applier's side (grads_int.h) ---------------------------------------- */
@@ -725,6 +738,18 @@ void ps_local_step_enter(psstore_local_t *l)
 void ps_local_step_leave(psstore_local_t *l)
 {
     pthread_mutex_unlock(&l->step);
+}
+
+void ps_local_step_away(psstore_local_t *l)
+{
+    atomic_store(&l->away, 1);
+    pthread_mutex_unlock(&l->step);
+}
+
+void ps_local_step_back(psstore_local_t *l)
+{
+    pthread_mutex_lock(&l->step);
+    atomic_store(&l->away, 0);
 }
 
 void ps_local_set_helper(psstore_local_t *l, int (*fn)(void *), void *arg)
