@@ -7,8 +7,9 @@
  * intervals above it as the batcher's skip list (rule 2), or at the log
  * start or end for a partition the store never saw.
  *
- * Once a second (ingest_consumer_store_tick) the poll thread reads each
- * assigned partition's offsets from the store and
+ * Once a second (ingest_consumer_store_tick) the poll thread reads every
+ * assigned partition's offsets from the store, all in one batch (a fixed
+ * number of round trips whatever the partitions), and
  * - commits an advanced watermark to Kafka and sets the lag gauge;
  * - applies rule 3: a watermark that has not advanced for gap_timeout, at
  *   a position no outstanding batch holds (queued, lent to a trainer and
@@ -311,8 +312,9 @@ static void replay_submit(ingest_consumer_t *c, const psstore_rewind_t *targets,
 /* ------------------------------------------------------------------------
  * The store tick. ingest_consumer_store_tick does seven jobs, one function
  * each, in this order: notice an executed rewind (rewind_executed), read
- * the published replay (replay_read), then per partition restart a rewound
- * one (rewind_finish), read its offsets (tick_offsets), resolve its replay
+ * the published replay (replay_read), restart the rewound partitions
+ * (rewind_finish), read every partition's offsets in one batch
+ * (tick_offsets), then per partition (tick_partition) resolve its replay
  * target (tick_replay), note its log end and lag and its advanced
  * watermark (tick_logend, tick_commit) and apply the gap rule (gap_rule);
  * tick_send then sends what the partitions gathered.
@@ -327,6 +329,8 @@ typedef struct tick {
     psstore_rewind_t *targets;                /* [ntargets] replay rewrites  */
     psstore_logend_t *ends;                   /* [nends] for the lag of serve */
     size_t ntargets, nends, cap;              /* ntargets, nends <= cap      */
+    int64_t *w, *gen;                         /* [cap] by owned: the store's  */
+    int *found;                               /* watermark, generation, seen */
 } tick_t;
 
 /* Nonzero when the applier has executed our rewind request (which is then
@@ -352,20 +356,37 @@ static void rewind_finish(ingest_consumer_t *c, owned_t *o)
         fr_series_add(c->m_rewinds, 1);
 }
 
-/* Reads one partition's watermark and generation from the store: FR_OK
- * with *found, or the store's error (logged at debug level). */
-static fr_err_t tick_offsets(ingest_consumer_t *c, const owned_t *o, int64_t *watermark,
-                             int64_t *generation, int *found)
+/*
+ * Reads every owned partition's watermark and generation from the store
+ * into tk->w, tk->gen and tk->found (indexed as c->owned), in one batch: a
+ * fixed number of round trips whatever the number of partitions, during
+ * which the poll thread does not poll Kafka (docs/design.md "Offsets").
+ * FR_OK, or the store's error or FR_ERR_NOMEM (logged at debug level).
+ */
+static fr_err_t tick_offsets(ingest_consumer_t *c, tick_t *tk)
 {
-    psstore_partition_offsets_t po;
-    *found = 0;
-    psstore_poff_init(&po, 0);
-    fr_err_t err = psstore_offsets_read(c->ps, c->model, c->topic, o->partition, &po, found);
+    size_t n = (size_t)c->nowned;
+    int32_t *parts = malloc(n * sizeof(*parts));
+    psstore_partition_offsets_t *po = malloc(n * sizeof(*po));
+    fr_err_t err = FR_ERR_NOMEM;
+    FR_ASSERT(n <= tk->cap);
+    if (parts != NULL && po != NULL) {
+        for (size_t i = 0; i < n; i++) {
+            parts[i] = c->owned[i].partition;
+            psstore_poff_init(&po[i], 0);
+        }
+        err = psstore_offsets_read_many(c->ps, c->model, c->topic, parts, n, po, tk->found);
+        for (size_t i = 0; i < n; i++) {
+            tk->w[i] = po[i].watermark;
+            tk->gen[i] = po[i].generation;
+            psstore_poff_fini(&po[i]);
+        }
+    }
     if (err != FR_OK)
-        fr_log(FR_LOG_DEBUG, "ingest: %s", psstore_conn_error(c->ps));
-    *watermark = po.watermark;
-    *generation = po.generation;
-    psstore_poff_fini(&po);
+        fr_log(FR_LOG_DEBUG, "ingest: %s",
+               err == FR_ERR_NOMEM ? fr_strerror(err) : psstore_conn_error(c->ps));
+    free(parts);
+    free(po);
     return err;
 }
 
@@ -528,12 +549,29 @@ void ingest_consumer_commit_cb(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                 c->owned[j].committed = -1;
 }
 
+/* One partition's part of the tick, given the store's watermark w and
+ * generation gen of it (found: the store saw it). */
+static void tick_partition(ingest_consumer_t *c, owned_t *o, int64_t w, int64_t gen, int found,
+                           tick_t *tk)
+{
+    tick_replay(c, o, found ? w : -1, gen, tk);
+    if (o->rewinding)
+        return;
+    if (found) {
+        tick_logend(c, o, w, tk);
+        tick_commit(c, o, w, tk);
+    } else {
+        w = 0; /* nothing marked yet: a lost first batch must be seen too */
+    }
+    gap_rule(c, o, w, tk);
+}
+
 /*
- * Every COMMIT_EVERY_MS: reads each assigned partition's offsets from the
- * store, commits watermarks that advanced to Kafka (async), updates the lag
- * gauges, applies the gap rule and carries replays forward (see the top of
- * this file); the final tick, at stop, only commits. A Redis error ends
- * this tick early. Poll thread.
+ * Every COMMIT_EVERY_MS: reads every assigned partition's offsets from the
+ * store (in one batch), commits watermarks that advanced to Kafka (async),
+ * updates the lag gauges, applies the gap rule and carries replays forward
+ * (see the top of this file); the final tick, at stop, only commits. A
+ * Redis error ends this tick before any partition's part. Poll thread.
  */
 void ingest_consumer_store_tick(ingest_consumer_t *c, int final)
 {
@@ -542,35 +580,30 @@ void ingest_consumer_store_tick(ingest_consumer_t *c, int final)
     int rewound = rewind_executed(c);
     if (c->rewind_id[0] == '\0' && !final)
         replay_read(c);
+    /* before the read, so that it sees where they start again (each
+     * restart reads its own partition's offsets, as an assignment does) */
+    for (int i = 0; rewound && i < c->nowned; i++)
+        if (c->owned[i].rewinding)
+            rewind_finish(c, &c->owned[i]);
     tick_t tk = {.final = final, .cap = (size_t)c->nowned};
     tk.commits = rd_kafka_topic_partition_list_new(c->nowned);
     tk.targets = calloc(tk.cap, sizeof(*tk.targets));
     tk.ends = calloc(tk.cap, sizeof(*tk.ends));
+    tk.w = calloc(tk.cap, sizeof(*tk.w));
+    tk.gen = calloc(tk.cap, sizeof(*tk.gen));
+    tk.found = calloc(tk.cap, sizeof(*tk.found));
     tk.now = now_ms();
-    for (int i = 0; i < c->nowned && tk.commits != NULL && tk.targets != NULL && tk.ends != NULL;
-         i++) {
-        owned_t *o = &c->owned[i];
-        int64_t w, gen;
-        int found;
-        if (rewound && o->rewinding)
-            rewind_finish(c, o);
-        if (tick_offsets(c, o, &w, &gen, &found) != FR_OK)
-            break;
-        tick_replay(c, o, found ? w : -1, gen, &tk);
-        if (o->rewinding)
-            continue;
-        if (found) {
-            tick_logend(c, o, w, &tk);
-            tick_commit(c, o, w, &tk);
-        } else {
-            w = 0; /* nothing marked yet: a lost first batch must be seen too */
-        }
-        gap_rule(c, o, w, &tk);
-    }
+    if (tk.commits != NULL && tk.targets != NULL && tk.ends != NULL && tk.w != NULL &&
+        tk.gen != NULL && tk.found != NULL && tick_offsets(c, &tk) == FR_OK)
+        for (int i = 0; i < c->nowned; i++)
+            tick_partition(c, &c->owned[i], tk.w[i], tk.gen[i], tk.found[i], &tk);
     tick_send(c, &tk);
     free(tk.ends);
     if (tk.commits != NULL)
         rd_kafka_topic_partition_list_destroy(tk.commits);
     free(tk.targets);
+    free(tk.w);
+    free(tk.gen);
+    free(tk.found);
     ingest_consumer_lent_prune(c);
 }

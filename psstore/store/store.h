@@ -117,6 +117,16 @@ fr_err_t psstore_model_weights_training(psstore_conn_t *c, const char *name, flo
  * where the shards' applied positions differ (positions.h). */
 fr_err_t psstore_offsets_read(psstore_conn_t *c, const char *model, const char *topic,
                               int32_t partition, psstore_partition_offsets_t *po, int *found);
+/* psstore_offsets_read of partitions[n] of topic at once, into po[n]
+ * (initialised by the caller) and found[n], each as psstore_offsets_read
+ * gives it, in a fixed number of round trips whatever n (docs/design.md
+ * "Offsets"): the shard count, then one HMGET a shard (512 fields a
+ * command), pipelined (a round trip a shard on a Redis Cluster). On error
+ * po[] holds part of the answer: the caller still psstore_poff_fini()s
+ * each. */
+fr_err_t psstore_offsets_read_many(psstore_conn_t *c, const char *model, const char *topic,
+                                   const int32_t *partitions, size_t n,
+                                   psstore_partition_offsets_t *po, int *found);
 
 /* The quarantine (quarantine.c; docs/design.md "Poison in a batch"): the
  * positions whose record a trainer found poisonous, rejected when read

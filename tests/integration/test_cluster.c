@@ -185,6 +185,17 @@ static void test_reads_follow_ask_and_moved_during_a_migration(void **state)
     assert_int_equal(po.nspans, 1);
     assert_int_equal(po.spans[0].from, 8);
     assert_int_equal(po.spans[0].to, 9);
+    /* so does the read of many partitions (the consumer's tick), a command a shard */
+    const int32_t parts[] = {1, 0};
+    psstore_partition_offsets_t many[2];
+    int found_many[2];
+    psstore_poff_init(&many[0], 0);
+    psstore_poff_init(&many[1], 0);
+    assert_int_equal(psstore_offsets_read_many(c, model, "t", parts, 2, many, found_many), FR_OK);
+    assert_true(found_many[0] && many[0].watermark == 5 && many[0].nspans == 1);
+    assert_true(found_many[1] && many[1].watermark == 17 && many[1].nspans == 0);
+    psstore_poff_fini(&many[0]);
+    psstore_poff_fini(&many[1]);
     /* a transaction over the half-moved slot is refused (ASK inside
      * MULTI aborts it) and reported as a broken connection: callers retry */
     psstore_model_info_t info;

@@ -1,7 +1,8 @@
 /*
  * test_consumer_offsets.c - the consumer's side of the exactly-once effect,
- * end to end: rule 3 (the gap rule), replays, and a consumer group whose
- * member is killed with SIGKILL. The dev broker (a separate "freshet
+ * end to end: rule 3 (the gap rule), replays, a consumer group whose
+ * member is killed with SIGKILL, and the store reads of the once-a-second
+ * tick (one batch for every partition). The dev broker (a separate "freshet
  * broker" process), a real redis-server, the real applier in a thread
  * (audit mode), and the test as the trainer that takes batches, pushes
  * their gradients and reports them done. For the group test this program
@@ -94,7 +95,7 @@ static void applier_start(harness_applier_t *t, const char *model)
 
 /* A started consumer; NULL with errstr. */
 static ingest_consumer_t *consumer_new(const char *bootstrap, const char *url, const char *topic,
-                                       const char *model, int batch, int gap_ms)
+                                       const char *model, int batch, int gap_ms, int whole_topic)
 {
     ingest_consumer_conf_t conf = {
         .bootstrap = bootstrap,
@@ -109,6 +110,7 @@ static ingest_consumer_t *consumer_new(const char *bootstrap, const char *url, c
         .queue = 8,
         .linger_ms = 100,
         .gap_timeout_ms = gap_ms,
+        .whole_topic = whole_topic,
     };
     ingest_consumer_t *c = ingest_consumer_new(&conf, errstr, sizeof(errstr));
     if (c != NULL && ingest_consumer_start(c) != FR_OK) {
@@ -122,7 +124,8 @@ static ingest_consumer_t *consumer_new(const char *bootstrap, const char *url, c
 static ingest_consumer_t *consumer_start(const char *topic, const char *model, int batch,
                                          int gap_ms)
 {
-    ingest_consumer_t *c = consumer_new(broker.bootstrap, redis.url, topic, model, batch, gap_ms);
+    ingest_consumer_t *c =
+        consumer_new(broker.bootstrap, redis.url, topic, model, batch, gap_ms, 0);
     if (c == NULL)
         fail_msg("consumer: %s", errstr);
     return c;
@@ -555,7 +558,7 @@ static int worker_main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_term};
     sigaction(SIGTERM, &sa, NULL);
     trainer_t *t = malloc(sizeof(*t));
-    ingest_consumer_t *c = consumer_new(argv[2], argv[3], argv[4], argv[5], 5, 2000);
+    ingest_consumer_t *c = consumer_new(argv[2], argv[3], argv[4], argv[5], 5, 2000, 0);
     if (t == NULL || c == NULL || trainer_open(t, argv[3], argv[5]) != 0) {
         fprintf(stderr, "worker: %s\n", errstr);
         return 1;
@@ -673,6 +676,173 @@ static void test_a_killed_member_is_replaced_without_gap_or_duplicate(void **sta
 }
 
 /* ------------------------------------------------------------------------
+ * The store tick's reads.
+ * ---------------------------------------------------------------------- */
+
+/* psstore_offsets_read_many of parts[n] gives each partition what
+ * psstore_offsets_read gives it (both into offsets initialised at -1, so
+ * that a partition the store never saw, left untouched, compares too). */
+static void expect_many_as_each(psstore_conn_t *c, const char *model, const char *topic,
+                                const int32_t *parts, size_t n)
+{
+    psstore_partition_offsets_t *many = calloc(n, sizeof(*many)), one;
+    int *found = calloc(n, sizeof(*found)), found_one = -1;
+    assert_true(many != NULL && found != NULL);
+    for (size_t i = 0; i < n; i++)
+        psstore_poff_init(&many[i], -1);
+    assert_int_equal(psstore_offsets_read_many(c, model, topic, parts, n, many, found), FR_OK);
+    for (size_t i = 0; i < n; i++) {
+        const psstore_partition_offsets_t *m = &many[i];
+        psstore_poff_init(&one, -1);
+        assert_int_equal(psstore_offsets_read(c, model, topic, parts[i], &one, &found_one), FR_OK);
+        int same = found[i] == found_one && m->watermark == one.watermark &&
+                   m->generation == one.generation && m->alone_to == one.alone_to &&
+                   m->nspans == one.nspans;
+        for (size_t k = 0; same && k < one.nspans; k++)
+            same = m->spans[k].from == one.spans[k].from && m->spans[k].to == one.spans[k].to;
+        if (!same)
+            fail_msg("%s %s/%d: read with others: found %d, %" PRId64 " (%zu intervals) @%" PRId64
+                     " alone to %" PRId64 "; alone: found %d, %" PRId64 " (%zu) @%" PRId64
+                     " alone to %" PRId64,
+                     model, topic, parts[i], found[i], m->watermark, m->nspans, m->generation,
+                     m->alone_to, found_one, one.watermark, one.nspans, one.generation,
+                     one.alone_to);
+        psstore_poff_fini(&one);
+        psstore_poff_fini(&many[i]);
+    }
+    free(many);
+    free(found);
+}
+
+/*
+ * psstore_offsets_read_many, the tick's read, gives each partition what
+ * psstore_offsets_read gives it: for a model of one shard over 600
+ * partitions (two HMGETs, of 512 fields and 88), some never seen, some
+ * with applied intervals or a generation; for a model of three shards
+ * that hold different positions, generations and partitions (the lowest
+ * watermark with that shard's intervals, the oldest generation,
+ * alone_to); for a partition asked twice. A value that does not parse
+ * fails the read, naming its partition, as it fails the partition's own.
+ */
+static void test_offsets_read_many_gives_each_partition_what_its_own_read_gives(void **state)
+{
+    (void)state;
+    enum { NPARTS = 600 };
+    const char *topic = "many1";
+    create_model("many");
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    static char cmd[NPARTS * 32];
+    int len = snprintf(cmd, sizeof(cmd), "HSET freshet:{many}:offsets");
+    for (int p = 0; p < NPARTS; p += 3) /* a third seen, alike or not */
+        len += snprintf(cmd + len, sizeof(cmd) - (size_t)len,
+                        p % 2 ? " %s/%d %d" : " %s/%d %d;%d-%d@%d", topic, p, p, p + 2, p + 5,
+                        p % 4 + 1);
+    char out[256];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), cmd), 0);
+    int32_t parts[NPARTS];
+    for (int i = 0; i < NPARTS; i++)
+        parts[i] = NPARTS - 1 - i; /* in no particular order */
+    expect_many_as_each(c, "many", topic, parts, NPARTS);
+
+    /* shard 1 has the lowest watermark of many1/0 and shard 2 the oldest
+     * generation; many1/1 only shards 0 and 2 saw, many1/2 only shard 1 */
+    float w[67] = {0};
+    psstore_model_spec_t spec = {"4-8-3", "softmax", 67, 3, NULL};
+    assert_int_equal(psstore_model_create(c, "manysh", &spec, w, 1), FR_OK);
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{manysh/s0}:offsets many1/0 10;12-14@3 "
+                                         "many1/1 4"),
+                     0);
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{manysh/s1}:offsets many1/0 8;9-11@3 "
+                                         "many1/2 7;9-10"),
+                     0);
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{manysh/s2}:offsets many1/0 15@2 "
+                                         "many1/1 4"),
+                     0);
+    const int32_t sharded[] = {0, 1, 2, 3, 0};
+    expect_many_as_each(c, "manysh", topic, sharded, 5);
+    psstore_partition_offsets_t po[2];
+    int found[2];
+    psstore_poff_init(&po[0], 0);
+    psstore_poff_init(&po[1], 0);
+    assert_int_equal(psstore_offsets_read_many(c, "manysh", topic, sharded, 2, po, found), FR_OK);
+    assert_true(found[0] && po[0].watermark == 8 && po[0].nspans == 1 && po[0].generation == 2);
+    assert_int_equal(po[0].alone_to, 15); /* shard 2's end: the shards differ */
+    /* shard 1 applied nothing of many1/1: it starts at 0, batched alone to 4 */
+    assert_true(found[1] && po[1].watermark == 0 && po[1].alone_to == 4);
+
+    /* errors: a value that does not parse, a bad partition; none asked */
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                         "HSET freshet:{many}:offsets many1/700 garbage"),
+                     0);
+    const int32_t bad[] = {3, 700}, negative[] = {3, -1};
+    assert_int_equal(psstore_offsets_read_many(c, "many", topic, bad, 2, po, found), FR_ERR_PARSE);
+    assert_non_null(strstr(psstore_conn_error(c), "many1/700"));
+    assert_int_equal(psstore_offsets_read_many(c, "many", topic, negative, 2, po, found),
+                     FR_ERR_INVAL);
+    assert_int_equal(psstore_offsets_read_many(c, "many", topic, bad, 0, po, found), FR_OK);
+    psstore_poff_fini(&po[0]);
+    psstore_poff_fini(&po[1]);
+    psstore_conn_destroy(c);
+}
+
+/* The calls of Redis command cmd since the last CONFIG RESETSTAT. */
+static int64_t redis_calls(const char *cmd)
+{
+    static char out[1 << 16];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "INFO commandstats"), 0);
+    char needle[64];
+    snprintf(needle, sizeof(needle), "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(out, needle);
+    return p != NULL ? strtoll(p + strlen(needle), NULL, 10) : 0;
+}
+
+/*
+ * The store tick reads every owned partition's offsets in a fixed number
+ * of commands whatever their number. A consumer of the whole topic of 48
+ * partitions, without applier or trainer: its poll thread is Redis's only
+ * client. Over 4 s of ticks (one a second) Redis answers a few HMGETs a
+ * tick (the published replay's two, the shard count, the offsets) and no
+ * HGET; reading the partitions one after the other cost an HMGET and an
+ * HGET each, 96 round trips a tick during which the poll thread does not
+ * poll Kafka (bench/README.md "A distant store").
+ */
+static void test_a_tick_reads_the_offsets_of_48_partitions_in_a_few_commands(void **state)
+{
+    (void)state;
+    enum { NPARTS = 48 };
+    const char *model = "tick", *topic = "tick48";
+    create_model(model);
+    ingest_consumer_t *c =
+        consumer_new(broker.bootstrap, redis.url, topic, model, 10, -1 /* no gap rule */, 1);
+    if (c == NULL)
+        fail_msg("consumer: %s", errstr);
+    ingest_consumer_stats_t st = {0};
+    for (int waited = 0; waited < WAIT_MS && st.assigned < NPARTS; waited += 100) {
+        harness_sleep_ms(100);
+        ingest_consumer_stats(c, &st);
+    }
+    assert_int_equal(st.assigned, NPARTS);
+    harness_sleep_ms(1500); /* the assignment's reads are over */
+    char out[64];
+    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "CONFIG RESETSTAT"), 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    harness_sleep_ms(4000);
+    int64_t hmget = redis_calls("hmget"), hget = redis_calls("hget");
+    int64_t ticks = (int64_t)((fr_clock_mono_ns() - t0) / 1000000000u) + 1; /* at most */
+    ingest_consumer_destroy(c);
+    fr_log(FR_LOG_INFO,
+           "ticks over %d partitions: %" PRId64 " HMGET, %" PRId64 " HGET in %" PRId64
+           " ticks at most",
+           NPARTS, hmget, hget, ticks);
+    assert_true(hmget >= 3);                /* a tick ran */
+    assert_true(hmget + hget < 10 * ticks); /* not 2 * NPARTS a tick */
+}
+
+/* ------------------------------------------------------------------------
  * Setup: a private folder, redis-server and the broker.
  * ---------------------------------------------------------------------- */
 
@@ -681,7 +851,8 @@ static int setup(void **state)
     (void)state;
     return harness_stack_start(
         tmp_dir, "replay", &redis, &broker, FRESHET_BIN,
-        "--topic gap1:1 --topic gdrop1:1 --topic rpo1:1 --topic rpd1:1 --topic kill1:4");
+        "--topic gap1:1 --topic gdrop1:1 --topic rpo1:1 --topic rpd1:1 --topic kill1:4 "
+        "--topic tick48:48");
 }
 
 static int teardown(void **state)
@@ -701,6 +872,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_replay_to_offset_redelivers_from_the_target),
         cmocka_unit_test(test_replay_to_datetime_redelivers_from_the_first_later_record),
         cmocka_unit_test(test_a_killed_member_is_replaced_without_gap_or_duplicate),
+        cmocka_unit_test(test_offsets_read_many_gives_each_partition_what_its_own_read_gives),
+        cmocka_unit_test(test_a_tick_reads_the_offsets_of_48_partitions_in_a_few_commands),
     };
     /* TEST_FILTER=pattern runs the matching tests only (while debugging) */
     if (getenv("TEST_FILTER") != NULL)
