@@ -69,12 +69,13 @@ static void *applier_main(void *arg)
 }
 
 /* The appliers' stats added up: the version, counts and evictions summed
- * over the shards, staleness the worst shard's; active when every one run
- * here holds its lease. */
+ * over the shards, staleness and freshness the worst shard's; active when
+ * every one run here holds its lease. */
 static void appliers_stats(sparse_run_t *r, psstore_applier_stats_t *as)
 {
     memset(as, 0, sizeof(*as));
     as->active = 1;
+    as->fresh_p50_ms = as->fresh_p99_ms = -1; /* none yet */
     for (int k = 0; k < r->S; k++) {
         if (r->ap[k].a == NULL)
             continue;
@@ -88,6 +89,8 @@ static void appliers_stats(sparse_run_t *r, psstore_applier_stats_t *as)
             as->dropped[d] += st.dropped[d];
         as->tau_p50 = st.tau_p50 > as->tau_p50 ? st.tau_p50 : as->tau_p50;
         as->tau_p99 = st.tau_p99 > as->tau_p99 ? st.tau_p99 : as->tau_p99;
+        as->fresh_p50_ms = st.fresh_p50_ms > as->fresh_p50_ms ? st.fresh_p50_ms : as->fresh_p50_ms;
+        as->fresh_p99_ms = st.fresh_p99_ms > as->fresh_p99_ms ? st.fresh_p99_ms : as->fresh_p99_ms;
         if (as->stopped[0] == '\0' && st.stopped[0] != '\0')
             snprintf(as->stopped, sizeof(as->stopped), "shard %d: %.200s", k, st.stopped);
     }
@@ -313,14 +316,15 @@ static void progress(sparse_run_t *r, trainer_sparse_stats_t *prev, psstore_appl
     double per = nb > 0 ? 1e-6 / (double)nb : 0; /* ns summed -> ms a batch */
     for (int d = 0; d < PSSTORE_NDROP; d++)
         dropped += as.dropped[d];
-    char applier[160] = "; the applier runs in freshet ps";
+    char applier[256] = "; the applier runs in freshet ps";
     if (r->nappliers > 0)
         snprintf(applier, sizeof(applier),
                  ", %s %s at version %lld, applied %llu, dropped %llu, staleness p50 %lld "
-                 "p99 %lld",
+                 "p99 %lld, freshness p50 %lld ms p99 %lld ms",
                  r->nappliers > 1 ? "appliers" : "applier", as.active ? "active" : "standby",
                  (long long)as.version, (unsigned long long)as.applied, (unsigned long long)dropped,
-                 (long long)as.tau_p50, (long long)as.tau_p99);
+                 (long long)as.tau_p50, (long long)as.tau_p99, (long long)as.fresh_p50_ms,
+                 (long long)as.fresh_p99_ms);
     fr_log(FR_LOG_INFO,
            "%s: %.0f samples/s, progressive logloss %.5f, %.0f rows/s, a batch: wait %.1f ms, "
            "pull %.1f ms, compute %.1f ms, push %.1f ms; computed on version %lld, "

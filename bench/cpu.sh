@@ -15,7 +15,7 @@ cpu_s() { awk -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz 
 # (workers, dense or sparse; applier; freshet's consume and decode threads;
 # librdkafka's; the rest), one "kind seconds" a line
 thread_cpu() {
-    for f in /proc/"$1"/task/*/stat; do cat "$f"; done 2>/dev/null |
+    for f in /proc/"$1"/task/*/stat; do cat "$f" || true; done 2>/dev/null |
         awk -v hz="$hz" '{ name = $0; sub(/^[0-9]+ \(/, "", name); sub(/\) .*$/, "", name)
             rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
             kind = "other"
@@ -27,11 +27,13 @@ thread_cpu() {
             END { for (k in s) printf "%s %.2f\n", k, s[k] }'
 }
 
-# CPU seconds of every redis-server (the stack's processes but the broker)
+# CPU seconds of every redis-server (the stack's processes but the broker
+# and a delay_proxy, whose CPU stack_proxy_cpu gives apart)
 redis_cpu() {
     local i t=0
     for i in "${!stack_pids[@]}"; do
         [ "$i" = 1 ] && continue
+        [ "${stack_pids[$i]}" = "${stack_proxy_pid:-}" ] && continue
         t=$(awk -v t="$t" -v c="$(cpu_s "${stack_pids[$i]}")" 'BEGIN { print t + c }')
     done
     echo "$t"

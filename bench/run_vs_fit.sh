@@ -50,25 +50,12 @@ rounds=${ROUNDS:-3}
 copies=${COPIES:-1}
 shards=${SHARDS:-1}
 fm=/usr/share/datasets/fashion-mnist
-hz=$(getconf CLK_TCK)
 ncpu=$(nproc)
 export OPENBLAS_NUM_THREADS=1
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-    if grep -qw avx512f /proc/cpuinfo; then
-        export OPENBLAS_CORETYPE=SkylakeX
-    elif grep -qw avx2 /proc/cpuinfo; then
-        export OPENBLAS_CORETYPE=Haswell
-    fi
-fi
-raw_bin=${RAWCONSUME:-}
-for c in build-bench/bench/bench_rawconsume build/bench/bench_rawconsume; do
-    [ -z "$raw_bin" ] && [ -x "$c" ] && raw_bin=$c
-done
-if [ -z "$raw_bin" ] || ! [ -x "$raw_bin" ]; then
-    echo "run_vs_fit.sh: bench_rawconsume not found; build it with" \
-        "cmake -S . -B build-bench -DFRESHET_BENCH=ON && cmake --build build-bench" >&2
-    exit 2
-fi
+# shellcheck source=bench/cpu.sh
+. bench/cpu.sh
+blas_kernel
+raw_bin=$(raw_consumer) || exit 1
 if [ -n "${REDIS_DELAY_US:-}" ] && [ "${REDIS:-single}" = cluster ]; then
     echo "run_vs_fit.sh: REDIS_DELAY_US needs one redis-server: a cluster's MOVED names the" \
         "nodes' own ports, past the proxy" >&2
@@ -198,50 +185,8 @@ EOF
     echo "$rate $acc $tau $cpu"
 }
 
-# the raw librdkafka consumer over the whole topic; prints "records/s cpu",
-# cpu: microseconds of CPU a record, the consumer's and the broker's
-raw_once() {
-    local b0
-    b0=$(side_cpu)
-    local TIMEFORMAT='%U %S'
-    { time "$raw_bin" --bootstrap "$bootstrap" --topic fashion >"$work/raw.out"; } 2>"$work/raw.time"
-    awk -v b0="$b0" -v b1="$(side_cpu)" -v n=$((60000 * copies)) \
-        'FNR == NR { for (i = 1; i < NF; i++) if ($i == "records_per_s") r = $(i + 1); next }
-         { c = $1 + $2 } END { printf "%s %.2f\n", r, (c + b1 - b0) * 1e6 / n }' \
-        "$work/raw.out" "$work/raw.time"
-}
-
-# CPU seconds a process has used (user + system, its exited threads too)
-cpu_s() { awk -v hz="$hz" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / hz }' "/proc/$1/stat"; }
-
-# the CPU seconds of each of process $1's threads, summed by kind of thread
-# (workers, applier, librdkafka's, the rest), one "kind seconds" a line
-thread_cpu() {
-    for f in /proc/"$1"/task/*/stat; do cat "$f"; done 2>/dev/null |
-        awk -v hz="$hz" '{ name = $0; sub(/^[0-9]+ \(/, "", name); sub(/\) .*$/, "", name)
-            rest = $0; sub(/^.*\) /, "", rest); split(rest, f, " ")
-            kind = "other"
-            if (name ~ /^fr-worker/) kind = "workers"
-            else if (name ~ /^fr-applier/) kind = "applier"
-            else if (name ~ /^fr-(consume|decode)/) kind = "consume"
-            else if (name ~ /^rdk:/) kind = "librdkafka"
-            s[kind] += (f[12] + f[13]) / hz }
-            END { for (k in s) printf "%s %.2f\n", k, s[k] }'
-}
-
-# CPU seconds of every redis-server (the stack's processes but the broker
-# and the delay_proxy)
-redis_cpu() {
-    local i t=0
-    for i in "${!stack_pids[@]}"; do
-        [ "$i" = 1 ] && continue
-        [ "${stack_pids[$i]}" = "${stack_proxy_pid:-}" ] && continue
-        t=$(awk -v t="$t" -v c="$(cpu_s "${stack_pids[$i]}")" 'BEGIN { print t + c }')
-    done
-    echo "$t"
-}
-broker_cpu() { cpu_s "${stack_pids[1]}"; } # stack_start's second process
-side_cpu() { awk -v a="$(redis_cpu)" -v b="$(broker_cpu)" 'BEGIN { print a + b }'; }
+# the raw librdkafka consumer over the whole topic: "records/s cpu" (bench/cpu.sh)
+raw_once() { raw_read "$raw_bin" "$bootstrap" fashion $((60000 * copies)) "$work"; }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 

@@ -8,7 +8,8 @@
 # Prints, over ROUNDS rounds (a new model and topic each), the time from a
 # record's Kafka timestamp to the delta that carried its rows (p50 and p99
 # of each batch's newest and oldest record) and the deltas' bytes a second;
-# the medians last.
+# the medians last; and the applier's own freshness, Kafka timestamp to the
+# committed version (its progress line, the last 256 batches), per round.
 # usage: [RATE=10000] [DURATION=20] [PERIOD=50] [ROUNDS=3]
 #        [SPEC=fields:39,buckets:2^22,dim:8] [BY=sticky] bash bench/sparse_delta.sh [FRESHET]
 # BY is the producer's --partitions-by: sticky (keyless runs, full batches) by
@@ -35,6 +36,7 @@ echo "sparse_delta.sh: $rate records/s live, $spec, batch 256, 2 workers, a /del
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 : >"$work/figures.txt"
+: >"$work/committed.txt"
 for r in $(seq "$rounds"); do
     model="live$r"
     cat >"$work/run.conf" <<CONF
@@ -71,7 +73,12 @@ CONF
     wait "$produce_pid" 2>/dev/null || true
     kill "$run_pid"
     wait "$run_pid" || true
-    echo "round $r: $(echo "$out" | tr '\n' ' ')"
+    # the committed version's freshness (the applier's, the run's last
+    # progress line: Kafka timestamp to the commit, last 256 batches)
+    committed=$(grep -o 'freshness p50 -\{0,1\}[0-9]* ms p99 -\{0,1\}[0-9]* ms' "$work/run$r.log" |
+        tail -1 | awk '{print $3, $6}')
+    echo "${committed:-nan nan}" >>"$work/committed.txt"
+    echo "round $r: $(echo "$out" | tr '\n' ' ')committed: p50 ${committed% *} ms p99 ${committed#* } ms"
     echo "$out" | awk '/^freshness/ {gsub(/;/, ""); print $13, $15, $18, $20}
                       /^delta_poll/ {kb = $(NF - 3)} END {print kb > "/dev/stderr"}' \
         >>"$work/figures.txt" 2>>"$work/kb.txt"
@@ -80,4 +87,6 @@ for i in 1 2 3 4; do
     meds[$i]=$(awk -v i="$i" '{print $i}' "$work/figures.txt" | median)
 done
 echo "median: newest record p50 ${meds[1]} ms p99 ${meds[2]} ms; oldest record p50 ${meds[3]}" \
-    "ms p99 ${meds[4]} ms; deltas $(median <"$work/kb.txt") KB/s"
+    "ms p99 ${meds[4]} ms; deltas $(median <"$work/kb.txt") KB/s; Kafka timestamp to the committed" \
+    "version p50 $(awk '{print $1}' "$work/committed.txt" | median) ms" \
+    "p99 $(awk '{print $2}' "$work/committed.txt" | median) ms"

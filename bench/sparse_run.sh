@@ -128,12 +128,14 @@ CONF
     # exits). SPLIT=1: freshet ps and freshet train, stopped once the
     # store's watermarks cover the topic
     : >"$work/threads$r"
-    sample_threads() {
+    sample_threads() { # a process that exits meanwhile leaves the last sample
         local p
-        for p in "$@"; do thread_cpu "$p" 2>/dev/null; done | cat - "$work/threads$r" |
-            awk '{ if (!($1 in m) || $2 > m[$1]) m[$1] = $2 } END { for (k in m) print k, m[k] }' \
-                >"$work/threads.new"
-        mv "$work/threads.new" "$work/threads$r"
+        {
+            for p in "$@"; do thread_cpu "$p" 2>/dev/null || true; done
+            cat "$work/threads$r"
+        } | awk '{ if (!($1 in m) || $2 > m[$1]) m[$1] = $2 } END { for (k in m) print k, m[k] }' \
+            >"$work/threads.new" || true
+        if [ -s "$work/threads.new" ]; then mv "$work/threads.new" "$work/threads$r"; fi
     }
     if [ "$split" = 1 ]; then
         "$bin" ps --config "$work/run.conf" >"$work/ps$r.log" 2>&1 &

@@ -550,6 +550,19 @@ int64_t ps_sparse_version_before(const ps_sparse_t *sp, int64_t age_ms)
     return v;
 }
 
+/* The fields and values of an HSCAN reply r ([cursor, [f, v, ...]]); NULL,
+ * with r freed and the connection's error set, when it is not one. */
+static const redisReply *hscan_fields(psstore_applier_t *a, redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
+        freeReplyObject(r);
+        ps_fail(a->c, FR_ERR_REDIS, "applier: unexpected reply to HSCAN");
+        return NULL;
+    }
+    return r->element[1];
+}
+
 /*
  * The whole table into memory at the load (docs/design.md "The store
  * written behind"): HSCAN of the rows hash, PRELOAD_COUNT fields a step.
@@ -582,12 +595,9 @@ static fr_err_t preload(psstore_applier_t *a)
         r = ps_cmd(a->c, 1, &err, "HSCAN %s %s COUNT %s", key, cursor, PRELOAD_COUNT);
         if (r == NULL)
             return err;
-        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-            r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-            freeReplyObject(r);
-            return ps_fail(a->c, FR_ERR_REDIS, "applier: unexpected reply to HSCAN");
-        }
-        const redisReply *kv = r->element[1];
+        const redisReply *kv = hscan_fields(a, r);
+        if (kv == NULL)
+            return FR_ERR_REDIS;
         pthread_rwlock_wrlock(&sp->rw);
         if (reserve(sp, kv->elements / 2) != FR_OK) {
             pthread_rwlock_unlock(&sp->rw);
@@ -689,12 +699,9 @@ static fr_err_t sweep_step(psstore_applier_t *a)
     ps_applier_step_resume(a);
     if (r == NULL)
         return err;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_STRING || r->element[1]->type != REDIS_REPLY_ARRAY) {
-        freeReplyObject(r);
-        return ps_fail(a->c, FR_ERR_REDIS, "applier: unexpected reply to HSCAN");
-    }
-    const redisReply *kv = r->element[1];
+    const redisReply *kv = hscan_fields(a, r);
+    if (kv == NULL)
+        return FR_ERR_REDIS;
     if (FR_GROW(sp->evict, sp->capevict, sp->nevict + kv->elements / 2) != FR_OK) {
         freeReplyObject(r);
         return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");

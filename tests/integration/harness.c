@@ -295,6 +295,17 @@ int harness_redis_query(const harness_redis_t *r, char *out, size_t size, const 
     return 0;
 }
 
+int64_t harness_redis_calls(const harness_redis_t *r, const char *cmd)
+{
+    static char out[1 << 16];
+    if (harness_redis_query(r, out, sizeof(out), "INFO commandstats") != 0)
+        return -1;
+    char needle[64];
+    snprintf(needle, sizeof(needle), "cmdstat_%s:calls=", cmd);
+    const char *p = strstr(out, needle);
+    return p != NULL ? strtoll(p + strlen(needle), NULL, 10) : 0;
+}
+
 int harness_file_contains(const char *path, const char *needle)
 {
     return harness_file_count(path, needle) > 0;

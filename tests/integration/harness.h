@@ -52,6 +52,10 @@ void harness_redis_stop(harness_redis_t *r);
  * returns the reply as text in out (integers as decimal, nil as "(nil)",
  * arrays joined by '\n'). Returns 0, or -1 on a connection error. */
 int harness_redis_query(const harness_redis_t *r, char *out, size_t size, const char *fmt, ...);
+/* The calls of command cmd (lower case) Redis counted since its start or
+ * its last CONFIG RESETSTAT (INFO commandstats); 0 when none, -1 on a
+ * connection error. */
+int64_t harness_redis_calls(const harness_redis_t *r, const char *cmd);
 
 /* ------------------------------------------------------------------------
  * A real Redis Cluster: masters x (1 + replicas) redis-server processes

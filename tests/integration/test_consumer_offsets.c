@@ -789,17 +789,6 @@ static void test_offsets_read_many_gives_each_partition_what_its_own_read_gives(
     psstore_conn_destroy(c);
 }
 
-/* The calls of Redis command cmd since the last CONFIG RESETSTAT. */
-static int64_t redis_calls(const char *cmd)
-{
-    static char out[1 << 16];
-    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "INFO commandstats"), 0);
-    char needle[64];
-    snprintf(needle, sizeof(needle), "cmdstat_%s:calls=", cmd);
-    const char *p = strstr(out, needle);
-    return p != NULL ? strtoll(p + strlen(needle), NULL, 10) : 0;
-}
-
 /*
  * The store tick reads every owned partition's offsets in a fixed number
  * of commands whatever their number. A consumer of the whole topic of 48
@@ -831,7 +820,8 @@ static void test_a_tick_reads_the_offsets_of_48_partitions_in_a_few_commands(voi
     assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "CONFIG RESETSTAT"), 0);
     uint64_t t0 = fr_clock_mono_ns();
     harness_sleep_ms(4000);
-    int64_t hmget = redis_calls("hmget"), hget = redis_calls("hget");
+    int64_t hmget = harness_redis_calls(&redis, "hmget"),
+            hget = harness_redis_calls(&redis, "hget");
     int64_t ticks = (int64_t)((fr_clock_mono_ns() - t0) / 1000000000u) + 1; /* at most */
     ingest_consumer_destroy(c);
     fr_log(FR_LOG_INFO,

@@ -978,17 +978,6 @@ static void test_sync_trainers_survive_a_kill(void **state)
         fail_msg("no round closed at round_timeout without the killed trainer (see %s)", kr.log_ps);
 }
 
-/* The calls of Redis command cmd since the last CONFIG RESETSTAT. */
-static int64_t redis_calls(const char *cmd)
-{
-    static char out[1 << 16];
-    assert_int_equal(harness_redis_query(&redis, out, sizeof(out), "INFO commandstats"), 0);
-    char needle[64];
-    snprintf(needle, sizeof(needle), "cmdstat_%s:calls=", cmd);
-    const char *p = strstr(out, needle);
-    return p != NULL ? strtoll(p + strlen(needle), NULL, 10) : 0;
-}
-
 /*
  * The round modes across processes: freshet ps applies, one freshet train
  * with two workers trains through Redis (no in-process channel), in sync
@@ -1016,7 +1005,8 @@ static void test_train_and_ps_learn_in_sync_mode_without_polling(void **state)
     double secs = (double)(fr_clock_mono_ns() - t0) * 1e-9;
     stop_run(tr, log_tr);
     stop_run(ps, log_ps);
-    int64_t hget = redis_calls("hget"), xread = redis_calls("xread");
+    int64_t hget = harness_redis_calls(&redis, "hget"),
+            xread = harness_redis_calls(&redis, "xread");
     int64_t version = 0;
     double loss = store_loss(model, N, &version);
     int64_t rounds = rounds_of(model);
