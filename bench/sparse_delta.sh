@@ -76,7 +76,7 @@ CONF
     # the committed version's freshness (the applier's, the run's last
     # progress line: Kafka timestamp to the commit, last 256 batches)
     committed=$(grep -o 'freshness p50 -\{0,1\}[0-9]* ms p99 -\{0,1\}[0-9]* ms' "$work/run$r.log" |
-        tail -1 | awk '{print $3, $6}')
+        tail -1 | awk '{print $3, $6}' || true)
     echo "${committed:-nan nan}" >>"$work/committed.txt"
     echo "round $r: $(echo "$out" | tr '\n' ' ')committed: p50 ${committed% *} ms p99 ${committed#* } ms"
     echo "$out" | awk '/^freshness/ {gsub(/;/, ""); print $13, $15, $18, $20}

@@ -350,6 +350,60 @@ static void test_a_pusher_decides_its_gradient_when_the_applier_is_free(void **s
     free(buf);
 }
 
+/*
+ * A pusher of a pool of several (psstore_local_push_help_away) steps in
+ * only while the applier waits for Redis: with no applier thread and the
+ * step lock free, its gradient is left to the applier (not decided at the
+ * return); with the applier away in a round trip (ps_local_step_away) it
+ * is decided when the push returns; and once the applier is back
+ * (ps_local_step_back) it is left to the applier again.
+ */
+static void test_a_pusher_of_several_steps_in_only_while_the_applier_waits(void **state)
+{
+    (void)state;
+    const char *model = "local-away";
+    float *buf = malloc(NPARAMS * sizeof(float)), w[NPARAMS], want[NPARAMS];
+    assert_non_null(buf);
+    psstore_applier_t *a = NULL;
+    psstore_local_t *l = channel_open(model, 4, &a);
+    uint64_t epoch = 0, t1 = 0, t2 = 0, t3 = 0;
+    int64_t version = -1;
+    int changed = 0;
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    psstore_range_t range;
+    psstore_grad_t msg = grad(buf, &range, 1, 0, 4, epoch, 0);
+    /* the applier between steps, not away: left to it */
+    assert_int_equal(psstore_local_push_help_away(l, &msg, &buf, 100, &t1), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t1, 0), FR_ERR_TIMEOUT);
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 1; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t1, 0), FR_OK);
+    /* the applier away in a round trip: the pusher decides it */
+    ps_local_step_enter(l);
+    ps_local_step_away(l);
+    msg = grad(buf, &range, 2, 4, 4, epoch, 1);
+    assert_int_equal(psstore_local_push_help_away(l, &msg, &buf, 100, &t2), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t2, 0), FR_OK);
+    assert_int_equal(psstore_local_pull(l, w, &epoch, &version, &changed), FR_OK);
+    assert_int_equal(version, 2);
+    /* back: left to the applier */
+    ps_local_step_back(l);
+    msg = grad(buf, &range, 3, 8, 4, epoch, 2);
+    assert_int_equal(psstore_local_push_help_away(l, &msg, &buf, 100, &t3), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t3, 0), FR_ERR_TIMEOUT);
+    ps_local_step_leave(l);
+    for (int i = 0; i < 5 && query_int("GET freshet:{%s}:ver", model) < 3; i++)
+        assert_int_equal(psstore_applier_poll(a, 20), FR_OK);
+    assert_int_equal(psstore_local_wait_applied(l, t3, 0), FR_OK);
+    int k[] = {1, 2, 3};
+    expected(want, k, 3);
+    assert_store_at(model, 3, want);
+    assert_int_equal(query_int("HGET freshet:{%s}:offsets t/0", model), 12);
+    psstore_applier_destroy(a);
+    psstore_local_destroy(l);
+    free(buf);
+}
+
 /* What a pusher does while a commit waits for Redis (the commit's test hook). */
 typedef struct wait_push {
     psstore_local_t *l;
@@ -949,6 +1003,7 @@ int main(void)
         cmocka_unit_test(test_gradients_in_memory_are_applied_and_committed),
         cmocka_unit_test(test_a_swapped_push_trades_buffers_and_applies_what_was_pushed),
         cmocka_unit_test(test_a_pusher_decides_its_gradient_when_the_applier_is_free),
+        cmocka_unit_test(test_a_pusher_of_several_steps_in_only_while_the_applier_waits),
         cmocka_unit_test(test_a_pusher_steps_in_while_a_commit_waits),
         cmocka_unit_test(test_a_stop_decided_in_a_pushers_step_is_written_by_the_applier),
         cmocka_unit_test(test_held_weights_stay_put_while_the_applier_moves_on),

@@ -27,9 +27,12 @@
 #include "common/common.h"
 #include "harness.h"
 
-#define SPEC    "fields:39,buckets:2^16,dim:4"
-#define PER     8000 /* records a partition: 2 partitions, batches of 32 */
-#define WARM    1000 /* ... of which the first, before Redis stops */
+#define SPEC "fields:39,buckets:2^16,dim:4"
+#define PER  8000 /* records a partition: 2 partitions, batches of 32 */
+#define WARM 1000 /* ... of which the first, before Redis stops */
+/* The version and the changes stream's newest entry, read at once. */
+#define WINDOW_SCRIPT                                                                              \
+    "return {redis.call('GET', KEYS[1]), redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)}"
 #define WAIT_MS 120000
 
 static harness_broker_t broker;
@@ -190,7 +193,31 @@ static void test_gradients_never_touch_the_grads_stream(void **state)
     path(conf, "wb1.conf");
     records("wb1", "11");
     write_conf(conf, "wb1", "wb1");
-    run_to_the_end(conf, "wb1-run.log", "wb1", "wb1");
+    /* while it trains, a reader sees whole windows only: the version and the
+     * changes stream's last entry (its id the version of the commit that
+     * wrote it) are read in one script, and always agree */
+    pid_t pid = run_until(conf, "wb1-run.log", "wb1", "wb1", 1);
+    int64_t version = 0;
+    int reads = 0;
+    while (watermarks("wb1", "wb1", &version) < 2 * PER && reads < 100000) {
+        char out[256], want[40];
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                             "EVAL %s 2 freshet:{wb1}:ver freshet:{wb1}:changes",
+                                             WINDOW_SCRIPT),
+                         0);
+        long long ver = strtoll(out, NULL, 10);
+        const char *id = strchr(out, '\n');
+        snprintf(want, sizeof(want), "\n%lld-0\n", ver);
+        if (ver > 0 && (id == NULL || strncmp(id, want, strlen(want)) != 0))
+            fail_msg("a reader saw version %lld with the changes stream at %s", ver,
+                     id != NULL ? id + 1 : "(none)");
+        reads++;
+    }
+    assert_true(reads > 0);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int status = harness_wait(pid, 20000);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fr_log(FR_LOG_INFO, "%d reads of a training model, each a whole window", reads);
     /* the stream exists (the model's creation makes it), and nothing was
      * ever added to it */
     char info[1024];
