@@ -277,6 +277,20 @@ static fr_err_t reserve(ps_sparse_t *sp, size_t more)
     return FR_OK;
 }
 
+/* A new slot for row at its empty table position pos (reserve() made
+ * room), clean and never stepped; its value is the caller's to write. */
+static size_t add_slot(ps_sparse_t *sp, size_t pos, uint32_t row)
+{
+    FR_ASSERT(sp->keys[pos] == 0 && sp->nslots < sp->capslots && 2 * sp->nslots < sp->cap);
+    size_t s = sp->nslots++;
+    sp->keys[pos] = row + 1;
+    sp->slot_of[pos] = (uint32_t)s;
+    sp->rows[s] = row;
+    sp->dirty[s] = 0;
+    sp->touched[s] = 0;
+    return s;
+}
+
 /*
  * Reads the rows of g the table does not hold from Redis (one pipeline of
  * HMGETs) into the scratch: sp->miss their rows, sp->loaded their values
@@ -371,13 +385,7 @@ static fr_err_t insert_missing(ps_sparse_t *sp)
         size_t pos = probe(sp, row);
         if (sp->keys[pos] != 0 || (!sp->got[i] && !admitted(sp, row)))
             continue;
-        FR_ASSERT(sp->nslots < sp->capslots && 2 * sp->nslots < sp->cap); /* reserve() made room */
-        size_t s = sp->nslots++;
-        sp->keys[pos] = row + 1;
-        sp->slot_of[pos] = (uint32_t)s;
-        sp->rows[s] = row;
-        sp->dirty[s] = 0;
-        sp->touched[s] = 0;
+        size_t s = add_slot(sp, pos, row);
         float *v = sp->vals + s * sp->vlen;
         if (sp->got[i])
             memcpy(v, sp->loaded + i * sp->vlen, sp->vlen * sizeof(float));
@@ -414,23 +422,31 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
 fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m)
 {
     ps_sparse_t *sp = a->sp;
-    fr_err_t err = read_missing(a, g->g, m);
+    /* a complete table: a row it lacks is absent, added where its probe
+     * ends (one probe a row); else those the store holds are read first */
+    int complete = sp->complete;
+    fr_err_t err = complete ? FR_OK : read_missing(a, g->g, m);
     if (err == FR_OK && FR_GROW(sp->grad, sp->capgrad, sp->rowlen) != FR_OK)
         err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
     if (err != FR_OK)
         return err;
     int64_t now_ms = sp->ttl_ms > 0 ? mono_ms() : 0;
     pthread_rwlock_wrlock(&sp->rw);
-    if (insert_missing(sp) != FR_OK) {
+    if ((complete ? reserve(sp, m) : insert_missing(sp)) != FR_OK) {
         pthread_rwlock_unlock(&sp->rw);
-        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", sp->nmiss);
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", m);
     }
     for (size_t i = 0; i < m; i++) {
         uint32_t row;
         memcpy(&row, g->g + i, sizeof(row));
         size_t pos = probe(sp, row);
-        if (sp->keys[pos] == 0) /* not admitted yet */
-            continue;
+        if (sp->keys[pos] == 0) {
+            if (!complete || !admitted(sp, row))
+                continue; /* not admitted yet */
+            size_t s = add_slot(sp, pos, row);
+            float *v = sp->vals + s * sp->vlen;
+            sparse_row_init(&sp->spec, &sp->optim, row, v, v + sp->rowlen);
+        }
         size_t s = sp->slot_of[pos];
         FR_ASSERT(s < sp->nslots && sp->rows[s] == row); /* the table and its slots agree */
         memcpy(sp->grad, g->g + m + i * sp->rowlen, sp->rowlen * sizeof(float));
@@ -615,13 +631,7 @@ static fr_err_t preload(psstore_applier_t *a)
             size_t pos = probe(sp, row);
             if (row >> sp->spec.bits != 0 || sp->keys[pos] != 0)
                 continue; /* not a row of the table; HSCAN may return a field twice */
-            FR_ASSERT(sp->nslots < sp->capslots && 2 * sp->nslots < sp->cap); /* reserve() */
-            size_t s = sp->nslots++;
-            sp->keys[pos] = row + 1;
-            sp->slot_of[pos] = (uint32_t)s;
-            sp->rows[s] = row;
-            sp->dirty[s] = 0;
-            sp->touched[s] = 0;
+            size_t s = add_slot(sp, pos, row);
             memcpy(sp->vals + s * sp->vlen, v->str, sp->vlen * sizeof(float));
         }
         pthread_rwlock_unlock(&sp->rw);
