@@ -38,6 +38,20 @@ static int64_t mono_ms(void)
     return (int64_t)(fr_clock_mono_ns() / 1000000u);
 }
 
+/* The monotonic clock ms milliseconds from now: a condition wait's deadline. */
+static struct timespec deadline_in(int64_t ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    return until;
+}
+
 ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf)
 {
     ps_sparse_t *sp = calloc(1, sizeof(*sp));
@@ -177,14 +191,7 @@ fr_err_t psstore_applier_decided_wait(psstore_applier_t *a, const char *id, int 
     pthread_rwlock_unlock(&sp->rw);
     if (!ready) /* another process's applier decides: ask the store */
         return FR_ERR_STATE;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline_in(timeout_ms);
     pthread_mutex_lock(&sp->dmu);
     while (!(sp->dec_ms > ms || (sp->dec_ms == ms && sp->dec_seq >= seq)))
         if (pthread_cond_timedwait(&sp->dcv, &sp->dmu, &until) != 0)
@@ -852,14 +859,7 @@ fr_err_t ps_sparse_window_wait(psstore_applier_t *a, int block_ms)
         return err;
     /* commit_ms 0: the first gradient ends the window, within block_ms */
     int64_t wait_ms = a->conf.commit_ms > 0 ? a->conf.commit_ms : block_ms;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = deadline_in(wait_ms);
     while (a->active && a->help_err == FR_OK && !window_full(sp, 1) &&
            !(a->conf.commit_ms == 0 && (sp->window > 0 || nread > 0)))
         if (pthread_cond_timedwait(&sp->wake, &sp->step, &until) != 0)
