@@ -366,6 +366,8 @@ static void rewind_finish(ingest_consumer_t *c, owned_t *o)
 static fr_err_t tick_offsets(ingest_consumer_t *c, tick_t *tk)
 {
     size_t n = (size_t)c->nowned;
+    if (n == 0) /* nothing owned: nothing to read */
+        return FR_OK;
     int32_t *parts = malloc(n * sizeof(*parts));
     psstore_partition_offsets_t *po = malloc(n * sizeof(*po));
     fr_err_t err = FR_ERR_NOMEM;

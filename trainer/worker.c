@@ -293,13 +293,14 @@ static fr_err_t push_local(worker_t *wk, const psstore_grad_t *msg)
     trainer_pool_t *p = wk->pool;
     uint64_t ticket = 0;
     fr_err_t err;
+    int own = msg->n > 0 ? decides_own(wk) : 0;
     if (msg->n == 0)
         err = psstore_local_push(p->local, msg, PUSH_WAIT_MS, &ticket);
-    else if (decides_own(wk) == 1)
+    else if (own == 1)
         /* it will wait for this gradient (or an older one) before its
          * next pull: it decides it itself when the applier is free */
         err = psstore_local_push_help(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
-    else if (decides_own(wk) == 2) /* ... or while the applier waits for Redis */
+    else if (own == 2) /* ... or while the applier waits for Redis */
         err = psstore_local_push_help_away(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);
     else
         err = psstore_local_push_swap(p->local, msg, &wk->g, PUSH_WAIT_MS, &ticket);

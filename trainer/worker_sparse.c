@@ -186,10 +186,8 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
                                                      wk->sparams + lo * rowlen, wk->sfound + lo,
                                                      k == 0 ? bias : scratch, k == 0 ? tower : NULL,
                                                      &epochs[k], &versions[k], &complete) == FR_OK;
-        if (local[k] && complete) {
-            /* a row the table lacks is absent from the store: its initial value */
-        } else if (local[k]) {
-            for (size_t i = 0; i < m; i++)
+        if (local[k]) { /* with a complete table, a row it lacks is absent: no read */
+            for (size_t i = 0; i < m && !complete; i++)
                 if (!wk->sfound[lo + i]) {
                     wk->miss_rows[mo + nm] = wk->srows[lo + i];
                     wk->miss_at[mo + nm++] = (uint32_t)(lo + i);
@@ -266,11 +264,16 @@ static fr_err_t pull(sworker_t *wk, size_t nrows, uint64_t *epochs, int64_t *ver
 static fr_err_t push(sworker_t *wk, const psstore_grad_t *parts, int flight)
 {
     trainer_sparse_t *p = wk->pool;
-    int S = p->S, streamed[PSSTORE_SHARDS_MAX], nstreamed = 0;
+    int S = p->S, streamed[PSSTORE_SHARDS_MAX], nstreamed = 0, in_process = 1;
     wk->done_id = NULL;
+    /* every shard in process, or every shard through its stream: the gap
+     * rule looks the batch up in the last shard's stream */
+    for (int k = 0; k < S && in_process; k++)
+        in_process =
+            p->conf.appliers[k] != NULL && psstore_applier_sparse_accepting(p->conf.appliers[k]);
     for (int k = 0; k < S; k++) {
         psstore_applier_t *a = p->conf.appliers[k];
-        fr_err_t err = a != NULL ? psstore_applier_sparse_step(a, &parts[k]) : FR_ERR_STATE;
+        fr_err_t err = in_process ? psstore_applier_sparse_step(a, &parts[k]) : FR_ERR_STATE;
         for (uint64_t t0 = fr_clock_mono_ns(); err == FR_ERR_AGAIN;) {
             if (atomic_load(&p->stop) ||
                 fr_clock_mono_ns() - t0 > (uint64_t)PUSH_WAIT_MS * 1000000ull) {

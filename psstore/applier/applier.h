@@ -55,6 +55,10 @@ fr_err_t psstore_applier_rows(psstore_applier_t *a, const uint32_t *rows, size_t
  * Another error: g may be half applied; the applier reloads, and g's
  * positions are read again. Thread-safe. */
 fr_err_t psstore_applier_sparse_step(psstore_applier_t *a, const psstore_grad_t *g);
+/* Whether psstore_applier_sparse_step may take a gradient now (the lease
+ * held, the table loaded whole); a hint, which the step checks again under
+ * its lock. Thread-safe. */
+int psstore_applier_sparse_accepting(psstore_applier_t *a);
 /* Waits up to timeout_ms until applier a decided the grads entry id
  * (applied or dropped; committed or not): *decided. FR_ERR_STATE while a
  * holds no lease (another process's applier decides: psstore_applied_wait

@@ -749,22 +749,44 @@ void ps_applier_commit_wait_for_test(psstore_applier_t *a, void (*fn)(void *), v
     a->commit_wait_arg = arg;
 }
 
+/* The partitions whose offsets moved since the last commit. */
+static int dirty_parts_of(const psstore_applier_t *a)
+{
+    int n = 0;
+    for (size_t i = 0; i < a->nparts; i++)
+        n += a->parts[i].dirty;
+    return n;
+}
+
+/* Weights that went non-finite are never written: the state is dropped
+ * and the model stopped. Returns whether it happened. */
+static int stopped_non_finite(psstore_applier_t *a)
+{
+    if (!a->weights_dirty || weights_finite(a))
+        return 0;
+    char reason[128];
+    snprintf(reason, sizeof(reason), "weights went non-finite at version %lld",
+             (long long)a->version);
+    ps_applier_drop_state(a); /* nothing of it is written */
+    ps_applier_stop_model(a, reason);
+    return 1;
+}
+
 static fr_err_t commit(psstore_applier_t *a, int may_let_go)
 {
-    int dirty_parts = 0;
-    for (size_t i = 0; i < a->nparts; i++)
-        dirty_parts += a->parts[i].dirty;
-    if (a->nids == 0 && !a->weights_dirty && dirty_parts == 0 && a->audit.len == 0 &&
-        a->req_id[0] == '\0' && !ps_sparse_trim_due(a->sp))
-        return FR_OK;
-    if (a->weights_dirty && !weights_finite(a)) {
-        char reason[128];
-        snprintf(reason, sizeof(reason), "weights went non-finite at version %lld",
-                 (long long)a->version);
-        ps_applier_drop_state(a); /* nothing of it is written */
-        ps_applier_stop_model(a, reason);
+    if (a->help_err != FR_OK) { /* a pusher's step failed: its state is never written */
+        fr_err_t err = a->help_err;
+        a->help_err = FR_OK;
+        return err; /* the poll reloads */
+    }
+    if (a->nids == 0 && !a->weights_dirty && dirty_parts_of(a) == 0 && a->audit.len == 0 &&
+        a->drops.len == 0 && a->req_id[0] == '\0' && !ps_sparse_trim_due(a->sp)) {
+        if (a->sp != NULL) /* decisions that changed nothing (duplicates): an empty window */
+            a->sp->window = 0;
         return FR_OK;
     }
+    if (stopped_non_finite(a))
+        return FR_OK;
     uint64_t t0 = fr_clock_mono_ns();
     int snap = snapshot_due(a), ours;
     /* a sparse model's in-process steps go on during WATCH's round trip:
@@ -781,6 +803,14 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
         ps_applier_fenced(a, "before commit");
         return FR_OK;
     }
+    if (sparse_let_go && (a->help_err != FR_OK || stopped_non_finite(a))) {
+        /* what the steps during WATCH did is not written */
+        freeReplyObject(ps_cmd(a->c, 0, &err, "UNWATCH"));
+        err = a->help_err;
+        a->help_err = FR_OK;
+        return err;
+    }
+    int dirty_parts = dirty_parts_of(a); /* with what the steps during WATCH marked */
 
     txn_t t = {.c = a->c};
     char lease_ms[32];

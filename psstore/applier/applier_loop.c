@@ -252,7 +252,9 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
         if (!a->active) {
             /* a standby: look again soon, the lease may expire any moment */
             struct timespec ts = {0, (long)(block_ms < 100 ? block_ms : 100) * 1000000L};
+            ps_applier_step_pause(a); /* pushers are not kept waiting on a standby */
             nanosleep(&ts, NULL);
+            ps_applier_step_resume(a);
             return FR_OK;
         }
     }
@@ -285,7 +287,9 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
         return FR_OK;
     if (!ps_applier_reading(a)) {
         struct timespec ts = {0, (long)(block_ms < 500 ? block_ms : 500) * 1000000L};
+        ps_applier_step_pause(a); /* a pusher finds it not reading without waiting */
         nanosleep(&ts, NULL);
+        ps_applier_step_resume(a);
         return FR_OK;
     }
     if (a->local != NULL)

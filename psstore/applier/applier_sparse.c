@@ -95,6 +95,7 @@ void ps_sparse_clear(ps_sparse_t *sp)
     pthread_rwlock_wrlock(&sp->rw);
     sp->ready = 0;
     sp->complete = 0;
+    atomic_store(&sp->accepting, 0);
     sp->window = 0;
     free(sp->keys);
     free(sp->slot_of);
@@ -149,6 +150,7 @@ void ps_sparse_ready(ps_sparse_t *sp, int ready)
         return;
     pthread_rwlock_wrlock(&sp->rw);
     sp->ready = ready;
+    atomic_store(&sp->accepting, ready && sp->complete && sp->inproc);
     pthread_rwlock_unlock(&sp->rw);
 }
 
@@ -248,7 +250,7 @@ static fr_err_t reserve(ps_sparse_t *sp, size_t more)
         float *vals = rows ? realloc(sp->vals, cap * sp->vlen * sizeof(float)) : NULL;
         if (vals != NULL)
             sp->vals = vals;
-        uint8_t *dirty = vals ? realloc(sp->dirty, cap) : NULL;
+        uint32_t *dirty = vals ? realloc(sp->dirty, cap * sizeof(*dirty)) : NULL;
         if (dirty != NULL)
             sp->dirty = dirty;
         uint32_t *list = dirty ? realloc(sp->dirty_list, cap * sizeof(*list)) : NULL;
@@ -461,9 +463,9 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
                         sp->vals + s * sp->vlen + sp->rowlen, sp->grad);
         sp->touched[s] = now_ms;
         if (!sp->dirty[s]) {
-            sp->dirty[s] = 1;
             FR_ASSERT(sp->ndirty < sp->nslots + 1); /* a slot is listed once */
             sp->dirty_list[sp->ndirty++] = (uint32_t)s;
+            sp->dirty[s] = (uint32_t)sp->ndirty;
         }
     }
     /* the dense part (the bias and the tower) is shard 0's; the other
@@ -516,7 +518,8 @@ static size_t home(const ps_sparse_t *sp, uint32_t row)
 
 /* Removes the row at table position pos (held, not dirty): backward-shift
  * deletion keeps every probe chain unbroken, and the last slot moves into
- * the freed one, so slots stay dense. Under the write lock. */
+ * the freed one, so slots stay dense (a dirty last slot keeps its place in
+ * dirty_list, now naming the freed slot). Under the write lock. */
 static void remove_at(ps_sparse_t *sp, size_t pos)
 {
     size_t mask = sp->cap - 1, s = sp->slot_of[pos], hole = pos;
@@ -537,6 +540,10 @@ static void remove_at(ps_sparse_t *sp, size_t pos)
         sp->rows[s] = sp->rows[last];
         memcpy(sp->vals + s * sp->vlen, sp->vals + last * sp->vlen, sp->vlen * sizeof(float));
         sp->dirty[s] = sp->dirty[last];
+        if (sp->dirty[s]) { /* stepped since the last commit was queued: listed at its new slot */
+            FR_ASSERT(sp->dirty_list[sp->dirty[s] - 1] == last);
+            sp->dirty_list[sp->dirty[s] - 1] = (uint32_t)s;
+        }
         sp->touched[s] = sp->touched[last];
         sp->slot_of[probe(sp, sp->rows[s])] = (uint32_t)s;
     }
@@ -615,6 +622,11 @@ static fr_err_t preload(psstore_applier_t *a)
     uint64_t t0 = fr_clock_mono_ns();
     size_t bad = 0;
     do {
+        /* a long read keeps the lease (renewed a third of it after the last) */
+        if ((err = ps_applier_renew(a)) != FR_OK)
+            return err;
+        if (!a->active)
+            return ps_fail(a->c, FR_ERR_STATE, "applier: lease lost while reading the table");
         r = ps_cmd(a->c, 1, &err, "HSCAN %s %s COUNT %s", key, cursor, PRELOAD_COUNT);
         if (r == NULL)
             return err;
@@ -820,10 +832,16 @@ static int window_full(const ps_sparse_t *sp, size_t times)
     return sp->ndirty >= times * PS_WINDOW_ROWS || sp->window >= times * PS_WINDOW_GRADS;
 }
 
+int psstore_applier_sparse_accepting(psstore_applier_t *a)
+{
+    return a->sp != NULL && a->sp->inproc && atomic_load(&a->sp->accepting);
+}
+
 fr_err_t psstore_applier_sparse_step(psstore_applier_t *a, const psstore_grad_t *g)
 {
     ps_sparse_t *sp = a->sp;
-    if (sp == NULL || !sp->inproc)
+    /* a standby, a load under way: no wait for the lock a poll holds */
+    if (!psstore_applier_sparse_accepting(a))
         return FR_ERR_STATE;
     pthread_mutex_lock(&sp->step);
     /* ready and complete change only under this lock (the poll holds it) */

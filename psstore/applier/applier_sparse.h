@@ -9,6 +9,7 @@
 #define FRESHET_PSSTORE_APPLIER_SPARSE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "psstore/applier/applier_int.h"
 
@@ -36,6 +37,7 @@ struct ps_sparse {
      * `window` gradients were decided since the last commit was queued
      * (its rows: ndirty) */
     int inproc;
+    atomic_int accepting; /* ready and complete: a step may try the lock */
     pthread_mutex_t step;
     pthread_cond_t wake;
     size_t window;
@@ -51,7 +53,8 @@ struct ps_sparse {
     size_t cap;              /* a power of two, at least twice nslots    */
     uint32_t *rows;          /* [capslots] the row of each slot          */
     float *vals;             /* [capslots][vlen]: parameters, then state  */
-    uint8_t *dirty;          /* [capslots] changed since the last commit */
+    uint32_t *dirty;         /* [capslots] changed since the last commit: its
+                                place in dirty_list + 1; 0 when clean        */
     uint32_t *dirty_list;    /* those slots                              */
     size_t ndirty, nslots, capslots;
     uint32_t *miss; /* scratch: the rows of a gradient the table lacks ...  */
