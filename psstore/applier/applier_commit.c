@@ -834,7 +834,7 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
      * touches neither the connection nor what only this thread writes. */
     if (may_let_go) {
         ps_applier_step_pause(a);
-        if (a->commit_wait_fn != NULL && a->local != NULL && a->sp == NULL)
+        if (a->commit_wait_fn != NULL && (a->local != NULL || (a->sp != NULL && a->sp->inproc)))
             a->commit_wait_fn(a->commit_wait_arg);
     }
     /* the one check: after the first error nothing more was queued */

@@ -26,6 +26,7 @@
 
 #include "harness.h"
 #include "psstore/psstore.h"
+#include "psstore/applier/applier_int.h" /* ps_applier_commit_wait_for_test */
 #include "serve/serve.h"
 
 #define DIM  2
@@ -874,6 +875,128 @@ static void test_eviction_keeps_the_table_whole(void **state)
     psstore_conn_destroy(c);
 }
 
+/* An in-process step of row `row` (gradient g in every coordinate) over
+ * position pos of t/0, by a co-located worker's call. */
+static void step_row(psstore_applier_t *a, uint32_t row, float g, int64_t pos)
+{
+    float params[ROWL], grads[ROWL], bias = 0, packed[16], gbias = 0;
+    uint8_t found;
+    uint64_t epoch = 0;
+    int64_t version = 0;
+    int complete = 0;
+    assert_int_equal(
+        psstore_applier_rows(a, &row, 1, params, &found, &bias, NULL, &epoch, &version, &complete),
+        FR_OK);
+    assert_true(complete);
+    for (int i = 0; i < ROWL; i++)
+        grads[i] = g;
+    psstore_sparse_pack(&row, 1, grads, ROWL, &gbias, 1, packed);
+    psstore_range_t range = {"t", 0, pos, pos + 1};
+    psstore_grad_t msg = {.epoch = epoch,
+                          .version = version,
+                          .worker = "h/1/0",
+                          .n = 1,
+                          .loss_sum = 1,
+                          .ranges = &range,
+                          .nranges = 1,
+                          .g = packed,
+                          .len = psstore_sparse_grad_len(1, ROWL, 1)};
+    assert_int_equal(psstore_applier_sparse_step(a, &msg), FR_OK);
+}
+
+typedef struct during_commit {
+    psstore_applier_t *a;
+    int calls;
+} during_commit_t;
+
+/* While the commit that writes row 2 waits for Redis, a worker steps it
+ * again: the step goes with the next commit. Once. */
+static void step_during_commit(void *arg)
+{
+    during_commit_t *d = arg;
+    if (d->calls++ == 0)
+        step_row(d->a, 2, 0.3f, 2);
+}
+
+/*
+ * An eviction moves the table's last slot into the evicted row's: when
+ * that last row was stepped after the commit was queued (here during its
+ * EXEC), its place in the list of rows to write moves with it. Row 1 goes
+ * stale, row 2 (the last slot) is stepped during a commit, the sweep
+ * evicts row 1 and moves row 2 into its slot; every later step of row 2
+ * must still reach the store. Before the fix the moved row stayed marked
+ * written-to-be and was never written again.
+ */
+static void test_an_eviction_keeps_the_moved_rows_updates(void **state)
+{
+    (void)state;
+    const char *model = "sp6";
+    psstore_conn_t *c = psstore_conn_new(redis.url, 2000, errstr, sizeof(errstr));
+    assert_non_null(c);
+    const float bias0 = 0;
+    psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, SPARSE_META};
+    assert_int_equal(psstore_model_create(c, model, &ms, &bias0, 0), FR_OK);
+    psstore_applier_conf_t conf;
+    psstore_applier_conf_init(&conf);
+    conf.url = redis.url;
+    conf.model = model;
+    conf.lease_ms = 5000;
+    conf.commit_ms = 10;
+    conf.sparse.enabled = 1;
+    conf.sparse.inproc = 1;
+    conf.sparse.spec = spec;
+    conf.sparse.optim = optim();
+    conf.sparse.ttl_ms = 300;
+    psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
+    assert_non_null(a);
+    assert_int_equal(psstore_applier_poll(a, 10), FR_OK); /* the lease, the table (empty) */
+    assert_true(psstore_applier_sparse_accepting(a));
+    step_row(a, 1, 0.1f, 0);
+    assert_int_equal(psstore_applier_poll(a, 10), FR_OK);
+    harness_sleep_ms(400);   /* row 1 goes stale */
+    step_row(a, 2, 0.2f, 1); /* a new row: the last slot */
+    during_commit_t d = {a, 0};
+    ps_applier_commit_wait_for_test(a, step_during_commit, &d);
+    char out[64] = "";
+    for (int i = 0; i < 100; i++) { /* commits row 2, steps it again, evicts row 1 */
+        assert_int_equal(psstore_applier_poll(a, 10), FR_OK);
+        const char field1[4] = {1, 0, 0, 0}; /* row 1, 4 bytes little-endian */
+        assert_int_equal(harness_redis_query(&redis, out, sizeof(out),
+                                             "HEXISTS freshet:{%s}:rows %b", model, field1,
+                                             (size_t)4),
+                         0);
+        if (d.calls > 0 && strcmp(out, "0") == 0)
+            break;
+    }
+    assert_true(d.calls > 0);
+    assert_string_equal(out, "0"); /* row 1 evicted */
+    ps_applier_commit_wait_for_test(a, NULL, NULL);
+    step_row(a, 2, 0.4f, 3); /* after the move */
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(psstore_applier_poll(a, 10), FR_OK);
+    /* the store's row 2 is the table's, bit for bit */
+    uint32_t row = 2;
+    float table[ROWL], stored[ROWL], bias = 0;
+    uint8_t found = 0;
+    uint64_t epoch = 0;
+    int64_t version = 0;
+    assert_int_equal(
+        psstore_applier_rows(a, &row, 1, table, &found, &bias, NULL, &epoch, &version, NULL),
+        FR_OK);
+    assert_true(found);
+    const sparse_optim_t o = optim();
+    assert_int_equal(psstore_rows_pull(c, model, &spec, &o, &row, 1, stored, &found, &bias, NULL,
+                                       &epoch, &version),
+                     FR_OK);
+    assert_true(found);
+    assert_memory_equal(stored, table, sizeof(table));
+    assert_int_equal(
+        harness_redis_query(&redis, out, sizeof(out), "HGET freshet:{%s}:offsets t/0", model), 0);
+    assert_int_equal(strtoll(out, NULL, 10), 4); /* every step's position written */
+    psstore_applier_destroy(a);
+    psstore_conn_destroy(c);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -901,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_sparse_predictions_score_the_rows_held),
         cmocka_unit_test(test_a_delta_older_than_the_window_is_refused),
         cmocka_unit_test(test_eviction_keeps_the_table_whole),
+        cmocka_unit_test(test_an_eviction_keeps_the_moved_rows_updates),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
