@@ -69,21 +69,28 @@ static void expect_step(expect_t *e, const sparse_optim_t *o, const uint32_t *ro
     sparse_bias_step(o, &e->bias, e->bias_state, gbias);
 }
 
+/* The configuration of model's applier: the test's table and optimizer. */
+static void applier_conf(psstore_applier_conf_t *conf, const char *model, int min_count,
+                         int64_t ttl_ms, int64_t delta_ms)
+{
+    psstore_applier_conf_init(conf);
+    conf->url = redis.url;
+    conf->model = model;
+    conf->lease_ms = 1000;
+    conf->audit = 1;
+    conf->sparse.enabled = 1;
+    conf->sparse.spec = spec;
+    conf->sparse.optim = optim();
+    conf->sparse.min_count = min_count;
+    conf->sparse.ttl_ms = ttl_ms;
+    conf->sparse.delta_ms = delta_ms;
+}
+
 static void start(harness_applier_t *t, const char *model, int min_count, int64_t ttl_ms,
                   int64_t delta_ms)
 {
     psstore_applier_conf_t conf;
-    psstore_applier_conf_init(&conf);
-    conf.url = redis.url;
-    conf.model = model;
-    conf.lease_ms = 1000;
-    conf.audit = 1;
-    conf.sparse.enabled = 1;
-    conf.sparse.spec = spec;
-    conf.sparse.optim = optim();
-    conf.sparse.min_count = min_count;
-    conf.sparse.ttl_ms = ttl_ms;
-    conf.sparse.delta_ms = delta_ms;
+    applier_conf(&conf, model, min_count, ttl_ms, delta_ms);
     assert_int_equal(harness_applier_start(t, &conf), 0);
 }
 
@@ -937,16 +944,11 @@ static void test_an_eviction_keeps_the_moved_rows_updates(void **state)
     psstore_model_spec_t ms = {"sparse", "logistic", 1, 1, SPARSE_META};
     assert_int_equal(psstore_model_create(c, model, &ms, &bias0, 0), FR_OK);
     psstore_applier_conf_t conf;
-    psstore_applier_conf_init(&conf);
-    conf.url = redis.url;
-    conf.model = model;
+    applier_conf(&conf, model, 1, 300, 0);
     conf.lease_ms = 5000;
     conf.commit_ms = 10;
-    conf.sparse.enabled = 1;
+    conf.audit = 0;
     conf.sparse.inproc = 1;
-    conf.sparse.spec = spec;
-    conf.sparse.optim = optim();
-    conf.sparse.ttl_ms = 300;
     psstore_applier_t *a = psstore_applier_new(&conf, errstr, sizeof(errstr));
     assert_non_null(a);
     assert_int_equal(psstore_applier_poll(a, 10), FR_OK); /* the lease, the table (empty) */
