@@ -346,6 +346,25 @@ long harness_file_size(const char *path)
     return size > 0 ? size : 0;
 }
 
+long harness_progress_applied(const char *log, long from)
+{
+    FILE *f = fopen(log, "r");
+    long most = -1;
+    char line[1024];
+    if (f == NULL || fseek(f, from, SEEK_SET) != 0) {
+        if (f != NULL)
+            fclose(f);
+        return -1;
+    }
+    while (fgets(line, sizeof(line), f) != NULL)
+        for (const char *p = line; (p = strstr(p, ", applied ")) != NULL; p++) {
+            long n = strtol(p + 10, NULL, 10);
+            most = n > most ? n : most;
+        }
+    fclose(f);
+    return most;
+}
+
 int harness_log_port(const char *log, long from, int timeout_ms)
 {
     static const char marker[] = "serve: listening on ";

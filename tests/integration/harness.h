@@ -145,6 +145,10 @@ int harness_await_file(const char *path, const char *needle, int count, int time
 /* The file's size in bytes, 0 when it does not exist: where the lines of a
  * child about to be started will begin in a log it appends to. */
 long harness_file_size(const char *path);
+/* The most gradients an applier had decided by the progress lines ("...,
+ * applied N, ...", every 5 s) of the log after byte `from`, or -1 when
+ * there is none. */
+long harness_progress_applied(const char *log, long from);
 /* The port freshet serve, run or ps listens on with [serve] listen =
  * 127.0.0.1:0 (the kernel picks a free port, so no other process can take
  * it in between), from the first "serve: listening on ... (port N)" line at

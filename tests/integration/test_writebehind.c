@@ -149,22 +149,6 @@ static long rss_kib(pid_t pid)
     return kib;
 }
 
-/* The most gradients the applier had decided by the progress lines of
- * log written after byte `from` (every 5 s), or -1 when there is none. */
-static long progress_applied(const char *log, long from)
-{
-    size_t len = 0;
-    char *text = harness_read_file(log, &len);
-    long most = -1;
-    for (const char *p = text != NULL && (size_t)from < len ? text + from : NULL;
-         p != NULL && (p = strstr(p, ", applied ")) != NULL; p++) {
-        long n = strtol(p + 10, NULL, 10);
-        most = n > most ? n : most;
-    }
-    free(text);
-    return most;
-}
-
 /* Starts run on conf (log DIR/log) and waits until version `at` is
  * committed; returns its pid. */
 static pid_t run_until(const char *conf, const char *log, const char *model, const char *topic,
@@ -280,7 +264,7 @@ static void test_a_stopped_redis_holds_the_window_and_loses_nothing(void **state
      * with nothing written. The progress lines (every 5 s) over 8 s say how
      * many the applier decided. */
     harness_sleep_ms(8000);
-    long decided = progress_applied(lp, from);
+    long decided = harness_progress_applied(lp, from);
     long during = rss_kib(pid);
     kill(redis.pid, SIGCONT);
     fr_log(FR_LOG_INFO, "%ld gradients decided while Redis was stopped (of %d)", decided,
