@@ -40,7 +40,14 @@ int app_applier_conf(const char *cmd, const fr_config_t *cfg, fr_metrics_t *metr
     conf->url = fr_config_get(cfg, "redis", "url");
     conf->model = fr_config_get(cfg, "model", "name");
     conf->lease_ms = fr_config_get_int(cfg, "psstore", "lease_ms");
+    /* -1, the default: the model's own (docs/design.md "The store written
+     * behind"). A dense commit writes the whole model; a sparse one only the
+     * rows its window changed, so it can close twice as often. */
     conf->commit_ms = fr_config_get_int(cfg, "psstore", "commit_ms");
+    if (conf->commit_ms < 0)
+        conf->commit_ms = fr_config_get(cfg, "model", "sparse")[0] != '\0'
+                              ? PSSTORE_COMMIT_MS_SPARSE
+                              : PSSTORE_COMMIT_MS_DENSE;
     conf->versions_keep = fr_config_get_int(cfg, "psstore", "versions_keep");
     conf->snapshot_every = fr_config_get_int(cfg, "psstore", "snapshot_every");
     conf->snapshot_seconds = fr_config_get_double(cfg, "psstore", "snapshot_seconds");

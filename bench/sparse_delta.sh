@@ -10,8 +10,9 @@
 # of each batch's newest and oldest record) and the deltas' bytes a second;
 # the medians last; and the applier's own freshness, Kafka timestamp to the
 # committed version (its progress line, the last 256 batches), per round.
-# usage: [RATE=10000] [DURATION=20] [PERIOD=50] [ROUNDS=3]
+# usage: [RATE=10000] [DURATION=20] [PERIOD=50] [ROUNDS=3] [COMMIT_MS=ms]
 #        [SPEC=fields:39,buckets:2^22,dim:8] [BY=sticky] bash bench/sparse_delta.sh [FRESHET]
+# COMMIT_MS sets [psstore] commit_ms (the default's when unset).
 # BY is the producer's --partitions-by: sticky (keyless runs, full batches) by
 # default; with key, small batches make the dev broker's fetches walk ever
 # longer lists (bench/README.md, "Where the time goes").
@@ -58,6 +59,9 @@ listen = 127.0.0.1:$http
 [trainer]
 workers = 2
 CONF
+    if [ -n "${COMMIT_MS:-}" ]; then
+        printf '[psstore]\ncommit_ms = %s\n' "$COMMIT_MS" >>"$work/run.conf"
+    fi
     "$bin" run --config "$work/run.conf" >"$work/run$r.log" 2>&1 &
     run_pid=$!
     for _ in $(seq 100); do

@@ -191,10 +191,12 @@ static const conf_key_t schema[] = {
           "(chosen when the model is created; 1 keeps one)."),
     K_INT("psstore", "max_pending", "64", 1, NO_MAX,
           "Gradients that may wait in the grads stream; a push waits beyond it (backpressure)."),
-    K_INT("psstore", "commit_ms", "10", 0, NO_MAX,
+    K_INT("psstore", "commit_ms", "-1", -1, NO_MAX,
           "Milliseconds to group updates into one commit of the weights to Redis (0: commit "
-          "each; readers see a version at most this much later). A sparse model in freshet "
-          "run writes its window behind: sooner at 64 gradients or 65,536 changed rows."),
+          "each; -1: 10 for a dense model, 5 for a sparse one, whose commit writes only the "
+          "rows that changed; readers see a version at most this much later). A sparse model "
+          "in freshet run writes its window behind: sooner at 64 gradients or 65,536 changed "
+          "rows."),
     K_BOOL("psstore", "audit", "false",
            "Append every applied or dropped batch's intervals to the audit stream."),
     K_DBL("psstore", "gap_timeout", "10", 0, HUGE_VAL, CK_MIN_OPEN,

@@ -87,6 +87,11 @@ typedef struct psstore_sparse_conf {
                          (psstore_applier_sparse_step; freshet run) */
 } psstore_sparse_conf_t;
 
+/* [psstore] commit_ms when left at -1: a dense model's commit writes the
+ * whole model, a sparse model's only the rows its window changed. */
+#define PSSTORE_COMMIT_MS_DENSE  10
+#define PSSTORE_COMMIT_MS_SPARSE 5
+
 typedef struct psstore_applier_conf {
     const char *url;
     const char *model;

@@ -399,8 +399,11 @@ fr_err_t ps_applier_try_acquire(psstore_applier_t *a)
     snprintf(a->pending_from, sizeof(a->pending_from), "0");
     a->reconnects = a->c->reconnects;
     a->claim_ns = fr_clock_mono_ns();
-    fr_log(FR_LOG_INFO, "applier %s: holding the lease (%s) at version %lld of epoch %llu",
-           a->model, a->token, (long long)a->version, (unsigned long long)a->epoch);
+    fr_log(FR_LOG_INFO,
+           "applier %s: holding the lease (%s) at version %lld of epoch %llu, committing every "
+           "%lld ms",
+           a->model, a->token, (long long)a->version, (unsigned long long)a->epoch,
+           (long long)a->conf.commit_ms);
     if (a->local != NULL && a->stopped[0] == '\0') {
         memset(a->local_rounds, 0, sizeof(a->local_rounds));
         ps_local_open(a->local, a->w, a->epoch, a->version);

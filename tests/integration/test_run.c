@@ -326,6 +326,8 @@ static void run_mode_learns(const char *mode, const char *model, const char *top
     assert_true(version >= (psstore_mode_rounds(m) ? N / 16 / 4 : N / 16));
     assert_true(loss < 1e-3);
     assert_true(harness_file_contains(log, "run: stopping"));
+    /* [psstore] commit_ms -1: a dense model's own, 10 ms */
+    assert_true(harness_file_contains(log, "committing every 10 ms"));
 }
 
 /*

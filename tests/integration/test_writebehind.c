@@ -234,6 +234,8 @@ static void test_gradients_never_touch_the_grads_stream(void **state)
     char lp[300];
     path(lp, "wb1-run.log");
     assert_true(harness_file_contains(lp, "decided in process"));
+    /* [psstore] commit_ms -1: a sparse model's own, 5 ms */
+    assert_true(harness_file_contains(lp, "committing every 5 ms"));
     assert_once("wb1", "wb1");
 }
 
