@@ -428,6 +428,17 @@ int ps_sparse_shape(const psstore_applier_t *a, const psstore_grad_t *g, size_t 
     return 1;
 }
 
+/* Out of memory for a step of m rows. In a worker's step (in_help) the
+ * applier's connection belongs to the applier's thread, which may be in a
+ * round trip on it: the message goes to the log, not to its errstr. */
+static fr_err_t step_nomem(psstore_applier_t *a, size_t m)
+{
+    if (!a->in_help)
+        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", m);
+    fr_log(FR_LOG_ERROR, "applier %s: out of memory for %zu rows in a worker's step", a->model, m);
+    return FR_ERR_NOMEM;
+}
+
 fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m)
 {
     ps_sparse_t *sp = a->sp;
@@ -436,14 +447,14 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
     int complete = sp->complete;
     fr_err_t err = complete ? FR_OK : read_missing(a, g->g, m);
     if (err == FR_OK && FR_GROW(sp->grad, sp->capgrad, sp->rowlen) != FR_OK)
-        err = ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory");
+        err = step_nomem(a, m);
     if (err != FR_OK)
         return err;
     int64_t now_ms = sp->ttl_ms > 0 ? mono_ms() : 0;
     pthread_rwlock_wrlock(&sp->rw);
     if ((complete ? reserve(sp, m) : insert_missing(sp)) != FR_OK) {
         pthread_rwlock_unlock(&sp->rw);
-        return ps_fail(a->c, FR_ERR_NOMEM, "applier: out of memory for %zu rows", m);
+        return step_nomem(a, m);
     }
     for (size_t i = 0; i < m; i++) {
         uint32_t row;
