@@ -701,9 +701,10 @@ static void committed(psstore_applier_t *a, int snap, uint64_t spent, const sent
  * [redis] wait_replicas: WAIT until that many replicas hold the commit (on a
  * cluster, the replicas of the model's master: WAIT goes where the commit
  * went), and count the commit when fewer did within wait_timeout_ms. A
- * failed WAIT counts too; the commit itself stands.
+ * failed WAIT counts too; the commit itself stands. version: the commit's,
+ * for the log (the caller may have let go of the step lock).
  */
-static void wait_replicas(psstore_applier_t *a)
+static void wait_replicas(psstore_applier_t *a, int64_t version)
 {
     if (a->conf.wait_replicas <= 0)
         return;
@@ -720,7 +721,7 @@ static void wait_replicas(psstore_applier_t *a)
     fr_series_add(a->m_unreplicated, 1);
     if (n == 1 || n % 1000 == 0)
         fr_log(FR_LOG_WARN, "applier %s: commit at version %lld reached %lld of %d replicas (%s)",
-               a->model, (long long)a->version, acked < 0 ? 0 : acked, a->conf.wait_replicas,
+               a->model, (long long)version, acked < 0 ? 0 : acked, a->conf.wait_replicas,
                acked < 0 ? psstore_conn_error(a->c) : "WAIT timed out");
 }
 
@@ -871,7 +872,14 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
         }
     }
     uint64_t spent = fr_clock_mono_ns() - t0; /* to EXEC's reply, not the replicas' */
-    wait_replicas(a);
+    if (a->conf.wait_replicas > 0) {          /* WAIT's round trip without the step lock too */
+        int64_t version = a->version;
+        if (may_let_go)
+            ps_applier_step_pause(a);
+        wait_replicas(a, version);
+        if (may_let_go)
+            ps_applier_step_resume(a);
+    }
     committed(a, snap, spent, &sent);
     if (snap && a->nshards > 1 && a->shard == 0)
         snapshot_fan_out(a, sent.snap_id);
