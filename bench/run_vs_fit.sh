@@ -36,7 +36,8 @@
 #        [AVERAGE=N] [RAWCONSUME=path] [REDIS=single|cluster] [SHARDS=S] [REDIS_DELAY_US=D]
 #        bash bench/run_vs_fit.sh [WORKERS] [MODE] [FRESHET]
 #        (defaults: 3 rounds, 2 workers, adaptive, build/freshet; [psstore]
-#        max_pending 64, commit_ms 20; [controller] average: freshet's (AVERAGE=0: none);
+#        max_pending 64, commit_ms freshet's (10 for this dense model); [controller] average:
+#        freshet's (AVERAGE=0: none);
 #        [ingest] queue 16; [serve] listen
 #        127.0.0.1:0, SERVE_LISTEN= for none; RAWCONSUME: the first of
 #        build-bench/bench/bench_rawconsume and build/bench/bench_rawconsume
