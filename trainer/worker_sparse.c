@@ -61,6 +61,7 @@ typedef struct sworker {
     /* the stream id of each shard's last gradient not known applied ("": none) */
     char flight[PSSTORE_SHARDS_MAX][64];
     const char *done_id; /* the batch's last stream entry (NULL: none went there) */
+    uint64_t lost_seen;  /* the appliers' lost windows, summed, as last seen */
 } sworker_t;
 
 struct trainer_sparse {
@@ -467,6 +468,16 @@ static void *worker_main(void *arg)
     fr_thread_name(name);
     psstore_client_set_cancel(wk->cl, pool_stopping, p);
     while (!atomic_load(&p->stop)) {
+        /* an applier here dropped gradients decided in process before a
+         * commit wrote them (a lost lease, a failed commit): their records
+         * are read again within a second, not after gap_timeout */
+        uint64_t lost = 0;
+        for (int k = 0; k < p->S; k++)
+            lost += psstore_applier_sparse_lost(p->conf.appliers[k]);
+        if (lost != wk->lost_seen) {
+            wk->lost_seen = lost;
+            ingest_consumer_lost(p->conf.source);
+        }
         ingest_batch_t *b = ingest_consumer_next(p->conf.source, NEXT_WAIT_MS);
         if (b == NULL)
             continue;
@@ -482,6 +493,7 @@ static void *worker_main(void *arg)
             p->st.loss_sum += loss;
         } else {
             p->st.failed++;
+            ingest_consumer_lost(p->conf.source); /* read again soon, not in gap_timeout */
         }
         pthread_mutex_unlock(&p->lock);
         ingest_batch_destroy(b);

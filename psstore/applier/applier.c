@@ -370,6 +370,12 @@ void ps_applier_drop_state(psstore_applier_t *a)
         psstore_poff_fini(&a->parts[i].po);
     a->nparts = 0;
     ps_applier_forget_pending(a);
+    uint64_t unwritten = ps_sparse_unwritten(a->sp);
+    if (unwritten > 0)
+        fr_log(FR_LOG_WARN,
+               "applier %s: %llu gradients decided in process were not written; their records "
+               "are read again",
+               a->model, (unsigned long long)unwritten);
     ps_sparse_clear(a->sp); /* rows are read again from the store */
     a->guard_pos = a->guard_fill = a->guard_bad = 0;
     a->au.shown = 0; /* the next holder writes its phase */

@@ -59,6 +59,11 @@ fr_err_t psstore_applier_sparse_step(psstore_applier_t *a, const psstore_grad_t 
  * held, the table loaded whole); a hint, which the step checks again under
  * its lock. Thread-safe. */
 int psstore_applier_sparse_accepting(psstore_applier_t *a);
+/* How many times the applier dropped its state (a lost lease, a failed
+ * commit) with gradients decided in process that no commit wrote: when
+ * it grows, their positions are gone from the store's future and are read
+ * again by the gap rule (ingest_consumer_lost shortens its wait). Thread-safe. */
+uint64_t psstore_applier_sparse_lost(psstore_applier_t *a);
 /* Waits up to timeout_ms until applier a decided the grads entry id
  * (applied or dropped; committed or not): *decided. FR_ERR_STATE while a
  * holds no lease (another process's applier decides: psstore_applied_wait

@@ -488,15 +488,31 @@ fr_err_t ps_sparse_apply(psstore_applier_t *a, const psstore_grad_t *g, size_t m
     return FR_OK;
 }
 
+uint64_t ps_sparse_unwritten(ps_sparse_t *sp)
+{
+    if (sp == NULL || sp->decided <= sp->committed_upto)
+        return 0;
+    uint64_t n = sp->decided - sp->committed_upto;
+    sp->committed_upto = sp->queued_upto = sp->decided;
+    atomic_fetch_add(&sp->lost, 1);
+    return n;
+}
+
 void ps_sparse_committed(ps_sparse_t *sp)
 {
     if (sp == NULL)
         return;
+    sp->queued_upto = sp->decided;
     for (size_t i = 0; i < sp->ndirty; i++)
         sp->dirty[sp->dirty_list[i]] = 0;
     sp->ndirty = 0;
     sp->nevict = 0; /* deleted, or (state dropped) still in the store */
     sp->window = 0;
+}
+
+uint64_t psstore_applier_sparse_lost(psstore_applier_t *a)
+{
+    return a != NULL && a->sp != NULL ? atomic_load(&a->sp->lost) : 0;
 }
 
 int ps_sparse_holds(const ps_sparse_t *sp, uint32_t row)
@@ -818,6 +834,7 @@ void ps_sparse_commit_done(psstore_applier_t *a, int64_t version, int entry)
         return;
     if (entry)
         sp->entry_version = version;
+    sp->committed_upto = sp->queued_upto;
     sp->floor = sp->floor_next;
     sp->reset_changes = 0;
     mark(sp, version);
@@ -870,6 +887,7 @@ fr_err_t psstore_applier_sparse_step(psstore_applier_t *a, const psstore_grad_t 
     a->cur_id = LOCAL_ID;
     fr_err_t err = ps_applier_decide(a, g);
     a->in_help = 0;
+    sp->decided++; /* even half applied: it must be written to count */
     if (err != FR_OK)
         a->help_err = err; /* the applier's thread reloads before any commit */
     sp->window++;

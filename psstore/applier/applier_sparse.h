@@ -41,6 +41,12 @@ struct ps_sparse {
     pthread_mutex_t step;
     pthread_cond_t wake;
     size_t window;
+    /* in-process decisions (under step): all of them, those a queued commit
+     * carries and those a commit wrote; a state dropped with some not
+     * written counts in `lost`, which the workers watch
+     * (psstore_applier_sparse_lost) */
+    uint64_t decided, queued_upto, committed_upto;
+    atomic_ullong lost;
     pthread_mutex_t dmu;
     pthread_cond_t dcv;
     uint64_t dec_ms, dec_seq; /* the newest grads entry decided (dmu) */
@@ -101,6 +107,10 @@ ps_sparse_t *ps_sparse_new(const psstore_sparse_conf_t *conf);
 void ps_sparse_free(ps_sparse_t *sp);
 /* Forgets every row held (a fresh load, a lost lease). */
 void ps_sparse_clear(ps_sparse_t *sp);
+/* The in-process decisions that no commit wrote, which a dropped state
+ * loses: counted once in sp->lost (their positions are read again), and
+ * returned. */
+uint64_t ps_sparse_unwritten(ps_sparse_t *sp);
 /* Whether g is a packed sparse gradient of this model: 1, with its m rows;
  * 0 malformed (size, a row beyond the table); -1 well formed but not
  * finite. */

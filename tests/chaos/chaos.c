@@ -33,6 +33,14 @@
  *   kill_ps        SIGKILL of ps, started again at once
  *   stop_ps        SIGSTOP of ps past its lease, then SIGCONT
  *
+ * With CHAOS_SPARSE=1 the model is a sparse one (fields:39, 2^16 rows,
+ * D = 4, FTRL; Criteo lines of one click in 8, batches of 4), whose
+ * applier's table in run is written behind to Redis (docs/design.md "The
+ * store written behind"): a kill or a Redis fault lands inside a window.
+ * Its weights follow no ledger, so exactly once is checked from the audit
+ * and the watermarks alone, and poison (a dense model's out-of-range
+ * values) is not among its kinds; its serve is checked on /rows.
+ *
  * With CHAOS_CLUSTER=1 the store is a Redis Cluster of 3 masters with a
  * replica each instead, and the two Redis kinds become:
  *
@@ -124,7 +132,8 @@ static harness_redis_t redis;
 static harness_cluster_t cl;
 static int cluster_mode; /* CHAOS_CLUSTER=1: the store is cl, not redis */
 static harness_broker_t broker;
-static int split; /* CHAOS_SPLIT=1: ps and two train instead of run */
+static int split;  /* CHAOS_SPLIT=1: ps and two train instead of run */
+static int sparse; /* CHAOS_SPARSE=1: a sparse model, its table written behind */
 static char dir[256], conf[320], run_log[320], serve_log[320], ps_log[320], train_log[2][320];
 static pid_t run_pid, serve_pid, ps_pid, train_pid[2];
 static int serve_port;
@@ -139,6 +148,21 @@ static struct {
     atomic_int stop, pause, paused, poison;
     atomic_llong sent;
 } prod;
+
+/* Record k of the sparse stream: a Criteo line (label, 13 counts, 26
+ * categories) drawn from k, a click one time in 8, the categories from a
+ * few thousand values a field (rows seen again, and new ones). */
+static size_t sparse_record(int64_t k, char *out, size_t size)
+{
+    uint64_t h = (uint64_t)k * 0x9E3779B97F4A7C15ull + 1;
+    int n = snprintf(out, size, "%d", (int)(h >> 61 == 0));
+    for (int i = 0; i < 39 && n > 0 && (size_t)n < size; i++) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        n += i < 13 ? snprintf(out + n, size - (size_t)n, "\t%d", (int)(h >> 58))
+                    : snprintf(out + n, size - (size_t)n, "\t%x", (unsigned)((h >> 33) % 4096));
+    }
+    return n > 0 && (size_t)n < size ? (size_t)n : 0;
+}
 
 static void *produce_loop(void *arg)
 {
@@ -161,6 +185,18 @@ static void *produce_loop(void *arg)
         int64_t due = (int64_t)((double)(fr_clock_mono_ns() - t0) * 1e-9 * prod.rate);
         if (k >= due) {
             harness_sleep_ms(5);
+            continue;
+        }
+        if (sparse) {
+            char line[512];
+            size_t len = sparse_record(k, line, sizeof(line));
+            if (ingest_producer_send(prod.p, TOPIC, (int32_t)(k % NPARTS), NULL, 0, line, len, NULL,
+                                     NULL) != FR_OK) {
+                harness_sleep_ms(10);
+                continue;
+            }
+            atomic_fetch_add(&prod.sent, 1);
+            k++;
             continue;
         }
         float v[D + 1];
@@ -681,8 +717,9 @@ static int64_t inject(enum kind k)
         harness_wait(serve_pid, 5000);
         t = fault_ended();
         start_serve();
-        char path[128];
-        snprintf(path, sizeof(path), "/v2/models/%s/weights?format=raw", MODEL);
+        char path[128]; /* a sparse model's rows carry the version too */
+        snprintf(path, sizeof(path),
+                 sparse ? "/v2/models/%s/rows?ids=0" : "/v2/models/%s/weights?format=raw", MODEL);
         for (;;) {
             int64_t want = store_version(), got = -1;
             if (http_get(serve_port, path, &got) == 200 && got >= want)
@@ -876,6 +913,27 @@ static int env_int(const char *name, int def)
  * the ledger's initial weights. */
 static void write_config(void)
 {
+    if (sparse) { /* the sparse model: its defaults, written behind in run */
+        FILE *f = fopen(conf, "w");
+        if (f == NULL) {
+            perror(conf);
+            exit(1);
+        }
+        fprintf(f,
+                "[model]\nname = " MODEL "\nsparse = fields:39,buckets:2^16,dim:4\n"
+                "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
+                "heartbeat.interval.ms = 500\n%s"
+                "[ingest]\ntopic = " TOPIC "\nformat = criteo\nbatch = 4\n"
+                "dead_letter_topic = chaos-dlq\n"
+                "[redis]\nurl = %s\n"
+                "[serve]\nlisten = 127.0.0.1:0\n"
+                "[trainer]\nworkers = 2\nbackend = cpu\n"
+                "[psstore]\naudit = true\nlease_ms = %d\n",
+                broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
+                cluster_mode ? cl.url : redis.url, lease_ms);
+        fclose(f);
+        return;
+    }
     char init[320], log[320];
     snprintf(init, sizeof(init), "%s/init.safetensors", dir);
     snprintf(log, sizeof(log), "%s/ledger.log", dir);
@@ -911,13 +969,15 @@ int main(void)
     const char *kinds = getenv("CHAOS_KINDS");
     cluster_mode = env_int("CHAOS_CLUSTER", 0) != 0;
     split = env_int("CHAOS_SPLIT", 0) != 0;
+    sparse = env_int("CHAOS_SPARSE", 0) != 0;
     for (int k = 0; k < NKINDS; k++) {
         int store_kind = k == K_STOP_REDIS || k == K_RESTART_REDIS;
         int cluster_kind = k == K_KILL_MASTER || k == K_MIGRATE;
         int run_kind = k == K_KILL_RUN || k == K_STOP_RUN;
         int split_kind = k == K_KILL_TRAIN || k == K_KILL_PS || k == K_STOP_PS;
         want[k] = (kinds == NULL || *kinds == '\0' || strstr(kinds, kind_name[k]) != NULL) &&
-                  !(cluster_mode ? store_kind : cluster_kind) && !(split ? run_kind : split_kind);
+                  !(cluster_mode ? store_kind : cluster_kind) && !(split ? run_kind : split_kind) &&
+                  !(sparse && k == K_POISON);
     }
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
@@ -987,8 +1047,10 @@ int main(void)
         plan[i] = plan[j];
         plan[j] = tmp;
     }
-    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions, %s, %s\n",
+    printf("chaos: seed %llu, %d faults, %d records/s over %d partitions, %s, %s, %s\n",
            (unsigned long long)seed, nplan, prod.rate, NPARTS,
+           sparse ? "a sparse model (exactly once from the audit; no ledger)"
+                  : "the ledger's model",
            split ? "ps and two train" : "one run",
            cluster_mode ? "a Redis Cluster of 3 masters and 3 replicas" : "one redis-server (AOF)");
 
@@ -1035,8 +1097,8 @@ int main(void)
                (long long)au.doubled, (long long)lost, au.nepochs);
         fflush(stdout);
         /* and from the weights, trusting nothing freshet wrote about itself */
-        int ledger = -1;
-        if (ms >= 0 && producer_hold(1) >= 0) {
+        int ledger = sparse ? 0 : -1; /* a sparse model: the audit's check above */
+        if (!sparse && ms >= 0 && producer_hold(1) >= 0) {
             ledger =
                 ledger_check(broker.bootstrap, TOPIC, NPARTS, MODEL, store_node, dir, RECOVER_MS);
             producer_release();
@@ -1065,7 +1127,8 @@ int main(void)
     }
     if (check_exactly_once(&lost) != 0 || sum < (int64_t)delivered)
         failed++;
-    else if (ledger_check(broker.bootstrap, TOPIC, NPARTS, MODEL, store_node, dir, RECOVER_MS) != 0)
+    else if (!sparse &&
+             ledger_check(broker.bootstrap, TOPIC, NPARTS, MODEL, store_node, dir, RECOVER_MS) != 0)
         failed++;
     ledger_fini();
     kill(serve_pid, SIGTERM);

@@ -339,11 +339,76 @@ static void test_killed_after_its_window_was_written(void **state)
     assert_once("wb3", "wb3");
 }
 
+/*
+ * A run stopped past its lease (SIGSTOP) while records stream in, its
+ * window holding up to 300 ms of decisions ([psstore] commit_ms): when it
+ * goes on, the applier finds its lease gone and drops the window with them.
+ * Those records are read again within seconds, not after gap_timeout (60 s
+ * here): the workers see the applier's lost window and tell the consumer
+ * (ingest_consumer_lost). Each position is applied once.
+ */
+static void test_a_window_lost_with_the_lease_is_read_again_at_once(void **state)
+{
+    (void)state;
+    enum { TOTAL = 12000 };
+    char conf[300], lp[300], plog[300];
+    path(conf, "wb4.conf");
+    write_conf(conf, "wb4", "wb4");
+    path(lp, "wb4-run.log");
+    path(plog, "wb4-produce.log");
+    char *run[] = {FRESHET_BIN, "run",
+                   "--config",  conf,
+                   "--set",     "psstore.gap_timeout=60",
+                   "--set",     "psstore.commit_ms=300",
+                   NULL};
+    pid_t pid = harness_spawn(run, lp);
+    assert_true(pid > 0);
+    assert_int_equal(harness_await_file(lp, "wb4/1 starts at", 1, WAIT_MS), 0);
+    char *produce[] = {
+        FRESHET_BIN,   "produce",        "--synthetic", "ctr",  "--seed",          "14",
+        "--encode",    "binary",         "--rate",      "2000", "--limit",         "12000",
+        "--bootstrap", broker.bootstrap, "--topic",     "wb4",  "--partitions-by", "roundrobin",
+        NULL};
+    pid_t prod = harness_spawn(produce, plog);
+    assert_true(prod > 0);
+    int64_t version = 0;
+    for (int i = 0; i < WAIT_MS / 20 && watermarks("wb4", "wb4", &version) < 2000; i++)
+        harness_sleep_ms(20);
+    harness_sleep_ms(150); /* half a window after a commit (which moved the watermark) */
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    harness_sleep_ms(2500); /* past lease_ms, 1 s */
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    uint64_t t0 = fr_clock_mono_ns();
+    int status = harness_wait(prod, WAIT_MS);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    while (watermarks("wb4", "wb4", &version) < TOTAL &&
+           fr_clock_mono_ns() - t0 < 40ull * 1000000000ull)
+        harness_sleep_ms(50);
+    double s = (double)(fr_clock_mono_ns() - t0) * 1e-9;
+    fr_log(FR_LOG_INFO, "every record committed %.1f s after the SIGCONT (the stream lasts 6 s)",
+           s);
+    assert_int_equal(watermarks("wb4", "wb4", &version), TOTAL);
+    assert_true(s < 20); /* gap_timeout would have been 60 s */
+    assert_true(harness_file_contains(lp, "were not written; their records are read again"));
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    status = harness_wait(pid, 20000);
+    assert_true(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    int *seen = calloc(TOTAL, sizeof(int));
+    assert_non_null(seen);
+    for (int p = 0; p < 2; p++) {
+        assert_true(harness_audit_count(&redis, "wb4", "wb4", p, NULL, seen, TOTAL / 2) > 0);
+        for (int x = 0; x < TOTAL / 2; x++)
+            if (seen[x] != 1)
+                fail_msg("wb4/%d position %d applied %d times", p, x, seen[x]);
+    }
+    free(seen);
+}
+
 static int setup(void **state)
 {
     (void)state;
     return harness_stack_start(tmp_dir, "writebehind", &redis, &broker, FRESHET_BIN,
-                               "--topic wb1:2 --topic wb2:2 --topic wb3:2");
+                               "--topic wb1:2 --topic wb2:2 --topic wb3:2 --topic wb4:2");
 }
 
 static int teardown(void **state)
@@ -360,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_gradients_never_touch_the_grads_stream),
         cmocka_unit_test(test_a_stopped_redis_holds_the_window_and_loses_nothing),
         cmocka_unit_test(test_killed_after_its_window_was_written),
+        cmocka_unit_test(test_a_window_lost_with_the_lease_is_read_again_at_once),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
