@@ -205,7 +205,7 @@ void psstore_applier_conf_init(psstore_applier_conf_t *conf)
     memset(conf, 0, sizeof(*conf));
     psstore_ctl_conf_init(&conf->ctl);
     conf->lease_ms = fr_config_default_int("psstore", "lease_ms");
-    conf->commit_ms = 0; /* not [psstore]'s 20: see applier.h */
+    conf->commit_ms = 0; /* not [psstore]'s 10 or 5: see applier.h */
     conf->versions_keep = fr_config_default_int("psstore", "versions_keep");
     conf->snapshot_every = fr_config_default_int("psstore", "snapshot_every");
     conf->snapshot_seconds = fr_config_default_double("psstore", "snapshot_seconds");

@@ -782,8 +782,10 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
     }
     if (a->nids == 0 && !a->weights_dirty && dirty_parts_of(a) == 0 && a->audit.len == 0 &&
         a->drops.len == 0 && a->req_id[0] == '\0' && !ps_sparse_trim_due(a->sp)) {
-        if (a->sp != NULL) /* decisions that changed nothing (duplicates): an empty window */
+        if (a->sp != NULL) { /* decisions that changed nothing (duplicates): an empty window */
             a->sp->window = 0;
+            a->sp->queued_upto = a->sp->committed_upto = a->sp->decided; /* nothing to lose */
+        }
         return FR_OK;
     }
     if (stopped_non_finite(a))
@@ -873,10 +875,9 @@ static fr_err_t commit(psstore_applier_t *a, int may_let_go)
     }
     uint64_t spent = fr_clock_mono_ns() - t0; /* to EXEC's reply, not the replicas' */
     if (a->conf.wait_replicas > 0) {          /* WAIT's round trip without the step lock too */
-        int64_t version = a->version;
         if (may_let_go)
             ps_applier_step_pause(a);
-        wait_replicas(a, version);
+        wait_replicas(a, sent.version);
         if (may_let_go)
             ps_applier_step_resume(a);
     }

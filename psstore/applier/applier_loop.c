@@ -21,6 +21,14 @@
 
 #include "psstore/applier/applier_sparse.h"
 
+/* What a failed poll says: the connection's error, or err's own where a
+ * worker's step failed without touching the connection (it logged why). */
+static const char *failure(psstore_applier_t *a, fr_err_t err)
+{
+    const char *why = psstore_conn_error(a->c);
+    return why != NULL && why[0] != '\0' ? why : fr_strerror(err);
+}
+
 #define READ_COUNT        64         /* entries per XREADGROUP, at most ...       */
 #define READ_BYTES        (16 << 20) /* ... and about this many payload bytes   */
 #define SPARSE_GRAD_GUESS 16384      /* floats of a sparse gradient, for that estimate */
@@ -319,7 +327,7 @@ static fr_err_t poll_(psstore_applier_t *a, int block_ms)
 out:
     if (err != FR_OK && a->active) {
         /* unknown whether the last transaction landed: reload from Redis */
-        fr_log(FR_LOG_WARN, "applier %s: %s; reloading state", a->model, psstore_conn_error(a->c));
+        fr_log(FR_LOG_WARN, "applier %s: %s; reloading state", a->model, failure(a, err));
         ps_applier_drop_state(a);
     }
     return err;
@@ -412,8 +420,8 @@ fr_err_t psstore_applier_run(psstore_applier_t *a, const atomic_int *stop)
             backoff = 10;
             continue;
         }
-        fr_log(FR_LOG_WARN, "applier %s: %s (retrying in %d ms)", a->model,
-               psstore_conn_error(a->c), backoff);
+        fr_log(FR_LOG_WARN, "applier %s: %s (retrying in %d ms)", a->model, failure(a, err),
+               backoff);
         struct timespec ts = {backoff / 1000, (long)(backoff % 1000) * 1000000L};
         nanosleep(&ts, NULL);
         backoff = backoff < 2000 ? backoff * 2 : 2000;
