@@ -910,52 +910,44 @@ static int env_int(const char *name, int def)
 }
 
 /* The ledger model (ledger.h): batches of one, plain SGD at 2^-10, from
- * the ledger's initial weights. */
+ * the ledger's initial weights; or (sparse) a sparse model at its defaults,
+ * written behind in run. The sections all share follow the model's own. */
 static void write_config(void)
 {
-    if (sparse) { /* the sparse model: its defaults, written behind in run */
-        FILE *f = fopen(conf, "w");
-        if (f == NULL) {
-            perror(conf);
-            exit(1);
-        }
-        fprintf(f,
-                "[model]\nname = " MODEL "\nsparse = fields:39,buckets:2^16,dim:4\n"
-                "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
-                "heartbeat.interval.ms = 500\n%s"
-                "[ingest]\ntopic = " TOPIC "\nformat = criteo\nbatch = 4\n"
-                "dead_letter_topic = chaos-dlq\n"
-                "[redis]\nurl = %s\n"
-                "[serve]\nlisten = 127.0.0.1:0\n"
-                "[trainer]\nworkers = 2\nbackend = cpu\n"
-                "[psstore]\naudit = true\nlease_ms = %d\n",
-                broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
-                cluster_mode ? cl.url : redis.url, lease_ms);
-        fclose(f);
-        return;
+    char init[320], model[512];
+    if (sparse) {
+        snprintf(model, sizeof(model),
+                 "[model]\nname = " MODEL "\nsparse = fields:39,buckets:2^16,dim:4\n"
+                 "[ingest]\nformat = criteo\nbatch = 4\n");
+    } else {
+        char log[320];
+        snprintf(init, sizeof(init), "%s/init.safetensors", dir);
+        snprintf(log, sizeof(log), "%s/ledger.log", dir);
+        if (ledger_init(init, log) != 0)
+            die("cannot write the ledger's initial weights (ledger.py init)");
+        snprintf(model, sizeof(model),
+                 "[model]\nname = " MODEL "\nlayers = " LEDGER_LAYERS
+                 "\nloss = logistic\ninit = %s\n"
+                 "[ingest]\nformat = f32\nbatch = 1\n"
+                 "[trainer]\nmode = async\n"
+                 "[controller]\nlr = " LEDGER_LR "\npolicy = constant\noptimizer = sgd\n",
+                 init);
     }
-    char init[320], log[320];
-    snprintf(init, sizeof(init), "%s/init.safetensors", dir);
-    snprintf(log, sizeof(log), "%s/ledger.log", dir);
-    if (ledger_init(init, log) != 0)
-        die("cannot write the ledger's initial weights (ledger.py init)");
     FILE *f = fopen(conf, "w");
     if (f == NULL) {
         perror(conf);
         exit(1);
     }
     fprintf(f,
-            "[model]\nname = " MODEL "\nlayers = " LEDGER_LAYERS "\nloss = logistic\ninit = %s\n"
+            "%s"
             "[kafka]\nbootstrap.servers = %s\nsession.timeout.ms = 6000\n"
             "heartbeat.interval.ms = 500\n%s"
-            "[ingest]\ntopic = " TOPIC "\nformat = f32\nbatch = 1\n"
-            "dead_letter_topic = chaos-dlq\n"
+            "[ingest]\ntopic = " TOPIC "\ndead_letter_topic = chaos-dlq\n"
             "[redis]\nurl = %s\n"
             "[serve]\nlisten = 127.0.0.1:0\n"
-            "[trainer]\nworkers = 2\nmode = async\nbackend = cpu\n"
-            "[controller]\nlr = " LEDGER_LR "\npolicy = constant\noptimizer = sgd\n"
+            "[trainer]\nworkers = 2\nbackend = cpu\n"
             "[psstore]\naudit = true\nlease_ms = %d\n",
-            init, broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
+            model, broker.bootstrap, getenv("CHAOS_KAFKA") ? getenv("CHAOS_KAFKA") : "",
             cluster_mode ? cl.url : redis.url, lease_ms);
     fclose(f);
 }
